@@ -1,0 +1,25 @@
+"""dpdask: differentially private release of linear counting queries on Dask.
+
+The package follows the data path: :mod:`dpdask.domain` and :mod:`dpdask.linalg`
+describe data and queries, :mod:`dpdask.workloads` builds real workloads,
+:mod:`dpdask.strategy` selects what to measure, :mod:`dpdask.privacy` and
+:mod:`dpdask.noise` measure, :mod:`dpdask.reconstruct` estimates, and
+:mod:`dpdask.dataflow` runs a release over zarr data on a Dask cluster.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from dpdask import config  # noqa: F401  (registers configuration defaults)
+from dpdask.domain import Domain, Geography
+
+
+class DPDaskWarning(UserWarning):
+    """Base class of the warnings dpdask emits (errors in dpdask's own tests)."""
+
+
+try:
+    __version__ = version("dpdask")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0+unknown"
+
+__all__ = ["DPDaskWarning", "Domain", "Geography", "__version__"]

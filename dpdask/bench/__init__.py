@@ -1,0 +1,18 @@
+"""Benchmarks behind ``dpdask bench NAME``.
+
+Each benchmark is a module in this package with two functions::
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None: ...
+    def run(args: argparse.Namespace) -> dict: ...
+
+``run`` returns one JSON-safe dictionary of figures; ``dpdask bench NAME --json``
+prints it as one JSON object and ``dpdask bench NAME`` as a readable report.
+Register a new benchmark by adding its module name to :data:`BENCHES`.
+"""
+
+from __future__ import annotations
+
+BENCHES: dict[str, str] = {
+    "linalg": "dpdask.bench.linalg",
+    "datasets": "dpdask.bench.datasets",
+}

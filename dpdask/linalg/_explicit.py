@@ -1,0 +1,99 @@
+"""Operators stored as explicit arrays: dense NumPy and sparse SciPy / pydata-sparse."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from dpdask.linalg._base import LinearQuery, check_dense_size
+from dpdask.linalg._norms import NormTerms
+
+__all__ = ["Dense", "Sparse"]
+
+
+class Dense(LinearQuery):
+    """A matrix held as a dense 2-D NumPy array.
+
+    Parameters
+    ----------
+    matrix : array_like
+        The ``m x n`` matrix.
+    """
+
+    def __init__(self, matrix: Any):
+        M = np.asarray(matrix, dtype=float)
+        if M.ndim != 2:
+            raise ValueError(f"Dense needs a 2-D array, got shape {M.shape}")
+        self.matrix = M
+        self.shape = M.shape
+
+    def _matmat(self, X: np.ndarray) -> np.ndarray:
+        return self.matrix @ X
+
+    def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
+        return self.matrix.T @ Y
+
+    def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
+        return np.moveaxis(np.tensordot(self.matrix, T, axes=([1], [axis])), 0, axis)
+
+    def _norm_terms(self, p: int) -> NormTerms:
+        return NormTerms.single((np.abs(self.matrix) ** p).sum(axis=0))
+
+    def _params(self) -> tuple:
+        return (self.matrix,)
+
+    @property
+    def T(self) -> Dense:
+        return Dense(self.matrix.T)
+
+    def gram(self) -> Dense:
+        return Dense(self.matrix.T @ self.matrix)
+
+    def dense(self) -> np.ndarray:
+        return self.matrix.copy()
+
+    def pinv(self) -> Dense:
+        return Dense(np.linalg.pinv(self.matrix))
+
+
+class Sparse(LinearQuery):
+    """A matrix held in compressed sparse row form.
+
+    Parameters
+    ----------
+    matrix : scipy.sparse matrix or array, pydata ``sparse`` array, or array_like
+        The ``m x n`` matrix.
+    """
+
+    def __init__(self, matrix: Any):
+        if type(matrix).__module__.startswith("sparse"):  # pydata sparse
+            matrix = matrix.tocsr() if hasattr(matrix, "tocsr") else matrix.to_scipy_sparse()
+        M = sp.csr_array(matrix, dtype=float)
+        self.matrix = M
+        self.shape = M.shape
+
+    def _matmat(self, X: np.ndarray) -> np.ndarray:
+        return np.asarray(self.matrix @ X)
+
+    def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
+        return np.asarray(self.matrix.T @ Y)
+
+    def _norm_terms(self, p: int) -> NormTerms:
+        return NormTerms.single(np.asarray(abs(self.matrix).power(p).sum(axis=0)).ravel())
+
+    def _params(self) -> tuple:
+        M = self.matrix
+        return (M.shape, M.data, M.indices, M.indptr)
+
+    @property
+    def T(self) -> Sparse:
+        return Sparse(self.matrix.T)
+
+    def gram(self) -> Sparse:
+        return Sparse(self.matrix.T @ self.matrix)
+
+    def dense(self) -> np.ndarray:
+        check_dense_size(self.size, f"a {self.shape} Sparse")
+        return self.matrix.toarray()

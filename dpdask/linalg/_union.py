@@ -1,0 +1,98 @@
+"""Unions of queries: operators stacked row-wise, with optional per-part weights."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from dpdask.linalg._base import LinearQuery, Scaled, Sum, check_dense_size
+from dpdask.linalg._norms import NormTerms
+
+__all__ = ["VStack"]
+
+
+class VStack(LinearQuery):
+    """The union ``[w_1 A_1; w_2 A_2; ...]`` of operators over one domain.
+
+    Parameters
+    ----------
+    parts : sequence of LinearQuery
+        Operators with the same number of columns.
+    weights : sequence of float, optional
+        A weight per part (default all 1); part ``k``'s rows are scaled by ``weights[k]``.
+    names : sequence of str, optional
+        A label per part (for example the Census table it encodes).
+
+    Examples
+    --------
+    >>> from dpdask.linalg import Identity, Ones, VStack
+    >>> W = VStack([Identity(3), Ones(3)], weights=[1.0, 2.0])
+    >>> W @ np.array([1.0, 2.0, 3.0])
+    array([ 1.,  2.,  3., 12.])
+    """
+
+    def __init__(
+        self,
+        parts: Sequence[LinearQuery],
+        weights: Sequence[float] | None = None,
+        names: Sequence[str] | None = None,
+    ):
+        parts = list(parts)
+        if not parts:
+            raise ValueError("VStack needs at least one part")
+        ncols = {p.shape[1] for p in parts}
+        if len(ncols) != 1:
+            raise ValueError(f"VStack parts have different numbers of columns: {sorted(ncols)}")
+        w = np.ones(len(parts)) if weights is None else np.asarray(weights, dtype=float).ravel()
+        if w.shape != (len(parts),):
+            raise ValueError(f"VStack has {len(parts)} parts but {w.size} weights")
+        if not np.isfinite(w).all():
+            raise ValueError("VStack weights must be finite")
+        if names is not None and len(names) != len(parts):
+            raise ValueError(f"VStack has {len(parts)} parts but {len(names)} names")
+        self.parts = parts
+        self.weights = w
+        self.names = tuple(names) if names is not None else None
+        self.offsets = np.cumsum([0] + [p.shape[0] for p in parts])
+        self.shape = (int(self.offsets[-1]), parts[0].shape[1])
+
+    def _weighted(self) -> list[LinearQuery]:
+        pairs = zip(self.parts, self.weights, strict=True)
+        return [p if w == 1 else Scaled(p, w) for p, w in pairs]
+
+    def _matmat(self, X: np.ndarray) -> np.ndarray:
+        return np.concatenate([p._matmat(X) for p in self._weighted()], axis=0)
+
+    def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
+        out = np.zeros((self.shape[1], Y.shape[1]))
+        for p, a, b in zip(self._weighted(), self.offsets[:-1], self.offsets[1:], strict=True):
+            out += p._rmatmat(Y[a:b])
+        return out
+
+    def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
+        return np.concatenate([p._apply_axis(T, axis) for p in self._weighted()], axis=axis)
+
+    def _norm_terms(self, p: int) -> NormTerms:
+        return NormTerms.union(
+            [part._norm_terms(p) for part in self.parts], np.abs(self.weights) ** p
+        )
+
+    def _params(self) -> tuple:
+        return (tuple(self.parts), self.weights)
+
+    def gram(self) -> LinearQuery:
+        grams = [p.gram() for p in self._weighted()]
+        return grams[0] if len(grams) == 1 else Sum(grams)
+
+    def dense(self) -> np.ndarray:
+        check_dense_size(self.size, f"a {self.shape} VStack")
+        return np.concatenate([p.dense() for p in self._weighted()], axis=0)
+
+    def part_slices(self) -> list[slice]:
+        """The rows of each part."""
+        bounds = zip(self.offsets[:-1], self.offsets[1:], strict=True)
+        return [slice(int(a), int(b)) for a, b in bounds]
+
+    def __repr__(self) -> str:
+        return f"VStack({len(self.parts)} parts, shape={self.shape})"
