@@ -276,8 +276,10 @@ class Diagonal(LinearQuery):
         return Diagonal(self.d**2)
 
     def pinv(self) -> Diagonal:
+        # the same cut-off as numpy.linalg.pinv: singular values below n * eps * max
         inv = np.zeros_like(self.d)
-        nz = self.d != 0
+        cutoff = self.d.size * np.finfo(float).eps * np.abs(self.d).max()
+        nz = np.abs(self.d) > cutoff
         inv[nz] = 1.0 / self.d[nz]
         return Diagonal(inv)
 
