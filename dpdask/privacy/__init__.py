@@ -1,0 +1,28 @@
+"""Privacy budgets, conversions and the persistent budget ledger.
+
+Budgets (:class:`PureDP`, :class:`ApproxDP`, :class:`zCDP`) are exact values
+(:class:`fractions.Fraction` parameters) that compose with ``+`` and split
+exactly; calibration methods turn them into noise scales. Conversions follow
+Bun and Steinke (2016), Canonne, Kamath and Steinke (2020) and Balle and Wang
+(2018).
+"""
+
+from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, zCDP
+from dpdask.privacy._convert import (
+    gaussian_delta,
+    gaussian_max_privacy_cost,
+    zcdp_delta,
+    zcdp_epsilon,
+)
+
+__all__ = [
+    "ApproxDP",
+    "Budget",
+    "PureDP",
+    "as_fraction",
+    "gaussian_delta",
+    "gaussian_max_privacy_cost",
+    "zCDP",
+    "zcdp_delta",
+    "zcdp_epsilon",
+]
