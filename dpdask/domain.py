@@ -9,6 +9,7 @@ coarser level, the parent of each unit.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -136,7 +137,7 @@ class Domain(Mapping[str, int]):
         return dict(self._attrs)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Geography:
     """A geography hierarchy: units at the finest level and their ancestors.
 
@@ -155,6 +156,15 @@ class Geography:
     ValueError
         If the arrays do not describe a tree (wrong lengths, parent out of range,
         a parent with no child).
+
+    Examples
+    --------
+    >>> g = Geography.from_geoids(["44007000101", "44007000102", "44009000100"],
+    ...                           {"state": 2, "county": 5, "tract": 11})
+    >>> g.ids[1]
+    ('44007', '44009')
+    >>> g.ancestor_index("county").tolist()
+    [0, 0, 1]
     """
 
     levels: tuple[str, ...]
@@ -165,6 +175,13 @@ class Geography:
         levels = tuple(self.levels)
         ids = tuple(tuple(str(u) for u in lv) for lv in self.ids)
         parents = tuple(np.asarray(p, dtype=np.int64) for p in self.parents)
+        if not levels:
+            raise ValueError("a geography needs at least one level")
+        for name in levels:
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise ValueError(f"geography level name {name!r} is not a valid identifier")
+        if len(set(levels)) != len(levels):
+            raise ValueError(f"geography level names are repeated: {levels}")
         if len(ids) != len(levels):
             raise ValueError(f"{len(levels)} levels but ids for {len(ids)}")
         if len(parents) != max(len(levels) - 1, 0):
@@ -180,15 +197,145 @@ class Geography:
         for name, lv in zip(levels, ids, strict=True):
             if len(set(lv)) != len(lv):
                 raise ValueError(f"level {name!r}: unit ids are not unique")
+        for p in parents:
+            p.setflags(write=False)
         object.__setattr__(self, "levels", levels)
         object.__setattr__(self, "ids", ids)
         object.__setattr__(self, "parents", parents)
 
+    # Constructors ------------------------------------------------------
     @classmethod
     def flat(cls, ids: Sequence[str], level: str = "geography") -> Geography:
         """A single-level geography."""
         return cls(levels=(level,), ids=(tuple(ids),), parents=())
 
+    @classmethod
+    def from_geoids(cls, geoids: Iterable[str], levels: Mapping[str, int]) -> Geography:
+        """The hierarchy implied by fixed-width GEOID prefixes.
+
+        Parameters
+        ----------
+        geoids : iterable of str
+            Identifiers of the finest units (repeats are allowed and collapsed).
+            Every one must have the length of the finest level.
+        levels : mapping of str to int
+            Level names, coarsest first, each with the length of its GEOID prefix,
+            e.g. ``{"state": 2, "county": 5, "tract": 11, "block": 15}``.
+
+        Returns
+        -------
+        Geography
+            Units of every level sorted by GEOID, so that the children of a unit
+            are contiguous at every level.
+
+        Raises
+        ------
+        ValueError
+            If the prefix lengths do not increase strictly or a GEOID has the
+            wrong length (the message names the GEOID).
+        """
+        names = list(levels)
+        widths = [levels[n] for n in names]
+        if not names:
+            raise ValueError("levels is empty; give at least one {level: prefix length}")
+        for n, w in zip(names, widths, strict=True):
+            if isinstance(w, bool) or not isinstance(w, int | np.integer) or w < 1:
+                raise ValueError(f"level {n!r}: prefix length {w!r} is not a positive integer")
+        if any(b <= a for a, b in itertools.pairwise(widths)):
+            raise ValueError(f"prefix lengths must increase from coarse to fine, got {levels}")
+        finest = np.unique(np.asarray([str(g) for g in geoids], dtype=str))
+        if finest.size == 0:
+            raise ValueError("no geography ids given")
+        lengths = np.char.str_len(finest)
+        bad = np.flatnonzero(lengths != widths[-1])
+        if bad.size:
+            g = finest[bad[0]]
+            raise ValueError(
+                f"geography id {g!r} has {len(g)} characters; level {names[-1]!r} "
+                f"needs {widths[-1]}"
+            )
+        return cls._from_columns(names, [finest.astype(f"<U{w}") for w in widths])
+
+    @classmethod
+    def from_table(
+        cls, table: Mapping[str, Sequence[str]], levels: Sequence[str] | None = None
+    ) -> Geography:
+        """The hierarchy given by an explicit parent table.
+
+        Parameters
+        ----------
+        table : mapping of str to sequence of str (a ``pandas.DataFrame`` works)
+            One column per level; each row is one finest unit with the id of its
+            ancestor at every coarser level.
+        levels : sequence of str, optional
+            The level columns, coarsest first (default: all columns in order).
+
+        Raises
+        ------
+        ValueError
+            If a finest unit appears twice or a unit has two different parents
+            (the message names them).
+        """
+        names = list(table.keys()) if levels is None else list(levels)
+        if not names:
+            raise ValueError("the parent table has no level columns")
+        for n in names:
+            if n not in table:
+                raise ValueError(f"the parent table has no column {n!r}")
+        cols = [np.asarray([str(v) for v in table[n]], dtype=str) for n in names]
+        finest = cols[-1]
+        uniq, counts = np.unique(finest, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(
+                f"level {names[-1]!r}: unit {uniq[np.argmax(counts > 1)]!r} "
+                "appears in more than one row of the parent table"
+            )
+        return cls._from_columns(names, cols)
+
+    @classmethod
+    def _from_columns(cls, names: list[str], cols: list[np.ndarray]) -> Geography:
+        """Build from per-finest-unit ancestor ids, one array per level (coarsest first)."""
+        order = np.lexsort(cols[::-1])
+        cols = [c[order] for c in cols]
+        ids, parents, prev_inv = [], [], None
+        for i, (name, col) in enumerate(zip(names, cols, strict=True)):
+            uniq, first, inv = np.unique(col, return_index=True, return_inverse=True)
+            ids.append(tuple(uniq.tolist()))
+            if prev_inv is not None:
+                parent = prev_inv[first]
+                clash = np.flatnonzero(parent[inv] != prev_inv)
+                if clash.size:
+                    j = clash[0]
+                    raise ValueError(
+                        f"level {name!r}: unit {col[j]!r} has two parents at level "
+                        f"{names[i - 1]!r}: {cols[i - 1][first[inv[j]]]!r} and "
+                        f"{cols[i - 1][j]!r}"
+                    )
+                parents.append(parent)
+            prev_inv = inv
+        return cls(levels=tuple(names), ids=tuple(ids), parents=tuple(parents))
+
+    # Comparison --------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Geography):
+            return NotImplemented
+        return (
+            self.levels == other.levels
+            and self.ids == other.ids
+            and all(np.array_equal(a, b) for a, b in zip(self.parents, other.parents, strict=True))
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.levels, tuple(len(lv) for lv in self.ids), self.ids[-1][:8]))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={len(lv)}" for n, lv in zip(self.levels, self.ids, strict=True))
+        return f"Geography({inner})"
+
+    def __dask_tokenize__(self) -> tuple:
+        return ("dpdask.Geography", self.levels, self.ids, tuple(p.tobytes() for p in self.parents))
+
+    # Queries -----------------------------------------------------------
     def n_units(self, level: str | None = None) -> int:
         """Number of units at ``level`` (the finest level by default)."""
         return len(self.ids[self.level_index(level)])
@@ -201,10 +348,25 @@ class Geography:
             raise ValueError(f"unknown geography level {level!r}; levels are {self.levels}")
         return self.levels.index(level)
 
-    def ancestor_index(self, level: str) -> np.ndarray:
-        """For each finest-level unit, the index of its ancestor at ``level``."""
-        target = self.level_index(level)
-        idx = np.arange(self.n_units(), dtype=np.int64)
-        for i in range(len(self.levels) - 1, target, -1):
+    def ancestor_index(self, level: str, of: str | None = None) -> np.ndarray:
+        """For each unit of level ``of`` (the finest by default), its ancestor at ``level``.
+
+        Raises
+        ------
+        ValueError
+            If ``level`` is finer than ``of``.
+        """
+        target, source = self.level_index(level), self.level_index(of)
+        if target > source:
+            raise ValueError(
+                f"level {level!r} is finer than {self.levels[source]!r}; it has no ancestor there"
+            )
+        idx = np.arange(len(self.ids[source]), dtype=np.int64)
+        for i in range(source, target, -1):
             idx = self.parents[i - 1][idx]
         return idx
+
+    def truncate(self, level: str) -> Geography:
+        """The hierarchy down to ``level`` only (its units become the finest)."""
+        k = self.level_index(level) + 1
+        return Geography(self.levels[:k], self.ids[:k], self.parents[: k - 1])
