@@ -1,0 +1,292 @@
+"""Geography levels as Dask arrays: aligned chunking, aggregation, tree consistency.
+
+Every level of a release is a Dask array whose first axis runs over that level's
+units. Units are sorted so that the children of each parent are contiguous (the
+store's GEOID order guarantees it; :func:`level_chunks` checks it). The chunks of
+the levels are *aligned*: a chunk boundary of a child level only falls between
+the children of different parents, and every boundary of the parent level
+induces one in the child level. So each child chunk's parents lie in one
+contiguous range, which is what lets aggregation (children to parent) and the
+top-down pass of the consistency step run chunk by chunk, with no task ever
+holding a whole level.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+
+from dpdask.domain import Geography
+from dpdask.reconstruct.consistency import children_sum
+
+__all__ = ["LevelChunks", "aggregate", "bottom_up", "level_chunks", "top_down"]
+
+
+@dataclass(frozen=True)
+class LevelChunks:
+    """Aligned chunk sizes for each released level (coarsest first)."""
+
+    levels: tuple[str, ...]
+    chunks: tuple[tuple[int, ...], ...]
+    # for each level but the first: the index of each unit's parent in the previous *released* level
+    parents: tuple[np.ndarray, ...]
+
+    def of(self, level: str) -> tuple[int, ...]:
+        return self.chunks[self.levels.index(level)]
+
+    def parent_ranges(self, i: int) -> tuple[int, ...]:
+        """For released level ``i > 0``: how many parents each of its chunks covers."""
+        bounds = np.cumsum((0, *self.chunks[i]))
+        p = self.parents[i - 1]
+        firsts = p[bounds[:-1]]
+        lasts = p[bounds[1:] - 1]
+        return tuple(int(n) for n in lasts - firsts + 1)
+
+
+def _released_parents(geo: Geography, levels: Sequence[str]) -> list[np.ndarray]:
+    """Parent index of each unit of ``levels[i]`` in ``levels[i - 1]`` (skipping levels between)."""
+    out = []
+    for upper, lower in itertools.pairwise(levels):
+        iu, il = geo.level_index(upper), geo.level_index(lower)
+        if iu >= il:
+            raise ValueError(
+                f"levels must go from coarse to fine: {upper!r} is not above {lower!r}"
+            )
+        idx = np.arange(geo.n_units(lower), dtype=np.int64)
+        for j in range(il, iu, -1):
+            idx = geo.parents[j - 1][idx]
+        if idx.size > 1 and (np.diff(idx) < 0).any():
+            raise ValueError(
+                f"units of level {lower!r} are not sorted by their {upper!r} parent; "
+                "the data store must list children of each parent contiguously"
+            )
+        out.append(idx)
+    return out
+
+
+def level_chunks(
+    geo: Geography, levels: Sequence[str], cells: int, target_bytes: int = 128 * 2**20
+) -> LevelChunks:
+    """Choose aligned chunks for each released level.
+
+    Parameters
+    ----------
+    geo : Geography
+        The hierarchy; the finest released level must be the store's finest level.
+    levels : sequence of str
+        The released levels, coarsest first.
+    cells : int
+        Cells per unit (the domain size), to size chunks.
+    target_bytes : int
+        Rough memory of one chunk of float64 estimates.
+
+    Notes
+    -----
+    Child chunks end preferably where the parent changes; a parent with more
+    children than fit in one chunk has its children split over several chunks, and
+    its sum is then assembled from their partial sums.
+    """
+    levels = tuple(levels)
+    if not levels:
+        raise ValueError("a release needs at least one geography level")
+    if levels[-1] != geo.levels[-1]:
+        raise ValueError(
+            f"the finest released level must be the data's level {geo.levels[-1]!r}, "
+            f"got {levels[-1]!r}"
+        )
+    per_chunk = max(1, target_bytes // (8 * cells))
+    parents = _released_parents(geo, levels)
+    chunks: list[tuple[int, ...]] = [_split(np.array([0, geo.n_units(levels[0])]), per_chunk)]
+    for i in range(1, len(levels)):
+        p = parents[i - 1]
+        group_starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+        allowed = np.r_[group_starts, p.size]
+        parent_bounds = np.cumsum((0, *chunks[-1]))
+        forced = np.searchsorted(p, parent_bounds, side="left")
+        pieces: list[int] = []
+        for a, b in itertools.pairwise(forced):
+            pieces.extend(_split(allowed[(allowed >= a) & (allowed <= b)], per_chunk))
+        chunks.append(tuple(pieces))
+    return LevelChunks(levels, tuple(chunks), tuple(parents))
+
+
+def _split(allowed: np.ndarray, per_chunk: int) -> tuple[int, ...]:
+    """Chunks from ``allowed[0]`` to ``allowed[-1]`` of about ``per_chunk`` units.
+
+    Chunks end at ``allowed`` boundaries where possible; a gap between two allowed
+    boundaries longer than ``per_chunk`` is cut into equal pieces.
+    """
+    sizes: list[int] = []
+    start = last = int(allowed[0])
+    for b in (int(v) for v in allowed[1:]):
+        if b - start > per_chunk and last > start:
+            sizes.append(last - start)
+            start = last
+        if b - start > per_chunk:  # one group too big for a chunk: cut it evenly
+            k = -(-(b - start) // per_chunk)
+            sizes.extend(len(c) for c in np.array_split(np.arange(start, b), k))
+            start = b
+        last = b
+    if last > start:
+        sizes.append(last - start)
+    return tuple(sizes)
+
+
+def _local_parents(p: np.ndarray, block_info: dict | None) -> np.ndarray:
+    loc = block_info[0]["array-location"][0] if block_info else (0, p.size)
+    sub = p[loc[0] : loc[1]]
+    return sub - sub[0]
+
+
+def _sum_block(block: np.ndarray, p: np.ndarray, block_info=None) -> np.ndarray:
+    local = _local_parents(p, block_info)
+    n_par = int(local[-1]) + 1
+    out = children_sum(block.reshape(block.shape[0], -1), local, n_par)
+    return out.reshape((n_par, *block.shape[1:])).astype(block.dtype, copy=False)
+
+
+def _segment_sum(block: np.ndarray, index: np.ndarray, n: int) -> np.ndarray:
+    out = children_sum(block.reshape(block.shape[0], -1), index, n)
+    return out.reshape((n, *block.shape[1:])).astype(block.dtype, copy=False)
+
+
+def _chunk_parents(lc: LevelChunks, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """First and last parent (in level ``i - 1``) of each chunk of level ``i``."""
+    bounds = np.cumsum((0, *lc.chunks[i]))
+    p = lc.parents[i - 1]
+    return p[bounds[:-1]], p[bounds[1:] - 1]
+
+
+def aggregate(child: da.Array, lc: LevelChunks, i: int, name: str) -> da.Array:
+    """Level ``i - 1`` from level ``i``: each parent is the sum of its children, chunk by chunk.
+
+    ``child`` is (re)chunked as ``lc.chunks[i]``; the result is chunked as ``lc.chunks[i - 1]``.
+    """
+    if child.chunks[0] != lc.chunks[i]:
+        child = child.rechunk({0: lc.chunks[i]})
+    p = lc.parents[i - 1]
+    tok = tokenize(child, p)
+    partial = child.map_blocks(
+        _sum_block,
+        p,
+        chunks=(lc.parent_ranges(i), *child.chunks[1:]),
+        dtype=child.dtype,
+        name=f"{name}-partial-{tok}",
+        meta=np.empty((0,) * child.ndim, dtype=child.dtype),
+    )
+    if sum(lc.parent_ranges(i)) == sum(lc.chunks[i - 1]):
+        return partial.rechunk({0: lc.chunks[i - 1]})  # no parent was split over chunks
+    # rows of `partial` belong to parents first..last of each child chunk; sum duplicates
+    first, last = _chunk_parents(lc, i)
+    row_parent = np.concatenate([np.arange(f, l + 1) for f, l in zip(first, last, strict=True)])
+    row_bounds = np.cumsum((0, *lc.parent_ranges(i)))
+    parent_bounds = np.cumsum((0, *lc.chunks[i - 1]))
+    pieces = []
+    for a, b in itertools.pairwise(parent_bounds):
+        ks = np.flatnonzero((first >= a) & (first < b))
+        ra, rb = row_bounds[ks[0]], row_bounds[ks[-1] + 1]
+        sl = partial[ra:rb].rechunk({0: -1})
+        pieces.append(
+            sl.map_blocks(
+                _segment_sum,
+                row_parent[ra:rb] - a,
+                int(b - a),
+                chunks=((int(b - a),), *sl.chunks[1:]),
+                dtype=child.dtype,
+                name=f"{name}-{tokenize(tok, a)}",
+                meta=np.empty((0,) * child.ndim, dtype=child.dtype),
+            )
+        )
+    return da.concatenate(pieces, axis=0)
+
+
+def _parent_aligned(parent_arr: da.Array, lc: LevelChunks, i: int) -> da.Array:
+    """Parent rows ``first_k..last_k`` as block ``k``: the parents of child chunk ``k``."""
+    first, last = _chunk_parents(lc, i)
+    return da.concatenate(
+        [parent_arr[int(f) : int(l) + 1] for f, l in zip(first, last, strict=True)], axis=0
+    ).rechunk({0: lc.parent_ranges(i)})
+
+
+def bottom_up(
+    estimates: Sequence[da.Array], variances: Sequence[np.ndarray], lc: LevelChunks, name: str
+) -> tuple[list[da.Array], list[np.ndarray], list[da.Array], list[np.ndarray]]:
+    """The bottom-up pass of :func:`dpdask.reconstruct.tree_consistent`, lazily.
+
+    ``variances`` are small per-unit arrays (``inf`` for an unmeasured unit, whose
+    estimate is then ignored). Returns ``(z, var_z, child_sum_z, child_sum_var)``.
+    """
+    L = len(estimates)
+    z: list[da.Array] = [None] * L  # type: ignore[list-item]
+    vz: list[np.ndarray] = [None] * L  # type: ignore[list-item]
+    cz: list[da.Array] = [None] * L  # type: ignore[list-item]
+    cv: list[np.ndarray] = [None] * L  # type: ignore[list-item]
+    z[-1], vz[-1] = estimates[-1], np.asarray(variances[-1], dtype=float)
+    for lvl in range(L - 2, -1, -1):
+        s = aggregate(z[lvl + 1], lc, lvl + 1, f"{name}-{lc.levels[lvl]}")
+        w = children_sum(vz[lvl + 1][:, None], lc.parents[lvl], s.shape[0])[:, 0]
+        v = np.broadcast_to(np.asarray(variances[lvl], dtype=float), w.shape)
+        inv_v = np.where(np.isinf(v), 0.0, 1.0 / v)
+        prec = inv_v + 1.0 / w
+        est = estimates[lvl]
+        nd = est.ndim
+        ch = (est.chunks[0],) + ((1,),) * (nd - 1)
+        a = da.from_array(_col(inv_v / prec, nd), chunks=ch)
+        b = da.from_array(_col(1.0 / (w * prec), nd), chunks=ch)
+        z[lvl] = da.where(a == 0, 0.0, a * est) + b * s
+        vz[lvl] = 1.0 / prec
+        cz[lvl], cv[lvl] = s, w
+    return z, vz, cz, cv
+
+
+def _col(v: np.ndarray, ndim: int) -> np.ndarray:
+    return v.reshape((-1,) + (1,) * (ndim - 1))
+
+
+def _down_block(zc, share, resid, p, block_info=None):
+    return zc + share * resid[_local_parents(p, block_info)]
+
+
+def top_down(
+    z: Sequence[da.Array],
+    vz: Sequence[np.ndarray],
+    cz: Sequence[da.Array],
+    cv: Sequence[np.ndarray],
+    lc: LevelChunks,
+    name: str,
+) -> tuple[list[da.Array], list[np.ndarray]]:
+    """The top-down pass: consistent estimates (lazy) and per-unit variances."""
+    final = [z[0]]
+    fvar = [np.asarray(vz[0])]
+    for lvl in range(1, len(z)):
+        p = lc.parents[lvl - 1]
+        w = cv[lvl - 1][p]
+        share = vz[lvl] / w
+        resid = _parent_aligned(final[lvl - 1] - cz[lvl - 1], lc, lvl)
+        nd = z[lvl].ndim
+        share_d = da.from_array(_col(share, nd), chunks=(z[lvl].chunks[0],) + ((1,),) * (nd - 1))
+        final.append(
+            da.map_blocks(
+                _down_block,
+                z[lvl],
+                share_d,
+                resid,
+                p,
+                dtype=z[lvl].dtype,
+                chunks=z[lvl].chunks,
+                name=f"{name}-{lc.levels[lvl]}-{tokenize(z[lvl], resid, share)}",
+                meta=np.empty((0,) * nd, dtype=z[lvl].dtype),
+            )
+        )
+        fvar.append(vz[lvl] - vz[lvl] ** 2 / w + share**2 * fvar[lvl - 1][p])
+    return final, fvar
+
+
+def n_chunks(lc: LevelChunks) -> dict[str, int]:
+    """How many chunks each level has (for progress reports)."""
+    return {lv: len(c) for lv, c in zip(lc.levels, lc.chunks, strict=True)}
