@@ -1,0 +1,28 @@
+"""Keyed, reproducible noise: secret keys, measurement identities and samplers.
+
+A measurement's noise is determined by a secret key (:func:`new_key`) and the
+measurement's identity through a counter-based generator (:class:`KeyedRNG`),
+so recomputing or retrying a task draws the same numbers. Samplers: Laplace and
+Gaussian on floats, discrete Laplace and discrete Gaussian on integers
+(Canonne, Kamath and Steinke 2020; see :mod:`dpdask.noise._samplers` for what
+"exact" means here), and correlated Gaussian noise from a covariance factor.
+"""
+
+from dpdask.noise._keys import (
+    KeyFile,
+    MeasurementId,
+    SecretKey,
+    encode_identity,
+    new_key,
+)
+from dpdask.noise._rng import MECHANISMS, KeyedRNG
+
+__all__ = [
+    "MECHANISMS",
+    "KeyFile",
+    "KeyedRNG",
+    "MeasurementId",
+    "SecretKey",
+    "encode_identity",
+    "new_key",
+]

@@ -1,0 +1,315 @@
+"""Secret keys, measurement identities and the keyed derivation of noise streams.
+
+Every measurement's noise is a function of a 32-byte secret key and the
+measurement's identity. The identity is encoded canonically (type-tagged and
+length-prefixed, so no two different identities share an encoding), hashed with
+keyed BLAKE2b, and the 128-bit digest becomes the key of a numpy ``Philox``
+counter-based generator. The same key and identity therefore give the same
+stream on any worker, in any order, after any retry; different identities give
+streams whose keys are pseudo-random functions of the identity, hence independent
+for practical purposes.
+
+The key never appears in a ``repr``, a log line or an output; a non-secret
+:meth:`SecretKey.fingerprint` identifies it in reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["KEY_BYTES", "KeyFile", "MeasurementId", "SecretKey", "encode_identity", "new_key"]
+
+KEY_BYTES = 32
+_PERSON_STREAM = b"dpdask-noise-v1"
+_PERSON_TEST = b"dpdask-testseed"
+_PERSON_PRINT = b"dpdask-keyprint"
+
+
+class SecretKey:
+    """A 32-byte secret that, with a measurement identity, determines noise.
+
+    Create one with :func:`new_key` (from the operating system's CSPRNG) or load
+    it with :meth:`KeyFile.load`. :meth:`for_testing` derives a key from a seed and
+    flags it ``test_only``; production entry points (:func:`dpdask.measure.measure`
+    without ``test_mode=True``) refuse such keys.
+
+    Parameters
+    ----------
+    raw : bytes
+        Exactly 32 bytes.
+
+    Raises
+    ------
+    TypeError
+        If ``raw`` is not bytes.
+    ValueError
+        If ``raw`` is not 32 bytes long.
+    """
+
+    __slots__ = ("_raw", "test_only")
+
+    def __init__(self, raw: bytes, *, _test_only: bool = False):
+        if isinstance(raw, SecretKey):
+            raw, _test_only = raw._raw, raw.test_only
+        if not isinstance(raw, bytes | bytearray | memoryview):
+            raise TypeError(f"a secret key is {KEY_BYTES} bytes, got {type(raw).__name__}")
+        raw = bytes(raw)
+        if len(raw) != KEY_BYTES:
+            raise ValueError(f"a secret key is {KEY_BYTES} bytes, got {len(raw)}")
+        self._raw = raw
+        self.test_only = bool(_test_only)
+
+    @classmethod
+    def for_testing(cls, seed: int) -> SecretKey:
+        """A key derived from ``seed``, flagged test-only (never for a real release)."""
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+            raise TypeError("a test seed is an integer")
+        digest = hashlib.blake2b(
+            str(int(seed)).encode(), digest_size=KEY_BYTES, person=_PERSON_TEST
+        ).digest()
+        return cls(digest, _test_only=True)
+
+    def fingerprint(self) -> str:
+        """A short non-secret identifier of the key, safe to log."""
+        return hashlib.blake2b(b"", key=self._raw, digest_size=8, person=_PERSON_PRINT).hexdigest()
+
+    def derive(self, identity: Any) -> int:
+        """The 128-bit Philox key of ``identity``: keyed BLAKE2b of its canonical encoding."""
+        digest = hashlib.blake2b(
+            encode_identity(identity), key=self._raw, digest_size=16, person=_PERSON_STREAM
+        ).digest()
+        return int.from_bytes(digest, "little")
+
+    def __bytes__(self) -> bytes:
+        return self._raw
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SecretKey):
+            return NotImplemented
+        return self.test_only == other.test_only and hmac.compare_digest(self._raw, other._raw)
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint())
+
+    def __repr__(self) -> str:
+        kind = "test-only key" if self.test_only else "secret"
+        return f"SecretKey(<{kind} {self.fingerprint()}>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple:
+        # picklable so that measurement tasks can run on Dask workers
+        return (_restore_key, (self._raw, self.test_only))
+
+
+def _restore_key(raw: bytes, test_only: bool) -> SecretKey:
+    return SecretKey(raw, _test_only=test_only)
+
+
+def new_key() -> SecretKey:
+    """A fresh secret key: 32 bytes from the operating system (:mod:`secrets`).
+
+    Examples
+    --------
+    >>> key = new_key()
+    >>> len(bytes(key))
+    32
+    >>> key.test_only
+    False
+    """
+    return SecretKey(secrets.token_bytes(KEY_BYTES))
+
+
+def as_secret_key(key: Any) -> SecretKey:
+    """Accept a :class:`SecretKey` or 32 raw bytes."""
+    return key if isinstance(key, SecretKey) else SecretKey(key)
+
+
+@dataclass(frozen=True)
+class MeasurementId:
+    """The identity of one measurement of one geography chunk.
+
+    Parameters
+    ----------
+    release : str
+        The release id.
+    level : str
+        The geography level (e.g. ``"county"``).
+    chunk : int
+        The index of the geography chunk within the level.
+    measurement : str
+        The name of the measurement (the strategy part) within the level.
+    """
+
+    release: str
+    level: str
+    chunk: int
+    measurement: str
+
+    def __post_init__(self) -> None:
+        for name in ("release", "level", "measurement"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"MeasurementId.{name} must be a non-empty string, got {value!r}")
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int | np.integer):
+            raise ValueError(f"MeasurementId.chunk must be an integer, got {self.chunk!r}")
+        if self.chunk < 0:
+            raise ValueError(f"MeasurementId.chunk must be >= 0, got {self.chunk}")
+        object.__setattr__(self, "chunk", int(self.chunk))
+
+    def as_dict(self) -> dict[str, str | int]:
+        return {
+            "release": self.release,
+            "level": self.level,
+            "chunk": self.chunk,
+            "measurement": self.measurement,
+        }
+
+
+def encode_identity(identity: Any) -> bytes:
+    """The canonical byte encoding of an identity.
+
+    Accepted: ``str``, ``int``, ``bytes``, ``None``, tuples and lists of these,
+    mappings with string keys (encoded in sorted key order) and
+    :class:`MeasurementId`. Every value is tagged with its type and prefixed with
+    its length, so the encoding is injective. Floats and booleans are refused:
+    they have several spellings of "the same" value.
+
+    Raises
+    ------
+    TypeError
+        For any other type.
+    """
+    out = bytearray()
+    _encode(identity, out)
+    return bytes(out)
+
+
+def _put(out: bytearray, tag: bytes, payload: bytes) -> None:
+    out += tag + len(payload).to_bytes(8, "big") + payload
+
+
+def _encode(value: Any, out: bytearray) -> None:
+    if isinstance(value, MeasurementId):
+        value = value.as_dict()
+    if value is None:
+        _put(out, b"n", b"")
+    elif isinstance(value, bool | np.bool_):
+        raise TypeError("booleans are not allowed in a measurement identity")
+    elif isinstance(value, int | np.integer):
+        v = int(value)
+        _put(out, b"i", v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
+    elif isinstance(value, str):
+        _put(out, b"s", value.encode("utf-8"))
+    elif isinstance(value, bytes):
+        _put(out, b"b", value)
+    elif isinstance(value, tuple | list):
+        out += b"t" + len(value).to_bytes(8, "big")
+        for item in value:
+            _encode(item, out)
+    elif isinstance(value, Mapping):
+        keys = list(value)
+        if not all(isinstance(k, str) for k in keys):
+            raise TypeError("identity mappings need string keys")
+        out += b"m" + len(keys).to_bytes(8, "big")
+        for k in sorted(keys):
+            _encode(k, out)
+            _encode(value[k], out)
+    else:
+        raise TypeError(
+            f"cannot use a {type(value).__name__} in a measurement identity "
+            "(use str, int, bytes, None, tuples or mappings)"
+        )
+
+
+class KeyFile:
+    """A secret key persisted for resuming a release, readable only by its owner.
+
+    The file holds the 32 raw bytes, is created with mode ``0600`` (refusing to
+    overwrite), and :meth:`load` refuses a file that others can read or that
+    another user owns. Call :meth:`delete` when the release is published: it
+    overwrites the bytes, syncs and removes the file.
+
+    Parameters
+    ----------
+    path : str or Path
+        Where the key lives.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> kf = KeyFile.create(d / "release.key")
+    >>> oct(kf.path.stat().st_mode & 0o777)
+    '0o600'
+    >>> key = kf.load()
+    >>> kf.delete()
+    >>> kf.path.exists()
+    False
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], key: SecretKey | None = None) -> KeyFile:
+        """Write ``key`` (a new one by default) to a new owner-only file."""
+        key = new_key() if key is None else as_secret_key(key)
+        if key.test_only:
+            raise ValueError("refusing to persist a test-only key")
+        kf = cls(path)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(kf.path, flags, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # in case the umask was unusual
+            os.write(fd, bytes(key))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return kf
+
+    def load(self) -> SecretKey:
+        """Read the key back, refusing files that are not private to this user."""
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise PermissionError(f"{self.path} is not a regular file")
+            if st.st_mode & 0o077:
+                raise PermissionError(
+                    f"{self.path} is readable by others (mode {oct(st.st_mode & 0o777)}); "
+                    "a key file must be 0600"
+                )
+            if hasattr(os, "getuid") and st.st_uid != os.getuid():
+                raise PermissionError(f"{self.path} is owned by another user")
+            raw = os.read(fd, KEY_BYTES + 1)
+        finally:
+            os.close(fd)
+        return SecretKey(raw)
+
+    def delete(self) -> None:
+        """Overwrite, sync and remove the key file (call on publication)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return
+        try:
+            size = os.fstat(fd).st_size
+            os.write(fd, b"\0" * size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.path.unlink()
+
+    def __repr__(self) -> str:
+        return f"KeyFile({str(self.path)!r})"

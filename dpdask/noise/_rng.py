@@ -1,0 +1,99 @@
+"""``KeyedRNG``: the noise stream of one measurement, from a secret key and an identity."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dpdask.noise import _samplers
+from dpdask.noise._keys import SecretKey, as_secret_key, encode_identity
+
+__all__ = ["KeyedRNG"]
+
+
+class KeyedRNG:
+    """The noise of one measurement: a Philox stream keyed by (secret key, identity).
+
+    The 128-bit Philox key is a keyed BLAKE2b digest of the canonical encoding of
+    ``identity`` (see :func:`dpdask.noise.encode_identity`) under the secret key.
+    A fresh ``KeyedRNG`` with the same key and identity reproduces the same
+    numbers bit for bit, in any process; successive calls on one instance
+    continue the stream.
+
+    Parameters
+    ----------
+    key : SecretKey or bytes
+        The 32-byte secret (see :func:`dpdask.noise.new_key`).
+    identity : str, int, bytes, tuple, mapping or MeasurementId
+        What is being measured, e.g. ``MeasurementId(release, level, chunk, name)``.
+
+    Attributes
+    ----------
+    test_only : bool
+        True when the key came from :meth:`for_testing`; production entry points
+        refuse such streams.
+
+    Examples
+    --------
+    >>> rng = KeyedRNG.for_testing(7, identity=("r", "county", 0, "A"))
+    >>> a = rng.discrete_gaussian(3.0, 4)
+    >>> b = KeyedRNG.for_testing(7, identity=("r", "county", 0, "A")).discrete_gaussian(3.0, 4)
+    >>> bool((a == b).all())
+    True
+    """
+
+    __slots__ = ("_gen", "identity", "test_only")
+
+    def __init__(self, key: SecretKey | bytes, identity: Any):
+        secret = as_secret_key(key)
+        encode_identity(identity)  # validate before deriving
+        self.identity = identity
+        self.test_only = secret.test_only
+        self._gen = np.random.Generator(np.random.Philox(key=secret.derive(identity)))
+
+    @classmethod
+    def for_testing(cls, seed: int, identity: Any = ()) -> KeyedRNG:
+        """A stream from a fixed seed, flagged ``test_only`` (refused by production code)."""
+        return cls(SecretKey.for_testing(seed), identity)
+
+    def __repr__(self) -> str:
+        flag = ", test_only=True" if self.test_only else ""
+        return f"KeyedRNG(identity={self.identity!r}{flag})"
+
+    def __reduce__(self) -> tuple:
+        raise TypeError(
+            "a KeyedRNG is not picklable: send the key and identity and rebuild it, "
+            "so that the stream always starts at its beginning"
+        )
+
+    # -- samplers ------------------------------------------------------
+    def laplace(self, scale: float, shape: int | Sequence[int]) -> np.ndarray:
+        """Laplace noise of scale ``b`` (float64)."""
+        return _samplers.laplace(self._gen, scale, shape)
+
+    def gaussian(self, sigma: float, shape: int | Sequence[int]) -> np.ndarray:
+        """Gaussian noise ``N(0, sigma**2)`` (float64)."""
+        return _samplers.gaussian(self._gen, sigma, shape)
+
+    def discrete_laplace(self, scale: float, shape: int | Sequence[int]) -> np.ndarray:
+        """Discrete Laplace noise, ``P(y) ∝ exp(-|y| / scale)`` (int64)."""
+        return _samplers.discrete_laplace(self._gen, scale, shape)
+
+    def discrete_gaussian(self, sigma: float, shape: int | Sequence[int]) -> np.ndarray:
+        """Discrete Gaussian noise, ``P(y) ∝ exp(-y**2 / (2 sigma**2))`` (int64)."""
+        return _samplers.discrete_gaussian(self._gen, sigma, shape)
+
+    def correlated_gaussian(self, factor: Any, shape: int | Sequence[int]) -> np.ndarray:
+        """``N(0, F F^T)`` noise for an ``m x k`` factor ``F``; result shape ``(*shape, m)``."""
+        return _samplers.correlated_gaussian(self._gen, factor, shape)
+
+    def sample(self, mechanism: str, scale: float, shape: int | Sequence[int]) -> np.ndarray:
+        """Dispatch by mechanism name (``laplace``, ``gaussian``, ``discrete_...``)."""
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
+        return getattr(self, mechanism)(scale, shape)
+
+
+MECHANISMS = ("laplace", "gaussian", "discrete_laplace", "discrete_gaussian")
