@@ -1,0 +1,37 @@
+"""The release dataflow: zarr data stores chunked along geography, ingestion, aggregation.
+
+A data store is a zarr v3 group with the counts of every finest geography unit
+(``(n_geographies, *domain.shape)``, chunked along geography only) and the domain and
+geography hierarchy beside them (see :mod:`dpdask.dataflow._store` for the layout).
+Stores come from person records (:func:`ingest_records`), from the Census P.L. 94-171
+summary file (:func:`read_pl94`) or from an existing array (:func:`adopt_array`);
+:func:`aggregate` gives the counts of any coarser level, lazily.
+"""
+
+from dpdask.dataflow._aggregate import aggregate
+from dpdask.dataflow._ingest import ingest_records
+from dpdask.dataflow._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
+from dpdask.dataflow._publish import StoreExistsError
+from dpdask.dataflow._store import (
+    DataStore,
+    adopt_array,
+    default_geo_chunk,
+    open_store,
+    read_store,
+    write_store,
+)
+
+__all__ = [
+    "P1_RACE_COLUMNS",
+    "PL94_LEVELS",
+    "DataStore",
+    "StoreExistsError",
+    "adopt_array",
+    "aggregate",
+    "default_geo_chunk",
+    "ingest_records",
+    "open_store",
+    "read_pl94",
+    "read_store",
+    "write_store",
+]

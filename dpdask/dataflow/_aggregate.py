@@ -1,0 +1,176 @@
+"""Counts of a coarser geography level as the sum of their children, lazily in Dask.
+
+The data of a unit at level L is the sum of the rows of its descendants at a finer
+level. :func:`aggregate` builds that sum as a Dask graph that never holds more than a
+few chunks at once:
+
+* ``aggregate-<level>-partial``: one task per input chunk sums its rows by ancestor,
+  giving the (sorted) ancestor indices it touches and their partial sums;
+* ``aggregate-<level>-combine``: partial sums aimed at the same output chunk are
+  added ``split_every`` at a time (a tree, only when an output chunk draws on more
+  than ``split_every`` input chunks);
+* ``aggregate-<level>``: one task per output chunk adds the last partials into a
+  dense block.
+
+When units are in the canonical order of :class:`~dpdask.Geography` (children of a
+unit contiguous) each input chunk touches few ancestors, so every task is small.
+"""
+
+from __future__ import annotations
+
+import re
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+
+from dpdask.domain import Geography
+
+__all__ = ["aggregate", "level_key"]
+
+_Partial = tuple[np.ndarray, np.ndarray]  # (sorted unique ancestor indices, their sums)
+
+
+def level_key(level: str) -> str:
+    """A level name as a task-key word: letters only, other runs become one dash."""
+    word = re.sub(r"[^A-Za-z]+", "-", level).strip("-").lower()
+    return word or "level"
+
+
+def _partial(block: np.ndarray, ancestors: np.ndarray) -> _Partial:
+    """Sum the rows of ``block`` by their ancestor index."""
+    if ancestors.size > 1 and (np.diff(ancestors) < 0).any():
+        order = np.argsort(ancestors, kind="stable")
+        ancestors, block = ancestors[order], block[order]
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(ancestors)) + 1])
+    sums = np.add.reduceat(block, starts, axis=0, dtype=np.int64)
+    return ancestors[starts], sums
+
+
+def _restrict(part: _Partial, lo: int, hi: int) -> _Partial:
+    idx, sums = part
+    a, b = np.searchsorted(idx, [lo, hi])
+    return idx[a:b], sums[a:b]
+
+
+def _combine(parts: list[_Partial], lo: int, hi: int) -> _Partial:
+    """Add partial sums, keeping only ancestors in ``[lo, hi)``."""
+    parts = [_restrict(p, lo, hi) for p in parts]
+    union = np.unique(np.concatenate([p[0] for p in parts]))
+    out = np.zeros((union.size, *parts[0][1].shape[1:]), dtype=np.int64)
+    for idx, sums in parts:
+        out[np.searchsorted(union, idx)] += sums
+    return union, out
+
+
+def _finish(parts: list[_Partial], lo: int, hi: int) -> np.ndarray:
+    """Dense counts of ancestors ``lo .. hi-1`` from partial sums."""
+    out = np.zeros((hi - lo, *parts[0][1].shape[1:]), dtype=np.int64)
+    for idx, sums in parts:
+        idx, sums = _restrict((idx, sums), lo, hi)
+        out[idx - lo] += sums
+    return out
+
+
+def aggregate(
+    counts: da.Array | np.ndarray,
+    geography: Geography,
+    level: str,
+    *,
+    of: str | None = None,
+    chunks: int | None = None,
+    split_every: int = 8,
+) -> da.Array:
+    """Counts of every unit at ``level``: the sums of their descendants' rows, lazily.
+
+    Parameters
+    ----------
+    counts : dask.array.Array or ndarray
+        Counts of the units at level ``of``, shape ``(n_units(of), *domain.shape)``,
+        chunked along the first axis (other axes are merged into one chunk).
+    geography : Geography
+        The hierarchy.
+    level : str
+        The level to aggregate to (``of`` itself or coarser).
+    of : str, optional
+        The level of ``counts`` (default: the finest).
+    chunks : int, optional
+        Units of ``level`` per output chunk (default: the first-axis length of the
+        first input chunk).
+    split_every : int
+        How many partial sums one task adds at most (>= 2).
+
+    Returns
+    -------
+    dask.array.Array
+        Shape ``(n_units(level), *domain.shape)``, int64, one chunk per ``chunks``
+        units, keys ``aggregate-<level>-<token>``. ``counts`` itself if ``level`` is
+        ``of``.
+
+    Raises
+    ------
+    ValueError
+        If the first axis of ``counts`` does not match the units of ``of``, or
+        ``level`` is finer than ``of``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from dpdask import Geography
+    >>> g = Geography.from_geoids(["11", "12", "21"], {"state": 1, "county": 2})
+    >>> x = np.arange(6).reshape(3, 2)
+    >>> aggregate(x, g, "state").compute().tolist()
+    [[2, 4], [4, 5]]
+    """
+    if split_every < 2:
+        raise ValueError(f"split_every must be at least 2, got {split_every}")
+    source = geography.levels[geography.level_index(of)]
+    ancestors = geography.ancestor_index(level, of=source)
+    if not isinstance(counts, da.Array):
+        counts = da.asarray(counts, chunks=(chunks or max(1, counts.shape[0]), *counts.shape[1:]))
+    if counts.ndim < 1 or counts.shape[0] != ancestors.size:
+        raise ValueError(
+            f"counts have {counts.shape[0] if counts.ndim else 0} rows but level {source!r} "
+            f"has {ancestors.size} units"
+        )
+    if level == source:
+        return counts
+    if any(len(c) > 1 for c in counts.chunks[1:]):
+        counts = counts.rechunk({i: -1 for i in range(1, counts.ndim)})
+    n_out = geography.n_units(level)
+    step = int(chunks or counts.chunks[0][0])
+    out_bounds = np.arange(0, n_out + step, step).clip(max=n_out)
+    out_bounds = np.unique(out_bounds)
+    in_bounds = np.concatenate([[0], np.cumsum(counts.chunks[0])])
+
+    word = level_key(level)
+    token = tokenize(counts.name, ancestors, out_bounds, split_every)
+    pname, cname, oname = (
+        f"aggregate-{word}-partial-{token}",
+        f"aggregate-{word}-combine-{token}",
+        f"aggregate-{word}-{token}",
+    )
+    tail = (0,) * (counts.ndim - 1)
+    dsk: dict = {}
+    feeds: list[list[tuple]] = [[] for _ in range(out_bounds.size - 1)]
+    for i in range(in_bounds.size - 1):
+        anc = ancestors[in_bounds[i] : in_bounds[i + 1]]
+        dsk[(pname, i)] = (_partial, (counts.name, i, *tail), anc)
+        for j in np.unique(np.searchsorted(out_bounds, anc, side="right") - 1):
+            feeds[j].append((pname, i))
+    for j, keys in enumerate(feeds):
+        lo, hi = int(out_bounds[j]), int(out_bounds[j + 1])
+        depth = 0
+        while len(keys) > split_every:
+            grouped = [keys[k : k + split_every] for k in range(0, len(keys), split_every)]
+            keys = []
+            for g, group in enumerate(grouped):
+                key = (cname, j, depth, g)
+                dsk[key] = (_combine, group, lo, hi)
+                keys.append(key)
+            depth += 1
+        dsk[(oname, j, *tail)] = (_finish, keys, lo, hi)
+    graph = HighLevelGraph.from_collections(oname, dsk, dependencies=[counts])
+    out_chunks = (tuple(np.diff(out_bounds).tolist()), *((s,) for s in counts.shape[1:]))
+    return da.Array(graph, oname, chunks=out_chunks, dtype=np.int64)
