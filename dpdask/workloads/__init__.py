@@ -1,10 +1,54 @@
 """Builders of real workloads as implicit matrices over a :class:`dpdask.Domain`.
 
-Every builder returns a :class:`dpdask.linalg.LinearQuery` (usually a
-:class:`~dpdask.linalg.Kron` or a :class:`~dpdask.linalg.VStack` of them) whose
-columns follow the domain's flat C order; nothing is materialised.
+Every builder returns a :class:`dpdask.linalg.LinearQuery` (a
+:class:`~dpdask.linalg.Kron`, a :class:`~dpdask.linalg.VStack` of them, or a
+structured 1-D operator) whose columns follow the domain's flat C order; nothing
+is materialised.
+
+=====================  =====================================================
+builder                workload
+=====================  =====================================================
+:func:`prefix`         prefix (CDF) queries on one ordered attribute
+:func:`all_range`      all interval queries
+:func:`random_ranges`  intervals with uniform random end-points
+:func:`identity`       every cell
+:func:`marginal`       one marginal (Identity on some attributes, Total on the rest)
+:func:`marginals`      all k-way marginals, parts named like ``"sex*age"``
+:func:`product`        any product workload from per-attribute predicate matrices
+:func:`age_pyramid`    age ranges by sex and for all (paper 000, section 7.6)
+:func:`pl94`           the PL 94-171 workload (paper 000, section 7.3), 319 queries
+:func:`sf1_persons`    Census 2010 SF1 person tables on the CPH domain
+:func:`sum_query`      sums of a numeric attribute, ``W D`` (paper 004)
+=====================  =====================================================
+
+The Census codings (race combinations, relationship categories) are in
+:mod:`dpdask.workloads.census`.
 """
 
 from dpdask.workloads import census
+from dpdask.workloads.marginals import identity, marginal, marginal_name, marginals
+from dpdask.workloads.pl94 import pl94
+from dpdask.workloads.products import indicator, product
+from dpdask.workloads.pyramid import age_pyramid, age_ranges
+from dpdask.workloads.ranges import all_range, prefix, random_ranges
+from dpdask.workloads.sf1 import sf1_persons, sf1_tables
+from dpdask.workloads.sums import sum_query
 
-__all__ = ["census"]
+__all__ = [
+    "age_pyramid",
+    "age_ranges",
+    "all_range",
+    "census",
+    "identity",
+    "indicator",
+    "marginal",
+    "marginal_name",
+    "marginals",
+    "pl94",
+    "prefix",
+    "product",
+    "random_ranges",
+    "sf1_persons",
+    "sf1_tables",
+    "sum_query",
+]
