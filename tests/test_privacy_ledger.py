@@ -1,0 +1,217 @@
+"""The persistent privacy ledger: durability, idempotent retries, refusal, append-only.
+
+Oracles: the SQLite file read back with the standard library (not through the
+Ledger class), exact budget arithmetic, and a second process.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+from fractions import Fraction
+
+import pytest
+
+from dpdask.privacy import (
+    ApproxDP,
+    BudgetExceededError,
+    Charge,
+    Ledger,
+    LedgerConflictError,
+    PureDP,
+    zCDP,
+)
+
+QUARTER = zCDP("0.25")
+
+
+def _charge(run="run1", level="county", name="A", privacy=QUARTER, scale=2.0, **kw):
+    return Charge(
+        release=kw.get("release", "r"),
+        run_id=run,
+        level=level,
+        measurement=name,
+        mechanism=kw.get("mechanism", "gaussian"),
+        sensitivity=kw.get("sensitivity", 1.0),
+        noise_scale=scale,
+        privacy=privacy,
+    )
+
+
+def _rows(path) -> list[tuple]:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute(
+            "SELECT release, run_id, level, measurement, privacy FROM charges ORDER BY seq"
+        ).fetchall()
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def ledger(tmp_path) -> Ledger:
+    led = Ledger(tmp_path / "ledger.sqlite")
+    led.open_release("r", zCDP(1))
+    return led
+
+
+def test_charge_is_persisted_and_readable_independently(ledger):
+    assert ledger.charge(_charge()) == 1
+    rows = _rows(ledger.path)
+    assert rows[0][:4] == ("r", "run1", "county", "A")
+    assert '"rho": "1/4"' in rows[0][4]
+    # a new Ledger on the same file sees the charge
+    again = Ledger(ledger.path)
+    assert again.spent("r") == zCDP("0.25")
+    assert again.find("r", "run1", "county", "A") == _charge()
+
+
+def test_retry_charges_nothing_new_run_charges_again(ledger):
+    assert ledger.charge(_charge()) == 1
+    assert ledger.charge(_charge()) == 0
+    assert len(ledger) == 1
+    assert ledger.charge(_charge(run="run2")) == 1
+    assert ledger.spent("r") == zCDP("0.5")
+
+
+def test_conflicting_charge_under_same_identity_is_refused(ledger):
+    ledger.charge(_charge())
+    with pytest.raises(LedgerConflictError, match="new run id"):
+        ledger.charge(_charge(scale=1.0, privacy=zCDP(1)))
+    assert len(ledger) == 1
+
+
+def test_over_budget_is_refused_naming_what_is_left(ledger):
+    ledger.charge(_charge(name="A", privacy=zCDP("0.75")))
+    before = _rows(ledger.path)
+    with pytest.raises(BudgetExceededError, match=r"only zCDP\(rho=0.25\) of its zCDP\(rho=1\)"):
+        ledger.charge(_charge(name="B", privacy=zCDP("0.5")))
+    assert _rows(ledger.path) == before
+    assert ledger.remaining("r") == zCDP("0.25")
+    # exactly filling the budget is allowed (exact arithmetic, no float slack needed)
+    for part in zCDP("0.25").split(3):
+        ledger.charge(_charge(name=f"C{len(ledger)}", privacy=part))
+    assert ledger.remaining("r") == zCDP(0)
+
+
+def test_many_charges_are_atomic(ledger):
+    batch = [_charge(name=n, privacy=zCDP("0.4")) for n in ("A", "B", "C")]  # 1.2 > 1
+    with pytest.raises(BudgetExceededError):
+        ledger.charge(batch)
+    assert len(ledger) == 0
+    assert ledger.check(batch[:2]) == 2
+    assert len(ledger) == 0  # check never writes
+    assert ledger.charge(batch[:2]) == 2
+
+
+def test_dataset_total_caps_all_releases(tmp_path):
+    led = Ledger(tmp_path / "l.sqlite")
+    led.set_dataset_total("cef", zCDP(1))
+    led.set_dataset_total("cef", zCDP(1))  # idempotent
+    with pytest.raises(LedgerConflictError):
+        led.set_dataset_total("cef", zCDP(2))
+    led.open_release("r1", zCDP(1), dataset="cef")
+    led.open_release("r2", zCDP(1), dataset="cef")
+    led.charge(_charge(release="r1", privacy=zCDP("0.75")))
+    with pytest.raises(BudgetExceededError, match="dataset 'cef'"):
+        led.charge(_charge(release="r2", privacy=zCDP("0.5")))
+    assert led.dataset_remaining("cef") == zCDP("0.25")
+
+
+def test_pure_charges_convert_tightly_into_zcdp(ledger):
+    # eps = 1 pure DP is 1/2-zCDP: two of them fill a rho = 1 budget
+    for name in ("A", "B"):
+        ledger.charge(_charge(name=name, mechanism="laplace", privacy=PureDP(1)))
+    assert ledger.spent("r") == zCDP(1)
+    with pytest.raises(BudgetExceededError):
+        ledger.charge(_charge(name="C", mechanism="laplace", privacy=PureDP("0.01")))
+
+
+def test_incompatible_charge_kind_is_refused(ledger):
+    with pytest.raises(LedgerConflictError, match="cannot be accounted"):
+        ledger.charge(_charge(privacy=ApproxDP(1, "1e-9")))
+    assert len(ledger) == 0
+
+
+def test_unopened_release_is_refused(tmp_path):
+    led = Ledger(tmp_path / "l.sqlite")
+    with pytest.raises(LedgerConflictError, match="open_release"):
+        led.charge(_charge())
+    led.open_release("r", PureDP(1))
+    with pytest.raises(LedgerConflictError):
+        led.open_release("r", PureDP(2))
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE charges SET privacy = '{}'",
+        "DELETE FROM charges",
+        "DELETE FROM releases",
+        "UPDATE releases SET budget = 'x'",
+    ],
+)
+def test_ledger_is_append_only(ledger, sql):
+    ledger.charge(_charge())
+    con = sqlite3.connect(ledger.path)
+    try:
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            con.execute(sql)
+    finally:
+        con.close()
+    assert len(ledger) == 1
+
+
+def test_concurrent_charges_never_overspend(ledger):
+    # eight threads race for a budget that fits four charges
+    errors: list[Exception] = []
+
+    def work(i: int) -> None:
+        try:
+            ledger.charge(_charge(name=f"M{i}", privacy=zCDP("0.25")))
+        except BudgetExceededError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ledger) == 4 and len(errors) == 4
+    assert ledger.spent("r") == zCDP(1)
+
+
+def test_other_process_sees_committed_charge(ledger):
+    ledger.charge(_charge(privacy=zCDP(Fraction(1, 3))))
+    code = (
+        "import sys; from dpdask.privacy import Ledger; "
+        "print(Ledger(sys.argv[1]).remaining('r').to_dict()['rho'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(ledger.path)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "2/3"
+
+
+def test_ledger_pickles_by_path(ledger):
+    import pickle
+
+    assert pickle.loads(pickle.dumps(ledger)).path == ledger.path
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"run": ""},
+        {"mechanism": "cauchy"},
+        {"scale": 0.0},
+        {"scale": float("nan")},
+        {"sensitivity": -1.0},
+        {"privacy": 0.5},
+    ],
+)
+def test_bad_charges_raise(kw):
+    with pytest.raises((TypeError, ValueError)):
+        _charge(**kw)
