@@ -71,8 +71,8 @@ def pl94(domain: Domain | None = None) -> VStack:
     -------
     VStack
         Parts ``"votingage"`` (2), ``"hisp"`` (2), ``"race-single"`` (6),
-        ``"race-multiple"`` (57) and ``"identity"`` (252, the votingage x hisp x
-        race cells in C order).
+        ``"race-multiple"`` (57) and ``"identity"`` (252: the voting age x hisp x
+        race cells, in the domain's attribute order).
 
     Raises
     ------

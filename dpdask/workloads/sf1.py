@@ -397,6 +397,9 @@ def sf1_persons(domain: Domain | None = None, tables: Sequence[str] | None = Non
         Parts named by their table (the products of one table share its name,
         so ``[s for s, n in zip(W.part_slices(), W.names) if n == "P12"]`` are the
         rows of P12). 4,327 rows and 78 parts with all tables (module docstring).
+        On the CPH attribute order (sex, hisp, race, relation, age) the rows of
+        each table are in its published line order; on another order each
+        product's rows follow that domain's C order.
 
     Examples
     --------
