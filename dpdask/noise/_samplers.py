@@ -65,14 +65,14 @@ _BLOCK = 1 << 20
 
 def as_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     """Validate a sample shape: a non-negative int or a sequence of them."""
-    if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
-        shape = (int(shape),)
-    try:
-        out = tuple(int(s) for s in shape)
-    except TypeError as exc:
-        raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from exc
-    if any(isinstance(s, bool) for s in shape) or any(s < 0 for s in out):
-        raise ValueError(f"shape must have non-negative integer entries, got {shape!r}")
+    items = (shape,) if isinstance(shape, int | np.integer) else shape
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence | np.ndarray):
+        raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}")
+    if not all(isinstance(s, int | np.integer) and not isinstance(s, bool) for s in items):
+        raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}")
+    out = tuple(int(s) for s in items)
+    if any(s < 0 for s in out):
+        raise ValueError(f"shape must have non-negative entries, got {shape!r}")
     return out
 
 
