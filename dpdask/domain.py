@@ -249,7 +249,7 @@ class Geography:
         lengths = np.char.str_len(finest)
         bad = np.flatnonzero(lengths != widths[-1])
         if bad.size:
-            g = finest[bad[0]]
+            g = str(finest[bad[0]])
             raise ValueError(
                 f"geography id {g!r} has {len(g)} characters; level {names[-1]!r} "
                 f"needs {widths[-1]}"
@@ -287,7 +287,7 @@ class Geography:
         uniq, counts = np.unique(finest, return_counts=True)
         if (counts > 1).any():
             raise ValueError(
-                f"level {names[-1]!r}: unit {uniq[np.argmax(counts > 1)]!r} "
+                f"level {names[-1]!r}: unit {str(uniq[np.argmax(counts > 1)])!r} "
                 "appears in more than one row of the parent table"
             )
         return cls._from_columns(names, cols)
@@ -307,9 +307,9 @@ class Geography:
                 if clash.size:
                     j = clash[0]
                     raise ValueError(
-                        f"level {name!r}: unit {col[j]!r} has two parents at level "
-                        f"{names[i - 1]!r}: {cols[i - 1][first[inv[j]]]!r} and "
-                        f"{cols[i - 1][j]!r}"
+                        f"level {name!r}: unit {str(col[j])!r} has two parents at level "
+                        f"{names[i - 1]!r}: {str(cols[i - 1][first[inv[j]]])!r} and "
+                        f"{str(cols[i - 1][j])!r}"
                     )
                 parents.append(parent)
             prev_inv = inv

@@ -102,14 +102,57 @@ def _check_shape(shape: tuple[int, ...], domain: Domain, geography: Geography, w
         )
 
 
-def _check_block(block: np.ndarray, block_info: dict | None = None) -> np.ndarray:
-    """Raise if a block of counts holds a negative value (naming its geography row)."""
-    if block.dtype.kind == "i" and block.size and block.min() < 0:
-        row = int(np.argwhere(block < 0)[0][0])
-        if block_info is not None:
-            row += block_info[0]["array-location"][0][0]
+_NEGATIVE, _TOO_LARGE = 1, 2
+
+
+def _first_bad_row(block: np.ndarray, dtype: np.dtype) -> tuple[int, int]:
+    """``(row, problem)`` of the first row with a negative count or one too large for
+    ``dtype``; ``(-1, 0)`` if there is none."""
+    if block.size and block.dtype.kind == "i" and block.min() < 0:
+        return int(np.argwhere(block < 0)[0][0]), _NEGATIVE
+    if block.size and block.max() > np.iinfo(dtype).max:
+        return int(np.argwhere(block > np.iinfo(dtype).max)[0][0]), _TOO_LARGE
+    return -1, 0
+
+
+def _raise_bad_row(row: int, problem: int, dtype: np.dtype) -> None:
+    if problem == _NEGATIVE:
         raise ValueError(f"counts hold a negative value at geography row {row}")
-    return block
+    if problem == _TOO_LARGE:
+        top = np.iinfo(dtype).max
+        raise ValueError(f"counts hold a value above {top} ({dtype}) at geography row {row}")
+
+
+def _store_block(
+    block: np.ndarray, target: zarr.Array, block_info: dict | None = None
+) -> np.ndarray:
+    """Write one geography chunk unless it holds a bad count; return ``[[row, problem]]``.
+
+    Never raises on bad counts, so that every writer has finished before the caller
+    raises and the temporary store is removed.
+    """
+    start, stop = block_info[0]["array-location"][0]
+    row, problem = _first_bad_row(block, target.dtype)
+    if not problem:
+        target[start:stop] = block.astype(target.dtype, copy=False)
+    return np.array([[row + start if problem else -1, problem]], dtype=np.int64)
+
+
+def _store_checked(x: da.Array, target: zarr.Array) -> None:
+    """Write ``x`` (chunked like ``target`` along geography); raise on the first bad row."""
+    flags = x.map_blocks(
+        _store_block,
+        target,
+        dtype=np.int64,
+        chunks=((1,) * x.numblocks[0], (2,)),
+        drop_axis=list(range(2, x.ndim)),
+        name=f"store-counts-{tokenize(x, str(target.store_path))}",
+        meta=np.empty((0, 0), dtype=np.int64),
+    ).compute()
+    bad = flags[flags[:, 1] > 0]
+    if bad.size:
+        row, problem = bad[np.argmin(bad[:, 0])]
+        _raise_bad_row(int(row), int(problem), target.dtype)
 
 
 def _write_layout(
@@ -226,13 +269,12 @@ def write_store(
     _check_integer_dtype(counts.dtype, "counts")
     dtype = _check_integer_dtype(counts.dtype if dtype is None else dtype, "dtype")
     if isinstance(counts, np.ndarray):
-        _check_block(counts)
+        _raise_bad_row(*_first_bad_row(counts, dtype), dtype)
 
     def fill(target: zarr.Array) -> None:
         x = da.asarray(counts) if not isinstance(counts, da.Array) else counts
         x = x.rechunk((target.chunks[0], *(-1,) * len(domain)))
-        x = x.map_blocks(_check_block, dtype=x.dtype).astype(dtype)
-        da.store(x, target, lock=False)
+        _store_checked(x, target)
 
     return _publish_store(path, domain, geography, dtype, geo_chunk, overwrite, source, fill)
 
