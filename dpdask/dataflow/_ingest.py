@@ -65,6 +65,11 @@ class _Scan:
     counts: np.ndarray
 
 
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value it holds (for readable messages)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def _missing(values: pd.Series) -> np.ndarray:
     """Rows holding no value: NaN/None, or blank text."""
     miss = np.array(values.isna(), dtype=bool)
@@ -110,8 +115,8 @@ def _encode(values: pd.Series, col: _Column) -> tuple[np.ndarray, np.ndarray, li
         not_int = ok & ~integral
         for i in np.flatnonzero(not_int):
             reasons[int(i)] = (
-                f"value {values.iloc[i]!r} is not an integer code of attribute {col.attr!r} "
-                f"(give categories={{{col.attr!r}: [...]}} to map labels to codes)"
+                f"value {_plain(values.iloc[i])!r} is not an integer code of attribute "
+                f"{col.attr!r} (give categories={{{col.attr!r}: [...]}} to map labels to codes)"
             )
         out = ok & integral & ((raw < 0) | (raw >= col.size))
         for i in np.flatnonzero(out):
