@@ -1,0 +1,27 @@
+"""Synthetic Census-like test data.
+
+:func:`synthetic_persons` writes per-geography person histograms with realistic
+shapes (an age pyramid, a sex ratio, Hispanic origin and race from Rhode Island
+2010, household relationship, US-county-like geography sizes) to a zarr array, in
+bounded memory and deterministically from a seed. The numbers behind the model
+and their sources are in :mod:`dpdask.datasets._constants`; the model itself, and
+how attributes are matched by name, in :mod:`dpdask.datasets._model`.
+"""
+
+from dpdask.datasets._model import GROUPS, KNOWN_ATTRIBUTES, PersonModel
+from dpdask.datasets._synthetic import (
+    SyntheticPersons,
+    draw_populations,
+    synthetic_block,
+    synthetic_persons,
+)
+
+__all__ = [
+    "GROUPS",
+    "KNOWN_ATTRIBUTES",
+    "PersonModel",
+    "SyntheticPersons",
+    "draw_populations",
+    "synthetic_block",
+    "synthetic_persons",
+]
