@@ -1,0 +1,605 @@
+"""A release as one Dask graph: aggregate, measure, reconstruct, make consistent, answer, publish.
+
+:func:`release` builds a lazy :class:`Release` from a data store and a plan (or a
+plan per level); :meth:`Release.to_zarr` runs it:
+
+1. **refuse early**: the output path, the plans and the budget are checked and
+   every level's privacy charge is written to the ledger, all or nothing,
+   before any data is read;
+2. **measure and reconstruct** (tasks ``aggregate-<level>``, ``measure-<level>``,
+   ``reconstruct-<level>``, ``checkpoint-<level>``): each geography chunk of each
+   level is measured with keyed noise and reconstructed by least squares; the
+   estimate is checkpointed in the run's work folder and the chunk is marked done;
+3. **consistency and answers** (``consistent-<level>``, ``answer-<level>``,
+   ``publish-<level>``): the checkpointed estimates are made consistent across
+   levels (children add up to parents exactly, by inverse-variance weighting), the
+   workload is answered, and everything is written to a store under a temporary
+   name that is renamed into place when complete.
+
+A run interrupted anywhere is resumed by running again with the same run id: the
+charges are found in the ledger (nothing new is charged), the key is read back
+from the work folder, finished chunks are skipped and the rest are recomputed
+with the same noise, so the output is bit-identical to an uninterrupted run.
+
+Output layout (a zarr v3 group)::
+
+    <output>/
+      <level>/estimate   float64 (n_units, *domain.shape)  consistent estimates
+      <level>/answers    float64 (n_units, n_queries)      workload answers
+      <level>/variance   float64 (n_units, n_queries)      their variances
+      <level>/ids        str (n_units,)                    unit ids
+      <level>/parent     int64 (n_units,)                  parent index (not the top level)
+
+with ``attrs["dpdask"]``: release and run ids, dpdask version, domain, levels,
+each level's budget, noise and charge, the total budget and what the ledger holds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import secrets
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import zarr
+from dask.base import tokenize
+
+from dpdask import __version__
+from dpdask.dataflow._blocks import answer_block, measure_block, reconstruct_block
+from dpdask.dataflow._publish import check_target
+from dpdask.dataflow._store import DataStore, open_store
+from dpdask.dataflow.levels import LevelChunks, bottom_up, level_chunks, top_down
+from dpdask.domain import Domain
+from dpdask.linalg import Kron, LinearQuery
+from dpdask.measure import _level_charge
+from dpdask.noise import KeyFile, SecretKey, new_key
+from dpdask.privacy import ApproxDP, Budget, Charge, Ledger, PureDP, zCDP
+from dpdask.privacy._mechanisms import MECHANISM_NORM
+
+__all__ = ["LevelPlan", "Release", "release"]
+
+_RECONSTRUCT = ("ls",)
+
+
+class LevelPlan:
+    """A plan re-calibrated for one level's share of the budget.
+
+    The strategy, workload and domain are the base plan's; the noise is calibrated
+    to ``privacy`` (Laplace for pure DP, Gaussian for zCDP and (epsilon, delta)),
+    and the query variances scale with the noise variance.
+    """
+
+    def __init__(self, base: Any, privacy: Budget):
+        self.base = base
+        self.privacy = privacy
+        self.strategy: LinearQuery = base.strategy
+        self.workload: LinearQuery = base.workload
+        self.domain: Domain | None = base.domain
+        self.mechanism: str = base.mechanism
+        sens = float(self.strategy.sensitivity(MECHANISM_NORM[self.mechanism]))
+        if isinstance(privacy, PureDP):
+            if self.mechanism != "laplace":
+                raise ValueError(
+                    f"a pure-DP level budget needs Laplace noise, not {self.mechanism}"
+                )
+            self.noise_scale = privacy.laplace_scale(sens)
+        elif isinstance(privacy, zCDP | ApproxDP):
+            if self.mechanism != "gaussian":
+                raise ValueError(f"a {type(privacy).__name__} budget needs Gaussian noise")
+            self.noise_scale = privacy.gaussian_sigma(sens)
+        else:
+            raise TypeError(f"unsupported budget {privacy!r}")
+
+    @property
+    def row_variance(self) -> float:
+        """Variance of the noise added to each measurement."""
+        return noise_variance(self.mechanism, self.noise_scale)
+
+    def query_variances(self) -> np.ndarray:
+        ratio = (self.noise_scale / self.base.noise_scale) ** 2
+        return np.asarray(self.base.query_variances(), dtype=float) * ratio
+
+
+def noise_variance(mechanism: str, scale: float) -> float:
+    """Variance of one noise draw (continuous form; the discrete ones are within 1e-3 of it
+    for scales above 1)."""
+    return 2.0 * scale**2 if mechanism.endswith("laplace") else scale**2
+
+
+def _mean_cell_variance(A: LinearQuery) -> float:
+    """``trace((A^T A)^+) / n``: the average variance of a cell's least-squares estimate
+    per unit of noise variance (factor by factor for Kronecker strategies)."""
+    if isinstance(A, Kron):
+        return float(np.prod([_mean_cell_variance(f) for f in A.factors]))
+    G = A.gram().dense()
+    return float(np.trace(np.linalg.pinv(G, hermitian=True)) / A.shape[1])
+
+
+@dataclass
+class _Level:
+    name: str
+    plan: LevelPlan
+    charge: Charge
+    chunks: tuple[int, ...]
+    unit_variance: float  # variance scalar of one unit's estimate in the tree model
+
+
+class Release:
+    """A lazy release; :meth:`to_zarr` runs it. Built by :func:`release`."""
+
+    def __init__(
+        self,
+        store: DataStore,
+        levels: tuple[str, ...],
+        plans: dict[str, LevelPlan],
+        *,
+        release_id: str,
+        run_id: str,
+        total: Budget,
+        reconstruct: str,
+        ledger: Ledger | None,
+        dataset: str | None,
+        key: SecretKey | None,
+        noise: bool,
+        test_mode: bool,
+        chunk_bytes: int,
+    ):
+        self.store = store
+        self.levels = levels
+        self.plans = plans
+        self.release_id = release_id
+        self.run_id = run_id
+        self.total = total
+        self.reconstruct = reconstruct
+        self.ledger = ledger
+        self.dataset = dataset
+        self.key = key
+        self.noise = noise
+        self.test_mode = test_mode
+        self.domain = store.domain
+        self.lc: LevelChunks = level_chunks(store.geography, levels, store.domain.size, chunk_bytes)
+        charges = {
+            lv: _level_charge(plans[lv], release_id, run_id, lv, "strategy")[0] for lv in levels
+        }
+        same = len({tokenize(p.strategy) for p in plans.values()}) == 1
+        self._levels = [
+            _Level(
+                lv,
+                plans[lv],
+                charges[lv],
+                self.lc.of(lv),
+                plans[lv].row_variance * (1.0 if same else _mean_cell_variance(plans[lv].strategy)),
+            )
+            for lv in levels
+        ]
+
+    # -- what is known before running ------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Levels, units, chunks, budgets, noise and expected error, as a JSON-safe dict."""
+        out = {
+            "release": self.release_id,
+            "run_id": self.run_id,
+            "budget": self.total.to_dict(),
+            "domain": self.domain.to_dict(),
+            "levels": [],
+        }
+        for L in self._levels:
+            qv = L.plan.query_variances()
+            out["levels"].append(
+                {
+                    "level": L.name,
+                    "units": self.store.geography.n_units(L.name),
+                    "chunks": len(L.chunks),
+                    "budget": L.plan.privacy.to_dict(),
+                    "mechanism": L.plan.mechanism,
+                    "noise_scale": L.plan.noise_scale,
+                    "queries": int(qv.size),
+                    "mean_query_variance": float(qv.mean()),
+                    "max_query_variance": float(qv.max()),
+                }
+            )
+        return out
+
+    def charges(self) -> list[Charge]:
+        return [L.charge for L in self._levels]
+
+    # -- running ---------------------------------------------------------------------------
+    def to_zarr(
+        self,
+        path: str | os.PathLike,
+        *,
+        overwrite: bool = False,
+        client: Any = None,
+        progress: bool = False,
+    ) -> pathlib.Path:
+        """Run the release and publish it at ``path``.
+
+        Parameters
+        ----------
+        path : str or path-like
+            The output store (a local directory); written under a temporary name and
+            renamed into place when complete.
+        overwrite : bool
+            Replace an earlier release at ``path`` (only once the new one is complete).
+        client : distributed.Client, optional
+            Where to run; the current Dask scheduler if omitted.
+        progress : bool
+            Show a progress bar on the terminal.
+
+        Returns
+        -------
+        pathlib.Path
+            The published store.
+
+        Raises
+        ------
+        StoreExistsError
+            If ``path`` exists and ``overwrite`` is false (before anything is charged).
+        dpdask.privacy.BudgetExceededError
+            If the charges do not fit the budget (before any data is read).
+        """
+        path = check_target(path, overwrite).absolute()
+        work = _work_dir(path, self.run_id)
+        key = self._charge_and_key(work)
+        work.mkdir(parents=True, exist_ok=True)
+        raw = self._checkpoint(work, key, client, progress)
+        final = self._finish(work, raw, client, progress)
+        _publish(final, path, overwrite)
+        shutil.rmtree(work, ignore_errors=True)  # the key file goes with it
+        return path
+
+    def _charge_and_key(self, work: pathlib.Path) -> SecretKey | None:
+        if not self.noise:
+            return None
+        if self.test_mode:
+            if self.key is None:
+                raise ValueError("test mode needs a key (SecretKey.for_testing(seed))")
+            if self.ledger is not None:
+                self._charge()
+            return self.key
+        if self.ledger is None:
+            raise ValueError("a ledger is required: every measurement is charged before noise")
+        key_file = KeyFile(work / "key")
+        if self.key is not None:
+            key = self.key
+        elif (work / "key").exists():
+            key = key_file.load()
+        else:
+            key = new_key()
+        self._charge()
+        if not (work / "key").exists():
+            work.mkdir(parents=True, exist_ok=True)
+            KeyFile.create(work / "key", key)
+        return key
+
+    def _charge(self) -> None:
+        if self.ledger is None:
+            raise ValueError("a ledger is required: every measurement is charged before noise")
+        self.ledger.open_release(self.release_id, self.total, self.dataset)
+        self.ledger.check(self.charges())  # all levels fit, or nothing is written
+        self.ledger.charge(self.charges())
+
+    def _level_data(self) -> list[da.Array]:
+        """Counts of every released level, lazily, chunked as the level chunks."""
+        from dpdask.dataflow.levels import aggregate
+
+        x = self.store.to_dask().rechunk({0: self.lc.chunks[-1]})
+        arrays = [x]
+        for i in range(len(self.levels) - 1, 0, -1):
+            arrays.insert(0, aggregate(arrays[0], self.lc, i, f"aggregate-{self.levels[i - 1]}"))
+        return arrays
+
+    def _checkpoint(
+        self, work: pathlib.Path, key: Any, client: Any, progress: bool
+    ) -> list[zarr.Array]:
+        group = zarr.open_group(str(work / "raw.zarr"), mode="a", zarr_format=3)
+        arrays, pending = [], []
+        data = self._level_data()
+        cell_shape = self.domain.shape
+        for L, x in zip(self._levels, data, strict=True):
+            n = sum(L.chunks)
+            if L.name in group:
+                arr = group[L.name]
+            else:
+                arr = group.create_array(
+                    L.name, shape=(n, *cell_shape), chunks=(max(L.chunks), *cell_shape),
+                    dtype="float64", fill_value=np.nan,
+                )  # fmt: skip
+            arrays.append(arr)
+            done = set(json.loads(arr.attrs.get("done", "[]")))
+            todo = [k for k in range(len(L.chunks)) if k not in done]
+            if not todo:
+                continue
+            tok = tokenize(self.release_id, self.run_id, L.name, x)
+            m = L.plan.strategy.shape[0]
+            y = x.map_blocks(
+                measure_block, L.plan, key, self.release_id, L.name, self.run_id, L.charge,
+                self.noise, self.test_mode,
+                chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
+                dtype=np.float64, name=f"measure-{L.name}-{tok}",
+                meta=np.empty((0, 0)),
+            )  # fmt: skip
+            est = y.map_blocks(
+                reconstruct_block, L.plan.strategy, "auto", cell_shape,
+                chunks=(x.chunks[0], *((s,) for s in cell_shape)),
+                new_axis=list(range(2, 1 + len(cell_shape))),
+                dtype=np.float64, name=f"reconstruct-{L.name}-{tok}",
+                meta=np.empty((0,) * (1 + len(cell_shape))),
+            )  # fmt: skip
+            bounds = np.cumsum((0, *L.chunks))
+            for k in todo:
+                block = est.blocks[k]
+                pending.append(
+                    dask.delayed(_write_region, pure=False)(
+                        block,
+                        arr,
+                        int(bounds[k]),
+                        k,
+                        dask_key_name=f"checkpoint-{L.name}-{tokenize(tok, k)}",
+                    )
+                )
+        if pending:
+            finished = _compute(pending, client, progress)
+            by_array: dict[str, list[int]] = {}
+            for name, k in finished:
+                by_array.setdefault(name, []).append(k)
+            for arr in arrays:
+                if arr.basename in by_array:
+                    done = set(json.loads(arr.attrs.get("done", "[]"))) | set(
+                        by_array[arr.basename]
+                    )
+                    arr.attrs["done"] = json.dumps(sorted(done))
+        return arrays
+
+    def _finish(
+        self, work: pathlib.Path, raw: Sequence[zarr.Array], client: Any, progress: bool
+    ) -> pathlib.Path:
+        estimates = [
+            da.from_zarr(
+                a,
+                chunks=(L.chunks, *a.shape[1:]),
+                name=f"estimate-{L.name}-{tokenize(str(work), L.name)}",
+            )
+            for a, L in zip(raw, self._levels, strict=True)
+        ]
+        variances = [
+            np.full(self.store.geography.n_units(L.name), L.unit_variance) for L in self._levels
+        ]
+        if len(self._levels) > 1:
+            z, vz, cz, cv = bottom_up(estimates, variances, self.lc, "consistent-up")
+            final, fvar = top_down(z, vz, cz, cv, self.lc, "consistent")
+        else:
+            final, fvar = estimates, variances
+        out = work / "final.zarr"
+        if out.exists():
+            shutil.rmtree(out)
+        root = zarr.open_group(str(out), mode="w", zarr_format=3)
+        targets, sources = [], []
+        geo = self.store.geography
+        for i, (L, est) in enumerate(zip(self._levels, final, strict=True)):
+            g = root.create_group(L.name)
+            ids = np.asarray(geo.ids[geo.level_index(L.name)], dtype=str)
+            g.create_array(
+                "ids", shape=ids.shape, dtype=ids.dtype.str if ids.dtype.kind != "U" else str
+            )[:] = ids
+            if i > 0:
+                p = self.lc.parents[i - 1]
+                g.create_array("parent", shape=p.shape, dtype="int64")[:] = p
+            W = L.plan.workload
+            answers = est.map_blocks(
+                answer_block, W, chunks=(est.chunks[0], (W.shape[0],)),
+                drop_axis=list(range(2, est.ndim)), dtype=np.float64,
+                name=f"answer-{L.name}-{tokenize(est, W)}", meta=np.empty((0, 0)),
+            )  # fmt: skip
+            qv = L.plan.query_variances()
+            scale = fvar[i] / L.unit_variance
+            variance = da.from_array(scale[:, None], chunks=(est.chunks[0], 1)) * qv[None, :]
+            for name, arr in (("estimate", est), ("answers", answers), ("variance", variance)):
+                z = g.create_array(
+                    name, shape=arr.shape, dtype="float64",
+                    chunks=(max(est.chunks[0]), *arr.shape[1:]),
+                )  # fmt: skip
+                sources.append(arr.rechunk({0: max(est.chunks[0])}))
+                targets.append(z)
+        stored = da.store(sources, targets, lock=False, compute=False)
+        _compute([stored], client, progress)
+        root.attrs["dpdask"] = self._attributes()
+        return out
+
+    def _attributes(self) -> dict[str, Any]:
+        info = self.summary()
+        info.update(
+            {
+                "format": "dpdask-release",
+                "format_version": 1,
+                "dpdask_version": __version__,
+                "created": datetime.datetime.now(datetime.UTC).isoformat(),
+                "reconstruct": self.reconstruct,
+                "source": str(self.store.path),
+                "test_mode": self.test_mode,
+                "noise": self.noise,
+                "charges": [
+                    {
+                        "level": c.level,
+                        "measurement": c.measurement,
+                        "mechanism": c.mechanism,
+                        "sensitivity": c.sensitivity,
+                        "noise_scale": c.noise_scale,
+                        "privacy": c.privacy.to_dict(),
+                    }
+                    for c in self.charges()
+                ],
+            }
+        )
+        if self.ledger is not None and self.noise:
+            info["ledger"] = {
+                "path": str(self.ledger.path),
+                "spent": self.ledger.spent(self.release_id).to_dict(),
+                "remaining": self.ledger.remaining(self.release_id).to_dict(),
+            }
+        return info
+
+
+def _write_region(block: np.ndarray, arr: zarr.Array, start: int, k: int) -> tuple[str, int]:
+    arr[start : start + block.shape[0]] = block
+    return arr.basename, k
+
+
+def _compute(items: list, client: Any, progress: bool) -> list:
+    if client is not None:
+        futures = client.compute(items)
+        if progress:
+            from distributed import progress as show
+
+            show(futures)
+        return [r for f in client.gather(futures) for r in (f if isinstance(f, list) else [f])]
+    if progress:
+        from dask.diagnostics import ProgressBar
+
+        with ProgressBar():
+            (res,) = (dask.compute(items),)
+    else:
+        res = dask.compute(items)
+    return list(res[0])
+
+
+def _work_dir(path: pathlib.Path, run_id: str) -> pathlib.Path:
+    return path.with_name(f".{path.name}.run-{run_id}")
+
+
+def _publish(tmp: pathlib.Path, path: pathlib.Path, overwrite: bool) -> None:
+    check_target(path, overwrite)
+    if path.exists():
+        old = path.with_name(f".{path.name}.replaced-{secrets.token_hex(4)}")
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, path)
+
+
+def new_run_id() -> str:
+    """A fresh run id: UTC time and random letters (sortable, unique)."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def release(
+    plans: Any | Mapping[str, Any],
+    data: DataStore | str | os.PathLike,
+    levels: Sequence[str] | None = None,
+    budget_split: Mapping[str, Any] | Sequence[Any] | None = None,
+    reconstruct: str = "ls",
+    *,
+    release_id: str = "release",
+    run_id: str | None = None,
+    ledger: Ledger | str | os.PathLike | None = None,
+    dataset: str | None = None,
+    key: SecretKey | None = None,
+    noise: bool = True,
+    test_mode: bool = False,
+    chunk_bytes: int = 64 * 2**20,
+) -> Release:
+    """Build a release of a data store: a lazy Dask graph, run by :meth:`Release.to_zarr`.
+
+    Parameters
+    ----------
+    plans : Plan or mapping of level to Plan
+        One plan whose budget is split over the levels, or a plan per level (each
+        spending its own budget).
+    data : DataStore or path
+        The input counts (see :mod:`dpdask.dataflow`).
+    levels : sequence of str, optional
+        Released levels, coarsest first; default all of the store's levels. The
+        finest must be the store's finest.
+    budget_split : mapping of level to share, or sequence, optional
+        With a single plan: each level's share of its budget (default even).
+    reconstruct : {"ls"}
+        The estimator (least squares; further estimators come with the
+        reconstruction module).
+    release_id, run_id : str
+        Identify the release in the ledger and the noise; the same run id resumes.
+    ledger : Ledger or path
+        The privacy ledger; required unless ``test_mode``.
+    dataset : str, optional
+        The dataset whose total budget (configured in the ledger) this release draws on.
+    key : SecretKey, optional
+        The noise key; by default a fresh one from the OS, kept (owner-only) in the
+        run's work folder until publication.
+    noise, test_mode : bool
+        ``noise=False`` (allowed only with ``test_mode=True``) publishes exact
+        counts: the oracle for tests. ``test_mode`` also admits test-only keys.
+    chunk_bytes : int
+        Rough size of one chunk of estimates.
+
+    Raises
+    ------
+    ValueError
+        For levels the data does not have, plans that do not fit the domain, a
+        split that does not match the levels, noise switched off outside test mode.
+    """
+    store = data if isinstance(data, DataStore) else open_store(data)
+    geo = store.geography
+    levels = tuple(geo.levels if levels is None else levels)
+    for lv in levels:
+        geo.level_index(lv)
+    if not noise and not test_mode:
+        raise ValueError("noise=False is only allowed in test mode")
+    if reconstruct not in _RECONSTRUCT:
+        raise ValueError(f"reconstruct={reconstruct!r} is not one of {_RECONSTRUCT}")
+    if isinstance(plans, Mapping):
+        missing = [lv for lv in levels if lv not in plans]
+        if missing:
+            raise ValueError(f"no plan for level(s) {missing}")
+        if budget_split is not None:
+            raise ValueError(
+                "budget_split goes with a single plan; per-level plans carry their own"
+            )
+        level_plans = {lv: LevelPlan(plans[lv], plans[lv].privacy) for lv in levels}
+        total = sum(
+            (p.privacy for p in level_plans.values()), start=level_plans[levels[0]].privacy.zero()
+        )
+    else:
+        total = plans.privacy
+        if budget_split is None:
+            shares = [1] * len(levels)
+        elif isinstance(budget_split, Mapping):
+            extra = sorted(set(budget_split) - set(levels))
+            missing = [lv for lv in levels if lv not in budget_split]
+            if extra or missing:
+                raise ValueError(
+                    f"budget_split levels {sorted(budget_split)} do not match {levels}"
+                )
+            shares = [budget_split[lv] for lv in levels]
+        else:
+            shares = list(budget_split)
+            if len(shares) != len(levels):
+                raise ValueError(f"{len(shares)} budget shares for {len(levels)} levels")
+        level_plans = {
+            lv: LevelPlan(plans, b) for lv, b in zip(levels, total.split(shares), strict=True)
+        }
+    for lv, p in level_plans.items():
+        if p.strategy.shape[1] != store.domain.size:
+            raise ValueError(
+                f"level {lv!r}: the plan's strategy has {p.strategy.shape[1]} columns but the "
+                f"data has {store.domain.size} cells per geography"
+            )
+        if p.domain is not None and p.domain != store.domain:
+            raise ValueError(
+                f"level {lv!r}: the plan is for {p.domain}, the data is {store.domain}"
+            )
+    if isinstance(ledger, str | os.PathLike):
+        ledger = Ledger(ledger)
+    return Release(
+        store, levels, level_plans, release_id=release_id, run_id=run_id or new_run_id(),
+        total=total, reconstruct=reconstruct, ledger=ledger, dataset=dataset, key=key,
+        noise=noise, test_mode=test_mode, chunk_bytes=chunk_bytes,
+    )  # fmt: skip

@@ -1,0 +1,241 @@
+"""The release graph end to end on small stores, against exact oracles."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+import pytest
+import zarr
+
+from dpdask import Domain, Geography
+from dpdask.dataflow import write_store
+from dpdask.dataflow.release import release
+from dpdask.linalg import Identity, Kron, LinearQuery, Prefix, Total, VStack
+from dpdask.noise import SecretKey
+from dpdask.privacy import BudgetExceededError, Ledger, zCDP
+
+
+@dataclasses.dataclass
+class DensePlan:
+    """A plan computed densely, independently of dpdask.strategy (the oracle)."""
+
+    strategy: LinearQuery
+    workload: LinearQuery
+    domain: Domain
+    mechanism: str
+    noise_scale: float
+    privacy: object
+
+    def query_variances(self) -> np.ndarray:
+        A, W = self.strategy.dense(), self.workload.dense()
+        cov = np.linalg.pinv(A.T @ A)
+        return self.noise_scale**2 * np.einsum("ij,jk,ik->i", W, cov, W)
+
+
+DOMAIN = Domain(a=2, b=3)
+
+
+def make_plan(rho=1, strategy=None) -> DensePlan:
+    A = strategy or VStack([Kron([Identity(2), Identity(3)]), Kron([Total(2), Prefix(3)])])
+    W = VStack([Kron([Identity(2), Total(3)]), Kron([Total(2), Prefix(3)]), Identity(6)])
+    budget = zCDP(rho)
+    return DensePlan(A, W, DOMAIN, "gaussian", budget.gaussian_sigma(A.sensitivity(2)), budget)
+
+
+@pytest.fixture
+def store(tmp_path: pathlib.Path, rng: np.random.Generator):
+    parents_county = np.zeros(3, dtype=int)
+    parents_tract = np.array([0, 0, 1, 2, 2, 2, 2])
+    geo = Geography(
+        levels=("state", "county", "tract"),
+        ids=(("s",), ("c0", "c1", "c2"), tuple(f"t{i}" for i in range(7))),
+        parents=(parents_county, parents_tract),
+    )
+    counts = rng.integers(0, 50, size=(7, 2, 3))
+    return write_store(tmp_path / "in.zarr", counts, DOMAIN, geo, geo_chunk=2), counts
+
+
+def _level_truth(counts, store):
+    geo = store.geography
+    out = {}
+    for lv in geo.levels:
+        idx = geo.ancestor_index(lv) if lv != geo.levels[-1] else np.arange(counts.shape[0])
+        n = geo.n_units(lv)
+        t = np.zeros((n, *counts.shape[1:]))
+        np.add.at(t, idx, counts)
+        out[lv] = t
+    return out
+
+
+@pytest.mark.parametrize("chunk_units", [1, 2, 100])
+def test_without_noise_reproduces_counts_and_answers(store, tmp_path, chunk_units) -> None:
+    st, counts = store
+    plan = make_plan()
+    r = release(plan, st, test_mode=True, noise=False, chunk_bytes=8 * 6 * chunk_units)
+    out = r.to_zarr(tmp_path / "out.zarr")
+    g = zarr.open_group(str(out), mode="r")
+    W = plan.workload.dense()
+    for lv, truth in _level_truth(counts, st).items():
+        np.testing.assert_allclose(g[lv]["estimate"][:], truth, atol=1e-9)
+        np.testing.assert_allclose(
+            g[lv]["answers"][:], truth.reshape(len(truth), -1) @ W.T, atol=1e-8
+        )
+        assert g[lv]["ids"][:].tolist() == list(st.geography.ids[st.geography.level_index(lv)])
+
+
+def test_noisy_release_is_consistent_and_charged(store, tmp_path) -> None:
+    st, _ = store
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    plan = make_plan(rho=2)
+    r = release(
+        plan,
+        st,
+        release_id="rel",
+        run_id="one",
+        ledger=ledger,
+        test_mode=True,
+        key=SecretKey.for_testing(3),
+        budget_split={"state": 1, "county": 1, "tract": 2},
+    )
+    out = r.to_zarr(tmp_path / "out.zarr")
+    g = zarr.open_group(str(out), mode="r")
+    for upper, lower in (("state", "county"), ("county", "tract")):
+        child = g[lower]["estimate"][:]
+        sums = np.zeros_like(g[upper]["estimate"][:])
+        np.add.at(sums, g[lower]["parent"][:], child)
+        np.testing.assert_allclose(sums, g[upper]["estimate"][:], rtol=0, atol=1e-9)
+    assert len(ledger.charges("rel")) == 3
+    assert ledger.spent("rel") == zCDP(2)
+    meta = dict(g.attrs)["dpdask"]
+    assert [c["privacy"] for c in meta["charges"]] == [
+        zCDP("1/2").to_dict(),
+        zCDP("1/2").to_dict(),
+        zCDP(1).to_dict(),
+    ]
+    assert not (tmp_path / ".out.zarr.run-one").exists()  # work folder and key removed
+
+
+def test_variance_matches_plan(store, tmp_path) -> None:
+    st, counts = store
+    plan = make_plan(rho=1)
+    truth = _level_truth(counts, st)
+    W = plan.workload.dense()
+    z2 = []
+    for seed in range(25):
+        r = release(
+            plan,
+            st,
+            release_id="v",
+            run_id=f"r{seed}",
+            test_mode=True,
+            key=SecretKey.for_testing(seed),
+        )
+        g = zarr.open_group(str(r.to_zarr(tmp_path / f"o{seed}.zarr")), mode="r")
+        for lv, t in truth.items():
+            err = g[lv]["answers"][:] - t.reshape(len(t), -1) @ W.T
+            z2.append((err**2 / g[lv]["variance"][:]).ravel())
+    z2 = np.concatenate(z2)
+    # standardised squared errors average 1 when the published variances are right
+    assert z2.mean() == pytest.approx(1.0, abs=0.12)
+
+
+def test_resume_after_crash_is_bit_identical(store, tmp_path, monkeypatch) -> None:
+    st, _ = store
+    plan = make_plan()
+    key = SecretKey.for_testing(9)
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    kwargs = dict(
+        release_id="res",
+        run_id="same",
+        ledger=ledger,
+        test_mode=True,
+        key=key,
+        chunk_bytes=8 * 6 * 2,
+    )
+    ref = release(plan, st, **kwargs).to_zarr(tmp_path / "ref.zarr")
+    n_charges = len(ledger.charges("res"))
+
+    from dpdask.dataflow import release as release_module
+
+    def crash(*args, **kw):
+        raise KeyboardInterrupt("killed after measuring")
+
+    monkeypatch.setattr(release_module.Release, "_finish", crash)
+    with pytest.raises(KeyboardInterrupt):
+        release(plan, st, **kwargs).to_zarr(tmp_path / "out.zarr")
+    assert not (tmp_path / "out.zarr").exists()
+    monkeypatch.undo()
+    out = release(plan, st, **kwargs).to_zarr(tmp_path / "out.zarr")
+    assert len(ledger.charges("res")) == n_charges  # the retry charged nothing
+    a, b = zarr.open_group(str(ref), mode="r"), zarr.open_group(str(out), mode="r")
+    for lv in st.geography.levels:
+        for name in ("estimate", "answers", "variance"):
+            np.testing.assert_array_equal(a[lv][name][:], b[lv][name][:])
+
+
+def test_over_budget_refuses_before_reading(store, tmp_path, monkeypatch) -> None:
+    st, _ = store
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    release(
+        make_plan(rho=1),
+        st,
+        release_id="b",
+        run_id="first",
+        ledger=ledger,
+        test_mode=True,
+        key=SecretKey.for_testing(1),
+    ).to_zarr(tmp_path / "first.zarr")
+
+    from dpdask.dataflow import release as release_module
+
+    def no_read(*args, **kw):
+        raise AssertionError("data was read")
+
+    monkeypatch.setattr(release_module.Release, "_level_data", no_read)
+    second = release(
+        make_plan(rho=2),
+        st,
+        release_id="b",
+        run_id="second",
+        ledger=ledger,
+        test_mode=True,
+        key=SecretKey.for_testing(1),
+    )
+    with pytest.raises((BudgetExceededError, ValueError)):
+        second.to_zarr(tmp_path / "second.zarr")
+    assert not (tmp_path / "second.zarr").exists()
+    assert len(ledger.charges("b")) == 3
+
+
+def test_existing_output_is_untouched(store, tmp_path) -> None:
+    st, _ = store
+    out = tmp_path / "out.zarr"
+    release(make_plan(), st, test_mode=True, noise=False).to_zarr(out)
+    before = sorted(p.name for p in out.rglob("*"))
+    with pytest.raises(FileExistsError):
+        release(make_plan(), st, test_mode=True, noise=False).to_zarr(out)
+    assert sorted(p.name for p in out.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(levels=("state", "county")), "finest released level"),
+        (dict(levels=("nation", "tract")), "unknown geography level"),
+        (dict(noise=False), "test mode"),
+        (dict(budget_split={"state": 1}), "budget_split"),
+        (dict(reconstruct="magic"), "reconstruct"),
+    ],
+)
+def test_bad_release_arguments(store, kwargs, message) -> None:
+    st, _ = store
+    with pytest.raises(ValueError, match=message):
+        release(make_plan(), st, **kwargs)
+
+
+def test_plan_must_fit_domain(store) -> None:
+    st, _ = store
+    with pytest.raises(ValueError, match="columns"):
+        release(make_plan(strategy=Identity(5)), st, test_mode=True)
