@@ -15,4 +15,5 @@ from __future__ import annotations
 BENCHES: dict[str, str] = {
     "linalg": "dpdask.bench.linalg",
     "datasets": "dpdask.bench.datasets",
+    "noise": "dpdask.bench.noise",
 }

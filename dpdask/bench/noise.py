@@ -1,0 +1,77 @@
+"""``dpdask bench noise``: throughput of the keyed noise samplers against numpy's normal.
+
+Every sampler draws ``--n`` values from a fresh :class:`~dpdask.noise.KeyedRNG`
+``--repeats`` times (one core; numpy's generators are single-threaded); the
+median time gives samples per second. The baseline, measured in the same run,
+is ``numpy.random.Generator.standard_normal`` on the default bit generator
+(PCG64) and on Philox (the bit generator dpdask uses).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dpdask.bench._common import median_time
+from dpdask.noise import KeyedRNG, MeasurementId, new_key
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n", type=int, default=2_000_000, help="samples per draw")
+    parser.add_argument("--repeats", type=int, default=5, help="draws per sampler (median)")
+
+
+def _rate(fn: Callable[[], Any], n: int, repeats: int) -> tuple[float, float]:
+    fn()  # warm up
+    med, _, _ = median_time(fn, repeats)
+    return n / med, med
+
+
+def run(args: argparse.Namespace) -> dict:
+    n, repeats = int(args.n), int(args.repeats)
+    if n < 1 or repeats < 1:
+        raise ValueError("--n and --repeats must be positive")
+    pcg = np.random.default_rng(12345)
+    philox = np.random.Generator(np.random.Philox(key=12345))
+    base_rate, base_time = _rate(lambda: pcg.standard_normal(n), n, repeats)
+    philox_rate, philox_time = _rate(lambda: philox.standard_normal(n), n, repeats)
+
+    key = new_key()
+    ident = MeasurementId("bench", "county", 0, "noise")
+    factor = np.tril(np.ones((8, 8)))
+    cases: list[tuple[str, float, Callable[[KeyedRNG], Any]]] = [
+        ("laplace", 10.0, lambda r: r.laplace(10.0, n)),
+        ("gaussian", 10.0, lambda r: r.gaussian(10.0, n)),
+        ("discrete_laplace", 10.0, lambda r: r.discrete_laplace(10.0, n)),
+        ("discrete_gaussian", 0.5, lambda r: r.discrete_gaussian(0.5, n)),
+        ("discrete_gaussian", 10.0, lambda r: r.discrete_gaussian(10.0, n)),
+        ("discrete_gaussian", 1000.0, lambda r: r.discrete_gaussian(1000.0, n)),
+        ("correlated_gaussian (8x8 factor)", 1.0, lambda r: r.correlated_gaussian(factor, n // 8)),
+    ]
+    rows = []
+    for name, scale, draw in cases:
+        rng = KeyedRNG(key, ident)
+        rate, med = _rate(lambda rng=rng, draw=draw: draw(rng), n, repeats)
+        rows.append(
+            {
+                "sampler": name,
+                "scale": scale,
+                "samples_per_s": rate,
+                "median_s": med,
+                "ratio_to_numpy_normal": rate / base_rate,
+            }
+        )
+    return {
+        "n": n,
+        "repeats": repeats,
+        "numpy_normal_pcg64_samples_per_s": base_rate,
+        "numpy_normal_pcg64_median_s": base_time,
+        "numpy_normal_philox_samples_per_s": philox_rate,
+        "numpy_normal_philox_median_s": philox_time,
+        "samplers": rows,
+    }
