@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import zarr
 
-from dpdask import Geography
+from dpdask import Domain, Geography
 from dpdask.dataflow import (
     StoreExistsError,
     adopt_array,
@@ -306,3 +306,23 @@ def test_counts_too_large_for_dtype(tmp_path, counts, small_domain, geography, l
     with pytest.raises(ValueError, match=r"above 127 \(int8\) at geography row 40"):
         write_store(tmp_path / "s", src, small_domain, geography, dtype=np.int8, geo_chunk=7)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_adopt_synthetic_persons(tmp_path):
+    from dpdask.datasets import synthetic_persons
+
+    domain = Domain(sex=2, age=10)
+    out = synthetic_persons(domain, 7, tmp_path / "raw", seed=3, chunk=3, population=50)
+    county = Geography.from_table({"state": ["1"] * 4 + ["2"] * 3, "county": out.geography.ids[0]})
+    store = adopt_array(out, geography=county, store=tmp_path / "s")
+    assert store.domain == domain and store.counts.chunks == (3, 2, 10)
+    np.testing.assert_array_equal(store.counts[:], out.array[:])
+    state = aggregate(read_store(tmp_path / "s")[0], county, "state").compute()
+    expected = [out.population[:4].sum(), out.population[4:].sum()]
+    np.testing.assert_array_equal(state.sum(axis=(1, 2)), expected)
+    adopt_array(
+        tmp_path / "raw", geography=out.geography, store=tmp_path / "t"
+    )  # domain from attrs
+    assert open_store(tmp_path / "t").domain == domain
+    with pytest.raises(ValueError, match="pass geography="):
+        adopt_array(tmp_path / "raw", store=tmp_path / "u")

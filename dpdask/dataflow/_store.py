@@ -25,6 +25,7 @@ import os
 import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -280,10 +281,10 @@ def write_store(
 
 
 def adopt_array(
-    source: zarr.Array | str | os.PathLike,
-    domain: Domain,
-    geography: Geography,
-    store: str | os.PathLike,
+    source: Any,
+    domain: Domain | None = None,
+    geography: Geography | None = None,
+    store: str | os.PathLike | None = None,
     *,
     geo_chunk: int | None = None,
     overwrite: bool = False,
@@ -296,12 +297,17 @@ def adopt_array(
 
     Parameters
     ----------
-    source : zarr.Array or path
-        The array, or the path of a zarr array.
-    domain, geography : Domain, Geography
-        What its axes mean; rows are the finest units of ``geography`` in order.
+    source : zarr.Array, path, or SyntheticPersons
+        The array, the path of a zarr array, or the result of
+        :func:`dpdask.datasets.synthetic_persons` (which brings its own domain and
+        geography).
+    domain : Domain, optional
+        The histogram's attributes (default: ``source.domain``, else the domain
+        recorded in the array's ``attrs["dpdask"]["domain"]``).
+    geography : Geography, optional
+        Rows are its finest units in order (default: ``source.geography``).
     store : str or path-like
-        Directory of the new store.
+        Directory of the new store (required).
     geo_chunk : int, optional
         Geographies per chunk of the new store (default: the source's first-axis
         chunk length).
@@ -318,12 +324,25 @@ def adopt_array(
         If ``source`` is not an integer array of the expected shape or holds a
         negative count; nothing is left at ``store``.
     """
+    if store is None:
+        raise ValueError("adopt_array needs store=, the directory of the new store")
     check_target(store, overwrite)
+    if hasattr(source, "array") and hasattr(source, "geography"):
+        domain = source.domain if domain is None else domain
+        geography = source.geography if geography is None else geography
+        source = source.array
     if not isinstance(source, zarr.Array):
         try:
             source = zarr.open_array(str(source), mode="r")
         except (FileNotFoundError, zarr.errors.NodeTypeValidationError) as exc:
             raise ValueError(f"{source} is not a zarr array: {exc}") from None
+    if domain is None:
+        recorded = dict(source.attrs).get("dpdask", {}).get("domain")
+        if not isinstance(recorded, dict | list):
+            raise ValueError("the source array records no domain; pass domain=")
+        domain = Domain(recorded)
+    if geography is None:
+        raise ValueError("pass geography=: the rows' geography hierarchy")
     _check_shape(source.shape, domain, geography, "the source array")
     dtype = _check_integer_dtype(source.dtype, "the source array")
     x = da.from_zarr(source, chunks=source.chunks, name=f"adopt-{tokenize(source.store_path)}")
