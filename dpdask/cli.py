@@ -33,8 +33,71 @@ def _bench(argv: Sequence[str]) -> int:
     return 0
 
 
+def _spec_parser(verb: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"dpdask {verb}", description=description)
+    parser.add_argument("spec", help="the YAML release spec (see pipelines/)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def _run(argv: Sequence[str]) -> int:
+    from dpdask.pipeline.cluster import connect
+    from dpdask.pipeline.run import run_spec
+    from dpdask.pipeline.spec import load_spec
+
+    parser = _spec_parser("run", "Run a release: select, measure, reconstruct, publish.")
+    parser.add_argument("--run-id", help="resume the run with this id (same noise, no new charge)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier output")
+    parser.add_argument("--scheduler", help="scheduler address (overrides the spec's cluster)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    spec = load_spec(args.spec)
+    with connect(args.scheduler or spec.cluster) as client:
+        if not args.json:
+            print(f"dpdask run {spec.release}: dashboard at {client.dashboard_link}", flush=True)
+        summary = run_spec(
+            spec, client=client, run_id=args.run_id, overwrite=args.overwrite,
+            progress=not (args.no_progress or args.json),
+        )  # fmt: skip
+    _print(summary, args.json, _release_table)
+    return 0
+
+
+def _validate(argv: Sequence[str]) -> int:
+    from dpdask.pipeline.run import validate_spec
+    from dpdask.pipeline.spec import load_spec
+
+    parser = _spec_parser("validate", "Check a spec and its data; spends no budget.")
+    args = parser.parse_args(argv)
+    report = validate_spec(load_spec(args.spec))
+    _print(report, args.json, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+    return 0
+
+
+def _release_table(summary: dict) -> str:
+    lines = [
+        f"published {summary['release']} (run {summary['run_id']}) to {summary['output']}",
+        f"ledger: {summary['ledger']}",
+        f"{'level':<14}{'units':>8}{'chunks':>8}{'noise':>12}{'rmse/query':>14}",
+    ]
+    expected = {e["level"]: e for e in summary.get("expected", [])}
+    for lv in summary["levels"]:
+        e = expected.get(lv["level"], {})
+        lines.append(
+            f"{lv['level']:<14}{lv['units']:>8}{lv['chunks']:>8}{lv['noise_scale']:>12.4g}"
+            f"{e.get('rmse_per_query', float('nan')):>14.4g}"
+        )
+    return "\n".join(lines)
+
+
+def _print(result: dict, as_json: bool, render) -> None:
+    print(json.dumps(result, default=str) if as_json else render(result))
+
+
 COMMANDS = {
     "bench": (_bench, "run a benchmark: dpdask bench NAME [--json] [options]"),
+    "run": (_run, "run a release spec: dpdask run SPEC [--run-id ID] [--json]"),
+    "validate": (_validate, "check a spec and its data, spending nothing: dpdask validate SPEC"),
 }
 
 
@@ -57,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.parse_args([command])  # prints the error and exits 2
     try:
         return COMMANDS[command][0](rest)
-    except (ValueError, FileNotFoundError, MemoryError) as exc:
+    except (ValueError, FileNotFoundError, MemoryError, TypeError) as exc:
         print(f"dpdask {command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,39 @@
+"""Where a pipeline runs: the embedded default (a local cluster) or a scheduler address."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["connect"]
+
+DEFAULT_LOCAL = {"n_workers": 2, "threads_per_worker": 1, "processes": True}
+
+
+@contextmanager
+def connect(cluster: str | Mapping[str, Any] | None = None) -> Iterator[Any]:
+    """A ``distributed.Client`` for the duration of a run.
+
+    Parameters
+    ----------
+    cluster : str, mapping or None
+        A scheduler address (``"tcp://host:8786"``), a mapping of
+        :class:`distributed.LocalCluster` options, or ``None`` for the embedded
+        default: a local cluster of two single-threaded worker processes.
+
+    Yields
+    ------
+    distributed.Client
+        Its ``dashboard_link`` shows the release's tasks (``measure-county-...``).
+    """
+    from distributed import Client, LocalCluster
+
+    if isinstance(cluster, str):
+        with Client(cluster) as client:
+            yield client
+        return
+    options = {**DEFAULT_LOCAL, **dict(cluster or {})}
+    options.setdefault("dashboard_address", ":0")
+    with LocalCluster(**options) as lc, Client(lc) as client:
+        yield client
