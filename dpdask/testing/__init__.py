@@ -1,5 +1,6 @@
 """Reusable test kits for dpdask and for code built on it.
 
-:mod:`dpdask.testing.strategies` has hypothesis strategies for domains and implicit
-operators (requires ``hypothesis``, a development dependency).
+* :mod:`dpdask.testing.strategies`: hypothesis strategies for domains and implicit
+  operators (requires ``hypothesis``, a development dependency);
+* :mod:`dpdask.testing.faults`: operators that misbehave on purpose, for fault tests.
 """

@@ -105,6 +105,4 @@ def operators(draw: st.DrawFn) -> LinearQuery:
     """A primitive, a Kronecker product or a union, with a dense size under ~500."""
     sizes = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
     n = int(np.prod(sizes))
-    return draw(
-        st.one_of(primitive_operators(n), kron_operators(sizes), union_operators(sizes))
-    )
+    return draw(st.one_of(primitive_operators(n), kron_operators(sizes), union_operators(sizes)))
