@@ -16,4 +16,5 @@ BENCHES: dict[str, str] = {
     "linalg": "dpdask.bench.linalg",
     "datasets": "dpdask.bench.datasets",
     "noise": "dpdask.bench.noise",
+    "release": "dpdask.bench.release",
 }

@@ -1,0 +1,153 @@
+"""``dpdask bench release``: a county-level CPH-domain release end to end.
+
+Synthetic Census-like data of G geographies (``--geographies``; 3,143 is the national
+county release, 1.55e9 cells) is generated once, then released (measure,
+reconstruct, make consistent across state and county, answer SF1, publish) on a
+local cluster of 1 and/or 2 single-threaded workers. Reported: wall time, cells per
+second (and per core), and the peak resident memory of the largest worker.
+
+The release runs in test mode (a fixed test key, no ledger): this is a benchmark,
+not a publication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from dpdask.dataflow import open_store
+from dpdask.pipeline.run import synthetic_geography
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--geographies", type=int, default=200, help="counties (3143: national)")
+    parser.add_argument("--states", type=int, default=None, help="states (default G / 60)")
+    parser.add_argument("--workers", default="1,2", help="worker counts to compare, e.g. 1,2")
+    parser.add_argument("--strategy", default="hdmm", help="strategy for dpdask.select")
+    parser.add_argument("--workload", default="sf1-persons", help="workload answered")
+    parser.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
+    parser.add_argument("--memory-limit", default="4GiB", help="per-worker memory limit")
+    parser.add_argument("--chunk-mib", type=int, default=64, help="chunk size of estimates, MiB")
+
+
+class _WorkerPeaks:
+    """Samples the RSS of given processes; ``peaks`` maps pid to the largest seen."""
+
+    def __init__(self, pids: list[int], interval: float = 0.1):
+        self.procs = {pid: psutil.Process(pid) for pid in pids}
+        self.peaks = dict.fromkeys(pids, 0)
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for pid, p in self.procs.items():
+                try:
+                    self.peaks[pid] = max(self.peaks[pid], p.memory_info().rss)
+                except psutil.Error:
+                    pass
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> _WorkerPeaks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _make_data(root: pathlib.Path, n: int, n_states: int) -> tuple[Any, float]:
+    from dpdask.dataflow import adopt_array
+    from dpdask.datasets import synthetic_persons
+    from dpdask.workloads.census import cph_domain
+
+    domain = cph_domain()
+    store_path = root / f"cph-{n}.zarr"
+    if store_path.exists():
+        return open_store(store_path), 0.0
+    t0 = time.perf_counter()
+    syn = synthetic_persons(domain, n, root / f"raw-{n}.zarr", seed=0)
+    store = adopt_array(syn, domain, synthetic_geography(n, n_states), store_path)
+    shutil.rmtree(root / f"raw-{n}.zarr", ignore_errors=True)
+    return store, time.perf_counter() - t0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from distributed import Client, LocalCluster
+
+    from dpdask.dataflow.release import release
+    from dpdask.noise import SecretKey
+    from dpdask.pipeline.run import build_workload
+    from dpdask.privacy import zCDP
+    from dpdask.strategy import select
+
+    n = int(args.geographies)
+    n_states = args.states or max(1, round(n / 60))
+    own = args.workdir is None
+    root = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="dpdask-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        store, t_data = _make_data(root, n, n_states)
+        domain = store.domain
+        cells = n * domain.size
+        W = build_workload({"name": args.workload}, domain)
+        t0 = time.perf_counter()
+        plan = select(W, zCDP(1), strategy=args.strategy)
+        t_select = time.perf_counter() - t0
+        rows = []
+        for w in (int(v) for v in str(args.workers).split(",")):
+            out = root / f"out-{w}.zarr"
+            shutil.rmtree(out, ignore_errors=True)
+            with LocalCluster(
+                n_workers=w, threads_per_worker=1, processes=True,
+                memory_limit=args.memory_limit, dashboard_address=":0",
+            ) as cluster, Client(cluster) as client:  # fmt: skip
+                pids = list(client.run(os.getpid).values())
+                rel = release(
+                    plan, store, levels=("state", "county"), budget_split=[1, 3],
+                    release_id="bench", test_mode=True, key=SecretKey.for_testing(0),
+                    chunk_bytes=args.chunk_mib * 2**20,
+                )  # fmt: skip
+                with _WorkerPeaks(pids) as peaks:
+                    t0 = time.perf_counter()
+                    rel.to_zarr(out, client=client)
+                    wall = time.perf_counter() - t0
+            shutil.rmtree(out, ignore_errors=True)
+            rows.append(
+                {
+                    "workers": w,
+                    "wall_s": wall,
+                    "cells_per_s": cells / wall,
+                    "cells_per_s_per_core": cells / wall / w,
+                    "peak_worker_rss_gib": max(peaks.peaks.values()) / 2**30,
+                }
+            )
+        result: dict[str, Any] = {
+            "geographies": n,
+            "states": n_states,
+            "cells": cells,
+            "strategy": args.strategy,
+            "workload_queries": int(W.shape[0]),
+            "data_generation_s": t_data,
+            "select_s": t_select,
+            "runs": rows,
+        }
+        by_w = {r["workers"]: r["wall_s"] for r in rows}
+        if 1 in by_w and 2 in by_w:
+            result["speedup_2_vs_1"] = by_w[1] / by_w[2]
+        return result
+    finally:
+        if own:
+            shutil.rmtree(root, ignore_errors=True)
