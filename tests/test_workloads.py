@@ -9,6 +9,7 @@ table, written from the table shells (not from the Kronecker factors).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import time
 import tracemalloc
@@ -506,3 +507,15 @@ def test_sf1_rejects_bad_domains_and_tables():
 def test_sf1_parts_are_kronecker_products(sf1):
     assert all(isinstance(p, Kron) for p in sf1.parts)
     assert set(sf1.names) == set(_sf1_lines(1, 1, 1, 1, 1))
+
+
+def test_bench_linalg_runs(capsys):
+    from dpdask.cli import main
+
+    argv = ["bench", "linalg", "--json", "--repeats", "1", "--sizes", "3", "4", "5", "6"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sf1_queries"] == 4327 and out["sf1_sensitivity_l1"] == 85
+    assert out["marginals_domain_cells"] == 360 and out["marginals_parts"] == 4
+    assert out["marginals_sensitivity_l1"] == out["marginals_sensitivity_l1_expected"] == 4
+    assert out["sf1_matvec_s"] > 0 and out["baseline_np_sum_s"] > 0
