@@ -17,30 +17,45 @@ sign from a second: ``P(|Y| >= k) = 2 q**k / (1 + q)`` for ``k >= 1``, so
 one logarithm instead of two.)
 
 *Discrete Gaussian* follows CKS Algorithm 3 vectorised: draw a batch of
-candidates ``Y ~ DLap(t)`` with ``t = floor(sigma) + 1`` and keep each with
+candidates ``Y ~ DLap(t)`` and keep each with
 probability ``exp(-(|Y| - sigma**2 / t)**2 / (2 sigma**2))``; accepted candidates,
 in stream order, are the samples. The accepted ``Y`` has exactly the discrete
-Gaussian law when the Bernoulli trials are exact.
+Gaussian law when the Bernoulli trials are exact, for any ``t > 0``; CKS use
+``t = floor(sigma) + 1``, we use the ``t`` that accepts most often (``t = sigma``
+for ``sigma >= 1.5``), which raises the acceptance rate from 0.52 to 0.61 at
+``sigma = 0.5`` and from 0.54 to 0.71 at ``sigma = 1``.
 
 Deviation from exactness. CKS's reference sampler uses exact rational arithmetic
-(Bernoulli factories), which runs at about 70 thousand samples per second. These
-samplers use floating point instead, and so are exact only up to the following
-bound. ``Generator.random`` returns multiples of ``2**-53``; the thresholds
-``2 q**k / (1 + q)`` and ``exp(-x)`` are evaluated with a relative error of a few
-ulp. Each tail probability ``P(|Y| >= k)`` and each acceptance probability is
-therefore off by at most about ``2**-50`` (absolute), and values with
-``|Y| > 36.7 t`` (probability below ``2**-53``) are never drawn. The total
-variation distance between the law of one drawn value and the exact law is
-below ``1e-14``. For privacy this means: a mechanism that would be pure
-epsilon-DP (or rho-zCDP) with exact samples is, with these samples,
-``(epsilon, delta)``-DP with ``delta <= (1 + e**epsilon) * 1e-14`` per sample (and
-correspondingly approximately zCDP). Continuous Laplace and Gaussian samples
-are floating point as well and carry the usual floating-point caveat (Mironov
-2012); they are the fast path, not the audited one.
+(Bernoulli factories) and runs at about 70 thousand samples per second. These
+samplers use floating point instead, so they are exact only up to a bound,
+which we state conservatively:
+
+* ``Generator.random`` returns multiples of ``2**-53``, so each probability
+  ``P(|Y| >= k)`` of the inversion is realised to within ``2**-53`` plus the few
+  ulp of error in ``log1p``, ``log`` and the division (a relative error of about
+  ``2**-51`` in the threshold); values beyond ``|Y| ~ 36.7 t`` (probability below
+  ``2**-53``) are never drawn. Summed over the ``~37 t`` reachable magnitudes
+  this is a total variation distance of at most about ``5 t * 1e-15``.
+* The acceptance test ``w < exp(-x)`` is exact up to ``2**-52`` per candidate
+  (grid of ``w`` plus the rounding of ``x`` and ``exp``), about ``5e-16`` after
+  normalising by the acceptance rate.
+
+So one drawn value's law is within total variation ``tau <= (1 + 5 t) * 1e-15``
+(``t ~ sigma`` for the Gaussian, ``t`` = scale for the Laplace) of the exact
+law: about ``5e-13`` at ``sigma = 100``. For privacy, only the noisy answers that
+one person's record changes matter (the other coordinates have the same
+distribution under both neighbours), so if ``K`` is the largest number of
+nonzeros in a column of the strategy, a mechanism that is (epsilon, delta)-DP
+with exact samples is, with these samples, ``(epsilon, delta + (1 + e**epsilon) *
+K * tau)``-DP. Pure DP and zCDP therefore hold only in this approximate sense.
+Continuous Laplace and Gaussian samples are floating point too and carry the
+usual floating-point caveat (Mironov 2012); they are the fast path, not the
+audited one.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -59,8 +74,10 @@ __all__ = [
 
 # Largest scale accepted by the discrete samplers: |Y| < 37 * scale must fit in int64 exactly.
 MAX_DISCRETE_SCALE = 2.0**40
-# Candidates drawn per batch of the discrete Gaussian (bounds temporary memory).
-_BLOCK = 1 << 20
+# Values drawn per block by the discrete samplers: small enough for the temporaries to
+# stay in cache (about 2x faster than one pass over a large array), large enough to
+# amortise numpy's per-call overhead.
+_BLOCK = 1 << 16
 
 
 def as_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
@@ -125,9 +142,13 @@ def discrete_laplace(
     t = check_scale(scale, "discrete Laplace scale", MAX_DISCRETE_SCALE)
     shp = as_shape(shape)
     n = math.prod(shp)
-    mag, u = _dlap_magnitude_sign(gen, t, n)
-    out = mag.astype(np.int64)
-    np.negative(out, out=out, where=u < 0.5)
+    out = np.empty(n, dtype=np.int64)
+    for start in range(0, n, _BLOCK):
+        stop = min(n, start + _BLOCK)
+        mag, u = _dlap_magnitude_sign(gen, t, stop - start)
+        block = out[start:stop]
+        block[:] = mag
+        np.negative(block, out=block, where=u < 0.5)
     return out.reshape(shp)
 
 
@@ -143,6 +164,21 @@ def _dgauss_acceptance(sigma: float, t: float) -> float:
     return float((1 - q) / (1 + q) * (w[0] + 2 * step * w[1:].sum()))
 
 
+@functools.lru_cache(maxsize=256)
+def _dlap_parameter(sigma: float) -> float:
+    """The discrete Laplace scale ``t`` of the proposal.
+
+    CKS take ``t = floor(sigma) + 1`` (an integer, which their exact Bernoulli
+    factories need). The algorithm is correct for any ``t > 0``; with float
+    acceptance we may pick the ``t`` that accepts most often: ``t = sigma`` for
+    ``sigma >= 1.5`` (within 0.1% of the best), a small search below that.
+    """
+    if sigma >= 1.5:
+        return sigma
+    grid = [sigma * f for f in np.linspace(0.3, 2.0, 35)] + [math.floor(sigma) + 1.0]
+    return max(grid, key=lambda t: _dgauss_acceptance(sigma, t))
+
+
 def discrete_gaussian(
     gen: np.random.Generator, sigma: float, shape: int | Sequence[int]
 ) -> np.ndarray:
@@ -155,7 +191,7 @@ def discrete_gaussian(
     s = check_scale(sigma, "discrete Gaussian sigma", MAX_DISCRETE_SCALE)
     shp = as_shape(shape)
     n = math.prod(shp)
-    t = math.floor(s) + 1.0
+    t = _dlap_parameter(s)
     mode = s * s / t
     inv_two_var = 1.0 / (2.0 * s * s)
     rate = max(_dgauss_acceptance(s, t), 0.05)
@@ -166,7 +202,8 @@ def discrete_gaussian(
         m = min(_BLOCK, int(want / rate * 1.02) + 32)
         mag, u = _dlap_magnitude_sign(gen, t, m)
         neg = u < 0.5
-        w = 2.0 * u - np.where(neg, 0.0, 1.0)  # a fresh uniform in [0, 1), independent of neg
+        w = u * 2.0  # (2 u) mod 1: a fresh uniform in [0, 1), independent of neg
+        w -= np.floor(w)
         x = mag - mode
         x *= x
         x *= -inv_two_var
