@@ -21,7 +21,9 @@ Order of operations (each step raises before the next one runs):
 
 A crash between 5 and 6 leaves the charge recorded; the retry with the same run
 id finds it (no new charge) and draws the same noise, because the noise is a
-function of the key and of ``(run id, identity)`` only.
+function of the key and of ``(run id, identity)`` only: it is the stream
+``KeyedRNG(key, {"run": run_id, "measurement": identity})``. A new run id is a new
+charge and draws fresh noise (reusing noise on changed data would leak the change).
 
 Parallel composition. A charge's identity is ``(release, run_id, level,
 measurement)``, without the chunk: all chunks of a level are charged once. The

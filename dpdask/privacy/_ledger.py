@@ -62,6 +62,10 @@ CREATE TABLE IF NOT EXISTS charges (
     UNIQUE (release, run_id, level, measurement));
 """
 _TABLES = ("meta", "datasets", "releases", "charges")
+_SELECT_CHARGES = (
+    "SELECT release, run_id, level, measurement, mechanism, sensitivity, noise_scale, "
+    "privacy FROM charges"
+)
 
 
 class BudgetExceededError(ValueError):
@@ -311,20 +315,11 @@ class Ledger:
     def find(self, release: str, run_id: str, level: str, measurement: str) -> Charge | None:
         """The recorded charge with this identity, or ``None``."""
         with self._connect() as con:
-            row = con.execute(
-                "SELECT release, run_id, level, measurement, mechanism, sensitivity, "
-                "noise_scale, privacy FROM charges WHERE release = ? AND run_id = ? "
-                "AND level = ? AND measurement = ?",
-                (release, run_id, level, measurement),
-            ).fetchone()
-        return None if row is None else _row_charge(row)
+            return _lookup(con, (release, run_id, level, measurement))
 
     def charges(self, release: str | None = None) -> list[Charge]:
         """All recorded charges (of one release), in the order they were written."""
-        sql = (
-            "SELECT release, run_id, level, measurement, mechanism, sensitivity, noise_scale, "
-            "privacy FROM charges"
-        )
+        sql = _SELECT_CHARGES
         args: tuple = ()
         if release is not None:
             sql += " WHERE release = ?"
@@ -378,16 +373,10 @@ class Ledger:
     def _new_charges(self, con: sqlite3.Connection, items: Sequence[Charge]) -> list[Charge]:
         todo = []
         for c in items:
-            row = con.execute(
-                "SELECT release, run_id, level, measurement, mechanism, sensitivity, "
-                "noise_scale, privacy FROM charges WHERE release = ? AND run_id = ? "
-                "AND level = ? AND measurement = ?",
-                c.key,
-            ).fetchone()
-            if row is None:
+            old = _lookup(con, c.key)
+            if old is None:
                 todo.append(c)
                 continue
-            old = _row_charge(row)
             if not old._same_as(c):
                 raise LedgerConflictError(
                     f"{c.key} was already charged as {old.mechanism} scale {old.noise_scale!r} "
@@ -453,6 +442,14 @@ def _check_budget(value: Any, what: str) -> None:
 
 def _row_charge(row: tuple) -> Charge:
     return Charge(*row[:7], privacy=_budget_from(row[7]))
+
+
+def _lookup(con: sqlite3.Connection, key: tuple[str, str, str, str]) -> Charge | None:
+    row = con.execute(
+        _SELECT_CHARGES + " WHERE release = ? AND run_id = ? AND level = ? AND measurement = ?",
+        key,
+    ).fetchone()
+    return None if row is None else _row_charge(row)
 
 
 def _as_kind(budget: Budget, charge: Budget) -> Budget:
