@@ -26,6 +26,7 @@ from dpdask.privacy import (
     check_calibration,
     gaussian_delta,
     mechanism_guarantee,
+    parallel,
     zCDP,
     zcdp_delta,
     zcdp_epsilon,
@@ -103,6 +104,21 @@ def test_decimal_floats_are_exact():
 def test_sequential_composition(a, b, expected):
     assert a + b == expected
     assert b + a == expected
+
+
+@given(st.lists(fractions, min_size=1, max_size=8))
+def test_parallel_composition_is_the_largest(values):
+    assert parallel([zCDP(v) for v in values]) == zCDP(max(values))
+    assert parallel([PureDP(v) for v in values]) == PureDP(max(values))
+
+
+def test_parallel_composition_mixed():
+    assert parallel([PureDP(1), zCDP("0.25")]) == zCDP("0.5")
+    assert parallel([ApproxDP(1, "1e-9"), ApproxDP("0.5", "1e-6")]) == ApproxDP(1, "1e-6")
+    with pytest.raises(TypeError):
+        parallel([zCDP(1), ApproxDP(1, "1e-9")])
+    with pytest.raises(ValueError):
+        parallel([])
 
 
 def test_incompatible_composition_raises():

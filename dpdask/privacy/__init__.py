@@ -7,7 +7,7 @@ Bun and Steinke (2016), Canonne, Kamath and Steinke (2020) and Balle and Wang
 (2018). :class:`Ledger` is the persistent, append-only record of charges.
 """
 
-from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, zCDP
+from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, parallel, zCDP
 from dpdask.privacy._convert import (
     gaussian_delta,
     gaussian_max_privacy_cost,
@@ -30,6 +30,7 @@ __all__ = [
     "gaussian_delta",
     "gaussian_max_privacy_cost",
     "mechanism_guarantee",
+    "parallel",
     "zCDP",
     "zcdp_delta",
     "zcdp_epsilon",

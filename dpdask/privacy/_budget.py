@@ -15,8 +15,9 @@ Composition (``+``) is sequential composition:
   (basic composition: epsilons and deltas add).
 
 ``zCDP + ApproxDP`` has no exact form and raises :class:`TypeError`. Parallel
-composition over disjoint geographies of one level is not an operation on
-budgets: the ledger charges a level once (see :class:`dpdask.privacy.Ledger`).
+composition over disjoint geographies of one level is :func:`parallel` (the
+largest budget); the ledger applies it by charging a level once, not once per
+chunk (see :class:`dpdask.privacy.Ledger`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from dpdask.privacy._convert import (
     zcdp_epsilon,
 )
 
-__all__ = ["ApproxDP", "Budget", "PureDP", "as_fraction", "zCDP"]
+__all__ = ["ApproxDP", "Budget", "PureDP", "as_fraction", "parallel", "zCDP"]
 
 ExactNumber = int | Fraction | float | str | Decimal
 B = TypeVar("B", bound="Budget")
@@ -231,6 +232,30 @@ class Budget:
         pairs = zip(self._fields, self._values(), strict=True)
         args = ", ".join(f"{f}={_show(v)}" for f, v in pairs)
         return f"{type(self).__name__}({args})"
+
+
+def parallel(budgets: Iterable[Budget]) -> Budget:
+    """Parallel composition: mechanisms on disjoint parts of the data (e.g. the
+    geographies of one level) together cost the largest of their budgets.
+
+    The budgets are expressed in the widest definition among them (pure DP is
+    converted to zCDP or (epsilon, 0)-DP as needed) and the maximum is taken
+    parameter by parameter.
+
+    Examples
+    --------
+    >>> parallel([zCDP("0.5"), zCDP("0.25"), PureDP(1)])
+    zCDP(rho=0.5)
+    """
+    items = list(budgets)
+    if not items:
+        raise ValueError("parallel composition of no budgets")
+    for b in items:
+        if not isinstance(b, Budget):
+            raise TypeError(f"expected budgets, got {b!r}")
+    wide = next((b for b in items if not isinstance(b, PureDP)), items[0])
+    coerced = [wide._coerce(b) for b in items]
+    return wide._new(max(vs) for vs in zip(*(c._values() for c in coerced), strict=True))
 
 
 def _show(v: Fraction) -> str:
