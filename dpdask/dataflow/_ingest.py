@@ -28,6 +28,8 @@ from typing import Any
 import dask
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from dask.base import tokenize
 
 from dpdask.dataflow._publish import check_target
@@ -36,7 +38,7 @@ from dpdask.domain import Domain, Geography
 
 __all__ = ["ingest_records"]
 
-_INT = re.compile(r"^\s*[+-]?\d+\s*$")
+_INT = r"^\s*[+-]?\d{1,18}\s*$"  # at most 18 digits: always fits int64
 _Levels = Mapping[str, int] | Mapping[str, Sequence[str]] | pd.DataFrame | Geography | None
 
 
@@ -70,64 +72,75 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _missing(values: pd.Series) -> np.ndarray:
-    """Rows holding no value: NaN/None, or blank text."""
-    miss = np.array(values.isna(), dtype=bool)
-    if not (isinstance(values.dtype, np.dtype) and values.dtype.kind in "iubf"):
-        text = values.where(~miss, "").astype(str)
-        miss |= np.array(text.str.strip().eq(""), dtype=bool)
-    return miss
+def _is_numeric(values: pd.Series) -> bool:
+    return isinstance(values.dtype, np.dtype) and values.dtype.kind in "iubf"
 
 
-def _encode(values: pd.Series, col: _Column) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Codes of one attribute column, with a mask of bad rows and one reason per bad row."""
+def _text(values: pd.Series) -> pa.Array:
+    """A column as an Arrow string array; nulls stay null, other values become text."""
+    arr = pa.array(values.astype(pd.StringDtype("pyarrow")))
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+
+
+def _np(arr: pa.Array, fill: Any) -> np.ndarray:
+    return np.asarray(pc.fill_null(arr, fill).to_numpy(zero_copy_only=False))
+
+
+def _missing_text(arr: pa.Array) -> np.ndarray:
+    """Rows of a text column holding no value: null, or blank."""
+    return _np(pc.equal(pc.utf8_trim_whitespace(arr), ""), True)
+
+
+def _encode(values: pd.Series, col: _Column) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """Codes of one attribute column, the mask of its bad rows, and why the first is bad."""
     n = len(values)
     codes = np.zeros(n, dtype=np.int64)
-    miss = _missing(values)
-    bad = miss.copy()
-    reasons: dict[int, str] = {int(i): "missing value" for i in np.flatnonzero(miss)}
-    ok = ~miss
-    if col.labels is not None:
-        text = values.astype(object).where(ok, "").map(str).to_numpy()
-        idx = pd.Index(col.labels).get_indexer(text)
-        unknown = ok & (idx < 0)
-        shown = list(col.labels[:10]) + (["..."] if len(col.labels) > 10 else [])
-        for i in np.flatnonzero(unknown):
-            reasons[int(i)] = (
-                f"unknown category {text[i]!r}; attribute {col.attr!r} has categories {shown}"
-            )
-        bad |= unknown
-        codes[ok & ~unknown] = idx[ok & ~unknown]
-    else:
-        kind = values.dtype.kind if isinstance(values.dtype, np.dtype) else "O"
-        if kind in "iub":
-            raw = values.to_numpy(dtype=np.int64)
-            integral = np.ones(n, dtype=bool)
-        elif kind == "f":
-            arr = values.to_numpy(dtype=np.float64)
-            integral = ok & (np.floor(arr) == arr) & np.isfinite(arr)
-            raw = np.where(integral, arr, 0).astype(np.int64)
+    if col.labels is not None or not _is_numeric(values):
+        arr = _text(values)
+        miss = _missing_text(arr)
+        if col.labels is not None:
+            idx = _np(pc.index_in(arr, value_set=pa.array(col.labels, pa.large_string())), -1)
+            invalid, raw = ~miss & (idx < 0), idx
         else:
-            text = values.astype(object).where(ok, "0").map(str)
-            integral = ok & text.str.match(_INT).to_numpy(dtype=bool)
-            raw = np.zeros(n, dtype=np.int64)
-            raw[integral] = text[integral].astype(np.int64).to_numpy()
-        not_int = ok & ~integral
-        for i in np.flatnonzero(not_int):
-            reasons[int(i)] = (
-                f"value {_plain(values.iloc[i])!r} is not an integer code of attribute "
-                f"{col.attr!r} (give categories={{{col.attr!r}: [...]}} to map labels to codes)"
-            )
-        out = ok & integral & ((raw < 0) | (raw >= col.size))
-        for i in np.flatnonzero(out):
-            reasons[int(i)] = (
-                f"value {raw[i]} is outside 0..{col.size - 1} "
-                f"(attribute {col.attr!r} has {col.size} values)"
-            )
-        bad |= not_int | out
-        good = ok & integral & ~out
-        codes[good] = raw[good]
-    return codes, bad, [reasons[i] for i in sorted(reasons)]
+            integral = _np(pc.match_substring_regex(arr, _INT), False)
+            digits = pc.replace_substring_regex(pc.utf8_trim_whitespace(arr), r"^\+", "")
+            raw = _np(pc.cast(pc.if_else(integral, digits, "0"), pa.int64()), 0)
+            invalid = ~miss & ~integral
+    else:
+        miss = np.array(values.isna(), dtype=bool)
+        if values.dtype.kind == "f":
+            num = values.to_numpy(dtype=np.float64, na_value=0.0)
+            invalid = ~miss & ~(np.isfinite(num) & (np.floor(num) == num))
+            raw = np.where(invalid | miss, 0, num).astype(np.int64)
+        else:
+            raw = values.to_numpy(dtype=np.int64)
+            invalid = np.zeros(n, dtype=bool)
+    out = ~miss & ~invalid & ((raw < 0) | (raw >= col.size))
+    bad = miss | invalid | out
+    good = ~bad
+    codes[good] = raw[good]
+    if not bad.any():
+        return codes, bad, None
+    i = int(np.argmax(bad))
+    if miss[i]:
+        reason = "missing value"
+    elif invalid[i] and col.labels is not None:
+        shown = list(col.labels[:10]) + (["..."] if len(col.labels) > 10 else [])
+        reason = (
+            f"unknown category {str(_plain(values.iloc[i]))!r}; attribute {col.attr!r} has "
+            f"categories {shown}"
+        )
+    elif invalid[i]:
+        reason = (
+            f"value {_plain(values.iloc[i])!r} is not an integer code of attribute "
+            f"{col.attr!r} (give categories={{{col.attr!r}: [...]}} to map labels to codes)"
+        )
+    else:
+        reason = (
+            f"value {raw[i]} is outside 0..{col.size - 1} "
+            f"(attribute {col.attr!r} has {col.size} values)"
+        )
+    return codes, bad, reason
 
 
 def _scan_partition(
@@ -136,50 +149,50 @@ def _scan_partition(
     columns: tuple[_Column, ...],
     shape: tuple[int, ...],
     geo_width: int | None,
-    units: pd.Index | None,
+    units: pa.Array | None,
 ) -> _Scan:
     """Validate and count one partition of records."""
     n = len(df)
     first: list[_Problem] = []
-    bad_any = np.zeros(n, dtype=bool)
 
-    geo = df[geo_column]
-    miss = _missing(geo)
-    text = geo.astype(object).where(~miss, "").map(str).to_numpy()
-    geo_bad = miss.copy()
-    reason = {int(i): "missing geography id" for i in np.flatnonzero(miss)}
+    geo = _text(df[geo_column])
+    miss = _missing_text(geo)
+    wrong = np.zeros(n, dtype=bool)
+    unknown = np.zeros(n, dtype=bool)
     if geo_width is not None:
-        lengths = np.fromiter((len(t) for t in text), dtype=np.int64, count=n)
-        wrong = ~miss & (lengths != geo_width)
-        for i in np.flatnonzero(wrong)[:1]:
-            reason[int(i)] = (
-                f"geography id {text[i]!r} has {lengths[i]} characters; the finest level "
+        wrong = ~miss & (_np(pc.utf8_length(geo), 0) != geo_width)
+    if units is not None:
+        unknown = ~miss & ~wrong & (_np(pc.index_in(geo, value_set=units), -1) < 0)
+    bad_any = miss | wrong | unknown
+    if bad_any.any():
+        i = int(np.argmax(bad_any))
+        value = geo[i].as_py()
+        if miss[i]:
+            reason = "missing geography id"
+        elif wrong[i]:
+            reason = (
+                f"geography id {value!r} has {len(value)} characters; the finest level "
                 f"needs {geo_width}"
             )
-        geo_bad |= wrong
-    if units is not None:
-        unknown = ~miss & (units.get_indexer(text) < 0)
-        for i in np.flatnonzero(unknown)[:1]:
-            reason[int(i)] = f"unknown geography id {text[i]!r} (not a unit of the geography)"
-        geo_bad |= unknown
-    if geo_bad.any():
-        i = int(np.argmax(geo_bad))
-        first.append(_Problem(i, geo_column, reason[i]))
-    bad_any |= geo_bad
+        else:
+            reason = f"unknown geography id {value!r} (not a unit of the geography)"
+        first.append(_Problem(i, geo_column, reason))
 
     cell = np.zeros(n, dtype=np.int64)
     for col, size in zip(columns, shape, strict=True):
-        codes, bad, reasons = _encode(df[col.column], col)
-        if bad.any():
-            first.append(_Problem(int(np.argmax(bad)), col.column, reasons[0]))
+        codes, bad, reason = _encode(df[col.column], col)
+        if reason is not None:
+            first.append(_Problem(int(np.argmax(bad)), col.column, reason))
         bad_any |= bad
         cell = cell * size + codes
     n_bad = int(bad_any.sum())
     if n_bad:
         problem = min(first, key=lambda p: p.row)
         return _Scan(n, n_bad, problem, np.empty(0, str), np.empty(0, np.int64), np.empty(0))
-    geo_ids, inv = np.unique(text.astype(str), return_inverse=True)
-    keys, counts = np.unique(inv.astype(np.int64) * int(np.prod(shape)) + cell, return_counts=True)
+    encoded = geo.dictionary_encode()
+    geo_ids = np.asarray(encoded.dictionary.to_pylist(), dtype=str)
+    inv = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    keys, counts = np.unique(inv * int(np.prod(shape)) + cell, return_counts=True)
     return _Scan(n, 0, None, geo_ids, keys, counts.astype(np.int64))
 
 
@@ -302,7 +315,7 @@ def ingest_records(
     store: str | os.PathLike,
     categories: Mapping[str, Sequence[Any]] | None = None,
     geo_chunk: int | None = None,
-    dtype: np.dtype | str = "int64",
+    dtype: np.dtype | str = "int32",
     overwrite: bool = False,
     blocksize: str | int = "64MB",
 ) -> DataStore:
@@ -341,7 +354,8 @@ def ingest_records(
     geo_chunk : int, optional
         Geographies per chunk (default: about 64 MiB per chunk).
     dtype : dtype
-        Integer dtype of the stored counts.
+        Integer dtype of the stored counts (int32 by default, as the synthetic data;
+        a count that does not fit is an error before anything is written).
     overwrite : bool
         Replace an existing store at ``store`` (only once the new one is complete).
     blocksize : str or int
@@ -369,7 +383,7 @@ def ingest_records(
     columns = _columns(domain, attribute_columns, categories)
     fixed, prefixes = _geography_spec(levels, geography_column)
     geo_width = list(prefixes.values())[-1] if prefixes else None
-    units = pd.Index(fixed.ids[-1]) if fixed is not None else None
+    units = pa.array(fixed.ids[-1], pa.large_string()) if fixed is not None else None
 
     ddf = _read(source, [geography_column, *(c.column for c in columns)], blocksize)
     token = tokenize(ddf, columns, geo_width, fixed)
