@@ -10,9 +10,9 @@ data, never noise: the seed is explicit and public.
 A geography with population ``n`` and group mix ``w`` (Dirichlet around the RI
 shares) gets ``counts ~ Multinomial(n, w @ bases)``, drawn exactly in two stages:
 group sizes ``Multinomial(n, w)``, then each group's persons from its cell
-distribution, by inverse-CDF sampling (``searchsorted`` on the cumulative
-probabilities) when the group is small against the domain, or by NumPy's
-sequential-binomial multinomial when it is large.
+distribution, by inverse-CDF sampling (``searchsorted`` of sorted uniforms on the
+cumulative probabilities) when the group has fewer persons than the domain has
+cells, or by NumPy's sequential-binomial multinomial when it has more.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ DTYPE = np.dtype(np.int32)
 _POPULATION_STREAM = 0
 _GEOGRAPHY_STREAM = 1
 _CHUNK_BYTES = 64 * 2**20
-_SEARCH_FRACTION = 0.125  # below n = K / 8 persons, inverse-CDF sampling beats the multinomial
+_SEARCH_FRACTION = 1.0  # below K persons, inverse-CDF sampling beats the multinomial
 _LOCAL_SCHEDULERS = ("sequential", "threads", "threading", "sync", "synchronous", "single-threaded")
 
 
@@ -96,7 +96,9 @@ def _check_concentration(concentration: float | None) -> float | None:
 
 
 def draw_populations(
-    n_geographies: int, seed: int = 0, population: float | Sequence[int] | np.ndarray = 25_000.0
+    n_geographies: int,
+    seed: int = 0,
+    population: float | Sequence[int] | np.ndarray = C.POPULATION_MEDIAN,
 ) -> np.ndarray:
     """Populations of the geographies: lognormal like US counties, or given.
 
@@ -167,13 +169,18 @@ def _geography_counts(spec: _Spec, g: int, out: np.ndarray) -> None:
         mix = rng.dirichlet(spec.concentration * shares)
     sizes = rng.multinomial(n, mix)
     n_cells = out.size
-    picked = []
     for k in np.flatnonzero(sizes):
         m = int(sizes[k])
         if m < _SEARCH_FRACTION * n_cells:
+            # Inverse CDF at m sorted uniforms: the normalised partial sums of m + 1
+            # exponentials are distributed as the order statistics of m uniforms, and
+            # sorted keys make the search cache-friendly and the counting a run-length.
             cum = spec.cumulative[k]
-            idx = np.searchsorted(cum, rng.random(m) * cum[-1], side="right")
-            picked.append(np.minimum(idx, spec.last[k]))
+            sums = np.cumsum(rng.standard_exponential(m + 1))
+            idx = np.searchsorted(cum, sums[:-1] * (cum[-1] / sums[-1]), side="right")
+            np.minimum(idx, spec.last[k], out=idx)
+            starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+            out[idx[starts]] += np.diff(np.r_[starts, m]).astype(DTYPE)
         else:
             # NumPy's multinomial gives the last category the remainder; put the most
             # likely cell last so that rounding in its running remainder stays harmless.
@@ -183,9 +190,6 @@ def _geography_counts(spec: _Spec, g: int, out: np.ndarray) -> None:
             drawn = rng.multinomial(m, p)
             drawn[[top, -1]] = drawn[[-1, top]]
             out += drawn.astype(DTYPE)
-    if picked:
-        cells, counts = np.unique(np.concatenate(picked), return_counts=True)
-        out[cells] += counts.astype(DTYPE)
 
 
 def _block(spec: _Spec, lo: int, hi: int) -> np.ndarray:
