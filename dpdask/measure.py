@@ -454,7 +454,10 @@ def measure(
     # 6. answers and noise
     answers = np.asarray(A.apply(data), dtype=np.float64)
     if discrete:
-        answers = np.rint(answers).astype(np.int64)
+        rounded = np.rint(answers)
+        if not (np.array_equal(rounded, answers) and np.abs(rounded).max(initial=0) < _MAX_EXACT):
+            raise ValueError("the answers are not exact integers; refusing integer noise")
+        answers = rounded.astype(np.int64)
     rng = KeyedRNG(secret, {"run": run_id, "measurement": ident})
     noisy = answers + rng.sample(mech, charge.noise_scale, answers.shape)
     return noisy[0] if single else noisy
