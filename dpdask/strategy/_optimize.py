@@ -1,0 +1,352 @@
+"""HDMM's optimisers: OPT_0 (one attribute), OPT_x (Kronecker), OPT_+ (union), OPT_M (marginals).
+
+Every optimiser minimises ``||A||_p^2 ||W A^+||_F^2`` over a template of strategies
+with unit sensitivity, so its loss is the expected total squared error per unit
+of the mechanism's noise variance at sensitivity 1 (``2 / epsilon^2`` for Laplace,
+``1 / (2 rho)`` for Gaussian noise under zCDP).
+
+* OPT_0 fits a p-Identity strategy to one Gram matrix (:mod:`._pidentity`).
+* OPT_x fits a Kronecker product of factors to a union of Kronecker terms. With
+  ``e_ji = tr(G_ji X_i)`` the loss is ``sum_j w_j^2 prod_i e_ji``; holding the other
+  factors fixed it is linear in ``G``: an OPT_0 problem for the combined Gram
+  ``sum_j (w_j^2 prod_{l != i} e_jl) G_ji``. The factors are updated in turn
+  (block coordinate descent, each step warm-started) until a sweep gains less than
+  ``rtol``. An attribute on which every term asks only the total gets the total as
+  its factor, one on which every term asks every cell gets the identity.
+* OPT_+ fits one Kronecker strategy per group of terms and splits the budget:
+  with group errors ``E_g`` at unit sensitivity, part weights ``c_g`` proportional
+  to ``E_g^(1/3)`` (L1: sensitivity ``sum c_g``) or ``c_g^2`` to ``E_g^(1/2)`` (L2:
+  sensitivity^2 ``sum c_g^2``) minimise the total, giving ``(sum_g E_g^(1/3))^3``
+  and ``(sum_g E_g^(1/2))^2``.
+* OPT_M fits the weights of all ``2^d`` marginals (:mod:`._marginals`).
+
+Problems up to :data:`SCIPY_MAX_PARAMS` parameters go to SciPy's L-BFGS-B; larger
+ones (the big one-attribute OPT_0 problems) to the vectorised L-BFGS of
+:mod:`._lbfgs`, whose per-iteration cost does not dwarf the objective's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import minimize
+
+from dpdask.linalg import Identity, Kron, LinearQuery, Ones, VStack
+from dpdask.strategy._gram import Gram
+from dpdask.strategy._invgram import inverse_gram
+from dpdask.strategy._lbfgs import lbfgs
+from dpdask.strategy._marginals import (
+    WeightedMarginals,
+    complement_sizes,
+    marginals_loss,
+    workload_spectrum,
+)
+from dpdask.strategy._pidentity import PIdentity, pidentity_loss
+from dpdask.strategy._terms import KronTerms
+
+__all__ = [
+    "FactorResult",
+    "budget_split",
+    "default_p",
+    "factor_kind",
+    "opt_0",
+    "opt_kron",
+    "opt_marginals",
+]
+
+SCIPY_MAX_PARAMS = 32_768
+
+
+def default_p(n: int, norm: int = 1) -> int:
+    """Rows of ``Theta`` used when none are given.
+
+    L1 (Laplace): ``n / 16`` as in HDMM, at most 256. L2 (Gaussian): the optimum
+    is close to ``(W^T W)^(1/4)``, which needs a full-rank ``Theta``: ``p = n``
+    up to 1024, then ``n / 8``.
+    """
+    if norm == 1:
+        return max(1, min(n // 16, 256))
+    return n if n <= 1024 else max(1024, n // 8)
+
+
+def _minimize(fun, x0: np.ndarray, nonneg: bool, ftol: float, maxiter: int) -> tuple:
+    if x0.size <= SCIPY_MAX_PARAMS:
+        res = minimize(
+            fun,
+            x0,
+            jac=True,
+            method="L-BFGS-B",
+            bounds=[(0.0, None)] * x0.size if nonneg else None,
+            options={"ftol": ftol, "gtol": 1e-12, "maxiter": maxiter},
+        )
+        return res.x, float(res.fun), int(res.nit)
+    res = lbfgs(fun, x0, ftol=ftol, maxiter=maxiter, nonneg=nonneg)
+    return res.x, res.fun, res.nit
+
+
+def opt_0(
+    G: Gram,
+    p: int | None = None,
+    *,
+    norm: int = 1,
+    seed: int = 0,
+    theta0: np.ndarray | None = None,
+    ftol: float = 1e-5,
+    maxiter: int = 5000,
+) -> tuple[np.ndarray, float, int]:
+    """OPT_0: the p-Identity strategy minimising ``tr(G (A^T A)^-1)``.
+
+    Parameters
+    ----------
+    G : Gram
+        The workload's Gram matrix.
+    p : int, optional
+        Rows of ``Theta`` (default :func:`default_p`).
+    norm : {1, 2}
+        Sensitivity norm (1: Laplace, 2: Gaussian).
+    seed : int
+        Seed of the random start (``Theta`` uniform on ``[0, 1)``).
+    theta0 : ndarray, optional
+        A start to use instead (warm start).
+    ftol : float
+        Stop when one iteration improves the loss by less than this fraction.
+    maxiter : int
+        Iteration limit.
+
+    Returns
+    -------
+    theta : ndarray, shape (p, n)
+    loss : float
+        ``tr(G (A^T A)^-1)`` at ``theta`` (the error at unit sensitivity).
+    nit : int
+        Iterations used.
+    """
+    n = G.n
+    if theta0 is None:
+        p = default_p(n, norm) if p is None else int(p)
+        x0 = np.random.default_rng(seed).random(p * n)
+    else:
+        p = theta0.shape[0]
+        x0 = np.asarray(theta0, dtype=float).ravel().copy()
+    gdiag = G.diag()
+
+    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+        return pidentity_loss(x, p, G, gdiag, norm)
+
+    x, f, nit = _minimize(fun, x0, norm == 1, ftol, maxiter)
+    return x.reshape(p, n), f, nit
+
+
+# ---------------------------------------------------------------------------
+# factors of Kronecker strategies
+# ---------------------------------------------------------------------------
+def factor_kind(terms: KronTerms, i: int) -> str:
+    """``"total"``, ``"identity"`` or ``"pidentity"``: the factor template of attribute ``i``."""
+    kinds = set()
+    for j in range(terms.k):
+        G = terms.gram(j, i)
+        ks = {k for _, k, _ in G.terms()}
+        kinds.add(ks.pop() if len(ks) == 1 and ks <= {"identity", "ones"} else "other")
+    if kinds == {"ones"}:
+        return "total"
+    if kinds == {"identity"} or terms.sizes[i] == 1:
+        return "identity"
+    return "pidentity"
+
+
+def fixed_factor(kind: str, n: int) -> LinearQuery:
+    return Ones(n) if kind == "total" else Identity(n)
+
+
+@dataclass
+class FactorResult:
+    """A factor strategy: ``theta`` for a p-Identity, else a fixed ``kind``."""
+
+    kind: str
+    n: int
+    theta: np.ndarray | None = None
+    norm: int = 1
+
+    def strategy(self) -> LinearQuery:
+        if self.kind == "pidentity":
+            return PIdentity(self.theta, self.norm)  # type: ignore[arg-type]
+        return fixed_factor(self.kind, self.n)
+
+
+@dataclass
+class KronResult:
+    """The outcome of OPT_x on a set of terms."""
+
+    factors: list[FactorResult]
+    loss: float
+    sweeps: int = 0
+    history: list[float] = field(default_factory=list)
+
+    def strategy(self) -> Kron:
+        return Kron([f.strategy() for f in self.factors])
+
+
+def _term_factor_errors(terms: KronTerms, factors: Sequence[LinearQuery]) -> np.ndarray:
+    """``e[j, i] = tr(G_ji X_i)``."""
+    out = np.empty((terms.k, terms.d))
+    for i, A in enumerate(factors):
+        X = inverse_gram(A)
+        for j in range(terms.k):
+            out[j, i] = X.trace(terms.gram(j, i))
+    return out
+
+
+def opt_kron(
+    terms: KronTerms,
+    *,
+    norm: int = 1,
+    seed: int = 0,
+    ps: Sequence[int | None] | None = None,
+    ftol: float = 1e-5,
+    rtol: float = 1e-4,
+    max_sweeps: int = 25,
+    start: Sequence[FactorResult] | None = None,
+) -> KronResult:
+    """OPT_x: a Kronecker product of p-Identity factors for a union of Kronecker terms.
+
+    Parameters
+    ----------
+    terms : KronTerms
+        The workload.
+    norm : {1, 2}
+        Sensitivity norm.
+    seed : int
+        Seed of the random starts (one stream per attribute).
+    ps : sequence of int, optional
+        Rows of ``Theta`` per attribute (default :func:`default_p`).
+    ftol : float
+        Tolerance of each factor's optimisation.
+    rtol : float
+        Stop when a sweep over the factors improves the loss by less than this fraction.
+    max_sweeps : int
+        Sweep limit.
+    start : sequence of FactorResult, optional
+        Factors to start from (for example the per-factor optima of a single term).
+    """
+    d = terms.d
+    rng_seeds = np.random.SeedSequence(seed).generate_state(d)
+    if start is not None:
+        facs = list(start)
+    else:
+        facs = []
+        for i in range(d):
+            kind = factor_kind(terms, i)
+            n = terms.sizes[i]
+            if kind == "pidentity":
+                p = default_p(n, norm) if ps is None or ps[i] is None else int(ps[i])  # type: ignore[arg-type]
+                theta = np.random.default_rng(int(rng_seeds[i])).random((p, n))
+                facs.append(FactorResult("pidentity", n, theta, norm))
+            else:
+                facs.append(FactorResult(kind, n))
+    E = _term_factor_errors(terms, [f.strategy() for f in facs])
+    w2 = terms.weights**2
+    loss = float(w2 @ E.prod(axis=1))
+    history = [loss]
+    free = [i for i in range(d) if facs[i].kind == "pidentity"]
+    sweeps = 0
+    for sweeps in range(1, max_sweeps + 1):  # noqa: B007
+        for i in free:
+            others = np.prod(np.delete(E, i, axis=1), axis=1) * w2
+            scale = others.max()
+            if scale <= 0:
+                continue
+            G = Gram.combine(others / scale, [terms.gram(j, i) for j in range(terms.k)])
+            theta, _, _ = opt_0(G, norm=norm, theta0=facs[i].theta, ftol=ftol)
+            facs[i] = FactorResult("pidentity", terms.sizes[i], theta, norm)
+            X = inverse_gram(facs[i].strategy())
+            E[:, i] = [X.trace(terms.gram(j, i)) for j in range(terms.k)]
+        new = float(w2 @ E.prod(axis=1))
+        history.append(new)
+        done = loss - new <= rtol * abs(loss)
+        loss = min(loss, new)
+        if done or not free:
+            break
+    return KronResult(facs, loss, sweeps, history)
+
+
+def budget_split(errors: Sequence[float], norm: int = 1) -> tuple[np.ndarray, float]:
+    """Weights of the parts of a union and the union's loss.
+
+    Parameters
+    ----------
+    errors : sequence of float
+        ``E_g = ||W_g A_g^+||_F^2`` of each part at unit sensitivity.
+    norm : {1, 2}
+        Sensitivity norm.
+
+    Returns
+    -------
+    weights : ndarray
+        ``c_g`` with ``sum c_g = 1`` (L1) or ``sum c_g^2 = 1`` (L2).
+    loss : float
+        ``(sum E^(1/3))^3`` or ``(sum E^(1/2))^2``.
+    """
+    E = np.asarray(errors, dtype=float)
+    if norm == 1:
+        c = np.cbrt(E)
+        total = c.sum()
+        return c / total, float(total**3)
+    c2 = np.sqrt(E)
+    total = c2.sum()
+    return np.sqrt(c2 / total), float(total**2)
+
+
+def union_strategy(parts: Sequence[LinearQuery], weights: np.ndarray) -> VStack:
+    return VStack(list(parts), weights=weights)
+
+
+# ---------------------------------------------------------------------------
+# OPT_M
+# ---------------------------------------------------------------------------
+@dataclass
+class MarginalsResult:
+    theta: np.ndarray
+    loss: float
+    nit: int
+
+
+def marginals_spectrum(terms: KronTerms) -> np.ndarray:
+    """``h(s)`` of the workload (see :mod:`._marginals`)."""
+    tr = np.empty((terms.k, terms.d))
+    to = np.empty((terms.k, terms.d))
+    for j in range(terms.k):
+        for i in range(terms.d):
+            G = terms.gram(j, i)
+            tr[j, i], to[j, i] = G.trace(), G.total()
+    return workload_spectrum(tr, to, terms.weights**2, terms.sizes)
+
+
+def opt_marginals(
+    terms: KronTerms,
+    *,
+    norm: int = 1,
+    seed: int = 0,
+    h: np.ndarray | None = None,
+    ftol: float = 1e-9,
+    maxiter: int = 5000,
+) -> MarginalsResult:
+    """OPT_M: the weights of all ``2^d`` marginals, normalised to unit sensitivity."""
+    d = terms.d
+    if h is None:
+        h = marginals_spectrum(terms)
+    wc = complement_sizes(terms.sizes)
+    x0 = np.random.default_rng(seed).random(2**d)
+
+    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+        return marginals_loss(x, h, wc, d, norm)
+
+    x, f, nit = _minimize(fun, x0, True, ftol, maxiter)
+    scale = x.sum() if norm == 1 else math.sqrt(float(x @ x))
+    return MarginalsResult(x / scale, f, nit)
+
+
+def marginals_strategy(terms: KronTerms, theta: np.ndarray, names=None) -> WeightedMarginals:
+    return WeightedMarginals(terms.sizes, theta, names)

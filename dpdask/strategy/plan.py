@@ -1,0 +1,343 @@
+"""The plan of a release: which strategy is measured, with how much noise, at what error.
+
+A :class:`Plan` is data-independent. It is built from the workload, the strategy
+and the budget alone, can be reviewed (:meth:`Plan.summary`), saved and loaded
+(:meth:`Plan.save`, :meth:`Plan.load`) before any data is touched, and is what the
+measure step and the release dataflow consume:
+
+``plan.workload``
+    the queries to answer (:class:`~dpdask.linalg.LinearQuery`);
+``plan.strategy``
+    ``A``, the rows actually measured, weights included;
+``plan.mechanism``
+    ``"laplace"`` (pure DP) or ``"gaussian"`` (zCDP, approximate DP);
+``plan.noise_scale``
+    the Laplace scale ``b`` or Gaussian ``sigma`` added to every row of ``A x``,
+    calibrated by the budget to ``A``'s L1 or L2 sensitivity;
+``plan.privacy``, ``plan.domain``
+    the budget and the domain (or ``None``);
+``plan.groups``
+    ``None`` (answer the workload by least squares on all of ``A``) or, for a
+    union strategy, the workload terms each part of ``A`` answers on its own; the
+    error figures are then exact for that block reconstruction and upper bounds
+    for least squares over the whole union.
+
+File format (:meth:`Plan.save`): one ``.npz`` archive holding the arrays of the
+operators and an entry ``plan.json``, a JSON document with the operators as
+nested dictionaries (:mod:`dpdask.linalg._serialize`) that refer to those arrays,
+the budget as exact fractions, the domain, the groups and the selection record.
+Loading needs no pickle and recomputes the noise scale from the strategy and the
+budget, refusing a file whose recorded noise does not match.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dpdask.domain import Domain
+from dpdask.linalg import LinearQuery
+from dpdask.linalg._serialize import from_dict, to_dict
+from dpdask.privacy import ApproxDP, Budget, PureDP, zCDP
+from dpdask.strategy.error import ErrorAnalysis, svd_bound
+
+__all__ = ["Plan"]
+
+_FORMAT = "dpdask-plan"
+_VERSION = 1
+_MAX_VARIANCE_ROWS = 10_000_000
+
+
+def _mechanism(privacy: Any) -> str:
+    if isinstance(privacy, PureDP):
+        return "laplace"
+    if isinstance(privacy, zCDP | ApproxDP):
+        return "gaussian"
+    raise TypeError(
+        f"privacy must be a dpdask.privacy budget (PureDP, zCDP or ApproxDP), got {privacy!r}"
+    )
+
+
+class Plan:
+    """A data-independent release plan (see the module docstring for the attributes).
+
+    Parameters
+    ----------
+    workload : LinearQuery
+        The workload ``W``.
+    strategy : LinearQuery
+        The strategy ``A`` as measured.
+    privacy : PureDP, zCDP or ApproxDP
+        The budget of the measurement.
+    domain : Domain, optional
+        The data domain; its size must match the operators' columns.
+    groups : sequence of sequence of int, optional
+        Block reconstruction of a union strategy (see the module docstring).
+    template : str
+        How the strategy was chosen (``"hdmm-kron"``, ``"identity"``, ...).
+    info : dict, optional
+        JSON-safe record of the selection (losses per template, restarts, times).
+    sizes : sequence of int, optional
+        Attribute sizes when there is no domain (default: read from the workload).
+
+    Raises
+    ------
+    ValueError
+        If the shapes disagree or the strategy has zero sensitivity.
+    """
+
+    def __init__(
+        self,
+        workload: LinearQuery,
+        strategy: LinearQuery,
+        privacy: Budget,
+        *,
+        domain: Domain | None = None,
+        groups: Sequence[Sequence[int]] | None = None,
+        template: str = "custom",
+        info: dict | None = None,
+        sizes: Sequence[int] | None = None,
+    ):
+        self.mechanism = _mechanism(privacy)
+        if workload.shape[1] != strategy.shape[1]:
+            raise ValueError(
+                f"workload has {workload.shape[1]} columns but the strategy has {strategy.shape[1]}"
+            )
+        if domain is not None:
+            if domain.size != workload.shape[1]:
+                raise ValueError(
+                    f"the domain has {domain.size} cells but the workload has "
+                    f"{workload.shape[1]} columns"
+                )
+            sizes = domain.shape
+        self.workload = workload
+        self.strategy = strategy
+        self.privacy = privacy
+        self.domain = domain
+        self.groups = None if groups is None else [[int(j) for j in g] for g in groups]
+        self.template = str(template)
+        self.info = dict(info or {})
+        self.sizes = tuple(int(s) for s in sizes) if sizes is not None else None
+        p = 1 if self.mechanism == "laplace" else 2
+        sens = float(strategy.sensitivity(p))
+        if not math.isfinite(sens) or sens <= 0:
+            raise ValueError(f"the strategy's L{p} sensitivity is {sens}; it must be positive")
+        self.sensitivity = sens
+        if self.mechanism == "laplace":
+            self.noise_scale = float(privacy.laplace_scale(sens))  # type: ignore[attr-defined]
+        else:
+            self.noise_scale = float(privacy.gaussian_sigma(sens))  # type: ignore[attr-defined]
+        self._analysis_cache: ErrorAnalysis | None = None
+
+    # -- noise -------------------------------------------------------------
+    @property
+    def noise_variance(self) -> float:
+        """Variance of the noise on each measured row: ``2 b^2`` or ``sigma^2``."""
+        b = self.noise_scale
+        return 2.0 * b * b if self.mechanism == "laplace" else b * b
+
+    def _unit_variance(self) -> float:
+        """Noise variance per row at sensitivity 1 under this budget."""
+        if self.mechanism == "laplace":
+            b = float(self.privacy.laplace_scale(1.0))  # type: ignore[attr-defined]
+            return 2.0 * b * b
+        s = float(self.privacy.gaussian_sigma(1.0))  # type: ignore[attr-defined]
+        return s * s
+
+    # -- error analytics ---------------------------------------------------
+    @property
+    def analysis(self) -> ErrorAnalysis:
+        """The implicit error analysis of the strategy on the workload (cached)."""
+        if self._analysis_cache is None:
+            self._analysis_cache = ErrorAnalysis(
+                self.workload, self.strategy, self.sizes, self.groups
+            )
+        return self._analysis_cache
+
+    def expected_error(self) -> float:
+        """Expected total squared error of the workload answers."""
+        return self.noise_variance * self.analysis.total()
+
+    def query_variances(self) -> np.ndarray:
+        """Variance of every workload answer, in the workload's row order."""
+        return self.noise_variance * self.analysis.variances()
+
+    def error_by_term(self) -> np.ndarray:
+        """Expected total squared error of each Kronecker term of the workload."""
+        return self.noise_variance * self.analysis.by_term()
+
+    def svd_bound(self) -> float | None:
+        """The SVD lower bound on any strategy's expected total squared error.
+
+        Exact for Gaussian noise; for Laplace noise a valid but loose bound (the L1
+        sensitivity is at least the L2). ``None`` where it cannot be computed
+        without dense matrices.
+        """
+        s = svd_bound(self.analysis.terms)
+        return None if s is None else self._unit_variance() * s
+
+    def identity_error(self) -> float:
+        """Expected total squared error of measuring every cell under the same budget."""
+        terms = self.analysis.terms
+        total = sum(
+            terms.weights[j] ** 2 * math.prod(terms.gram(j, i).trace() for i in range(terms.d))
+            for j in range(terms.k)
+        )
+        return self._unit_variance() * float(total)
+
+    # -- reporting ---------------------------------------------------------
+    def summary(self, as_dict: bool = False) -> str | dict:
+        """A readable table of the plan (or, with ``as_dict=True``, a JSON-safe dict)."""
+        d = self._summary_dict()
+        return d if as_dict else _format_summary(d)
+
+    def _summary_dict(self) -> dict:
+        terms = self.analysis.terms
+        by_term = self.error_by_term()
+        m = self.workload.shape[0]
+        total = float(by_term.sum())
+        bound = self.svd_bound()
+        ident = self.identity_error()
+        parts: dict[str, dict] = {}
+        for j in range(terms.k):
+            rows = terms.rows(j)
+            entry = parts.setdefault(
+                terms.names[j],
+                {"part": terms.names[j], "queries": 0, "squared_error": 0.0, "max_variance": 0.0},
+            )
+            entry["queries"] += rows
+            entry["squared_error"] += float(by_term[j])
+            if rows <= _MAX_VARIANCE_ROWS and entry["max_variance"] is not None:
+                v = self.noise_variance * self.analysis.term_variances(j)
+                entry["max_variance"] = max(entry["max_variance"], float(v.max()))
+            else:
+                entry["max_variance"] = None
+        for e in parts.values():
+            e["rmse"] = math.sqrt(e["squared_error"] / e["queries"])
+        return {
+            "template": self.template,
+            "mechanism": self.mechanism,
+            "privacy": self.privacy.to_dict(),
+            "domain": self.domain.to_dict() if self.domain is not None else None,
+            "queries": int(m),
+            "cells": int(self.workload.shape[1]),
+            "strategy_rows": int(self.strategy.shape[0]),
+            "sensitivity": self.sensitivity,
+            "noise_scale": self.noise_scale,
+            "expected_total_squared_error": total,
+            "rmse_per_query": math.sqrt(total / m),
+            "error_is_upper_bound": self.groups is not None,
+            "svd_bound": bound,
+            "ratio_to_svd_bound": None if not bound else total / bound,
+            "identity_total_squared_error": ident,
+            "identity_rmse_ratio": math.sqrt(ident / total) if total > 0 else None,
+            "parts": list(parts.values()),
+            "selection": self.info,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan(template={self.template!r}, mechanism={self.mechanism!r}, "
+            f"noise_scale={self.noise_scale:.6g}, strategy={self.strategy!r})"
+        )
+
+    # -- persistence -------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the plan to ``path`` (an ``.npz`` archive; see the module docstring)."""
+        arrays: dict[str, np.ndarray] = {}
+        doc = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "workload": to_dict(self.workload, arrays),
+            "strategy": to_dict(self.strategy, arrays),
+            "privacy": self.privacy.to_dict(),
+            "domain": self.domain.to_dict() if self.domain is not None else None,
+            "sizes": list(self.sizes) if self.sizes is not None else None,
+            "groups": self.groups,
+            "template": self.template,
+            "info": self.info,
+            "mechanism": self.mechanism,
+            "noise_scale": self.noise_scale,
+        }
+        text = json.dumps(doc, allow_nan=False)
+        with open(path, "wb") as f:
+            np.savez_compressed(f, **{"plan.json": np.array(text)}, **arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Plan:
+        """Read a plan written by :meth:`save`.
+
+        Raises
+        ------
+        ValueError
+            If the file is not a dpdask plan, or its recorded noise disagrees with
+            the noise its strategy and budget require.
+        """
+        with np.load(path, allow_pickle=False) as z:
+            if "plan.json" not in z.files:
+                raise ValueError(f"{path} is not a dpdask plan (no plan.json entry)")
+            doc = json.loads(str(z["plan.json"]))
+            if doc.get("format") != _FORMAT:
+                raise ValueError(f"{path} is not a dpdask plan")
+            if doc.get("version") != _VERSION:
+                raise ValueError(f"{path}: unsupported plan version {doc.get('version')!r}")
+            arrays = {k: z[k] for k in z.files if k != "plan.json"}
+            workload = from_dict(doc["workload"], arrays)
+            strategy = from_dict(doc["strategy"], arrays)
+        privacy = Budget.from_dict(doc["privacy"])
+        domain = Domain(doc["domain"]) if doc.get("domain") is not None else None
+        plan = cls(
+            workload,
+            strategy,
+            privacy,
+            domain=domain,
+            groups=doc.get("groups"),
+            template=doc.get("template", "custom"),
+            info=doc.get("info"),
+            sizes=doc.get("sizes"),
+        )
+        if plan.mechanism != doc.get("mechanism") or plan.noise_scale != doc.get("noise_scale"):
+            raise ValueError(
+                f"{path}: the recorded noise ({doc.get('mechanism')}, scale "
+                f"{doc.get('noise_scale')}) does not match what the strategy and budget "
+                f"require ({plan.mechanism}, {plan.noise_scale})"
+            )
+        return plan
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _format_summary(d: dict) -> str:
+    priv = ", ".join(f"{k}={v}" for k, v in d["privacy"].items() if k != "type")
+    lines = [
+        f"plan: {d['template']}  ({d['mechanism']} noise, {d['privacy']['type']}({priv}))",
+        f"workload: {d['queries']:,} queries over {d['cells']:,} cells"
+        + (f"  domain {d['domain']}" if d["domain"] else ""),
+        f"strategy: {d['strategy_rows']:,} rows, sensitivity {_fmt(d['sensitivity'])}, "
+        f"noise scale {_fmt(d['noise_scale'])} per row",
+        f"expected total squared error: {_fmt(d['expected_total_squared_error'])}"
+        + ("  (upper bound: block reconstruction)" if d["error_is_upper_bound"] else ""),
+        f"RMSE per query: {_fmt(d['rmse_per_query'])}",
+        f"identity strategy: total squared error {_fmt(d['identity_total_squared_error'])}, "
+        f"RMSE ratio {_fmt(d['identity_rmse_ratio'])}",
+        f"SVD bound: {_fmt(d['svd_bound'])}  (ratio {_fmt(d['ratio_to_svd_bound'])})",
+    ]
+    cols = ["part", "queries", "squared_error", "rmse", "max_variance"]
+    rows = [[_fmt(p[c]) for c in cols] for p in d["parts"]]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    lines.append("")
+    lines.append("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    for r in rows:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
+    return "\n".join(lines)
