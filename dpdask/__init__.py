@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from dpdask import config  # noqa: F401  (registers configuration defaults)
 from dpdask.domain import Domain, Geography
+from dpdask.strategy import Plan, select
 
 
 class DPDaskWarning(UserWarning):
@@ -22,4 +23,4 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+unknown"
 
-__all__ = ["DPDaskWarning", "Domain", "Geography", "__version__"]
+__all__ = ["DPDaskWarning", "Domain", "Geography", "Plan", "__version__", "select"]
