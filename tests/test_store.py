@@ -326,3 +326,18 @@ def test_adopt_synthetic_persons(tmp_path):
     assert open_store(tmp_path / "t").domain == domain
     with pytest.raises(ValueError, match="pass geography="):
         adopt_array(tmp_path / "raw", store=tmp_path / "u")
+
+
+@pytest.mark.parametrize("chunk", [7, 200])
+def test_aggregate_many_parents_per_chunk(rng, small_domain, chunk):
+    """More than 32 parents in one chunk (the reduceat path), in random order."""
+    parents = np.concatenate([np.arange(40), rng.integers(0, 40, 160)])
+    rng.shuffle(parents)
+    g = Geography(
+        ("region", "site"), (tuple(map(str, range(40))), tuple(map(str, range(200)))), (parents,)
+    )
+    x = rng.integers(0, 9, size=(200, *small_domain.shape)).astype(np.int32)
+    expected = np.zeros((40, *small_domain.shape), dtype=np.int64)
+    np.add.at(expected, parents, x)
+    got = aggregate(da.from_array(x, chunks=chunk), g, "region", chunks=9).compute()
+    np.testing.assert_array_equal(got, expected)

@@ -44,7 +44,13 @@ def _partial(block: np.ndarray, ancestors: np.ndarray) -> _Partial:
         order = np.argsort(ancestors, kind="stable")
         ancestors, block = ancestors[order], block[order]
     starts = np.concatenate([[0], np.flatnonzero(np.diff(ancestors)) + 1])
-    sums = np.add.reduceat(block, starts, axis=0, dtype=np.int64)
+    if starts.size <= 32:  # few runs: a sum per run is about twice as fast as reduceat
+        stops = [*starts[1:].tolist(), block.shape[0]]
+        sums = np.stack(
+            [block[a:b].sum(axis=0, dtype=np.int64) for a, b in zip(starts, stops, strict=True)]
+        )
+    else:
+        sums = np.add.reduceat(block.astype(np.int64, copy=False), starts, axis=0)
     return ancestors[starts], sums
 
 
@@ -54,22 +60,32 @@ def _restrict(part: _Partial, lo: int, hi: int) -> _Partial:
     return idx[a:b], sums[a:b]
 
 
+def _add_into(out: np.ndarray, positions: np.ndarray, sums: np.ndarray) -> None:
+    """``out[positions] += sums`` for sorted unique positions, in place (slices when contiguous)."""
+    if positions.size and positions[-1] - positions[0] + 1 == positions.size:
+        out[positions[0] : positions[-1] + 1] += sums
+    elif positions.size:
+        out[positions] += sums
+
+
 def _combine(parts: list[_Partial], lo: int, hi: int) -> _Partial:
     """Add partial sums, keeping only ancestors in ``[lo, hi)``."""
     parts = [_restrict(p, lo, hi) for p in parts]
     union = np.unique(np.concatenate([p[0] for p in parts]))
     out = np.zeros((union.size, *parts[0][1].shape[1:]), dtype=np.int64)
     for idx, sums in parts:
-        out[np.searchsorted(union, idx)] += sums
+        _add_into(out, np.searchsorted(union, idx), sums)
     return union, out
 
 
 def _finish(parts: list[_Partial], lo: int, hi: int) -> np.ndarray:
     """Dense counts of ancestors ``lo .. hi-1`` from partial sums."""
+    parts = [_restrict(p, lo, hi) for p in parts]
+    if len(parts) == 1 and parts[0][0].size == hi - lo:
+        return parts[0][1]  # sorted, unique and complete: already the dense block
     out = np.zeros((hi - lo, *parts[0][1].shape[1:]), dtype=np.int64)
     for idx, sums in parts:
-        idx, sums = _restrict((idx, sums), lo, hi)
-        out[idx - lo] += sums
+        _add_into(out, idx - lo, sums)
     return out
 
 
