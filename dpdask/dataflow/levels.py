@@ -21,6 +21,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
+from dpdask.dataflow._aggregate import level_key
 from dpdask.domain import Geography
 from dpdask.reconstruct.consistency import children_sum
 
@@ -228,7 +229,7 @@ def bottom_up(
     cv: list[np.ndarray] = [None] * L  # type: ignore[list-item]
     z[-1], vz[-1] = estimates[-1], np.asarray(variances[-1], dtype=float)
     for lvl in range(L - 2, -1, -1):
-        s = aggregate(z[lvl + 1], lc, lvl + 1, f"{name}-{lc.levels[lvl]}")
+        s = aggregate(z[lvl + 1], lc, lvl + 1, f"{name}-{level_key(lc.levels[lvl])}")
         w = children_sum(vz[lvl + 1][:, None], lc.parents[lvl], s.shape[0])[:, 0]
         v = np.broadcast_to(np.asarray(variances[lvl], dtype=float), w.shape)
         inv_v = np.where(np.isinf(v), 0.0, 1.0 / v)
@@ -279,7 +280,7 @@ def top_down(
                 p,
                 dtype=z[lvl].dtype,
                 chunks=z[lvl].chunks,
-                name=f"{name}-{lc.levels[lvl]}-{tokenize(z[lvl], resid, share)}",
+                name=f"{name}-{level_key(lc.levels[lvl])}-{tokenize(z[lvl], resid, share)}",
                 meta=np.empty((0,) * nd, dtype=z[lvl].dtype),
             )
         )

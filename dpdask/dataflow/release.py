@@ -37,7 +37,6 @@ each level's budget, noise and charge, the total budget and what the ledger hold
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import pathlib
 import secrets
@@ -53,6 +52,7 @@ import zarr
 from dask.base import tokenize
 
 from dpdask import __version__
+from dpdask.dataflow._aggregate import level_key
 from dpdask.dataflow._blocks import answer_block, measure_block, reconstruct_block
 from dpdask.dataflow._publish import check_target
 from dpdask.dataflow._store import DataStore, open_store
@@ -294,69 +294,69 @@ class Release:
         x = self.store.to_dask().rechunk({0: self.lc.chunks[-1]})
         arrays = [x]
         for i in range(len(self.levels) - 1, 0, -1):
-            arrays.insert(0, aggregate(arrays[0], self.lc, i, f"aggregate-{self.levels[i - 1]}"))
+            arrays.insert(
+                0, aggregate(arrays[0], self.lc, i, f"aggregate-{level_key(self.levels[i - 1])}")
+            )
         return arrays
 
     def _checkpoint(
         self, work: pathlib.Path, key: Any, client: Any, progress: bool
     ) -> list[zarr.Array]:
+        """Measure and reconstruct every chunk not yet checkpointed in ``work``.
+
+        Estimates are stored one geography per zarr chunk (so concurrent chunk
+        writes never share a zarr chunk), and each finished chunk leaves a marker
+        file written after its data: a resumed run skips exactly those.
+        """
         group = zarr.open_group(str(work / "raw.zarr"), mode="a", zarr_format=3)
+        markers = work / "done"
+        markers.mkdir(exist_ok=True)
         arrays, pending = [], []
         data = self._level_data()
         cell_shape = self.domain.shape
         for L, x in zip(self._levels, data, strict=True):
-            n = sum(L.chunks)
             if L.name in group:
                 arr = group[L.name]
             else:
                 arr = group.create_array(
-                    L.name, shape=(n, *cell_shape), chunks=(max(L.chunks), *cell_shape),
+                    L.name, shape=(sum(L.chunks), *cell_shape), chunks=(1, *cell_shape),
                     dtype="float64", fill_value=np.nan,
                 )  # fmt: skip
             arrays.append(arr)
-            done = set(json.loads(arr.attrs.get("done", "[]")))
-            todo = [k for k in range(len(L.chunks)) if k not in done]
+            todo = [k for k in range(len(L.chunks)) if not _marker(markers, L.name, k).exists()]
             if not todo:
                 continue
+            word = level_key(L.name)
             tok = tokenize(self.release_id, self.run_id, L.name, x)
             m = L.plan.strategy.shape[0]
             y = x.map_blocks(
                 measure_block, L.plan, key, self.release_id, L.name, self.run_id, L.charge,
                 self.noise, self.test_mode,
                 chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
-                dtype=np.float64, name=f"measure-{L.name}-{tok}",
+                dtype=np.float64, name=f"measure-{word}-{tok}",
                 meta=np.empty((0, 0)),
             )  # fmt: skip
             est = y.map_blocks(
                 reconstruct_block, L.plan.strategy, "auto", cell_shape,
                 chunks=(x.chunks[0], *((s,) for s in cell_shape)),
                 new_axis=list(range(2, 1 + len(cell_shape))),
-                dtype=np.float64, name=f"reconstruct-{L.name}-{tok}",
+                dtype=np.float64, name=f"reconstruct-{word}-{tok}",
                 meta=np.empty((0,) * (1 + len(cell_shape))),
             )  # fmt: skip
             bounds = np.cumsum((0, *L.chunks))
             for k in todo:
-                block = est.blocks[k]
+                write = dask.delayed(_write_region, pure=False)
                 pending.append(
-                    dask.delayed(_write_region, pure=False)(
-                        block,
+                    write(
+                        est.blocks[k],
                         arr,
                         int(bounds[k]),
-                        k,
-                        dask_key_name=f"checkpoint-{L.name}-{tokenize(tok, k)}",
+                        _marker(markers, L.name, k),
+                        dask_key_name=f"checkpoint-{word}-{tokenize(tok, k)}",
                     )
                 )
         if pending:
-            finished = _compute(pending, client, progress)
-            by_array: dict[str, list[int]] = {}
-            for name, k in finished:
-                by_array.setdefault(name, []).append(k)
-            for arr in arrays:
-                if arr.basename in by_array:
-                    done = set(json.loads(arr.attrs.get("done", "[]"))) | set(
-                        by_array[arr.basename]
-                    )
-                    arr.attrs["done"] = json.dumps(sorted(done))
+            _compute(pending, client, progress)
         return arrays
 
     def _finish(
@@ -366,7 +366,7 @@ class Release:
             da.from_zarr(
                 a,
                 chunks=(L.chunks, *a.shape[1:]),
-                name=f"estimate-{L.name}-{tokenize(str(work), L.name)}",
+                name=f"estimate-{level_key(L.name)}-{tokenize(str(work), L.name)}",
             )
             for a, L in zip(raw, self._levels, strict=True)
         ]
@@ -397,7 +397,7 @@ class Release:
             answers = est.map_blocks(
                 answer_block, W, chunks=(est.chunks[0], (W.shape[0],)),
                 drop_axis=list(range(2, est.ndim)), dtype=np.float64,
-                name=f"answer-{L.name}-{tokenize(est, W)}", meta=np.empty((0, 0)),
+                name=f"answer-{level_key(L.name)}-{tokenize(est, W)}", meta=np.empty((0, 0)),
             )  # fmt: skip
             qv = L.plan.query_variances()
             scale = fvar[i] / L.unit_variance
@@ -448,9 +448,15 @@ class Release:
         return info
 
 
-def _write_region(block: np.ndarray, arr: zarr.Array, start: int, k: int) -> tuple[str, int]:
+def _marker(folder: pathlib.Path, level: str, k: int) -> pathlib.Path:
+    return folder / f"{level}-{k}"
+
+
+def _write_region(block: np.ndarray, arr: zarr.Array, start: int, marker: pathlib.Path) -> int:
+    """Write one chunk of estimates, then its marker (so a marker means the data is there)."""
     arr[start : start + block.shape[0]] = block
-    return arr.basename, k
+    marker.touch()
+    return block.shape[0]
 
 
 def _compute(items: list, client: Any, progress: bool) -> list:
