@@ -134,7 +134,10 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     from dpdask.strategy import select
 
     W = build_workload(spec.workload, spec.domain)
-    plan = select(W, spec.privacy, strategy=spec.strategy, client=client, **spec.strategy_options)
+    plan = select(
+        W, spec.privacy, strategy=spec.strategy, domain=spec.domain, client=client,
+        **spec.strategy_options,
+    )
     levels = spec.levels or ()
     shares = spec.level_budgets(levels) if levels else {}
     report: dict[str, Any] = {
