@@ -98,6 +98,10 @@ COMMANDS = {
     "bench": (_bench, "run a benchmark: dpdask bench NAME [--json] [options]"),
     "run": (_run, "run a release spec: dpdask run SPEC [--run-id ID] [--json]"),
     "validate": (_validate, "check a spec and its data, spending nothing: dpdask validate SPEC"),
+    "plan": (
+        lambda a: importlib.import_module("dpdask.strategy._cli").plan_command(a),
+        "select a strategy: dpdask plan --workload NAME --epsilon E | --rho R [--json]",
+    ),
 }
 
 
