@@ -17,4 +17,5 @@ BENCHES: dict[str, str] = {
     "datasets": "dpdask.bench.datasets",
     "noise": "dpdask.bench.noise",
     "release": "dpdask.bench.release",
+    "select": "dpdask.bench.select",
 }
