@@ -1,0 +1,213 @@
+"""``dpdask bench select``: HDMM strategy selection, time and error against baselines.
+
+Cases (``--cases``, comma-separated; default all):
+
+``opt0``
+    OPT_0 on prefix queries, ``n`` in ``--opt0-sizes`` (default 1024, 4096, 8192),
+    pure DP, one start.
+``ratios``
+    The HDMM slides' prefix table: RMSE of Identity, H2, HB and Privelet over
+    HDMM's at n = 256 and 1024 (pure DP).
+``gaussian``
+    OPT_0 under zCDP on prefix and all-range, n = 256 and 1024: total squared
+    error over the SVD bound.
+``sf1``
+    Census SF1 persons on the CPH domain, ``--restarts`` starts (default 25),
+    best template, pure DP at epsilon = 1; against Identity and HB per attribute.
+``marginals``
+    OPT_M on all 3-way marginals of the 12-attribute domain
+    (100, 100, 100, 99, 85, 42, 16, 15, 9, 7, 6, 5), and of it with two more
+    binary attributes; and on the (75, 16, 5, 2, 20) domain against Identity.
+
+Wall times are medians of ``--repeats`` runs (default 3) of the whole
+:func:`dpdask.select` call; ratios are against baselines computed in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from typing import Any
+
+from dpdask.bench._common import median_time
+from dpdask.domain import Domain
+from dpdask.linalg import AllRange, Prefix
+from dpdask.privacy import PureDP, zCDP
+
+CASES = ("opt0", "ratios", "gaussian", "sf1", "marginals")
+TWELVE = (100, 100, 100, 99, 85, 42, 16, 15, 9, 7, 6, 5)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cases", default=",".join(CASES), help=f"subset of {CASES}")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per case")
+    parser.add_argument("--restarts", type=int, default=25, help="random starts for SF1")
+    parser.add_argument(
+        "--opt0-sizes", default="1024,4096,8192", help="prefix sizes of the OPT_0 timing case"
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return math.sqrt(a / b)
+
+
+def _baseline_errors(W: Any, privacy: Any, names: list[str], **kw: Any) -> dict[str, float]:
+    from dpdask.strategy import select
+
+    out = {}
+    for name in names:
+        opts = {"branching": 2} if name == "hierarchical" else {}
+        out[name] = select(W, privacy, name, **kw, **opts).expected_error()
+    return out
+
+
+def _opt0(sizes: list[int], repeats: int) -> list[dict]:
+    from dpdask.strategy import select
+
+    rows = []
+    for n in sizes:
+        W = Prefix(n)
+        t, times, plan = median_time(lambda W=W: select(W, PureDP(1), restarts=1), repeats)
+        err = plan.expected_error()
+        base = _baseline_errors(W, PureDP(1), ["identity"])
+        rows.append(
+            {
+                "case": f"OPT_0 prefix n={n}",
+                "wall_s": t,
+                "times_s": [round(x, 3) for x in times],
+                "p": plan.info.get("p"),
+                "iterations": plan.info.get("iterations"),
+                "expected_error": err,
+                "identity_rmse_ratio": _ratio(base["identity"], err),
+            }
+        )
+    return rows
+
+
+def _ratios() -> list[dict]:
+    from dpdask.strategy import select
+
+    rows = []
+    for n in (256, 1024):
+        W = Prefix(n)
+        plan = select(W, PureDP(1), restarts=3)
+        err = plan.expected_error()
+        base = _baseline_errors(W, PureDP(1), ["identity", "hierarchical", "hb", "wavelet"])
+        rows.append(
+            {
+                "case": f"prefix n={n} (RMSE over HDMM)",
+                "identity": _ratio(base["identity"], err),
+                "H2": _ratio(base["hierarchical"], err),
+                "HB": _ratio(base["hb"], err),
+                "privelet": _ratio(base["wavelet"], err),
+                "slides_identity": {256: 2.18, 1024: 3.34}[n],
+                "slides_H2": {256: 1.79, 1024: 1.80}[n],
+            }
+        )
+    return rows
+
+
+def _gaussian(repeats: int) -> list[dict]:
+    from dpdask.strategy import select
+
+    rows = []
+    for name, cls in (("prefix", Prefix), ("all-range", AllRange)):
+        for n in (256, 1024):
+            W = cls(n)
+            t, _, plan = median_time(
+                lambda W=W: select(W, zCDP("0.5"), restarts=1), 1 if n > 256 else repeats
+            )
+            err, bound = plan.expected_error(), plan.svd_bound()
+            rows.append(
+                {
+                    "case": f"OPT_0 zCDP {name} n={n}",
+                    "wall_s": t,
+                    "expected_error": err,
+                    "svd_bound": bound,
+                    "error_over_svd_bound": err / bound if bound else None,
+                }
+            )
+    return rows
+
+
+def _sf1(restarts: int, repeats: int) -> list[dict]:
+    from dpdask.strategy import select
+    from dpdask.workloads import census, sf1_persons
+
+    domain = census.cph_domain()
+    W = sf1_persons(domain)
+    t, times, plan = median_time(
+        lambda: select(W, PureDP(1), domain=domain, restarts=restarts), repeats
+    )
+    err = plan.expected_error()
+    base = _baseline_errors(W, PureDP(1), ["identity", "hb"], domain=domain)
+    best = min(base, key=base.get)
+    return [
+        {
+            "case": f"SF1 persons {'x'.join(map(str, domain.shape))}, {restarts} restarts",
+            "wall_s": t,
+            "times_s": [round(x, 3) for x in times],
+            "template": plan.template,
+            "templates": plan.info.get("templates"),
+            "expected_error_eps1": err,
+            "error_is_upper_bound": plan.groups is not None,
+            "identity_rmse_ratio": _ratio(base["identity"], err),
+            "best_baseline": best,
+            "best_baseline_rmse_ratio": _ratio(base[best], err),
+            "svd_bound_ratio": _ratio(err, plan.svd_bound()),
+        }
+    ]
+
+
+def _marginals(repeats: int) -> list[dict]:
+    from dpdask.strategy import select
+    from dpdask.workloads import marginals
+
+    rows = []
+    for sizes in (TWELVE, (*TWELVE, 2, 2), (75, 16, 5, 2, 20)):
+        domain = Domain({f"a{chr(97 + i)}": s for i, s in enumerate(sizes)})
+        W = marginals(domain, 3)
+        t, times, plan = median_time(
+            lambda W=W, domain=domain: select(
+                W, PureDP(1), domain=domain, templates=["marginals"], restarts=1
+            ),
+            repeats,
+        )
+        err = plan.expected_error()
+        ident = plan.identity_error()
+        rows.append(
+            {
+                "case": f"OPT_M 3-way marginals, {len(sizes)} attributes",
+                "wall_s": t,
+                "times_s": [round(x, 3) for x in times],
+                "expected_error": err,
+                "error_over_identity": err / ident,
+                "identity_rmse_ratio": _ratio(ident, err),
+            }
+        )
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict:
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    for c in cases:
+        if c not in CASES:
+            raise ValueError(f"unknown case {c!r}; choose from {CASES}")
+    out: dict[str, Any] = {"cpus": os.cpu_count(), "repeats": args.repeats}
+    t0 = time.perf_counter()
+    if "opt0" in cases:
+        out["opt0"] = _opt0([int(s) for s in args.opt0_sizes.split(",")], args.repeats)
+    if "ratios" in cases:
+        out["ratios"] = _ratios()
+    if "gaussian" in cases:
+        out["gaussian"] = _gaussian(args.repeats)
+    if "sf1" in cases:
+        out["sf1"] = _sf1(args.restarts, args.repeats)
+    if "marginals" in cases:
+        out["marginals"] = _marginals(args.repeats)
+    out["total_s"] = time.perf_counter() - t0
+    return out
