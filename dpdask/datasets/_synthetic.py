@@ -348,8 +348,8 @@ def synthetic_persons(
     --------
     >>> from dpdask import Domain
     >>> out = synthetic_persons(Domain(sex=2, age=115), 4, population=[10, 0, 250, 3], seed=7)
-    >>> out.array.shape, out.array.dtype
-    ((4, 2, 115), dtype('int32'))
+    >>> out.array.shape, str(out.array.dtype)
+    ((4, 2, 115), 'int32')
     >>> out.array[:].sum(axis=(1, 2)).tolist()
     [10, 0, 250, 3]
     """
