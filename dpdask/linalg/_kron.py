@@ -61,9 +61,13 @@ class Kron(LinearQuery):
 
     # -- application ---------------------------------------------------
     def _apply_factors(self, T: np.ndarray, offset: int, transpose: bool) -> np.ndarray:
-        for i, f in enumerate(self.factors):
-            op = f.T if transpose else f
-            T = op._apply_axis(T, offset + i)
+        # Factors act on separate axes, so any order gives the same result; the
+        # factors that shrink their axis most (totals, coarse groupings) go first,
+        # so that the later ones act on a smaller tensor.
+        ops = [f.T if transpose else f for f in self.factors]
+        order = sorted(range(len(ops)), key=lambda i: ops[i].shape[0] / ops[i].shape[1])
+        for i in order:
+            T = ops[i]._apply_axis(T, offset + i)
         return T
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
