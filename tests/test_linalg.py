@@ -180,3 +180,18 @@ def test_prefix_gram_closed_form_large_is_implicit() -> None:
     x[0] = 1.0
     # column 0 of P^T P: (P^T P)_{i0} = n - max(i, 0) = n - i
     np.testing.assert_allclose(G @ x, 5000 - np.arange(5000))
+
+
+@pytest.mark.parametrize("rank_deficient", [False, True])
+def test_gram_root_has_same_gram_and_sensitivity(rank_deficient: bool, rng) -> None:
+    from dpdask.linalg import gram_root
+
+    D = rng.normal(size=(6, 3))
+    if rank_deficient:
+        D[:, 2] = D[:, 0] + D[:, 1]
+    A = Kron([VStack([Identity(2), Total(2)]), Dense(D), Prefix(4)])
+    B = gram_root(A)
+    M, R = A.dense(), B.dense()
+    assert R.shape[0] <= A.shape[1]
+    np.testing.assert_allclose(R.T @ R, M.T @ M, atol=1e-9)
+    assert B.sensitivity(2) == pytest.approx(np.linalg.norm(M, axis=0).max())

@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--states", type=int, default=None, help="states (default G / 60)")
     parser.add_argument("--workers", default="1,2", help="worker counts to compare, e.g. 1,2")
     parser.add_argument("--strategy", default="hdmm", help="strategy for dpdask.select")
+    parser.add_argument(
+        "--template", default="kron", help="HDMM template (kron: a Kronecker strategy)"
+    )
+    parser.add_argument("--restarts", type=int, default=1, help="HDMM random restarts")
     parser.add_argument("--workload", default="sf1-persons", help="workload answered")
     parser.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
     parser.add_argument("--memory-limit", default="4GiB", help="per-worker memory limit")
@@ -104,7 +108,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cells = n * domain.size
         W = build_workload({"name": args.workload}, domain)
         t0 = time.perf_counter()
-        plan = select(W, zCDP(1), strategy=args.strategy)
+        opts = (
+            {"templates": [args.template], "restarts": args.restarts}
+            if args.strategy == "hdmm"
+            else {}
+        )
+        plan = select(W, zCDP(1), strategy=args.strategy, domain=domain, **opts)
         t_select = time.perf_counter() - t0
         rows = []
         for w in (int(v) for v in str(args.workers).split(",")):
@@ -138,7 +147,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "geographies": n,
             "states": n_states,
             "cells": cells,
-            "strategy": args.strategy,
+            "strategy": plan.template,
+            "strategy_rows": int(plan.strategy.shape[0]),
             "workload_queries": int(W.shape[0]),
             "data_generation_s": t_data,
             "select_s": t_select,

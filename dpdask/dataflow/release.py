@@ -58,7 +58,7 @@ from dpdask.dataflow._publish import check_target
 from dpdask.dataflow._store import DataStore, open_store
 from dpdask.dataflow.levels import LevelChunks, bottom_up, level_chunks, top_down
 from dpdask.domain import Domain
-from dpdask.linalg import Kron, LinearQuery
+from dpdask.linalg import Kron, LinearQuery, gram_root
 from dpdask.measure import _level_charge
 from dpdask.noise import KeyFile, SecretKey, new_key
 from dpdask.privacy import ApproxDP, Budget, Charge, Ledger, PureDP, zCDP
@@ -80,7 +80,7 @@ class LevelPlan:
     def __init__(self, base: Any, privacy: Budget):
         self.base = base
         self.privacy = privacy
-        self.strategy: LinearQuery = base.strategy
+        self.strategy: LinearQuery = _compact(base.strategy, base.mechanism)
         self.workload: LinearQuery = base.workload
         self.domain: Domain | None = base.domain
         self.mechanism: str = base.mechanism
@@ -106,6 +106,19 @@ class LevelPlan:
     def query_variances(self) -> np.ndarray:
         ratio = (self.noise_scale / self.base.noise_scale) ** 2
         return np.asarray(self.base.query_variances(), dtype=float) * ratio
+
+
+def _compact(A: LinearQuery, mechanism: str) -> LinearQuery:
+    """What is measured for strategy ``A``: for Gaussian noise, a root of its Gram
+    (same privacy, same least-squares error, at most ``n`` rows; see
+    :func:`dpdask.linalg.gram_root`) when that is cheap to form; ``A`` otherwise."""
+    if mechanism != "gaussian" or A.shape[0] <= A.shape[1]:
+        return A
+    if isinstance(A, Kron) and all(f.shape[1] <= 4096 for f in A.factors):
+        return gram_root(A)
+    if A.shape[1] <= 4096:
+        return gram_root(A)
+    return A
 
 
 def noise_variance(mechanism: str, scale: float) -> float:

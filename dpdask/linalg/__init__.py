@@ -18,6 +18,7 @@ from dpdask.linalg._primitives import (
     RangeQueries,
     Total,
 )
+from dpdask.linalg._roots import gram_root
 from dpdask.linalg._union import VStack
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "VStack",
     "apply_per_geography",
     "aslinearquery",
+    "gram_root",
 ]
