@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,18 @@ class Dense(LinearQuery):
         return self.matrix.T @ Y
 
     def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
-        return np.moveaxis(np.tensordot(self.matrix, T, axes=([1], [axis])), 0, axis)
+        # first or last axis: one matrix product on a reshaped view (no copy); a
+        # middle axis: tensordot's single large product beats per-slice products
+        shp = T.shape
+        n, m = shp[axis], self.shape[0]
+        pre, post = math.prod(shp[:axis]), math.prod(shp[axis + 1 :])
+        if post == 1:
+            out = T.reshape(pre, n) @ self.matrix.T
+        elif pre == 1:
+            out = self.matrix @ T.reshape(n, post)
+        else:
+            return np.moveaxis(np.tensordot(self.matrix, T, axes=([1], [axis])), 0, axis)
+        return out.reshape((*shp[:axis], m, *shp[axis + 1 :]))
 
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.single((np.abs(self.matrix) ** p).sum(axis=0))

@@ -10,6 +10,7 @@ import numpy as np
 
 from dpdask.linalg._base import LinearQuery, check_dense_size
 from dpdask.linalg._norms import NormTerms
+from dpdask.linalg._primitives import Ones
 
 __all__ = ["Kron"]
 
@@ -60,15 +61,24 @@ class Kron(LinearQuery):
         return tuple(f.shape[0] for f in self.factors)
 
     # -- application ---------------------------------------------------
-    def _apply_factors(self, T: np.ndarray, offset: int, transpose: bool) -> np.ndarray:
+    def _apply_factors(
+        self, T: np.ndarray, offset: int, transpose: bool, skip: frozenset[int] = frozenset()
+    ) -> np.ndarray:
         # Factors act on separate axes, so any order gives the same result; the
         # factors that shrink their axis most (totals, coarse groupings) go first,
         # so that the later ones act on a smaller tensor.
         ops = [f.T if transpose else f for f in self.factors]
         order = sorted(range(len(ops)), key=lambda i: ops[i].shape[0] / ops[i].shape[1])
         for i in order:
-            T = ops[i]._apply_axis(T, offset + i)
+            if i not in skip:
+                T = ops[i]._apply_axis(T, offset + i)
         return T
+
+    def total_axes(self) -> frozenset[int]:
+        """Positions of the factors that are a single total query (``Ones(n)``)."""
+        return frozenset(
+            i for i, f in enumerate(self.factors) if isinstance(f, Ones) and f.shape[0] == 1
+        )
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
         k = X.shape[1]

@@ -62,6 +62,8 @@ class VStack(LinearQuery):
         return [p if w == 1 else Scaled(p, w) for p, w in pairs]
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
+        if self._kron_shape() is not None:
+            return self._apply_axis(X, 0)
         return np.concatenate([p._matmat(X) for p in self._weighted()], axis=0)
 
     def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
@@ -71,7 +73,32 @@ class VStack(LinearQuery):
         return out
 
     def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
-        return np.concatenate([p._apply_axis(T, axis) for p in self._weighted()], axis=axis)
+        if self._kron_shape() is None:
+            return np.concatenate([p._apply_axis(T, axis) for p in self._weighted()], axis=axis)
+        # A union of Kronecker products over one domain (a Census workload): many
+        # parts total out the same attributes, so each needed marginal of the data is
+        # summed once, from the largest marginal already computed, and each part
+        # applies only its remaining factors to that small tensor.
+        shp = T.shape
+        in_shape = self._kron_shape()
+        X = T.reshape((*shp[:axis], *in_shape, *shp[axis + 1 :]))
+        memo: dict[frozenset[int], np.ndarray] = {frozenset(): X}
+        outs = []
+        for part, w in zip(self.parts, self.weights, strict=True):
+            totals = part.total_axes()
+            R = part._apply_factors(_marginal(memo, totals, axis), axis, False, skip=totals)
+            R = R.reshape((*shp[:axis], part.shape[0], *shp[axis + 1 :]))
+            outs.append(R if w == 1 else w * R)
+        return np.concatenate(outs, axis=axis)
+
+    def _kron_shape(self) -> tuple[int, ...] | None:
+        """The common factor sizes when every part is a Kron over them, else None."""
+        from dpdask.linalg._kron import Kron
+
+        shapes = {p.in_shape if isinstance(p, Kron) else None for p in self.parts}
+        if len(shapes) != 1 or None in shapes:
+            return None
+        return shapes.pop()
 
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.union(
@@ -96,3 +123,15 @@ class VStack(LinearQuery):
 
     def __repr__(self) -> str:
         return f"VStack({len(self.parts)} parts, shape={self.shape})"
+
+
+def _marginal(
+    memo: dict[frozenset[int], np.ndarray], totals: frozenset[int], axis: int
+) -> np.ndarray:
+    """The data summed over the factor axes ``totals`` (kept as length 1), memoised."""
+    if totals in memo:
+        return memo[totals]
+    base = max((k for k in memo if k <= totals), key=len)
+    out = memo[base].sum(axis=tuple(axis + i for i in sorted(totals - base)), keepdims=True)
+    memo[totals] = out
+    return out
