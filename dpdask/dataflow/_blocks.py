@@ -50,9 +50,18 @@ def measure_block(
 
 
 def reconstruct_block(
-    y: np.ndarray, strategy: LinearQuery, method: str, cell_shape: tuple[int, ...]
+    y: np.ndarray,
+    strategy: LinearQuery,
+    method: str,
+    cell_shape: tuple[int, ...],
+    pinv: LinearQuery | None = None,
 ) -> np.ndarray:
-    """Least-squares estimates ``(g, *domain.shape)`` from one chunk of measurements."""
+    """Least-squares estimates ``(g, *domain.shape)`` from one chunk of measurements.
+
+    ``pinv``, when given, is the strategy's pseudo-inverse computed once for all chunks.
+    """
+    if pinv is not None:
+        return np.asarray(pinv.apply(y)).reshape((y.shape[0], *cell_shape))
     est = least_squares(strategy, y, method=method)
     if not est.report.converged:
         raise RuntimeError(

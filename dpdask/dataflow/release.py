@@ -98,6 +98,14 @@ class LevelPlan:
         else:
             raise TypeError(f"unsupported budget {privacy!r}")
 
+    def pinv(self) -> LinearQuery | None:
+        """The strategy's pseudo-inverse when it is structured (Kronecker), computed once."""
+        if not hasattr(self, "_pinv"):
+            A = self.strategy
+            small = isinstance(A, Kron) and all(f.size <= 4_000_000 for f in A.factors)
+            self._pinv = A.pinv() if small else None
+        return self._pinv
+
     @property
     def row_variance(self) -> float:
         """Variance of the noise added to each measurement."""
@@ -333,7 +341,7 @@ class Release:
             else:
                 arr = group.create_array(
                     L.name, shape=(sum(L.chunks), *cell_shape), chunks=(1, *cell_shape),
-                    dtype="float64", fill_value=np.nan,
+                    dtype="float64", fill_value=np.nan, compressors=None,
                 )  # fmt: skip
             arrays.append(arr)
             todo = [k for k in range(len(L.chunks)) if not _marker(markers, L.name, k).exists()]
@@ -350,7 +358,7 @@ class Release:
                 meta=np.empty((0, 0)),
             )  # fmt: skip
             est = y.map_blocks(
-                reconstruct_block, L.plan.strategy, "auto", cell_shape,
+                reconstruct_block, L.plan.strategy, "auto", cell_shape, L.plan.pinv(),
                 chunks=(x.chunks[0], *((s,) for s in cell_shape)),
                 new_axis=list(range(2, 1 + len(cell_shape))),
                 dtype=np.float64, name=f"reconstruct-{word}-{tok}",
@@ -419,6 +427,8 @@ class Release:
                 z = g.create_array(
                     name, shape=arr.shape, dtype="float64",
                     chunks=(max(est.chunks[0]), *arr.shape[1:]),
+                    # noisy float estimates do not compress; skip the codec's time
+                    compressors=None if name == "estimate" else "auto",
                 )  # fmt: skip
                 sources.append(arr.rechunk({0: max(est.chunks[0])}))
                 targets.append(z)
