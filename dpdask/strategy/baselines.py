@@ -27,26 +27,27 @@ For Gaussian noise the matrix mechanism's total squared error is
 
     minimise tr(G X^+)  over X >= 0 (PSD) with diag(X) <= 1,   G = W^T D W
 
-(``D`` = diag of query weights, identity by default). Its Lagrange dual, with a
-multiplier ``lambda_i >= 0`` per diagonal constraint, ``S = diag(sqrt(lambda))``
-and ``M = S G S``, is::
+(``D`` = diag of query weights, identity by default). Write ``G = F F^T`` with
+``F`` (``n x r``, ``r`` = rank of ``W``) of full column rank. With a multiplier
+``lambda_i >= 0`` per diagonal constraint the Lagrange dual is::
 
-    maximise g(lambda) = 2 tr(M^{1/2}) - sum(lambda)
+    maximise g(lambda) = 2 tr(K^{1/2}) - sum(lambda),   K = F^T diag(lambda) F  (r x r)
 
-because ``min_X tr(G X^{-1}) + tr(diag(lambda) X) = 2 tr(M^{1/2})``, attained at
-``X(lambda) = S^{-1} M^{1/2} S^{-1}``. The gradient is ``dg/dlambda_i = X_ii - 1``,
-so the dual optimum is the ``lambda`` at which every cell of ``X(lambda)`` has
-the same norm. We maximise ``g`` by Newton's method with conjugate gradients
-(Hessian-vector products through the Daleckii-Krein formula for the derivative of
-the matrix square root, in ``M``'s eigenbasis) and a backtracking line search
-that keeps ``lambda > 0``. Every iterate carries a certificate: with
-``T = tr(M^{1/2})``, the strategy ``A = M^{1/4}`` (on the eigenbasis) ``S^{-1}``
-scaled to sensitivity 1 has error at most ``T max_i X_ii`` (exactly that when
-``G`` is invertible), while weak duality bounds every strategy's error from below
-by ``max_c g(c lambda) = T^2 / sum(lambda)``. The solver stops when the two agree
-to ``tol``. Strong duality (Slater: ``X = I / 2``) makes the gap close. When ``W``
-is rank-deficient, ``X(lambda)`` has exactly the range of ``G``, so the strategy
-still supports ``W``; cells that no query touches get zero columns.
+because ``min_X tr(G X^+) + tr(diag(lambda) X) = 2 tr(K^{1/2})``, attained at
+``X(lambda) = F K^{-1/2} F^T``, which has exactly the range of ``G`` and so
+supports ``W``; a factor is ``A = K^{-1/4} U^T F^T`` (``K = U diag U^T``). The
+gradient is ``dg/dlambda_i = X_ii - 1``: at the optimum every cell whose
+multiplier is positive has ``X_ii = 1`` (a rank-deficient ``W`` may leave some
+constraints slack, with ``lambda_i = 0``). We maximise ``g`` by projected Newton
+with conjugate gradients (Hessian-vector products by the Daleckii-Krein formula
+for the derivative of ``K^{-1/2}`` in ``K``'s eigenbasis, damped on the flat
+directions of rank-deficient problems) and an Armijo search along the projection
+onto ``lambda >= 0``. Every iterate carries a certificate: with
+``T = tr(K^{1/2})``, the strategy scaled to sensitivity 1 has error exactly
+``T max_i X_ii``, and weak duality bounds the error of every strategy from below
+by ``max_c g(c lambda) = T^2 / sum(lambda)``; the solver stops when the two agree
+to ``tol`` (strong duality holds: ``X = I / 2`` is strictly feasible). Cells that
+no query touches get zero columns.
 """
 
 from __future__ import annotations
@@ -217,8 +218,8 @@ def tree_intervals(n: int, branching: int = 2, root: bool = True) -> tuple[np.nd
         parent = np.repeat(np.arange(lo.size), k)
         j = np.arange(parent.size) - np.repeat(np.cumsum(k) - k, k)
         q, r = length[parent] // k[parent], length[parent] % k[parent]
-        start = lo[parent] + j * q + np.minimum(j, r[parent])
-        size = q + (j < r[parent])
+        start = lo[parent] + j * q + np.minimum(j, r)
+        size = q + (j < r)
         lo, hi = start, start + size - 1
         levels_lo.append(lo)
         levels_hi.append(hi)
@@ -364,6 +365,12 @@ def hm(n_or_domain: SizeLike) -> LinearQuery:
     with optimal branching factor (Qardaji et al.)"; so the tree is built over
     the flattened domain (C order), not per attribute as in :func:`hb`.
 
+    The paper's tables do not pin HM down: the IP / HM variance ratios they
+    imply (e.g. PL94 36.56 / 13.93) are not reproduced by this tree, nor by
+    trees with other branchings, with or without the root, padded to a power of
+    the branching, or over other attribute orders. Use it as "a Qardaji tree",
+    not as the paper's exact HM.
+
     Parameters
     ----------
     n_or_domain : int, Domain or sequence of int
@@ -381,26 +388,19 @@ def hm(n_or_domain: SizeLike) -> LinearQuery:
 def _haar_matrix(n: int) -> sp.csr_array:
     """The unnormalised Haar matrix on ``n`` cells (padded to a power of two)."""
     n = _check_size(n, "wavelet")
-    size = 1
-    while size < n:
-        size *= 2
-    rows, cols, vals = [np.zeros(n, dtype=np.int64)], [np.arange(n)], [np.ones(n)]
-    count = 1
-    block = size
+    size = 1 << (n - 1).bit_length()
+    cells = np.arange(n)
+    rows, cols, vals = [np.zeros(n, dtype=np.int64)], [cells], [np.ones(n)]
+    count, block = 1, size
     while block > 1:
-        half = block // 2
-        starts = np.arange(0, size, block)
-        starts = starts[starts < n]  # blocks entirely in the padding are empty rows
-        for s in starts:
-            c = np.arange(s, min(s + block, n))
-            rows.append(np.full(c.size, count))
-            cols.append(c)
-            vals.append(np.where(c < s + half, 1.0, -1.0))
-            count += 1
-        block = half
-    return sp.csr_array(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(count, n)
-    )
+        # one row per dyadic block with a cell in the domain, in order
+        rows.append(count + cells // block)
+        cols.append(cells)
+        vals.append(np.where(cells % block < block // 2, 1.0, -1.0))
+        count += -(-n // block)
+        block //= 2
+    data = (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols)))
+    return sp.csr_array(data, shape=(count, n))
 
 
 def wavelet(n_or_domain: SizeLike) -> LinearQuery:
@@ -410,10 +410,10 @@ def wavelet(n_or_domain: SizeLike) -> LinearQuery:
     difference ``(sum of its left half) - (sum of its right half)``: entries
     ``+1, -1`` as in the HDMM tutorial (paper 003). When ``n`` is not a power of
     two the domain is padded with empty cells up to the next power of two and the
-    padding columns are dropped (their counts are known to be zero, so the
-    measurements on them carry no information); blocks that lie wholly in the
-    padding disappear and blocks cut by it keep their ``+1`` / ``-1`` parts
-    inside the domain. Every cell lies in ``log2(size) + 1`` rows, as before. On a
+    padding columns are dropped (the padded cells are known to be empty, so this
+    is the padded strategy restricted to the real cells); blocks that lie wholly
+    in the padding disappear and blocks cut by it keep their ``+1`` / ``-1``
+    parts inside the domain. Every cell lies in ``log2(size) + 1`` rows, as before. On a
     multi-attribute domain, the Kronecker product of per-attribute wavelets.
 
     Parameters
