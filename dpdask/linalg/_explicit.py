@@ -44,6 +44,14 @@ class Dense(LinearQuery):
         pre, post = math.prod(shp[:axis]), math.prod(shp[axis + 1 :])
         if post == 1:
             out = T.reshape(pre, n) @ self.matrix.T
+        elif n <= 4 and m <= 4:
+            # tiny factor (sex, Hispanic origin): weighted sums of slices, no transposes
+            T3 = T.reshape(pre, n, post)
+            out = np.empty((pre, m, post), dtype=np.result_type(T.dtype, np.float64))
+            for j in range(m):
+                np.multiply(T3[:, 0, :], self.matrix[j, 0], out=out[:, j, :])
+                for i in range(1, n):
+                    out[:, j, :] += self.matrix[j, i] * T3[:, i, :]
         elif pre == 1:
             out = self.matrix @ T.reshape(n, post)
         else:
