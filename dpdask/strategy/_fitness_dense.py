@@ -1,0 +1,106 @@
+"""Solving one fitness-for-use problem densely: canonical basis, SM-II, the user's basis.
+
+The optimum does not depend on the basis (paper 000, Theorems 3.1 and 3.3: two bases
+give mechanisms with the same output distribution and the same privacy profile), so
+the optimiser always works in the canonical basis of
+:func:`~dpdask.strategy._fitness_terms.canonical_problem` (``B = I``, or an orthonormal
+row-space basis ``Q`` when ``W`` lacks full column rank) and the result is carried to
+the requested basis ``B`` afterwards: with ``B = T Q`` (``T = B Q^T`` invertible),
+``Sigma_B = T Sigma_Q T^T``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.linalg as sla
+
+from dpdask.linalg import Dense, Identity, LinearQuery, aslinearquery
+from dpdask.linalg._base import check_dense_size
+from dpdask.strategy._fitness_smii import SMIIOptions, run_info, smii
+from dpdask.strategy._fitness_solution import FitnessSolution
+from dpdask.strategy._fitness_terms import Canonical, canonical_problem
+
+__all__ = ["initial_covariance", "solve_dense"]
+
+# Relative tolerance for "B spans W's row space" and "B has independent rows".
+_BASIS_RTOL = 1e-8
+
+
+def _dense(A: Any, what: str) -> np.ndarray:
+    op = aslinearquery(A)
+    check_dense_size(op.size, what)
+    return op.dense()
+
+
+def initial_covariance(can: Canonical, init: Any = None) -> np.ndarray:
+    """Section 6.3: ``Sigma_0 = B A^+ (A^+)^T B^T`` for a strategy ``A`` (default ``A = I``).
+
+    This is the covariance, on the canonical basis, of the mechanism that adds i.i.d.
+    noise to ``A x`` and answers ``W`` as ``W A^+ (A x + noise)``.
+
+    Raises
+    ------
+    ValueError
+        If ``A`` has the wrong number of columns or does not determine ``W``
+        (``Sigma_0`` is then singular).
+    """
+    r = can.rank
+    if init is None:
+        return np.eye(r)
+    A = _dense(init, "the initial strategy")
+    if A.shape[1] != can.data_rows.r:
+        raise ValueError(
+            f"the initial strategy has {A.shape[1]} columns, the workload {can.data_rows.r}"
+        )
+    Ap = np.linalg.pinv(A)
+    M = Ap if can.Q is None else can.Q @ Ap
+    S = M @ M.T
+    if np.linalg.matrix_rank(S) < r:
+        raise ValueError("the initial strategy does not support the workload (W != W A^+ A)")
+    return S
+
+
+def _user_basis(can: Canonical, basis: Any) -> tuple[LinearQuery, np.ndarray, np.ndarray]:
+    """Validate a user basis ``B``; return it, ``T = B Q^T`` and ``B^+``."""
+    Bop = aslinearquery(basis)
+    d, r = can.data_rows.r, can.rank
+    if Bop.shape[1] != d:
+        raise ValueError(f"the basis has {Bop.shape[1]} columns, the workload {d}")
+    if Bop.shape[0] != r:
+        raise ValueError(
+            f"the basis has {Bop.shape[0]} rows but the workload has rank {r}: a basis needs "
+            "linearly independent rows spanning the workload's row space"
+        )
+    B = _dense(Bop, "the basis")
+    T = B if can.Q is None else B @ can.Q.T
+    scale = max(np.linalg.norm(B), 1e-300)
+    if can.Q is not None and np.linalg.norm(B - T @ can.Q) > _BASIS_RTOL * scale:
+        raise ValueError("the basis has rows outside the workload's row space")
+    s = sla.svdvals(T)
+    if s.min() <= _BASIS_RTOL * s.max():
+        raise ValueError("the basis rows are not linearly independent")
+    return Bop, T, np.linalg.pinv(B)
+
+
+def solve_dense(
+    W: LinearQuery,
+    targets: np.ndarray,
+    basis: Any = None,
+    init: Any = None,
+    options: SMIIOptions | None = None,
+) -> FitnessSolution:
+    """Problem 1 for one workload with SM-II; see :func:`dpdask.strategy.fitness.solve`."""
+    can = canonical_problem(W)
+    res = smii(can.rows, can.cols, targets, initial_covariance(can, init), options)
+    info: dict[str, Any] = {**run_info(res), "rank": can.rank}
+    if basis is None:
+        if can.Q is None:
+            return FitnessSolution(
+                W, targets, Identity(can.rank), res.sigma, None, can.data_rows, info
+            )
+        return FitnessSolution(W, targets, Dense(can.Q), res.sigma, can.Q.T, can.data_rows, info)
+    Bop, T, Bp = _user_basis(can, basis)
+    sigma = T @ res.sigma @ T.T
+    return FitnessSolution(W, targets, Bop, 0.5 * (sigma + sigma.T), Bp, can.data_rows, info)

@@ -1,0 +1,502 @@
+"""SM-II: the soft-max reformulation of the fitness-for-use problem, solved by Newton-CG.
+
+Paper 000, section 6. Problem 1 (least privacy cost subject to
+``l_i^T Sigma l_i <= c_i``) is equivalent (Theorem 6.1) to Problem 3,
+
+    minimise  max_j b_j^T Sigma^-1 b_j  +  max_i l_i^T Sigma l_i / c_i,
+
+followed by the rescaling ``Sigma / max_i (l_i^T Sigma l_i / c_i)``: the first term is
+homogeneous of degree -1 in ``Sigma`` and the second of degree +1, so the problem is a
+minimisation of their product. Problem 4 replaces both maxima by soft maxima
+``smax_g(x) = log(sum_k exp(g x_k)) / g`` (parameters ``g_P`` and ``g_V``), which is
+smooth and convex. With ``p_j = b_j^T X b_j`` (``X = Sigma^-1``), ``v_i = l_i^T Sigma l_i
+/ c_i`` and the soft-max weights ``pi = softmax(g_P p)``, ``nu = softmax(g_V v)``:
+
+    grad  = -X B diag(pi) B^T X + L^T diag(nu / c) L  (+ lambda L^T L)
+    H[D]  = Y K X + X K Y + g_P (X B diag(pi q) B^T X - (pi . q) X K X)
+            + g_V (L^T diag(nu s / c) L - (nu . s) L^T diag(nu / c) L)
+
+with ``K = B diag(pi) B^T``, ``Y = X D X``, ``q_j = b_j^T Y b_j`` and
+``s_i = l_i^T D l_i / c_i``. These are the paper's equations (15)-(20) written as
+matrix products: the Kronecker form ``(A (x) C) vec(D) = vec(C D A^T)`` is what turns
+the ``r^2 x r^2`` Hessian into the products above, so the Hessian is never formed.
+The optional total-squared-error term ``lambda tr(L Sigma L^T)`` of section 6.1 adds
+``lambda L^T L`` to the gradient and nothing to the Hessian.
+
+Algorithm 1 (outer loop) takes Newton steps on Problem 4 for fixed ``g``; when the
+Newton decrement is small the sub-problem is over and ``g`` grows by ``growth``
+(continuation). Algorithm 2 is conjugate gradient on ``H d = -grad``. Algorithm 3 is
+backtracking with a Cholesky factorisation as the positive-definiteness test and an
+Armijo sufficient-decrease condition.
+
+Beyond the paper: the soft maxima are set relative to the current scale
+(``g = tau / mu`` with ``mu`` the balanced value of both terms, after rescaling
+``Sigma`` so that they are equal), and the continuation stops on a *certified* gap.
+At any ``Sigma``, the soft-max weights are probability vectors, and weak duality
+gives the lower bound ``||diag(nu / c)^{1/2} W diag(pi)^{1/2}||_*^2`` on the optimal
+squared privacy cost (:func:`~dpdask.strategy._fitness_terms.nuclear_bound`); the
+rescaled ``Sigma`` achieves ``max_j p_j * max_i v_i``. The loop ends when the two agree
+to ``gap_tol``, so the returned solution is provably within that factor of the optimum.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.linalg as sla
+
+from dpdask.strategy._fitness_terms import ColumnTerm, RowTerm, nuclear_bound
+
+__all__ = ["SMIIOptions", "SMIIResult", "smii"]
+
+# Soft-max weights below this are left out of Hessian-vector products.
+_NEGLIGIBLE = 1e-18
+# The Woodbury preconditioner is built when at most this many constraints are active.
+_MAX_WOODBURY = 6000
+
+
+@dataclass(frozen=True)
+class SMIIOptions:
+    """Tuning of the SM-II optimiser.
+
+    Parameters
+    ----------
+    tau_start, tau_growth, tau_max : float
+        Continuation on the dimensionless soft-max sharpness ``tau = g * mu``: start,
+        growth factor per sub-problem, and ceiling.
+    gap_tol : float
+        Stop when the certified relative optimality gap is at most this.
+    primal_tol : float
+        Or when the squared cost improved by less than ``primal_tol * (growth - 1)``
+        (relative) over the last sub-problem: the improvements shrink geometrically
+        with ``tau``, so what is left to gain is about this fraction.
+    newton_tol : float
+        A sub-problem is solved when half the Newton decrement is below
+        ``newton_tol * mu / tau``.
+    max_newton : int
+        Newton iterations in all (Algorithm 1's MAXITER).
+    max_cg, cg_tol : int, float
+        Conjugate-gradient iterations per Newton step and relative residual target.
+    armijo, backtrack : float
+        Sufficient-decrease constant and step shrink factor of the line search.
+    total_weight : float
+        ``lambda`` of the total-squared-error term (section 6.1); 0 for pure fitness.
+    precondition : bool
+        Precondition conjugate gradient with the soft-max part of the Hessian
+        (Woodbury); whitening by the current ``Sigma`` is always applied.
+    hessian_dtype : numpy dtype
+        Precision of the matrix products inside conjugate gradient (``np.float32``
+        halves their cost; line search and objective stay in float64).
+    """
+
+    tau_start: float = 4.0
+    tau_growth: float = 6.0
+    tau_max: float = 1e9
+    gap_tol: float = 1e-4
+    primal_tol: float = 1e-5
+    newton_tol: float = 1e-2
+    max_newton: int = 2000
+    max_cg: int = 100
+    cg_tol: float = 0.2
+    armijo: float = 1e-4
+    backtrack: float = 0.5
+    total_weight: float = 0.0
+    precondition: bool = True
+    hessian_dtype: type = np.float64
+
+    def __post_init__(self) -> None:
+        if not (self.tau_start > 0 and self.tau_growth > 1 and self.tau_max >= self.tau_start):
+            raise ValueError("need tau_start > 0, tau_growth > 1 and tau_max >= tau_start")
+        if self.gap_tol < 0 or self.total_weight < 0:
+            raise ValueError("gap_tol and total_weight must be non-negative")
+
+
+@dataclass
+class SMIIResult:
+    """Outcome of :func:`smii`: ``Sigma`` scaled so that the largest variance ratio is 1."""
+
+    sigma: np.ndarray
+    squared_cost: float
+    lower_bound: float
+    newton_iterations: int
+    cg_iterations: int
+    stages: int
+    tau: float
+    converged: bool
+    seconds: float
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def gap(self) -> float:
+        """Certified relative gap ``squared_cost / lower_bound - 1`` (meaningful for lambda 0)."""
+        return self.squared_cost / self.lower_bound - 1.0 if self.lower_bound > 0 else math.inf
+
+
+def _lse(x: np.ndarray, g: float) -> tuple[float, np.ndarray]:
+    """Soft max ``log(sum exp(g x)) / g`` and its weights ``softmax(g x)``."""
+    top = float(x.max())
+    e = np.exp(g * (x - top))
+    s = e.sum()
+    return top + math.log(s) / g, e / s
+
+
+def _gram_rows(a: np.ndarray) -> np.ndarray:
+    """``a a^T`` through the symmetric rank-k update (half a general product)."""
+    syrk = sla.blas.ssyrk if a.dtype == np.float32 else sla.blas.dsyrk
+    C = syrk(1.0, a)
+    return np.triu(C) + np.triu(C, 1).T
+
+
+@dataclass
+class _Point:
+    """``Sigma = R^T R`` (``R`` upper triangular), ``Rinv = R^-1``, and the objective there."""
+
+    sigma: np.ndarray
+    R: np.ndarray
+    Rinv: np.ndarray
+    p: np.ndarray
+    v: np.ndarray
+    total: float
+    value: float
+    pi: np.ndarray
+    nu: np.ndarray
+
+
+class _Objective:
+    """Problem 4 for fixed soft-max parameters ``gP`` and ``gV``."""
+
+    def __init__(self, rows: RowTerm, cols: ColumnTerm, c: np.ndarray, lam: float):
+        self.rows, self.cols, self.c, self.lam = rows, cols, c, lam
+        self.G = rows.gram(np.ones(rows.m)) if lam > 0 else None
+        self.gP = self.gV = 1.0
+
+    def point(self, sigma: np.ndarray) -> _Point | None:
+        """Evaluate at ``sigma``; ``None`` unless it is positive definite (Cholesky test)."""
+        R, info = sla.lapack.dpotrf(sigma, lower=0, clean=1)
+        if info != 0:
+            return None
+        Rinv, info = sla.lapack.dtrtri(R, lower=0)
+        if info != 0:
+            return None
+        p = self.cols.quad_inverse(Rinv)
+        v = self.rows.quad(sigma) / self.c
+        total = float(np.sum(self.G * sigma)) if self.G is not None else 0.0
+        if not (np.isfinite(p).all() and np.isfinite(v).all()) or p.max() <= 0:
+            return None
+        fp, pi = _lse(p, self.gP)
+        fv, nu = _lse(v, self.gV)
+        return _Point(sigma, R, Rinv, p, v, total, fp + fv + self.lam * total, pi, nu)
+
+    def gradient(self, pt: _Point) -> np.ndarray:
+        """The gradient in the original coordinates (the solver uses the whitened one)."""
+        X = pt.Rinv @ pt.Rinv.T
+        g = self.rows.gram(pt.nu / self.c) - self.cols.sandwich(X, pt.pi)
+        if self.G is not None:
+            g = g + self.lam * self.G
+        return g
+
+    def newton_system(
+        self, pt: _Point, precondition: bool = True, dtype: type = np.float64
+    ) -> _NewtonSystem:
+        """The Newton system at ``pt`` in whitened coordinates (see :class:`_NewtonSystem`)."""
+        return _NewtonSystem(self, pt, precondition, dtype)
+
+
+class _NewtonSystem:
+    """Hessian-vector products and a preconditioner in whitened coordinates ``D = F E F^T``.
+
+    ``F = R^T`` is the Cholesky factor of ``Sigma``: at the current point the variable
+    is the identity, ``X = I``, the basis columns are ``bh_j = F^-1 b_j`` and the
+    scaled query rows ``lh_i = F^T l_i / sqrt(c_i)``. The Hessian is then
+
+        H[E] = E K + K E + U G U^T [E],
+
+    with ``K = sum_j pi_j bh_j bh_j^T``, ``U (a, b) = sum_j a_j bh_j bh_j^T + sum_i b_i
+    lh_i lh_i^T`` (so ``U^T E = (q, s)``, ``q_j = bh_j^T E bh_j``, ``s_i = lh_i^T E lh_i``)
+    and ``G = diag(g_P (diag(pi) - pi pi^T), g_V (diag(nu) - nu nu^T))``: a Sylvester
+    operator plus a low-rank term of rank at most ``d + m``, applied with five matrix
+    products. The soft-max term makes the Hessian ill-conditioned (eigenvalues of order
+    ``tau`` beside eigenvalues of order 1), so conjugate gradient is preconditioned with
+    the exact inverse of ``kappa I + U G U^T`` (Woodbury, ``kappa`` the mean eigenvalue
+    of the Sylvester part), which leaves a condition number of about ten.
+    """
+
+    def __init__(self, obj: _Objective, pt: _Point, precondition: bool, dtype: type):
+        c = obj.c
+        self.F = pt.R.T
+        Bh = obj.cols.whiten(pt.Rinv.T)
+        K = _gram_rows(Bh * np.sqrt(pt.pi))
+        keep = pt.pi > _NEGLIGIBLE
+        B, self.pi = Bh[:, keep], pt.pi[keep]
+        keep = pt.nu > _NEGLIGIBLE
+        Lt = obj.rows.times(self.F)[keep] / np.sqrt(c[keep])[:, None]
+        self.nu = pt.nu[keep]
+        A = _gram_rows(Lt.T * np.sqrt(self.nu))
+        # the whitened gradient F^T grad F: the soft-max gradients are A and -K
+        self.gradient = A - K
+        if obj.G is not None:
+            self.gradient += obj.lam * (self.F.T @ obj.G @ self.F)
+        self.k = self.pi.size
+        self.gP, self.gV = obj.gP, obj.gV
+        self.kappa = 2.0 * float(np.trace(K)) / K.shape[0]
+        self.dtype = dtype
+        self.B, self.Lt, self.K, self.A = (np.asarray(a, dtype=dtype) for a in (B, Lt, K, A))
+        self.chol = None
+        if precondition and self.pi.size + self.nu.size <= _MAX_WOODBURY:
+            self._woodbury(B, Lt)
+
+    def direction(self, E: np.ndarray) -> np.ndarray:
+        """``D = F E F^T`` in the original coordinates (two triangular products)."""
+        trmm = sla.blas.dtrmm
+        D = trmm(1.0, self.F, E, side=0, lower=1)  # F E
+        D = trmm(1.0, self.F, D, side=1, lower=1, trans_a=1)  # (F E) F^T
+        return 0.5 * (D + D.T)
+
+    def _UT(self, E: np.ndarray) -> np.ndarray:
+        """``U^T E = (q, s)``: two matrix products."""
+        q = np.einsum("ij,ij->j", self.B, E @ self.B)
+        s = np.einsum("ij,ij->i", self.Lt @ E, self.Lt)
+        return np.concatenate([q, s]).astype(np.float64)
+
+    def _U(self, y: np.ndarray) -> np.ndarray:
+        """``U y``: two matrix products."""
+        a = y[: self.k].astype(self.dtype)
+        b = y[self.k :].astype(self.dtype)
+        return (self.B * a) @ self.B.T + self.Lt.T @ (self.Lt * b[:, None])
+
+    def _hv(self, E: np.ndarray, uE: np.ndarray) -> np.ndarray:
+        """``H[E]`` given ``U^T E``: three matrix products."""
+        k, pi, nu = self.k, self.pi, self.nu
+        q, s = uE[:k], uE[k:]
+        T = E @ self.K
+        out = T + T.T
+        out += self._U(np.concatenate([self.gP * pi * q, self.gV * nu * s]))
+        out -= (self.gP * float(pi @ q)) * self.K + (self.gV * float(nu @ s)) * self.A
+        return 0.5 * (out + out.T)
+
+    def hv(self, E: np.ndarray) -> np.ndarray:
+        """``H[E]``."""
+        E = np.asarray(E, dtype=self.dtype)
+        return np.asarray(self._hv(E, self._UT(E)), dtype=np.float64)
+
+    def _woodbury(self, B: np.ndarray, Lt: np.ndarray) -> None:
+        """Factor ``kappa I + V^T (U^T U) V`` where ``G = V V^T``.
+
+        For one soft max with weights ``w`` (summing to 1) and sharpness ``g``,
+        ``g (diag(w) - w w^T) = V V^T`` with ``V = sqrt(g) (I - w 1^T) diag(sqrt(w))``;
+        ``V`` is applied in ``O(n)`` and ``V^T X V`` in ``O(n^2)``. ``U^T U`` is the
+        Gram matrix of the rank-one matrices ``bh bh^T`` and ``lh lh^T``:
+        ``<x x^T, y y^T> = (x^T y)^2``.
+        """
+        BB, BL, LL = _gram_rows(B.T), B.T @ Lt.T, _gram_rows(Lt)
+        self.gram = np.block([[BB * BB, BL * BL], [(BL * BL).T, LL * LL]])
+        w = np.concatenate([self.pi, self.nu])
+        self._blocks = (slice(0, self.k), slice(self.k, w.size))
+        self._w = w
+        self._scale = np.sqrt(w) * np.concatenate(
+            [np.full(self.k, math.sqrt(self.gP)), np.full(w.size - self.k, math.sqrt(self.gV))]
+        )
+        M = self.gram.copy()
+        for blk in self._blocks:  # M (I - w 1^T), blockwise
+            M[:, blk] -= (M[:, blk] @ w[blk])[:, None]
+        for blk in self._blocks:  # (I - 1 w^T) M
+            M[blk, :] -= (w[blk] @ M[blk, :])[None, :]
+        M *= np.outer(self._scale, self._scale)
+        M[np.diag_indices_from(M)] += self.kappa
+        self.chol = sla.cho_factor(M, check_finite=False)
+
+    def _V(self, z: np.ndarray) -> np.ndarray:
+        y = self._scale * z
+        for blk in self._blocks:
+            y[blk] -= self._w[blk] * y[blk].sum()
+        return y
+
+    def _VT(self, y: np.ndarray) -> np.ndarray:
+        z = y.copy()
+        for blk in self._blocks:
+            z[blk] -= float(self._w[blk] @ y[blk])
+        return self._scale * z
+
+    def _precond(self, R: np.ndarray, uR: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(kappa I + U G U^T)^-1 R`` and its ``U^T`` image (from the Gram matrix)."""
+        if self.chol is None:
+            return R, uR
+        y = self._V(sla.cho_solve(self.chol, self._VT(uR)))
+        return (R - self._U(y)) / self.kappa, (uR - self.gram @ y) / self.kappa
+
+    def solve(self, rhs: np.ndarray, tol: float, max_iter: int) -> tuple[np.ndarray, int]:
+        """Algorithm 2: preconditioned conjugate gradient for ``H E = rhs`` from ``E = 0``.
+
+        ``U^T`` of the search direction follows from the recurrence ``p = z + beta p``
+        and of ``z`` from the Gram matrix, so an iteration costs seven matrix products.
+        """
+        dt = self.dtype
+        x = np.zeros(rhs.shape, dtype=dt)
+        r = np.asarray(rhs, dtype=dt)
+        stop = tol * float(np.linalg.norm(r))
+        z, uz = self._precond(r, self._UT(r))
+        p, up = z, uz
+        rz = float(np.sum(r * z))
+        k = 0
+        for k in range(1, max_iter + 1):
+            Hp = self._hv(p, up)
+            pHp = float(np.sum(p * Hp))
+            if pHp <= 0.0:  # numerical loss of curvature: keep what we have
+                if k == 1:
+                    x = z
+                break
+            a = rz / pHp
+            x = x + a * p
+            r = r - a * Hp
+            if float(np.linalg.norm(r)) <= stop:
+                break
+            z, uz = self._precond(r, self._UT(r))
+            rz_new = float(np.sum(r * z))
+            beta = rz_new / rz
+            p, up = z + beta * p, uz + beta * up
+            rz = rz_new
+        return np.asarray(x, dtype=np.float64), k
+
+
+def _balance(obj: _Objective, pt: _Point) -> _Point:
+    """Rescale ``Sigma`` so that the privacy and variance maxima are equal."""
+    vmax = pt.v.max() + obj.lam * pt.total
+    t = math.sqrt(pt.p.max() / vmax)
+    new = obj.point(pt.sigma * t)
+    if new is None:  # pragma: no cover - scaling keeps positive definiteness
+        raise FloatingPointError("rescaling lost positive definiteness")
+    return new
+
+
+def smii(
+    rows: RowTerm,
+    cols: ColumnTerm,
+    targets: np.ndarray,
+    sigma0: np.ndarray,
+    options: SMIIOptions | None = None,
+) -> SMIIResult:
+    """Solve Problem 1 in canonical form by SM-II (Algorithms 1-3 of paper 000).
+
+    Parameters
+    ----------
+    rows : row term
+        The queries ``L`` (``m x r``), see :mod:`dpdask.strategy._fitness_terms`.
+    cols : column term
+        The basis columns ``b_j`` (``r x d``).
+    targets : numpy.ndarray
+        Positive variance targets ``c`` (length ``m``).
+    sigma0 : numpy.ndarray
+        Positive-definite initial covariance (``r x r``), any scale.
+    options : SMIIOptions, optional
+
+    Returns
+    -------
+    SMIIResult
+        ``sigma`` scaled so that ``max_i l_i^T sigma l_i / c_i = 1``.
+    """
+    opt = options or SMIIOptions()
+    t0 = time.perf_counter()
+    c = np.asarray(targets, dtype=float)
+    obj = _Objective(rows, cols, c, opt.total_weight)
+    pt = obj.point(np.array(sigma0, dtype=float))
+    if pt is None:
+        raise ValueError("the initial covariance is not positive definite")
+    tau = opt.tau_start
+    pt = _balance(obj, pt)
+    mu = float(pt.p.max())
+    obj.gP = obj.gV = tau / mu
+    pt = obj.point(pt.sigma)
+    stages, newton, cg_total, converged = 1, 0, 0, False
+    best_lb, prev_ub = 0.0, math.inf
+    history: list[dict[str, float]] = []
+
+    def certify(point: _Point) -> float:
+        return nuclear_bound(rows.gram(point.nu / c), cols.gram(point.pi))
+
+    while newton < opt.max_newton:
+        system = obj.newton_system(pt, opt.precondition, opt.hessian_dtype)
+        grad = system.gradient
+        E, k = system.solve(-grad, opt.cg_tol, opt.max_cg)
+        d = system.direction(E)
+        cg_total += k
+        newton += 1
+        slope = float(np.sum(grad * E))
+        step = 0.0
+        if -slope / 2 > opt.newton_tol * mu / tau:
+            step = 1.0
+            while step > 1e-14:
+                trial = obj.point(pt.sigma + step * d)
+                if trial is not None and trial.value <= pt.value + opt.armijo * step * slope:
+                    pt = trial
+                    break
+                step *= opt.backtrack
+            else:
+                step = 0.0
+        if step > 0.0:
+            continue
+        # sub-problem solved (or no further progress): certify, then sharpen the soft max
+        ub = float(pt.p.max() * (pt.v.max() + opt.total_weight * pt.total))
+        if opt.total_weight == 0:
+            best_lb = max(best_lb, certify(pt))
+        history.append(
+            {
+                "tau": tau,
+                "newton": newton,
+                "cg": cg_total,
+                "squared_cost": ub,
+                "lower_bound": best_lb,
+            }
+        )
+        if opt.total_weight == 0 and ub <= best_lb * (1.0 + opt.gap_tol):
+            converged = True
+            break
+        if prev_ub - ub <= opt.primal_tol * (opt.tau_growth - 1.0) * ub:
+            converged = True
+            break
+        prev_ub = ub
+        if tau >= opt.tau_max:
+            converged = opt.total_weight > 0
+            break
+        tau = min(tau * opt.tau_growth, opt.tau_max)
+        stages += 1
+        pt = _balance(obj, pt)
+        mu = float(pt.p.max())
+        obj.gP = obj.gV = tau / mu
+        pt = obj.point(pt.sigma)
+
+    vmax = float(pt.v.max())
+    sigma = pt.sigma / vmax
+    squared = float(pt.p.max() * vmax)
+    if opt.total_weight == 0 and best_lb == 0.0:
+        best_lb = certify(pt)
+    return SMIIResult(
+        sigma=0.5 * (sigma + sigma.T),
+        squared_cost=squared,
+        lower_bound=best_lb,
+        newton_iterations=newton,
+        cg_iterations=cg_total,
+        stages=stages,
+        tau=tau,
+        converged=converged,
+        seconds=time.perf_counter() - t0,
+        history=history,
+    )
+
+
+def run_info(res: SMIIResult) -> dict[str, Any]:
+    """JSON-safe summary of a run."""
+    return {
+        "squared_cost": res.squared_cost,
+        "lower_bound": res.lower_bound,
+        "gap": res.gap,
+        "newton_iterations": res.newton_iterations,
+        "cg_iterations": res.cg_iterations,
+        "stages": res.stages,
+        "tau": res.tau,
+        "converged": res.converged,
+        "seconds": res.seconds,
+    }

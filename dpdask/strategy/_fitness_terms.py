@@ -1,0 +1,304 @@
+"""The two structured pieces of the fitness-for-use problem: query rows and basis columns.
+
+With ``W = L B`` and noise ``N(0, Sigma)`` on ``B x`` (paper 000, Definition 1), the
+optimiser only ever needs two operations from each side:
+
+* the rows ``l_i`` of ``L`` (the queries): ``diag(L S L^T)`` for a symmetric ``S``
+  (the variances ``l_i^T Sigma l_i``, and the same map applied to a search
+  direction) and the weighted Gram matrix ``L^T diag(w) L`` (gradient and
+  Hessian of the variance soft max);
+* the columns ``b_j`` of ``B`` (the cells): ``b_j^T X b_j`` for ``X = Sigma^-1``
+  (the squared privacy profile) and ``B diag(u) B^T``.
+
+:class:`ExplicitRows` holds ``L`` as a dense or sparse array. :class:`RangeRows`
+keeps one-dimensional interval queries as their end-points and uses two-dimensional
+prefix sums: ``l^T S l`` for the interval ``[lo, hi]`` is a four-term difference of
+the cumulative sums of ``S``, and ``L^T diag(w) L`` is the double cumulative sum of
+a four-point difference array, both in ``O(d^2 + m)`` whatever the lengths of the
+intervals. :class:`MappedRows` composes a data-space term with a row-space basis.
+:class:`IdentityColumns` and :class:`DenseColumns` are the two column terms.
+
+:func:`canonical_problem` reduces any workload to its canonical form: ``B = I`` when
+``W`` has full column rank, else the orthonormal basis ``Q`` of ``W``'s row space.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg as sla
+import scipy.sparse as sp
+
+from dpdask.linalg import (
+    LinearQuery,
+    Prefix,
+    RangeQueries,
+    Scaled,
+    Sparse,
+    VStack,
+)
+from dpdask.linalg._base import check_dense_size
+
+__all__ = [
+    "DenseColumns",
+    "ExplicitRows",
+    "IdentityColumns",
+    "MappedRows",
+    "RangeRows",
+    "canonical_problem",
+    "nuclear_bound",
+    "row_term",
+]
+
+# Sparse storage is kept when fewer than this fraction of entries are non-zero.
+_SPARSE_DENSITY = 0.25
+
+
+class ExplicitRows:
+    """Query rows held as a dense array or a SciPy CSR matrix (``m x r``)."""
+
+    def __init__(self, L: np.ndarray | sp.csr_array):
+        self.L = L
+        self.m, self.r = L.shape
+
+    def quad(self, S: np.ndarray) -> np.ndarray:
+        """``diag(L S L^T)``."""
+        LS = np.asarray(self.L @ S)
+        if sp.issparse(self.L):
+            return np.asarray(self.L.multiply(LS).sum(axis=1)).ravel()
+        return np.einsum("ij,ij->i", LS, self.L)
+
+    def times(self, F: np.ndarray) -> np.ndarray:
+        """``L F`` as a dense array."""
+        return np.asarray(self.L @ F)
+
+    def gram(self, w: np.ndarray) -> np.ndarray:
+        """``L^T diag(w) L``."""
+        if sp.issparse(self.L):
+            return np.asarray((self.L.T @ self.L.multiply(w[:, None])).todense())
+        return self.L.T @ (w[:, None] * self.L)
+
+
+class RangeRows:
+    """Interval queries ``scale_k * 1[lo_k <= j <= hi_k]`` on an ordered domain of size ``d``."""
+
+    def __init__(self, d: int, lo: np.ndarray, hi: np.ndarray, scale: np.ndarray):
+        self.r = int(d)
+        self.lo = np.asarray(lo, dtype=np.int64)
+        self.hi1 = np.asarray(hi, dtype=np.int64) + 1
+        self.scale2 = np.asarray(scale, dtype=float) ** 2
+        self.m = self.lo.size
+
+    def quad(self, S: np.ndarray) -> np.ndarray:
+        """``diag(L S L^T)`` from the two-dimensional prefix sums of ``S``."""
+        d = self.r
+        P = np.zeros((d + 1, d + 1))
+        np.cumsum(np.cumsum(S, axis=0), axis=1, out=P[1:, 1:])
+        lo, hi = self.lo, self.hi1
+        return self.scale2 * (P[hi, hi] - P[lo, hi] - P[hi, lo] + P[lo, lo])
+
+    def times(self, F: np.ndarray) -> np.ndarray:
+        """``L F`` as a dense array: differences of the cumulative sums of ``F``'s rows."""
+        P = np.zeros((self.r + 1, F.shape[1]))
+        np.cumsum(F, axis=0, out=P[1:])
+        return np.sqrt(self.scale2)[:, None] * (P[self.hi1] - P[self.lo])
+
+    def gram(self, w: np.ndarray) -> np.ndarray:
+        """``L^T diag(w) L``: cumulative sums of a four-point difference array."""
+        d1 = self.r + 1
+        w = self.scale2 * w
+        lo, hi = self.lo, self.hi1
+        idx = np.concatenate([lo * d1 + lo, lo * d1 + hi, hi * d1 + lo, hi * d1 + hi])
+        val = np.concatenate([w, -w, -w, w])
+        E = np.bincount(idx, weights=val, minlength=d1 * d1).reshape(d1, d1)
+        return np.cumsum(np.cumsum(E, axis=0), axis=1)[: self.r, : self.r]
+
+
+class MappedRows:
+    """A data-space row term seen through a row-space basis ``Q`` (``r x d``): ``L = W Q^T``."""
+
+    def __init__(self, inner: ExplicitRows | RangeRows, Q: np.ndarray):
+        self.inner, self.Q = inner, Q
+        self.m, self.r = inner.m, Q.shape[0]
+
+    def quad(self, S: np.ndarray) -> np.ndarray:
+        return self.inner.quad(self.Q.T @ S @ self.Q)
+
+    def times(self, F: np.ndarray) -> np.ndarray:
+        return self.inner.times(self.Q.T @ F)
+
+    def gram(self, w: np.ndarray) -> np.ndarray:
+        return self.Q @ self.inner.gram(w) @ self.Q.T
+
+
+RowTerm = ExplicitRows | RangeRows | MappedRows
+
+
+class IdentityColumns:
+    """The columns of ``B = I``: ``b_j^T X b_j = X_jj``."""
+
+    def __init__(self, r: int):
+        self.r = self.d = int(r)
+
+    def quad(self, X: np.ndarray) -> np.ndarray:
+        return np.diagonal(X).copy()
+
+    def quad_inverse(self, Rinv: np.ndarray) -> np.ndarray:
+        """``b_j^T X b_j`` for ``X = Rinv Rinv^T``: the squared row norms of ``Rinv``."""
+        return np.einsum("ij,ij->i", Rinv, Rinv)
+
+    def gram(self, u: np.ndarray) -> np.ndarray:
+        return np.diag(u)
+
+    def sandwich(self, X: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """``X B diag(u) B^T X``."""
+        return (X * u) @ X
+
+    def whiten(self, T: np.ndarray) -> np.ndarray:
+        """``T B``."""
+        return T
+
+
+class DenseColumns:
+    """The columns of a dense basis ``B`` (``r x d``)."""
+
+    def __init__(self, B: np.ndarray):
+        self.B = np.asarray(B, dtype=float)
+        self.r, self.d = self.B.shape
+
+    def quad(self, X: np.ndarray) -> np.ndarray:
+        return np.einsum("ij,ij->j", self.B, X @ self.B)
+
+    def quad_inverse(self, Rinv: np.ndarray) -> np.ndarray:
+        Z = Rinv.T @ self.B
+        return np.einsum("ij,ij->j", Z, Z)
+
+    def gram(self, u: np.ndarray) -> np.ndarray:
+        return (self.B * u) @ self.B.T
+
+    def sandwich(self, X: np.ndarray, u: np.ndarray) -> np.ndarray:
+        XB = X @ self.B
+        return (XB * u) @ XB.T
+
+    def whiten(self, T: np.ndarray) -> np.ndarray:
+        return T @ self.B
+
+
+ColumnTerm = IdentityColumns | DenseColumns
+
+
+# -- building the terms from an implicit workload -------------------------------------
+def _ranges(W: LinearQuery) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(d, lo, hi, scale)`` when ``W`` is a (weighted stack of) 1-D interval operators."""
+    if isinstance(W, Prefix):
+        return W.n, np.zeros(W.n, dtype=np.int64), np.arange(W.n), np.ones(W.n)
+    if isinstance(W, RangeQueries):  # AllRange included
+        return W.n, W.lo, W.hi, np.ones(W.shape[0])
+    if isinstance(W, Scaled):
+        inner = _ranges(W.A)
+        return None if inner is None else (*inner[:3], W.c * inner[3])
+    if isinstance(W, VStack):
+        parts = [_ranges(p) for p in W.parts]
+        if any(p is None for p in parts):
+            return None
+        d = parts[0][0]
+        return (
+            d,
+            np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]),
+            np.concatenate([w * p[3] for p, w in zip(parts, W.weights, strict=True)]),
+        )
+    return None
+
+
+def _explicit(W: LinearQuery) -> np.ndarray | sp.csr_array:
+    """``W`` as a CSR matrix when sparse enough, else as a dense array."""
+    if isinstance(W, Sparse):
+        M = W.matrix
+        if M.nnz <= _SPARSE_DENSITY * W.size:
+            return sp.csr_array(M)
+        return M.toarray()
+    check_dense_size(W.size, f"the {W.shape[0]} x {W.shape[1]} workload of a dense fitness solve")
+    M = W.dense()
+    if np.count_nonzero(M) <= _SPARSE_DENSITY * M.size:
+        return sp.csr_array(M)
+    return M
+
+
+def row_term(W: LinearQuery) -> ExplicitRows | RangeRows:
+    """The data-space row term of a workload (interval structure kept where present)."""
+    ranges = _ranges(W)
+    if ranges is not None:
+        return RangeRows(*ranges)
+    return ExplicitRows(_explicit(W))
+
+
+@dataclass
+class Canonical:
+    """A workload in canonical form: rows ``L`` (``m x r``) and columns of ``B`` (``r x d``).
+
+    ``Q`` is ``None`` when ``B = I`` (full column rank), else the orthonormal ``r x d``
+    basis of ``W``'s row space, with ``L = W Q^T``.
+    """
+
+    data_rows: ExplicitRows | RangeRows
+    rows: RowTerm
+    cols: ColumnTerm
+    Q: np.ndarray | None
+
+    @property
+    def rank(self) -> int:
+        return self.rows.r
+
+
+def _row_space(rows: ExplicitRows | RangeRows) -> np.ndarray:
+    """Orthonormal basis of the row space of the data-space rows, as an ``r x d`` array."""
+    m, d = rows.m, rows.r
+    if isinstance(rows, ExplicitRows) and m < d:
+        M = rows.L.toarray() if sp.issparse(rows.L) else rows.L
+        _, s, Vt = sla.svd(M, full_matrices=False, lapack_driver="gesdd")
+        tol = max(m, d) * np.finfo(float).eps * (s[0] if s.size else 0.0)
+        return Vt[s > tol]
+    lam, V = sla.eigh(rows.gram(np.ones(m)))
+    s = np.sqrt(np.clip(lam, 0.0, None))
+    tol = max(m, d) * np.finfo(float).eps * (s.max() if s.size else 0.0)
+    keep = s > tol
+    return V[:, keep][:, ::-1].T.copy()
+
+
+def canonical_problem(W: LinearQuery) -> Canonical:
+    """Reduce ``W`` to its canonical basis: the identity, or an orthonormal row-space basis.
+
+    Raises
+    ------
+    ValueError
+        If ``W`` is the zero matrix (nothing to answer).
+    """
+    data = row_term(W)
+    Q = _row_space(data)
+    if Q.shape[0] == 0:
+        raise ValueError("the workload is the zero matrix: there is nothing to answer")
+    if Q.shape[0] == data.r:
+        return Canonical(data, data, IdentityColumns(data.r), None)
+    if isinstance(data, ExplicitRows):
+        rows: RowTerm = ExplicitRows(np.asarray(data.L @ Q.T))
+    else:
+        rows = MappedRows(data, Q)
+    return Canonical(data, rows, DenseColumns(Q), Q)
+
+
+def nuclear_bound(A: np.ndarray, C: np.ndarray) -> float:
+    """``(tr sqrt(A^{1/2} C A^{1/2}))^2`` for symmetric PSD ``A`` and ``C``.
+
+    With ``A = L^T diag(v / c) L`` and ``C = B diag(u) B^T`` for probability vectors
+    ``u`` (over cells) and ``v`` (over queries) this is
+    ``||diag(v / c)^{1/2} W diag(u)^{1/2}||_*^2``, a lower bound on the optimal squared
+    privacy cost of Problem 1 (weak duality: ``max_i v_i / c_i >= tr(A Sigma)``,
+    ``max_j p_j >= tr(C Sigma^-1)``, and ``min_Sigma tr(A Sigma) tr(C Sigma^-1)`` is this
+    value). It is tight at the optimal multipliers.
+    """
+    lam, U = sla.eigh(A)
+    half = (U * np.sqrt(np.clip(lam, 0.0, None))) @ U.T
+    mu = sla.eigvalsh(half @ C @ half)
+    return float(np.sqrt(np.clip(mu, 0.0, None)).sum() ** 2)
