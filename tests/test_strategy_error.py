@@ -241,3 +241,28 @@ def test_svd_bound_is_a_lower_bound(rng: np.random.Generator) -> None:
 
 def test_example_in_docstring() -> None:
     assert sq_err(Prefix(4), Identity(4)) == 10.0
+
+
+@pytest.mark.parametrize("weights", [(0.3, 0.7), (1.0, 0.05)])
+def test_two_part_union_is_exact(weights, rng: np.random.Generator) -> None:
+    sizes = (3, 4, 2)
+    K1 = Kron([PIdentity(rng.random((1, 3))), Ones(4), PIdentity(rng.random((1, 2)))])
+    K2 = Kron([Ones(3), PIdentity(rng.random((2, 4))), PIdentity(rng.normal(size=(1, 2)), 2)])
+    K3 = Kron([PIdentity(rng.random((2, 3))), Identity(4), Ones(2)])
+    for Ka, Kb, kinds in ((K1, K2, ["PTI", "TPD", "TTT", "RTP"]), (K3, K2, ["PIT", "TPI", "IRT"])):
+        W = _union(sizes, kinds, rng.random(len(kinds)) + 0.5, rng)
+        A = VStack([Ka, Kb], weights=weights)
+        an = ErrorAnalysis(W, A)
+        Wd, Ad = W.dense(), A.dense()
+        assert an.total() == pytest.approx(dense_error(Wd, Ad), rel=1e-8)
+        np.testing.assert_allclose(an.variances(), dense_variances(Wd, Ad), rtol=1e-7, atol=1e-9)
+
+
+def test_two_part_union_support(rng: np.random.Generator) -> None:
+    K1 = Kron([PIdentity(rng.random((1, 3))), Ones(4)])
+    K2 = Kron([Ones(3), PIdentity(rng.random((1, 4)))])
+    A = VStack([K1, K2], weights=[0.5, 0.5])
+    ok = _union((3, 4), ["PT", "TP", "TT"], [1.0, 1.0, 1.0], rng)
+    assert sq_err(ok, A) == pytest.approx(dense_error(ok.dense(), A.dense()), rel=1e-8)
+    with pytest.raises(ValueError, match="does not support"):
+        sq_err(_union((3, 4), ["PP"], [1.0], rng), A)

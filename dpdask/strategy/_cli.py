@@ -70,9 +70,7 @@ def plan_command(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     privacy = PureDP(args.epsilon) if args.epsilon is not None else zCDP(args.rho)
     W, domain = build_workload(args.workload, args)
-    plan = select(
-        W, privacy, args.strategy, domain=domain, restarts=args.restarts, seed=args.seed
-    )
+    plan = select(W, privacy, args.strategy, domain=domain, restarts=args.restarts, seed=args.seed)
     if args.save:
         plan.save(args.save)
     if args.json:

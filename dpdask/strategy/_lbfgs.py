@@ -78,6 +78,11 @@ def lbfgs(
             d = -gf
             slope = float(gf @ d)
         step = 1.0 if S else min(1.0, 1.0 / max(np.max(np.abs(gf)), 1e-300))
+        # never jump more than ten times the current scale of x in one step
+        reach = step * float(np.max(np.abs(d)))
+        limit = 10.0 * max(1.0, float(np.max(np.abs(x))))
+        if reach > limit:
+            step *= limit / reach
         while True:
             x_new = x + step * d
             if nonneg:

@@ -37,6 +37,8 @@ from dpdask.strategy._invgram import InverseGram
 
 __all__ = ["PIdentity", "pidentity_loss"]
 
+_CANCELLATION = 1e-8
+
 
 def column_scale(theta: np.ndarray, norm: int) -> np.ndarray:
     """``d``: the column norms of ``[I; Theta]`` (L1 for ``norm=1``, L2 for ``norm=2``)."""
@@ -155,7 +157,12 @@ def pidentity_loss(
     Y = Minv @ T
     gt_diag = d * d * gdiag
     ZY = (Z * Y).sum(axis=0)
-    f = float(gt_diag.sum() - ZY.sum())
+    trace = float(gt_diag.sum())
+    f = trace - float(ZY.sum())
+    if not f > _CANCELLATION * trace:
+        # tr(Gt) - <Z, Y> has lost most of its digits (Theta has run off to huge
+        # values, where the true loss grows without bound): refuse the point.
+        return np.inf, np.zeros_like(params)
     V = Minv @ (Z - (Z @ T.T) @ Y)
     dgc = gt_diag - ZY  # diag(Gt C)
     if norm == 1:

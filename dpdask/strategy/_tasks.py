@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dask
-from dask.base import tokenize
+import dask.threaded
+from dask.base import get_scheduler, tokenize
 
 __all__ = ["Task", "key_word", "run_tasks"]
 
@@ -47,18 +48,75 @@ class Task:
         )
 
 
+class _Ref:
+    """Placeholder for the ``index``-th shared input of a task."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+class _Call:
+    """An opaque task payload (so that Dask does not traverse the arguments)."""
+
+    __slots__ = ("args", "fn", "kwargs")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+
+def _run(call: _Call, *shared: Any) -> Any:
+    def fill(v: Any) -> Any:
+        return shared[v.index] if isinstance(v, _Ref) else v
+
+    args = tuple(fill(a) for a in call.args)
+    kwargs = {k: fill(v) for k, v in call.kwargs.items()}
+    return call.fn(*args, **kwargs)
+
+
+def _is_shared(v: Any) -> bool:
+    """Large inputs that many tasks share: sent once as their own graph key."""
+    from dpdask.strategy._gram import Gram
+    from dpdask.strategy._terms import KronTerms
+
+    return isinstance(v, KronTerms | Gram)
+
+
+def _graph(tasks: Sequence[Task]) -> dict:
+    dsk: dict[str, Any] = {}
+    for t in tasks:
+        if t.key in dsk:
+            continue
+        refs: list[str] = []
+
+        def hoist(v: Any, refs: list[str] = refs) -> Any:
+            if not _is_shared(v):
+                return v
+            key = f"strategy-input-{tokenize(v)}"
+            dsk.setdefault(key, v)
+            refs.append(key)
+            return _Ref(len(refs) - 1)
+
+        args = tuple(hoist(a) for a in t.args)
+        kwargs = {k: hoist(v) for k, v in t.kwargs.items()}
+        dsk[t.key] = (_run, _Call(t.fn, args, kwargs), *refs)
+    return dsk
+
+
+def _scheduler(client: Any) -> Callable[..., Any]:
+    if client is not None:
+        return client.get
+    get = get_scheduler()  # dask.config's scheduler, or the active distributed client
+    return get if get is not None else dask.threaded.get
+
+
 def run_tasks(tasks: Sequence[Task], client: Any = None) -> list[Any]:
     """Run the tasks (in parallel where the scheduler allows) and return their results in order."""
     if not tasks:
         return []
-    delayed = {}
-    for t in tasks:
-        if t.key not in delayed:
-            delayed[t.key] = dask.delayed(t.fn, pure=True)(*t.args, dask_key_name=t.key, **t.kwargs)
-    keys = list(delayed)
-    if client is not None:
-        values = client.gather(client.compute([delayed[k] for k in keys]))
-    else:
-        values = dask.compute(*[delayed[k] for k in keys])
+    dsk = _graph(tasks)
+    keys = list(dict.fromkeys(t.key for t in tasks))
+    values = _scheduler(client)(dsk, keys)
     by_key = dict(zip(keys, values, strict=True))
     return [by_key[t.key] for t in tasks]

@@ -14,11 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from dask.base import tokenize
 
 from dpdask.linalg import Identity, Kron, LinearQuery, Ones, Scaled, VStack
 from dpdask.strategy._gram import Gram
 
 __all__ = ["KronTerms", "kron_terms"]
+
+STACK_MAX_N = 512
 
 
 @dataclass
@@ -44,6 +47,15 @@ class KronTerms:
 
     def __post_init__(self) -> None:
         self._grams: dict[tuple[int, int], Gram] = {}
+        self._stacks: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
+        self._token: str | None = None
+
+    def __dask_tokenize__(self) -> str:
+        if self._token is None:
+            self._token = tokenize(
+                "dpdask.KronTerms", self.sizes, self.weights, self.factors, self.names
+            )
+        return self._token
 
     @property
     def k(self) -> int:
@@ -59,6 +71,31 @@ class KronTerms:
         if key not in self._grams:
             self._grams[key] = Gram.of(self.factors[j][i])
         return self._grams[key]
+
+    def stacked_grams(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The distinct Gram matrices of attribute ``i`` and each term's index into them.
+
+        Returns ``(stack, index)`` with ``stack`` of shape ``(u, n_i, n_i)`` and
+        ``stack[index[j]] == G_ji``, or ``None`` when ``n_i`` exceeds
+        :data:`STACK_MAX_N` (then use :meth:`gram` term by term).
+        """
+        if i not in self._stacks:
+            n = self.sizes[i]
+            if n > STACK_MAX_N:
+                self._stacks[i] = None
+            else:
+                seen: dict[bytes, int] = {}
+                mats: list[np.ndarray] = []
+                index = np.empty(self.k, dtype=np.int64)
+                for j in range(self.k):
+                    M = self.gram(j, i).dense()
+                    key = M.tobytes()
+                    if key not in seen:
+                        seen[key] = len(mats)
+                        mats.append(M)
+                    index[j] = seen[key]
+                self._stacks[i] = (np.stack(mats), index)
+        return self._stacks[i]
 
     def rows(self, j: int) -> int:
         return math.prod(f.shape[0] for f in self.factors[j])
@@ -76,6 +113,10 @@ class KronTerms:
             for i in range(self.d):
                 if (old, i) in self._grams:
                     out._grams[(new, i)] = self._grams[(old, i)]
+        for i, st in self._stacks.items():
+            if st is not None:
+                used, inv = np.unique(st[1][index], return_inverse=True)
+                out._stacks[i] = (st[0][used], inv.astype(np.int64))
         return out
 
 

@@ -22,6 +22,9 @@ Kronecker terms (:func:`~dpdask.strategy._terms.kron_terms`) and:
 * a strategy whose Gram matrix is a combination of ``(x)_i (I or J)`` (weighted
   marginals, identity, unions of such) through the eigenspaces of that algebra
   (:mod:`dpdask.strategy._marginals`);
+* a union of two Kronecker strategies exactly, by diagonalising the two factor
+  Grams of each attribute together (:mod:`dpdask.strategy._pair`; vectors over
+  the domain, no ``N x N`` matrix);
 * a union strategy ``[c_1 A_1; ...; c_g A_g]`` with ``groups`` (the workload terms
   each part answers) by answering each group from its own part: the error is
   ``sum_g ||W_g A_g^+||_F^2 / c_g^2``. This is exact for that block
@@ -53,6 +56,7 @@ from dpdask.strategy._marginals import (
     pseudo_inverse_eigenvalues,
     workload_spectrum,
 )
+from dpdask.strategy._pair import PAIR_MAX_CELLS, PairAnalysis
 from dpdask.strategy._terms import KronTerms, kron_terms
 
 __all__ = ["ErrorAnalysis", "query_variances", "squared_error", "svd_bound"]
@@ -158,6 +162,16 @@ class ErrorAnalysis:
         u = marginal_gram(A, sizes)
         if u is not None:
             return "marginal", self._prepare_marginal(terms, u)
+        if (
+            isinstance(A, VStack)
+            and len(A.parts) == 2
+            and all(isinstance(p, Kron) and p.in_shape == sizes for p in A.parts)
+            and math.prod(sizes) <= PAIR_MAX_CELLS
+        ):
+            pair = PairAnalysis(terms, A.parts[0], A.parts[1])
+            c1, c2 = (float(c) for c in A.weights)
+            pair.check_supports(c1, c2)
+            return "pair", (pair, c1, c2)
         if terms.d == 1:
             return "kron", self._prepare_kron(terms, [A])
         N = math.prod(sizes)
@@ -189,6 +203,9 @@ class ErrorAnalysis:
         return self.terms_flat if self._kind == "flat" else self.terms
 
     def _term_errors(self) -> np.ndarray:
+        if self._kind == "pair":
+            pair, c1, c2 = self._state  # type: ignore[misc]
+            return pair.by_term(c1, c2)
         if self._kind == "marginal":
             tr, to, mu_inv = self._state  # type: ignore[misc]
             out = np.empty(self.terms.k)
@@ -207,6 +224,9 @@ class ErrorAnalysis:
         )
 
     def _term_variances(self, j: int) -> np.ndarray:
+        if self._kind == "pair":
+            pair, c1, c2 = self._state  # type: ignore[misc]
+            return pair.term_variances(j, c1, c2)
         w2 = self.terms.weights[j] ** 2
         if self._kind == "marginal":
             return w2 * _marginal_term_variances(

@@ -1,0 +1,426 @@
+"""HDMM's templates as Dask tasks: build the problems, run them, keep the best.
+
+=====================  ====================================================
+workload               templates tried by default
+=====================  ====================================================
+one attribute          ``pidentity`` (OPT_0)
+one Kronecker term     ``kron`` (OPT_x: one OPT_0 per attribute, independent)
+union of terms         ``kron``, ``union`` (OPT_+), ``marginals`` (OPT_M),
+                       ``identity``
+=====================  ====================================================
+
+Pieces and restarts. A template is made of independent *pieces*: an OPT_0
+problem, an OPT_x problem on several terms, an OPT_M problem; for a single
+Kronecker term, one OPT_0 problem per attribute (its error is the product of the
+factors'); for OPT_+, one OPT_x problem per part. Every piece is started from
+``restarts`` random points, with successive halving: all starts run a short
+budget (:data:`SHORT`), the best ``max(1, restarts // 8)`` continue to
+convergence, and the best of those is kept. Each run is a task (:mod:`._tasks`),
+all tasks of a stage are submitted together, keyed ``optimize-factor-age-<token>``,
+``optimize-restart-kron-<token>`` and so on.
+
+OPT_+ here is a union of two Kronecker strategies, split on an attribute ``a``:
+part 1 answers the terms that ask only the total of ``a`` (its factor on ``a`` is
+the total), part 2 the rest. Part 1 also answers the total-of-``a`` component of
+the other terms, so part 2 is fitted to their residual: each term's factor on
+``a`` projected onto ``I - J/n_a``. The union's error is exact (least squares over
+both parts, :mod:`._pair`) and the budget split between the parts is optimised on
+it. Each attribute that splits the terms is screened with one start per part
+(run to convergence: short runs rank the splits wrongly on SF1), and the best
+split gets the restarts. On domains too large for vectors over
+the cells, the parts answer their own terms (``groups``; block reconstruction)
+with the closed-form budget split.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dpdask.linalg import Dense, Identity, Kron, LinearQuery, VStack
+from dpdask.strategy._gram import Gram
+from dpdask.strategy._invgram import inverse_gram
+from dpdask.strategy._marginals import WeightedMarginals
+from dpdask.strategy._optimize import (
+    FactorResult,
+    KronResult,
+    budget_split,
+    default_p,
+    factor_kind,
+    fit_marginals,
+    marginals_spectrum,
+    opt_0,
+    opt_kron,
+)
+from dpdask.strategy._pair import PAIR_MAX_CELLS, PairAnalysis
+from dpdask.strategy._pidentity import PIdentity
+from dpdask.strategy._tasks import Task, run_tasks
+from dpdask.strategy._terms import KronTerms
+from dpdask.strategy.error import ErrorAnalysis
+
+__all__ = ["SHORT", "TEMPLATES", "Candidate", "default_templates", "optimize"]
+
+TEMPLATES = ("pidentity", "kron", "union", "marginals", "identity")
+
+SHORT = {"opt0_iter": 30, "kron_sweeps": 1, "kron_inner_iter": 15, "marginals_iter": 40}
+"""Budget of the short runs of successive halving."""
+
+
+@dataclass
+class Candidate:
+    """One template's best strategy.
+
+    ``loss`` is ``||A||_p^2 ||W A^+||_F^2``: the expected total squared error per
+    unit of noise variance at sensitivity 1.
+    """
+
+    name: str
+    strategy: LinearQuery
+    loss: float
+    groups: list[list[int]] | None = None
+    details: dict = field(default_factory=dict)
+
+
+def default_templates(terms: KronTerms) -> list[str]:
+    """The templates :func:`optimize` tries by default for this workload."""
+    if terms.d == 1:
+        return ["pidentity"]
+    if terms.k == 1:
+        return ["kron"]
+    return ["kron", "union", "marginals", "identity"]
+
+
+# ---------------------------------------------------------------------------
+# pieces: independent problems with a short and a full run
+# ---------------------------------------------------------------------------
+def _loss_of(result: Any) -> float:
+    return float(result[1]) if isinstance(result, tuple) else float(result.loss)
+
+
+class _Piece:
+    words: list[str]
+
+    def short(self, seed: int) -> Task:
+        raise NotImplementedError
+
+    def full(self, result: Any) -> Task:
+        raise NotImplementedError
+
+
+@dataclass
+class _Opt0Piece(_Piece):
+    G: Gram
+    p: int
+    norm: int
+    ftol: float
+    words: list[str]
+
+    def short(self, seed: int) -> Task:
+        kw = {"norm": self.norm, "seed": seed, "ftol": self.ftol, "maxiter": SHORT["opt0_iter"]}
+        return Task(self.words, opt_0, (self.G, self.p), kw)
+
+    def full(self, result: Any) -> Task:
+        return Task(
+            self.words,
+            opt_0,
+            (self.G,),
+            {"norm": self.norm, "theta0": result[0], "ftol": self.ftol},
+        )
+
+
+@dataclass
+class _KronPiece(_Piece):
+    terms: KronTerms
+    ps: list[int]
+    norm: int
+    ftol: float
+    words: list[str]
+
+    def short(self, seed: int) -> Task:
+        kw = {
+            "norm": self.norm,
+            "seed": seed,
+            "ps": self.ps,
+            "ftol": self.ftol,
+            "max_sweeps": SHORT["kron_sweeps"],
+            "inner_maxiter": SHORT["kron_inner_iter"],
+        }
+        return Task(self.words, opt_kron, (self.terms,), kw)
+
+    def full(self, result: KronResult) -> Task:
+        return Task(
+            self.words,
+            opt_kron,
+            (self.terms,),
+            {"norm": self.norm, "start": result.factors, "ftol": self.ftol},
+        )
+
+
+@dataclass
+class _MarginalsPiece(_Piece):
+    h: np.ndarray
+    sizes: tuple[int, ...]
+    norm: int
+    words: list[str]
+
+    def short(self, seed: int) -> Task:
+        kw = {"norm": self.norm, "seed": seed, "maxiter": SHORT["marginals_iter"]}
+        return Task(self.words, fit_marginals, (self.h, self.sizes), kw)
+
+    def full(self, result: Any) -> Task:
+        return Task(
+            self.words,
+            fit_marginals,
+            (self.h, self.sizes),
+            {"norm": self.norm, "theta0": result.theta},
+        )
+
+
+@dataclass
+class _Ctx:
+    terms: KronTerms
+    norm: int
+    seeds: list[int]
+    names: list[str]
+    p: int | None
+    ftol: float
+    client: Any
+
+    def p_for(self, n: int) -> int:
+        return default_p(n, self.norm) if self.p is None else min(self.p, n)
+
+    @property
+    def keep(self) -> int:
+        return max(1, len(self.seeds) // 8)
+
+    def solve(
+        self, pieces: Sequence[_Piece], seeds: Sequence[int] | None = None, full: bool = True
+    ) -> list[Any]:
+        """Best result of each piece: short runs from every seed, then full runs of the best."""
+        seeds = self.seeds if seeds is None else list(seeds)
+        tasks = [pc.short(s) for pc in pieces for s in seeds]
+        short = run_tasks(tasks, self.client)
+        per_piece = [short[k * len(seeds) : (k + 1) * len(seeds)] for k in range(len(pieces))]
+        if not full:
+            return [min(rs, key=_loss_of) for rs in per_piece]
+        tops = [sorted(rs, key=_loss_of)[: self.keep] for rs in per_piece]
+        tasks = [pc.full(r) for pc, rs in zip(pieces, tops, strict=True) for r in rs]
+        done = run_tasks(tasks, self.client)
+        out, k = [], 0
+        for rs in tops:
+            out.append(min(done[k : k + len(rs)], key=_loss_of))
+            k += len(rs)
+        return out
+
+
+# ---------------------------------------------------------------------------
+# Kronecker strategies on a set of terms
+# ---------------------------------------------------------------------------
+def _kron_pieces(ctx: _Ctx, terms: KronTerms, words: list[str]) -> list[tuple[str, _Piece | None]]:
+    """``[("factors", ...)]`` per attribute for one term, else one OPT_x piece."""
+    if terms.k == 1:
+        out: list[tuple[str, _Piece | None]] = []
+        for i in range(terms.d):
+            kind = factor_kind(terms, i)
+            if kind != "pidentity":
+                out.append((kind, None))
+            else:
+                G = terms.gram(0, i)
+                out.append(
+                    (
+                        "pidentity",
+                        _Opt0Piece(
+                            G,
+                            ctx.p_for(terms.sizes[i]),
+                            ctx.norm,
+                            ctx.ftol,
+                            ["factor", ctx.names[i]],
+                        ),
+                    )
+                )
+        return out
+    ps = [ctx.p_for(n) for n in terms.sizes]
+    return [("kron", _KronPiece(terms, ps, ctx.norm, ctx.ftol, words))]
+
+
+def _kron_assemble(terms: KronTerms, layout: list, results: list, norm: int) -> tuple[Kron, float]:
+    if layout[0][0] == "kron":
+        best = results[0]
+        return best.strategy(), float(best.loss)
+    facs, loss, k = [], float(terms.weights[0] ** 2), 0
+    for i, (kind, _) in enumerate(layout):
+        if kind != "pidentity":
+            A = FactorResult(kind, terms.sizes[i]).strategy()
+            loss *= inverse_gram(A).trace(terms.gram(0, i))
+        else:
+            theta, f, _ = results[k]
+            k += 1
+            A = PIdentity(theta, norm)
+            loss *= f
+        facs.append(A)
+    return Kron(facs), loss
+
+
+def _solve_kron(
+    ctx: _Ctx, terms: KronTerms, words: list[str], seeds=None, full: bool = True
+) -> tuple[Kron, float]:
+    layout = _kron_pieces(ctx, terms, words)
+    pieces = [pc for _, pc in layout if pc is not None]
+    results = ctx.solve(pieces, seeds, full) if pieces else []
+    return _kron_assemble(terms, layout, results, ctx.norm)
+
+
+# ---------------------------------------------------------------------------
+# OPT_+
+# ---------------------------------------------------------------------------
+def splits(terms: KronTerms) -> list[tuple[int, list[int], list[int]]]:
+    """``(a, g1, g2)``: the terms asking only the total of attribute ``a``, and the others."""
+    out, seen = [], set()
+    for a in range(terms.d):
+        g1 = [j for j in range(terms.k) if factor_kind(terms.subset([j]), a) == "total"]
+        g2 = [j for j in range(terms.k) if j not in set(g1)]
+        if g1 and g2 and tuple(g1) not in seen:
+            seen.add(tuple(g1))
+            out.append((a, g1, g2))
+    return out
+
+
+def residual_terms(terms: KronTerms, index: Sequence[int], a: int) -> KronTerms:
+    """Terms ``index`` with their factor on attribute ``a`` projected onto ``I - J/n_a``."""
+    sub = terms.subset(index)
+    facs = []
+    for fs in sub.factors:
+        M = fs[a].dense()
+        fs = list(fs)
+        fs[a] = Dense(M - M.mean(axis=1, keepdims=True))
+        facs.append(fs)
+    return KronTerms(sub.sizes, sub.weights, facs, sub.names)
+
+
+def _union(ctx: _Ctx, split: tuple, seeds=None, full: bool = True) -> tuple:
+    """The two parts of the union on ``split``, its loss, part weights and groups."""
+    a, g1, g2 = split
+    terms, word = ctx.terms, ctx.names[a]
+    exact = math.prod(terms.sizes) <= PAIR_MAX_CELLS
+    part1 = terms.subset(g1)
+    part2 = residual_terms(terms, g2, a) if exact else terms.subset(g2)
+    l1 = _kron_pieces(ctx, part1, ["part", "total", word])
+    l2 = _kron_pieces(ctx, part2, ["part", "detail", word])
+    p1 = [pc for _, pc in l1 if pc is not None]
+    p2 = [pc for _, pc in l2 if pc is not None]
+    results = ctx.solve(p1 + p2, seeds, full)
+    K1, e1 = _kron_assemble(part1, l1, results[: len(p1)], ctx.norm)
+    K2, e2 = _kron_assemble(part2, l2, results[len(p1) :], ctx.norm)
+    if exact:
+        c1, c2, loss = PairAnalysis(terms, K1, K2).best_split(ctx.norm)
+        return VStack([K1, K2], weights=[c1, c2]), loss, None
+    e2 = ErrorAnalysis(terms.subset(g2), K2).total()
+    w, loss = budget_split([e1, e2], ctx.norm)
+    return VStack([K1, K2], weights=w), loss, [list(g1), list(g2)]
+
+
+# ---------------------------------------------------------------------------
+# the driver
+# ---------------------------------------------------------------------------
+def optimize(
+    terms: KronTerms,
+    norm: int = 1,
+    *,
+    templates: Sequence[str] | None = None,
+    restarts: int = 3,
+    seed: int = 0,
+    client: Any = None,
+    names: Sequence[str] | None = None,
+    p: int | None = None,
+    ftol: float = 1e-5,
+) -> list[Candidate]:
+    """Run HDMM's templates on a workload; one :class:`Candidate` per template.
+
+    Parameters
+    ----------
+    terms : KronTerms
+        The workload as Kronecker terms.
+    norm : {1, 2}
+        Sensitivity norm (1: Laplace, 2: Gaussian).
+    templates : sequence of str, optional
+        Among :data:`TEMPLATES` (default :func:`default_templates`).
+    restarts : int
+        Random starts of every piece (see the module docstring).
+    seed : int
+        Seed of all random starts.
+    client : distributed.Client, optional
+        Where to run the tasks (default: Dask's default scheduler).
+    names : sequence of str, optional
+        Attribute names, for task keys.
+    p : int, optional
+        Rows of every p-Identity's ``Theta`` (default :func:`default_p` per attribute).
+    ftol : float
+        Relative tolerance of the optimisers' full runs.
+    """
+    if restarts < 1:
+        raise ValueError("restarts must be at least 1")
+    templates = list(default_templates(terms) if templates is None else templates)
+    for t in templates:
+        if t not in TEMPLATES:
+            raise ValueError(f"unknown template {t!r}; choose from {TEMPLATES}")
+    if "pidentity" in templates and terms.d != 1:
+        raise ValueError("the p-Identity template needs a one-attribute workload")
+    if names is None:
+        names = [f"attr{chr(97 + i % 26)}" for i in range(terms.d)]
+    seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(restarts)]
+    ctx = _Ctx(terms, norm, seeds, list(names), p, ftol, client)
+    out = []
+    for tpl in templates:
+        t0 = time.perf_counter()
+        cand = _template(tpl, ctx)
+        if cand is not None:
+            cand.details["wall_time_s"] = time.perf_counter() - t0
+            out.append(cand)
+    return out
+
+
+def _template(tpl: str, ctx: _Ctx) -> Candidate | None:
+    terms, norm = ctx.terms, ctx.norm
+    if tpl == "pidentity":
+        G = Gram.combine(terms.weights**2, [terms.gram(j, 0) for j in range(terms.k)])
+        piece = _Opt0Piece(G, ctx.p_for(terms.sizes[0]), norm, ctx.ftol, ["restart", "pidentity"])
+        theta, f, nit = ctx.solve([piece])[0]
+        return Candidate(
+            tpl,
+            PIdentity(theta, norm),
+            float(f),
+            details={"iterations": int(nit), "p": int(theta.shape[0])},
+        )
+    if tpl == "kron":
+        A, loss = _solve_kron(ctx, terms, ["restart", "kron"])
+        return Candidate(tpl, A, loss)
+    if tpl == "union":
+        cands = splits(terms)
+        if not cands:
+            return None
+        screened = [(_union(ctx, s, ctx.seeds[:1])[1], s) for s in cands]
+        _, split = min(screened, key=lambda x: x[0])
+        A, loss, groups = _union(ctx, split)
+        return Candidate(
+            tpl,
+            A,
+            loss,
+            groups,
+            {
+                "split_attribute": ctx.names[split[0]],
+                "screened": {ctx.names[s[0]]: float(v) for v, s in screened},
+            },
+        )
+    if tpl == "marginals":
+        h = marginals_spectrum(terms)
+        piece = _MarginalsPiece(h, terms.sizes, norm, ["restart", "marginals"])
+        best = ctx.solve([piece])[0]
+        A = WeightedMarginals(terms.sizes, best.theta, ctx.names)
+        return Candidate(tpl, A, float(best.loss), details={"iterations": int(best.nit)})
+    A = Kron([Identity(n) for n in terms.sizes]) if terms.d > 1 else Identity(terms.sizes[0])
+    return Candidate("identity", A, ErrorAnalysis(terms, A).total())
