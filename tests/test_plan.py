@@ -1,0 +1,225 @@
+"""Plan: the noise contract, error figures, summary, and the save/load format."""
+
+from __future__ import annotations
+
+import json
+import math
+import zipfile
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from dpdask import Domain, Plan, select
+from dpdask.linalg import (
+    AllRange,
+    Dense,
+    Diagonal,
+    Identity,
+    Kron,
+    Ones,
+    Prefix,
+    Product,
+    RangeQueries,
+    Scaled,
+    Sparse,
+    Sum,
+    Transpose,
+    VStack,
+)
+from dpdask.linalg._serialize import from_dict, to_dict
+from dpdask.privacy import ApproxDP, PureDP, zCDP
+from dpdask.strategy import PIdentity, WeightedMarginals
+from dpdask.testing.strategies import operators
+
+
+def _union_workload() -> VStack:
+    return VStack(
+        [
+            Kron([Prefix(4), Ones(3), Identity(2)]),
+            Kron([Identity(4), AllRange(3), Ones(2)]),
+            Kron([Ones(4), Ones(3), Identity(2)]),
+        ],
+        weights=[1.0, 2.0, 1.0],
+        names=["p", "r", "i"],
+    )
+
+
+def _dense_error(W: np.ndarray, A: np.ndarray) -> float:
+    return float(np.linalg.norm(W @ np.linalg.pinv(A), "fro") ** 2)
+
+
+@pytest.mark.parametrize(
+    ("privacy", "mechanism"),
+    [(PureDP("0.5"), "laplace"), (zCDP("0.3"), "gaussian"), (ApproxDP(1, "1e-6"), "gaussian")],
+)
+def test_noise_contract(privacy, mechanism: str, rng: np.random.Generator) -> None:
+    W = _union_workload()
+    A = Kron([PIdentity(rng.random((1, 4))), PIdentity(rng.random((1, 3))), Identity(2)])
+    plan = Plan(W, A, privacy)
+    assert plan.mechanism == mechanism
+    Ad = A.dense()
+    if mechanism == "laplace":
+        sens = np.abs(Ad).sum(axis=0).max()
+        assert plan.noise_scale == pytest.approx(sens / 0.5)
+        var = 2 * plan.noise_scale**2
+    else:
+        sens = np.sqrt((Ad**2).sum(axis=0).max())
+        assert plan.noise_scale == pytest.approx(privacy.gaussian_sigma(sens))
+        var = plan.noise_scale**2
+    assert plan.expected_error() == pytest.approx(var * _dense_error(W.dense(), Ad), rel=1e-9)
+    Wd = W.dense()
+    v = var * np.einsum("ij,jk,ik->i", Wd, np.linalg.pinv(Ad.T @ Ad), Wd)
+    np.testing.assert_allclose(plan.query_variances(), v, rtol=1e-8)
+
+
+def test_plan_rejects_bad_inputs(rng: np.random.Generator) -> None:
+    W = Prefix(5)
+    with pytest.raises(TypeError, match="budget"):
+        Plan(W, Identity(5), 1.0)
+    with pytest.raises(ValueError, match="columns"):
+        Plan(W, Identity(6), PureDP(1))
+    with pytest.raises(ValueError, match="sensitivity"):
+        Plan(W, Dense(np.zeros((2, 5))), PureDP(1))
+    with pytest.raises(ValueError, match="cells"):
+        Plan(W, Identity(5), PureDP(1), domain=Domain(a=2, b=3))
+    with pytest.raises(ValueError, match="zero epsilon"):
+        Plan(W, Identity(5), PureDP(0))
+
+
+def test_summary(rng: np.random.Generator) -> None:
+    W = _union_workload()
+    plan = select(W, PureDP(1), restarts=1, domain=Domain(a=4, b=3, c=2))
+    d = plan.summary(as_dict=True)
+    json.dumps(d)  # JSON-safe
+    assert d["queries"] == W.shape[0]
+    assert d["expected_total_squared_error"] == pytest.approx(plan.expected_error())
+    assert sum(p["squared_error"] for p in d["parts"]) == pytest.approx(plan.expected_error())
+    assert [p["part"] for p in d["parts"]] == ["p", "r", "i"]
+    assert d["identity_total_squared_error"] == pytest.approx(
+        2 * _dense_error(W.dense(), np.eye(24))
+    )
+    text = plan.summary()
+    assert "expected total squared error" in text and "RMSE" in text
+    for part in ("p", "r", "i"):
+        assert any(line.startswith(part + " ") for line in text.splitlines())
+
+
+def _plans(rng: np.random.Generator) -> list[Plan]:
+    dom = Domain(a=4, b=3, c=2)
+    W = _union_workload()
+    K1 = Kron([PIdentity(rng.random((1, 4))), Ones(3), Identity(2)])
+    K2 = Kron([Identity(4), PIdentity(rng.random((2, 3))), PIdentity(rng.random((1, 2)))])
+    theta = rng.random(8)
+    theta[-1] = 0.5
+    return [
+        select(Prefix(32), PureDP(1), restarts=1),
+        select(Prefix(16), zCDP("0.5"), "hierarchical", branching=2),
+        select(AllRange(8), PureDP(1), "wavelet"),
+        Plan(W, VStack([K1, K2], weights=[0.3, 0.7]), PureDP(2), domain=dom),
+        Plan(W, VStack([K1, K2], weights=[0.3, 0.7]), PureDP(2), groups=[[0, 2], [1]]),
+        Plan(W, WeightedMarginals((4, 3, 2), theta, ["a", "b", "c"]), zCDP(1), domain=dom),
+    ]
+
+
+def test_save_load_round_trip(tmp_path, rng: np.random.Generator) -> None:
+    for k, plan in enumerate(_plans(rng)):
+        path = tmp_path / f"plan{k}.npz"
+        plan.save(path)
+        back = Plan.load(path)
+        assert type(back.strategy) is type(plan.strategy)
+        np.testing.assert_array_equal(back.strategy.dense(), plan.strategy.dense())
+        np.testing.assert_array_equal(back.workload.dense(), plan.workload.dense())
+        assert back.noise_scale == plan.noise_scale
+        assert back.mechanism == plan.mechanism
+        assert back.privacy == plan.privacy
+        assert back.domain == plan.domain
+        assert back.groups == plan.groups
+        assert back.template == plan.template
+        assert back.expected_error() == pytest.approx(plan.expected_error(), rel=1e-12)
+        np.testing.assert_allclose(back.query_variances(), plan.query_variances(), rtol=1e-12)
+
+
+def test_load_refuses_tampered_noise(tmp_path, rng: np.random.Generator) -> None:
+    plan = select(Prefix(16), PureDP(1), restarts=1)
+    path = tmp_path / "plan.npz"
+    plan.save(path)
+    with np.load(path) as z:
+        entries = {k: z[k] for k in z.files}
+    doc = json.loads(str(entries["plan.json"]))
+    doc["noise_scale"] = doc["noise_scale"] / 2  # half the noise the budget requires
+    entries["plan.json"] = np.array(json.dumps(doc))
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **entries)
+    with pytest.raises(ValueError, match="does not match"):
+        Plan.load(bad)
+    other = tmp_path / "other.npz"
+    np.savez(other, x=np.zeros(3))
+    with pytest.raises(ValueError, match="not a dpdask plan"):
+        Plan.load(other)
+
+
+def test_plan_file_needs_no_pickle(tmp_path, rng: np.random.Generator) -> None:
+    path = tmp_path / "plan.npz"
+    _plans(rng)[3].save(path)
+    with zipfile.ZipFile(path) as zf:
+        for name in zf.namelist():
+            assert name.endswith(".npy")
+    with np.load(path, allow_pickle=False) as z:
+        assert all(z[k].dtype != object for k in z.files)
+
+
+_ALL_CLASSES = [
+    Identity(3),
+    Ones(3, 2),
+    Prefix(4),
+    AllRange(4),
+    RangeQueries(5, [0, 2], [3, 4]),
+    Diagonal([1.0, -2.0, 3.0]),
+    Dense(np.arange(6.0).reshape(2, 3)),
+    Sparse(np.eye(3)[:2]),
+    Kron([Prefix(2), Identity(3)]),
+    VStack([Identity(3), Ones(3)], weights=[1.0, 2.5], names=["x", "y"]),
+    Product(Prefix(3), Identity(3)),
+    Scaled(Prefix(3), -1.5),
+    Sum([Prefix(3), Identity(3)]),
+    Transpose(Dense(np.arange(6.0).reshape(3, 2))),
+    PIdentity(np.ones((1, 3))),
+    WeightedMarginals((2, 3), [0.1, 0.0, 0.4, 0.5]),
+]
+
+
+@pytest.mark.parametrize("op", _ALL_CLASSES, ids=lambda o: type(o).__name__)
+@pytest.mark.parametrize("inline", [True, False])
+def test_serialize_every_operator_class(op, inline: bool) -> None:
+    arrays = None if inline else {}
+    d = to_dict(op, arrays)
+    if inline:
+        d = json.loads(json.dumps(d))
+    back = from_dict(d, arrays)
+    assert type(back) is type(op)
+    np.testing.assert_array_equal(back.dense(), op.dense())
+
+
+@settings(max_examples=40, deadline=None)
+@given(operators())
+def test_serialize_round_trip_property(op) -> None:
+    back = from_dict(json.loads(json.dumps(to_dict(op))))
+    np.testing.assert_array_equal(back.dense(), op.dense())
+
+
+def test_deserialize_refuses_foreign_modules() -> None:
+    with pytest.raises(ValueError, match="refusing"):
+        from_dict({"type": "Evil", "module": "os"})
+    with pytest.raises(ValueError, match="unknown operator type"):
+        from_dict({"type": "Nope"})
+
+
+def test_svd_bound_and_identity_in_plan() -> None:
+    plan = select(Prefix(64), zCDP("0.5"), restarts=1)
+    s = np.linalg.svd(Prefix(64).dense(), compute_uv=False).sum()
+    assert plan.svd_bound() == pytest.approx(s * s / 64 * zCDP("0.5").gaussian_sigma(1.0) ** 2)
+    assert plan.expected_error() >= plan.svd_bound()
+    assert plan.identity_error() == pytest.approx(
+        zCDP("0.5").gaussian_sigma(1.0) ** 2 * math.fsum(range(1, 65))
+    )
