@@ -94,7 +94,7 @@ def solve_dense(
     """Problem 1 for one workload with SM-II; see :func:`dpdask.strategy.fitness.solve`."""
     can = canonical_problem(W)
     res = smii(can.rows, can.cols, targets, initial_covariance(can, init), options)
-    info: dict[str, Any] = {**run_info(res), "rank": can.rank}
+    info: dict[str, Any] = {**run_info(res), "rank": can.rank, "dual_weights": res.dual_weights}
     if basis is None:
         if can.Q is None:
             return FitnessSolution(

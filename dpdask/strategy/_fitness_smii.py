@@ -117,11 +117,16 @@ class SMIIOptions:
 
 @dataclass
 class SMIIResult:
-    """Outcome of :func:`smii`: ``Sigma`` scaled so that the largest variance ratio is 1."""
+    """Outcome of :func:`smii`: ``Sigma`` scaled so that the largest variance ratio is 1.
+
+    ``dual_weights`` are the probability vectors ``(u, v)`` over cells and queries
+    that certify ``lower_bound`` (``None`` with a total-error term).
+    """
 
     sigma: np.ndarray
     squared_cost: float
     lower_bound: float
+    dual_weights: tuple[np.ndarray, np.ndarray] | None
     newton_iterations: int
     cg_iterations: int
     stages: int
@@ -412,6 +417,7 @@ def smii(
     pt = obj.point(pt.sigma)
     stages, newton, cg_total, converged = 1, 0, 0, False
     best_lb, prev_ub = 0.0, math.inf
+    weights: tuple[np.ndarray, np.ndarray] | None = None
     history: list[dict[str, float]] = []
 
     def certify(point: _Point) -> float:
@@ -441,7 +447,9 @@ def smii(
         # sub-problem solved (or no further progress): certify, then sharpen the soft max
         ub = float(pt.p.max() * (pt.v.max() + opt.total_weight * pt.total))
         if opt.total_weight == 0:
-            best_lb = max(best_lb, certify(pt))
+            lb = certify(pt)
+            if lb > best_lb:
+                best_lb, weights = lb, (pt.pi, pt.nu)
         history.append(
             {
                 "tau": tau,
@@ -471,12 +479,13 @@ def smii(
     vmax = float(pt.v.max())
     sigma = pt.sigma / vmax
     squared = float(pt.p.max() * vmax)
-    if opt.total_weight == 0 and best_lb == 0.0:
-        best_lb = certify(pt)
+    if opt.total_weight == 0 and weights is None:
+        best_lb, weights = certify(pt), (pt.pi, pt.nu)
     return SMIIResult(
         sigma=0.5 * (sigma + sigma.T),
         squared_cost=squared,
         lower_bound=best_lb,
+        dual_weights=weights,
         newton_iterations=newton,
         cg_iterations=cg_total,
         stages=stages,

@@ -72,7 +72,13 @@ class FitnessResult:
 
     @property
     def lower_bound(self) -> float:
-        """A certified lower bound on the least squared privacy cost for ``targets``."""
+        """A certified lower bound on the least squared privacy cost for ``targets``.
+
+        Weak duality: for probability vectors ``u`` over cells and ``v`` over queries,
+        no mechanism meeting the targets has squared privacy cost below
+        ``||diag(v / c)^{1/2} W diag(u)^{1/2}||_*^2`` (nuclear norm). For a dense
+        solution the certifying ``(u, v)`` are in ``info["dual_weights"]``.
+        """
         return float(self.info.get("lower_bound", 0.0))
 
     # -- derived --------------------------------------------------------
@@ -252,7 +258,7 @@ class FitnessSolution(FitnessResult):
             self.sigma * float(factor),
             self.basis_pinv,
             self._rows,
-            {**self.info, "lower_bound": self.lower_bound},
+            self.info,
         )
 
     def noise_factor(self) -> Dense:
