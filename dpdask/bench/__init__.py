@@ -18,4 +18,5 @@ BENCHES: dict[str, str] = {
     "noise": "dpdask.bench.noise",
     "release": "dpdask.bench.release",
     "select": "dpdask.bench.select",
+    "fitness": "dpdask.bench.fitness",
 }
