@@ -309,3 +309,23 @@ def test_solver_options_validated() -> None:
         SMIIOptions(tau_growth=1.0)
     sol = solve(Prefix(4), 1.0, options=SMIIOptions(precondition=False, hessian_dtype=np.float32))
     assert round(sol.privacy_cost**2, 3) == 1.759
+
+
+def test_bench_fitness_smoke() -> None:
+    """``dpdask bench fitness`` runs and reports the paper's figures beside its own."""
+    import argparse
+
+    from dpdask.bench import fitness as bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = ["--sections", "table2,ranges,sum", "--sizes", "16", "--sum-sizes", "8"]
+    out = bench.run(parser.parse_args([*args, "--repeats", "1"]))
+    assert [r["rounded"] for r in out["table2"]] == [1.333, 1.759, 2.282, 2.905, 4.458]
+    assert {r["table"] for r in out["tables"]} == {"5", "6"}
+    for r in out["tables"]:
+        assert r["CA"] >= 1 - 1e-6 and r["IP"] >= 1 - 1e-6  # nobody beats the optimum
+    (row,) = out["identity_sum"]
+    assert row["ca_sum_ratio"] == pytest.approx(row["closed_form_sum_ratio"], rel=2e-3)
+    with pytest.raises(ValueError, match="unknown sections"):
+        bench.run(parser.parse_args(["--sections", "nope"]))
