@@ -53,37 +53,42 @@ def _axes(d: int) -> tuple[int, ...]:
     return (2,) * d
 
 
-def superset_sum(f: np.ndarray, d: int) -> np.ndarray:
-    """``g(s) = sum_{a superset of s} f(a)`` over the subset lattice."""
+def _lattice(f: np.ndarray, d: int, step) -> np.ndarray:
+    """Apply ``step(lower, upper)`` along every attribute axis of the subset lattice."""
     g = np.array(f, dtype=float).reshape(_axes(d))
     for ax in range(d):
-        idx0 = [slice(None)] * d
-        idx1 = [slice(None)] * d
-        idx0[ax], idx1[ax] = 0, 1
-        g[tuple(idx0)] += g[tuple(idx1)]
+        lower = [slice(None)] * d
+        upper = [slice(None)] * d
+        lower[ax], upper[ax] = slice(0, 1), slice(1, 2)
+        step(g[tuple(lower)], g[tuple(upper)])
     return g.ravel()
+
+
+def superset_sum(f: np.ndarray, d: int) -> np.ndarray:
+    """``g(s) = sum_{a superset of s} f(a)`` over the subset lattice."""
+
+    def step(lo: np.ndarray, up: np.ndarray) -> None:
+        lo += up
+
+    return _lattice(f, d, step)
 
 
 def subset_sum(f: np.ndarray, d: int) -> np.ndarray:
     """``g(a) = sum_{s subset of a} f(s)``."""
-    g = np.array(f, dtype=float).reshape(_axes(d))
-    for ax in range(d):
-        idx0 = [slice(None)] * d
-        idx1 = [slice(None)] * d
-        idx0[ax], idx1[ax] = 0, 1
-        g[tuple(idx1)] += g[tuple(idx0)]
-    return g.ravel()
+
+    def step(lo: np.ndarray, up: np.ndarray) -> None:
+        up += lo
+
+    return _lattice(f, d, step)
 
 
 def superset_moebius(f: np.ndarray, d: int) -> np.ndarray:
     """``g(b) = sum_{s superset of b} (-1)^{|s|-|b|} f(s)`` (inverse of :func:`superset_sum`)."""
-    g = np.array(f, dtype=float).reshape(_axes(d))
-    for ax in range(d):
-        idx0 = [slice(None)] * d
-        idx1 = [slice(None)] * d
-        idx0[ax], idx1[ax] = 0, 1
-        g[tuple(idx0)] -= g[tuple(idx1)]
-    return g.ravel()
+
+    def step(lo: np.ndarray, up: np.ndarray) -> None:
+        lo -= up
+
+    return _lattice(f, d, step)
 
 
 def outer_pairs(pairs: Sequence[tuple[float, float]]) -> np.ndarray:
