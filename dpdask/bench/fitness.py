@@ -9,8 +9,8 @@ paper's figures. SM-II's own ratio is 1 by construction. Sections (``--sections`
 ``table2``     prefix workload, targets 1, ``B = I``, d = 2..64 (Table 2).
 ``pl94``       PL 94-171, 319 queries on 252 cells (Table 4).
 ``ranges``     ``d`` random ranges on ``d`` cells, targets 1 and U(1, 10) (Tables 5, 6).
-``random``     ``d`` random 0/1 queries (each entry 1 with probability 1/2), targets 1
-               and U(1, 10) (Tables 7, 8).
+``random``     ``2d`` random queries with entries +1 or -1 (probability 1/2 each),
+               targets 1 and U(1, 10) (Tables 7, 8).
 ``age``        the age pyramid, suffix queries (Table 9).
 ``marginals``  all 1- and 2-way marginals of 3 attributes of ``t`` values (Table 10).
 ``wrelated``   ``W = C A`` with Gaussian ``C`` (``d x d/2``) and ``A`` (``d/2 x d``) (Table 11).
@@ -140,7 +140,7 @@ def _random_ranges(d: int, rng: np.random.Generator) -> LinearQuery:
 
 
 def _random_queries(d: int, rng: np.random.Generator) -> LinearQuery:
-    return Dense(rng.integers(0, 2, size=(d, d)).astype(float))
+    return Dense(rng.choice([-1.0, 1.0], size=(2 * d, d)))
 
 
 def _wrelated(d: int, rng: np.random.Generator) -> LinearQuery:
@@ -319,7 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "choices": {
             "random ranges": "m = d queries, both end-points uniform",
             "random targets": "uniform on [1, 10]",
-            "random queries": "m = d rows, entries 1 with probability 1/2, else 0",
+            "random queries": "m = 2d rows, entries +1 or -1 with probability 1/2",
             "wrelated": "W = C A, C ~ N(0,1) d x d/2, A ~ N(0,1) d/2 x d",
             "age pyramid": "suffix queries age >= a and the voting-age query, by sex and all",
             "marginals": "3 attributes of t values, all 1- and 2-way marginals",
@@ -343,8 +343,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for d in sizes:
             rng = np.random.default_rng(args.seed + 7 * d)
             W = _random_queries(d, rng)
-            rows.append(_solve_row("7", f"random d={d}", W, np.ones(d), TABLE7.get(d), 1))
-            c = rng.uniform(1.0, 10.0, d)
+            rows.append(_solve_row("7", f"random d={d}", W, np.ones(2 * d), TABLE7.get(d), 1))
+            c = rng.uniform(1.0, 10.0, 2 * d)
             rows.append(_solve_row("8", f"random d={d} random c", W, c, TABLE8.get(d), 1))
     if "age" in sections:
         W = wl.age_pyramid()
