@@ -27,7 +27,12 @@ What is exact and what is approximate:
   optimum of the product, see :mod:`dpdask.strategy._fitness_product`);
 * a union of parts (``method="union"``): each part on its own with independent noise,
   the budget split between them; an approximation whose certified lower bound
-  (``lower_bound``, the hardest part's optimum) says how far from optimal it can be.
+  (``lower_bound``, the hardest part's optimum) says how far from optimal it can be;
+* Problem 1's tie-break (among covariances of least cost, the one whose sorted privacy
+  profile is lexicographically smallest, Theorem 5.4) is only approximated, through
+  the soft maximum: the privacy *cost* is optimal, but cells below the maximum may
+  have a larger profile entry than in the unique minimal solution (for ``W = I``
+  with unequal targets, for example, some targets are then over-met).
 
 Examples
 --------
