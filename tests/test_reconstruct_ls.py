@@ -8,6 +8,8 @@ import pytest
 from dpdask.linalg import AllRange, Dense, Identity, Kron, Prefix, Total, VStack
 from dpdask.reconstruct import least_squares, tree_consistent
 
+from . import requires_cvxpy
+
 
 def _strategies(rng: np.random.Generator):
     yield Kron([Prefix(3), Identity(4)])
@@ -112,3 +114,29 @@ def test_unmeasured_level_is_sum_of_children(rng: np.random.Generator) -> None:
     want, _ = _gls_oracle(est, [np.full(s, v) for s, v in zip(sizes, var, strict=True)], parents)
     for f, w in zip(final, want, strict=True):
         np.testing.assert_allclose(f, w, atol=1e-8)
+
+
+@requires_cvxpy
+def test_project_children_is_the_simplex_projection(rng: np.random.Generator) -> None:
+    import cvxpy as cp
+
+    from dpdask.reconstruct.consistency import project_children
+
+    parent = np.array([0, 0, 0, 1, 1, 2])
+    children = rng.normal(size=(6, 4))
+    totals = np.abs(rng.normal(size=(3, 4)))
+    totals[1, 2] = 0.0
+    out = project_children(children, parent, totals)
+    for p in range(3):
+        rows = parent == p
+        for j in range(4):
+            v = cp.Variable(int(rows.sum()))
+            cp.Problem(
+                cp.Minimize(cp.sum_squares(v - children[rows, j])),
+                [v >= 0, cp.sum(v) == totals[p, j]],
+            ).solve()
+            np.testing.assert_allclose(out[rows, j], v.value, atol=1e-6)
+    assert (out >= 0).all()
+    sums = np.zeros_like(totals)
+    np.add.at(sums, parent, out)
+    np.testing.assert_allclose(sums, totals, atol=1e-12)

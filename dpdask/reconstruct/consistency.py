@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["children_sum", "tree_consistent"]
+__all__ = ["children_sum", "project_children", "tree_consistent"]
 
 
 def children_sum(values: np.ndarray, parent: np.ndarray, n_parents: int) -> np.ndarray:
@@ -107,3 +107,46 @@ def tree_consistent(
         w = child_v[lvl - 1][p]
         final_var.append(vz[lvl] - vz[lvl] ** 2 / w + (vz[lvl] / w) ** 2 * final_var[lvl - 1][p])
     return final, final_var
+
+
+def project_children(children: np.ndarray, parent: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """Non-negative children that add up exactly to their parents, cell by cell.
+
+    For every parent ``p`` and every cell, the values of ``p``'s children are replaced
+    by their Euclidean projection onto ``{v >= 0, sum(v) = totals[p]}`` (the scaled
+    simplex): ``v_i = max(c_i - tau, 0)`` with the threshold ``tau`` that makes them
+    sum to the total. Children already non-negative and consistent are unchanged.
+
+    Parameters
+    ----------
+    children : ndarray
+        ``(n_children, ...)`` estimates.
+    parent : ndarray
+        Index of each child's parent, non-decreasing (children of a parent contiguous).
+    totals : ndarray
+        ``(n_parents, ...)`` non-negative parent values.
+    """
+    children = np.asarray(children, dtype=float)
+    totals = np.asarray(totals, dtype=float)
+    if (totals < 0).any():
+        raise ValueError("parent totals must be non-negative to split into non-negative children")
+    out = np.empty_like(children)
+    starts = np.flatnonzero(np.r_[True, parent[1:] != parent[:-1]])
+    ends = np.r_[starts[1:], parent.size]
+    for a, b in zip(starts, ends, strict=True):
+        out[a:b] = _simplex(children[a:b], totals[parent[a]])
+    return out
+
+
+def _simplex(c: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Project each column ``c[:, j]`` onto ``{v >= 0, sum v = s[j]}`` (Held et al., 1974)."""
+    k = c.shape[0]
+    u = -np.sort(-c, axis=0)  # descending
+    css = np.cumsum(u, axis=0) - s
+    j = np.arange(1, k + 1).reshape((-1,) + (1,) * (c.ndim - 1))
+    cond = u - css / j > 0
+    rho = k - np.argmax(cond[::-1], axis=0)  # last index where cond holds (1-based)
+    tau = np.take_along_axis(css, (rho - 1)[None], axis=0)[0] / rho
+    # a zero total: the condition never holds and every child is zero
+    tau = np.where(cond.any(axis=0), tau, u[0])
+    return np.maximum(c - tau, 0.0)
