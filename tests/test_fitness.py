@@ -20,6 +20,7 @@ from dpdask import Domain
 from dpdask import workloads as wl
 from dpdask.linalg import AllRange, Dense, Identity, Ones, Prefix, VStack
 from dpdask.privacy import ApproxDP, PureDP, gaussian_delta, zCDP
+from dpdask.strategy import _fitness_smii as smii_module
 from dpdask.strategy import baselines
 from dpdask.strategy._fitness_smii import _Objective
 from dpdask.strategy._fitness_terms import canonical_problem, row_term
@@ -255,9 +256,18 @@ def test_budget_without_gaussian_fails(budget) -> None:
 
 
 # -- derivatives and the optimiser's internals ---------------------------------
+@pytest.mark.parametrize("implicit_rows", [False, True], ids=["explicit-rows", "implicit-rows"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_gradient_and_hessian_finite_differences(seed: int) -> None:
-    """Equations (15)-(20) as implemented, against central differences of Problem 4."""
+def test_gradient_and_hessian_finite_differences(
+    seed: int, implicit_rows: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Equations (15)-(20) as implemented, against central differences of Problem 4.
+
+    ``implicit_rows`` forces the path for workloads with too many queries to hold
+    their whitened rows (no Woodbury preconditioner, rows applied through the term).
+    """
+    if implicit_rows:
+        monkeypatch.setattr(smii_module, "_MAX_ROW_ENTRIES", 0)
     rng = np.random.default_rng(seed)
     W = [Prefix(5), Dense(rng.random((8, 3)) @ rng.random((3, 6)))][seed % 2]
     can = canonical_problem(W)
@@ -284,6 +294,10 @@ def test_gradient_and_hessian_finite_differences(seed: int) -> None:
     # the preconditioned conjugate gradient solves the Newton system
     x, _ = system.solve(system.hv(E), 1e-10, 500)
     np.testing.assert_allclose(x, E, atol=1e-7 * np.abs(E).max())
+    assert (system.chol is None) == implicit_rows
+    if implicit_rows:
+        sol = solve(W, c)
+        assert sol.lower_bound <= sol.privacy_cost**2 <= sol.lower_bound * (1 + 1e-3)
 
 
 @pytest.mark.parametrize(

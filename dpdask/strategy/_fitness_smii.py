@@ -67,6 +67,8 @@ __all__ = ["SMIIOptions", "SMIIResult", "smii"]
 _NEGLIGIBLE = 1e-18
 # The Woodbury preconditioner is built when at most this many constraints are active.
 _MAX_WOODBURY = 6000
+# Whitened query rows are held explicitly up to this many entries.
+_MAX_ROW_ENTRIES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -253,9 +255,17 @@ class _NewtonSystem:
         keep = pt.pi > _NEGLIGIBLE
         B, self.pi = Bh[:, keep], pt.pi[keep]
         keep = pt.nu > _NEGLIGIBLE
-        Lt = obj.rows.times(self.F)[keep] / np.sqrt(c[keep])[:, None]
         self.nu = pt.nu[keep]
-        A = _gram_rows(Lt.T * np.sqrt(self.nu))
+        # the whitened query rows, explicit unless there are too many of them (then the
+        # variance part is applied through the row term in the original coordinates)
+        self.rows = None
+        if self.nu.size * self.F.shape[0] <= _MAX_ROW_ENTRIES:
+            Lt = obj.rows.times(self.F)[keep] / np.sqrt(c[keep])[:, None]
+            A = _gram_rows(Lt.T * np.sqrt(self.nu))
+        else:
+            self.rows, self.keep, self.c = obj.rows, keep, c
+            Lt = np.zeros((0, self.F.shape[0]))
+            A = self._sandwich(obj.rows.gram(pt.nu / c))
         # the whitened gradient F^T grad F: the soft-max gradients are A and -K
         self.gradient = A - K
         if obj.G is not None:
@@ -266,8 +276,15 @@ class _NewtonSystem:
         self.dtype = dtype
         self.B, self.Lt, self.K, self.A = (np.asarray(a, dtype=dtype) for a in (B, Lt, K, A))
         self.chol = None
-        if precondition and self.pi.size + self.nu.size <= _MAX_WOODBURY:
+        if precondition and self.rows is None and self.pi.size + self.nu.size <= _MAX_WOODBURY:
             self._woodbury(B, Lt)
+
+    def _sandwich(self, M: np.ndarray) -> np.ndarray:
+        """``F^T M F`` (two triangular products)."""
+        trmm = sla.blas.dtrmm
+        M = trmm(1.0, self.F, M, side=0, lower=1, trans_a=1)
+        M = trmm(1.0, self.F, M, side=1, lower=1)
+        return 0.5 * (M + M.T)
 
     def direction(self, E: np.ndarray) -> np.ndarray:
         """``D = F E F^T`` in the original coordinates (two triangular products)."""
@@ -279,14 +296,23 @@ class _NewtonSystem:
     def _UT(self, E: np.ndarray) -> np.ndarray:
         """``U^T E = (q, s)``: two matrix products."""
         q = np.einsum("ij,ij->j", self.B, E @ self.B)
-        s = np.einsum("ij,ij->i", self.Lt @ E, self.Lt)
+        if self.rows is None:
+            s = np.einsum("ij,ij->i", self.Lt @ E, self.Lt)
+        else:
+            D = self.direction(np.asarray(E, dtype=np.float64))
+            s = (self.rows.quad(D) / self.c)[self.keep]
         return np.concatenate([q, s]).astype(np.float64)
 
     def _U(self, y: np.ndarray) -> np.ndarray:
         """``U y``: two matrix products."""
         a = y[: self.k].astype(self.dtype)
         b = y[self.k :].astype(self.dtype)
-        return (self.B * a) @ self.B.T + self.Lt.T @ (self.Lt * b[:, None])
+        out = (self.B * a) @ self.B.T
+        if self.rows is None:
+            return out + self.Lt.T @ (self.Lt * b[:, None])
+        w = np.zeros(self.keep.size)
+        w[self.keep] = b
+        return out + self._sandwich(self.rows.gram(w / self.c)).astype(self.dtype)
 
     def _hv(self, E: np.ndarray, uE: np.ndarray) -> np.ndarray:
         """``H[E]`` given ``U^T E``: three matrix products."""
