@@ -87,6 +87,10 @@ def _release_table(summary: dict) -> str:
             f"{lv['level']:<14}{lv['units']:>8}{lv['chunks']:>8}{lv['noise_scale']:>12.4g}"
             f"{e.get('rmse_per_query', float('nan')):>14.4g}"
         )
+    bad = summary.get("not_converged") or []
+    if bad:
+        lines.append(f"WARNING: {len(bad)} chunk(s) did not converge ({summary['reconstruct']}):")
+        lines.extend(f"  {r['level']} chunk {r['chunk']}: {r}" for r in bad)
     return "\n".join(lines)
 
 

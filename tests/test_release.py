@@ -239,3 +239,30 @@ def test_plan_must_fit_domain(store) -> None:
     st, _ = store
     with pytest.raises(ValueError, match="columns"):
         release(make_plan(strategy=Identity(5)), st, test_mode=True)
+
+
+@pytest.mark.parametrize("method", ["nnls", "admm-l1"])
+def test_nonnegative_estimators_are_consistent_and_nonnegative(store, tmp_path, method) -> None:
+    st, counts = store
+    # with exact measurements every estimator returns the truth
+    exact = release(make_plan(), st, test_mode=True, noise=False, reconstruct=method)
+    g = zarr.open_group(str(exact.to_zarr(tmp_path / "exact.zarr")), mode="r")
+    for lv, truth in _level_truth(counts, st).items():
+        np.testing.assert_allclose(g[lv]["estimate"][:], truth, atol=1e-3 * max(1, truth.max()))
+    # with much noise, estimates stay non-negative and children add up to parents
+    noisy = release(
+        make_plan(rho="1/1000"),
+        st,
+        test_mode=True,
+        reconstruct=method,
+        key=SecretKey.for_testing(4),
+        run_id="noisy",
+    )
+    g = zarr.open_group(str(noisy.to_zarr(tmp_path / "noisy.zarr")), mode="r")
+    for upper, lower in (("state", "county"), ("county", "tract")):
+        child = g[lower]["estimate"][:]
+        assert child.min() >= 0
+        sums = np.zeros_like(g[upper]["estimate"][:])
+        np.add.at(sums, g[lower]["parent"][:], child)
+        np.testing.assert_allclose(sums, g[upper]["estimate"][:], atol=1e-8)
+    assert dict(g.attrs)["dpdask"]["reconstruct"] == method

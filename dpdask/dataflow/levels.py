@@ -23,9 +23,9 @@ from dask.base import tokenize
 
 from dpdask.dataflow._aggregate import level_key
 from dpdask.domain import Geography
-from dpdask.reconstruct.consistency import children_sum
+from dpdask.reconstruct.consistency import children_sum, project_children
 
-__all__ = ["LevelChunks", "aggregate", "bottom_up", "level_chunks", "top_down"]
+__all__ = ["LevelChunks", "aggregate", "bottom_up", "level_chunks", "nonneg_down", "top_down"]
 
 
 @dataclass(frozen=True)
@@ -291,3 +291,33 @@ def top_down(
 def n_chunks(lc: LevelChunks) -> dict[str, int]:
     """How many chunks each level has (for progress reports)."""
     return {lv: len(c) for lv, c in zip(lc.levels, lc.chunks, strict=True)}
+
+
+def _project_block(children, totals, p, block_info=None):
+    return project_children(children, _local_parents(p, block_info), totals)
+
+
+def nonneg_down(final: Sequence[da.Array], lc: LevelChunks, name: str) -> list[da.Array]:
+    """Non-negative estimates that stay consistent, top-down and lazily.
+
+    The top level is clipped at zero; then, level by level, each unit's children
+    are projected (cell by cell) onto the non-negative vectors that add up to the
+    unit's already non-negative value (:func:`dpdask.reconstruct.project_children`).
+    """
+    out = [da.maximum(final[0], 0.0)]
+    for lvl in range(1, len(final)):
+        parents = _parent_aligned(out[lvl - 1], lc, lvl)
+        child = final[lvl]
+        out.append(
+            da.map_blocks(
+                _project_block,
+                child,
+                parents,
+                lc.parents[lvl - 1],
+                dtype=child.dtype,
+                chunks=child.chunks,
+                name=f"{name}-{level_key(lc.levels[lvl])}-{tokenize(child, parents)}",
+                meta=np.empty((0,) * child.ndim, dtype=child.dtype),
+            )
+        )
+    return out

@@ -37,6 +37,7 @@ each level's budget, noise and charge, the total budget and what the ledger hold
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import pathlib
 import secrets
@@ -53,10 +54,16 @@ from dask.base import tokenize
 
 from dpdask import __version__
 from dpdask.dataflow._aggregate import level_key
-from dpdask.dataflow._blocks import answer_block, measure_block, reconstruct_block
+from dpdask.dataflow._blocks import (
+    ESTIMATORS,
+    NONNEGATIVE,
+    answer_block,
+    measure_block,
+    reconstruct_block,
+)
 from dpdask.dataflow._publish import check_target
 from dpdask.dataflow._store import DataStore, open_store
-from dpdask.dataflow.levels import LevelChunks, bottom_up, level_chunks, top_down
+from dpdask.dataflow.levels import LevelChunks, bottom_up, level_chunks, nonneg_down, top_down
 from dpdask.domain import Domain
 from dpdask.linalg import Kron, LinearQuery, gram_root
 from dpdask.measure import _level_charge
@@ -65,8 +72,6 @@ from dpdask.privacy import ApproxDP, Budget, Charge, Ledger, PureDP, zCDP
 from dpdask.privacy._mechanisms import MECHANISM_NORM
 
 __all__ = ["LevelPlan", "Release", "release"]
-
-_RECONSTRUCT = ("ls",)
 
 
 class LevelPlan:
@@ -210,6 +215,8 @@ class Release:
             "run_id": self.run_id,
             "budget": self.total.to_dict(),
             "domain": self.domain.to_dict(),
+            "reconstruct": self.reconstruct,
+            "not_converged": getattr(self, "_reports", []),
             "levels": [],
         }
         for L in self._levels:
@@ -332,6 +339,8 @@ class Release:
         group = zarr.open_group(str(work / "raw.zarr"), mode="a", zarr_format=3)
         markers = work / "done"
         markers.mkdir(exist_ok=True)
+        reports = work / "reports"
+        reports.mkdir(exist_ok=True)
         arrays, pending = [], []
         data = self._level_data()
         cell_shape = self.domain.shape
@@ -358,7 +367,8 @@ class Release:
                 meta=np.empty((0, 0)),
             )  # fmt: skip
             est = y.map_blocks(
-                reconstruct_block, L.plan.strategy, "auto", cell_shape, L.plan.pinv(),
+                reconstruct_block, L.plan.strategy, self.reconstruct, cell_shape, L.plan.pinv(),
+                L.plan.workload, str(reports), L.name,
                 chunks=(x.chunks[0], *((s,) for s in cell_shape)),
                 new_axis=list(range(2, 1 + len(cell_shape))),
                 dtype=np.float64, name=f"reconstruct-{word}-{tok}",
@@ -399,6 +409,12 @@ class Release:
             final, fvar = top_down(z, vz, cz, cv, self.lc, "consistent")
         else:
             final, fvar = estimates, variances
+        if self.reconstruct in NONNEGATIVE:
+            final = nonneg_down(final, self.lc, "nonnegative")
+        self._reports = sorted(
+            (json.loads(p.read_text()) for p in (work / "reports").glob("*.json")),
+            key=lambda r: (r["level"], r["chunk"]),
+        )
         out = work / "final.zarr"
         if out.exists():
             shutil.rmtree(out)
@@ -445,7 +461,6 @@ class Release:
                 "format_version": 1,
                 "dpdask_version": __version__,
                 "created": datetime.datetime.now(datetime.UTC).isoformat(),
-                "reconstruct": self.reconstruct,
                 "source": str(self.store.path),
                 "test_mode": self.test_mode,
                 "noise": self.noise,
@@ -582,8 +597,8 @@ def release(
         geo.level_index(lv)
     if not noise and not test_mode:
         raise ValueError("noise=False is only allowed in test mode")
-    if reconstruct not in _RECONSTRUCT:
-        raise ValueError(f"reconstruct={reconstruct!r} is not one of {_RECONSTRUCT}")
+    if reconstruct not in ESTIMATORS:
+        raise ValueError(f"reconstruct={reconstruct!r} is not one of {ESTIMATORS}")
     if isinstance(plans, Mapping):
         missing = [lv for lv in levels if lv not in plans]
         if missing:
