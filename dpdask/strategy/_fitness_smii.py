@@ -64,9 +64,11 @@ from dpdask.strategy._fitness_terms import ColumnTerm, RowTerm, nuclear_bound
 __all__ = ["SMIIOptions", "SMIIResult", "smii"]
 
 # Soft-max weights below this are left out of Hessian-vector products.
-_NEGLIGIBLE = 1e-18
-# The Woodbury preconditioner is built when at most this many constraints are active.
+_NEGLIGIBLE = 1e-12
+# The Woodbury preconditioner is built when at most this many constraints are active,
+# and at most this many per row of Sigma (beyond that U G U^T is no longer low rank).
 _MAX_WOODBURY = 6000
+_WOODBURY_PER_RANK = 3
 # Whitened query rows are held explicitly up to this many entries.
 _MAX_ROW_ENTRIES = 1 << 24
 
@@ -250,6 +252,7 @@ class _NewtonSystem:
     def __init__(self, obj: _Objective, pt: _Point, precondition: bool, dtype: type):
         c = obj.c
         self.F = pt.R.T
+        r = self.F.shape[0]
         Bh = obj.cols.whiten(pt.Rinv.T)
         K = _gram_rows(Bh * np.sqrt(pt.pi))
         keep = pt.pi > _NEGLIGIBLE
@@ -276,7 +279,8 @@ class _NewtonSystem:
         self.dtype = dtype
         self.B, self.Lt, self.K, self.A = (np.asarray(a, dtype=dtype) for a in (B, Lt, K, A))
         self.chol = None
-        if precondition and self.rows is None and self.pi.size + self.nu.size <= _MAX_WOODBURY:
+        k = self.pi.size + self.nu.size
+        if precondition and self.rows is None and k <= min(_MAX_WOODBURY, _WOODBURY_PER_RANK * r):
             self._woodbury(B, Lt)
 
     def _sandwich(self, M: np.ndarray) -> np.ndarray:
