@@ -189,11 +189,13 @@ def test_bad_arguments_raise(kwargs: dict, match: str) -> None:
 
 
 # -- hierarchical tree -------------------------------------------------------------------
-@pytest.mark.parametrize(("n", "b"), [(1, 2), (2, 2), (7, 2), (10, 3), (16, 4), (13, 5)])
-def test_tree_projection_is_weighted_least_squares(n: int, b: int, rng) -> None:
-    T = HierarchicalTree(n, b)
+@pytest.mark.parametrize(("n", "b"), [(1, 2), (2, 2), (5, 2), (7, 2), (10, 3), (16, 4), (13, 5)])
+@pytest.mark.parametrize("root", [True, False])
+def test_tree_projection_is_weighted_least_squares(n: int, b: int, root: bool, rng) -> None:
+    T = HierarchicalTree(n, b, root=root)
     H = T.strategy().dense()
     np.testing.assert_array_equal(T.answers(np.eye(n)), H)
+    np.testing.assert_array_equal(T.leaves(H), np.eye(n))
     V = rng.normal(size=(T.m, 3))
     np.testing.assert_allclose(T.project(V), H @ np.linalg.pinv(H) @ V, atol=1e-10)
     np.testing.assert_allclose(T.project(V[:, 0]), T.project(V)[:, 0], atol=1e-12)
@@ -201,26 +203,36 @@ def test_tree_projection_is_weighted_least_squares(n: int, b: int, rng) -> None:
     Si = np.diag(1.0 / var)
     gls = H @ np.linalg.solve(H.T @ Si @ H, H.T @ Si @ V)
     np.testing.assert_allclose(T.project(V, var), gls, atol=1e-10)
-    # the same passes as the geography-level tree consistency, per level
+
+
+@pytest.mark.parametrize(("n", "b"), [(8, 2), (27, 3)])
+def test_full_tree_projection_equals_geography_consistency(n: int, b: int, rng) -> None:
+    """On a full tree the passes are those of the geography-level tree consistency."""
+    T = HierarchicalTree(n, b)
+    V = rng.normal(size=(T.m, 2))
+    var = rng.uniform(0.5, 2.0, size=T.levels)
     per_level = [V[s] for s in T.level_slices()]
     parents = [np.arange(T.level_sizes[i + 1]) // b for i in range(T.levels - 1)]
-    joined, _ = tree_consistent(per_level, [1.0] * T.levels, parents)
-    np.testing.assert_allclose(np.concatenate(joined), T.project(V), atol=1e-10)
+    joined, _ = tree_consistent(per_level, list(var), parents)
+    np.testing.assert_allclose(np.concatenate(joined), T.project(V, var), atol=1e-10)
 
 
 def test_tree_structure() -> None:
     T = HierarchicalTree(10, 3)
-    assert T.level_sizes == (1, 2, 4, 10) and T.shape == (17, 10) and T.levels == 4
+    assert T.level_sizes == (1, 3, 9, 2) and T.shape == (15, 10) and T.levels == 4
     assert (T.lo[0], T.hi[0]) == (0, 9)
-    assert list(zip(T.lo[3:7], T.hi[3:7], strict=True)) == [(0, 2), (3, 5), (6, 8), (9, 9)]
+    assert list(zip(T.lo[1:4], T.hi[1:4], strict=True)) == [(0, 3), (4, 6), (7, 9)]
     assert T.strategy().sensitivity(1) == T.levels
+    assert HierarchicalTree(10, 3, root=False).level_sizes == (3, 9, 2)
     for bad in (0, 2.5, True):
         with pytest.raises(ValueError):
             HierarchicalTree(bad, 2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="branching"):
         HierarchicalTree(8, 1)
     with pytest.raises(ValueError, match="variances"):
-        T.project(np.zeros(17), variances=np.ones(5))
+        T.project(np.zeros(15), variances=np.ones(5))
+    with pytest.raises(ValueError, match="positive"):
+        T.project(np.zeros(15), variances=0.0)
 
 
 def test_tree_form_l1_matches_linprog(rng: np.random.Generator) -> None:
@@ -243,7 +255,7 @@ def test_tree_form_matches_cvxpy(loss: str, rng: np.random.Generator) -> None:
     H = T.strategy()
     M = H.dense()
     y = M @ rng.poisson(1.0, size=9) + rng.laplace(scale=2.0, size=T.m)
-    b = np.repeat([4.0, 3.0, 2.0, 2.0, 1.0], T.level_sizes)  # per-level scales
+    b = np.repeat([4.0, 3.0, 2.0, 1.0, 1.0][: T.levels], T.level_sizes)  # per-level scales
     est = admm(H, y, loss=loss, tree=T, scale=b, tol=1e-10, maxiter=50_000)
     assert _relerr(est.x, _qp_cvxpy(M, y, loss, b=b)) < 1e-6
     # tree form and matrix form solve the same problem

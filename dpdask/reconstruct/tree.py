@@ -1,49 +1,67 @@
 """Hierarchical histograms: the tree of interval counts and its least-squares projection.
 
 A hierarchical strategy over ``n`` ordered cells (Hay et al., 2010) measures the
-count of every node of a ``b``-ary tree: the leaves are the cells, and each node
-above groups ``b`` consecutive nodes of the level below (the last group of a level
-may be smaller when ``n`` is not a power of ``b``). Rows are stored in
-breadth-first order -- the root first, then each level left to right -- as in
-section 3.3 of Lee, Wang and Kifer (paper 001).
+count of every node of a ``b``-ary interval tree. The tree is the one of
+:func:`dpdask.strategy.baselines.hierarchical` (built by
+:func:`~dpdask.strategy.baselines.tree_intervals`): the root covers every cell,
+each node of length ``L > 1`` splits into ``min(b, L)`` contiguous children, and
+the cells are the leaves (at different depths when ``n`` is not a power of
+``b``). Rows are in breadth-first order -- the root first, then each level left to
+right -- as in section 3.3 of Lee, Wang and Kifer (paper 001).
 
 A node vector ``v`` is *consistent* when every node equals the sum of its
 children. The least-squares projection onto consistent vectors, weighted by the
 inverse variance of each node, is Hay et al.'s two-pass algorithm (the ``H_tree``
-of Algorithm 3 in paper 001), which :class:`HierarchicalTree` evaluates in
-``O(m)`` per call: the projection is linear and its coefficients depend only on
-the tree and the variances, so they are computed once.
+of Algorithm 3 in paper 001), evaluated here in ``O(m)``; it is linear, and its
+coefficients depend only on the tree and the variances, so they are computed once:
 
-* bottom-up, ``z_u = a_u v_u + (1 - a_u) s_u`` where ``s_u`` is the sum of the
-  children's ``z``, ``w_u`` the sum of their variances ``var z_c`` and
-  ``a_u = w_u / (var_u + w_u)``; ``var z_u = var_u w_u / (var_u + w_u)``;
-* top-down, ``f_root = z_root`` and ``f_c = z_c + (var z_c / w_u) (f_u - s_u)``.
+* bottom-up, a leaf keeps ``z_u = v_u``; an internal node takes
+  ``z_u = s_u + a_u (v_u - s_u)`` where ``s_u`` is the sum of its children's ``z``,
+  ``w_u`` the sum of their variances ``var z_c`` and ``a_u = w_u / (var_u + w_u)``;
+  then ``var z_u = var_u a_u``;
+* top-down, ``f = z`` on the top level and ``f_c = z_c + (var z_c / w_u) (f_u - s_u)``.
 
-These are the same passes as :func:`dpdask.reconstruct.tree_consistent` (which
-works on geography levels with arbitrary parents); here they are specialised to
-consecutive grouping, so that each pass over a level is ``b`` strided additions.
+These are the passes of :func:`dpdask.reconstruct.tree_consistent` (which works on
+geography levels, every unit with a parent in the level above); here children are
+contiguous runs of the next level and leaves may sit on any level, so a level's
+child sums are strided additions (equal fan-outs) or one ``np.add.reduceat``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from dpdask.linalg import LinearQuery, RangeQueries, VStack
+from dpdask.linalg import LinearQuery
+from dpdask.strategy.baselines import hierarchical, tree_intervals
 
 __all__ = ["HierarchicalTree"]
 
 
+@dataclass(frozen=True)
+class _Level:
+    """How one level's nodes own the next level's nodes (children are contiguous runs)."""
+
+    rows: slice  # this level's rows
+    split: np.ndarray  # positions (within the level) of the nodes that have children
+    starts: np.ndarray  # first child of each split node, within the next level
+    counts: np.ndarray  # children of each split node
+    fanout: int  # the common number of children when every node splits equally, else 0
+
+
 class HierarchicalTree:
-    """The ``b``-ary tree of interval counts over ``n`` ordered cells.
+    """The ``b``-ary interval tree over ``n`` ordered cells, with its tree projection.
 
     Parameters
     ----------
     n : int
-        Number of leaves (cells of the histogram), at least 1.
+        Number of cells (leaves), at least 1.
     branching : int
-        Fan-out ``b >= 2`` of every internal node.
+        Children per node, ``b >= 2``.
+    root : bool
+        Include the root (the total), as Hay et al. do.
 
     Attributes
     ----------
@@ -51,11 +69,9 @@ class HierarchicalTree:
     shape : tuple of int
         ``(m, n)``: the strategy has one row per node.
     level_sizes : tuple of int
-        Nodes per level, root first (the last entry is ``n``).
-    offsets : ndarray
-        Row offset of each level (length ``levels + 1``).
+        Nodes per level, top first.
     lo, hi : ndarray
-        The interval ``[lo, hi]`` (inclusive) of cells counted by each node, in row order.
+        The cells ``lo..hi`` (inclusive) counted by each node, in row order.
 
     Examples
     --------
@@ -65,32 +81,34 @@ class HierarchicalTree:
     >>> T.answers(np.array([1.0, 2.0, 3.0, 4.0])).tolist()
     [10.0, 3.0, 7.0, 1.0, 2.0, 3.0, 4.0]
     >>> v = np.array([11.0, 3.0, 7.0, 1.0, 2.0, 3.0, 4.0])  # the root is off by one
-    >>> bool(np.allclose(T.answers(T.leaves(T.project(v))), T.project(v)))
+    >>> p = T.project(v)
+    >>> bool(np.allclose(T.answers(T.leaves(p)), p))
     True
     """
 
-    def __init__(self, n: int, branching: int = 2):
-        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
-            raise ValueError(f"HierarchicalTree needs a positive number of leaves, got {n!r}")
-        if isinstance(branching, bool) or not isinstance(branching, int | np.integer):
-            raise ValueError(f"branching must be an integer >= 2, got {branching!r}")
-        if branching < 2:
-            raise ValueError(f"branching must be an integer >= 2, got {branching!r}")
-        self.n, self.branching = int(n), int(branching)
-        # build bottom-up: each level groups b consecutive nodes of the level below
-        lo, hi = [np.arange(self.n)], [np.arange(self.n)]
-        while lo[-1].size > 1:
-            count = lo[-1].size
-            first = np.arange(0, count, self.branching)
-            last = np.minimum(first + self.branching, count) - 1
-            lo.append(lo[-1][first])
-            hi.append(hi[-1][last])
-        # store root first
-        self.level_sizes = tuple(int(a.size) for a in lo[::-1])
-        self.offsets = np.concatenate([[0], np.cumsum(self.level_sizes)])
-        self.lo = np.concatenate(lo[::-1])
-        self.hi = np.concatenate(hi[::-1])
-        self.shape = (int(self.offsets[-1]), self.n)
+    def __init__(self, n: int, branching: int = 2, root: bool = True):
+        lo, hi = tree_intervals(n, branching, root)  # validates n and branching
+        self.n, self.branching, self.root = int(n), int(branching), bool(root)
+        self.lo, self.hi = lo, hi
+        self.shape = (int(lo.size), self.n)
+        bounds = np.flatnonzero(np.diff(lo) <= 0) + 1  # lo increases within a level
+        offsets = np.concatenate([[0], bounds, [lo.size]])
+        self.level_sizes = tuple(int(s) for s in np.diff(offsets))
+        self._levels: list[_Level] = []
+        for i in range(len(self.level_sizes)):
+            rows = slice(int(offsets[i]), int(offsets[i + 1]))
+            if i + 1 < len(self.level_sizes):
+                below = slice(int(offsets[i + 1]), int(offsets[i + 2]))
+                parent = np.searchsorted(lo[rows], lo[below], side="right") - 1
+                counts_all = np.bincount(parent, minlength=self.level_sizes[i])
+            else:
+                counts_all = np.zeros(self.level_sizes[i], dtype=np.int64)
+            split = np.flatnonzero(counts_all)
+            counts = counts_all[split]
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+            even = split.size == self.level_sizes[i] and split.size and np.all(counts == counts[0])
+            self._levels.append(_Level(rows, split, starts, counts, int(counts[0]) if even else 0))
+        self._leaf_rows = np.flatnonzero(lo == hi)[np.argsort(lo[lo == hi], kind="stable")]
         self._unit: Callable[[np.ndarray], np.ndarray] | None = None
 
     # -- structure -----------------------------------------------------
@@ -101,18 +119,16 @@ class HierarchicalTree:
 
     @property
     def levels(self) -> int:
-        """Number of levels, root and leaves included (the L1 sensitivity of the strategy)."""
+        """Number of levels (the L1 sensitivity of the strategy: a cell lies in one node each)."""
         return len(self.level_sizes)
 
     def level_slices(self) -> list[slice]:
-        """The rows of each level, root first."""
-        bounds = zip(self.offsets[:-1], self.offsets[1:], strict=True)
-        return [slice(int(a), int(b)) for a, b in bounds]
+        """The rows of each level, top first."""
+        return [lvl.rows for lvl in self._levels]
 
     def strategy(self) -> LinearQuery:
-        """The strategy matrix: one :class:`~dpdask.linalg.RangeQueries` per level, root first."""
-        parts = [RangeQueries(self.n, self.lo[s], self.hi[s]) for s in self.level_slices()]
-        return VStack(parts, names=[f"level{i}" for i in range(len(parts))])
+        """The strategy matrix, :func:`dpdask.strategy.baselines.hierarchical`."""
+        return hierarchical(self.n, self.branching, self.root)
 
     def _check_rows(self, V: np.ndarray, rows: int, what: str) -> np.ndarray:
         V = np.asarray(V, dtype=float)
@@ -121,57 +137,76 @@ class HierarchicalTree:
         return V
 
     def answers(self, x: np.ndarray) -> np.ndarray:
-        """Counts of every node for leaf values ``x`` of shape ``(n,)`` or ``(n, k)``."""
-        x = self._check_rows(x, self.n, "leaf values")
-        out = np.empty((self.m, *x.shape[1:]))
-        out[self.offsets[-2] :] = x
-        for lvl in range(self.levels - 2, -1, -1):
-            child = out[self.offsets[lvl + 1] : self.offsets[lvl + 2]]
-            out[self.offsets[lvl] : self.offsets[lvl + 1]] = self._group_sum(child)
-        return out
+        """Counts of every node for cell values ``x`` of shape ``(n,)`` or ``(n, k)``."""
+        x = self._check_rows(x, self.n, "cell values")
+        S = np.zeros((self.n + 1, *x.shape[1:]))
+        np.cumsum(x, axis=0, out=S[1:])
+        return S[self.hi + 1] - S[self.lo]
 
     def leaves(self, V: np.ndarray) -> np.ndarray:
-        """The leaf rows of a node vector ``(m,)`` or ``(m, k)``."""
+        """The cells' rows of a node vector ``(m,)`` or ``(m, k)``, in cell order."""
         V = self._check_rows(V, self.m, "node values")
-        return V[self.offsets[-2] :]
+        return V[self._leaf_rows]
 
-    def _group_sum(self, Z: np.ndarray) -> np.ndarray:
-        """Sum every ``b`` consecutive rows (the last group may be shorter)."""
-        b = self.branching
-        full, rest = divmod(Z.shape[0], b)
-        out = np.empty((full + (rest > 0), *Z.shape[1:]))
-        head = out[:full]
-        np.copyto(head, Z[0 : full * b : b])
-        for j in range(1, b):  # strided adds: far faster than reduceat for small groups
-            head += Z[j : full * b : b]
-        if rest:
-            out[full] = Z[full * b :].sum(axis=0)
-        return out
+    # -- the two passes over levels -------------------------------------
+    def _child_sum(self, lvl: _Level, Zc: np.ndarray) -> np.ndarray:
+        """Sum of each split node's children (``Zc`` holds the next level)."""
+        c = lvl.fanout
+        if c:  # strided additions: much faster than reduceat for small groups
+            out = Zc[0::c].copy()
+            for j in range(1, c):
+                out += Zc[j::c]
+            return out
+        return np.add.reduceat(Zc, lvl.starts, axis=0)
 
-    def _expand(self, R: np.ndarray, rows: int) -> np.ndarray:
-        """Repeat each row of ``R`` for its ``b`` children: ``rows`` rows in all."""
-        b = self.branching
-        out = np.empty((rows, *R.shape[1:]))
-        for j in range(b):
-            out[j::b] = R[: len(range(j, rows, b))]
+    def _expand(self, lvl: _Level, R: np.ndarray, rows: int) -> np.ndarray:
+        """Give each child the value of its (split) parent."""
+        c = lvl.fanout
+        if c:
+            out = np.empty((rows, *R.shape[1:]))
+            for j in range(c):
+                out[j::c] = R
+            return out
+        return np.repeat(R, lvl.counts, axis=0)
+
+    def _coefficients(self, var: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per level: ``a`` of the split nodes and the top-down share of every node."""
+        L = self.levels
+        vz = [var[lvl.rows].copy() for lvl in self._levels]
+        a: list[np.ndarray] = [np.empty(0)] * L
+        w: list[np.ndarray] = [np.empty(0)] * L
+        for i in range(L - 2, -1, -1):
+            lvl = self._levels[i]
+            w[i] = self._child_sum(lvl, vz[i + 1])
+            v_split = var[lvl.rows][lvl.split]
+            a[i] = w[i] / (v_split + w[i])
+            vz[i][lvl.split] = v_split * a[i]
+        share = [np.empty(0)] + [
+            vz[i] / self._expand(self._levels[i - 1], w[i - 1], self.level_sizes[i])
+            for i in range(1, L)
+        ]
+        return a, share
+
+    def _two_pass(self, V: np.ndarray, a: list[np.ndarray], share: list[np.ndarray]) -> np.ndarray:
+        L = self.levels
+        tail = (slice(None),) + (None,) * (V.ndim - 1)  # broadcast per-node coefficients
+        z = [V[lvl.rows].copy() for lvl in self._levels]
+        s: list[np.ndarray] = [np.empty(0)] * L
+        for i in range(L - 2, -1, -1):
+            lvl = self._levels[i]
+            s[i] = self._child_sum(lvl, z[i + 1])
+            zi = z[i][lvl.split]
+            z[i][lvl.split] = s[i] + a[i][tail] * (zi - s[i])
+        out = np.empty_like(V)
+        out[self._levels[0].rows] = z[0]
+        for i in range(1, L):
+            up = self._levels[i - 1]
+            resid = out[up.rows][up.split] - s[i - 1]
+            spread = self._expand(up, resid, self.level_sizes[i])
+            out[self._levels[i].rows] = z[i] + share[i][tail] * spread
         return out
 
     # -- projection ----------------------------------------------------
-    def _coefficients(self, var: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per level: the bottom-up weights ``a`` and the top-down shares."""
-        var_l = [var[s] for s in self.level_slices()]
-        L = self.levels
-        vz: list[np.ndarray] = [None] * L  # type: ignore[list-item]
-        w: list[np.ndarray] = [None] * L  # type: ignore[list-item]
-        a: list[np.ndarray] = [None] * L  # type: ignore[list-item]
-        vz[-1] = var_l[-1]
-        for lvl in range(L - 2, -1, -1):
-            w[lvl] = self._group_sum(vz[lvl + 1])
-            a[lvl] = w[lvl] / (var_l[lvl] + w[lvl])
-            vz[lvl] = var_l[lvl] * a[lvl]
-        share = [None] + [vz[lvl] / self._expand(w[lvl - 1], vz[lvl].size) for lvl in range(1, L)]
-        return a, share  # type: ignore[return-value]
-
     def projector(
         self, variances: np.ndarray | float | None = None
     ) -> Callable[[np.ndarray], np.ndarray]:
@@ -206,29 +241,12 @@ class HierarchicalTree:
             inverse variances, of the shape of ``V``.
         """
         if variances is None or np.ndim(variances) == 0:
-            if self._unit is None:
-                self._unit = self.projector()  # a common variance cancels out
             if variances is not None:
-                self._node_variances(variances)  # validate
+                self._node_variances(variances)  # validate; a common variance cancels out
+            if self._unit is None:
+                self._unit = self.projector()
             return self._unit(V)
         return self.projector(variances)(V)
-
-    def _two_pass(self, V: np.ndarray, a: list[np.ndarray], share: list[np.ndarray]) -> np.ndarray:
-        sl = self.level_slices()
-        tail = (slice(None),) + (None,) * (V.ndim - 1)  # broadcast per-node coefficients
-        L = self.levels
-        z: list[np.ndarray] = [None] * L  # type: ignore[list-item]
-        s: list[np.ndarray] = [None] * L  # type: ignore[list-item]
-        z[-1] = V[sl[-1]]
-        for lvl in range(L - 2, -1, -1):
-            s[lvl] = self._group_sum(z[lvl + 1])
-            z[lvl] = s[lvl] + a[lvl][tail] * (V[sl[lvl]] - s[lvl])
-        out = np.empty_like(V)
-        out[sl[0]] = z[0]
-        for lvl in range(1, L):
-            resid = out[sl[lvl - 1]] - s[lvl - 1]
-            out[sl[lvl]] = z[lvl] + share[lvl][tail] * self._expand(resid, z[lvl].shape[0])
-        return out
 
     def _node_variances(self, variances: np.ndarray | float | None) -> np.ndarray:
         if variances is None:
@@ -248,4 +266,5 @@ class HierarchicalTree:
         return v
 
     def __repr__(self) -> str:
-        return f"HierarchicalTree(n={self.n}, branching={self.branching})"
+        root = "" if self.root else ", root=False"
+        return f"HierarchicalTree(n={self.n}, branching={self.branching}{root})"
