@@ -29,7 +29,8 @@ the number of parts, and the reported lower bound says how much it actually cost
 
 Factor problems are independent Dask tasks named ``optimize-factor-<attribute>-<token>``
 (identical factor problems, such as the repeated identities and totals of a marginal
-workload, are solved once).
+workload, are solved once); parts of a union that are not products with factored
+targets are tasks ``optimize-part-<token>``.
 """
 
 from __future__ import annotations
@@ -82,10 +83,10 @@ def factor_targets(targets: np.ndarray, shape: Sequence[int]) -> list[np.ndarray
     return [np.exp(p) for p in parts]
 
 
-def _task_key(name: str | None, token: str) -> str:
+def _task_key(kind: str, name: str | None, token: str) -> str:
     if name is not None and _WORD.match(name):
-        return f"optimize-factor-{name}-{token}"
-    return f"optimize-factor-{token}"
+        return f"optimize-{kind}-{name}-{token}"
+    return f"optimize-{kind}-{token}"
 
 
 class _Batch:
@@ -95,11 +96,13 @@ class _Batch:
         self.options = options
         self.tasks: dict[str, Any] = {}
 
-    def add(self, W: LinearQuery, c: np.ndarray, basis: Any, name: str | None) -> str:
+    def add(
+        self, W: LinearQuery, c: np.ndarray, basis: Any, name: str | None, kind: str = "factor"
+    ) -> str:
         token = tokenize(W, c, basis, self.options)
         if token not in self.tasks:
             self.tasks[token] = delayed(solve_dense, pure=True)(
-                W, c, basis, None, self.options, dask_key_name=_task_key(name, token)
+                W, c, basis, None, self.options, dask_key_name=_task_key(kind, name, token)
             )
         return token
 
@@ -190,7 +193,7 @@ def solve_union(
         if split is not None and len(P.factors) > 1:
             plans.append(("kron", _kron_plan(batch, P, split, None, names)))
         else:
-            plans.append(("dense", batch.add(P, c, None, None)))
+            plans.append(("dense", batch.add(P, c, None, None, kind="part")))
     solved = batch.compute()
     parts: list[FitnessResult] = []
     for kind, tok in plans:
