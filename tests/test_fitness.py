@@ -343,3 +343,13 @@ def test_bench_fitness_smoke() -> None:
     assert row["ca_sum_ratio"] == pytest.approx(row["closed_form_sum_ratio"], rel=2e-3)
     with pytest.raises(ValueError, match="unknown sections"):
         bench.run(parser.parse_args(["--sections", "nope"]))
+
+
+def test_iteration_limit_still_feasible() -> None:
+    """Stopped early, SM-II still returns a mechanism that meets the targets (not optimal)."""
+    full = solve(Prefix(8), 1.0)
+    early = solve(Prefix(8), 1.0, options=SMIIOptions(max_newton=3))
+    assert full.info["converged"] and not early.info["converged"]
+    assert early.max_ratio == pytest.approx(1.0, abs=1e-12)
+    assert early.privacy_cost > full.privacy_cost * 1.001
+    assert early.lower_bound <= full.privacy_cost**2

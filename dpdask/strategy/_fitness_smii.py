@@ -465,6 +465,7 @@ def smii(
     weights: tuple[np.ndarray, np.ndarray] | None = None
     path: np.ndarray | None = None
     path_mu = 1.0
+    best: tuple[float, _Point] = (math.inf, pt)
     history: list[dict[str, float]] = []
 
     def certify(point: _Point) -> float:
@@ -493,6 +494,8 @@ def smii(
             continue
         # sub-problem solved (or no further progress): certify, then sharpen the soft max
         ub = float(pt.p.max() * (pt.v.max() + opt.total_weight * pt.total))
+        if ub < best[0]:
+            best = (ub, pt)
         if opt.total_weight == 0:
             lb = certify(pt)
             if lb > best_lb:
@@ -532,6 +535,8 @@ def smii(
                 continue
         path, path_mu = pt.sigma, mu
 
+    if best[0] < float(pt.p.max() * (pt.v.max() + opt.total_weight * pt.total)):
+        pt = best[1]  # the last iterate (out of iterations) is worse than a stage's end
     vmax = float(pt.v.max())
     sigma = pt.sigma / vmax
     squared = float(pt.p.max() * vmax)
