@@ -18,12 +18,12 @@ import pytest
 
 from dpdask import Domain
 from dpdask import workloads as wl
-from dpdask.linalg import AllRange, Dense, Identity, Ones, Prefix, VStack
+from dpdask.linalg import AllRange, Dense, Identity, Ones, Prefix, RangeQueries, VStack
 from dpdask.privacy import ApproxDP, PureDP, gaussian_delta, zCDP
 from dpdask.strategy import _fitness_smii as smii_module
 from dpdask.strategy import baselines
 from dpdask.strategy._fitness_smii import _Objective
-from dpdask.strategy._fitness_terms import canonical_problem, row_term
+from dpdask.strategy._fitness_terms import canonical_problem, merge_columns, row_term
 from dpdask.strategy.fitness import FitnessSolution, SMIIOptions, solve
 
 
@@ -178,8 +178,18 @@ def test_total_error_term_tends_to_ca() -> None:
         VStack([Prefix(5), AllRange(5)], weights=[1.0, 0.5]),
         Dense(np.random.default_rng(7).integers(0, 2, (9, 6)).astype(float)),
         wl.marginals(Domain(a=2, b=3), 1),  # rank-deficient: orthonormal row-space basis
+        RangeQueries(10, [2, 2, 5], [4, 6, 6]),  # merged cells, untouched cells
+        Dense([[1.0, 1, 0, 2, 1], [0, 0, 0, 1, 0], [1, 1, 0, 0, 1]]),  # equal and zero columns
     ],
-    ids=["prefix", "allrange", "weighted-stack", "random-01", "marginals-rank-deficient"],
+    ids=[
+        "prefix",
+        "allrange",
+        "weighted-stack",
+        "random-01",
+        "marginals-rank-deficient",
+        "ranges-merged",
+        "explicit-merged",
+    ],
 )
 def test_mechanism_against_dense(W, rng: np.random.Generator) -> None:
     c = rng.uniform(0.5, 2.0, W.shape[0])
@@ -188,6 +198,28 @@ def test_mechanism_against_dense(W, rng: np.random.Generator) -> None:
     assert sol.query_variances().max() <= (c * (1 + 1e-9)).max()
     assert sol.max_ratio == pytest.approx(1.0, abs=1e-12)
     assert sol.lower_bound <= sol.privacy_cost**2 <= sol.lower_bound * (1 + 1e-3)
+    untouched = ~W.dense().any(axis=0)
+    assert (sol.privacy_profile()[untouched] == 0).all()
+
+
+@pytest.mark.parametrize(
+    ("W", "classes"),
+    [
+        (RangeQueries(10, [2, 2, 5], [4, 6, 6]), [-1, -1, 0, 0, 0, 1, 1, -1, -1, -1]),
+        (Dense([[1.0, 1, 0, 2, 1], [0, 0, 0, 1, 0], [1, 1, 0, 0, 1]]), [0, 0, -1, 1, 0]),
+    ],
+    ids=["ranges", "explicit"],
+)
+def test_merge_columns(W, classes: list[int]) -> None:
+    """Cells with equal columns share a class; untouched cells are dropped (-1)."""
+    merged, got = merge_columns(row_term(W))
+    np.testing.assert_array_equal(got, classes)
+    M = W.dense()
+    kept = [int(np.flatnonzero(np.asarray(classes) == k)[0]) for k in range(merged.r)]
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((merged.r, merged.r))
+    S = A + A.T
+    np.testing.assert_allclose(merged.quad(S), np.diag(M[:, kept] @ S @ M[:, kept].T))
 
 
 def test_rank_deficient_basis_and_user_basis(rng: np.random.Generator) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from dpdask import Domain
 from dpdask import workloads as wl
-from dpdask.linalg import AllRange, Dense, Identity, Kron, Ones, Prefix, VStack
+from dpdask.linalg import AllRange, Dense, Identity, Kron, Ones, Prefix, RangeQueries, VStack
 from dpdask.strategy.fitness import solve
 from tests import requires_cvxpy
 
@@ -65,6 +65,11 @@ def _cases() -> list:
             id="kron-factored",
         ),
         pytest.param(VStack([Identity(6), Ones(6)]), np.ones(7), id="identity-sum"),
+        pytest.param(
+            RangeQueries(12, [0, 2, 2, 5, 9], [3, 4, 8, 6, 9]),
+            rng.uniform(1, 3, 5),
+            id="ranges-merged-rank-deficient",
+        ),
     ]
 
 

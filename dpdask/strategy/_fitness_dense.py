@@ -2,9 +2,9 @@
 
 The optimum does not depend on the basis (paper 000, Theorems 3.1 and 3.3: two bases
 give mechanisms with the same output distribution and the same privacy profile), so
-the optimiser always works in the canonical basis of
-:func:`~dpdask.strategy._fitness_terms.canonical_problem` (``B = I``, or an orthonormal
-row-space basis ``Q`` when ``W`` lacks full column rank) and the result is carried to
+the optimiser always works in the canonical basis ``B_c`` of
+:func:`~dpdask.strategy._fitness_terms.canonical_problem` (cells with equal columns
+merged, then ``B = I`` or an orthonormal row-space basis) and the result is carried to
 the requested basis ``B`` afterwards: with ``B = T Q`` (``T = B Q^T`` invertible),
 ``Sigma_B = T Sigma_Q T^T``.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
-from dpdask.linalg import Dense, Identity, LinearQuery, aslinearquery
+from dpdask.linalg import LinearQuery, aslinearquery
 from dpdask.linalg._base import check_dense_size
 from dpdask.strategy._fitness_smii import SMIIOptions, run_info, smii
 from dpdask.strategy._fitness_solution import FitnessSolution
@@ -37,8 +37,8 @@ def _dense(A: Any, what: str) -> np.ndarray:
 def initial_covariance(can: Canonical, init: Any = None) -> np.ndarray:
     """Section 6.3: ``Sigma_0 = B A^+ (A^+)^T B^T`` for a strategy ``A`` (default ``A = I``).
 
-    This is the covariance, on the canonical basis, of the mechanism that adds i.i.d.
-    noise to ``A x`` and answers ``W`` as ``W A^+ (A x + noise)``.
+    This is the covariance, on the canonical basis ``B``, of the mechanism that adds
+    i.i.d. noise to ``A x`` and answers ``W`` as ``W A^+ (A x + noise)``.
 
     Raises
     ------
@@ -50,12 +50,9 @@ def initial_covariance(can: Canonical, init: Any = None) -> np.ndarray:
     if init is None:
         return np.eye(r)
     A = _dense(init, "the initial strategy")
-    if A.shape[1] != can.data_rows.r:
-        raise ValueError(
-            f"the initial strategy has {A.shape[1]} columns, the workload {can.data_rows.r}"
-        )
-    Ap = np.linalg.pinv(A)
-    M = Ap if can.Q is None else can.Q @ Ap
+    if A.shape[1] != can.d:
+        raise ValueError(f"the initial strategy has {A.shape[1]} columns, the workload {can.d}")
+    M = _dense(can.basis, "the basis") @ np.linalg.pinv(A)
     S = M @ M.T
     if np.linalg.matrix_rank(S) < r:
         raise ValueError("the initial strategy does not support the workload (W != W A^+ A)")
@@ -63,9 +60,9 @@ def initial_covariance(can: Canonical, init: Any = None) -> np.ndarray:
 
 
 def _user_basis(can: Canonical, basis: Any) -> tuple[LinearQuery, np.ndarray, np.ndarray]:
-    """Validate a user basis ``B``; return it, ``T = B Q^T`` and ``B^+``."""
+    """Validate a user basis ``B``; return it, ``T`` with ``B = T B_canonical``, and ``B^+``."""
     Bop = aslinearquery(basis)
-    d, r = can.data_rows.r, can.rank
+    d, r = can.d, can.rank
     if Bop.shape[1] != d:
         raise ValueError(f"the basis has {Bop.shape[1]} columns, the workload {d}")
     if Bop.shape[0] != r:
@@ -74,10 +71,13 @@ def _user_basis(can: Canonical, basis: Any) -> tuple[LinearQuery, np.ndarray, np
             "linearly independent rows spanning the workload's row space"
         )
     B = _dense(Bop, "the basis")
-    T = B if can.Q is None else B @ can.Q.T
-    scale = max(np.linalg.norm(B), 1e-300)
-    if can.Q is not None and np.linalg.norm(B - T @ can.Q) > _BASIS_RTOL * scale:
-        raise ValueError("the basis has rows outside the workload's row space")
+    if can.right_inverse is None:
+        T = B
+    else:
+        T = B @ can.right_inverse
+        Bc = _dense(can.basis, "the canonical basis")
+        if np.linalg.norm(B - T @ Bc) > _BASIS_RTOL * max(np.linalg.norm(B), 1e-300):
+            raise ValueError("the basis has rows outside the workload's row space")
     s = sla.svdvals(T)
     if s.min() <= _BASIS_RTOL * s.max():
         raise ValueError("the basis rows are not linearly independent")
@@ -96,11 +96,11 @@ def solve_dense(
     res = smii(can.rows, can.cols, targets, initial_covariance(can, init), options)
     info: dict[str, Any] = {**run_info(res), "rank": can.rank, "dual_weights": res.dual_weights}
     if basis is None:
-        if can.Q is None:
-            return FitnessSolution(
-                W, targets, Identity(can.rank), res.sigma, None, can.data_rows, info
-            )
-        return FitnessSolution(W, targets, Dense(can.Q), res.sigma, can.Q.T, can.data_rows, info)
+        return FitnessSolution(
+            W, targets, can.basis, res.sigma, can.right_inverse, can.rows, None, info
+        )
     Bop, T, Bp = _user_basis(can, basis)
     sigma = T @ res.sigma @ T.T
-    return FitnessSolution(W, targets, Bop, 0.5 * (sigma + sigma.T), Bp, can.data_rows, info)
+    return FitnessSolution(
+        W, targets, Bop, 0.5 * (sigma + sigma.T), Bp, can.rows, np.linalg.inv(T), info
+    )

@@ -32,7 +32,7 @@ from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Product, VStack
 from dpdask.linalg._base import check_dense_size
 from dpdask.linalg._norms import _kron_vectors
 from dpdask.privacy import ApproxDP, Budget, gaussian_delta, zCDP
-from dpdask.strategy._fitness_terms import ExplicitRows, RangeRows
+from dpdask.strategy._fitness_terms import RowTerm
 
 __all__ = ["FitnessResult", "FitnessSolution", "KronFitnessSolution", "UnionFitnessSolution"]
 
@@ -194,9 +194,14 @@ class FitnessSolution(FitnessResult):
     sigma : numpy.ndarray
         ``Sigma`` (``r x r``), symmetric positive definite, noise on ``B x``.
     basis_pinv : numpy.ndarray or None
-        ``B^+`` (``d x r``); ``None`` when ``B`` is the identity.
+        A right inverse ``B^#`` of ``B`` (``d x r``, ``B B^# = I``, so ``L = W B^#``);
+        ``None`` when ``B`` is the identity.
     rows : row term
-        ``W``'s rows in data space (see :mod:`dpdask.strategy._fitness_terms`).
+        ``L_c``, the queries in the solver's canonical basis (see
+        :mod:`dpdask.strategy._fitness_terms`).
+    to_canonical : numpy.ndarray or None
+        ``T^-1`` where ``B = T B_c``: the canonical covariance is ``T^-1 Sigma T^-T``
+        (``None`` when ``B`` is the canonical basis).
     info : dict
         Solver information (iterations, certified lower bound, ...).
     """
@@ -208,7 +213,8 @@ class FitnessSolution(FitnessResult):
         basis: LinearQuery,
         sigma: np.ndarray,
         basis_pinv: np.ndarray | None,
-        rows: ExplicitRows | RangeRows,
+        rows: RowTerm,
+        to_canonical: np.ndarray | None = None,
         info: dict[str, Any] | None = None,
     ):
         self.workload = workload
@@ -217,6 +223,7 @@ class FitnessSolution(FitnessResult):
         self.sigma = np.asarray(sigma, dtype=float)
         self.basis_pinv = basis_pinv
         self._rows = rows
+        self._to_canonical = to_canonical
         self.info = dict(info or {})
 
     @property
@@ -245,9 +252,9 @@ class FitnessSolution(FitnessResult):
         return np.sqrt(np.einsum("ij,ij->j", Z, Z))
 
     def query_variances(self) -> np.ndarray:
-        if self.basis_pinv is None:
+        if self._to_canonical is None:
             return self._rows.quad(self.sigma)
-        P = self.basis_pinv
+        P = self._to_canonical
         return self._rows.quad(P @ self.sigma @ P.T)
 
     def scaled(self, factor: float) -> FitnessSolution:
@@ -258,6 +265,7 @@ class FitnessSolution(FitnessResult):
             self.sigma * float(factor),
             self.basis_pinv,
             self._rows,
+            self._to_canonical,
             self.info,
         )
 

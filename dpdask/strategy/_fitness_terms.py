@@ -31,6 +31,8 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 
 from dpdask.linalg import (
+    Dense,
+    Identity,
     LinearQuery,
     Prefix,
     RangeQueries,
@@ -41,12 +43,14 @@ from dpdask.linalg import (
 from dpdask.linalg._base import check_dense_size
 
 __all__ = [
+    "Canonical",
     "DenseColumns",
     "ExplicitRows",
     "IdentityColumns",
     "MappedRows",
     "RangeRows",
     "canonical_problem",
+    "merge_columns",
     "nuclear_bound",
     "row_term",
 ]
@@ -234,18 +238,70 @@ def row_term(W: LinearQuery) -> ExplicitRows | RangeRows:
     return ExplicitRows(_explicit(W))
 
 
+def merge_columns(rows: ExplicitRows | RangeRows) -> tuple[ExplicitRows | RangeRows, np.ndarray]:
+    """Merge cells whose columns of ``W`` are equal and drop cells no query touches.
+
+    Returns the rows on the merged domain and ``classes``: ``classes[j]`` is the
+    merged cell of cell ``j``, ``-1`` if its column is zero. Cells with equal columns
+    have equal columns in every basis of ``W``'s row space, hence the same privacy
+    profile entry, and cells with zero columns have zero columns in every basis (their
+    profile entry is 0), so the merged problem is the same problem, exactly. Interval
+    queries merge the cells between consecutive end-points and stay intervals.
+    """
+    d = rows.r
+    if isinstance(rows, RangeRows):
+        cuts = np.unique(np.concatenate([[0, d], rows.lo, rows.hi1]))
+        classes = np.searchsorted(cuts, np.arange(d), side="right") - 1
+        lo, hi = classes[rows.lo], classes[rows.hi1 - 1]
+        n = cuts.size - 1
+        cover = np.cumsum(np.bincount(lo, minlength=n + 1) - np.bincount(hi + 1, minlength=n + 1))
+        kept = np.flatnonzero(cover[:n] > 0)
+        renumber = np.full(n, -1)
+        renumber[kept] = np.arange(kept.size)
+        merged = RangeRows(kept.size, renumber[lo], renumber[hi], np.sqrt(rows.scale2))
+        return merged, renumber[classes]
+    L = rows.L
+    C = sp.csc_array(L) if sp.issparse(L) else None
+    if C is not None:
+        C.sort_indices()
+    seen: dict[bytes, int] = {}
+    classes = np.empty(d, dtype=np.int64)
+    for j in range(d):
+        if C is not None:
+            a, b = C.indptr[j], C.indptr[j + 1]
+            nz = C.data[a:b] != 0
+            key = C.indices[a:b][nz].tobytes() + b"|" + C.data[a:b][nz].tobytes()
+            empty = not nz.any()
+        else:
+            col = L[:, j]
+            key = col.tobytes()
+            empty = not col.any()
+        classes[j] = -1 if empty else seen.setdefault(key, len(seen))
+    first = np.unique(classes[classes >= 0], return_index=True)[1]
+    cells = np.flatnonzero(classes >= 0)[first]
+    if C is not None:
+        return ExplicitRows(sp.csr_array(C[:, cells])), classes
+    return ExplicitRows(np.ascontiguousarray(L[:, cells])), classes
+
+
 @dataclass
 class Canonical:
-    """A workload in canonical form: rows ``L`` (``m x r``) and columns of ``B`` (``r x d``).
+    """A workload in canonical form: ``W = L B`` with ``B`` chosen for the optimiser.
 
-    ``Q`` is ``None`` when ``B = I`` (full column rank), else the orthonormal ``r x d``
-    basis of ``W``'s row space, with ``L = W Q^T``.
+    Cells with equal columns are merged (:func:`merge_columns`); on the merged domain
+    the basis is the identity when the merged workload has full column rank, else an
+    orthonormal basis ``Q`` of its row space. ``rows`` is ``L`` (``m x r``) and ``cols``
+    the columns of the basis on the merged domain (one per class of cells). On the
+    original domain the basis is ``basis`` (``r x d``: ``Q M`` or ``M`` with ``M`` the
+    class indicator, or the identity) with the right inverse ``right_inverse``
+    (``d x r``, ``None`` for the identity): ``W = L B`` and ``L = W B^#``.
     """
 
-    data_rows: ExplicitRows | RangeRows
     rows: RowTerm
     cols: ColumnTerm
-    Q: np.ndarray | None
+    basis: LinearQuery
+    right_inverse: np.ndarray | None
+    d: int
 
     @property
     def rank(self) -> int:
@@ -268,7 +324,7 @@ def _row_space(rows: ExplicitRows | RangeRows) -> np.ndarray:
 
 
 def canonical_problem(W: LinearQuery) -> Canonical:
-    """Reduce ``W`` to its canonical basis: the identity, or an orthonormal row-space basis.
+    """Reduce ``W`` to its canonical form (merged cells; identity or row-space basis).
 
     Raises
     ------
@@ -276,16 +332,31 @@ def canonical_problem(W: LinearQuery) -> Canonical:
         If ``W`` is the zero matrix (nothing to answer).
     """
     data = row_term(W)
-    Q = _row_space(data)
-    if Q.shape[0] == 0:
+    d = data.r
+    merged, classes = merge_columns(data)
+    dm = merged.r
+    Q = _row_space(merged) if dm else np.zeros((0, 0))
+    r = Q.shape[0]
+    if r == 0:
         raise ValueError("the workload is the zero matrix: there is nothing to answer")
-    if Q.shape[0] == data.r:
-        return Canonical(data, data, IdentityColumns(data.r), None)
-    if isinstance(data, ExplicitRows):
-        rows: RowTerm = ExplicitRows(np.asarray(data.L @ Q.T))
+    if dm < d:
+        cells = np.flatnonzero(classes >= 0)
+        cls = classes[cells]
+        sizes = np.bincount(cls, minlength=dm).astype(float)
+        M = sp.csr_array((np.ones(cells.size), (cls, cells)), shape=(dm, d))
+        Mright = np.zeros((d, dm))
+        Mright[cells, cls] = 1.0 / sizes[cls]  # M Mright = I
+    if r == dm:
+        if dm == d:
+            return Canonical(merged, IdentityColumns(d), Identity(d), None, d)
+        return Canonical(merged, IdentityColumns(dm), Sparse(M), Mright, d)
+    if isinstance(merged, ExplicitRows):
+        rows: RowTerm = ExplicitRows(np.asarray(merged.L @ Q.T))
     else:
-        rows = MappedRows(data, Q)
-    return Canonical(data, rows, DenseColumns(Q), Q)
+        rows = MappedRows(merged, Q)
+    if dm == d:
+        return Canonical(rows, DenseColumns(Q), Dense(Q), Q.T.copy(), d)
+    return Canonical(rows, DenseColumns(Q), Dense(np.asarray(M.T @ Q.T).T), Mright @ Q.T, d)
 
 
 def nuclear_bound(A: np.ndarray, C: np.ndarray) -> float:
