@@ -17,9 +17,16 @@ against the largest of the last few objective values. Because ``f`` is quadratic
 the objective along ``d`` is known exactly once ``G d`` is computed, so a rejected
 step is replaced by the exact minimiser along ``d`` without another product: one
 application of ``G`` per iteration. It starts from the clipped least-squares
-estimate and stops when the projected gradient ``||x - P(x - g)||`` falls below
-``tol`` times its value at ``x = 0`` (``||c||``). All right-hand sides of a batch
-(geographies) are solved together, each with its own step lengths.
+estimate. All right-hand sides of a batch (geographies) are solved together, each
+with its own step lengths.
+
+Stopping rule: the root-mean-square projected gradient ``||u - P(u - grad)|| /
+sqrt(n)`` of the Jacobi-scaled variables ``u_i = sqrt(G_ii) x_i`` is at most ``tol``.
+With weights ``1 / variance`` its entries are in units of the noise: at the true
+data each scaled gradient entry ``a_i^T W (A x - y) / sqrt(G_ii)`` has variance one.
+So ``tol = 1e-3`` asks that what is left to optimise be a thousandth of the noise
+(with unweighted measurements, of unit variance; scale ``tol`` by the noise standard
+deviation otherwise).
 """
 
 from __future__ import annotations
@@ -82,11 +89,10 @@ def _spg_quadratic(
     GX = gmv(X)
     Gr = GX - C  # the gradient
     f = 0.5 * np.einsum("ij,ij->j", X, Gr - C)
-    scale = np.linalg.norm(C, axis=0)
-    scale = np.where(scale > 0, scale, 1.0)
+    root_n = np.sqrt(C.shape[0])
     history = np.tile(f, (_MEMORY, 1))
     PG = X - np.maximum(X - Gr, 0.0)
-    rel = np.linalg.norm(PG, axis=0) / scale
+    rel = np.linalg.norm(PG, axis=0) / root_n  # root-mean-square projected gradient
     done = rel <= tol
     pg_inf = np.abs(PG).max(axis=0, initial=0.0)
     alpha = np.where(pg_inf > 0, 1.0 / np.maximum(pg_inf, 1e-300), 1.0)
@@ -119,7 +125,7 @@ def _spg_quadratic(
         ss = np.einsum("ij,ij->j", D, D)
         alpha[act] = np.where(dGd > 0, np.clip(ss / np.where(dGd > 0, dGd, 1.0), 1e-10, 1e10), 1e10)
         PGa = X[:, act] - np.maximum(X[:, act] - Gr[:, act], 0.0)
-        rel[act] = np.linalg.norm(PGa, axis=0) / scale[act]
+        rel[act] = np.linalg.norm(PGa, axis=0) / root_n
         done[act] = rel[act] <= tol
     report = ConvergenceReport(
         method="spg",
@@ -145,10 +151,9 @@ def _solve(
     *,
     tol: float,
     maxiter: int,
-    precondition: bool,
 ) -> tuple[np.ndarray, ConvergenceReport]:
     """SPG on ``1/2 x^T G x - c^T x`` in the variables ``u = x / s`` with ``s = diag(G)^-1/2``."""
-    s = _jacobi(diag)[:, None] if precondition else np.ones((G.shape[0], 1))
+    s = _jacobi(diag)[:, None]
 
     def gmv(U: np.ndarray) -> np.ndarray:
         return s * G._matmat(s * U)
@@ -163,9 +168,8 @@ def nnls(
     weights: np.ndarray | float | None = None,
     *,
     x0: np.ndarray | str = "ls",
-    tol: float = 1e-8,
+    tol: float = 1e-3,
     maxiter: int = 5000,
-    precondition: bool = True,
 ) -> Estimate:
     """The non-negative (weighted) least-squares estimate ``argmin_{x >= 0} ||A x - y||_W^2``.
 
@@ -181,17 +185,16 @@ def nnls(
         Starting point: the clipped least-squares estimate (default), zero, or an array
         of shape ``(n,)`` or ``(g, n)`` (clipped at zero).
     tol : float
-        Stop when ``||x - P(x - grad)|| <= tol ||A^T W y||`` (projected gradient of the
-        Jacobi-scaled problem, relative to the gradient at zero), per right-hand side.
+        Stop when the root-mean-square projected gradient of the Jacobi-scaled problem
+        is at most ``tol`` (in units of the noise standard deviation when ``weights``
+        are inverse variances; see the module docstring), per right-hand side.
     maxiter : int
         Iteration limit (one application of ``A^T W A`` each).
-    precondition : bool
-        Scale the variables by the column norms of ``A`` (Jacobi) before iterating.
 
     Returns
     -------
     Estimate
-        ``x >= 0`` of shape ``(n,)`` or ``(g, n)``, and the report (``method="spg"``;
+        ``x >= 0`` of shape ``(n,)`` or ``(g, n)``, and the report (``method="nnls-spg"``;
         ``details["start"]`` is how the iteration was started).
 
     Raises
@@ -220,7 +223,6 @@ def nnls(
         X0.T,
         tol=tol,
         maxiter=maxiter,
-        precondition=precondition,
     )
     report.method = "nnls-spg"
     report.details["start"] = x0 if isinstance(x0, str) else "given"
@@ -235,9 +237,8 @@ def wnnls(
     weights: np.ndarray | float | None = None,
     *,
     x0: np.ndarray | str = "ls",
-    tol: float = 1e-8,
+    tol: float = 1e-3,
     maxiter: int = 5000,
-    precondition: bool = True,
 ) -> Estimate:
     """Workload NNLS: the ``x >= 0`` whose workload answers best fit the least-squares ones.
 
@@ -255,8 +256,8 @@ def wnnls(
         Measurements of the strategy, ``(m,)`` or ``(g, m)``.
     weights : ndarray or float, optional
         Per-row weights of the strategy's measurements (for the least-squares step).
-    x0, tol, maxiter, precondition
-        As for :func:`nnls` (``tol`` is relative to ``||W^T W x_ls||``).
+    x0, tol, maxiter
+        As for :func:`nnls`; the gradient is in the units of the workload answers.
 
     Returns
     -------
@@ -288,7 +289,6 @@ def wnnls(
         X0.T,
         tol=tol,
         maxiter=maxiter,
-        precondition=precondition,
     )
     report.method = "wnnls-spg"
     report.details["start"] = x0 if isinstance(x0, str) else "given"
