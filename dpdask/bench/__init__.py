@@ -19,4 +19,5 @@ BENCHES: dict[str, str] = {
     "release": "dpdask.bench.release",
     "select": "dpdask.bench.select",
     "fitness": "dpdask.bench.fitness",
+    "reconstruct": "dpdask.bench.reconstruct",
 }
