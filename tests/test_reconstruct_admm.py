@@ -324,3 +324,16 @@ def test_adult_known_marginals_l1_beats_laplace() -> None:
         mse_l1 = np.mean((est.x - x) ** 2)
         mse_lap = np.mean((np.maximum(y, 0) - x) ** 2)  # Laplace with negatives set to 0
         assert mse_l1 < mse_lap
+
+
+def test_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from dpdask.cli import main
+
+    argv = ["bench", "reconstruct", "--json", "--bins", "64", "--repeats", "1"]
+    assert main([*argv, "--trials", "1", "--parts", "admm_tree"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["admm_tree.bins"] == 64 and out["admm_tree.admm_converged"]
+    assert out["admm_tree.mse_admm"] < out["admm_tree.mse_ls_tree"]
+    assert main([*argv, "--parts", "nothing"]) == 2
