@@ -74,6 +74,33 @@ def _validate(argv: Sequence[str]) -> int:
     return 0
 
 
+def _plan(argv: Sequence[str]) -> int:
+    if not argv or not str(argv[0]).endswith((".yaml", ".yml")):
+        return importlib.import_module("dpdask.strategy._cli").plan_command(argv)
+    from dpdask.pipeline.run import plan_spec
+    from dpdask.pipeline.spec import load_spec
+
+    parser = _spec_parser("plan", "Select the strategy and show the expected error per level.")
+    parser.add_argument("--save", metavar="PATH", help="also write the plan to PATH")
+    args = parser.parse_args(argv)
+    plan, report = plan_spec(load_spec(args.spec))
+    if args.save:
+        plan.save(args.save)
+    _print(report, args.json, lambda r: plan.summary() + "\n\n" + _levels_table(r))
+    return 0
+
+
+def _levels_table(report: dict) -> str:
+    lines = [f"{'level':<14}{'budget':>22}{'noise':>12}{'rmse/query':>14}{'max sd':>10}"]
+    for lv in report["levels"]:
+        budget = ", ".join(f"{k}={v}" for k, v in lv["budget"].items() if k != "type")
+        lines.append(
+            f"{lv['level']:<14}{budget:>22}{lv['noise_scale']:>12.4g}"
+            f"{lv['rmse_per_query']:>14.4g}{lv['max_query_stddev']:>10.4g}"
+        )
+    return "\n".join(lines)
+
+
 def _release_table(summary: dict) -> str:
     lines = [
         f"published {summary['release']} (run {summary['run_id']}) to {summary['output']}",
@@ -103,8 +130,9 @@ COMMANDS = {
     "run": (_run, "run a release spec: dpdask run SPEC [--run-id ID] [--json]"),
     "validate": (_validate, "check a spec and its data, spending nothing: dpdask validate SPEC"),
     "plan": (
-        lambda a: importlib.import_module("dpdask.strategy._cli").plan_command(a),
-        "select a strategy: dpdask plan --workload NAME --epsilon E | --rho R [--json]",
+        lambda a: _plan(a),
+        "plan a release before touching data: dpdask plan SPEC [--json] "
+        "(or --workload NAME --epsilon E | --rho R)",
     ),
 }
 
