@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
     parser.add_argument("--memory-limit", default="4GiB", help="per-worker memory limit")
     parser.add_argument("--chunk-mib", type=int, default=64, help="chunk size of estimates, MiB")
+    parser.add_argument(
+        "--reconstruct", default="ls", help="estimators to compare, e.g. ls,nnls (same data)"
+    )
 
 
 class _WorkerPeaks:
@@ -116,7 +119,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plan = select(W, zCDP(1), strategy=args.strategy, domain=domain, **opts)
         t_select = time.perf_counter() - t0
         rows = []
-        for w in (int(v) for v in str(args.workers).split(",")):
+        runs = [
+            (int(w), r)
+            for r in str(args.reconstruct).split(",")
+            for w in str(args.workers).split(",")
+        ]
+        for w, method in runs:
             out = root / f"out-{w}.zarr"
             shutil.rmtree(out, ignore_errors=True)
             with LocalCluster(
@@ -127,6 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rel = release(
                     plan, store, levels=("state", "county"), budget_split=[1, 3],
                     release_id="bench", test_mode=True, key=SecretKey.for_testing(0),
+                    reconstruct=method,
                     chunk_bytes=args.chunk_mib * 2**20,
                 )  # fmt: skip
                 with _WorkerPeaks(pids) as peaks:
@@ -137,6 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(
                 {
                     "workers": w,
+                    "reconstruct": method,
                     "wall_s": wall,
                     "cells_per_s": cells / wall,
                     "cells_per_s_per_core": cells / wall / w,
@@ -154,9 +164,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "select_s": t_select,
             "runs": rows,
         }
-        by_w = {r["workers"]: r["wall_s"] for r in rows}
-        if 1 in by_w and 2 in by_w:
-            result["speedup_2_vs_1"] = by_w[1] / by_w[2]
+        wall = {(r["workers"], r["reconstruct"]): r["wall_s"] for r in rows}
+        for (w, method), t in wall.items():
+            if w == 2 and (1, method) in wall:
+                result[f"speedup_2_vs_1_{method}"] = wall[(1, method)] / t
+            if method != "ls" and (w, "ls") in wall:
+                result[f"{method}_over_ls_{w}_workers"] = t / wall[(w, "ls")]
         return result
     finally:
         if own:
