@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import time
 from typing import Any
 
@@ -37,6 +38,7 @@ from dpdask.linalg import AllRange, Prefix
 from dpdask.privacy import PureDP, zCDP
 
 CASES = ("opt0", "ratios", "gaussian", "sf1", "marginals")
+BASELINE_MAX_N = 4096  # baselines and SVD bound need an n x n eigendecomposition
 TWELVE = (100, 100, 100, 99, 85, 42, 16, 15, 9, 7, 6, 5)
 
 
@@ -65,24 +67,45 @@ def _baseline_errors(W: Any, privacy: Any, names: list[str], **kw: Any) -> dict[
     return out
 
 
+def _timed(fn: Any, repeats: int) -> tuple[float, list[float], float, Any]:
+    """Median wall time, all wall times, median CPU time (all threads), last result."""
+    cpu: list[float] = []
+
+    def run() -> Any:
+        c0 = time.process_time()
+        out = fn()
+        cpu.append(time.process_time() - c0)
+        return out
+
+    t, times, result = median_time(run, repeats)
+    return t, times, statistics.median(cpu), result
+
+
 def _opt0(sizes: list[int], repeats: int) -> list[dict]:
     from dpdask.strategy import select
 
     rows = []
     for n in sizes:
         W = Prefix(n)
-        t, times, plan = median_time(lambda W=W: select(W, PureDP(1), restarts=1), repeats)
+        t, times, cpu, plan = _timed(lambda W=W: select(W, PureDP(1), restarts=1), repeats)
         err = plan.expected_error()
-        base = _baseline_errors(W, PureDP(1), ["identity"])
+        names = ["identity"] + (["hierarchical", "hb", "wavelet"] if n <= BASELINE_MAX_N else [])
+        base = _baseline_errors(W, PureDP(1), names)
+        best = min((k for k in base if k != "identity"), key=base.get, default="identity")
+        bound = plan.svd_bound() if n <= BASELINE_MAX_N else None
         rows.append(
             {
                 "case": f"OPT_0 prefix n={n}",
                 "wall_s": t,
                 "times_s": [round(x, 3) for x in times],
+                "cpu_s": cpu,
                 "p": plan.info.get("p"),
                 "iterations": plan.info.get("iterations"),
                 "expected_error": err,
                 "identity_rmse_ratio": _ratio(base["identity"], err),
+                "best_baseline": best,
+                "best_baseline_rmse_ratio": _ratio(base[best], err),
+                "rmse_over_svd_bound": _ratio(err, bound),
             }
         )
     return rows
@@ -140,7 +163,7 @@ def _sf1(restarts: int, repeats: int) -> list[dict]:
 
     domain = census.cph_domain()
     W = sf1_persons(domain)
-    t, times, plan = median_time(
+    t, times, cpu, plan = _timed(
         lambda: select(W, PureDP(1), domain=domain, restarts=restarts), repeats
     )
     err = plan.expected_error()
@@ -151,6 +174,7 @@ def _sf1(restarts: int, repeats: int) -> list[dict]:
             "case": f"SF1 persons {'x'.join(map(str, domain.shape))}, {restarts} restarts",
             "wall_s": t,
             "times_s": [round(x, 3) for x in times],
+            "cpu_s": cpu,
             "template": plan.template,
             "templates": plan.info.get("templates"),
             "expected_error_eps1": err,
@@ -171,7 +195,7 @@ def _marginals(repeats: int) -> list[dict]:
     for sizes in (TWELVE, (*TWELVE, 2, 2), (75, 16, 5, 2, 20)):
         domain = Domain({f"a{chr(97 + i)}": s for i, s in enumerate(sizes)})
         W = marginals(domain, 3)
-        t, times, plan = median_time(
+        t, times, cpu, plan = _timed(
             lambda W=W, domain=domain: select(
                 W, PureDP(1), domain=domain, templates=["marginals"], restarts=1
             ),
@@ -184,6 +208,7 @@ def _marginals(repeats: int) -> list[dict]:
                 "case": f"OPT_M 3-way marginals, {len(sizes)} attributes",
                 "wall_s": t,
                 "times_s": [round(x, 3) for x in times],
+                "cpu_s": cpu,
                 "expected_error": err,
                 "error_over_identity": err / ident,
                 "identity_rmse_ratio": _ratio(ident, err),
