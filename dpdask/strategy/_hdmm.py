@@ -9,6 +9,9 @@ union of terms         ``kron``, ``union`` (OPT_+), ``marginals`` (OPT_M),
                        ``identity``
 =====================  ====================================================
 
+All templates run together: each is a generator of task batches, and every
+round's batches from all templates go to the scheduler as one graph.
+
 Pieces and restarts. A template is made of independent *pieces*: an OPT_0
 problem, an OPT_x problem on several terms, an OPT_M problem; for a single
 Kronecker term, one OPT_0 problem per attribute (its error is the product of the
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,24 +201,66 @@ class _Ctx:
     def keep(self) -> int:
         return max(1, len(self.seeds) // 8)
 
-    def solve(
-        self, pieces: Sequence[_Piece], seeds: Sequence[int] | None = None, full: bool = True
-    ) -> list[Any]:
-        """Best result of each piece: short runs from every seed, then full runs of the best."""
-        seeds = self.seeds if seeds is None else list(seeds)
-        tasks = [pc.short(s) for pc in pieces for s in seeds]
-        short = run_tasks(tasks, self.client)
-        per_piece = [short[k * len(seeds) : (k + 1) * len(seeds)] for k in range(len(pieces))]
-        if not full:
-            return [min(rs, key=_loss_of) for rs in per_piece]
-        tops = [sorted(rs, key=_loss_of)[: self.keep] for rs in per_piece]
-        tasks = [pc.full(r) for pc, rs in zip(pieces, tops, strict=True) for r in rs]
-        done = run_tasks(tasks, self.client)
-        out, k = [], 0
-        for rs in tops:
-            out.append(min(done[k : k + len(rs)], key=_loss_of))
-            k += len(rs)
-        return out
+
+def _solve(
+    ctx: _Ctx, pieces: Sequence[_Piece], seeds: Sequence[int] | None = None, full: bool = True
+):
+    """Best result of each piece: short runs from every seed, then full runs of the best.
+
+    A generator: it yields lists of tasks and receives their results (see :func:`_drive`).
+    """
+    seeds = ctx.seeds if seeds is None else list(seeds)
+    if not pieces:
+        return []
+    short = yield [pc.short(s) for pc in pieces for s in seeds]
+    per_piece = [short[k * len(seeds) : (k + 1) * len(seeds)] for k in range(len(pieces))]
+    if not full:
+        return [min(rs, key=_loss_of) for rs in per_piece]
+    tops = [sorted(rs, key=_loss_of)[: ctx.keep] for rs in per_piece]
+    done = yield [pc.full(r) for pc, rs in zip(pieces, tops, strict=True) for r in rs]
+    out, k = [], 0
+    for rs in tops:
+        out.append(min(done[k : k + len(rs)], key=_loss_of))
+        k += len(rs)
+    return out
+
+
+def _lockstep(gens: Sequence[Generator]) -> Generator:
+    """Run several task generators together: each round's tasks go out as one batch."""
+    out: list[Any] = [None] * len(gens)
+    pending: dict[int, list[Task]] = {}
+    for k, g in enumerate(gens):
+        try:
+            pending[k] = next(g)
+        except StopIteration as stop:
+            out[k] = stop.value
+    while pending:
+        order = list(pending)
+        results = yield [t for k in order for t in pending[k]]
+        nxt, pos = {}, 0
+        for k in order:
+            chunk = results[pos : pos + len(pending[k])]
+            pos += len(pending[k])
+            try:
+                nxt[k] = gens[k].send(chunk)
+            except StopIteration as stop:
+                out[k] = stop.value
+        pending = nxt
+    return out
+
+
+def _drive(gen: Generator, client: Any) -> Any:
+    """Run a task generator to completion, one :func:`run_tasks` call per batch."""
+    try:
+        tasks = next(gen)
+    except StopIteration as stop:
+        return stop.value
+    while True:
+        results = run_tasks(tasks, client)
+        try:
+            tasks = gen.send(results)
+        except StopIteration as stop:
+            return stop.value
 
 
 # ---------------------------------------------------------------------------
@@ -266,12 +311,10 @@ def _kron_assemble(terms: KronTerms, layout: list, results: list, norm: int) -> 
     return Kron(facs), loss
 
 
-def _solve_kron(
-    ctx: _Ctx, terms: KronTerms, words: list[str], seeds=None, full: bool = True
-) -> tuple[Kron, float]:
+def _solve_kron(ctx: _Ctx, terms: KronTerms, words: list[str]) -> Generator:
     layout = _kron_pieces(ctx, terms, words)
     pieces = [pc for _, pc in layout if pc is not None]
-    results = ctx.solve(pieces, seeds, full) if pieces else []
+    results = yield from _solve(ctx, pieces)
     return _kron_assemble(terms, layout, results, ctx.norm)
 
 
@@ -302,8 +345,8 @@ def residual_terms(terms: KronTerms, index: Sequence[int], a: int) -> KronTerms:
     return KronTerms(sub.sizes, sub.weights, facs, sub.names)
 
 
-def _union(ctx: _Ctx, split: tuple, seeds=None, full: bool = True) -> tuple:
-    """The two parts of the union on ``split``, its loss, part weights and groups."""
+def _union(ctx: _Ctx, split: tuple, seeds: Sequence[int] | None = None) -> Generator:
+    """The union on ``split``: its strategy, loss and groups (a task generator)."""
     a, g1, g2 = split
     terms, word = ctx.terms, ctx.names[a]
     exact = math.prod(terms.sizes) <= PAIR_MAX_CELLS
@@ -313,7 +356,7 @@ def _union(ctx: _Ctx, split: tuple, seeds=None, full: bool = True) -> tuple:
     l2 = _kron_pieces(ctx, part2, ["part", "detail", word])
     p1 = [pc for _, pc in l1 if pc is not None]
     p2 = [pc for _, pc in l2 if pc is not None]
-    results = ctx.solve(p1 + p2, seeds, full)
+    results = yield from _solve(ctx, p1 + p2, seeds)
     K1, e1 = _kron_assemble(part1, l1, results[: len(p1)], ctx.norm)
     K2, e2 = _kron_assemble(part2, l2, results[len(p1) :], ctx.norm)
     if exact:
@@ -374,22 +417,22 @@ def optimize(
         names = [f"attr{chr(97 + i % 26)}" for i in range(terms.d)]
     seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(restarts)]
     ctx = _Ctx(terms, norm, seeds, list(names), p, ftol, client)
-    out = []
-    for tpl in templates:
-        t0 = time.perf_counter()
-        cand = _template(tpl, ctx)
-        if cand is not None:
-            cand.details["wall_time_s"] = time.perf_counter() - t0
-            out.append(cand)
+    t0 = time.perf_counter()
+    cands = _drive(_lockstep([_template(tpl, ctx) for tpl in templates]), client)
+    elapsed = time.perf_counter() - t0
+    out = [c for c in cands if c is not None]
+    for c in out:
+        c.details["wall_time_s"] = elapsed
     return out
 
 
-def _template(tpl: str, ctx: _Ctx) -> Candidate | None:
+def _template(tpl: str, ctx: _Ctx) -> Generator:
+    """One template's best :class:`Candidate` (or ``None``), as a task generator."""
     terms, norm = ctx.terms, ctx.norm
     if tpl == "pidentity":
         G = Gram.combine(terms.weights**2, [terms.gram(j, 0) for j in range(terms.k)])
         piece = _Opt0Piece(G, ctx.p_for(terms.sizes[0]), norm, ctx.ftol, ["restart", "pidentity"])
-        theta, f, nit = ctx.solve([piece])[0]
+        theta, f, nit = (yield from _solve(ctx, [piece]))[0]
         return Candidate(
             tpl,
             PIdentity(theta, norm),
@@ -397,15 +440,16 @@ def _template(tpl: str, ctx: _Ctx) -> Candidate | None:
             details={"iterations": int(nit), "p": int(theta.shape[0])},
         )
     if tpl == "kron":
-        A, loss = _solve_kron(ctx, terms, ["restart", "kron"])
+        A, loss = yield from _solve_kron(ctx, terms, ["restart", "kron"])
         return Candidate(tpl, A, loss)
     if tpl == "union":
         cands = splits(terms)
         if not cands:
             return None
-        screened = [(_union(ctx, s, ctx.seeds[:1])[1], s) for s in cands]
+        screens = yield from _lockstep([_union(ctx, s, ctx.seeds[:1]) for s in cands])
+        screened = [(r[1], s) for r, s in zip(screens, cands, strict=True)]
         _, split = min(screened, key=lambda x: x[0])
-        A, loss, groups = _union(ctx, split)
+        A, loss, groups = yield from _union(ctx, split)
         return Candidate(
             tpl,
             A,
@@ -419,7 +463,7 @@ def _template(tpl: str, ctx: _Ctx) -> Candidate | None:
     if tpl == "marginals":
         h = marginals_spectrum(terms)
         piece = _MarginalsPiece(h, terms.sizes, norm, ["restart", "marginals"])
-        best = ctx.solve([piece])[0]
+        best = (yield from _solve(ctx, [piece]))[0]
         A = WeightedMarginals(terms.sizes, best.theta, ctx.names)
         return Candidate(tpl, A, float(best.loss), details={"iterations": int(best.nit)})
     A = Kron([Identity(n) for n in terms.sizes]) if terms.d > 1 else Identity(terms.sizes[0])

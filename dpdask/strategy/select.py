@@ -167,9 +167,7 @@ def select(
             "templates": checked,
             "restarts": int(restarts),
             "seed": int(seed),
-            "optimisation_wall_time_s": float(
-                sum(c.details.get("wall_time_s", 0.0) for c in cands)
-            ),
+            "optimisation_wall_time_s": float(cands[0].details.get("wall_time_s", 0.0)),
             **{k: v for k, v in best.details.items() if k != "wall_time_s"},
         }
         return Plan(
