@@ -46,14 +46,15 @@ from dpdask.linalg._serialize import from_dict, to_dict
 from dpdask.privacy import ApproxDP, Budget, PureDP, zCDP
 from dpdask.strategy.error import ErrorAnalysis, svd_bound
 
-__all__ = ["Plan"]
+__all__ = ["Plan", "mechanism_of"]
 
 _FORMAT = "dpdask-plan"
 _VERSION = 1
 _MAX_VARIANCE_ROWS = 10_000_000
 
 
-def _mechanism(privacy: Any) -> str:
+def mechanism_of(privacy: Any) -> str:
+    """``"laplace"`` for pure DP, ``"gaussian"`` for zCDP and approximate DP."""
     if isinstance(privacy, PureDP):
         return "laplace"
     if isinstance(privacy, zCDP | ApproxDP):
@@ -103,7 +104,7 @@ class Plan:
         info: dict | None = None,
         sizes: Sequence[int] | None = None,
     ):
-        self.mechanism = _mechanism(privacy)
+        self.mechanism = mechanism_of(privacy)
         if workload.shape[1] != strategy.shape[1]:
             raise ValueError(
                 f"workload has {workload.shape[1]} columns but the strategy has {strategy.shape[1]}"

@@ -12,11 +12,11 @@ from typing import Any
 
 from dpdask.domain import Domain
 from dpdask.linalg import LinearQuery
-from dpdask.privacy import ApproxDP, Budget, PureDP, zCDP
+from dpdask.privacy import Budget
 from dpdask.strategy._hdmm import TEMPLATES, Candidate, default_templates, optimize
 from dpdask.strategy._terms import KronTerms, kron_terms
 from dpdask.strategy.error import ErrorAnalysis
-from dpdask.strategy.plan import Plan
+from dpdask.strategy.plan import Plan, mechanism_of
 
 __all__ = [
     "BASELINES",
@@ -33,13 +33,7 @@ BASELINES = ("identity", "workload", "hierarchical", "hb", "wavelet", "convex")
 
 def sensitivity_norm(privacy: Budget) -> int:
     """1 for pure DP (Laplace noise), 2 for zCDP and approximate DP (Gaussian noise)."""
-    if isinstance(privacy, PureDP):
-        return 1
-    if isinstance(privacy, zCDP | ApproxDP):
-        return 2
-    raise TypeError(
-        f"privacy must be a dpdask.privacy budget (PureDP, zCDP or ApproxDP), got {privacy!r}"
-    )
+    return 1 if mechanism_of(privacy) == "laplace" else 2
 
 
 def verified_loss(terms: KronTerms, cand: Candidate, norm: int) -> float:
