@@ -47,7 +47,7 @@ def test_weighted_matches_scipy(rng: np.random.Generator) -> None:
     assert _relerr(nnls(A, y, weights=3.0, tol=1e-12).x, ref_scalar) < 1e-6
 
 
-@pytest.mark.parametrize("x0", ["ls", "zero"])
+@pytest.mark.parametrize("x0", ["auto", "ls", "zero"])
 def test_exact_measurements_return_the_truth(x0: str, rng: np.random.Generator) -> None:
     A = VStack([Kron([Identity(3), Total(4)]), Identity(12)])
     x = rng.integers(0, 20, size=12).astype(float)
@@ -55,6 +55,7 @@ def test_exact_measurements_return_the_truth(x0: str, rng: np.random.Generator) 
     est = nnls(A, A @ x, x0=x0, tol=1e-12)
     np.testing.assert_allclose(est.x, x, atol=1e-8)
     assert est.report.converged
+    assert est.report.details["start"] == ("ls" if x0 == "auto" else x0)  # A is small
 
 
 def test_given_start_and_iteration_limit_reported(rng: np.random.Generator) -> None:

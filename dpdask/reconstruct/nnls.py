@@ -37,7 +37,7 @@ import numpy as np
 
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
-from dpdask.reconstruct.least_squares import _row_weighted, least_squares
+from dpdask.reconstruct.least_squares import _cheap_pinv, _row_weighted, least_squares
 
 __all__ = ["nnls", "wnnls"]
 
@@ -59,18 +59,20 @@ def _as_batch(y: np.ndarray, rows: int, what: str) -> tuple[np.ndarray, bool]:
     return Y, single
 
 
-def _start(x0: np.ndarray | str, ls: Callable[[], np.ndarray], g: int, n: int) -> np.ndarray:
-    """The starting point ``(g, n)``: the clipped least-squares estimate or a given array."""
+def _start(
+    x0: np.ndarray | str, ls: Callable[[], np.ndarray], cheap: bool, g: int, n: int
+) -> tuple[np.ndarray, str]:
+    """The starting point ``(g, n)`` and its name: clipped least squares, zero or given."""
     if isinstance(x0, str):
-        if x0 == "ls":
-            return np.maximum(ls(), 0.0)
-        if x0 == "zero":
-            return np.zeros((g, n))
-        raise ValueError(f"unknown start {x0!r}; use 'ls', 'zero' or an array")
+        if x0 not in ("auto", "ls", "zero"):
+            raise ValueError(f"unknown start {x0!r}; use 'auto', 'ls', 'zero' or an array")
+        if x0 == "ls" or (x0 == "auto" and cheap):
+            return np.maximum(ls(), 0.0), "ls"
+        return np.zeros((g, n)), "zero"
     X0 = np.broadcast_to(np.asarray(x0, dtype=float), (g, n))
     if not np.isfinite(X0).all():
         raise ValueError("the starting point contains NaN or infinite values")
-    return np.maximum(X0, 0.0)
+    return np.maximum(X0, 0.0), "given"
 
 
 def _spg_quadratic(
@@ -167,7 +169,7 @@ def nnls(
     y: np.ndarray,
     weights: np.ndarray | float | None = None,
     *,
-    x0: np.ndarray | str = "ls",
+    x0: np.ndarray | str = "auto",
     tol: float = 1e-3,
     maxiter: int = 5000,
 ) -> Estimate:
@@ -181,9 +183,11 @@ def nnls(
         Measurements, shape ``(m,)``, or ``(g, m)`` for ``g`` geographies (solved together).
     weights : ndarray or float, optional
         Per-row weights, usually ``1 / variance`` of each measurement.
-    x0 : {"ls", "zero"} or ndarray
-        Starting point: the clipped least-squares estimate (default), zero, or an array
-        of shape ``(n,)`` or ``(g, n)`` (clipped at zero).
+    x0 : {"auto", "ls", "zero"} or ndarray
+        Starting point: the clipped least-squares estimate, zero, or an array of shape
+        ``(n,)`` or ``(g, n)`` (clipped at zero). ``"auto"`` takes least squares when
+        its pseudo-inverse is structured (a Kronecker strategy) and zero otherwise,
+        where least squares would itself be an iterative solve.
     tol : float
         Stop when the root-mean-square projected gradient of the Jacobi-scaled problem
         is at most ``tol`` (in units of the noise standard deviation when ``weights``
@@ -214,7 +218,7 @@ def nnls(
     g, n = Y.shape[0], A.shape[1]
     Aw = _row_weighted(A, weights)
     Yw = Y if weights is None else Y * np.sqrt(np.broadcast_to(weights, (A.shape[0],)))
-    X0 = _start(x0, lambda: least_squares(A, Y, weights).x, g, n)
+    X0, started = _start(x0, lambda: least_squares(A, Y, weights).x, _cheap_pinv(Aw), g, n)
     C = Aw.T._matmat(Yw.T)
     X, report = _solve(
         Aw.gram(),
@@ -225,7 +229,7 @@ def nnls(
         maxiter=maxiter,
     )
     report.method = "nnls-spg"
-    report.details["start"] = x0 if isinstance(x0, str) else "given"
+    report.details["start"] = started
     Xt = X.T
     return Estimate(Xt[0] if single else Xt, report)
 
@@ -236,7 +240,7 @@ def wnnls(
     y: np.ndarray,
     weights: np.ndarray | float | None = None,
     *,
-    x0: np.ndarray | str = "ls",
+    x0: np.ndarray | str = "auto",
     tol: float = 1e-3,
     maxiter: int = 5000,
 ) -> Estimate:
@@ -281,7 +285,7 @@ def wnnls(
     G = W.gram()
     X_ls = ls.x.T
     C = G._matmat(X_ls)
-    X0 = _start(x0, lambda: ls.x, Y.shape[0], A.shape[1])
+    X0, started = _start(x0, lambda: ls.x, True, Y.shape[0], A.shape[1])
     X, report = _solve(
         G,
         W.column_norms(2) ** 2,
@@ -291,7 +295,7 @@ def wnnls(
         maxiter=maxiter,
     )
     report.method = "wnnls-spg"
-    report.details["start"] = x0 if isinstance(x0, str) else "given"
+    report.details["start"] = started
     report.details["least_squares"] = ls.report.to_dict()
     Xt = X.T
     return Estimate(Xt[0] if single else Xt, report)
