@@ -200,6 +200,7 @@ def test_mechanism_against_dense(W, rng: np.random.Generator) -> None:
     assert sol.lower_bound <= sol.privacy_cost**2 <= sol.lower_bound * (1 + 1e-3)
     untouched = ~W.dense().any(axis=0)
     assert (sol.privacy_profile()[untouched] == 0).all()
+    _certify(sol, 1e-3)  # the certificate holds on the original cells, merged or not
 
 
 @pytest.mark.parametrize(
@@ -288,10 +289,11 @@ def test_budget_without_gaussian_fails(budget) -> None:
 
 
 # -- derivatives and the optimiser's internals ---------------------------------
+@pytest.mark.parametrize("precondition", ["geometric", "scalar"])
 @pytest.mark.parametrize("implicit_rows", [False, True], ids=["explicit-rows", "implicit-rows"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_gradient_and_hessian_finite_differences(
-    seed: int, implicit_rows: bool, monkeypatch: pytest.MonkeyPatch
+    seed: int, implicit_rows: bool, precondition: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Equations (15)-(20) as implemented, against central differences of Problem 4.
 
@@ -316,13 +318,13 @@ def test_gradient_and_hessian_finite_differences(
     g = obj.gradient(pt)
     fd = (obj.point(S + h * D).value - obj.point(S - h * D).value) / (2 * h)
     assert fd == pytest.approx(float(np.sum(g * D)), rel=1e-6)
-    system = obj.newton_system(pt)
-    F = system.F
-    np.testing.assert_allclose(F.T @ g @ F, system.gradient, atol=1e-10 * np.abs(g).max())
-    E = np.linalg.solve(F, np.linalg.solve(F, D).T).T  # D = F E F^T
-    np.testing.assert_allclose(system.direction(E), D, atol=1e-10 * np.abs(D).max())
+    system = obj.newton_system(pt, precondition)
+    G = system.map  # D = G E G^T: whitening by Sigma, then C = K^{-1/4} (geometric)
+    np.testing.assert_allclose(G.T @ g @ G, system.gradient, atol=1e-10 * np.abs(g).max())
+    E = np.linalg.solve(G, np.linalg.solve(G, D).T).T
+    np.testing.assert_allclose(system.direction(E), D, atol=1e-9 * np.abs(D).max())
     HD = (obj.gradient(obj.point(S + h * D)) - obj.gradient(obj.point(S - h * D))) / (2 * h)
-    np.testing.assert_allclose(system.hv(E), F.T @ HD @ F, atol=1e-6 * np.abs(F.T @ HD @ F).max())
+    np.testing.assert_allclose(system.hv(E), G.T @ HD @ G, atol=1e-6 * np.abs(G.T @ HD @ G).max())
     # the preconditioned conjugate gradient solves the Newton system
     x, _ = system.solve(system.hv(E), 1e-10, 500)
     np.testing.assert_allclose(x, E, atol=1e-7 * np.abs(E).max())
@@ -353,7 +355,9 @@ def test_range_rows_against_dense(W, rng: np.random.Generator) -> None:
 def test_solver_options_validated() -> None:
     with pytest.raises(ValueError):
         SMIIOptions(tau_growth=1.0)
-    sol = solve(Prefix(4), 1.0, options=SMIIOptions(precondition=False, hessian_dtype=np.float32))
+    with pytest.raises(ValueError, match="preconditioner"):
+        SMIIOptions(precondition="magic")
+    sol = solve(Prefix(4), 1.0, options=SMIIOptions(precondition="none", hessian_dtype=np.float32))
     assert round(sol.privacy_cost**2, 3) == 1.759
 
 

@@ -94,7 +94,10 @@ def solve_dense(
     """Problem 1 for one workload with SM-II; see :func:`dpdask.strategy.fitness.solve`."""
     can = canonical_problem(W)
     res = smii(can.rows, can.cols, targets, initial_covariance(can, init), options)
-    info: dict[str, Any] = {**run_info(res), "rank": can.rank, "dual_weights": res.dual_weights}
+    weights = None
+    if res.dual_weights is not None:
+        weights = (can.on_cells(res.dual_weights[0]), res.dual_weights[1])
+    info: dict[str, Any] = {**run_info(res), "rank": can.rank, "dual_weights": weights}
     if basis is None:
         return FitnessSolution(
             W, targets, can.basis, res.sigma, can.right_inverse, can.rows, None, info

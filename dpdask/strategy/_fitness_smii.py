@@ -71,6 +71,8 @@ _MAX_WOODBURY = 6000
 _WOODBURY_PER_RANK = 3
 # Whitened query rows are held explicitly up to this many entries.
 _MAX_ROW_ENTRIES = 1 << 24
+# Eigenvalues of K below this fraction of the largest are raised to it in C = K^{-1/4}.
+_K_FLOOR = 1e-8
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,9 @@ class SMIIOptions:
         Sufficient-decrease constant and step shrink factor of the line search.
     total_weight : float
         ``lambda`` of the total-squared-error term (section 6.1); 0 for pure fitness.
-    precondition : bool
-        Precondition conjugate gradient with the soft-max part of the Hessian
-        (Woodbury); whitening by the current ``Sigma`` is always applied.
+    precondition : {"geometric", "scalar", "none"}
+        Conjugate-gradient preconditioner (see :class:`_NewtonSystem`); whitening by
+        the current ``Sigma`` is always applied.
     hessian_dtype : numpy dtype
         Precision of the matrix products inside conjugate gradient (``np.float32``
         halves their cost; line search and objective stay in float64). Float32 makes
@@ -123,13 +125,15 @@ class SMIIOptions:
     armijo: float = 1e-4
     backtrack: float = 0.5
     total_weight: float = 0.0
-    precondition: bool = True
+    precondition: str = "geometric"
     hessian_dtype: type = np.float64
     predict: bool = True
 
     def __post_init__(self) -> None:
         if not (self.tau_start > 0 and self.tau_growth > 1 and self.tau_max >= self.tau_start):
             raise ValueError("need tau_start > 0, tau_growth > 1 and tau_max >= tau_start")
+        if self.precondition not in ("geometric", "scalar", "none"):
+            raise ValueError(f"unknown preconditioner {self.precondition!r}")
         if self.gap_tol < 0 or self.total_weight < 0:
             raise ValueError("gap_tol and total_weight must be non-negative")
 
@@ -224,78 +228,119 @@ class _Objective:
         return g
 
     def newton_system(
-        self, pt: _Point, precondition: bool = True, dtype: type = np.float64
+        self, pt: _Point, precondition: str = "geometric", dtype: type = np.float64
     ) -> _NewtonSystem:
         """The Newton system at ``pt`` in whitened coordinates (see :class:`_NewtonSystem`)."""
         return _NewtonSystem(self, pt, precondition, dtype)
 
 
 class _NewtonSystem:
-    """Hessian-vector products and a preconditioner in whitened coordinates ``D = F E F^T``.
+    """Hessian-vector products and a preconditioner in transformed coordinates.
 
-    ``F = R^T`` is the Cholesky factor of ``Sigma``: at the current point the variable
-    is the identity, ``X = I``, the basis columns are ``bh_j = F^-1 b_j`` and the
-    scaled query rows ``lh_i = F^T l_i / sqrt(c_i)``. The Hessian is then
+    **Whitening.** With ``F = R^T`` the Cholesky factor of ``Sigma`` and ``D = F E F^T``,
+    the current point is ``X = I``, the basis columns are ``bh_j = F^-1 b_j``, the scaled
+    query rows ``lh_i = F^T l_i / sqrt(c_i)``, and the Hessian is
 
         H[E] = E K + K E + U G U^T [E],
 
     with ``K = sum_j pi_j bh_j bh_j^T``, ``U (a, b) = sum_j a_j bh_j bh_j^T + sum_i b_i
     lh_i lh_i^T`` (so ``U^T E = (q, s)``, ``q_j = bh_j^T E bh_j``, ``s_i = lh_i^T E lh_i``)
     and ``G = diag(g_P (diag(pi) - pi pi^T), g_V (diag(nu) - nu nu^T))``: a Sylvester
-    operator plus a low-rank term of rank at most ``d + m``, applied with five matrix
-    products. The soft-max term makes the Hessian ill-conditioned (eigenvalues of order
-    ``tau`` beside eigenvalues of order 1), so conjugate gradient is preconditioned with
-    the exact inverse of ``kappa I + U G U^T`` (Woodbury, ``kappa`` the mean eigenvalue
-    of the Sylvester part), which leaves a condition number of about ten.
+    operator plus a term of rank at most ``d + m``. The soft maxima make the Hessian
+    ill-conditioned (eigenvalues of order ``tau`` beside eigenvalues of order 1).
+
+    **Preconditioning** (``"geometric"``, the default). The Sylvester operator, with
+    eigenvalues ``k_a + k_b`` for the eigenvalues ``k`` of ``K``, is approximated by
+    ``E -> 2 K^{1/2} E K^{1/2}`` (eigenvalues ``2 sqrt(k_a k_b)``); in the coordinates
+    ``E = C Et C`` with ``C = K^{-1/4}`` that approximation is ``2 I``, and ``2 I + U G U^T``
+    is inverted exactly by the Woodbury identity (``U`` with the columns ``C bh_j`` and
+    rows ``C lh_i``). What is left has a condition number of a few units, so conjugate
+    gradient needs a handful of iterations. ``"scalar"`` approximates the Sylvester
+    part by a multiple of the identity instead (no ``C``), ``"none"`` only whitens.
     """
 
-    def __init__(self, obj: _Objective, pt: _Point, precondition: bool, dtype: type):
+    def __init__(self, obj: _Objective, pt: _Point, precondition: str, dtype: type):
         c = obj.c
-        self.F = pt.R.T
-        r = self.F.shape[0]
+        F = pt.R.T
+        r = F.shape[0]
         Bh = obj.cols.whiten(pt.Rinv.T)
         K = _gram_rows(Bh * np.sqrt(pt.pi))
-        keep = pt.pi > _NEGLIGIBLE
-        B, self.pi = Bh[:, keep], pt.pi[keep]
+        keep_p = pt.pi > _NEGLIGIBLE
         keep = pt.nu > _NEGLIGIBLE
-        self.nu = pt.nu[keep]
+        self.pi, self.nu = pt.pi[keep_p], pt.nu[keep]
         # the whitened query rows, explicit unless there are too many of them (then the
         # variance part is applied through the row term in the original coordinates)
         self.rows = None
-        if self.nu.size * self.F.shape[0] <= _MAX_ROW_ENTRIES:
-            Lt = obj.rows.times(self.F)[keep] / np.sqrt(c[keep])[:, None]
+        if self.nu.size * r <= _MAX_ROW_ENTRIES:
+            Lt = obj.rows.times(F)[keep] / np.sqrt(c[keep])[:, None]
             A = _gram_rows(Lt.T * np.sqrt(self.nu))
         else:
             self.rows, self.keep, self.c = obj.rows, keep, c
-            Lt = np.zeros((0, self.F.shape[0]))
-            A = self._sandwich(obj.rows.gram(pt.nu / c))
+            Lt = np.zeros((0, r))
+            A = F.T @ obj.rows.gram(pt.nu / c) @ F
         # the whitened gradient F^T grad F: the soft-max gradients are A and -K
-        self.gradient = A - K
+        grad = A - K
         if obj.G is not None:
-            self.gradient += obj.lam * (self.F.T @ obj.G @ self.F)
+            grad += obj.lam * (F.T @ obj.G @ F)
+        B = Bh[:, keep_p]
+        if precondition == "geometric":
+            lam, V = sla.eigh(K)
+            lam = np.clip(lam, 0.0, None)
+            floor = np.maximum(lam, _K_FLOOR * max(float(lam.max()), 1e-300))
+            C = (V * floor**-0.25) @ V.T
+            self.Jinv = (V * floor**-0.5) @ V.T
+            self.Kg = (V * (lam / np.sqrt(floor))) @ V.T  # C K C
+            self.map = F @ C
+            B, Lt, A, grad = C @ B, Lt @ C, C @ A @ C, C @ grad @ C
+            self.kappa = 2.0
+        else:
+            self.Jinv = None
+            self.Kg = K
+            self.map = F
+            self.kappa = 2.0 * float(np.trace(K)) / r
+        self.gradient = 0.5 * (grad + grad.T)
+        self.triangular = self.Jinv is None
         self.k = self.pi.size
         self.gP, self.gV = obj.gP, obj.gV
-        self.kappa = 2.0 * float(np.trace(K)) / K.shape[0]
         self.dtype = dtype
-        self.B, self.Lt, self.K, self.A = (np.asarray(a, dtype=dtype) for a in (B, Lt, K, A))
+        self.B, self.Lt, self.Kg, self.A = (np.asarray(a, dtype=dtype) for a in (B, Lt, self.Kg, A))
+        if self.Jinv is not None:
+            self.Jinv = np.asarray(self.Jinv, dtype=dtype)
         self.chol = None
         k = self.pi.size + self.nu.size
-        if precondition and self.rows is None and k <= min(_MAX_WOODBURY, _WOODBURY_PER_RANK * r):
+        woodbury = k <= min(_MAX_WOODBURY, _WOODBURY_PER_RANK * r)
+        if precondition != "none" and self.rows is None and woodbury:
             self._woodbury(B, Lt)
 
     def _sandwich(self, M: np.ndarray) -> np.ndarray:
-        """``F^T M F`` (two triangular products)."""
-        trmm = sla.blas.dtrmm
-        M = trmm(1.0, self.F, M, side=0, lower=1, trans_a=1)
-        M = trmm(1.0, self.F, M, side=1, lower=1)
+        """``map^T M map``."""
+        G = self.map
+        if self.triangular:
+            trmm = sla.blas.dtrmm
+            M = trmm(1.0, G, M, side=0, lower=1, trans_a=1)
+            M = trmm(1.0, G, M, side=1, lower=1)
+        else:
+            M = G.T @ M @ G
         return 0.5 * (M + M.T)
 
     def direction(self, E: np.ndarray) -> np.ndarray:
-        """``D = F E F^T`` in the original coordinates (two triangular products)."""
-        trmm = sla.blas.dtrmm
-        D = trmm(1.0, self.F, E, side=0, lower=1)  # F E
-        D = trmm(1.0, self.F, D, side=1, lower=1, trans_a=1)  # (F E) F^T
+        """``D = map E map^T`` in the original coordinates."""
+        G = self.map
+        if self.triangular:
+            trmm = sla.blas.dtrmm
+            D = trmm(1.0, G, E, side=0, lower=1)  # F E
+            D = trmm(1.0, G, D, side=1, lower=1, trans_a=1)  # (F E) F^T
+        else:
+            D = G @ E @ G.T
         return 0.5 * (D + D.T)
+
+    def _sylvester(self, E: np.ndarray) -> np.ndarray:
+        """The Sylvester part ``E K + K E`` in the current coordinates."""
+        if self.Jinv is None:
+            T = E @ self.Kg
+        else:
+            T = (self.Jinv @ E) @ self.Kg
+        return T + T.T
 
     def _UT(self, E: np.ndarray) -> np.ndarray:
         """``U^T E = (q, s)``: two matrix products."""
@@ -322,10 +367,9 @@ class _NewtonSystem:
         """``H[E]`` given ``U^T E``: three matrix products."""
         k, pi, nu = self.k, self.pi, self.nu
         q, s = uE[:k], uE[k:]
-        T = E @ self.K
-        out = T + T.T
+        out = self._sylvester(E)
         out += self._U(np.concatenate([self.gP * pi * q, self.gV * nu * s]))
-        out -= (self.gP * float(pi @ q)) * self.K + (self.gV * float(nu @ s)) * self.A
+        out -= (self.gP * float(pi @ q)) * self.Kg + (self.gV * float(nu @ s)) * self.A
         return 0.5 * (out + out.T)
 
     def hv(self, E: np.ndarray) -> np.ndarray:
@@ -469,7 +513,7 @@ def smii(
     history: list[dict[str, float]] = []
 
     def certify(point: _Point) -> float:
-        return nuclear_bound(rows.gram(point.nu / c), cols.gram(point.pi))
+        return nuclear_bound(rows, cols, point.nu / c, point.pi)
 
     while newton < opt.max_newton:
         system = obj.newton_system(pt, opt.precondition, opt.hessian_dtype)

@@ -57,6 +57,8 @@ __all__ = [
 
 # Sparse storage is kept when fewer than this fraction of entries are non-zero.
 _SPARSE_DENSITY = 0.25
+# The certificate holds the query rows explicitly up to this many entries.
+_MAX_EXPLICIT_ROWS = 1 << 25
 
 
 class ExplicitRows:
@@ -302,6 +304,15 @@ class Canonical:
     basis: LinearQuery
     right_inverse: np.ndarray | None
     d: int
+    representatives: np.ndarray | None = None  # a cell of each merged class
+
+    def on_cells(self, u: np.ndarray) -> np.ndarray:
+        """A vector over the merged classes as one over the cells (on one cell per class)."""
+        if self.representatives is None:
+            return u
+        out = np.zeros(self.d)
+        out[self.representatives] = u
+        return out
 
     @property
     def rank(self) -> int:
@@ -339,9 +350,11 @@ def canonical_problem(W: LinearQuery) -> Canonical:
     r = Q.shape[0]
     if r == 0:
         raise ValueError("the workload is the zero matrix: there is nothing to answer")
+    reps = None
     if dm < d:
         cells = np.flatnonzero(classes >= 0)
         cls = classes[cells]
+        reps = cells[np.unique(cls, return_index=True)[1]]
         sizes = np.bincount(cls, minlength=dm).astype(float)
         M = sp.csr_array((np.ones(cells.size), (cls, cells)), shape=(dm, d))
         Mright = np.zeros((d, dm))
@@ -349,27 +362,44 @@ def canonical_problem(W: LinearQuery) -> Canonical:
     if r == dm:
         if dm == d:
             return Canonical(merged, IdentityColumns(d), Identity(d), None, d)
-        return Canonical(merged, IdentityColumns(dm), Sparse(M), Mright, d)
+        return Canonical(merged, IdentityColumns(dm), Sparse(M), Mright, d, reps)
     if isinstance(merged, ExplicitRows):
         rows: RowTerm = ExplicitRows(np.asarray(merged.L @ Q.T))
     else:
         rows = MappedRows(merged, Q)
     if dm == d:
         return Canonical(rows, DenseColumns(Q), Dense(Q), Q.T.copy(), d)
-    return Canonical(rows, DenseColumns(Q), Dense(np.asarray(M.T @ Q.T).T), Mright @ Q.T, d)
+    basis = Dense(np.asarray(M.T @ Q.T).T)
+    return Canonical(rows, DenseColumns(Q), basis, Mright @ Q.T, d, reps)
 
 
-def nuclear_bound(A: np.ndarray, C: np.ndarray) -> float:
-    """``(tr sqrt(A^{1/2} C A^{1/2}))^2`` for symmetric PSD ``A`` and ``C``.
+def nuclear_bound(rows: RowTerm, cols: ColumnTerm, w: np.ndarray, u: np.ndarray) -> float:
+    """``||diag(w)^{1/2} L B diag(u)^{1/2}||_*^2`` (nuclear norm) for ``w, u >= 0``.
 
-    With ``A = L^T diag(v / c) L`` and ``C = B diag(u) B^T`` for probability vectors
-    ``u`` (over cells) and ``v`` (over queries) this is
-    ``||diag(v / c)^{1/2} W diag(u)^{1/2}||_*^2``, a lower bound on the optimal squared
-    privacy cost of Problem 1 (weak duality: ``max_i v_i / c_i >= tr(A Sigma)``,
-    ``max_j p_j >= tr(C Sigma^-1)``, and ``min_Sigma tr(A Sigma) tr(C Sigma^-1)`` is this
-    value). It is tight at the optimal multipliers.
+    With ``w = v / c`` and probability vectors ``u`` (over cells) and ``v`` (over
+    queries) this is ``||diag(v / c)^{1/2} W diag(u)^{1/2}||_*^2``, a lower bound on the
+    optimal squared privacy cost of Problem 1 (weak duality: ``max_i v_i / c_i >=
+    tr(A Sigma)`` with ``A = L^T diag(w) L``, ``max_j p_j >= tr(C Sigma^-1)`` with
+    ``C = B diag(u) B^T``, and ``min_Sigma tr(A Sigma) tr(C Sigma^-1)`` is this value).
+    It is tight at the optimal multipliers.
+
+    Computed from triangular factors ``A = Ra^T Ra`` and ``C = Rc^T Rc`` (QR of the
+    scaled rows and columns) as the sum of the singular values of ``Ra Rc^T``, which
+    keeps the bound accurate to rounding; only when ``L`` has too many rows to hold
+    does it fall back to eigenvalues (then accurate to about ``1e-8`` relative).
     """
-    lam, U = sla.eigh(A)
+    r = rows.r
+    keep = w > 0
+    if isinstance(cols, IdentityColumns):
+        Rc = np.diag(np.sqrt(u))
+    else:
+        Rc = sla.qr((cols.B * np.sqrt(u)).T, mode="r")[0][: min(r, cols.d)]
+    if keep.sum() * r <= _MAX_EXPLICIT_ROWS:
+        La = rows.times(np.eye(r))[keep] * np.sqrt(w[keep])[:, None]
+        Ra = sla.qr(La, mode="r")[0][: min(r, La.shape[0])]
+        sv = sla.svdvals(Ra @ Rc.T)
+        return float(sv.sum() ** 2)
+    lam, U = sla.eigh(rows.gram(w))
     half = (U * np.sqrt(np.clip(lam, 0.0, None))) @ U.T
-    mu = sla.eigvalsh(half @ C @ half)
+    mu = sla.eigvalsh(half @ (Rc.T @ Rc) @ half)
     return float(np.sqrt(np.clip(mu, 0.0, None)).sum() ** 2)
