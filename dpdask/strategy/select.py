@@ -7,6 +7,7 @@ the strategy of least expected error; any other name builds a baseline from
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,7 +40,10 @@ def sensitivity_norm(privacy: Budget) -> int:
 def verified_loss(terms: KronTerms, cand: Candidate, norm: int) -> float:
     """``||A||_p^2 ||W A^+||_F^2`` of a candidate, computed by :mod:`.error` from scratch."""
     sens = float(cand.strategy.sensitivity(norm))
-    return sens * sens * ErrorAnalysis(terms, cand.strategy, groups=cand.groups).total()
+    try:
+        return sens * sens * ErrorAnalysis(terms, cand.strategy, groups=cand.groups).total()
+    except ValueError:  # the candidate does not support the workload
+        return math.inf
 
 
 def _attr_names(terms: KronTerms, domain: Domain | None) -> list[str]:
@@ -156,9 +160,12 @@ def select(
             raise ValueError("no template applies to this workload")
         # rank by an independent evaluation, not by the optimisers' own bookkeeping
         checked = {c.name: verified_loss(terms, c, norm) for c in cands}
+        cands = [c for c in cands if math.isfinite(checked[c.name])]
+        if not cands:
+            raise ValueError("no template found a strategy that supports the workload")
         best = min(cands, key=lambda c: checked[c.name])
         info = {
-            "templates": checked,
+            "templates": {k: (v if math.isfinite(v) else None) for k, v in checked.items()},
             "restarts": int(restarts),
             "seed": int(seed),
             "optimisation_wall_time_s": float(cands[0].details.get("wall_time_s", 0.0)),
