@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from scipy.optimize import nnls as scipy_nnls
@@ -121,3 +123,11 @@ def test_stopping_rule_is_in_noise_units(rng: np.random.Generator) -> None:
     loose, tight = nnls(A, y, weights=w, tol=1e-2), nnls(A, y, weights=w, tol=1e-12)
     gap = np.sqrt(((Aw @ (loose.x - tight.x)) ** 2).mean())
     assert loose.report.converged and gap < 0.05
+
+
+def test_compact_gram_is_the_gram(rng: np.random.Generator) -> None:
+    nnls_module = importlib.import_module("dpdask.reconstruct.nnls")
+    for A in _strategies(rng):
+        for op in (A, 3.0 * A):
+            G = nnls_module._compact_gram(op)
+            np.testing.assert_allclose(G.dense(), op.dense().T @ op.dense(), atol=1e-10)
