@@ -325,6 +325,14 @@ def test_gradient_and_hessian_finite_differences(
     np.testing.assert_allclose(system.direction(E), D, atol=1e-9 * np.abs(D).max())
     HD = (obj.gradient(obj.point(S + h * D)) - obj.gradient(obj.point(S - h * D))) / (2 * h)
     np.testing.assert_allclose(system.hv(E), G.T @ HD @ G, atol=1e-6 * np.abs(G.T @ HD @ G).max())
+    # Levenberg-Marquardt damping adds delta X D X, delta = damping * tr(K) / r
+    damped = obj.newton_system(pt, precondition, damping=0.5)
+    Gd = damped.map
+    Ed = np.linalg.solve(Gd, np.linalg.solve(Gd, D).T).T
+    X = np.linalg.inv(S)
+    delta = 0.5 * float(pt.pi @ pt.p) / r
+    expect = Gd.T @ (HD + delta * X @ D @ X) @ Gd
+    np.testing.assert_allclose(damped.hv(Ed), expect, atol=1e-6 * np.abs(expect).max())
     # the preconditioned conjugate gradient solves the Newton system
     x, _ = system.solve(system.hv(E), 1e-10, 500)
     np.testing.assert_allclose(x, E, atol=1e-7 * np.abs(E).max())

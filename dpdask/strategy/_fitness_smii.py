@@ -73,6 +73,10 @@ _WOODBURY_PER_RANK = 3
 _MAX_ROW_ENTRIES = 1 << 24
 # Eigenvalues of K below this fraction of the largest are raised to it in C = K^{-1/4}.
 _K_FLOOR = 1e-8
+# Range of the Levenberg-Marquardt damping (relative to the mean eigenvalue of K).
+_DAMPING_MIN, _DAMPING_MAX = 1e-6, 1e3
+# ... and the damping each sub-problem starts with.
+_STAGE_DAMPING = 1.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,13 @@ class SMIIOptions:
     predict : bool
         Start each sub-problem from the extrapolation of the last two solutions along
         the path ``Sigma(tau) ~ Sigma* + C / tau`` when that lowers the new objective.
+    damping : float
+        Initial Levenberg-Marquardt damping of the Newton system, relative to the
+        mean eigenvalue of ``K``: ``delta E`` (the curvature of ``-log det Sigma`` in
+        whitened coordinates) is added to the Hessian. It adapts (divided by 4 after a
+        full step, multiplied by 4 after a step shorter than 1/4) and restarts at 1 with
+        each sub-problem, whose first Newton steps otherwise leave the positive-definite
+        cone or need many halvings.
     """
 
     tau_start: float = 4.0
@@ -128,6 +139,7 @@ class SMIIOptions:
     precondition: str = "geometric"
     hessian_dtype: type = np.float64
     predict: bool = True
+    damping: float = 1e-2
 
     def __post_init__(self) -> None:
         if not (self.tau_start > 0 and self.tau_growth > 1 and self.tau_max >= self.tau_start):
@@ -228,10 +240,14 @@ class _Objective:
         return g
 
     def newton_system(
-        self, pt: _Point, precondition: str = "geometric", dtype: type = np.float64
+        self,
+        pt: _Point,
+        precondition: str = "geometric",
+        dtype: type = np.float64,
+        damping: float = 0.0,
     ) -> _NewtonSystem:
         """The Newton system at ``pt`` in whitened coordinates (see :class:`_NewtonSystem`)."""
-        return _NewtonSystem(self, pt, precondition, dtype)
+        return _NewtonSystem(self, pt, precondition, dtype, damping)
 
 
 class _NewtonSystem:
@@ -259,7 +275,9 @@ class _NewtonSystem:
     part by a multiple of the identity instead (no ``C``), ``"none"`` only whitens.
     """
 
-    def __init__(self, obj: _Objective, pt: _Point, precondition: str, dtype: type):
+    def __init__(
+        self, obj: _Objective, pt: _Point, precondition: str, dtype: type, damping: float = 0.0
+    ):
         c = obj.c
         F = pt.R.T
         r = F.shape[0]
@@ -283,27 +301,34 @@ class _NewtonSystem:
         if obj.G is not None:
             grad += obj.lam * (F.T @ obj.G @ F)
         B = Bh[:, keep_p]
+        # Levenberg-Marquardt damping: delta E (the Hessian of -log det, whitened) is
+        # added to the Sylvester part E K + K E, i.e. K becomes K + delta / 2
+        half_delta = 0.5 * damping * float(np.trace(K)) / r
         if precondition == "geometric":
             lam, V = sla.eigh(K)
             lam = np.clip(lam, 0.0, None)
-            floor = np.maximum(lam, _K_FLOOR * max(float(lam.max()), 1e-300))
-            C = (V * floor**-0.25) @ V.T
-            self.Jinv = (V * floor**-0.5) @ V.T
-            self.Kg = (V * (lam / np.sqrt(floor))) @ V.T  # C K C
+            kd = np.maximum(lam + half_delta, _K_FLOOR * max(float(lam.max()), 1e-300))
+            C = (V * kd**-0.25) @ V.T
+            self.Jinv = (V * kd**-0.5) @ V.T
+            self.Ks = (V * np.sqrt(kd)) @ V.T  # C (K + delta / 2) C
+            self.Kg = (V * (lam / np.sqrt(kd))) @ V.T  # C K C
             self.map = F @ C
             B, Lt, A, grad = C @ B, Lt @ C, C @ A @ C, C @ grad @ C
             self.kappa = 2.0
         else:
             self.Jinv = None
             self.Kg = K
+            self.Ks = K + half_delta * np.eye(r)
             self.map = F
-            self.kappa = 2.0 * float(np.trace(K)) / r
+            self.kappa = 2.0 * float(np.trace(self.Ks)) / r
         self.gradient = 0.5 * (grad + grad.T)
         self.triangular = self.Jinv is None
         self.k = self.pi.size
         self.gP, self.gV = obj.gP, obj.gV
         self.dtype = dtype
-        self.B, self.Lt, self.Kg, self.A = (np.asarray(a, dtype=dtype) for a in (B, Lt, self.Kg, A))
+        self.B, self.Lt, self.Kg, self.Ks, self.A = (
+            np.asarray(a, dtype=dtype) for a in (B, Lt, self.Kg, self.Ks, A)
+        )
         if self.Jinv is not None:
             self.Jinv = np.asarray(self.Jinv, dtype=dtype)
         self.chol = None
@@ -337,9 +362,9 @@ class _NewtonSystem:
     def _sylvester(self, E: np.ndarray) -> np.ndarray:
         """The Sylvester part ``E K + K E`` in the current coordinates."""
         if self.Jinv is None:
-            T = E @ self.Kg
+            T = E @ self.Ks
         else:
-            T = (self.Jinv @ E) @ self.Kg
+            T = (self.Jinv @ E) @ self.Ks
         return T + T.T
 
     def _UT(self, E: np.ndarray) -> np.ndarray:
@@ -505,6 +530,7 @@ def smii(
     obj.gP = obj.gV = tau / mu
     pt = obj.point(pt.sigma)
     stages, newton, cg_total, converged = 1, 0, 0, False
+    rho = opt.damping
     best_lb, prev_ub = 0.0, math.inf
     weights: tuple[np.ndarray, np.ndarray] | None = None
     path: np.ndarray | None = None
@@ -516,7 +542,7 @@ def smii(
         return nuclear_bound(rows, cols, point.nu / c, point.pi)
 
     while newton < opt.max_newton:
-        system = obj.newton_system(pt, opt.precondition, opt.hessian_dtype)
+        system = obj.newton_system(pt, opt.precondition, opt.hessian_dtype, rho)
         grad = system.gradient
         E, k = system.solve(-grad, opt.cg_tol, opt.max_cg)
         d = system.direction(E)
@@ -534,6 +560,12 @@ def smii(
                 step *= opt.backtrack
             else:
                 step = 0.0
+            # adapt the damping: relax after full steps, strengthen after short ones
+            rho = rho / 4 if step == 1.0 else (4 * rho if step < 0.25 else rho)
+            rho = min(max(rho, _DAMPING_MIN), _DAMPING_MAX)
+        elif rho > _DAMPING_MIN:
+            rho = _DAMPING_MIN  # a damped step was short: retry with (nearly) pure Newton
+            continue
         if step > 0.0:
             continue
         # sub-problem solved (or no further progress): certify, then sharpen the soft max
@@ -565,6 +597,7 @@ def smii(
             break
         growth = min(opt.tau_growth, opt.tau_max / tau)
         tau *= growth
+        rho = max(rho, _STAGE_DAMPING)  # the sharper soft max makes the old model poor
         stages += 1
         pt = _balance(obj, pt)
         mu = float(pt.p.max())
