@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per estimator")
     parser.add_argument("--trials", type=int, default=10, help="noise draws per finding")
     parser.add_argument("--seed", type=int, default=0, help="seed of data and test noise")
+    parser.add_argument("--nnls-tol", type=float, default=1e-3, help="NNLS tolerance (noise units)")
     parser.add_argument("--data", default=str(_DATA), help="the shared data folder")
     parser.add_argument(
         "--parts",
@@ -108,7 +109,9 @@ def _nnls_cph(args: argparse.Namespace) -> dict[str, Any]:
     y = A @ x + _noise(args.seed, ("cph",), b, A.shape[0])
     w = 1.0 / (2.0 * b * b)  # inverse variance of Laplace(b): tol is in noise units
     with PeakRSS() as mem:
-        t_nnls, times, est = median_time(lambda: nnls(A, y, weights=w), args.repeats)
+        t_nnls, times, est = median_time(
+            lambda: nnls(A, y, weights=w, tol=args.nnls_tol), args.repeats
+        )
     t_ls, _, ls = median_time(lambda: least_squares(A, y, weights=w), args.repeats)
     return {
         "cells": domain.size,
