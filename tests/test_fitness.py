@@ -20,7 +20,7 @@ from dpdask import Domain
 from dpdask import workloads as wl
 from dpdask.linalg import AllRange, Dense, Identity, Ones, Prefix, RangeQueries, VStack
 from dpdask.privacy import ApproxDP, PureDP, gaussian_delta, zCDP
-from dpdask.strategy import _fitness_smii as smii_module
+from dpdask.strategy import _fitness_newton as newton_module
 from dpdask.strategy import baselines
 from dpdask.strategy._fitness_smii import _Objective
 from dpdask.strategy._fitness_terms import canonical_problem, merge_columns, row_term
@@ -301,7 +301,7 @@ def test_gradient_and_hessian_finite_differences(
     their whitened rows (no Woodbury preconditioner, rows applied through the term).
     """
     if implicit_rows:
-        monkeypatch.setattr(smii_module, "_MAX_ROW_ENTRIES", 0)
+        monkeypatch.setattr(newton_module, "_MAX_ROW_ENTRIES", 0)
     rng = np.random.default_rng(seed)
     W = [Prefix(5), Dense(rng.random((8, 3)) @ rng.random((3, 6)))][seed % 2]
     can = canonical_problem(W)
