@@ -24,9 +24,10 @@ Stopping rule: the root-mean-square projected gradient ``||u - P(u - grad)|| /
 sqrt(n)`` of the Jacobi-scaled variables ``u_i = sqrt(G_ii) x_i`` is at most ``tol``.
 With weights ``1 / variance`` its entries are in units of the noise: at the true
 data each scaled gradient entry ``a_i^T W (A x - y) / sqrt(G_ii)`` has variance one.
-So ``tol = 1e-3`` asks that what is left to optimise be a thousandth of the noise
-(with unweighted measurements, of unit variance; scale ``tol`` by the noise standard
-deviation otherwise).
+So the default ``tol = 1e-2`` asks that what is left to optimise be a hundredth of
+the noise (with unweighted measurements, of unit variance; scale ``tol`` by the noise
+standard deviation otherwise). On one CPH geography with the HDMM SF1 strategy this
+stops within 5% of the strategy-answer error reached at ``1e-3``, five times sooner.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def nnls(
     weights: np.ndarray | float | None = None,
     *,
     x0: np.ndarray | str = "auto",
-    tol: float = 1e-3,
+    tol: float = 1e-2,
     maxiter: int = 5000,
 ) -> Estimate:
     """The non-negative (weighted) least-squares estimate ``argmin_{x >= 0} ||A x - y||_W^2``.
@@ -269,7 +270,7 @@ def wnnls(
     weights: np.ndarray | float | None = None,
     *,
     x0: np.ndarray | str = "auto",
-    tol: float = 1e-3,
+    tol: float = 1e-2,
     maxiter: int = 5000,
 ) -> Estimate:
     """Workload NNLS: the ``x >= 0`` whose workload answers best fit the least-squares ones.
