@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per estimator")
     parser.add_argument("--trials", type=int, default=10, help="noise draws per finding")
     parser.add_argument("--seed", type=int, default=0, help="seed of data and test noise")
-    parser.add_argument("--nnls-tol", type=float, default=1e-3, help="NNLS tolerance (noise units)")
+    parser.add_argument("--nnls-tol", type=float, default=1e-2, help="NNLS tolerance (noise units)")
     parser.add_argument("--data", default=str(_DATA), help="the shared data folder")
     parser.add_argument(
         "--parts",
