@@ -70,6 +70,9 @@ __all__ = ["SHORT", "TEMPLATES", "Candidate", "default_templates", "optimize"]
 
 TEMPLATES = ("pidentity", "kron", "union", "marginals", "identity")
 
+LARGE_OPT0 = 1 << 18
+"""``n * p`` from which an OPT_0 task keeps all BLAS threads."""
+
 SHORT = {"opt0_iter": 30, "kron_sweeps": 1, "kron_inner_iter": 15, "marginals_iter": 40}
 """Budget of the short runs of successive halving."""
 
@@ -123,9 +126,14 @@ class _Opt0Piece(_Piece):
     ftol: float
     words: list[str]
 
+    @property
+    def blas_threads(self) -> int | None:
+        """All BLAS threads for a large problem, one for a small one (see :mod:`._tasks`)."""
+        return None if self.G.n * self.p >= LARGE_OPT0 else 1
+
     def short(self, seed: int) -> Task:
         kw = {"norm": self.norm, "seed": seed, "ftol": self.ftol, "maxiter": SHORT["opt0_iter"]}
-        return Task(self.words, opt_0, (self.G, self.p), kw)
+        return Task(self.words, opt_0, (self.G, self.p), kw, self.blas_threads)
 
     def full(self, result: Any) -> Task:
         return Task(
@@ -133,6 +141,7 @@ class _Opt0Piece(_Piece):
             opt_0,
             (self.G,),
             {"norm": self.norm, "theta0": result[0], "ftol": self.ftol},
+            self.blas_threads,
         )
 
 
