@@ -519,3 +519,51 @@ def test_bench_linalg_runs(capsys):
     assert out["marginals_domain_cells"] == 360 and out["marginals_parts"] == 4
     assert out["marginals_sensitivity_l1"] == out["marginals_sensitivity_l1_expected"] == 4
     assert out["sf1_matvec_s"] > 0 and out["baseline_np_sum_s"] > 0
+
+
+# -- workloads by name ------------------------------------------------------------------
+def test_named_workloads_answer_like_numpy(rng):
+    from dpdask.workloads.named import named
+
+    domain = Domain({"a": 3, "b": 4})
+    x = rng.integers(0, 5, domain.shape)
+    # one-way marginals: the per-attribute sums, in part order
+    got = named("marginals", domain, k=1) @ x.ravel()
+    np.testing.assert_array_equal(got, np.concatenate([x.sum(1), x.sum(0)]))
+    got = named("marginal", domain, attrs=["b"]) @ x.ravel()
+    np.testing.assert_array_equal(got, x.sum(0))
+    v = rng.integers(0, 5, 6)
+    np.testing.assert_array_equal(named("prefix", n=6) @ v, np.cumsum(v))
+    np.testing.assert_array_equal(named("identity", domain) @ x.ravel(), x.ravel())
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "match"),
+    [
+        ("nope", {}, "unknown workload"),
+        ("pl94", {}, "needs a domain"),
+        ("prefix", {}, "needs option n"),
+        ("marginal", {"attrs": ["zz"]}, "zz"),
+        ("marginals", {"kk": 2}, "bad options"),
+    ],
+)
+def test_named_workloads_reject_bad_names_and_options(name, kwargs, match):
+    from dpdask.workloads.named import named
+
+    domain = Domain({"a": 3, "b": 4}) if name.startswith("marginal") else None
+    with pytest.raises(ValueError, match=match):
+        named(name, domain, **kwargs)
+
+
+def test_cli_and_spec_names_mean_the_same_workload():
+    import argparse
+
+    from dpdask.pipeline.run import build_workload as from_spec
+    from dpdask.strategy._cli import build_workload as from_cli
+    from dpdask.workloads.census import pl94_domain
+
+    W_cli, domain = from_cli("pl94", argparse.Namespace())
+    W_spec = from_spec({"name": "pl94"}, pl94_domain())
+    assert domain == pl94_domain()
+    x = np.arange(domain.size) % 7
+    np.testing.assert_array_equal(W_cli @ x, W_spec @ x)

@@ -23,34 +23,14 @@ __all__ = ["build_workload", "load_data", "plan_spec", "run_spec", "validate_spe
 
 # -- workloads by name ----------------------------------------------------------------------
 def build_workload(workload: Mapping[str, Any], domain: Domain) -> LinearQuery:
-    """The workload a spec names, on ``domain``.
+    """The workload a spec names, on ``domain`` (names: :func:`dpdask.workloads.named.named`)."""
+    from dpdask.workloads.named import named
 
-    Names: ``pl94``, ``sf1-persons``, ``age-pyramid``, ``identity``, ``marginals``
-    (option ``k``), ``marginal`` (option ``attrs``).
-    """
-    from dpdask import workloads as wl
-
-    name = workload["name"]
     opts = {k: v for k, v in workload.items() if k != "name"}
     try:
-        if name == "pl94":
-            return wl.pl94(domain)
-        if name == "sf1-persons":
-            return wl.sf1_persons(domain, **opts)
-        if name == "age-pyramid":
-            return wl.age_pyramid(domain, **opts)
-        if name == "identity":
-            return wl.identity(domain)
-        if name == "marginals":
-            return wl.marginals(domain, int(opts.get("k", 1)))
-        if name == "marginal":
-            return wl.marginal(domain, opts["attrs"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SpecError(f"workload: {name!r} on {domain}: {exc}") from None
-    raise SpecError(
-        f"workload: unknown name {name!r}; use pl94, sf1-persons, age-pyramid, identity, "
-        "marginals or marginal"
-    )
+        return named(workload["name"], domain, **opts)
+    except ValueError as exc:
+        raise SpecError(f"workload: {exc}") from None
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -135,7 +115,11 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
 
     W = build_workload(spec.workload, spec.domain)
     plan = select(
-        W, spec.privacy, strategy=spec.strategy, domain=spec.domain, client=client,
+        W,
+        spec.privacy,
+        strategy=spec.strategy,
+        domain=spec.domain,
+        client=client,
         **spec.strategy_options,
     )
     levels = spec.levels or ()

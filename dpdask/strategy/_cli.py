@@ -24,23 +24,16 @@ WORKLOADS = ("prefix", "allrange", "marginals", "sf1", "pl94")
 
 def build_workload(name: str, args: argparse.Namespace) -> tuple[LinearQuery, Domain | None]:
     """The workload and domain named on the command line."""
-    from dpdask import workloads
+    from dpdask.workloads.named import default_domain, named
 
-    if name == "prefix":
-        return workloads.prefix(args.n), None
-    if name == "allrange":
-        return workloads.all_range(args.n), None
     if name == "marginals":
         sizes = [int(s) for s in args.sizes.split(",")]
         domain = Domain({f"a{chr(97 + i)}": s for i, s in enumerate(sizes)})
-        return workloads.marginals(domain, args.k), domain
-    if name == "sf1":
-        domain = workloads.census.cph_domain()
-        return workloads.sf1_persons(domain), domain
-    if name == "pl94":
-        domain = workloads.census.pl94_domain()
-        return workloads.pl94(domain), domain
-    raise ValueError(f"unknown workload {name!r}; choose from {WORKLOADS}")
+        return named(name, domain, k=args.k), domain
+    if name in ("prefix", "allrange"):
+        return named(name, n=args.n), None
+    domain = default_domain(name)
+    return named(name, domain), domain
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,107 @@
+"""Workloads by name, as release specs and the command line spell them.
+
+One table of names for every entry point (``dpdask plan``, the YAML spec, the
+benchmarks), so that a name means the same workload everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dpdask.domain import Domain
+from dpdask.linalg import LinearQuery
+from dpdask.workloads import census
+from dpdask.workloads.marginals import identity, marginal, marginals
+from dpdask.workloads.pl94 import pl94
+from dpdask.workloads.pyramid import age_pyramid
+from dpdask.workloads.ranges import all_range, prefix
+from dpdask.workloads.sf1 import sf1_persons
+
+__all__ = ["WORKLOAD_NAMES", "default_domain", "named"]
+
+
+def _one_dim(build: Callable[[int], LinearQuery]) -> Callable[..., LinearQuery]:
+    def make(domain: Domain | None, n: int | None = None) -> LinearQuery:
+        if n is None:
+            if domain is None or len(domain.shape) != 1:
+                raise ValueError("needs option n or a one-attribute domain")
+            n = domain.shape[0]
+        if domain is not None and domain.size != int(n):
+            raise ValueError(f"n = {n} does not match the domain's {domain.size} cells")
+        return build(int(n))
+
+    return make
+
+
+def _needs(domain: Domain | None) -> Domain:
+    if domain is None:
+        raise ValueError("needs a domain")
+    return domain
+
+
+_BUILDERS: dict[str, Callable[..., LinearQuery]] = {
+    "pl94": lambda d: pl94(_needs(d)),
+    "sf1-persons": lambda d, **o: sf1_persons(_needs(d), **o),
+    "age-pyramid": lambda d, **o: age_pyramid(_needs(d), **o),
+    "identity": lambda d: identity(_needs(d)),
+    "marginals": lambda d, k=1: marginals(_needs(d), int(k)),
+    "marginal": lambda d, attrs: marginal(_needs(d), attrs),
+    "prefix": _one_dim(prefix),
+    "allrange": _one_dim(all_range),
+}
+_ALIASES = {"sf1": "sf1-persons", "all-range": "allrange"}
+WORKLOAD_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+
+_DEFAULT_DOMAINS: dict[str, Callable[[], Domain]] = {
+    "pl94": census.pl94_domain,
+    "sf1-persons": census.cph_domain,
+}
+
+
+def _canonical(name: str) -> str:
+    name = _ALIASES.get(name, name)
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown workload {name!r}; use one of {', '.join(WORKLOAD_NAMES)}")
+    return name
+
+
+def default_domain(name: str) -> Domain | None:
+    """The domain a named workload is defined on when none is given (Census workloads)."""
+    make = _DEFAULT_DOMAINS.get(_canonical(name))
+    return make() if make is not None else None
+
+
+def named(name: str, domain: Domain | None = None, **options: Any) -> LinearQuery:
+    """The workload called ``name`` on ``domain``.
+
+    Parameters
+    ----------
+    name : str
+        One of ``pl94``, ``sf1-persons`` (alias ``sf1``; option ``tables``),
+        ``age-pyramid`` (options ``kind``, ``voting_age``), ``identity``,
+        ``marginals`` (option ``k``, default 1), ``marginal`` (option ``attrs``),
+        ``prefix`` and ``allrange`` (option ``n``, or a one-attribute domain).
+    domain : Domain, optional
+        The data domain; required by all but ``prefix`` and ``allrange``.
+    **options
+        The workload's options, as above.
+
+    Returns
+    -------
+    LinearQuery
+        The implicit workload matrix.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, a missing domain or option, or an option that does not
+        fit the domain (the message says which).
+    """
+    canonical = _canonical(name)
+    try:
+        return _BUILDERS[canonical](domain, **options)
+    except TypeError as exc:
+        raise ValueError(f"workload {name!r}: bad options {sorted(options)}: {exc}") from None
+    except KeyError as exc:
+        raise ValueError(f"workload {name!r}: {exc} is not in the domain {domain}") from None
