@@ -56,6 +56,7 @@ import numpy as np
 from dpdask.linalg import Kron, LinearQuery, VStack, aslinearquery
 from dpdask.privacy import Budget
 from dpdask.strategy._fitness_dense import solve_dense
+from dpdask.strategy._fitness_plan import FitnessPlan, whitened_strategy
 from dpdask.strategy._fitness_product import factor_targets, solve_kron, solve_union
 from dpdask.strategy._fitness_smii import SMIIOptions
 from dpdask.strategy._fitness_solution import (
@@ -66,12 +67,14 @@ from dpdask.strategy._fitness_solution import (
 )
 
 __all__ = [
+    "FitnessPlan",
     "FitnessResult",
     "FitnessSolution",
     "KronFitnessSolution",
     "SMIIOptions",
     "UnionFitnessSolution",
     "solve",
+    "whitened_strategy",
 ]
 
 # "auto" solves a workload densely up to this many columns, by parts beyond.

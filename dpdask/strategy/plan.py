@@ -264,10 +264,20 @@ class Plan:
             "info": self.info,
             "mechanism": self.mechanism,
             "noise_scale": self.noise_scale,
+            **self._save_extra(arrays),
         }
         text = json.dumps(doc, allow_nan=False)
         with open(path, "wb") as f:
             np.savez_compressed(f, **{"plan.json": np.array(text)}, **arrays)
+
+    def _save_extra(self, arrays: dict[str, np.ndarray]) -> dict:
+        """Entries a subclass adds to the saved document (and arrays); none here."""
+        return {}
+
+    @classmethod
+    def _from_saved(cls, doc: dict, arrays: dict[str, np.ndarray], **kwargs: Any) -> Plan:
+        """Rebuild a plan of this kind from its saved document."""
+        return cls(kwargs.pop("workload"), kwargs.pop("strategy"), kwargs.pop("privacy"), **kwargs)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Plan:
@@ -292,10 +302,15 @@ class Plan:
             strategy = from_dict(doc["strategy"], arrays)
         privacy = Budget.from_dict(doc["privacy"])
         domain = Domain(doc["domain"]) if doc.get("domain") is not None else None
-        plan = cls(
-            workload,
-            strategy,
-            privacy,
+        kind: type[Plan] = Plan
+        if doc.get("kind") == "fitness":
+            from dpdask.strategy._fitness_plan import FitnessPlan as kind
+        plan = kind._from_saved(
+            doc,
+            arrays,
+            workload=workload,
+            strategy=strategy,
+            privacy=privacy,
             domain=domain,
             groups=doc.get("groups"),
             template=doc.get("template", "custom"),

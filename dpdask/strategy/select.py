@@ -82,7 +82,7 @@ def _baseline(
 
 def select(
     workload: LinearQuery,
-    privacy: Budget,
+    privacy: Budget | None,
     strategy: str = "hdmm",
     *,
     domain: Domain | None = None,
@@ -101,13 +101,17 @@ def select(
     workload : LinearQuery
         The queries to answer: a :class:`~dpdask.linalg.Kron`, a
         :class:`~dpdask.linalg.VStack` of them, or any operator on one attribute.
-    privacy : PureDP, zCDP or ApproxDP
+    privacy : PureDP, zCDP, ApproxDP or None
         The budget: pure DP gets Laplace noise (L1 sensitivity), the others
-        Gaussian noise (L2 sensitivity).
+        Gaussian noise (L2 sensitivity). ``None`` only with ``strategy="fitness"``:
+        the least budget that meets the variance targets.
     strategy : str
-        ``"hdmm"`` (optimise), or a baseline: ``"identity"``, ``"workload"``,
-        ``"hierarchical"`` (option ``branching``), ``"hb"``, ``"wavelet"``,
-        ``"convex"`` (the CA optimum; Gaussian, small domains).
+        ``"hdmm"`` (optimise), ``"fitness"`` (per-query variance targets, paper 000;
+        options ``targets``, ``basis`` and those of
+        :func:`dpdask.strategy.fitness.solve`; returns a
+        :class:`~dpdask.strategy.fitness.FitnessPlan`), or a baseline:
+        ``"identity"``, ``"workload"``, ``"hierarchical"`` (option ``branching``),
+        ``"hb"``, ``"wavelet"``, ``"convex"`` (the CA optimum; Gaussian, small domains).
     domain : Domain, optional
         The data domain (attribute names for keys and labels; sizes checked).
     restarts : int
@@ -140,6 +144,10 @@ def select(
     >>> plan.expected_error() < select(Prefix(64), PureDP(1), "identity").expected_error()
     True
     """
+    if strategy == "fitness":
+        from dpdask.strategy._fitness_plan import fitness_plan
+
+        return fitness_plan(workload, privacy, domain=domain, client=client, **options)
     norm = sensitivity_norm(privacy)
     sizes = domain.shape if domain is not None else None
     terms = kron_terms(workload, sizes)
