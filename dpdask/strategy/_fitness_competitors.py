@@ -56,10 +56,9 @@ def paper_hm(n: int) -> LinearQuery:
         raise ValueError(f"HM needs at least 2 cells, got {n}")
     k = math.isqrt(n)
     cells = np.arange(n)
-    block = cells[: k * k] if k > 1 else cells[:0]
-    rows = np.concatenate(
-        [np.zeros(n, dtype=np.int64), 1 + block // k, 1 + (k if k > 1 else 0) + cells]
-    )
+    nb = k if k > 1 else 0  # blocks
+    block = cells[: nb * k]
+    rows = np.concatenate([np.zeros(n, dtype=np.int64), 1 + block // k, 1 + nb + cells])
     cols = np.concatenate([cells, block, cells])
-    M = sp.csr_array((np.ones(rows.size), (rows, cols)), shape=(1 + (k if k > 1 else 0) + n, n))
+    M = sp.csr_array((np.ones(rows.size), (rows, cols)), shape=(1 + nb + n, n))
     return Sparse(M)
