@@ -30,6 +30,8 @@ DOMAIN = Domain(a=2, b=3)
 UNION = VStack([Kron([Identity(2), Total(3)]), Kron([Total(2), Prefix(3)]), Identity(6)])
 # a Kronecker product with factored targets (solved factor by factor)
 PRODUCT = Kron([Prefix(2), AllRange(3)])
+# a union of two products, solved part by part with the budget split between them
+PARTS = VStack([Kron([Identity(2), Prefix(3)]), Kron([Total(2), AllRange(3)])])
 PRODUCT_TARGETS = [np.array([1.0, 2.0]), np.array([1.0, 3.0, 2.0, 1.0, 4.0, 1.0])]
 
 
@@ -124,6 +126,21 @@ def test_select_problem_two(budget) -> None:
         assert float(spent.delta) == pytest.approx(gaussian_delta(plan.privacy_cost, 1.0), rel=1e-6)
 
 
+def test_select_union_by_parts() -> None:
+    """Parts measured independently: stacked whitened parts, block reconstruction."""
+    plan = dpdask.select(PARTS, zCDP(1), "fitness", method="union")
+    sol = solve(PARTS, 1.0, method="union").for_budget(zCDP(1))
+    assert isinstance(plan.strategy, VStack) and plan.groups == [[0], [1]]
+    assert plan.summary(as_dict=True)["error_is_upper_bound"]
+    np.testing.assert_allclose(plan.privacy_profile(), sol.privacy_profile(), rtol=1e-8)
+    parts = [p.workload.dense() for p in sol.parts]
+    dense = [L @ S @ L.T for L, S in ((p.L.dense(), p.Sigma.dense()) for p in sol.parts)]
+    assert [w.shape[0] for w in parts] == [6, 6]
+    np.testing.assert_allclose(
+        plan.query_variances(), np.concatenate([np.diag(v) for v in dense]), rtol=1e-6
+    )
+
+
 def test_select_refuses_pure_dp() -> None:
     with pytest.raises(ValueError, match="Gaussian"):
         dpdask.select(Prefix(4), PureDP(1), "fitness")
@@ -166,10 +183,14 @@ def _truth(counts: np.ndarray, st) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("W", [UNION, PRODUCT], ids=["union-dense", "kron-factors"])
-def test_release_exact_without_noise(W, tmp_path, rng) -> None:
+@pytest.mark.parametrize(
+    ("W", "method"),
+    [(UNION, "auto"), (PRODUCT, "auto"), (PARTS, "union")],
+    ids=["union-dense", "kron-factors", "union-by-parts"],
+)
+def test_release_exact_without_noise(W, method, tmp_path, rng) -> None:
     st, counts = _store(tmp_path, rng, tracts=7)
-    plan = dpdask.select(W, zCDP(1), "fitness", domain=DOMAIN)
+    plan = dpdask.select(W, zCDP(1), "fitness", domain=DOMAIN, method=method)
     out = release(plan, st, test_mode=True, noise=False).to_zarr(tmp_path / "out.zarr")
     g = zarr.open_group(str(out), mode="r")
     Wd = W.dense()

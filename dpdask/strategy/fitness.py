@@ -18,6 +18,12 @@ certified optimality gap from weak duality. Budgets: the privacy cost ``c`` of a
 mechanism is ``rho = c^2 / 2`` zCDP, and (epsilon, delta)-DP through the exact
 Gaussian calibration of Balle and Wang (Corollary 3.2 of paper 000).
 
+As a release plan: ``dpdask.select(W, privacy, strategy="fitness", targets=c, basis=B)``
+returns a :class:`FitnessPlan` (``privacy=None`` for Problem 1, a budget for Problem 2)
+that measures the whitened strategy ``A = Sigma^{-1/2} B`` with i.i.d. Gaussian noise;
+least squares on it releases ``L (B x + N(0, Sigma))`` exactly
+(:mod:`dpdask.strategy._fitness_plan`), so ``dpdask.release`` runs it unchanged.
+
 What is exact and what is approximate:
 
 * one workload (``method="dense"``): SM-II to the certified gap in ``info["gap"]``
