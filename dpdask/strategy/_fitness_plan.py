@@ -212,7 +212,7 @@ class FitnessPlan(Plan):
             "",
             f"fitness-for-use: privacy cost {f['privacy_cost']:.6g} (zCDP rho "
             f"{f['zcdp_rho']:.6g}), variance / target from {f['min_ratio']:.4g} to "
-            f"{f['max_ratio']:.4g}" + ("" if f["targets_met"] else "  (targets NOT met)"),
+            f"{f['max_ratio']:.4g}" + ("" if f["targets_met"] else "  (above the targets)"),
         ]
         for p in d["parts"]:
             lines.append(f"  {p['part']}: max variance / target {p['max_ratio']:.4g}")
