@@ -32,6 +32,7 @@ from dpdask.workloads.products import indicator, product
 from dpdask.workloads.pyramid import age_pyramid, age_ranges
 from dpdask.workloads.ranges import all_range, prefix, random_ranges
 from dpdask.workloads.sf1 import sf1_persons, sf1_tables
+from dpdask.workloads.sf1_reference import sf1_hdmm_reference
 from dpdask.workloads.sums import sum_query
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "prefix",
     "product",
     "random_ranges",
+    "sf1_hdmm_reference",
     "sf1_persons",
     "sf1_tables",
     "sum_query",

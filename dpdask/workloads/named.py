@@ -17,6 +17,7 @@ from dpdask.workloads.pl94 import pl94
 from dpdask.workloads.pyramid import age_pyramid
 from dpdask.workloads.ranges import all_range, prefix
 from dpdask.workloads.sf1 import sf1_persons
+from dpdask.workloads.sf1_reference import hdmm_reference_domain, sf1_hdmm_reference
 
 __all__ = ["WORKLOAD_NAMES", "default_domain", "named"]
 
@@ -43,6 +44,7 @@ def _needs(domain: Domain | None) -> Domain:
 _BUILDERS: dict[str, Callable[..., LinearQuery]] = {
     "pl94": lambda d: pl94(_needs(d)),
     "sf1-persons": lambda d, **o: sf1_persons(_needs(d), **o),
+    "sf1-hdmm": lambda d: sf1_hdmm_reference(_needs(d)),
     "age-pyramid": lambda d, **o: age_pyramid(_needs(d), **o),
     "identity": lambda d: identity(_needs(d)),
     "marginals": lambda d, k=1: marginals(_needs(d), int(k)),
@@ -56,6 +58,7 @@ WORKLOAD_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 _DEFAULT_DOMAINS: dict[str, Callable[[], Domain]] = {
     "pl94": census.pl94_domain,
     "sf1-persons": census.cph_domain,
+    "sf1-hdmm": hdmm_reference_domain,
 }
 
 
@@ -79,6 +82,7 @@ def named(name: str, domain: Domain | None = None, **options: Any) -> LinearQuer
     ----------
     name : str
         One of ``pl94``, ``sf1-persons`` (alias ``sf1``; option ``tables``),
+        ``sf1-hdmm`` (the HDMM reference's SF1 encoding, race 64),
         ``age-pyramid`` (options ``kind``, ``voting_age``), ``identity``,
         ``marginals`` (option ``k``, default 1), ``marginal`` (option ``attrs``),
         ``prefix`` and ``allrange`` (option ``n``, or a one-attribute domain).
