@@ -8,7 +8,14 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from dpdask.dataflow.levels import aggregate, bottom_up, level_chunks, top_down
+from dpdask.dataflow.levels import (
+    aggregate_level,
+    bottom_up,
+    level_chunks,
+    partial_rows,
+    partial_sum_block,
+    top_down,
+)
 from dpdask.domain import Geography
 from dpdask.reconstruct import tree_consistent
 
@@ -48,8 +55,8 @@ def test_aggregate_sums_children(units_per_chunk: int, rng: np.random.Generator)
     geo = _geography(rng)
     lc = level_chunks(geo, geo.levels, cells=6, target_bytes=8 * 6 * units_per_chunk)
     x = rng.integers(0, 9, size=(geo.n_units(), 2, 3))
-    county = aggregate(da.from_array(x, chunks=(2, 2, 3)), lc, 2, "aggregate-county")
-    state = aggregate(county, lc, 1, "aggregate-state")
+    county = aggregate_level(da.from_array(x, chunks=(2, 2, 3)), lc, 2, "aggregate-county")
+    state = aggregate_level(county, lc, 1, "aggregate-state")
     p = geo.parents[1]
     want = np.stack([x[p == k].sum(0) for k in range(geo.n_units("county"))])
     np.testing.assert_array_equal(county.compute(), want)
@@ -91,3 +98,24 @@ def test_finest_level_must_be_released(rng: np.random.Generator) -> None:
     geo = _geography(rng)
     with pytest.raises(ValueError, match="finest released level"):
         level_chunks(geo, ("state", "county"), cells=1)
+
+
+@pytest.mark.parametrize("units_per_chunk", [1, 2, 4, 50])
+def test_stored_partial_sums_give_the_parent_sums(units_per_chunk, rng) -> None:
+    """Per-chunk sums by parent (what a release checkpoints) combine to the parents' sums."""
+    from dpdask.dataflow._aggregate import aggregate_rows
+
+    geo = _geography(rng)
+    lc = level_chunks(geo, geo.levels, cells=6, target_bytes=8 * 6 * units_per_chunk)
+    x = rng.normal(size=(geo.n_units(), 2, 3))
+    bounds = np.cumsum((0, *lc.chunks[2]))
+    parts = [
+        partial_sum_block(x[a:b], lc, 2, k) for k, (a, b) in enumerate(itertools.pairwise(bounds))
+    ]
+    assert [len(p) for p in parts] == list(lc.parent_ranges(2))
+    stacked = da.from_array(np.concatenate(parts), chunks=(lc.parent_ranges(2), 2, 3))
+    got = aggregate_rows(stacked, partial_rows(lc, 2), lc.chunks[1], "sums")
+    p = geo.parents[1]
+    want = np.stack([x[p == k].sum(0) for k in range(geo.n_units("county"))])
+    np.testing.assert_allclose(got.compute(), want, atol=1e-12)
+    assert got.dtype == np.float64 and got.chunks[0] == lc.chunks[1]

@@ -14,7 +14,7 @@ from dpdask.dataflow import write_store
 from dpdask.dataflow.release import release
 from dpdask.linalg import Identity, Kron, LinearQuery, Prefix, Total, VStack
 from dpdask.noise import SecretKey
-from dpdask.privacy import BudgetExceededError, Ledger, zCDP
+from dpdask.privacy import BudgetExceededError, Ledger, PureDP, zCDP
 
 
 @dataclasses.dataclass
@@ -266,3 +266,97 @@ def test_nonnegative_estimators_are_consistent_and_nonnegative(store, tmp_path, 
         np.add.at(sums, g[lower]["parent"][:], child)
         np.testing.assert_allclose(sums, g[upper]["estimate"][:], atol=1e-8)
     assert dict(g.attrs)["dpdask"]["reconstruct"] == method
+
+
+# -- the fused least-squares path and structured pseudo-inverses ----------------------
+def _pure_plan(strategy: LinearQuery, workload: LinearQuery | None = None) -> DensePlan:
+    """A pure-DP plan: Laplace noise keeps a union strategy as it is (no Gram root)."""
+    W = workload or make_plan().workload
+    budget = PureDP(1)
+    scale = budget.laplace_scale(strategy.sensitivity(1))
+    return DensePlan(strategy, W, DOMAIN, "laplace", scale, budget)
+
+
+FULL_RANK_UNION = VStack(
+    [Kron([Identity(2), Total(3)]), Kron([Identity(2), Prefix(3)])], weights=[0.6, 0.8]
+)
+# rank 4 of 6, like OPT_+ on SF1: neither part sees the interaction of a and b
+DEFICIENT_UNION = VStack(
+    [Kron([Identity(2), Total(3)]), Kron([Total(2), Prefix(3)])], weights=[0.6, 0.8]
+)
+SUPPORTED_WORKLOAD = VStack([Kron([Identity(2), Total(3)]), Kron([Total(2), Prefix(3)])])
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [make_plan(), _pure_plan(FULL_RANK_UNION)],
+    ids=["gram-root", "union"],
+)
+def test_fused_path_equals_measure_then_reconstruct(store, tmp_path, monkeypatch, plan) -> None:
+    """``x + A^+ z`` with the keyed noise of the chunk is ``A^+ (A x + z)`` (same key)."""
+    from dpdask.dataflow.release import LevelPlan
+
+    st, _ = store
+    kwargs = dict(release_id="f", run_id="one", test_mode=True, key=SecretKey.for_testing(8))
+    fused = release(plan, st, chunk_bytes=8 * 6 * 2, **kwargs)
+    assert all(p.fused("ls") for p in fused.plans.values())
+    a = zarr.open_group(str(fused.to_zarr(tmp_path / "fused.zarr")), mode="r")
+    monkeypatch.setattr(LevelPlan, "fused", lambda self, method: False)
+    general = release(plan, st, chunk_bytes=8 * 6 * 2, **kwargs)
+    b = zarr.open_group(str(general.to_zarr(tmp_path / "general.zarr")), mode="r")
+    for lv in st.geography.levels:
+        ea, eb = a[lv]["estimate"][:], b[lv]["estimate"][:]
+        assert np.abs(ea - eb).max() <= 1e-9 * np.abs(eb).max()
+        assert np.abs(ea - eb).max() > 0 or lv == "state"  # two computations, not one
+
+
+def test_rank_deficient_strategy_is_not_fused(store) -> None:
+    st, _ = store
+    r = release(_pure_plan(DEFICIENT_UNION, SUPPORTED_WORKLOAD), st, test_mode=True)
+    assert not any(p.fused("ls") for p in r.plans.values())
+    assert not any(p.fused("nnls") for p in release(make_plan(), st, test_mode=True).plans.values())
+
+
+@pytest.mark.parametrize("strategy", [FULL_RANK_UNION, DEFICIENT_UNION], ids=["full", "deficient"])
+def test_union_plan_releases_exact_answers(store, tmp_path, strategy) -> None:
+    """OPT_+ form (two Kronecker parts) reconstructed by the pair inverse, noise off."""
+    from dpdask.dataflow._blocks import KronPairInverse
+
+    st, counts = store
+    plan = _pure_plan(strategy, SUPPORTED_WORKLOAD)
+    r = release(plan, st, test_mode=True, noise=False)
+    assert all(isinstance(p.pinv(), KronPairInverse) for p in r.plans.values())
+    g = zarr.open_group(str(r.to_zarr(tmp_path / "out.zarr")), mode="r")
+    W, A = SUPPORTED_WORKLOAD.dense(), strategy.dense()
+    for lv, truth in _level_truth(counts, st).items():
+        est = g[lv]["estimate"][:].reshape(len(truth), -1)
+        t = truth.reshape(len(truth), -1)
+        np.testing.assert_allclose(g[lv]["answers"][:], t @ W.T, atol=1e-8)
+        # the estimate solves the normal equations of the exact measurements
+        np.testing.assert_allclose(est @ A.T @ A, t @ A.T @ A, atol=1e-8)
+        if strategy is FULL_RANK_UNION:
+            np.testing.assert_allclose(est, t, atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("deficient", [False, True])
+def test_pair_inverse_matches_dense_least_squares(seed: int, deficient: bool) -> None:
+    from dpdask.dataflow._blocks import structured_pinv
+    from dpdask.linalg import Dense
+
+    rng = np.random.default_rng(seed)
+    K1 = Kron([Total(3), Dense(rng.normal(size=(4, 4))), Identity(2)])
+    # with a total on the last attribute neither part sees (attr 0 x attr 2) interactions
+    K2 = Kron([Dense(rng.normal(size=(5, 3))), Prefix(4), Total(2) if deficient else Identity(2)])
+    A = VStack([K1, K2], weights=rng.uniform(0.2, 2, size=2))
+    P = structured_pinv(A)
+    assert P.full_rank is not deficient
+    Ad = A.dense()
+    Y = rng.normal(size=(3, A.shape[0]))
+    X = P.apply(Y)
+    # a least-squares solution: the normal equations hold
+    np.testing.assert_allclose(X @ Ad.T @ Ad, Y @ Ad, atol=1e-9)
+    # A G A^T is the orthogonal projector onto range(A), as with the pseudo-inverse
+    np.testing.assert_allclose(Ad @ P.dense(), Ad @ np.linalg.pinv(Ad), atol=1e-9)
+    if not deficient:
+        np.testing.assert_allclose(P.dense(), np.linalg.pinv(Ad), atol=1e-10)

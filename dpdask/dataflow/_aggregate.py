@@ -27,7 +27,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 from dpdask.domain import Geography
 
-__all__ = ["aggregate", "level_key"]
+__all__ = ["aggregate", "aggregate_rows", "level_key"]
 
 _Partial = tuple[np.ndarray, np.ndarray]  # (sorted unique ancestor indices, their sums)
 
@@ -38,8 +38,14 @@ def level_key(level: str) -> str:
     return word or "level"
 
 
+def _acc_dtype(dtype: np.dtype) -> np.dtype:
+    """What sums are kept in: int64 for counts, float64 for estimates."""
+    return np.dtype(np.int64) if np.dtype(dtype).kind in "biu" else np.dtype(np.float64)
+
+
 def _partial(block: np.ndarray, ancestors: np.ndarray) -> _Partial:
     """Sum the rows of ``block`` by their ancestor index."""
+    acc = _acc_dtype(block.dtype)
     if ancestors.size > 1 and (np.diff(ancestors) < 0).any():
         order = np.argsort(ancestors, kind="stable")
         ancestors, block = ancestors[order], block[order]
@@ -47,10 +53,10 @@ def _partial(block: np.ndarray, ancestors: np.ndarray) -> _Partial:
     if starts.size <= 32:  # few runs: a sum per run is about twice as fast as reduceat
         stops = [*starts[1:].tolist(), block.shape[0]]
         sums = np.stack(
-            [block[a:b].sum(axis=0, dtype=np.int64) for a, b in zip(starts, stops, strict=True)]
+            [block[a:b].sum(axis=0, dtype=acc) for a, b in zip(starts, stops, strict=True)]
         )
     else:
-        sums = np.add.reduceat(block.astype(np.int64, copy=False), starts, axis=0)
+        sums = np.add.reduceat(block.astype(acc, copy=False), starts, axis=0)
     return ancestors[starts], sums
 
 
@@ -72,18 +78,18 @@ def _combine(parts: list[_Partial], lo: int, hi: int) -> _Partial:
     """Add partial sums, keeping only ancestors in ``[lo, hi)``."""
     parts = [_restrict(p, lo, hi) for p in parts]
     union = np.unique(np.concatenate([p[0] for p in parts]))
-    out = np.zeros((union.size, *parts[0][1].shape[1:]), dtype=np.int64)
+    out = np.zeros((union.size, *parts[0][1].shape[1:]), dtype=parts[0][1].dtype)
     for idx, sums in parts:
         _add_into(out, np.searchsorted(union, idx), sums)
     return union, out
 
 
-def _finish(parts: list[_Partial], lo: int, hi: int) -> np.ndarray:
-    """Dense counts of ancestors ``lo .. hi-1`` from partial sums."""
+def _finish(parts: list[_Partial], lo: int, hi: int, tail: tuple, dtype: np.dtype) -> np.ndarray:
+    """Dense sums of ancestors ``lo .. hi-1`` from partial sums (zero for a childless one)."""
     parts = [_restrict(p, lo, hi) for p in parts]
     if len(parts) == 1 and parts[0][0].size == hi - lo:
         return parts[0][1]  # sorted, unique and complete: already the dense block
-    out = np.zeros((hi - lo, *parts[0][1].shape[1:]), dtype=np.int64)
+    out = np.zeros((hi - lo, *tail), dtype=dtype)
     for idx, sums in parts:
         _add_into(out, idx - lo, sums)
     return out
@@ -120,7 +126,8 @@ def aggregate(
     Returns
     -------
     dask.array.Array
-        Shape ``(n_units(level), *domain.shape)``, int64, one chunk per ``chunks``
+        Shape ``(n_units(level), *domain.shape)``, int64 (float64 for float input),
+        one chunk per ``chunks``
         units, keys ``aggregate-<level>-<token>``. ``counts`` itself if ``level`` is
         ``of``.
 
@@ -152,22 +159,65 @@ def aggregate(
         )
     if level == source:
         return counts
-    if any(len(c) > 1 for c in counts.chunks[1:]):
-        counts = counts.rechunk({i: -1 for i in range(1, counts.ndim)})
     n_out = geography.n_units(level)
     step = int(chunks or counts.chunks[0][0])
-    out_bounds = np.arange(0, n_out + step, step).clip(max=n_out)
-    out_bounds = np.unique(out_bounds)
-    in_bounds = np.concatenate([[0], np.cumsum(counts.chunks[0])])
-
-    word = level_key(level)
-    token = tokenize(counts.name, ancestors, out_bounds, split_every)
-    pname, cname, oname = (
-        f"aggregate-{word}-partial-{token}",
-        f"aggregate-{word}-combine-{token}",
-        f"aggregate-{word}-{token}",
+    out_bounds = np.unique(np.arange(0, n_out + step, step).clip(max=n_out))
+    return aggregate_rows(
+        counts,
+        ancestors,
+        tuple(np.diff(out_bounds).tolist()),
+        f"aggregate-{level_key(level)}",
+        split_every=split_every,
     )
+
+
+def aggregate_rows(
+    values: da.Array,
+    ancestors: np.ndarray,
+    out_chunks: tuple[int, ...],
+    name: str,
+    *,
+    split_every: int = 8,
+) -> da.Array:
+    """Row sums by group, lazily: output row ``j`` is the sum of the rows ``i`` of
+    ``values`` with ``ancestors[i] == j``.
+
+    The engine of :func:`aggregate`, also used by the release for the levels of a
+    geography (counts, estimates, partial sums of estimates).
+
+    Parameters
+    ----------
+    values : dask.array.Array
+        Shape ``(len(ancestors), ...)``, chunked along the first axis.
+    ancestors : ndarray of int
+        The output row of each input row (sorted is cheapest: each input chunk then
+        touches few outputs).
+    out_chunks : tuple of int
+        Chunk sizes of the output's first axis; they add up to the number of outputs.
+    name : str
+        Key prefix: tasks are ``<name>-partial``, ``<name>-combine`` and ``<name>``.
+    split_every : int
+        How many partial sums one task adds at most (>= 2).
+
+    Returns
+    -------
+    dask.array.Array
+        Shape ``(sum(out_chunks), *values.shape[1:])``; int64 for integer input,
+        float64 otherwise. Rows no input row maps to are zero.
+    """
+    if split_every < 2:
+        raise ValueError(f"split_every must be at least 2, got {split_every}")
+    counts = values
+    if any(len(c) > 1 for c in counts.chunks[1:]):
+        counts = counts.rechunk({i: -1 for i in range(1, counts.ndim)})
+    ancestors = np.asarray(ancestors)
+    out_bounds = np.concatenate([[0], np.cumsum(out_chunks, dtype=np.int64)])
+    in_bounds = np.concatenate([[0], np.cumsum(counts.chunks[0])])
+    dtype = _acc_dtype(counts.dtype)
+    token = tokenize(counts.name, ancestors, out_bounds, split_every)
+    pname, cname, oname = f"{name}-partial-{token}", f"{name}-combine-{token}", f"{name}-{token}"
     tail = (0,) * (counts.ndim - 1)
+    shape_tail = tuple(counts.shape[1:])
     dsk: dict = {}
     feeds: list[list[tuple]] = [[] for _ in range(out_bounds.size - 1)]
     for i in range(in_bounds.size - 1):
@@ -186,7 +236,7 @@ def aggregate(
                 dsk[key] = (_combine, group, lo, hi)
                 keys.append(key)
             depth += 1
-        dsk[(oname, j, *tail)] = (_finish, keys, lo, hi)
+        dsk[(oname, j, *tail)] = (_finish, keys, lo, hi, shape_tail, dtype)
     graph = HighLevelGraph.from_collections(oname, dsk, dependencies=[counts])
-    out_chunks = (tuple(np.diff(out_bounds).tolist()), *((s,) for s in counts.shape[1:]))
-    return da.Array(graph, oname, chunks=out_chunks, dtype=np.int64)
+    chunks = (tuple(int(c) for c in out_chunks), *((s,) for s in counts.shape[1:]))
+    return da.Array(graph, oname, chunks=chunks, dtype=dtype)

@@ -21,11 +21,20 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from dpdask.dataflow._aggregate import level_key
+from dpdask.dataflow._aggregate import aggregate_rows, level_key
 from dpdask.domain import Geography
 from dpdask.reconstruct.consistency import children_sum, project_children
 
-__all__ = ["LevelChunks", "aggregate", "bottom_up", "level_chunks", "nonneg_down", "top_down"]
+__all__ = [
+    "LevelChunks",
+    "aggregate_level",
+    "bottom_up",
+    "level_chunks",
+    "nonneg_down",
+    "partial_rows",
+    "partial_sum_block",
+    "top_down",
+]
 
 
 @dataclass(frozen=True)
@@ -144,18 +153,6 @@ def _local_parents(p: np.ndarray, block_info: dict | None) -> np.ndarray:
     return sub - sub[0]
 
 
-def _sum_block(block: np.ndarray, p: np.ndarray, block_info=None) -> np.ndarray:
-    local = _local_parents(p, block_info)
-    n_par = int(local[-1]) + 1
-    out = children_sum(block.reshape(block.shape[0], -1), local, n_par)
-    return out.reshape((n_par, *block.shape[1:])).astype(block.dtype, copy=False)
-
-
-def _segment_sum(block: np.ndarray, index: np.ndarray, n: int) -> np.ndarray:
-    out = children_sum(block.reshape(block.shape[0], -1), index, n)
-    return out.reshape((n, *block.shape[1:])).astype(block.dtype, copy=False)
-
-
 def _chunk_parents(lc: LevelChunks, i: int) -> tuple[np.ndarray, np.ndarray]:
     """First and last parent (in level ``i - 1``) of each chunk of level ``i``."""
     bounds = np.cumsum((0, *lc.chunks[i]))
@@ -163,47 +160,28 @@ def _chunk_parents(lc: LevelChunks, i: int) -> tuple[np.ndarray, np.ndarray]:
     return p[bounds[:-1]], p[bounds[1:] - 1]
 
 
-def aggregate(child: da.Array, lc: LevelChunks, i: int, name: str) -> da.Array:
-    """Level ``i - 1`` from level ``i``: each parent is the sum of its children, chunk by chunk.
+def partial_sum_block(block: np.ndarray, lc: LevelChunks, i: int, k: int) -> np.ndarray:
+    """Sums of chunk ``k`` of level ``i`` by parent: rows ``first_k .. last_k`` of level
+    ``i - 1`` (see :func:`partial_rows`)."""
+    start = int(np.cumsum((0, *lc.chunks[i]))[k])
+    p = lc.parents[i - 1][start : start + block.shape[0]]
+    local = p - p[0]
+    out = children_sum(block.reshape(block.shape[0], -1), local, int(local[-1]) + 1)
+    return out.reshape((-1, *block.shape[1:]))
 
-    ``child`` is (re)chunked as ``lc.chunks[i]``; the result is chunked as ``lc.chunks[i - 1]``.
-    """
-    if child.chunks[0] != lc.chunks[i]:
-        child = child.rechunk({0: lc.chunks[i]})
-    p = lc.parents[i - 1]
-    tok = tokenize(child, p)
-    partial = child.map_blocks(
-        _sum_block,
-        p,
-        chunks=(lc.parent_ranges(i), *child.chunks[1:]),
-        dtype=child.dtype,
-        name=f"{name}-partial-{tok}",
-        meta=np.empty((0,) * child.ndim, dtype=child.dtype),
-    )
-    if sum(lc.parent_ranges(i)) == sum(lc.chunks[i - 1]):
-        return partial.rechunk({0: lc.chunks[i - 1]})  # no parent was split over chunks
-    # rows of `partial` belong to parents first..last of each child chunk; sum duplicates
+
+def partial_rows(lc: LevelChunks, i: int) -> np.ndarray:
+    """The parent (in level ``i - 1``) of each row of the chunk-by-chunk partial sums of
+    level ``i`` (:func:`partial_sum_block` of every chunk, stacked): sorted, with a parent
+    repeated where its children span several chunks."""
     first, last = _chunk_parents(lc, i)
-    row_parent = np.concatenate([np.arange(f, l + 1) for f, l in zip(first, last, strict=True)])
-    row_bounds = np.cumsum((0, *lc.parent_ranges(i)))
-    parent_bounds = np.cumsum((0, *lc.chunks[i - 1]))
-    pieces = []
-    for a, b in itertools.pairwise(parent_bounds):
-        ks = np.flatnonzero((first >= a) & (first < b))
-        ra, rb = row_bounds[ks[0]], row_bounds[ks[-1] + 1]
-        sl = partial[ra:rb].rechunk({0: -1})
-        pieces.append(
-            sl.map_blocks(
-                _segment_sum,
-                row_parent[ra:rb] - a,
-                int(b - a),
-                chunks=((int(b - a),), *sl.chunks[1:]),
-                dtype=child.dtype,
-                name=f"{name}-{tokenize(tok, a)}",
-                meta=np.empty((0,) * child.ndim, dtype=child.dtype),
-            )
-        )
-    return da.concatenate(pieces, axis=0)
+    return np.concatenate([np.arange(f, l + 1) for f, l in zip(first, last, strict=True)])
+
+
+def aggregate_level(child: da.Array, lc: LevelChunks, i: int, name: str) -> da.Array:
+    """Level ``i - 1`` from level ``i`` (children summed), chunked as ``lc.chunks[i - 1]``;
+    keys ``<name>-partial``, ``<name>``. Counts stay int64, estimates float64."""
+    return aggregate_rows(child, lc.parents[i - 1], lc.chunks[i - 1], name)
 
 
 def _parent_aligned(parent_arr: da.Array, lc: LevelChunks, i: int) -> da.Array:
@@ -215,12 +193,18 @@ def _parent_aligned(parent_arr: da.Array, lc: LevelChunks, i: int) -> da.Array:
 
 
 def bottom_up(
-    estimates: Sequence[da.Array], variances: Sequence[np.ndarray], lc: LevelChunks, name: str
+    estimates: Sequence[da.Array],
+    variances: Sequence[np.ndarray],
+    lc: LevelChunks,
+    name: str,
+    bottom_sums: da.Array | None = None,
 ) -> tuple[list[da.Array], list[np.ndarray], list[da.Array], list[np.ndarray]]:
     """The bottom-up pass of :func:`dpdask.reconstruct.tree_consistent`, lazily.
 
     ``variances`` are small per-unit arrays (``inf`` for an unmeasured unit, whose
-    estimate is then ignored). Returns ``(z, var_z, child_sum_z, child_sum_var)``.
+    estimate is then ignored). ``bottom_sums``, when given, is the sum of the finest
+    level's estimates per parent, already computed (so that the finest level, the
+    largest, is not read for it). Returns ``(z, var_z, child_sum_z, child_sum_var)``.
     """
     L = len(estimates)
     z: list[da.Array] = [None] * L  # type: ignore[list-item]
@@ -229,7 +213,10 @@ def bottom_up(
     cv: list[np.ndarray] = [None] * L  # type: ignore[list-item]
     z[-1], vz[-1] = estimates[-1], np.asarray(variances[-1], dtype=float)
     for lvl in range(L - 2, -1, -1):
-        s = aggregate(z[lvl + 1], lc, lvl + 1, f"{name}-{level_key(lc.levels[lvl])}")
+        if bottom_sums is not None and lvl == L - 2:
+            s = bottom_sums
+        else:
+            s = aggregate_level(z[lvl + 1], lc, lvl + 1, f"{name}-{level_key(lc.levels[lvl])}")
         w = children_sum(vz[lvl + 1][:, None], lc.parents[lvl], s.shape[0])[:, 0]
         v = np.broadcast_to(np.asarray(variances[lvl], dtype=float), w.shape)
         inv_v = np.where(np.isinf(v), 0.0, 1.0 / v)

@@ -53,17 +53,30 @@ import zarr
 from dask.base import tokenize
 
 from dpdask import __version__
-from dpdask.dataflow._aggregate import level_key
+from dpdask.dataflow._aggregate import aggregate_rows, level_key
 from dpdask.dataflow._blocks import (
     ESTIMATORS,
     NONNEGATIVE,
     answer_block,
+    blas_threads_per_task,
+    estimate_block,
+    full_column_rank,
     measure_block,
     reconstruct_block,
+    structured_pinv,
 )
 from dpdask.dataflow._publish import check_target
 from dpdask.dataflow._store import DataStore, open_store
-from dpdask.dataflow.levels import LevelChunks, bottom_up, level_chunks, nonneg_down, top_down
+from dpdask.dataflow.levels import (
+    LevelChunks,
+    aggregate_level,
+    bottom_up,
+    level_chunks,
+    nonneg_down,
+    partial_rows,
+    partial_sum_block,
+    top_down,
+)
 from dpdask.domain import Domain
 from dpdask.linalg import Kron, LinearQuery, gram_root
 from dpdask.measure import _level_charge
@@ -104,12 +117,21 @@ class LevelPlan:
             raise TypeError(f"unsupported budget {privacy!r}")
 
     def pinv(self) -> LinearQuery | None:
-        """The strategy's pseudo-inverse when it is structured (Kronecker), computed once."""
+        """The strategy's pseudo-inverse when it is structured (Kronecker products, unions
+        of two of them; :func:`~dpdask.dataflow._blocks.structured_pinv`), computed once."""
         if not hasattr(self, "_pinv"):
-            A = self.strategy
-            small = isinstance(A, Kron) and all(f.size <= 4_000_000 for f in A.factors)
-            self._pinv = A.pinv() if small else None
+            self._pinv = structured_pinv(self.strategy)
         return self._pinv
+
+    def fused(self, reconstruct: str) -> bool:
+        """Whether measure and least squares fuse into ``x + A^+ z`` for this level
+        (:func:`~dpdask.dataflow._blocks.estimate_block`): a least-squares estimator and a
+        strategy of full column rank with a structured pseudo-inverse."""
+        if reconstruct not in ("ls", "wls") or self.pinv() is None:
+            return False
+        if not hasattr(self, "_full_rank"):
+            self._full_rank = full_column_rank(self.strategy, self.pinv())
+        return self._full_rank
 
     @property
     def row_variance(self) -> float:
@@ -317,14 +339,11 @@ class Release:
 
     def _level_data(self) -> list[da.Array]:
         """Counts of every released level, lazily, chunked as the level chunks."""
-        from dpdask.dataflow.levels import aggregate
-
         x = self.store.to_dask().rechunk({0: self.lc.chunks[-1]})
         arrays = [x]
         for i in range(len(self.levels) - 1, 0, -1):
-            arrays.insert(
-                0, aggregate(arrays[0], self.lc, i, f"aggregate-{level_key(self.levels[i - 1])}")
-            )
+            name = f"aggregate-{level_key(self.levels[i - 1])}"
+            arrays.insert(0, aggregate_level(arrays[0], self.lc, i, name))
         return arrays
 
     def _checkpoint(
@@ -344,51 +363,77 @@ class Release:
         arrays, pending = [], []
         data = self._level_data()
         cell_shape = self.domain.shape
-        for L, x in zip(self._levels, data, strict=True):
-            if L.name in group:
-                arr = group[L.name]
-            else:
-                arr = group.create_array(
-                    L.name, shape=(sum(L.chunks), *cell_shape), chunks=(1, *cell_shape),
-                    dtype="float64", fill_value=np.nan, compressors=None,
-                )  # fmt: skip
+        blas = self._blas_threads(client)
+        last = len(self._levels) - 1
+        for i, (L, x) in enumerate(zip(self._levels, data, strict=True)):
+            arr = _float_array(group, L.name, sum(L.chunks), cell_shape)
+            # the finest level's sums by parent, kept so that consistency never re-reads it
+            sums = None
+            if i == last and i > 0:
+                n_rows = sum(self.lc.parent_ranges(i))
+                sums = _float_array(group, f"{L.name}-sums", n_rows, cell_shape)
             arrays.append(arr)
             todo = [k for k in range(len(L.chunks)) if not _marker(markers, L.name, k).exists()]
             if not todo:
                 continue
-            word = level_key(L.name)
-            tok = tokenize(self.release_id, self.run_id, L.name, x)
-            m = L.plan.strategy.shape[0]
-            y = x.map_blocks(
-                measure_block, L.plan, key, self.release_id, L.name, self.run_id, L.charge,
-                self.noise, self.test_mode,
-                chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
-                dtype=np.float64, name=f"measure-{word}-{tok}",
-                meta=np.empty((0, 0)),
-            )  # fmt: skip
-            est = y.map_blocks(
-                reconstruct_block, L.plan.strategy, self.reconstruct, cell_shape, L.plan.pinv(),
-                L.plan.workload, str(reports), L.name,
-                chunks=(x.chunks[0], *((s,) for s in cell_shape)),
-                new_axis=list(range(2, 1 + len(cell_shape))),
-                dtype=np.float64, name=f"reconstruct-{word}-{tok}",
-                meta=np.empty((0,) * (1 + len(cell_shape))),
-            )  # fmt: skip
+            est = self._estimates(L, x, key, str(reports), blas)
             bounds = np.cumsum((0, *L.chunks))
+            sum_bounds = np.cumsum((0, *self.lc.parent_ranges(i))) if sums is not None else None
+            tok = tokenize(est.name)
             for k in todo:
                 write = dask.delayed(_write_region, pure=False)
+                extra = None if sums is None else (sums, int(sum_bounds[k]), self.lc, i, k)
                 pending.append(
                     write(
                         est.blocks[k],
                         arr,
                         int(bounds[k]),
                         _marker(markers, L.name, k),
-                        dask_key_name=f"checkpoint-{word}-{tokenize(tok, k)}",
+                        extra,
+                        dask_key_name=f"checkpoint-{level_key(L.name)}-{tokenize(tok, k)}",
                     )
                 )
         if pending:
             _compute(pending, client, progress)
         return arrays
+
+    def _estimates(
+        self, L: _Level, x: da.Array, key: Any, reports: str, blas: int | None
+    ) -> da.Array:
+        """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
+        the strategy allows (:meth:`LevelPlan.fused`), else ``measure-<level>`` then
+        ``reconstruct-<level>``."""
+        word = level_key(L.name)
+        tok = tokenize(self.release_id, self.run_id, L.name, x, self.reconstruct)
+        cell_shape = self.domain.shape
+        ident = (key, self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode)
+        if L.plan.fused(self.reconstruct):
+            return x.map_blocks(
+                estimate_block, L.plan, L.plan.pinv(), *ident, blas,
+                dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
+                meta=np.empty((0,) * x.ndim),
+            )  # fmt: skip
+        m = L.plan.strategy.shape[0]
+        y = x.map_blocks(
+            measure_block, L.plan, *ident, blas,
+            chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
+            dtype=np.float64, name=f"measure-{word}-{tok}",
+            meta=np.empty((0, 0)),
+        )  # fmt: skip
+        return y.map_blocks(
+            reconstruct_block, L.plan.strategy, self.reconstruct, cell_shape, L.plan.pinv(),
+            L.plan.workload, reports, L.name, blas,
+            chunks=(x.chunks[0], *((s,) for s in cell_shape)),
+            new_axis=list(range(2, 1 + len(cell_shape))),
+            dtype=np.float64, name=f"reconstruct-{word}-{tok}",
+            meta=np.empty((0,) * (1 + len(cell_shape))),
+        )  # fmt: skip
+
+    def _blas_threads(self, client: Any) -> int:
+        """BLAS threads per task: the cores shared among the tasks that run at once."""
+        if client is not None:
+            return blas_threads_per_task(sum(client.nthreads().values()))
+        return 1  # the local threaded scheduler runs a task per core
 
     def _finish(
         self, work: pathlib.Path, raw: Sequence[zarr.Array], client: Any, progress: bool
@@ -405,7 +450,19 @@ class Release:
             np.full(self.store.geography.n_units(L.name), L.unit_variance) for L in self._levels
         ]
         if len(self._levels) > 1:
-            z, vz, cz, cv = bottom_up(estimates, variances, self.lc, "consistent-up")
+            last = len(self._levels) - 1
+            psum = zarr.open_array(str(work / "raw.zarr" / f"{self.levels[last]}-sums"), mode="r")
+            partial = da.from_zarr(
+                psum,
+                chunks=(self.lc.parent_ranges(last), *psum.shape[1:]),
+                name=f"partial-{tokenize(str(work), 'sums')}",
+            )
+            word = level_key(self.levels[last - 1])
+            sums = aggregate_rows(
+                partial, partial_rows(self.lc, last), self.lc.chunks[last - 1],
+                f"consistent-up-{word}",
+            )  # fmt: skip
+            z, vz, cz, cv = bottom_up(estimates, variances, self.lc, "consistent-up", sums)
             final, fvar = top_down(z, vz, cz, cv, self.lc, "consistent")
         else:
             final, fvar = estimates, variances
@@ -415,6 +472,7 @@ class Release:
             (json.loads(p.read_text()) for p in (work / "reports").glob("*.json")),
             key=lambda r: (r["level"], r["chunk"]),
         )
+        blas = self._blas_threads(client)
         out = work / "final.zarr"
         if out.exists():
             shutil.rmtree(out)
@@ -432,7 +490,7 @@ class Release:
                 g.create_array("parent", shape=p.shape, dtype="int64")[:] = p
             W = L.plan.workload
             answers = est.map_blocks(
-                answer_block, W, chunks=(est.chunks[0], (W.shape[0],)),
+                answer_block, W, blas, chunks=(est.chunks[0], (W.shape[0],)),
                 drop_axis=list(range(2, est.ndim)), dtype=np.float64,
                 name=f"answer-{level_key(L.name)}-{tokenize(est, W)}", meta=np.empty((0, 0)),
             )  # fmt: skip
@@ -442,11 +500,13 @@ class Release:
             for name, arr in (("estimate", est), ("answers", answers), ("variance", variance)):
                 z = g.create_array(
                     name, shape=arr.shape, dtype="float64",
-                    chunks=(max(est.chunks[0]), *arr.shape[1:]),
+                    # a row per zarr chunk: any Dask chunk writes whole zarr chunks, with
+                    # no rechunking (the level chunks are uneven, aligned to parents)
+                    chunks=(1, *arr.shape[1:]),
                     # noisy float estimates do not compress; skip the codec's time
                     compressors=None if name == "estimate" else "auto",
                 )  # fmt: skip
-                sources.append(arr.rechunk({0: max(est.chunks[0])}))
+                sources.append(arr)
                 targets.append(z)
         stored = da.store(sources, targets, lock=False, compute=False)
         _compute([stored], client, progress)
@@ -490,9 +550,31 @@ def _marker(folder: pathlib.Path, level: str, k: int) -> pathlib.Path:
     return folder / f"{level}-{k}"
 
 
-def _write_region(block: np.ndarray, arr: zarr.Array, start: int, marker: pathlib.Path) -> int:
-    """Write one chunk of estimates, then its marker (so a marker means the data is there)."""
+def _float_array(group: zarr.Group, name: str, rows: int, cell_shape: tuple[int, ...]):
+    """A float64 work array of one row per zarr chunk (concurrent chunk writes never
+    share a zarr chunk), uncompressed (noisy floats do not compress)."""
+    if name in group:
+        return group[name]
+    return group.create_array(
+        name, shape=(rows, *cell_shape), chunks=(1, *cell_shape),
+        dtype="float64", fill_value=np.nan, compressors=None,
+    )  # fmt: skip
+
+
+def _write_region(
+    block: np.ndarray,
+    arr: zarr.Array,
+    start: int,
+    marker: pathlib.Path,
+    sums: tuple[zarr.Array, int, LevelChunks, int, int] | None = None,
+) -> int:
+    """Write one chunk of estimates (and, for the finest level, its sums by parent),
+    then its marker (so a marker means the data is there)."""
     arr[start : start + block.shape[0]] = block
+    if sums is not None:
+        target, row, lc, i, k = sums
+        part = partial_sum_block(block, lc, i, k)
+        target[row : row + part.shape[0]] = part
     marker.touch()
     return block.shape[0]
 
