@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
+from threadpoolctl import threadpool_limits
 
 from dpdask.linalg import LinearQuery, aslinearquery
 from dpdask.linalg._base import check_dense_size
@@ -93,7 +94,9 @@ def solve_dense(
 ) -> FitnessSolution:
     """Problem 1 for one workload with SM-II; see :func:`dpdask.strategy.fitness.solve`."""
     can = canonical_problem(W)
-    res = smii(can.rows, can.cols, targets, initial_covariance(can, init), options)
+    threads = (options or SMIIOptions()).blas_threads
+    with threadpool_limits(limits=threads, user_api="blas"):
+        res = smii(can.rows, can.cols, targets, initial_covariance(can, init), options)
     weights = None
     if res.dual_weights is not None:
         weights = (can.on_cells(res.dual_weights[0]), res.dual_weights[1])
