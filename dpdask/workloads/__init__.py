@@ -5,21 +5,22 @@ Every builder returns a :class:`dpdask.linalg.LinearQuery` (a
 structured 1-D operator) whose columns follow the domain's flat C order; nothing
 is materialised.
 
-=====================  =====================================================
-builder                workload
-=====================  =====================================================
-:func:`prefix`         prefix (CDF) queries on one ordered attribute
-:func:`all_range`      all interval queries
-:func:`random_ranges`  intervals with uniform random end-points
-:func:`identity`       every cell
-:func:`marginal`       one marginal (Identity on some attributes, Total on the rest)
-:func:`marginals`      all k-way marginals, parts named like ``"sex*age"``
-:func:`product`        any product workload from per-attribute predicate matrices
-:func:`age_pyramid`    age ranges by sex and for all (paper 000, section 7.6)
-:func:`pl94`           the PL 94-171 workload (paper 000, section 7.3), 319 queries
-:func:`sf1_persons`    Census 2010 SF1 person tables on the CPH domain
-:func:`sum_query`      sums of a numeric attribute, ``W D`` (paper 004)
-=====================  =====================================================
+==========================  =====================================================
+builder                     workload
+==========================  =====================================================
+:func:`prefix`              prefix (CDF) queries on one ordered attribute
+:func:`all_range`           all interval queries
+:func:`random_ranges`       intervals with uniform random end-points
+:func:`identity`            every cell
+:func:`marginal`            one marginal (Identity on some attributes, Total on the rest)
+:func:`marginals`           all k-way marginals, parts named like ``"sex*age"``
+:func:`product`             any product workload from per-attribute predicate matrices
+:func:`age_pyramid`         age ranges by sex and for all (paper 000, section 7.6)
+:func:`pl94`                the PL 94-171 workload (paper 000, section 7.3), 319 queries
+:func:`sf1_persons`         Census 2010 SF1 person tables on the CPH domain
+:func:`sf1_hdmm_reference`  the HDMM reference's SF1 encoding (4,151 queries, race 64)
+:func:`sum_query`           sums of a numeric attribute, ``W D`` (paper 004)
+==========================  =====================================================
 
 The Census codings (race combinations, relationship categories) are in
 :mod:`dpdask.workloads.census`.
