@@ -8,6 +8,12 @@ second (and per core), and the peak resident memory of the largest worker.
 
 The release runs in test mode (a fixed test key, no ledger): this is a benchmark,
 not a publication.
+
+A second, small case (``--union-geographies``, default 51: the states) releases the
+same kind of data with HDMM's OPT_+ strategy (a union of two Kronecker products) on
+SF1, reconstructed implicitly (:class:`dpdask.dataflow._blocks.KronPairInverse`), and
+times answering the SF1 workload on the published estimates of those geographies
+(median of 3).
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reconstruct", default="ls", help="estimators to compare, e.g. ls,nnls (same data)"
     )
+    parser.add_argument(
+        "--union-geographies", type=int, default=51,
+        help="geographies of the OPT_+ (union) case; 0 skips it",
+    )  # fmt: skip
 
 
 class _WorkerPeaks:
@@ -89,6 +99,63 @@ def _make_data(root: pathlib.Path, n: int, n_states: int) -> tuple[Any, float]:
     store = adopt_array(syn, domain, synthetic_geography(n, n_states), store_path)
     shutil.rmtree(root / f"raw-{n}.zarr", ignore_errors=True)
     return store, time.perf_counter() - t0
+
+
+def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
+    """OPT_+ on SF1: select, release ``--union-geographies`` units, time the answers."""
+    import numpy as np
+    import zarr
+    from distributed import Client, LocalCluster
+
+    from dpdask.bench._common import median_time
+    from dpdask.dataflow.release import LevelPlan, release
+    from dpdask.noise import SecretKey
+    from dpdask.pipeline.run import build_workload
+    from dpdask.privacy import zCDP
+    from dpdask.strategy import select
+
+    n = int(args.union_geographies)
+    store, _ = _make_data(root, n, 1)
+    domain = store.domain
+    W = build_workload({"name": args.workload}, domain)
+    t0 = time.perf_counter()
+    plan = select(W, zCDP(1), domain=domain, templates=["union"], restarts=args.restarts)
+    t_select = time.perf_counter() - t0
+    pinv = LevelPlan(plan, plan.privacy).pinv()
+    out = root / "out-union.zarr"
+    shutil.rmtree(out, ignore_errors=True)
+    w = max(int(v) for v in str(args.workers).split(","))
+    with LocalCluster(
+        n_workers=w, threads_per_worker=1, processes=True,
+        memory_limit=args.memory_limit, dashboard_address=":0",
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        pids = list(client.run(os.getpid).values())
+        rel = release(
+            plan, store, levels=("state", "county"), budget_split=[1, 3],
+            release_id="bench-union", test_mode=True, key=SecretKey.for_testing(1),
+            chunk_bytes=args.chunk_mib * 2**20,
+        )  # fmt: skip
+        with _WorkerPeaks(pids) as peaks:
+            t0 = time.perf_counter()
+            rel.to_zarr(out, client=client)
+            wall = time.perf_counter() - t0
+    est = np.asarray(zarr.open_group(str(out), mode="r")["county/estimate"][:])
+    t_answer, times, _ = median_time(lambda: W.apply(est))
+    shutil.rmtree(out, ignore_errors=True)
+    return {
+        "geographies": n,
+        "workers": w,
+        "strategy": plan.template,
+        "strategy_rows": int(plan.strategy.shape[0]),
+        "pseudo_inverse": type(pinv).__name__,
+        "full_column_rank": bool(getattr(pinv, "full_rank", False)),
+        "fused": rel.plans["county"].fused("ls"),
+        "select_s": t_select,
+        "release_wall_s": wall,
+        "peak_worker_rss_gib": max(peaks.peaks.values()) / 2**30,
+        "answer_workload_s": t_answer,
+        "answer_workload_runs_s": times,
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -164,6 +231,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "select_s": t_select,
             "runs": rows,
         }
+        if args.union_geographies:
+            result["union"] = _union_case(root, args)
         wall = {(r["workers"], r["reconstruct"]): r["wall_s"] for r in rows}
         for (w, method), t in wall.items():
             if w == 2 and (1, method) in wall:

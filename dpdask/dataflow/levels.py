@@ -237,7 +237,15 @@ def _col(v: np.ndarray, ndim: int) -> np.ndarray:
 
 
 def _down_block(zc, share, resid, p, block_info=None):
-    return zc + share * resid[_local_parents(p, block_info)]
+    """``zc + share * resid[parent]`` row by row (no temporaries of the block's size)."""
+    local = _local_parents(p, block_info)
+    out = np.array(zc, dtype=np.result_type(zc, resid), copy=True)
+    flat, res = out.reshape(len(local), -1), resid.reshape(resid.shape[0], -1)
+    row = np.empty(flat.shape[1], dtype=out.dtype)
+    for i, (j, c) in enumerate(zip(local, np.ravel(share), strict=True)):
+        np.multiply(res[j], c, out=row)
+        flat[i] += row
+    return out
 
 
 def top_down(
