@@ -8,13 +8,22 @@ plan per level); :meth:`Release.to_zarr` runs it:
    before any data is read;
 2. **measure and reconstruct** (tasks ``aggregate-<level>``, ``measure-<level>``,
    ``reconstruct-<level>``, ``checkpoint-<level>``): each geography chunk of each
-   level is measured with keyed noise and reconstructed by least squares; the
-   estimate is checkpointed in the run's work folder and the chunk is marked done;
+   level is measured with keyed noise and reconstructed; the estimate is
+   checkpointed in the run's work folder (for the finest level, with its sums by
+   parent, so that the consistency step reads the largest level once) and the
+   chunk is marked done. For least squares with a strategy of full column rank
+   and a structured pseudo-inverse the two steps are one task,
+   ``measure-reconstruct-<level>``, computing ``x + A^+ z`` with the chunk's keyed
+   noise ``z`` (:func:`~dpdask.dataflow._blocks.estimate_block`): the same estimate
+   as ``A^+ (A x + z)`` without the product ``A x``;
 3. **consistency and answers** (``consistent-<level>``, ``answer-<level>``,
    ``publish-<level>``): the checkpointed estimates are made consistent across
    levels (children add up to parents exactly, by inverse-variance weighting), the
    workload is answered, and everything is written to a store under a temporary
    name that is renamed into place when complete.
+
+Each task limits its BLAS to its share of the cores (one thread when two
+single-threaded workers share two cores), so that workers do not fight.
 
 A run interrupted anywhere is resumed by running again with the same run id: the
 charges are found in the ledger (nothing new is charged), the key is read back
@@ -648,9 +657,10 @@ def release(
         finest must be the store's finest.
     budget_split : mapping of level to share, or sequence, optional
         With a single plan: each level's share of its budget (default even).
-    reconstruct : {"ls"}
-        The estimator (least squares; further estimators come with the
-        reconstruction module).
+    reconstruct : {"ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet"}
+        The estimator of each chunk (see
+        :func:`~dpdask.dataflow._blocks.reconstruct_block`). Least squares is fused
+        with the measurement when the strategy has full column rank (module notes).
     release_id, run_id : str
         Identify the release in the ledger and the noise; the same run id resumes.
     ledger : Ledger or path
