@@ -206,9 +206,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     chunk_bytes=args.chunk_mib * 2**20,
                 )  # fmt: skip
                 with _WorkerPeaks(pids) as peaks:
+                    load0 = os.getloadavg()[0]
                     t0 = time.perf_counter()
                     rel.to_zarr(out, client=client)
                     wall = time.perf_counter() - t0
+                    load1 = os.getloadavg()[0]
             shutil.rmtree(out, ignore_errors=True)
             rows.append(
                 {
@@ -218,6 +220,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "cells_per_s": cells / wall,
                     "cells_per_s_per_core": cells / wall / w,
                     "peak_worker_rss_gib": max(peaks.peaks.values()) / 2**30,
+                    # 1-minute load average of the machine before and after the run
+                    "load_before_after": [load0, load1],
                 }
             )
         result: dict[str, Any] = {
