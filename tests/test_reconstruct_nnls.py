@@ -57,7 +57,8 @@ def test_exact_measurements_return_the_truth(x0: str, rng: np.random.Generator) 
     est = nnls(A, A @ x, x0=x0, tol=1e-12)
     np.testing.assert_allclose(est.x, x, atol=1e-8)
     assert est.report.converged
-    assert est.report.details["start"] == ("ls" if x0 == "auto" else x0)  # A is small
+    # projected Newton (the default) starts from zero under "auto"
+    assert est.report.details["start"] == ("zero" if x0 == "auto" else x0)
 
 
 def test_given_start_and_iteration_limit_reported(rng: np.random.Generator) -> None:

@@ -1,0 +1,98 @@
+"""The Jacobi-scaled Gram matrix of a Kronecker strategy, applied in float32.
+
+For ``A = c (A_1 (x) ... (x) A_d)`` the Gram matrix is ``c^2 (G_1 (x) ... (x) G_d)``
+with ``G_i = A_i^T A_i``, and so is its Jacobi scaling ``S G S`` (``S = diag(G)^-1/2``):
+``S G S = (S_1 G_1 S_1) (x) ... (x) (S_d G_d S_d)``, the constant ``c`` cancelling.
+One product is then ``d`` small dense matrix products on the data tensor, with no
+elementwise scaling pass. Factors of a few cells (sex, Hispanic origin) are merged
+into one dense factor, so that every pass over the tensor does real work.
+
+Products run in float32 (half the memory traffic, twice the SIMD width; 4x faster
+than float64 on the CPH domain): their relative error is about ``1e-7`` of the
+product's size, which the solver checks against in float64 before it stops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Scaled
+
+__all__ = ["ScaledKronGram", "scaled_kron_gram"]
+
+_MAX_FACTOR = 512  # factors larger than this are not held dense
+_MERGE = 16  # adjacent factors are merged while their product has at most this many cells
+
+
+class ScaledKronGram:
+    """``S G S`` for a Kronecker ``G`` with dense factors, applied to ``(n, k)`` arrays.
+
+    Parameters
+    ----------
+    factors : list of ndarray
+        The dense, symmetric, Jacobi-scaled factors (unit diagonal where non-zero).
+    dtype : numpy dtype
+        The precision of the products.
+    """
+
+    def __init__(self, factors: list[np.ndarray], dtype: type = np.float32):
+        merged: list[np.ndarray] = []
+        for F in factors:
+            if merged and merged[-1].shape[0] * F.shape[0] <= _MERGE:
+                merged[-1] = np.kron(merged[-1], F)
+            else:
+                merged.append(np.asarray(F, dtype=float))
+        self.factors = [np.ascontiguousarray(F, dtype=dtype) for F in merged]
+        self.sizes = tuple(F.shape[0] for F in self.factors)
+        self.n = math.prod(self.sizes)
+        self.dtype = np.dtype(dtype)
+
+    def with_dtype(self, dtype: type) -> ScaledKronGram:
+        """The same operator with products in another precision."""
+        return ScaledKronGram([F.astype(float) for F in self.factors], dtype)
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        """``S G S X`` for ``X`` of shape ``(n, k)``; float64 out."""
+        k = X.shape[1]
+        # the batch axis leads, so the last attribute is one plain matrix product and
+        # every other one a batched product on a (pre, n_i, post) view
+        T = np.asarray(X.T, dtype=self.dtype).reshape(k, self.n)
+        last = self.factors[-1]
+        T = T.reshape(-1, self.sizes[-1]) @ last.T
+        for i in reversed(range(len(self.factors) - 1)):
+            post = math.prod(self.sizes[i + 1 :])
+            T3 = T.reshape(-1, self.sizes[i], post)
+            T = self.factors[i] @ T3[0] if T3.shape[0] == 1 else np.matmul(self.factors[i], T3)
+        return np.asarray(T.reshape(k, self.n).T, dtype=float)
+
+
+def _factor_gram(f: LinearQuery) -> np.ndarray | None:
+    if f.shape[1] > _MAX_FACTOR:
+        return None
+    if isinstance(f, Identity):
+        return np.eye(f.shape[1])
+    G = f.gram()
+    return G.matrix if isinstance(G, Dense) else G.dense()
+
+
+def scaled_kron_gram(A: LinearQuery, dtype: type = np.float32) -> ScaledKronGram | None:
+    """The Jacobi-scaled Gram of ``A`` when ``A`` is a (scaled) Kronecker product of
+    small factors, else ``None``. All-zero columns keep scale 1 (their row of ``G`` is 0).
+    """
+    while isinstance(A, Scaled):
+        if A.c == 0:
+            return None
+        A = A.A
+    if not isinstance(A, Kron):
+        return None
+    factors = []
+    for f in A.factors:
+        G = _factor_gram(f)
+        if G is None:
+            return None
+        d = np.diag(G)
+        s = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 1.0)
+        factors.append(s[:, None] * G * s[None, :])
+    return ScaledKronGram(factors, dtype)
