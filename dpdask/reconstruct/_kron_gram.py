@@ -44,6 +44,7 @@ class ScaledKronGram:
                 merged[-1] = np.kron(merged[-1], F)
             else:
                 merged.append(np.asarray(F, dtype=float))
+        self._float64 = merged
         self.factors = [np.ascontiguousarray(F, dtype=dtype) for F in merged]
         self.sizes = tuple(F.shape[0] for F in self.factors)
         self.n = math.prod(self.sizes)
@@ -51,7 +52,7 @@ class ScaledKronGram:
 
     def with_dtype(self, dtype: type) -> ScaledKronGram:
         """The same operator with products in another precision."""
-        return ScaledKronGram([F.astype(float) for F in self.factors], dtype)
+        return ScaledKronGram(self._float64, dtype)
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         """``S G S X`` for ``X`` of shape ``(n, k)``; float64 out."""
