@@ -24,7 +24,9 @@ are ours and are reported in the output. Competitors: IP, CA, wCA-I and wCA-II f
 :mod:`dpdask.strategy.baselines`; HM is the paper's two-level tree
 (:func:`dpdask.strategy._fitness_competitors.paper_hm`: root, ``floor(sqrt(d))`` blocks,
 identity), whose IP / HM ratios match the paper's (PL94 2.6246, age 5.240, marginals)
-because neither depends on the optimiser.
+because neither depends on the optimiser; on the random workloads (ranges, random,
+wrelated) they depend on the draw and match only roughly. SM-II runs on one BLAS thread
+(:class:`~dpdask.strategy.fitness.SMIIOptions` ``blas_threads``).
 """
 
 from __future__ import annotations
