@@ -60,6 +60,7 @@ import dask.array as da
 import numpy as np
 import zarr
 from dask.base import tokenize
+from threadpoolctl import threadpool_limits
 
 from dpdask import __version__
 from dpdask.dataflow._aggregate import aggregate_rows, level_key
@@ -95,19 +96,31 @@ from dpdask.privacy._mechanisms import MECHANISM_NORM
 
 __all__ = ["LevelPlan", "Release", "release"]
 
+# chunk files named c.<i>.0.0... side by side: with one row per chunk, the default
+# nested folders (c/<i>/0/0/...) cost a mkdir and an rmdir per level per row
+FLAT_KEYS = {"name": "default", "separator": "."}
+
 
 class LevelPlan:
     """A plan re-calibrated for one level's share of the budget.
 
     The strategy, workload and domain are the base plan's; the noise is calibrated
     to ``privacy`` (Laplace for pure DP, Gaussian for zCDP and (epsilon, delta)),
-    and the query variances scale with the noise variance.
+    and the query variances scale with the noise variance. ``like``, another level's
+    plan on the same base plan, shares its measured strategy and pseudo-inverse
+    (computed once for all levels).
     """
 
-    def __init__(self, base: Any, privacy: Budget):
+    def __init__(self, base: Any, privacy: Budget, like: LevelPlan | None = None):
         self.base = base
         self.privacy = privacy
-        self.strategy: LinearQuery = _compact(base.strategy, base.mechanism)
+        if like is not None and like.base is base:
+            self.strategy: LinearQuery = like.strategy
+            self._structure: dict[str, Any] = like._structure
+        else:
+            with threadpool_limits(limits=1, user_api="blas"):  # small matrices: 1 thread
+                self.strategy = _compact(base.strategy, base.mechanism)
+            self._structure = {}
         self.workload: LinearQuery = base.workload
         self.domain: Domain | None = base.domain
         self.mechanism: str = base.mechanism
@@ -128,9 +141,10 @@ class LevelPlan:
     def pinv(self) -> LinearQuery | None:
         """The strategy's pseudo-inverse when it is structured (Kronecker products, unions
         of two of them; :func:`~dpdask.dataflow._blocks.structured_pinv`), computed once."""
-        if not hasattr(self, "_pinv"):
-            self._pinv = structured_pinv(self.strategy)
-        return self._pinv
+        if "pinv" not in self._structure:
+            with threadpool_limits(limits=1, user_api="blas"):
+                self._structure["pinv"] = structured_pinv(self.strategy)
+        return self._structure["pinv"]
 
     def fused(self, reconstruct: str) -> bool:
         """Whether measure and least squares fuse into ``x + A^+ z`` for this level
@@ -138,9 +152,10 @@ class LevelPlan:
         strategy of full column rank with a structured pseudo-inverse."""
         if reconstruct not in ("ls", "wls") or self.pinv() is None:
             return False
-        if not hasattr(self, "_full_rank"):
-            self._full_rank = full_column_rank(self.strategy, self.pinv())
-        return self._full_rank
+        if "full_rank" not in self._structure:
+            with threadpool_limits(limits=1, user_api="blas"):
+                self._structure["full_rank"] = full_column_rank(self.strategy, self.pinv())
+        return self._structure["full_rank"]
 
     @property
     def row_variance(self) -> float:
@@ -514,6 +529,7 @@ class Release:
                     chunks=(1, *arr.shape[1:]),
                     # noisy float estimates do not compress; skip the codec's time
                     compressors=None if name == "estimate" else "auto",
+                    chunk_key_encoding=FLAT_KEYS,
                 )  # fmt: skip
                 sources.append(arr)
                 targets.append(z)
@@ -567,6 +583,7 @@ def _float_array(group: zarr.Group, name: str, rows: int, cell_shape: tuple[int,
     return group.create_array(
         name, shape=(rows, *cell_shape), chunks=(1, *cell_shape),
         dtype="float64", fill_value=np.nan, compressors=None,
+        chunk_key_encoding=FLAT_KEYS,
     )  # fmt: skip
 
 
@@ -719,9 +736,9 @@ def release(
             shares = list(budget_split)
             if len(shares) != len(levels):
                 raise ValueError(f"{len(shares)} budget shares for {len(levels)} levels")
-        level_plans = {
-            lv: LevelPlan(plans, b) for lv, b in zip(levels, total.split(shares), strict=True)
-        }
+        level_plans: dict[str, LevelPlan] = {}
+        for lv, b in zip(levels, total.split(shares), strict=True):
+            level_plans[lv] = LevelPlan(plans, b, like=next(iter(level_plans.values()), None))
     for lv, p in level_plans.items():
         if p.strategy.shape[1] != store.domain.size:
             raise ValueError(
