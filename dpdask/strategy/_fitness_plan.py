@@ -228,6 +228,15 @@ class FitnessPlan(Plan):
         return cls(**kwargs, targets=arrays[doc["targets"]])
 
 
+def _round_up(budget: zCDP, digits: int = 10) -> zCDP:
+    """``rho`` rounded up to ``digits`` significant decimal digits (a readable budget)."""
+    rho = budget.rho
+    if rho <= 0:
+        return budget
+    scale = Fraction(10) ** (digits - 1 - math.floor(math.log10(float(rho))))
+    return zCDP(Fraction(math.ceil(rho * scale)) / scale)
+
+
 def _union_groups(W: LinearQuery, sizes: tuple[int, ...], parts: int) -> list[list[int]]:
     """The Kronecker terms of the workload that each union part answers."""
     terms = kron_terms(W, sizes)
@@ -283,7 +292,7 @@ def fitness_plan(
             sol = solve(workload, targets, basis, **options)
     else:
         sol = solve(workload, targets, basis, **options)
-    spend: Budget = sol.zcdp() if privacy is None else privacy
+    spend: Budget = _round_up(sol.zcdp()) if privacy is None else privacy
     A = whitened_strategy(sol)
     sizes = domain.shape if domain is not None else None
     terms_sizes = kron_terms(workload, sizes).sizes
