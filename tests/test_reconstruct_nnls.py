@@ -174,8 +174,9 @@ def test_kronecker_path_matches_generic_path(rng: np.random.Generator) -> None:
     Y = M @ x + rng.normal(scale=1.5, size=(3, M.shape[0]))
     fast = nnls(A, Y, tol=1e-10)
     assert fast.report.details["kronecker_float32"] and fast.report.converged
-    generic = nnls(VStack([A]), Y, tol=1e-10)  # the same matrix, not seen as a Kron
+    generic = nnls(Dense(M), Y, tol=1e-10)  # the same matrix, without its structure
     assert not generic.report.details["kronecker_float32"]
+    assert not generic.report.details["union_float32"]
     for xf, xg, y in zip(fast.x, generic.x, Y, strict=True):
         ref = scipy_nnls(M, y)[0]
         assert _relerr(xf, ref) < 1e-6 and _relerr(xg, ref) < 1e-6
@@ -214,3 +215,63 @@ def test_newton_and_spg_agree_on_a_sparse_histogram(rng: np.random.Generator) ->
 def test_unknown_method_raises() -> None:
     with pytest.raises(ValueError, match="method"):
         nnls(Identity(3), np.ones(3), method="lbfgs")
+
+
+def _union_case(rng: np.random.Generator) -> VStack:
+    """OPT_+ shaped: two Kronecker parts that total out different attributes."""
+    return VStack(
+        [
+            Kron([Identity(2), Dense(rng.uniform(size=(5, 4)) + np.eye(5, 4)), Total(3)]),
+            Kron([Dense(rng.uniform(size=(3, 2))), Total(4), Prefix(3)]),
+        ],
+        weights=[1.5, 0.4],
+    )
+
+
+def test_scaled_union_gram_is_the_scaled_gram(rng: np.random.Generator) -> None:
+    """Roots of the total factors, weights, scaling: against the dense ``S A^T A S``."""
+    ug = importlib.import_module("dpdask.reconstruct._union_gram")
+    A = _union_case(rng)
+    for op in (A, 0.3 * A, VStack([A, Kron([Identity(2), Identity(4), Identity(3)])])):
+        M = op.dense()
+        G = M.T @ M
+        s = 1.0 / np.sqrt(np.diag(G))
+        ref = s[:, None] * G * s[None, :]
+        fast = ug.scaled_union_gram(op)
+        np.testing.assert_allclose(fast.scale, s, rtol=1e-12)
+        X = rng.normal(size=(3, op.shape[1]))
+        np.testing.assert_allclose(fast.with_dtype(np.float64).rows(X), X @ ref, atol=1e-12)
+        out = fast.rows(X)
+        assert out.dtype == np.float32
+        assert np.abs(out - X @ ref).max() <= 1e-5 * np.abs(X @ ref).max()
+        np.testing.assert_allclose(fast(X.T), ref @ X.T, atol=1e-5 * np.abs(X @ ref).max())
+    # the total factors are applied through their roots (contracting the tensor first)
+    parts = ug.scaled_union_gram(A)._parts
+    assert [[axis for axis, _, _ in p.roots] for p in parts] == [[2], [1]]
+    # not a union of Kronecker products over one factorisation of the domain
+    assert ug.scaled_union_gram(VStack([Kron([Identity(4), Identity(6)]), Identity(24)])) is None
+    assert ug.scaled_union_gram(Kron([Identity(3), Identity(600)])) is None
+
+
+@pytest.mark.parametrize("weights", [None, 0.25])
+def test_union_path_matches_generic_path_and_scipy(
+    weights: float | None, rng: np.random.Generator
+) -> None:
+    """A rank-deficient union (NNLS minimiser not unique): the objective and the strategy
+    answers agree with scipy's and the generic (float64, unstructured) path's."""
+    A = _union_case(rng)
+    M = A.dense()
+    assert np.linalg.matrix_rank(M) < M.shape[1]
+    x = np.where(rng.uniform(size=A.shape[1]) < 0.3, rng.poisson(3.0, size=A.shape[1]), 0)
+    Y = M @ x + rng.normal(scale=1.5, size=(3, M.shape[0]))
+    fast = nnls(A, Y, weights=weights, tol=1e-10)
+    assert fast.report.details["union_float32"] and fast.report.converged
+    generic = nnls(Dense(M), Y, weights=weights, tol=1e-10)
+    assert not generic.report.details["union_float32"]
+    for xf, xg, y in zip(fast.x, generic.x, Y, strict=True):
+        ref = scipy_nnls(M, y)[0]
+        assert (xf >= 0).all() and (xg >= 0).all()
+        for est in (xf, xg):
+            assert _relerr(M @ est, M @ ref) < 1e-6
+            resid, best = np.linalg.norm(M @ est - y), np.linalg.norm(M @ ref - y)
+            assert resid <= best * (1 + 1e-9)

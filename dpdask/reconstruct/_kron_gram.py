@@ -54,19 +54,21 @@ class ScaledKronGram:
         """The same operator with products in another precision."""
         return ScaledKronGram(self._float64, dtype)
 
-    def __call__(self, X: np.ndarray) -> np.ndarray:
-        """``S G S X`` for ``X`` of shape ``(n, k)``; float64 out."""
-        k = X.shape[1]
+    def rows(self, X: np.ndarray) -> np.ndarray:
+        """``S G S`` applied to each row of ``X`` (``(k, n)``), in this operator's dtype."""
+        k = X.shape[0]
         # the batch axis leads, so the last attribute is one plain matrix product and
         # every other one a batched product on a (pre, n_i, post) view
-        T = np.asarray(X.T, dtype=self.dtype).reshape(k, self.n)
-        last = self.factors[-1]
-        T = T.reshape(-1, self.sizes[-1]) @ last.T
+        T = np.asarray(X, dtype=self.dtype).reshape(-1, self.sizes[-1]) @ self.factors[-1].T
         for i in reversed(range(len(self.factors) - 1)):
             post = math.prod(self.sizes[i + 1 :])
             T3 = T.reshape(-1, self.sizes[i], post)
             T = self.factors[i] @ T3[0] if T3.shape[0] == 1 else np.matmul(self.factors[i], T3)
-        return np.asarray(T.reshape(k, self.n).T, dtype=float)
+        return T.reshape(k, self.n)
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        """``S G S X`` for ``X`` of shape ``(n, k)``; float64 out."""
+        return np.asarray(self.rows(np.ascontiguousarray(X.T)).T, dtype=float)
 
 
 def _factor_gram(f: LinearQuery) -> np.ndarray | None:

@@ -35,11 +35,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Scaled, Sum, VStack
-from dpdask.reconstruct._kron_gram import scaled_kron_gram
+from dpdask.reconstruct._kron_gram import ScaledKronGram, scaled_kron_gram
 from dpdask.reconstruct._newton import projected_newton
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
+from dpdask.reconstruct._union_gram import ScaledUnionGram, scaled_union_gram
 from dpdask.reconstruct.least_squares import _cheap_pinv, _row_weighted, least_squares
 
 __all__ = ["nnls", "wnnls"]
@@ -192,25 +194,43 @@ def _solve(
     ``u = x / s`` with ``s = diag(G)^-1/2``.
 
     A Kronecker ``A`` of small factors gets the float32 Kronecker product of the scaled
-    factors (checked in float64 before stopping); anything else the structured ``gram()``.
+    factors, a union of such products the float32 sum of the parts' products (both
+    checked in float64 before stopping; :mod:`._kron_gram`, :mod:`._union_gram`), with
+    one BLAS thread (their matrices are small: threads cost more than they save);
+    anything else the structured ``gram()``.
     """
     s = _jacobi(diag)[:, None]
-    kron = scaled_kron_gram(A) if method == "newton" else None
-    if kron is not None:
-        gmv, exact = kron, kron.with_dtype(np.float64)
-    else:
-        G = _compact_gram(A)
-
-        def gmv(U: np.ndarray) -> np.ndarray:
-            return s * G._matmat(s * U)
-
-        exact = None
+    fast = _structured_gram(A) if method == "newton" else None
     if method == "newton":
-        U, report = projected_newton(gmv, s * C, X0 / s, tol=tol, maxiter=maxiter, exact=exact)
-        report.details["kronecker_float32"] = kron is not None
-    else:
-        U, report = _spg_quadratic(gmv, s * C, X0 / s, tol=tol, maxiter=maxiter)
+        if fast is not None:
+            gmv, exact = fast.rows, fast.with_dtype(np.float64).rows
+        else:
+            G = _compact_gram(A)
+            srow = s[:, 0]
+
+            def gmv(V: np.ndarray) -> np.ndarray:
+                return np.ascontiguousarray((s * G._matmat((srow * V).T)).T)
+
+            exact = None
+        with threadpool_limits(limits=1, user_api="blas"):
+            Ut, report = projected_newton(
+                gmv, (s * C).T.copy(), (X0 / s).T.copy(), tol=tol, maxiter=maxiter, exact=exact
+            )
+        report.details["kronecker_float32"] = isinstance(fast, ScaledKronGram)
+        report.details["union_float32"] = isinstance(fast, ScaledUnionGram)
+        return s * Ut.T, report
+    G = _compact_gram(A)
+
+    def gmv_cols(U: np.ndarray) -> np.ndarray:
+        return s * G._matmat(s * U)
+
+    U, report = _spg_quadratic(gmv_cols, s * C, X0 / s, tol=tol, maxiter=maxiter)
     return s * U, report
+
+
+def _structured_gram(A: LinearQuery) -> ScaledKronGram | ScaledUnionGram | None:
+    """The float32 scaled Gram of a Kronecker product or a union of them, else None."""
+    return scaled_kron_gram(A) or scaled_union_gram(A)
 
 
 def _check_method(method: str) -> str:
