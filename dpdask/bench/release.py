@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="sf1-persons", help="workload answered")
     parser.add_argument("--workdir", default=None, help="where to put data (default: a temp dir)")
     parser.add_argument("--memory-limit", default="4GiB", help="per-worker memory limit")
-    parser.add_argument("--chunk-mib", type=int, default=64, help="chunk size of estimates, MiB")
+    parser.add_argument("--chunk-mib", type=int, default=32, help="chunk size of estimates, MiB")
     parser.add_argument(
         "--reconstruct", default="ls", help="estimators to compare, e.g. ls,nnls (same data)"
     )
