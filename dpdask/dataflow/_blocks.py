@@ -71,8 +71,10 @@ def tune_allocator() -> bool:
     county-level CPH release that was 25 million page faults and half the CPU time
     (system time 160 s of 312 s at 3,143 counties). Raising the mmap threshold to
     its maximum (32 MiB; the release's chunks are sized below it) and the trim
-    threshold to 1 GiB makes such blocks come from, and return to, the heap. Returns
-    whether the setting was applied (glibc only; elsewhere nothing changes).
+    threshold to 1 GiB makes such blocks come from, and return to, the heap: on 200
+    counties with 2 workers, 1.0e6 page faults instead of 2.2e6 and 9.0-9.2 s
+    instead of 11.9-12.1 s. Returns whether the setting was applied (glibc only;
+    elsewhere nothing changes).
     """
     global _allocator_tuned
     if _allocator_tuned:
