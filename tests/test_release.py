@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+import dask
 import numpy as np
 import pytest
 import zarr
@@ -266,6 +267,40 @@ def test_nonnegative_estimators_are_consistent_and_nonnegative(store, tmp_path, 
         np.add.at(sums, g[lower]["parent"][:], child)
         np.testing.assert_allclose(sums, g[upper]["estimate"][:], atol=1e-8)
     assert dict(g.attrs)["dpdask"]["reconstruct"] == method
+
+
+def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) -> None:
+    """NNLS gets row weights 1 / scale^2 and ADMM the scale, from each level's noise."""
+    import dpdask.dataflow._blocks as blocks
+
+    seen: dict[str, list] = {"nnls": [], "admm": []}
+    real_nnls, real_admm = blocks.nnls, blocks.admm
+
+    def spy_nnls(A, y, **kw):
+        seen["nnls"].append(kw.get("weights"))
+        return real_nnls(A, y, **kw)
+
+    def spy_admm(A, y, **kw):
+        seen["admm"].append(kw.get("scale"))
+        return real_admm(A, y, **kw)
+
+    monkeypatch.setattr(blocks, "nnls", spy_nnls)
+    monkeypatch.setattr(blocks, "admm", spy_admm)
+    st, _ = store
+    for method in ("nnls", "admm-l1"):
+        rel = release(
+            make_plan(rho="1/10"), st, test_mode=True, reconstruct=method,
+            key=SecretKey.for_testing(5), run_id=f"units-{method}",
+        )  # fmt: skip
+        with dask.config.set(scheduler="sync"):
+            rel.to_zarr(tmp_path / f"{method}.zarr")
+        scales = {L.plan.noise_scale for L in rel._levels}
+        got = seen[method.split("-")[0]]
+        assert got, "the estimator was not called"
+        if method == "nnls":
+            np.testing.assert_allclose(sorted({1.0 / w for w in got}), sorted(s**2 for s in scales))
+        else:
+            assert set(got) == scales
 
 
 # -- the fused least-squares path and structured pseudo-inverses ----------------------

@@ -217,9 +217,14 @@ def reconstruct_block(
     report_dir: str | None = None,
     level: str = "",
     blas_threads: int | None = None,
+    noise_scale: float | None = None,
     block_info: dict | None = None,
 ) -> np.ndarray:
     """Estimates ``(g, *domain.shape)`` from one chunk of measurements.
+
+    ``noise_scale`` (the per-row scale of the level's noise) puts the iterative
+    estimators' stopping rules in noise units: NNLS and WNNLS weigh rows by
+    ``1 / scale^2``, ADMM measures residuals in units of the scale.
 
     ``method`` is ``"ls"`` (or ``"wls"``: one measurement of uniform noise per level, so
     the same estimate), ``"nnls"``, ``"wnnls"`` (fits the workload answers; needs
@@ -234,11 +239,11 @@ def reconstruct_block(
         if method in ("ls", "wls"):
             est = least_squares(strategy, y)
         elif method == "nnls":
-            est = nnls(strategy, y)
+            est = nnls(strategy, y, weights=_inverse_variance(noise_scale))
         elif method == "wnnls":
-            est = wnnls(workload, strategy, y)
+            est = wnnls(workload, strategy, y, weights=_inverse_variance(noise_scale))
         elif method in ("admm-l1", "admm-enet"):
-            est = admm(strategy, y, loss=method.split("-")[1])
+            est = admm(strategy, y, loss=method.split("-")[1], scale=noise_scale)
         else:
             raise ValueError(f"unknown estimator {method!r}; use one of {ESTIMATORS}")
     if not est.report.converged and report_dir is not None:
@@ -246,6 +251,10 @@ def reconstruct_block(
         path = pathlib.Path(report_dir) / f"{level}-{chunk}.json"
         path.write_text(json.dumps({"level": level, "chunk": chunk, **est.report.to_dict()}))
     return np.asarray(est.x).reshape((y.shape[0], *cell_shape))
+
+
+def _inverse_variance(scale: float | None) -> float | None:
+    return None if scale is None else 1.0 / float(scale) ** 2
 
 
 def answer_block(
