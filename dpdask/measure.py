@@ -78,7 +78,14 @@ from dpdask.noise._keys import as_secret_key
 from dpdask.privacy import Budget, Charge, Ledger, check_calibration
 from dpdask.privacy._mechanisms import MECHANISM_NORM
 
-__all__ = ["MeasurePlan", "charge_level", "has_integer_entries", "measure", "noise_mechanism"]
+__all__ = [
+    "MeasurePlan",
+    "charge_level",
+    "has_integer_entries",
+    "measure",
+    "measurement_noise",
+    "noise_mechanism",
+]
 
 _DISCRETE = {"laplace": "discrete_laplace", "gaussian": "discrete_gaussian"}
 _MAX_EXACT = 2.0**53
@@ -417,6 +424,54 @@ def measure(
     dpdask.privacy.BudgetExceededError
         If the charge does not fit (before the data is read).
     """
+    return _measure(
+        plan, x, key, identity, ledger, run_id, dims, integer_noise, test_mode, answers=True
+    )
+
+
+def measurement_noise(
+    plan: MeasurePlan,
+    x: np.ndarray,
+    key: SecretKey | bytes,
+    identity: MeasurementId | Mapping[str, Any] | tuple,
+    ledger: Ledger | Charge | None = None,
+    run_id: str | None = None,
+    *,
+    dims: Sequence[str] | None = None,
+    integer_noise: bool | None = None,
+    test_mode: bool = False,
+) -> np.ndarray:
+    """The noise :func:`measure` adds to this chunk's answers, without computing them.
+
+    Takes the same arguments, makes the same checks in the same order and charges
+    the same way, and draws from the same keyed stream: for continuous noise,
+    ``A x + measurement_noise(...)`` is bit for bit what :func:`measure` returns.
+    For estimators that need only ``A^+ z`` (least squares with a strategy of full
+    column rank: ``A^+ (A x + z) = x + A^+ z``), which saves the ``A x`` product.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(g, m)`` (or ``(m,)`` for one geography).
+    """
+    return _measure(
+        plan, x, key, identity, ledger, run_id, dims, integer_noise, test_mode, answers=False
+    )
+
+
+def _measure(
+    plan: MeasurePlan,
+    x: np.ndarray,
+    key: SecretKey | bytes,
+    identity: MeasurementId | Mapping[str, Any] | tuple,
+    ledger: Ledger | Charge | None,
+    run_id: str | None,
+    dims: Sequence[str] | None,
+    integer_noise: bool | None,
+    test_mode: bool,
+    *,
+    answers: bool,
+) -> np.ndarray:
     # 1. plan, key, identity (no data touched)
     if not isinstance(test_mode, bool):
         raise TypeError("test_mode must be a bool")
@@ -452,12 +507,15 @@ def measure(
     if isinstance(ledger, Ledger):
         ledger.charge(charge)
     # 6. answers and noise
-    answers = np.asarray(A.apply(data), dtype=np.float64)
-    if discrete:
-        rounded = np.rint(answers)
-        if not (np.array_equal(rounded, answers) and np.abs(rounded).max(initial=0) < _MAX_EXACT):
-            raise ValueError("the answers are not exact integers; refusing integer noise")
-        answers = rounded.astype(np.int64)
     rng = KeyedRNG(secret, {"run": run_id, "measurement": ident})
-    noisy = answers + rng.sample(mech, charge.noise_scale, answers.shape)
+    if not answers:
+        noise = rng.sample(mech, charge.noise_scale, (data.shape[0], A.shape[0]))
+        return noise[0] if single else noise
+    exact = np.asarray(A.apply(data), dtype=np.float64)
+    if discrete:
+        rounded = np.rint(exact)
+        if not (np.array_equal(rounded, exact) and np.abs(rounded).max(initial=0) < _MAX_EXACT):
+            raise ValueError("the answers are not exact integers; refusing integer noise")
+        exact = rounded.astype(np.int64)
+    noisy = exact + rng.sample(mech, charge.noise_scale, exact.shape)
     return noisy[0] if single else noisy

@@ -26,7 +26,13 @@ from hypothesis import strategies as st
 import dpdask.measure as measure_module
 from dpdask import Domain
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Ones, Prefix, VStack
-from dpdask.measure import charge_level, has_integer_entries, measure, noise_mechanism
+from dpdask.measure import (
+    charge_level,
+    has_integer_entries,
+    measure,
+    measurement_noise,
+    noise_mechanism,
+)
 from dpdask.noise import KeyedRNG, KeyFile, MeasurementId, SecretKey, new_key
 from dpdask.noise import _samplers as samplers
 from dpdask.privacy import ApproxDP, Budget, BudgetExceededError, Ledger, PureDP, zCDP
@@ -100,6 +106,21 @@ def test_answers_are_dense_oracle_plus_keyed_noise(ledger, data, mechanism, dtyp
     assert y.dtype == (np.int64 if used.startswith("discrete") else np.float64)
     np.testing.assert_allclose(y, exact + noise, rtol=0, atol=1e-9)
     assert noise_mechanism(plan, dtype) == used
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "laplace"])
+def test_noise_alone_is_the_noise_measure_adds(ledger, data, mechanism):
+    """``A x + measurement_noise`` is bit for bit ``measure`` (same checks, same stream)."""
+    plan = make_plan(mechanism)
+    key, ident = new_key(), MeasurementId("r", "county", 1, "A")
+    x = data.astype(np.float64)
+    y = measure(plan, x, key, ident, ledger, run_id="run1")
+    z = measurement_noise(plan, x, key, ident, ledger, run_id="run1")
+    exact = np.asarray(STRATEGY.apply(x), dtype=np.float64)
+    np.testing.assert_array_equal(exact + z, y)
+    expected = _expected_noise(key, "run1", ident, mechanism, plan.noise_scale, exact.shape)
+    np.testing.assert_array_equal(z, expected)
+    assert len(ledger) == 1  # one charge for the level, whichever entry point drew
 
 
 def test_single_geography_and_reordered_axes(ledger, data):
@@ -236,7 +257,8 @@ def _bad_cases(data: np.ndarray) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def test_bad_inputs_fail_closed(ledger, data, monkeypatch):
+@pytest.mark.parametrize("entry", [measure, measurement_noise], ids=["measure", "noise"])
+def test_bad_inputs_fail_closed(ledger, data, monkeypatch, entry):
     # a first, valid charge so that "unchanged" is checked on a non-empty ledger
     key = new_key()
     measure(make_plan(), data, key, MeasurementId("r", "state", 0, "A"), ledger, "run1")
@@ -262,7 +284,7 @@ def test_bad_inputs_fail_closed(ledger, data, monkeypatch):
         args.update(case)
         reads.clear()
         with pytest.raises((TypeError, ValueError)) as info:
-            measure(**args)
+            entry(**args)
         assert str(info.value), label
         if label == "over budget":
             assert isinstance(info.value, BudgetExceededError)

@@ -28,18 +28,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from dpdask.linalg import Kron, LinearQuery, VStack
-from dpdask.measure import (
-    _MAX_EXACT,
-    _check_data,
-    _check_receipt,
-    _level_charge,
-    _sensitivity,
-    measure,
-    noise_mechanism,
-)
-from dpdask.noise import KeyedRNG, MeasurementId
-from dpdask.noise._keys import as_secret_key
-from dpdask.privacy import Charge
+from dpdask.measure import measure, measurement_noise
 from dpdask.reconstruct import admm, least_squares, nnls, wnnls
 
 __all__ = [
@@ -48,7 +37,6 @@ __all__ = [
     "KronPairInverse",
     "answer_block",
     "blas_threads_per_task",
-    "chunk_noise",
     "estimate_block",
     "full_column_rank",
     "measure_block",
@@ -126,45 +114,6 @@ def measure_block(
     return np.asarray(y, dtype=np.float64)
 
 
-def chunk_noise(
-    plan: Any,
-    x: np.ndarray,
-    key: Any,
-    identity: tuple[str, str, int, str],
-    receipt: Charge | None,
-    run_id: str,
-    test_mode: bool = False,
-) -> np.ndarray:
-    """The noise :func:`dpdask.measure.measure` adds to this chunk's answers, ``(g, m)``.
-
-    The same checks, in the same order (key, calibration, receipt, data, integer
-    noise rule) and the same keyed stream ``(key, run id, identity)``, so that
-    ``A x + chunk_noise(...)`` is bit for bit what ``measure`` returns; but ``A x``
-    itself is not computed. ``receipt`` is the level's charge, recorded in the
-    ledger before any chunk is measured (``None`` only in test mode).
-    """
-    secret = as_secret_key(key)
-    if secret.test_only and not test_mode:
-        raise ValueError("refusing a test-only key outside test mode")
-    ident = MeasurementId(*identity)
-    charge, A = _level_charge(plan, ident.release, run_id, ident.level, ident.measurement)
-    if isinstance(receipt, Charge):
-        _check_receipt(receipt, charge)
-    elif receipt is None:
-        if not test_mode:
-            raise ValueError("the level's Charge is required outside test mode")
-    else:
-        raise TypeError(f"receipt must be a Charge, got {type(receipt).__name__}")
-    data, _ = _check_data(x, A, plan.domain, None)
-    mech = noise_mechanism(plan, data.dtype)
-    if mech.startswith("discrete"):
-        totals = data.reshape(data.shape[0], -1).sum(axis=1, dtype=np.float64)
-        if totals.size and float(totals.max()) * max(_sensitivity(A, 1), 1.0) >= _MAX_EXACT:
-            raise ValueError("counts too large for exact integer answers (above 2**53)")
-    rng = KeyedRNG(secret, {"run": run_id, "measurement": ident})
-    return rng.sample(mech, charge.noise_scale, (data.shape[0], A.shape[0]))
-
-
 def estimate_block(
     x: np.ndarray,
     plan: Any,
@@ -183,9 +132,10 @@ def estimate_block(
 
     Measure and reconstruct fused, for a strategy ``A`` of full column rank with
     structured pseudo-inverse ``pinv`` (see :func:`full_column_rank`): then
-    ``A^+ (A x + z) = x + A^+ z`` exactly, and ``z`` is drawn by :func:`chunk_noise`
-    from the stream :func:`measure_block` uses, so the estimate equals the general
-    path's up to rounding (and a retry reproduces it bit for bit). The noisy
+    ``A^+ (A x + z) = x + A^+ z`` exactly, and ``z`` is drawn by
+    :func:`~dpdask.measure.measurement_noise` from the stream :func:`measure_block`
+    uses, so the estimate equals the general path's up to rounding (and a retry
+    reproduces it bit for bit). The noisy
     measurements ``A x + z`` are never formed nor published; what is released is
     their least-squares post-processing, exactly as on the general path, so the
     privacy guarantee is the measurement's.
@@ -197,7 +147,9 @@ def estimate_block(
                 raise ValueError("noise can only be switched off in test mode")
             return np.asarray(x, dtype=np.float64)
         identity = (release, level, _chunk_index(block_info), "strategy")
-        z = chunk_noise(plan, x, key, identity, receipt, run_id, test_mode)
+        z = measurement_noise(
+            plan, x, key, identity, ledger=receipt, run_id=run_id, test_mode=test_mode
+        )
         est = np.asarray(pinv.apply(z), dtype=np.float64).reshape(x.shape)
         est += x
     return est
