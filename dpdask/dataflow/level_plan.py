@@ -1,0 +1,115 @@
+"""A plan re-calibrated for one geography level's share of a release budget.
+
+:class:`LevelPlan` keeps the base plan's strategy, workload and domain, and
+re-derives the noise from the level's budget; for Gaussian noise it measures a
+root of the strategy's Gram (same privacy, same least-squares error, fewer rows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from dpdask.dataflow._blocks import full_column_rank, structured_pinv
+from dpdask.domain import Domain
+from dpdask.linalg import Kron, LinearQuery, gram_root
+from dpdask.privacy import ApproxDP, Budget, PureDP, zCDP
+from dpdask.privacy._mechanisms import MECHANISM_NORM
+
+__all__ = ["LevelPlan", "mean_cell_variance", "noise_variance"]
+
+
+class LevelPlan:
+    """A plan re-calibrated for one level's share of the budget.
+
+    The strategy, workload and domain are the base plan's; the noise is calibrated
+    to ``privacy`` (Laplace for pure DP, Gaussian for zCDP and (epsilon, delta)),
+    and the query variances scale with the noise variance. ``like``, another level's
+    plan on the same base plan, shares its measured strategy and pseudo-inverse
+    (computed once for all levels).
+    """
+
+    def __init__(self, base: Any, privacy: Budget, like: LevelPlan | None = None):
+        self.base = base
+        self.privacy = privacy
+        if like is not None and like.base is base:
+            self.strategy: LinearQuery = like.strategy
+            self._structure: dict[str, Any] = like._structure
+        else:
+            with threadpool_limits(limits=1, user_api="blas"):  # small matrices: 1 thread
+                self.strategy = _compact(base.strategy, base.mechanism)
+            self._structure = {}
+        self.workload: LinearQuery = base.workload
+        self.domain: Domain | None = base.domain
+        self.mechanism: str = base.mechanism
+        sens = float(self.strategy.sensitivity(MECHANISM_NORM[self.mechanism]))
+        if isinstance(privacy, PureDP):
+            if self.mechanism != "laplace":
+                raise ValueError(
+                    f"a pure-DP level budget needs Laplace noise, not {self.mechanism}"
+                )
+            self.noise_scale = privacy.laplace_scale(sens)
+        elif isinstance(privacy, zCDP | ApproxDP):
+            if self.mechanism != "gaussian":
+                raise ValueError(f"a {type(privacy).__name__} budget needs Gaussian noise")
+            self.noise_scale = privacy.gaussian_sigma(sens)
+        else:
+            raise TypeError(f"unsupported budget {privacy!r}")
+
+    def pinv(self) -> LinearQuery | None:
+        """The strategy's pseudo-inverse when it is structured (Kronecker products, unions
+        of two of them; :func:`~dpdask.dataflow._blocks.structured_pinv`), computed once."""
+        if "pinv" not in self._structure:
+            with threadpool_limits(limits=1, user_api="blas"):
+                self._structure["pinv"] = structured_pinv(self.strategy)
+        return self._structure["pinv"]
+
+    def fused(self, reconstruct: str) -> bool:
+        """Whether measure and least squares fuse into ``x + A^+ z`` for this level
+        (:func:`~dpdask.dataflow._blocks.estimate_block`): a least-squares estimator and a
+        strategy of full column rank with a structured pseudo-inverse."""
+        if reconstruct not in ("ls", "wls") or self.pinv() is None:
+            return False
+        if "full_rank" not in self._structure:
+            with threadpool_limits(limits=1, user_api="blas"):
+                self._structure["full_rank"] = full_column_rank(self.strategy, self.pinv())
+        return self._structure["full_rank"]
+
+    @property
+    def row_variance(self) -> float:
+        """Variance of the noise added to each measurement."""
+        return noise_variance(self.mechanism, self.noise_scale)
+
+    def query_variances(self) -> np.ndarray:
+        ratio = (self.noise_scale / self.base.noise_scale) ** 2
+        return np.asarray(self.base.query_variances(), dtype=float) * ratio
+
+
+def _compact(A: LinearQuery, mechanism: str) -> LinearQuery:
+    """What is measured for strategy ``A``: for Gaussian noise, a root of its Gram
+    (same privacy, same least-squares error, at most ``n`` rows; see
+    :func:`dpdask.linalg.gram_root`) when that is cheap to form; ``A`` otherwise."""
+    if mechanism != "gaussian" or A.shape[0] <= A.shape[1]:
+        return A
+    if isinstance(A, Kron) and all(f.shape[1] <= 4096 for f in A.factors):
+        return gram_root(A)
+    if A.shape[1] <= 4096:
+        return gram_root(A)
+    return A
+
+
+def noise_variance(mechanism: str, scale: float) -> float:
+    """Variance of one noise draw (continuous form; the discrete ones are within 1e-3 of it
+    for scales above 1)."""
+    return 2.0 * scale**2 if mechanism.endswith("laplace") else scale**2
+
+
+def mean_cell_variance(A: LinearQuery) -> float:
+    """``trace((A^T A)^+) / n``: the average variance of a cell's least-squares estimate
+    per unit of noise variance (factor by factor for Kronecker strategies)."""
+    if isinstance(A, Kron):
+        return float(np.prod([mean_cell_variance(f) for f in A.factors]))
+    G = A.gram().dense()
+    return float(np.trace(np.linalg.pinv(G, hermitian=True)) / A.shape[1])
