@@ -355,7 +355,7 @@ def test_rank_deficient_strategy_is_not_fused(store) -> None:
 @pytest.mark.parametrize("strategy", [FULL_RANK_UNION, DEFICIENT_UNION], ids=["full", "deficient"])
 def test_union_plan_releases_exact_answers(store, tmp_path, strategy) -> None:
     """OPT_+ form (two Kronecker parts) reconstructed by the pair inverse, noise off."""
-    from dpdask.dataflow._blocks import KronPairInverse
+    from dpdask.reconstruct.structured import KronPairInverse
 
     st, counts = store
     plan = _pure_plan(strategy, SUPPORTED_WORKLOAD)
@@ -376,8 +376,8 @@ def test_union_plan_releases_exact_answers(store, tmp_path, strategy) -> None:
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("deficient", [False, True])
 def test_pair_inverse_matches_dense_least_squares(seed: int, deficient: bool) -> None:
-    from dpdask.dataflow._blocks import structured_pinv
     from dpdask.linalg import Dense
+    from dpdask.reconstruct.structured import structured_pinv
 
     rng = np.random.default_rng(seed)
     K1 = Kron([Total(3), Dense(rng.normal(size=(4, 4))), Identity(2)])

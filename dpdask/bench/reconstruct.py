@@ -139,7 +139,7 @@ def _nnls_union_case(
     args: argparse.Namespace, A: Any, x: np.ndarray, key: tuple, repeats: int
 ) -> dict[str, Any]:
     """NNLS (Laplace noise, epsilon 1) and the structured LS of one geography."""
-    from dpdask.dataflow._blocks import structured_pinv
+    from dpdask.reconstruct.structured import structured_pinv
 
     b = A.sensitivity(1) / 1.0
     y = A @ x + _noise(args.seed, key, b, A.shape[0])

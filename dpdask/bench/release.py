@@ -11,7 +11,7 @@ not a publication.
 
 A second, small case (``--union-geographies``, default 51: the states) releases the
 same kind of data with HDMM's OPT_+ strategy (a union of two Kronecker products) on
-SF1, reconstructed implicitly (:class:`dpdask.dataflow._blocks.KronPairInverse`), and
+SF1, reconstructed implicitly (:class:`dpdask.reconstruct.structured.KronPairInverse`), and
 times answering the SF1 workload on the published estimates of those geographies
 (median of 3).
 """
@@ -19,12 +19,14 @@ times answering the SF1 workload on the published estimates of those geographies
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -85,6 +87,18 @@ class _WorkerPeaks:
         self._thread.join()
 
 
+@contextlib.contextmanager
+def _cluster(workers: int, memory_limit: str) -> Iterator[tuple[Any, list[int]]]:
+    """A local cluster of single-threaded worker processes, its client and worker pids."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(
+        n_workers=workers, threads_per_worker=1, processes=True,
+        memory_limit=memory_limit, dashboard_address=":0",
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        yield client, list(client.run(os.getpid).values())
+
+
 def _make_data(root: pathlib.Path, n: int, n_states: int) -> tuple[Any, float]:
     from dpdask.dataflow import adopt_array
     from dpdask.datasets import synthetic_persons
@@ -105,7 +119,6 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
     """OPT_+ on SF1: select, release ``--union-geographies`` units, time the answers."""
     import numpy as np
     import zarr
-    from distributed import Client, LocalCluster
 
     from dpdask.bench._common import median_time
     from dpdask.dataflow.release import LevelPlan, release
@@ -125,11 +138,7 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
     out = root / "out-union.zarr"
     shutil.rmtree(out, ignore_errors=True)
     w = max(int(v) for v in str(args.workers).split(","))
-    with LocalCluster(
-        n_workers=w, threads_per_worker=1, processes=True,
-        memory_limit=args.memory_limit, dashboard_address=":0",
-    ) as cluster, Client(cluster) as client:  # fmt: skip
-        pids = list(client.run(os.getpid).values())
+    with _cluster(w, args.memory_limit) as (client, pids):
         rel = release(
             plan, store, levels=("state", "county"), budget_split=[1, 3],
             release_id="bench-union", test_mode=True, key=SecretKey.for_testing(1),
@@ -159,7 +168,6 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from distributed import Client, LocalCluster
 
     from dpdask.dataflow.release import release
     from dpdask.noise import SecretKey
@@ -194,11 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for w, method in runs:
             out = root / f"out-{w}.zarr"
             shutil.rmtree(out, ignore_errors=True)
-            with LocalCluster(
-                n_workers=w, threads_per_worker=1, processes=True,
-                memory_limit=args.memory_limit, dashboard_address=":0",
-            ) as cluster, Client(cluster) as client:  # fmt: skip
-                pids = list(client.run(os.getpid).values())
+            with _cluster(w, args.memory_limit) as (client, pids):
                 rel = release(
                     plan, store, levels=("state", "county"), budget_split=[1, 3],
                     release_id="bench", test_mode=True, key=SecretKey.for_testing(0),

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from dpdask.dataflow._blocks import full_column_rank, structured_pinv
 from dpdask.domain import Domain
 from dpdask.linalg import Kron, LinearQuery, gram_root
 from dpdask.privacy import ApproxDP, Budget, PureDP, zCDP
 from dpdask.privacy._mechanisms import MECHANISM_NORM
+from dpdask.reconstruct.structured import full_column_rank, structured_pinv
 
 __all__ = ["LevelPlan", "mean_cell_variance", "noise_variance"]
 
@@ -60,7 +60,7 @@ class LevelPlan:
 
     def pinv(self) -> LinearQuery | None:
         """The strategy's pseudo-inverse when it is structured (Kronecker products, unions
-        of two of them; :func:`~dpdask.dataflow._blocks.structured_pinv`), computed once."""
+        of two of them; :func:`~dpdask.reconstruct.structured.structured_pinv`), computed once."""
         if "pinv" not in self._structure:
             with threadpool_limits(limits=1, user_api="blas"):
                 self._structure["pinv"] = structured_pinv(self.strategy)
