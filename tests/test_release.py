@@ -270,21 +270,22 @@ def test_nonnegative_estimators_are_consistent_and_nonnegative(store, tmp_path, 
 
 
 def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) -> None:
-    """NNLS gets row weights 1 / scale^2 and ADMM the scale, from each level's noise."""
+    """NNLS is fitted at the finest level with row weights 1 / noise variance; ADMM gets
+    each level's scale."""
     import dpdask.dataflow._blocks as blocks
 
     seen: dict[str, list] = {"nnls": [], "admm": []}
-    real_nnls, real_admm = blocks.nnls, blocks.admm
+    real_fit, real_admm = blocks.nonnegative_fit, blocks.admm
 
-    def spy_nnls(A, y, **kw):
-        seen["nnls"].append(kw.get("weights"))
-        return real_nnls(A, y, **kw)
+    def spy_fit(M, x, weights=None, **kw):
+        seen["nnls"].append((M, weights))
+        return real_fit(M, x, weights, **kw)
 
     def spy_admm(A, y, **kw):
         seen["admm"].append(kw.get("scale"))
         return real_admm(A, y, **kw)
 
-    monkeypatch.setattr(blocks, "nnls", spy_nnls)
+    monkeypatch.setattr(blocks, "nonnegative_fit", spy_fit)
     monkeypatch.setattr(blocks, "admm", spy_admm)
     st, _ = store
     for method in ("nnls", "admm-l1"):
@@ -294,13 +295,45 @@ def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) 
         )  # fmt: skip
         with dask.config.set(scheduler="sync"):
             rel.to_zarr(tmp_path / f"{method}.zarr")
-        scales = {L.plan.noise_scale for L in rel._levels}
         got = seen[method.split("-")[0]]
         assert got, "the estimator was not called"
         if method == "nnls":
-            np.testing.assert_allclose(sorted({1.0 / w for w in got}), sorted(s**2 for s in scales))
+            finest = rel._levels[-1].plan
+            assert len(got) == st.geography.n_units("tract")  # one solve per finest unit
+            assert all(M is finest.strategy for M, _ in got)
+            np.testing.assert_allclose([1.0 / w for _, w in got], finest.noise_scale**2)
         else:
-            assert set(got) == scales
+            assert set(got) == {L.plan.noise_scale for L in rel._levels}
+
+
+def test_nnls_release_fits_consistent_least_squares(store, tmp_path) -> None:
+    """The NNLS release is scipy's NNLS of the least-squares release's finest estimates
+    in the metric of the finest strategy; coarser levels are sums of children."""
+    from scipy.optimize import nnls as scipy_nnls
+
+    st, _ = store
+    kwargs = dict(test_mode=True, key=SecretKey.for_testing(6), release_id="o", run_id="r")
+    plan = make_plan(rho="1/20")
+    ls = zarr.open_group(str(release(plan, st, **kwargs).to_zarr(tmp_path / "ls.zarr")), mode="r")
+    rel = release(plan, st, reconstruct="nnls", **kwargs)
+    nn = zarr.open_group(str(rel.to_zarr(tmp_path / "nnls.zarr")), mode="r")
+    A = rel._levels[-1].plan.strategy.dense()  # the measured strategy (a Gram root here)
+    x_ls = ls["tract"]["estimate"][:].reshape(7, -1)
+    assert (x_ls < 0).any(), "the oracle needs a case where the constraint binds"
+    want = np.stack([scipy_nnls(A, A @ row)[0] for row in x_ls])
+    got = nn["tract"]["estimate"][:].reshape(7, -1)
+    assert got.min() >= 0
+    # the release stops at 1e-2 noise units (rms projected gradient): its objective, in
+    # noise units, is within a hair of scipy's exact minimum
+    sigma2 = rel._levels[-1].plan.row_variance
+    f = lambda x, x0: 0.5 * np.sum((A @ (x - x0)) ** 2) / sigma2  # noqa: E731
+    gaps = [f(g, x0) - f(w, x0) for g, w, x0 in zip(got, want, x_ls, strict=True)]
+    assert max(gaps) <= 1e-3, gaps
+    assert min(gaps) >= -1e-9  # scipy's is the minimum
+    for upper, lower in (("county", "tract"), ("state", "county")):
+        sums = np.zeros_like(nn[upper]["estimate"][:])
+        np.add.at(sums, nn[lower]["parent"][:], nn[lower]["estimate"][:])
+        np.testing.assert_allclose(nn[upper]["estimate"][:], sums, rtol=1e-12)
 
 
 # -- the fused least-squares path and structured pseudo-inverses ----------------------

@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 
 from dpdask.linalg import LinearQuery
 from dpdask.measure import measure, measurement_noise
-from dpdask.reconstruct import admm, least_squares, nnls, wnnls
+from dpdask.reconstruct import admm, least_squares, nonnegative_fit
 
 __all__ = [
     "ESTIMATORS",
@@ -155,6 +155,8 @@ def estimate_block(
 
 NONNEGATIVE = ("nnls", "wnnls", "admm-l1", "admm-enet")
 ESTIMATORS = ("ls", "wls", *NONNEGATIVE)
+# quadratic fits computed from consistent least-squares estimates, at the finest level
+FIT_AFTER_CONSISTENCY = ("nnls", "wnnls")
 
 
 def reconstruct_block(
@@ -172,39 +174,67 @@ def reconstruct_block(
 ) -> np.ndarray:
     """Estimates ``(g, *domain.shape)`` from one chunk of measurements.
 
-    ``noise_scale`` (the per-row scale of the level's noise) puts the iterative
-    estimators' stopping rules in noise units: NNLS and WNNLS weigh rows by
-    ``1 / scale^2``, ADMM measures residuals in units of the scale.
+    ``noise_scale`` (the per-row scale of the level's noise) puts ADMM's stopping rule
+    in noise units: it measures residuals in units of the scale.
 
     ``method`` is ``"ls"`` (or ``"wls"``: one measurement of uniform noise per level, so
-    the same estimate), ``"nnls"``, ``"wnnls"`` (fits the workload answers; needs
-    ``workload``), ``"admm-l1"`` or ``"admm-enet"``. ``pinv``, when given, is the
-    strategy's pseudo-inverse computed once for all chunks. A chunk whose estimator
-    stops before converging is reported in ``report_dir`` (``<level>-<chunk>.json``)
-    and in the published attributes; its estimate is still the solver's last iterate.
+    the same estimate), ``"admm-l1"`` or ``"admm-enet"`` (NNLS and WNNLS are fitted to
+    the consistent estimates instead, :func:`nonnegative_block`). ``pinv``, when given,
+    is the strategy's pseudo-inverse computed once for all chunks. A chunk whose
+    estimator stops before converging is reported in ``report_dir``
+    (``<level>-<chunk>.json``) and in the published attributes; its estimate is still
+    the solver's last iterate.
     """
     with threadpool_limits(limits=blas_threads, user_api="blas"):
         if method in ("ls", "wls") and pinv is not None:
             return np.asarray(pinv.apply(y)).reshape((y.shape[0], *cell_shape))
         if method in ("ls", "wls"):
             est = least_squares(strategy, y)
-        elif method == "nnls":
-            est = nnls(strategy, y, weights=_inverse_variance(noise_scale))
-        elif method == "wnnls":
-            est = wnnls(workload, strategy, y, weights=_inverse_variance(noise_scale))
         elif method in ("admm-l1", "admm-enet"):
             est = admm(strategy, y, loss=method.split("-")[1], scale=noise_scale)
         else:
-            raise ValueError(f"unknown estimator {method!r}; use one of {ESTIMATORS}")
+            raise ValueError(f"unknown estimator {method!r} for measurements; use ls, wls or admm")
     if not est.report.converged and report_dir is not None:
-        chunk = _chunk_index(block_info)
-        path = pathlib.Path(report_dir) / f"{level}-{chunk}.json"
-        path.write_text(json.dumps({"level": level, "chunk": chunk, **est.report.to_dict()}))
+        _report(report_dir, level, _chunk_index(block_info), est.report.to_dict())
     return np.asarray(est.x).reshape((y.shape[0], *cell_shape))
 
 
-def _inverse_variance(scale: float | None) -> float | None:
-    return None if scale is None else 1.0 / float(scale) ** 2
+def nonnegative_block(
+    x: np.ndarray,
+    M: LinearQuery,
+    weights: float | None,
+    report_dir: str | None = None,
+    level: str = "",
+    blas_threads: int | None = None,
+    block_info: dict | None = None,
+) -> np.ndarray:
+    """Non-negative estimates ``(g, *domain.shape)`` fitted to one chunk of estimates.
+
+    Each row (geography) is solved on its own (:func:`~dpdask.reconstruct.nonnegative_fit`
+    with operator ``M`` and row ``weights``): a batch would advance every row with the
+    iterations of the slowest. Rows that stop before converging are reported in
+    ``report_dir`` as for :func:`reconstruct_block`.
+    """
+    tune_allocator()
+    X = np.asarray(x, dtype=np.float64).reshape(x.shape[0], -1)
+    out = np.empty_like(X)
+    failed = []
+    with threadpool_limits(limits=blas_threads, user_api="blas"):
+        for r, row in enumerate(X):
+            est = nonnegative_fit(M, row, weights)
+            out[r] = est.x
+            if not est.report.converged:
+                failed.append({"row": r, **est.report.to_dict()})
+    if failed and report_dir is not None:
+        worst = max(failed, key=lambda f: f["residual"])
+        info = {**worst, "rows_not_converged": [f["row"] for f in failed]}
+        _report(report_dir, level, _chunk_index(block_info), info)
+    return out.reshape(x.shape)
+
+
+def _report(report_dir: str, level: str, chunk: int, info: dict) -> None:
+    path = pathlib.Path(report_dir) / f"{level}-{chunk}.json"
+    path.write_text(json.dumps({"level": level, "chunk": chunk, **info}))
 
 
 def answer_block(

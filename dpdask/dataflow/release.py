@@ -65,11 +65,13 @@ from dpdask import __version__
 from dpdask.dataflow._aggregate import aggregate_rows, level_key
 from dpdask.dataflow._blocks import (
     ESTIMATORS,
+    FIT_AFTER_CONSISTENCY,
     NONNEGATIVE,
     answer_block,
     blas_threads_per_task,
     estimate_block,
     measure_block,
+    nonnegative_block,
     reconstruct_block,
 )
 from dpdask.dataflow._publish import check_target
@@ -332,7 +334,9 @@ class Release:
         tok = tokenize(self.release_id, self.run_id, L.name, x, self.reconstruct)
         cell_shape = self.domain.shape
         ident = (key, self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode)
-        if L.plan.fused(self.reconstruct):
+        # NNLS and WNNLS start from least squares and are fitted after consistency
+        method = "ls" if self.reconstruct in FIT_AFTER_CONSISTENCY else self.reconstruct
+        if L.plan.fused(method):
             return x.map_blocks(
                 estimate_block, L.plan, L.plan.pinv(), *ident, blas,
                 dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
@@ -346,7 +350,7 @@ class Release:
             meta=np.empty((0, 0)),
         )  # fmt: skip
         return y.map_blocks(
-            reconstruct_block, L.plan.strategy, self.reconstruct, cell_shape, L.plan.pinv(),
+            reconstruct_block, L.plan.strategy, method, cell_shape, L.plan.pinv(),
             L.plan.workload, reports, L.name, blas, L.plan.noise_scale,
             chunks=(x.chunks[0], *((s,) for s in cell_shape)),
             new_axis=list(range(2, 1 + len(cell_shape))),
@@ -391,13 +395,11 @@ class Release:
             final, fvar = top_down(z, vz, cz, cv, self.lc, "consistent")
         else:
             final, fvar = estimates, variances
-        if self.reconstruct in NONNEGATIVE:
-            final = nonneg_down(final, self.lc, "nonnegative")
-        self._reports = sorted(
-            (json.loads(p.read_text()) for p in (work / "reports").glob("*.json")),
-            key=lambda r: (r["level"], r["chunk"]),
-        )
         blas = self._blas_threads(client)
+        if self.reconstruct in FIT_AFTER_CONSISTENCY:
+            final = self._fit_finest(final, str(work / "reports"), blas)
+        elif self.reconstruct in NONNEGATIVE:
+            final = nonneg_down(final, self.lc, "nonnegative")
         out = work / "final.zarr"
         if out.exists():
             shutil.rmtree(out)
@@ -436,7 +438,36 @@ class Release:
                 targets.append(z)
         stored = da.store(sources, targets, lock=False, compute=False)
         _compute([stored], client, progress)
+        self._reports = sorted(
+            (json.loads(p.read_text()) for p in (work / "reports").glob("*.json")),
+            key=lambda r: (r["level"], r["chunk"]),
+        )
         root.attrs["dpdask"] = self._attributes()
+        return out
+
+    def _fit_finest(self, final: list[da.Array], reports: str, blas: int) -> list[da.Array]:
+        """NNLS / WNNLS after consistency: the finest level's consistent least-squares
+        estimates are fitted with non-negative ones (``nonnegative-<level>`` tasks), in
+        the metric of that level's strategy (rows weighted by the inverse noise variance)
+        or of the workload; every coarser level is the sum of its children. So children
+        add up to parents and every estimate is non-negative, by construction.
+        """
+        last = len(final) - 1
+        L = self._levels[last]
+        if self.reconstruct == "nnls":
+            M, weights = L.plan.strategy, 1.0 / L.plan.row_variance
+        else:
+            M, weights = L.plan.workload, None
+        est = final[last]
+        out = list(final)
+        out[last] = est.map_blocks(
+            nonnegative_block, M, weights, reports, L.name, blas,
+            dtype=np.float64, name=f"nonnegative-{level_key(L.name)}-{tokenize(est, M, weights)}",
+            meta=np.empty((0,) * est.ndim),
+        )  # fmt: skip
+        for lvl in range(last, 0, -1):
+            name = f"nonnegative-{level_key(self.levels[lvl - 1])}"
+            out[lvl - 1] = aggregate_level(out[lvl], self.lc, lvl, name)
         return out
 
     def _attributes(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from dpdask.reconstruct.admm import admm
 from dpdask.reconstruct.consistency import children_sum, tree_consistent
 from dpdask.reconstruct.isotonic import isotonic
 from dpdask.reconstruct.least_squares import batched_cg, least_squares
-from dpdask.reconstruct.nnls import nnls, wnnls
+from dpdask.reconstruct.nnls import nnls, nonnegative_fit, wnnls
 from dpdask.reconstruct.tree import HierarchicalTree
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "isotonic",
     "least_squares",
     "nnls",
+    "nonnegative_fit",
     "tree_consistent",
     "wnnls",
 ]

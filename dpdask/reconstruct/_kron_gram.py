@@ -20,7 +20,7 @@ import numpy as np
 
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Scaled
 
-__all__ = ["ScaledKronGram", "scaled_kron_gram"]
+__all__ = ["ScaledKronGram", "kron_rows", "scaled_kron_gram"]
 
 _MAX_FACTOR = 512  # factors larger than this are not held dense
 _MERGE = 16  # adjacent factors are merged while their product has at most this many cells
@@ -56,19 +56,40 @@ class ScaledKronGram:
 
     def rows(self, X: np.ndarray) -> np.ndarray:
         """``S G S`` applied to each row of ``X`` (``(k, n)``), in this operator's dtype."""
-        k = X.shape[0]
-        # the batch axis leads, so the last attribute is one plain matrix product and
-        # every other one a batched product on a (pre, n_i, post) view
-        T = np.asarray(X, dtype=self.dtype).reshape(-1, self.sizes[-1]) @ self.factors[-1].T
-        for i in reversed(range(len(self.factors) - 1)):
-            post = math.prod(self.sizes[i + 1 :])
-            T3 = T.reshape(-1, self.sizes[i], post)
-            T = self.factors[i] @ T3[0] if T3.shape[0] == 1 else np.matmul(self.factors[i], T3)
-        return T.reshape(k, self.n)
+        return kron_rows(self.factors, np.asarray(X, dtype=self.dtype))
+
+    def eigh(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The eigenvalues ``(n,)`` of ``S G S`` (C order, like the cells) and the
+        orthogonal eigenvector factors ``Q_i``: ``S G S = Q diag(lam) Q^T`` with
+        ``Q = Q_1 (x) ... (x) Q_d``, in float64."""
+        lam = np.ones(())
+        vectors = []
+        for F in self._float64:
+            w, Q = np.linalg.eigh(F)
+            lam = np.multiply.outer(lam, w)
+            vectors.append(Q)
+        return lam.ravel(), vectors
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         """``S G S X`` for ``X`` of shape ``(n, k)``; float64 out."""
         return np.asarray(self.rows(np.ascontiguousarray(X.T)).T, dtype=float)
+
+
+def kron_rows(factors: list[np.ndarray], X: np.ndarray) -> np.ndarray:
+    """``(F_1 (x) ... (x) F_d) x`` for each row ``x`` of ``X`` (``(k, n)``), square factors.
+
+    The batch axis leads, so the last factor is one plain matrix product and every
+    other one a batched product on a ``(pre, n_i, post)`` view; the result has
+    ``X``'s dtype when the factors have it.
+    """
+    sizes = [F.shape[0] for F in factors]
+    k = X.shape[0]
+    T = X.reshape(-1, sizes[-1]) @ factors[-1].T
+    for i in reversed(range(len(factors) - 1)):
+        post = math.prod(sizes[i + 1 :])
+        T3 = T.reshape(-1, sizes[i], post)
+        T = factors[i] @ T3[0] if T3.shape[0] == 1 else np.matmul(factors[i], T3)
+    return T.reshape(k, -1)
 
 
 def _factor_gram(f: LinearQuery) -> np.ndarray | None:

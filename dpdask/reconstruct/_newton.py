@@ -49,6 +49,8 @@ _INNER_RTOL = 0.05  # ... or until the reduced residual has fallen by this facto
 _EPS = 1e-2  # the epsilon-active threshold is at least min(this, ||projected gradient||)
 _APPROX_FLOOR = 1e-5  # approximate products stop at this fraction of rms(c)
 _ARC = 8  # halvings of the Newton step along the projection arc before a gradient step
+_ARC_SEARCH = 3  # further halvings, each with a product, when the full step fails Armijo
+_RELEASE = 0.0  # a variable at zero is freed when its gradient is below -this x rms
 
 Product = Callable[[np.ndarray], np.ndarray]
 
@@ -183,7 +185,7 @@ def projected_newton(
         Ua, Ga = U[act], Gr[act]
         # Bertsekas' epsilon-active set: eps shrinks with the projected gradient
         eps = np.maximum(tol, np.minimum(_EPS, rel[act] * np.sqrt(Ua.shape[1])))[:, None]
-        binding = (Ua <= eps) & (Ga > 0)
+        binding = (Ua <= eps) & (Ga > -_RELEASE * rel[act][:, None])
         free = (~binding).astype(inner)
         B = np.multiply(Ga, free, dtype=inner)
         np.negative(B, out=B)
@@ -207,6 +209,24 @@ def projected_newton(
         GS = np.asarray(mv(S), dtype=float)
         sgs = _rowdot(S, GS)
         full = (gs + 0.5 * sgs <= _GAMMA * gs) | (sgs <= 0)
+        # Armijo search along the projection arc: P(u + d/2), P(u + d/4), ... let the
+        # variables that leave the free set reach zero exactly (a step along one
+        # segment s stops them short, and the next iteration frees them again)
+        retry = ~full & ~bad
+        for _ in range(_ARC_SEARCH) if retry.any() else ():
+            r = np.flatnonzero(retry)
+            D[r] *= 0.5
+            Sr = np.where(binding[r], 0.0, np.maximum(D[r] + Ua[r], 0.0)) - Ua[r]
+            GSr = np.asarray(mv(Sr), dtype=float)
+            gsr, sgsr = _rowdot(Ga[r], Sr), _rowdot(Sr, GSr)
+            ok = (gsr < 0) & (gsr + 0.5 * sgsr <= _GAMMA * gsr)
+            better = ok | (gsr + 0.5 * sgsr < gs[r] + 0.5 * sgs[r])
+            rb = r[better]
+            S[rb], GS[rb], gs[rb], sgs[rb] = Sr[better], GSr[better], gsr[better], sgsr[better]
+            full[r[ok]] = True
+            retry[r[ok]] = False
+            if not retry.any():
+                break
         tau = np.where(full, 1.0, np.clip(-gs / np.where(sgs > 0, sgs, 1.0), 0.0, 1.0))
         _axpy(tau, S, Ua)
         GUa = GU[act]

@@ -38,13 +38,14 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Scaled, Sum, VStack
+from dpdask.reconstruct._admm_start import admm_start
 from dpdask.reconstruct._kron_gram import ScaledKronGram, scaled_kron_gram
 from dpdask.reconstruct._newton import projected_newton
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
 from dpdask.reconstruct._union_gram import ScaledUnionGram, scaled_union_gram
 from dpdask.reconstruct.least_squares import _cheap_pinv, _row_weighted, least_squares
 
-__all__ = ["nnls", "wnnls"]
+__all__ = ["nnls", "nonnegative_fit", "wnnls"]
 
 _MEMORY = 10  # objective values remembered by the non-monotone test
 _GAMMA = 1e-4  # sufficient-decrease constant
@@ -189,6 +190,7 @@ def _solve(
     method: str,
     tol: float,
     maxiter: int,
+    warm: bool = False,
 ) -> tuple[np.ndarray, ConvergenceReport]:
     """Minimise ``1/2 x^T G x - c^T x`` over ``x >= 0``, ``G = A^T A``, in the variables
     ``u = x / s`` with ``s = diag(G)^-1/2``.
@@ -197,7 +199,9 @@ def _solve(
     factors, a union of such products the float32 sum of the parts' products (both
     checked in float64 before stopping; :mod:`._kron_gram`, :mod:`._union_gram`), with
     one BLAS thread (their matrices are small: threads cost more than they save);
-    anything else the structured ``gram()``.
+    anything else the structured ``gram()``. With ``warm``, a Kronecker ``A`` starts
+    projected Newton from a few ADMM iterations (:mod:`._admm_start`) instead of ``X0``;
+    ``details["start"]`` is then ``"admm"``.
     """
     s = _jacobi(diag)[:, None]
     fast = _structured_gram(A) if method == "newton" else None
@@ -212,10 +216,13 @@ def _solve(
                 return np.ascontiguousarray((s * G._matmat((srow * V).T)).T)
 
             exact = None
+        Ct = (s * C).T.copy()
+        admm = warm and isinstance(fast, ScaledKronGram)
         with threadpool_limits(limits=1, user_api="blas"):
-            Ut, report = projected_newton(
-                gmv, (s * C).T.copy(), (X0 / s).T.copy(), tol=tol, maxiter=maxiter, exact=exact
-            )
+            U0 = admm_start(fast, Ct) if admm else (X0 / s).T.copy()
+            Ut, report = projected_newton(gmv, Ct, U0, tol=tol, maxiter=maxiter, exact=exact)
+        if admm:
+            report.details["start"] = "admm"
         report.details["kronecker_float32"] = isinstance(fast, ScaledKronGram)
         report.details["union_float32"] = isinstance(fast, ScaledUnionGram)
         return s * Ut.T, report
@@ -307,11 +314,70 @@ def nnls(
     X0, started = _start(x0, lambda: least_squares(A, Y, weights).x, cheap, g, n)
     C = Aw.T._matmat(Yw.T)
     X, report = _solve(
-        Aw, Aw.column_norms(2) ** 2, C, X0.T, method=method, tol=tol, maxiter=maxiter
+        Aw, Aw.column_norms(2) ** 2, C, X0.T, method=method, tol=tol, maxiter=maxiter,
+        warm=isinstance(x0, str) and x0 == "auto",
+    )  # fmt: skip
+    report.method = f"nnls-{method}"
+    report.details.setdefault("start", started)
+    Xt = X.T
+    return Estimate(Xt[0] if single else Xt, report)
+
+
+def nonnegative_fit(
+    M: LinearQuery,
+    x: np.ndarray,
+    weights: np.ndarray | float | None = None,
+    *,
+    x0: np.ndarray | str = "auto",
+    tol: float = 1e-2,
+    maxiter: int = 5000,
+    method: str = "auto",
+) -> Estimate:
+    """The ``x >= 0`` nearest to an estimate in the metric of ``M``: ``argmin ||M (x - x_hat)||_W``.
+
+    When ``x_hat`` is a (weighted) least-squares estimate from measurements ``y`` of a
+    strategy ``M``, ``||M x - y||_W^2 = ||M (x - x_hat)||_W^2 + const``, so this is
+    :func:`nnls` on ``y`` computed from ``x_hat`` alone (one product with the Gram
+    ``M^T W M`` instead of ``M^T W y``); with ``M`` a workload it is the fit of
+    :func:`wnnls`.
+
+    Parameters
+    ----------
+    M : LinearQuery
+        The operator whose answers are fitted, ``m x n``.
+    x : ndarray
+        Estimates ``(n,)`` or ``(g, n)``.
+    weights : ndarray or float, optional
+        Per-row weights of ``M`` (inverse variances put ``tol`` in noise units).
+    x0, tol, maxiter, method
+        As for :func:`nnls`; ``"auto"`` starts a Kronecker ``M`` of small factors from a
+        few ADMM iterations, anything else from the clipped estimate.
+
+    Returns
+    -------
+    Estimate
+        ``x >= 0`` of shape ``(n,)`` or ``(g, n)`` and the report.
+
+    Examples
+    --------
+    >>> from dpdask.linalg import Identity, Total, VStack
+    >>> A = VStack([Identity(2), Total(2)])
+    >>> x, report = nonnegative_fit(A, np.array([3.0, -1.0]))
+    >>> np.round(x, 6).tolist(), report.converged
+    ([2.5, 0.0], True)
+    """
+    method = _check_method(method)
+    X, single = _as_batch(x, M.shape[1], "estimates")
+    Mw = _row_weighted(M, weights)
+    C = _compact_gram(Mw)._matmat(X.T)
+    X0, started = _start(x0, lambda: X, True, X.shape[0], M.shape[1])
+    auto = isinstance(x0, str) and x0 == "auto"
+    out, report = _solve(
+        Mw, Mw.column_norms(2) ** 2, C, X0.T, method=method, tol=tol, maxiter=maxiter, warm=auto
     )
     report.method = f"nnls-{method}"
-    report.details["start"] = started
-    Xt = X.T
+    report.details.setdefault("start", started)
+    Xt = out.T
     return Estimate(Xt[0] if single else Xt, report)
 
 
@@ -367,12 +433,8 @@ def wnnls(
     method = _check_method(method)
     Y, single = _as_batch(y, A.shape[0], "measurements")
     ls = least_squares(A, Y, weights)
-    X_ls = ls.x.T
-    C = _compact_gram(W)._matmat(X_ls)
-    X0, started = _start(x0, lambda: ls.x, True, Y.shape[0], A.shape[1])
-    X, report = _solve(W, W.column_norms(2) ** 2, C, X0.T, method=method, tol=tol, maxiter=maxiter)
+    start = "ls" if isinstance(x0, str) and x0 == "auto" else x0
+    X, report = nonnegative_fit(W, ls.x, x0=start, tol=tol, maxiter=maxiter, method=method)
     report.method = f"wnnls-{method}"
-    report.details["start"] = started
     report.details["least_squares"] = ls.report.to_dict()
-    Xt = X.T
-    return Estimate(Xt[0] if single else Xt, report)
+    return Estimate(X[0] if single else X, report)

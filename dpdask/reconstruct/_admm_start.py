@@ -1,0 +1,77 @@
+"""A starting point for projected Newton on a Kronecker Gram: a few ADMM iterations.
+
+For ``min 1/2 u^T G u - c^T u`` over ``u >= 0`` with ``G = Q diag(lam) Q^T`` and
+``Q = Q_1 (x) ... (x) Q_d`` (the factors' eigenvectors; see
+:meth:`~dpdask.reconstruct._kron_gram.ScaledKronGram.eigh`), ADMM on the splitting
+``u = z, z >= 0`` (Boyd et al. 2011, section 5, with over-relaxation) needs
+
+    u  = (G + rho I)^-1 (c + rho (z - v)) = Q diag(1 / (lam + rho)) Q^T (...)
+    z  = max(alpha u + (1 - alpha) z + v, 0)
+    v += alpha u + (1 - alpha) z_old - z
+
+that is two Kronecker transforms per iteration and no inner solve. On a Kronecker
+HDMM strategy (condition number 1e10 on the CPH domain) ADMM does not reach the
+projected-gradient tolerance soon, but within a dozen iterations its ``z`` has about
+the support of the solution and is several times closer to it than the point
+projected Newton reaches from zero in the same work; Newton then finishes from ``z``
+in 2-3x fewer products (measured on synthetic CPH geographies, see
+``dpdask bench reconstruct``). Only ``z`` is returned: it is the feasible iterate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpdask.reconstruct._kron_gram import ScaledKronGram, kron_rows
+
+__all__ = ["admm_start"]
+
+RHO = 0.5  # penalty, in the units of the Jacobi-scaled Gram (unit diagonal)
+ITERATIONS = 12
+RELAX = 1.6  # over-relaxation
+
+
+def admm_start(
+    gram: ScaledKronGram, C: np.ndarray, *, rho: float | None = None, iterations: int | None = None
+) -> np.ndarray:
+    """``iterations`` ADMM steps from zero for every row of ``C`` (``(k, n)``).
+
+    Parameters
+    ----------
+    gram : ScaledKronGram
+        The Jacobi-scaled Gram ``G``; the transforms run in its dtype.
+    C : ndarray
+        ``(k, n)`` linear terms, in the scaled variables.
+    rho : float, optional
+        The ADMM penalty (default :data:`RHO`).
+    iterations : int, optional
+        ADMM iterations, two Kronecker transforms each (default :data:`ITERATIONS`).
+
+    Returns
+    -------
+    ndarray
+        ``(k, n)`` non-negative float64 starting points.
+    """
+    rho = RHO if rho is None else rho
+    iterations = ITERATIONS if iterations is None else iterations
+    lam, vectors = gram.eigh()
+    dt = gram.dtype
+    Q = [np.ascontiguousarray(q, dtype=dt) for q in vectors]
+    Qt = [np.ascontiguousarray(q.T, dtype=dt) for q in vectors]
+    inv = (1.0 / (lam + rho)).astype(dt)
+    Ct = kron_rows(Qt, np.asarray(C, dtype=dt))
+    Z = np.zeros_like(Ct)
+    V = np.zeros_like(Ct)
+    for _ in range(iterations):
+        T = kron_rows(Qt, Z - V)
+        T *= dt.type(rho)
+        T += Ct
+        T *= inv
+        U = kron_rows(Q, T)
+        U *= dt.type(RELAX)
+        U += dt.type(1.0 - RELAX) * Z  # the relaxed u
+        U += V
+        Znew = np.maximum(U, 0)
+        V = U - Znew
+        Z = Znew
+    return Z.astype(float)
