@@ -460,11 +460,14 @@ class Release:
             M, weights = L.plan.workload, None
         est = final[last]
         out = list(final)
-        out[last] = est.map_blocks(
+        # a task per unit: each solve takes about a second, and chunks of several units
+        # leave workers idle at the end of the level
+        fitted = est.rechunk({0: 1}).map_blocks(
             nonnegative_block, M, weights, reports, L.name, blas,
             dtype=np.float64, name=f"nonnegative-{level_key(L.name)}-{tokenize(est, M, weights)}",
             meta=np.empty((0,) * est.ndim),
         )  # fmt: skip
+        out[last] = fitted.rechunk({0: est.chunks[0]})
         for lvl in range(last, 0, -1):
             name = f"nonnegative-{level_key(self.levels[lvl - 1])}"
             out[lvl - 1] = aggregate_level(out[lvl], self.lc, lvl, name)

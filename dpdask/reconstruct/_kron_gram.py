@@ -15,6 +15,7 @@ product's size, which the solver checks against in float64 before it stops.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -57,6 +58,50 @@ class ScaledKronGram:
     def rows(self, X: np.ndarray) -> np.ndarray:
         """``S G S`` applied to each row of ``X`` (``(k, n)``), in this operator's dtype."""
         return kron_rows(self.factors, np.asarray(X, dtype=self.dtype))
+
+    def restricted(
+        self, idx: np.ndarray, dtype: type | None = None
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """``v -> (S G S)[idx, idx] v`` for vectors ``v`` of the entries ``idx`` (sorted).
+
+        The product is taken on a permuted tensor whose last axis is the largest factor
+        and whose first is the second largest: the last axis is applied only to the
+        fibres that hold an entry of ``idx`` (few when ``idx`` is a sparse free set) and
+        the first only where the output is read (``len(idx)`` dot products), so a free
+        set of a few percent of the cells costs a third of a full product on the CPH
+        domain. ``dtype`` defaults to this operator's.
+        """
+        dt = self.dtype if dtype is None else np.dtype(dtype)
+        facs = [np.ascontiguousarray(F, dtype=dt) for F in self._float64]
+        d, sizes = len(facs), self.sizes
+        if d == 1:
+            sub = np.ascontiguousarray(facs[0][np.ix_(idx, idx)])
+            return lambda v: sub @ v
+        by_size = sorted(range(d), key=lambda i: sizes[i])
+        order = [by_size[-2], *[i for i in range(d) if i not in by_size[-2:]], by_size[-1]]
+        psz = [sizes[i] for i in order]
+        pf = [facs[i] for i in order]
+        multi = np.unravel_index(idx, sizes)
+        pidx = np.ravel_multi_index([multi[i] for i in order], psz)
+        last, rest = psz[-1], math.prod(psz[1:])
+        fib, pos = np.divmod(pidx, last)
+        rows, rinv = np.unique(fib, return_inverse=True)
+        first, col = np.divmod(pidx, rest)
+        last_t = np.ascontiguousarray(pf[-1].T)
+        first_rows = np.ascontiguousarray(pf[0][first])
+        nfib = math.prod(psz[:-1])
+
+        def op(v: np.ndarray) -> np.ndarray:
+            X = np.zeros((rows.size, last), dtype=dt)
+            X[rinv, pos] = v
+            T = np.zeros((nfib, last), dtype=dt)
+            T[rows] = X @ last_t
+            for i in range(d - 2, 0, -1):
+                T = np.matmul(pf[i], T.reshape(-1, psz[i], math.prod(psz[i + 1 :])))
+            T2 = T.reshape(psz[0], rest)[:, col]
+            return np.einsum("ij,ji->i", first_rows, T2)
+
+        return op
 
     def eigh(self) -> tuple[np.ndarray, list[np.ndarray]]:
         """The eigenvalues ``(n,)`` of ``S G S`` (C order, like the cells) and the

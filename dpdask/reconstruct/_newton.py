@@ -53,6 +53,7 @@ _ARC_SEARCH = 3  # further halvings, each with a product, when the full step fai
 _RELEASE = 0.0  # a variable at zero is freed when its gradient is below -this x rms
 
 Product = Callable[[np.ndarray], np.ndarray]
+Restrict = Callable[[np.ndarray, type], Callable[[np.ndarray], np.ndarray]]
 
 
 def _rowdot(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -105,6 +106,55 @@ def _conjugate_residual(gmv: Product, free: np.ndarray, B: np.ndarray, iters: in
     return D
 
 
+def _conjugate_residual_one(
+    gmv: Product, free: np.ndarray, b: np.ndarray, iters: int, restrict: Restrict | None
+) -> np.ndarray:
+    """:func:`_conjugate_residual` for one right-hand side, on the free entries only.
+
+    The vectors are held compressed to the free set (on a sparse histogram a few
+    percent of the cells); the product is ``restrict(free_indices, dtype)`` when
+    given (a product that exploits the sparsity), else a full product scattered and
+    gathered.
+    """
+    idx = np.flatnonzero(free)
+    if restrict is not None:
+        op = restrict(idx, b.dtype)
+    else:
+        full = np.zeros((1, b.size), dtype=b.dtype)
+
+        def op(v: np.ndarray) -> np.ndarray:
+            full[0, idx] = v
+            return gmv(full)[0, idx]
+
+    r = b[idx]
+    d = np.zeros_like(r)
+    p = r.copy()
+    ar = op(r)
+    ap = ar.copy()
+    rar = float(np.dot(r, ar))
+    stop = float(np.linalg.norm(r)) * _INNER_RTOL
+    for _ in range(iters if rar > 0 else 0):
+        app = float(np.dot(ap, ap))
+        if app <= 0:
+            break
+        a = rar / app
+        d += r.dtype.type(a) * p
+        r -= r.dtype.type(a) * ap
+        if float(np.linalg.norm(r)) <= stop:
+            break
+        ar = op(r)
+        rar_new = float(np.dot(r, ar))
+        beta = r.dtype.type(rar_new / rar) if rar > 0 else r.dtype.type(0)
+        rar = rar_new
+        p *= beta
+        p += r
+        ap *= beta
+        ap += ar
+    out = np.zeros_like(b)
+    out[idx] = d
+    return out[None, :]
+
+
 def _rms_projected_gradient(U: np.ndarray, Gr: np.ndarray) -> np.ndarray:
     PG = np.maximum(U - Gr, 0.0)
     np.subtract(U, PG, out=PG)
@@ -119,6 +169,7 @@ def projected_newton(
     tol: float,
     maxiter: int,
     exact: Product | None = None,
+    restrict: Restrict | None = None,
 ) -> tuple[np.ndarray, ConvergenceReport]:
     """Minimise ``1/2 u^T G u - c^T u`` over ``u >= 0`` for every row of ``C``.
 
@@ -135,6 +186,10 @@ def projected_newton(
         Newton iterations (each a few products).
     exact : callable, optional
         The exact (float64) product, when ``gmv`` is approximate.
+    restrict : callable, optional
+        ``restrict(idx, dtype)`` returns ``v -> G[idx, idx] v`` in ``dtype``: used by
+        the inner solves of a single right-hand side (``details["restricted"]`` counts
+        these cheaper products).
 
     Returns
     -------
@@ -144,6 +199,19 @@ def projected_newton(
     """
     k = C.shape[0]
     products = [0]
+
+    restricted = [0]
+    if restrict is not None:
+        plain = restrict
+
+        def restrict(idx: np.ndarray, dtype: type) -> Product:
+            op = plain(idx, dtype)
+
+            def run(v: np.ndarray) -> np.ndarray:
+                restricted[0] += 1
+                return op(v)
+
+            return run
 
     def counted(f: Product) -> Product:
         def run(V: np.ndarray) -> np.ndarray:
@@ -189,7 +257,10 @@ def projected_newton(
         free = (~binding).astype(inner)
         B = np.multiply(Ga, free, dtype=inner)
         np.negative(B, out=B)
-        D = _conjugate_residual(mv, free, B, _INNER).astype(float)
+        if B.shape[0] == 1:
+            D = _conjugate_residual_one(mv, free[0] > 0, B[0], _INNER, restrict).astype(float)
+        else:
+            D = _conjugate_residual(mv, free, B, _INNER).astype(float)
         S = np.where(binding, 0.0, np.maximum(D + Ua, 0.0))
         S -= Ua
         gs = _rowdot(Ga, S)
@@ -240,6 +311,10 @@ def projected_newton(
         iterations=it,
         residual=float(rel.max(initial=0.0)),
         tolerance=tol,
-        details={"products": products[0], "gradient_fallbacks": fallbacks},
+        details={
+            "products": products[0],
+            "restricted": restricted[0],
+            "gradient_fallbacks": fallbacks,
+        },
     )
     return U, report

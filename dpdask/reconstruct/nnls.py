@@ -220,7 +220,10 @@ def _solve(
         admm = warm and isinstance(fast, ScaledKronGram)
         with threadpool_limits(limits=1, user_api="blas"):
             U0 = admm_start(fast, Ct) if admm else (X0 / s).T.copy()
-            Ut, report = projected_newton(gmv, Ct, U0, tol=tol, maxiter=maxiter, exact=exact)
+            restrict = fast.restricted if isinstance(fast, ScaledKronGram) else None
+            Ut, report = projected_newton(
+                gmv, Ct, U0, tol=tol, maxiter=maxiter, exact=exact, restrict=restrict
+            )
         if admm:
             report.details["start"] = "admm"
         report.details["kronecker_float32"] = isinstance(fast, ScaledKronGram)
