@@ -275,3 +275,89 @@ def test_union_path_matches_generic_path_and_scipy(
             assert _relerr(M @ est, M @ ref) < 1e-6
             resid, best = np.linalg.norm(M @ est - y), np.linalg.norm(M @ ref - y)
             assert resid <= best * (1 + 1e-9)
+
+
+# -- the ADMM start, restricted products and fits to an estimate ------------------------
+@pytest.mark.parametrize("sizes", [(7,), (3, 5), (2, 2, 6, 3, 5), (4, 9, 3, 11)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_restricted_product_is_the_principal_submatrix(sizes, dtype, rng) -> None:
+    """``G[idx, idx] v`` through the permuted, fibre-restricted product vs dense ``G``."""
+    kg = importlib.import_module("dpdask.reconstruct._kron_gram")
+    factors = []
+    for n in sizes:
+        B = rng.normal(size=(n + 2, n))
+        G = B.T @ B
+        d = 1.0 / np.sqrt(np.diag(G))
+        factors.append(d[:, None] * G * d[None, :])
+    dense = factors[0]
+    for F in factors[1:]:
+        dense = np.kron(dense, F)
+    op = kg.ScaledKronGram(factors, np.float64)
+    for frac in (0.05, 0.5, 1.0):
+        k = max(1, int(frac * dense.shape[0]))
+        idx = np.sort(rng.choice(dense.shape[0], size=k, replace=False))
+        v = rng.normal(size=k).astype(dtype)
+        got = op.restricted(idx, dtype)(v)
+        assert got.dtype == dtype
+        want = dense[np.ix_(idx, idx)] @ v.astype(float)
+        tol = 1e-12 if dtype == np.float64 else 1e-5
+        assert np.abs(got - want).max() <= tol * max(1.0, np.abs(want).max())
+
+
+def test_admm_start_converges_to_the_nnls_solution(rng: np.random.Generator) -> None:
+    """Run long, the warm start's ADMM is itself an NNLS solver (scipy as the oracle)."""
+    kg = importlib.import_module("dpdask.reconstruct._kron_gram")
+    start = importlib.import_module("dpdask.reconstruct._admm_start")
+    A = _kron_case(rng)
+    M = A.dense()
+    x = np.where(rng.uniform(size=A.shape[1]) < 0.2, rng.poisson(4.0, size=A.shape[1]), 0)
+    y = M @ x + rng.normal(scale=1.0, size=M.shape[0])
+    G = kg.scaled_kron_gram(A).with_dtype(np.float64)
+    s = 1.0 / np.sqrt(np.diag(M.T @ M))
+    c = (s * (M.T @ y))[None, :]
+    ref = scipy_nnls(M, y)[0]
+    errs = [_relerr(s * start.admm_start(G, c, iterations=it)[0], ref) for it in (2, 20, 2000)]
+    assert errs[0] > errs[1] > errs[2] and errs[2] < 1e-6
+    assert (start.admm_start(G, c)[0] >= 0).all()
+
+
+def test_single_kronecker_right_hand_side_takes_the_fast_path(rng) -> None:
+    """One geography: ADMM start and restricted inner products; scipy's answer."""
+    A = _kron_case(rng)
+    M = A.dense()
+    x = np.where(rng.uniform(size=A.shape[1]) < 0.2, rng.poisson(4.0, size=A.shape[1]), 0)
+    y = M @ x + rng.normal(scale=1.5, size=M.shape[0])
+    est = nnls(A, y, tol=1e-10)
+    details = est.report.details
+    assert details["start"] == "admm" and details["restricted"] > 0 and est.report.converged
+    assert _relerr(est.x, scipy_nnls(M, y)[0]) < 1e-6
+    # an explicit start is kept, and the batch path (several rows) gives the same answer
+    assert nnls(A, y, tol=1e-10, x0="zero").report.details["start"] == "zero"
+    both = nnls(A, np.stack([y, y]), tol=1e-10)
+    assert both.report.details["restricted"] == 0
+    assert _relerr(both.x[1], est.x) < 1e-6
+
+
+@pytest.mark.parametrize("weights", [None, 0.25])
+@pytest.mark.parametrize("case", ["kron", "union", "dense"])
+def test_nonnegative_fit_is_nnls_from_the_estimate(case, weights, rng) -> None:
+    """Fitting ``x >= 0`` to the least-squares estimate in ``M``'s metric is NNLS on the
+    measurements: against scipy on ``sqrt(w) M`` and against :func:`nnls` on ``y``."""
+    from dpdask.reconstruct import nonnegative_fit
+
+    A = {"kron": _kron_case, "union": _union_case}.get(
+        case, lambda r: Dense(r.normal(size=(9, 6)))
+    )(rng)
+    M = A.dense()
+    x = np.where(rng.uniform(size=A.shape[1]) < 0.3, rng.poisson(3.0, size=A.shape[1]), 0)
+    Y = M @ x + rng.normal(scale=2.0, size=(2, M.shape[0]))
+    x_ls = least_squares(A, Y, weights).x
+    fit = nonnegative_fit(A, x_ls, weights, tol=1e-10)
+    from_y = nnls(A, Y, weights, tol=1e-10)
+    w = 1.0 if weights is None else weights
+    for got, other, xl, y in zip(fit.x, from_y.x, x_ls, Y, strict=True):
+        ref = scipy_nnls(np.sqrt(w) * M, np.sqrt(w) * y)[0]
+        # the answers M x are unique (the union is rank deficient: x need not be)
+        assert _relerr(M @ got, M @ ref) < 1e-6 and _relerr(M @ other, M @ ref) < 1e-6
+        assert (xl < 0).any()  # the constraint binds
+    assert fit.report.converged and fit.x.min() >= 0

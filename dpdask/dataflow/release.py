@@ -20,7 +20,17 @@ plan per level); :meth:`Release.to_zarr` runs it:
    ``publish-<level>``): the checkpointed estimates are made consistent across
    levels (children add up to parents exactly, by inverse-variance weighting), the
    workload is answered, and everything is written to a store under a temporary
-   name that is renamed into place when complete.
+   name that is renamed into place when complete. With ``reconstruct="nnls"`` or
+   ``"wnnls"`` every level is measured and reconstructed by least squares, made
+   consistent, and then the finest level's consistent estimates are fitted with
+   non-negative ones (``nonnegative-<level>``, one task per unit; NNLS in the metric
+   of that level's strategy, WNNLS in the workload's), every coarser level being the
+   sum of its children: children add up to parents and estimates are non-negative by
+   construction, and the dense top levels need no iterative solve. With a single
+   level this is NNLS on the measurements exactly
+   (:func:`~dpdask.reconstruct.nonnegative_fit`). ADMM estimates each level from its
+   measurements, and the consistent estimates are then projected top-down onto
+   non-negative children that add up to their parents.
 
 Each task limits its BLAS to its share of the cores (one thread when two
 single-threaded workers share two cores), so that workers do not fight.
@@ -610,9 +620,10 @@ def release(
     budget_split : mapping of level to share, or sequence, optional
         With a single plan: each level's share of its budget (default even).
     reconstruct : {"ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet"}
-        The estimator of each chunk (see
-        :func:`~dpdask.dataflow._blocks.reconstruct_block`). Least squares is fused
-        with the measurement when the strategy has full column rank (module notes).
+        The estimator (see :func:`~dpdask.dataflow._blocks.reconstruct_block`). Least
+        squares is fused with the measurement when the strategy has full column rank;
+        NNLS and WNNLS are fitted to the finest level's consistent least-squares
+        estimates, the coarser levels being their sums (module notes).
     release_id, run_id : str
         Identify the release in the ledger and the noise; the same run id resumes.
     ledger : Ledger or path

@@ -10,15 +10,22 @@ fit the workload answers ``W x_ls`` of the least-squares estimate, not the
 strategy's). ``G`` is only ever applied, through the operators' structured
 ``gram()`` (a Kronecker product of small factors for a Kronecker strategy).
 
-The solver is the spectral projected gradient method (Birgin, Martinez and Raydan,
-2000) on the Jacobi-scaled problem: a step ``d = P(x - alpha g) - x`` with the
-Barzilai-Borwein step length ``alpha``, accepted by a non-monotone Armijo test
-against the largest of the last few objective values. Because ``f`` is quadratic
-the objective along ``d`` is known exactly once ``G d`` is computed, so a rejected
-step is replaced by the exact minimiser along ``d`` without another product: one
-application of ``G`` per iteration. It starts from the clipped least-squares
-estimate. All right-hand sides of a batch (geographies) are solved together, each
-with its own step lengths.
+Two solvers. The default (``method="auto"``) is projected Newton
+(:mod:`dpdask.reconstruct._newton`): float32 Kronecker (or union-of-Kronecker) Gram
+products, started for a Kronecker strategy from a few ADMM iterations that use the
+factors' eigenvectors (:mod:`dpdask.reconstruct._admm_start`); for a single right-hand
+side its inner solves run on the free set only, with a product restricted to it
+(:meth:`~dpdask.reconstruct._kron_gram.ScaledKronGram.restricted`).
+:func:`nonnegative_fit` solves the same problem from an estimate instead of the
+measurements. The other (``method="spg"``) is the spectral projected gradient method
+(Birgin, Martinez and Raydan, 2000) on the Jacobi-scaled problem: a step ``d = P(x -
+alpha g) - x`` with the Barzilai-Borwein step length ``alpha``, accepted by a non-
+monotone Armijo test against the largest of the last few objective values. Because
+``f`` is quadratic the objective along ``d`` is known exactly once ``G d`` is
+computed, so a rejected step is replaced by the exact minimiser along ``d`` without
+another product: one application of ``G`` per iteration. It starts from the clipped
+least-squares estimate. All right-hand sides of a batch (geographies) are solved
+together, each with its own step lengths.
 
 Stopping rule: the root-mean-square projected gradient ``||u - P(u - grad)|| /
 sqrt(n)`` of the Jacobi-scaled variables ``u_i = sqrt(G_ii) x_i`` is at most ``tol``.
@@ -271,10 +278,12 @@ def nnls(
         Per-row weights, usually ``1 / variance`` of each measurement.
     x0 : {"auto", "ls", "zero"} or ndarray
         Starting point: the clipped least-squares estimate, zero, or an array of shape
-        ``(n,)`` or ``(g, n)`` (clipped at zero). ``"auto"`` is zero for the projected
-        Newton method (its free set then grows to the support of a sparse solution
-        instead of shrinking from half the cells); for SPG it is least squares when its
-        pseudo-inverse is structured (a Kronecker strategy) and zero otherwise.
+        ``(n,)`` or ``(g, n)`` (clipped at zero). ``"auto"``, for the projected Newton
+        method, is a dozen ADMM iterations when ``A`` is a Kronecker product of small
+        factors (:mod:`dpdask.reconstruct._admm_start`: 2-3x fewer products on the CPH
+        domain) and zero otherwise (the free set then grows to the support of a sparse
+        solution instead of shrinking from half the cells); for SPG it is least squares
+        when its pseudo-inverse is structured (a Kronecker strategy) and zero otherwise.
     tol : float
         Stop when the root-mean-square projected gradient of the Jacobi-scaled problem
         is at most ``tol`` (in units of the noise standard deviation when ``weights``
