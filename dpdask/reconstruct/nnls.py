@@ -18,9 +18,9 @@ side its inner solves run on the free set only, with a product restricted to it
 (:meth:`~dpdask.reconstruct._kron_gram.ScaledKronGram.restricted`).
 :func:`nonnegative_fit` solves the same problem from an estimate instead of the
 measurements. The other (``method="spg"``) is the spectral projected gradient method
-(Birgin, Martinez and Raydan, 2000) on the Jacobi-scaled problem: a step ``d = P(x -
-alpha g) - x`` with the Barzilai-Borwein step length ``alpha``, accepted by a non-
-monotone Armijo test against the largest of the last few objective values. Because
+(Birgin, Martinez and Raydan, 2000) on the Jacobi-scaled problem: a step
+``d = P(x - alpha g) - x`` with the Barzilai-Borwein step length ``alpha``, accepted
+by a non-monotone Armijo test against the largest of the last few objective values. Because
 ``f`` is quadratic the objective along ``d`` is known exactly once ``G d`` is
 computed, so a rejected step is replaced by the exact minimiser along ``d`` without
 another product: one application of ``G`` per iteration. It starts from the clipped
