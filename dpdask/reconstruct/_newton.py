@@ -25,8 +25,12 @@ Each iteration (after Bertsekas' projected Newton, 1982):
 
 The free set is what changes between iterations; on a sparse histogram (99% zero
 cells) it shrinks to the support of the solution within a few dozen iterations.
-Arrays are ``(k, n)``, a row per right-hand side (geography); each has its own free
-set, step and stopping test; all are advanced by the same products. Products may be
+Right-hand sides (geographies) are solved one at a time, each on its working set:
+the positive variables, those with a negative gradient and the free set, held as
+index arrays, so that apart from the products an iteration costs a few passes over
+the ``n`` cells instead of a few dozen (a batch advanced in lockstep was also slower:
+every row took the iterations of the slowest). The inner solves see only the free
+set, through a product restricted to it when the Gram provides one. Products may be
 approximate (float32): the inner solves then run in float32 too (a direction needs no
 more), and before stopping the gradient is recomputed with the exact product and the
 iteration goes on with exact products if the test no longer holds.
@@ -35,6 +39,7 @@ iteration goes on with exact products if the test no longer holds.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,83 +55,14 @@ _EPS = 1e-2  # the epsilon-active threshold is at least min(this, ||projected gr
 _APPROX_FLOOR = 1e-5  # approximate products stop at this fraction of rms(c)
 _ARC = 8  # halvings of the Newton step along the projection arc before a gradient step
 _ARC_SEARCH = 3  # further halvings, each with a product, when the full step fails Armijo
-_RELEASE = 0.0  # a variable at zero is freed when its gradient is below -this x rms
 
 Product = Callable[[np.ndarray], np.ndarray]
 Restrict = Callable[[np.ndarray, type], Callable[[np.ndarray], np.ndarray]]
 
 
-def _rowdot(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """``sum_j A_ij B_ij`` per row, in float64 (one BLAS dot per row)."""
-    return np.array([np.dot(a, b) for a, b in zip(A, B, strict=True)], dtype=float)
-
-
-def _axpy(a: np.ndarray, X: np.ndarray, Y: np.ndarray) -> None:
-    """``Y_i += a_i X_i`` per row, in place."""
-    for ai, x, y in zip(a, X, Y, strict=True):
-        if ai != 0:
-            y += y.dtype.type(ai) * x
-
-
-def _scale_add(beta: np.ndarray, P: np.ndarray, R: np.ndarray) -> None:
-    """``P_i = R_i + beta_i P_i`` per row, in place."""
-    P *= beta.astype(P.dtype)[:, None]
-    P += R
-
-
-def _conjugate_residual(gmv: Product, free: np.ndarray, B: np.ndarray, iters: int) -> np.ndarray:
-    """Approximately solve ``G_FF D = B`` (``B`` zero off ``free``) row by row.
-
-    ``B`` and ``free`` (0/1) have the products' precision; so has the result.
-    """
-    D = np.zeros_like(B)
-    R = B.copy()
-    P = R.copy()
-    AR = gmv(R)
-    AR *= free
-    AP = AR.copy()
-    rar = _rowdot(R, AR)
-    stop = np.sqrt(_rowdot(B, B)) * _INNER_RTOL
-    live = rar > 0
-    for _ in range(iters):
-        app = _rowdot(AP, AP)
-        a = np.divide(rar, app, out=np.zeros_like(rar), where=live & (app > 0))
-        _axpy(a, P, D)
-        _axpy(-a, AP, R)
-        live &= np.sqrt(_rowdot(R, R)) > stop
-        if not live.any():
-            break
-        AR = gmv(R)
-        AR *= free
-        rar_new = _rowdot(R, AR)
-        beta = np.divide(rar_new, rar, out=np.zeros_like(rar), where=live & (rar > 0))
-        rar = rar_new
-        _scale_add(beta, P, R)
-        _scale_add(beta, AP, AR)
-    return D
-
-
-def _conjugate_residual_one(
-    gmv: Product, free: np.ndarray, b: np.ndarray, iters: int, restrict: Restrict | None
-) -> np.ndarray:
-    """:func:`_conjugate_residual` for one right-hand side, on the free entries only.
-
-    The vectors are held compressed to the free set (on a sparse histogram a few
-    percent of the cells); the product is ``restrict(free_indices, dtype)`` when
-    given (a product that exploits the sparsity), else a full product scattered and
-    gathered.
-    """
-    idx = np.flatnonzero(free)
-    if restrict is not None:
-        op = restrict(idx, b.dtype)
-    else:
-        full = np.zeros((1, b.size), dtype=b.dtype)
-
-        def op(v: np.ndarray) -> np.ndarray:
-            full[0, idx] = v
-            return gmv(full)[0, idx]
-
-    r = b[idx]
+def _conjugate_residual(op: Product, b: np.ndarray, iters: int) -> np.ndarray:
+    """A few conjugate-residual iterations on ``G_FF d = b`` (vectors of the free set)."""
+    r = b.copy()
     d = np.zeros_like(r)
     p = r.copy()
     ar = op(r)
@@ -137,28 +73,167 @@ def _conjugate_residual_one(
         app = float(np.dot(ap, ap))
         if app <= 0:
             break
-        a = rar / app
-        d += r.dtype.type(a) * p
-        r -= r.dtype.type(a) * ap
+        a = r.dtype.type(rar / app)
+        d += a * p
+        r -= a * ap
         if float(np.linalg.norm(r)) <= stop:
             break
         ar = op(r)
         rar_new = float(np.dot(r, ar))
-        beta = r.dtype.type(rar_new / rar) if rar > 0 else r.dtype.type(0)
+        beta = r.dtype.type(rar_new / rar)
         rar = rar_new
         p *= beta
         p += r
         ap *= beta
         ap += ar
-    out = np.zeros_like(b)
-    out[idx] = d
-    return out[None, :]
+    return d
 
 
-def _rms_projected_gradient(U: np.ndarray, Gr: np.ndarray) -> np.ndarray:
-    PG = np.maximum(U - Gr, 0.0)
-    np.subtract(U, PG, out=PG)
-    return np.sqrt(_rowdot(PG, PG) / U.shape[1])
+@dataclass
+class _Counts:
+    products: int = 0
+    restricted: int = 0
+    fallbacks: int = 0
+    iterations: list[int] = field(default_factory=list)
+
+
+def _arc(d: np.ndarray, uJ: np.ndarray, nf: int, scale: float) -> np.ndarray:
+    """The step ``P(u + scale d) - u`` on the working set: the first ``nf`` entries free
+    (moved by ``scale d``), the rest binding (moved to zero)."""
+    sJ = np.empty_like(uJ)
+    sJ[:nf] = np.maximum(scale * d + uJ[:nf], 0.0) - uJ[:nf]
+    sJ[nf:] = -uJ[nf:]
+    return sJ
+
+
+def _rms_projected_gradient(
+    u: np.ndarray, g: np.ndarray, pos: np.ndarray, neg: np.ndarray
+) -> float:
+    """``||u - P(u - g)|| / sqrt(n)`` from the positive entries ``pos`` and the entries
+    ``neg`` with ``g < 0`` (elsewhere ``u = 0 <= g`` and the entry is zero)."""
+    up, gp = u[pos], g[pos]
+    a = up - np.maximum(up - gp, 0.0)
+    gz = g[neg][u[neg] <= 0]
+    return float(np.sqrt((np.dot(a, a) + np.dot(gz, gz)) / u.size))
+
+
+def _newton_row(
+    mv: Product,
+    exact: Product | None,
+    restrict: Restrict | None,
+    c: np.ndarray,
+    u0: np.ndarray,
+    tol: float,
+    maxiter: int,
+    counts: _Counts,
+) -> tuple[np.ndarray, float]:
+    """One right-hand side of :func:`projected_newton`; returns ``u`` and its residual."""
+    n = c.size
+    verified = exact is None
+    inner = np.float64 if verified else np.float32
+
+    def apply(v: np.ndarray, op: Product) -> np.ndarray:
+        counts.products += 1
+        return np.asarray(op(v[None, :])[0], dtype=float)
+
+    def restricted(idx: np.ndarray) -> Product:
+        if restrict is not None:
+            op = restrict(idx, inner)
+
+            def run(v: np.ndarray) -> np.ndarray:
+                counts.restricted += 1
+                return op(v)
+
+            return run
+        full = np.zeros(n, dtype=inner)
+
+        def scatter(v: np.ndarray) -> np.ndarray:
+            full[idx] = v
+            return apply(full, mv)[idx].astype(inner)
+
+        return scatter
+
+    u = np.maximum(u0, 0.0)
+    gu = apply(u, mv)
+    # what approximate products can resolve: the gradient's rounding error is about
+    # 1e-7 of the size of G u, which is about that of c
+    floor = max(tol, _APPROX_FLOOR * float(np.sqrt(np.dot(c, c) / n)))
+    it = 0
+    while True:
+        g = gu - c
+        pos = np.flatnonzero(u > 0)
+        nonpos = np.flatnonzero(g <= 0)
+        rel = _rms_projected_gradient(u, g, pos, nonpos)
+        if rel <= (tol if verified else floor) and not verified:
+            # the products were approximate: go on in full precision (when the floor was
+            # above tol) or check before stopping
+            mv, verified, inner = exact, True, np.float64
+            gu = apply(u, mv)
+            continue
+        if rel <= tol or it >= maxiter:
+            if not verified:  # report the exact projected gradient
+                g = apply(u, exact) - c
+                rel = _rms_projected_gradient(u, g, np.flatnonzero(u > 0), np.flatnonzero(g < 0))
+            break
+        it += 1
+        # Bertsekas' epsilon-active set: eps shrinks with the projected gradient. The
+        # binding variables are those at most eps with a positive gradient; the free
+        # ones are above eps or have a gradient <= 0
+        eps = max(tol, min(_EPS, rel * np.sqrt(n)))
+        up = u[pos]
+        free = np.union1d(pos[up > eps], nonpos)
+        moved = pos[(up <= eps) & (g[pos] > 0)]  # binding but not yet at zero: to zero
+        d = _conjugate_residual(restricted(free), (-g[free]).astype(inner), _INNER)
+        d = d.astype(float)
+        J = np.concatenate([free, moved])
+        uJ, gJ = u[J], g[J]
+        nf = free.size
+
+        alpha = 1.0
+        sJ = _arc(d, uJ, nf, alpha)
+        gs = float(np.dot(gJ, sJ))
+        for _ in range(_ARC):
+            if gs < 0:
+                break
+            # back along the projection arc P(u + alpha d): descent for small alpha
+            alpha *= 0.5
+            sJ = _arc(d, uJ, nf, alpha)
+            gs = float(np.dot(gJ, sJ))
+        if gs >= 0:  # not a descent direction: the projected gradient step instead
+            counts.fallbacks += 1
+            J = np.union1d(pos, nonpos)
+            uJ, gJ = u[J], g[J]
+            sJ = np.maximum(uJ - gJ, 0.0) - uJ
+            gs = float(np.dot(gJ, sJ))
+            alpha = 0.0  # no arc search on this step
+        s = np.zeros(n)
+        s[J] = sJ
+        gsv = apply(s, mv)
+        sgs = float(np.dot(sJ, gsv[J]))
+        full = gs + 0.5 * sgs <= _GAMMA * gs or sgs <= 0
+        # Armijo search along the projection arc: P(u + d/2), P(u + d/4), ... lets the
+        # variables that leave the free set reach zero exactly (a step along one
+        # segment s stops them short, and the next iteration frees them again)
+        for _ in range(_ARC_SEARCH if alpha > 0 and not full else 0):
+            alpha *= 0.5
+            sJ2 = _arc(d, uJ, nf, alpha)
+            s2 = np.zeros(n)
+            s2[J] = sJ2
+            gsv2 = apply(s2, mv)
+            gs2, sgs2 = float(np.dot(gJ, sJ2)), float(np.dot(sJ2, gsv2[J]))
+            ok = gs2 < 0 and gs2 + 0.5 * sgs2 <= _GAMMA * gs2
+            if ok or gs2 + 0.5 * sgs2 < gs + 0.5 * sgs:
+                sJ, gsv, gs, sgs = sJ2, gsv2, gs2, sgs2
+            if ok:
+                full = True
+                break
+        tau = 1.0 if full else min(1.0, max(0.0, -gs / sgs if sgs > 0 else 1.0))
+        u[J] = np.maximum(uJ + tau * sJ, 0.0)
+        gu += tau * gsv
+        if it % _REFRESH == 0:
+            gu = apply(u, mv)
+    counts.iterations.append(it)
+    return u, rel
 
 
 def projected_newton(
@@ -183,138 +258,36 @@ def projected_newton(
     tol : float
         Stop a row when its root-mean-square projected gradient is at most ``tol``.
     maxiter : int
-        Newton iterations (each a few products).
+        Newton iterations per row (each a few products).
     exact : callable, optional
         The exact (float64) product, when ``gmv`` is approximate.
     restrict : callable, optional
-        ``restrict(idx, dtype)`` returns ``v -> G[idx, idx] v`` in ``dtype``: used by
-        the inner solves of a single right-hand side (``details["restricted"]`` counts
-        these cheaper products).
+        ``restrict(idx, dtype)`` returns ``v -> G[idx, idx] v`` in ``dtype``, for the
+        inner solves (``details["restricted"]`` counts these cheaper products); else
+        they scatter into a full product and gather.
 
     Returns
     -------
     ndarray, ConvergenceReport
-        The solutions ``(k, n)`` and the report (``details["products"]``: applications
-        of ``G`` to one right-hand side, summed over them).
+        The solutions ``(k, n)`` and the report (``iterations``: the most any row took;
+        ``details["products"]``: full applications of ``G`` to one vector, summed over
+        the rows).
     """
-    k = C.shape[0]
-    products = [0]
-
-    restricted = [0]
-    if restrict is not None:
-        plain = restrict
-
-        def restrict(idx: np.ndarray, dtype: type) -> Product:
-            op = plain(idx, dtype)
-
-            def run(v: np.ndarray) -> np.ndarray:
-                restricted[0] += 1
-                return op(v)
-
-            return run
-
-    def counted(f: Product) -> Product:
-        def run(V: np.ndarray) -> np.ndarray:
-            products[0] += V.shape[0]
-            return f(V)
-
-        return run
-
-    fast = counted(gmv)
-    exact_mv = counted(exact) if exact is not None else None
-    mv = fast
-    inner = np.float32 if exact is not None else np.float64
-    U = np.maximum(U0, 0.0)
-    GU = np.asarray(mv(U), dtype=float)
-    rel = np.full(k, np.inf)
-    verified = exact_mv is None
-    it = 0
-    fallbacks = 0
-    # what approximate products can resolve: the gradient's rounding error is about
-    # 1e-7 of the size of G u, which is about that of c
-    floor = np.maximum(tol, _APPROX_FLOOR * np.sqrt(_rowdot(C, C) / C.shape[1]))
-    while True:
-        Gr = GU - C
-        rel = _rms_projected_gradient(U, Gr)
-        done = rel <= (tol if verified else floor)
-        if done.all() and not verified:
-            # the products were approximate: go on in full precision (when the floor was
-            # above tol) or check before stopping
-            mv, verified, inner = exact_mv, True, np.float64
-            GU = mv(U)
-            continue
-        if done.all() or it >= maxiter:
-            if not verified:  # report the exact projected gradient
-                GU = exact_mv(U)
-                rel = _rms_projected_gradient(U, GU - C)
-            break
-        it += 1
-        act = slice(None) if not done.any() else np.flatnonzero(~done)
-        Ua, Ga = U[act], Gr[act]
-        # Bertsekas' epsilon-active set: eps shrinks with the projected gradient
-        eps = np.maximum(tol, np.minimum(_EPS, rel[act] * np.sqrt(Ua.shape[1])))[:, None]
-        binding = (Ua <= eps) & (Ga > -_RELEASE * rel[act][:, None])
-        free = (~binding).astype(inner)
-        B = np.multiply(Ga, free, dtype=inner)
-        np.negative(B, out=B)
-        if B.shape[0] == 1:
-            D = _conjugate_residual_one(mv, free[0] > 0, B[0], _INNER, restrict).astype(float)
-        else:
-            D = _conjugate_residual(mv, free, B, _INNER).astype(float)
-        S = np.where(binding, 0.0, np.maximum(D + Ua, 0.0))
-        S -= Ua
-        gs = _rowdot(Ga, S)
-        bad = gs >= 0
-        for _ in range(_ARC) if bad.any() else ():
-            # back along the projection arc P(u + alpha d): descent for small alpha
-            D[bad] *= 0.5
-            S[bad] = np.where(binding[bad], 0.0, np.maximum(D[bad] + Ua[bad], 0.0)) - Ua[bad]
-            gs[bad] = _rowdot(Ga[bad], S[bad])
-            bad = gs >= 0
-            if not bad.any():
-                break
-        if bad.any():  # not a descent direction: the projected gradient step instead
-            fallbacks += int(bad.sum())
-            S[bad] = np.maximum(Ua[bad] - Ga[bad], 0.0) - Ua[bad]
-            gs[bad] = _rowdot(Ga[bad], S[bad])
-        GS = np.asarray(mv(S), dtype=float)
-        sgs = _rowdot(S, GS)
-        full = (gs + 0.5 * sgs <= _GAMMA * gs) | (sgs <= 0)
-        # Armijo search along the projection arc: P(u + d/2), P(u + d/4), ... let the
-        # variables that leave the free set reach zero exactly (a step along one
-        # segment s stops them short, and the next iteration frees them again)
-        retry = ~full & ~bad
-        for _ in range(_ARC_SEARCH) if retry.any() else ():
-            r = np.flatnonzero(retry)
-            D[r] *= 0.5
-            Sr = np.where(binding[r], 0.0, np.maximum(D[r] + Ua[r], 0.0)) - Ua[r]
-            GSr = np.asarray(mv(Sr), dtype=float)
-            gsr, sgsr = _rowdot(Ga[r], Sr), _rowdot(Sr, GSr)
-            ok = (gsr < 0) & (gsr + 0.5 * sgsr <= _GAMMA * gsr)
-            better = ok | (gsr + 0.5 * sgsr < gs[r] + 0.5 * sgs[r])
-            rb = r[better]
-            S[rb], GS[rb], gs[rb], sgs[rb] = Sr[better], GSr[better], gsr[better], sgsr[better]
-            full[r[ok]] = True
-            retry[r[ok]] = False
-            if not retry.any():
-                break
-        tau = np.where(full, 1.0, np.clip(-gs / np.where(sgs > 0, sgs, 1.0), 0.0, 1.0))
-        _axpy(tau, S, Ua)
-        GUa = GU[act]
-        _axpy(tau, GS, GUa)
-        if it % _REFRESH == 0:
-            GUa = np.asarray(mv(Ua), dtype=float)
-        U[act], GU[act] = Ua, GUa
+    counts = _Counts()
+    U = np.empty(C.shape)
+    rel = np.zeros(C.shape[0])
+    for i in range(C.shape[0]):
+        U[i], rel[i] = _newton_row(gmv, exact, restrict, C[i], U0[i], tol, maxiter, counts)
     report = ConvergenceReport(
         method="projected-newton",
         converged=bool((rel <= tol).all()),
-        iterations=it,
+        iterations=max(counts.iterations, default=0),
         residual=float(rel.max(initial=0.0)),
         tolerance=tol,
         details={
-            "products": products[0],
-            "restricted": restricted[0],
-            "gradient_fallbacks": fallbacks,
+            "products": counts.products,
+            "restricted": counts.restricted,
+            "gradient_fallbacks": counts.fallbacks,
         },
     )
     return U, report
