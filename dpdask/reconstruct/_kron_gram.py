@@ -25,6 +25,10 @@ __all__ = ["ScaledKronGram", "kron_rows", "scaled_kron_gram"]
 
 _MAX_FACTOR = 512  # factors larger than this are not held dense
 _MERGE = 16  # adjacent factors are merged while their product has at most this many cells
+# restricted products use the full product once this fraction of fibres is occupied
+# (measured on the CPH domain: 1.3 vs 2.6 ms at 24%, even at 75%, 4.7 vs 3.0 at 92%)
+_RESTRICT_MAX = 0.6
+_FIRST_DENSE = 1.5  # the first factor is applied densely once the output is this x its fibres
 
 
 class ScaledKronGram:
@@ -69,7 +73,8 @@ class ScaledKronGram:
         fibres that hold an entry of ``idx`` (few when ``idx`` is a sparse free set) and
         the first only where the output is read (``len(idx)`` dot products), so a free
         set of a few percent of the cells costs a third of a full product on the CPH
-        domain. ``dtype`` defaults to this operator's.
+        domain (when most fibres are occupied, a full product scattered and gathered is
+        cheaper, and is used). ``dtype`` defaults to this operator's.
         """
         dt = self.dtype if dtype is None else np.dtype(dtype)
         facs = [np.ascontiguousarray(F, dtype=dt) for F in self._float64]
@@ -86,10 +91,20 @@ class ScaledKronGram:
         last, rest = psz[-1], math.prod(psz[1:])
         fib, pos = np.divmod(pidx, last)
         rows, rinv = np.unique(fib, return_inverse=True)
+        if rows.size > _RESTRICT_MAX * math.prod(psz[:-1]):
+            # most fibres occupied: a full product, scattered and gathered, is cheaper
+            full = np.zeros((1, self.n), dtype=dt)
+
+            def dense(v: np.ndarray) -> np.ndarray:
+                full[0, idx] = v
+                return kron_rows(facs, full)[0, idx]
+
+            return dense
         first, col = np.divmod(pidx, rest)
         last_t = np.ascontiguousarray(pf[-1].T)
         first_rows = np.ascontiguousarray(pf[0][first])
         nfib = math.prod(psz[:-1])
+        pidx_out = pidx
 
         def op(v: np.ndarray) -> np.ndarray:
             X = np.zeros((rows.size, last), dtype=dt)
@@ -98,6 +113,8 @@ class ScaledKronGram:
             T[rows] = X @ last_t
             for i in range(d - 2, 0, -1):
                 T = np.matmul(pf[i], T.reshape(-1, psz[i], math.prod(psz[i + 1 :])))
+            if _FIRST_DENSE is not None and idx.size > _FIRST_DENSE * rest:
+                return (pf[0] @ T.reshape(psz[0], rest)).ravel()[pidx_out]
             T2 = T.reshape(psz[0], rest)[:, col]
             return np.einsum("ij,ji->i", first_rows, T2)
 
