@@ -256,6 +256,32 @@ def _check_method(method: str) -> str:
     return "newton" if method == "auto" else method
 
 
+def _estimate(
+    Aw: LinearQuery,
+    C: np.ndarray,
+    X0: np.ndarray,
+    start: tuple[np.ndarray | str, str],
+    single: bool,
+    *,
+    method: str,
+    tol: float,
+    maxiter: int,
+) -> Estimate:
+    """The :class:`Estimate` of :func:`nnls` and :func:`nonnegative_fit`: ``Aw`` the
+    row-weighted operator, ``C`` its ``(n, g)`` linear terms, ``X0`` the ``(g, n)``
+    start and ``start`` the start asked for and the one taken (``"auto"`` lets a
+    Kronecker operator start from ADMM)."""
+    asked, started = start
+    X, report = _solve(
+        Aw, Aw.column_norms(2) ** 2, C, X0.T, method=method, tol=tol, maxiter=maxiter,
+        warm=isinstance(asked, str) and asked == "auto",
+    )  # fmt: skip
+    report.method = f"nnls-{method}"
+    report.details.setdefault("start", started)
+    Xt = X.T
+    return Estimate(Xt[0] if single else Xt, report)
+
+
 def nnls(
     A: LinearQuery,
     y: np.ndarray,
@@ -325,14 +351,7 @@ def nnls(
     cheap = method == "spg" and _cheap_pinv(Aw)
     X0, started = _start(x0, lambda: least_squares(A, Y, weights).x, cheap, g, n)
     C = Aw.T._matmat(Yw.T)
-    X, report = _solve(
-        Aw, Aw.column_norms(2) ** 2, C, X0.T, method=method, tol=tol, maxiter=maxiter,
-        warm=isinstance(x0, str) and x0 == "auto",
-    )  # fmt: skip
-    report.method = f"nnls-{method}"
-    report.details.setdefault("start", started)
-    Xt = X.T
-    return Estimate(Xt[0] if single else Xt, report)
+    return _estimate(Aw, C, X0, (x0, started), single, method=method, tol=tol, maxiter=maxiter)
 
 
 def nonnegative_fit(
@@ -383,14 +402,7 @@ def nonnegative_fit(
     Mw = _row_weighted(M, weights)
     C = _compact_gram(Mw)._matmat(X.T)
     X0, started = _start(x0, lambda: X, True, X.shape[0], M.shape[1])
-    auto = isinstance(x0, str) and x0 == "auto"
-    out, report = _solve(
-        Mw, Mw.column_norms(2) ** 2, C, X0.T, method=method, tol=tol, maxiter=maxiter, warm=auto
-    )
-    report.method = f"nnls-{method}"
-    report.details.setdefault("start", started)
-    Xt = out.T
-    return Estimate(Xt[0] if single else Xt, report)
+    return _estimate(Mw, C, X0, (x0, started), single, method=method, tol=tol, maxiter=maxiter)
 
 
 def wnnls(
