@@ -280,9 +280,19 @@ def test_union_path_matches_generic_path_and_scipy(
 # -- the ADMM start, restricted products and fits to an estimate ------------------------
 @pytest.mark.parametrize("sizes", [(7,), (3, 5), (2, 2, 6, 3, 5), (4, 9, 3, 11)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_restricted_product_is_the_principal_submatrix(sizes, dtype, rng) -> None:
-    """``G[idx, idx] v`` through the permuted, fibre-restricted product vs dense ``G``."""
+@pytest.mark.parametrize(
+    "branch",
+    [(1.1, 1e9), (1.1, 0.0), (0.0, 1e9)],
+    ids=["restricted", "first-mode-dense", "full-product"],
+)
+def test_restricted_product_is_the_principal_submatrix(
+    sizes, dtype, branch, rng, monkeypatch
+) -> None:
+    """``G[idx, idx] v`` through the permuted, fibre-restricted product vs dense ``G``,
+    on each of its paths (forced through the thresholds that choose them)."""
     kg = importlib.import_module("dpdask.reconstruct._kron_gram")
+    monkeypatch.setattr(kg, "_RESTRICT_MAX", branch[0])
+    monkeypatch.setattr(kg, "_FIRST_DENSE", branch[1])
     factors = []
     for n in sizes:
         B = rng.normal(size=(n + 2, n))

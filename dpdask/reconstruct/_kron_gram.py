@@ -91,7 +91,8 @@ class ScaledKronGram:
         last, rest = psz[-1], math.prod(psz[1:])
         fib, pos = np.divmod(pidx, last)
         rows, rinv = np.unique(fib, return_inverse=True)
-        if rows.size > _RESTRICT_MAX * math.prod(psz[:-1]):
+        nfib = math.prod(psz[:-1])
+        if rows.size > _RESTRICT_MAX * nfib:
             # most fibres occupied: a full product, scattered and gathered, is cheaper
             full = np.zeros((1, self.n), dtype=dt)
 
@@ -103,8 +104,7 @@ class ScaledKronGram:
         first, col = np.divmod(pidx, rest)
         last_t = np.ascontiguousarray(pf[-1].T)
         first_rows = np.ascontiguousarray(pf[0][first])
-        nfib = math.prod(psz[:-1])
-        pidx_out = pidx
+        first_dense = idx.size > _FIRST_DENSE * rest
 
         def op(v: np.ndarray) -> np.ndarray:
             X = np.zeros((rows.size, last), dtype=dt)
@@ -113,8 +113,8 @@ class ScaledKronGram:
             T[rows] = X @ last_t
             for i in range(d - 2, 0, -1):
                 T = np.matmul(pf[i], T.reshape(-1, psz[i], math.prod(psz[i + 1 :])))
-            if _FIRST_DENSE is not None and idx.size > _FIRST_DENSE * rest:
-                return (pf[0] @ T.reshape(psz[0], rest)).ravel()[pidx_out]
+            if first_dense:  # the whole first mode, then the entries read
+                return (pf[0] @ T.reshape(psz[0], rest)).ravel()[pidx]
             T2 = T.reshape(psz[0], rest)[:, col]
             return np.einsum("ij,ji->i", first_rows, T2)
 
