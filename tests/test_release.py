@@ -336,6 +336,38 @@ def test_nnls_release_fits_consistent_least_squares(store, tmp_path) -> None:
         np.testing.assert_allclose(nn[upper]["estimate"][:], sums, rtol=1e-12)
 
 
+@pytest.mark.parametrize("method", ["nnls", "admm-l1"])
+def test_estimators_that_stop_early_are_reported(store, tmp_path, monkeypatch, method) -> None:
+    """An iteration limit hit shows in the output's attributes, per chunk, and the
+    estimate published is still non-negative and consistent."""
+    import dpdask.dataflow._blocks as blocks
+
+    real = {"nnls": blocks.nonnegative_fit, "admm-l1": blocks.admm}[method]
+
+    def capped(*args, **kw):
+        return real(*args, **{**kw, "maxiter": 1})
+
+    monkeypatch.setattr(blocks, "nonnegative_fit" if method == "nnls" else "admm", capped)
+    st, _ = store
+    rel = release(
+        make_plan(rho="1/1000"), st, test_mode=True, reconstruct=method,
+        key=SecretKey.for_testing(9), run_id=f"capped-{method}",
+    )  # fmt: skip
+    with dask.config.set(scheduler="sync"):
+        g = zarr.open_group(str(rel.to_zarr(tmp_path / "out.zarr")), mode="r")
+    reports = dict(g.attrs)["dpdask"]["not_converged"]
+    assert reports, "no chunk reported"
+    assert all(not r["converged"] and r["residual"] > r["tolerance"] for r in reports)
+    levels = {r["level"] for r in reports}
+    assert levels == ({"tract"} if method == "nnls" else set(st.geography.levels))
+    for upper, lower in (("state", "county"), ("county", "tract")):
+        child = g[lower]["estimate"][:]
+        assert child.min() >= 0
+        sums = np.zeros_like(g[upper]["estimate"][:])
+        np.add.at(sums, g[lower]["parent"][:], child)
+        np.testing.assert_allclose(sums, g[upper]["estimate"][:], atol=1e-8)
+
+
 # -- the fused least-squares path and structured pseudo-inverses ----------------------
 def _pure_plan(strategy: LinearQuery, workload: LinearQuery | None = None) -> DensePlan:
     """A pure-DP plan: Laplace noise keeps a union strategy as it is (no Gram root)."""
