@@ -306,14 +306,17 @@ def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) 
             assert set(got) == {L.plan.noise_scale for L in rel._levels}
 
 
-def test_nnls_release_fits_consistent_least_squares(store, tmp_path) -> None:
+@pytest.mark.parametrize("kind", ["gram-root", "laplace-union"])
+def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind) -> None:
     """The NNLS release is scipy's NNLS of the least-squares release's finest estimates
-    in the metric of the finest strategy; coarser levels are sums of children."""
+    in the metric of the finest strategy (rows weighted by the inverse noise variance:
+    Gaussian noise on a Gram root, Laplace noise on a union); coarser levels are sums
+    of children."""
     from scipy.optimize import nnls as scipy_nnls
 
     st, _ = store
     kwargs = dict(test_mode=True, key=SecretKey.for_testing(6), release_id="o", run_id="r")
-    plan = make_plan(rho="1/20")
+    plan = make_plan(rho="1/20") if kind == "gram-root" else _pure_plan(FULL_RANK_UNION, eps=0.05)
     ls = zarr.open_group(str(release(plan, st, **kwargs).to_zarr(tmp_path / "ls.zarr")), mode="r")
     rel = release(plan, st, reconstruct="nnls", **kwargs)
     nn = zarr.open_group(str(rel.to_zarr(tmp_path / "nnls.zarr")), mode="r")
@@ -369,10 +372,12 @@ def test_estimators_that_stop_early_are_reported(store, tmp_path, monkeypatch, m
 
 
 # -- the fused least-squares path and structured pseudo-inverses ----------------------
-def _pure_plan(strategy: LinearQuery, workload: LinearQuery | None = None) -> DensePlan:
+def _pure_plan(
+    strategy: LinearQuery, workload: LinearQuery | None = None, eps: float = 1.0
+) -> DensePlan:
     """A pure-DP plan: Laplace noise keeps a union strategy as it is (no Gram root)."""
     W = workload or make_plan().workload
-    budget = PureDP(1)
+    budget = PureDP(eps)
     scale = budget.laplace_scale(strategy.sensitivity(1))
     return DensePlan(strategy, W, DOMAIN, "laplace", scale, budget)
 
