@@ -22,7 +22,9 @@ import numpy as np
 from dask.base import tokenize
 
 from dpdask.dataflow._aggregate import aggregate_rows, level_key
+from dpdask.dataflow._blocks import nonnegative_block
 from dpdask.domain import Geography
+from dpdask.linalg import LinearQuery
 from dpdask.reconstruct.consistency import children_sum, project_children
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "bottom_up",
     "level_chunks",
     "nonneg_down",
+    "nonneg_fit_up",
     "partial_rows",
     "partial_sum_block",
     "top_down",
@@ -314,5 +317,39 @@ def nonneg_down(final: Sequence[da.Array], lc: LevelChunks, name: str) -> list[d
                 name=f"{name}-{level_key(lc.levels[lvl])}-{tokenize(child, parents)}",
                 meta=np.empty((0,) * child.ndim, dtype=child.dtype),
             )
+        )
+    return out
+
+
+def nonneg_fit_up(
+    final: Sequence[da.Array],
+    lc: LevelChunks,
+    M: LinearQuery,
+    weights: float | None,
+    reports: str,
+    blas: int,
+) -> list[da.Array]:
+    """Non-negative estimates that stay consistent, fitted at the finest level and summed up.
+
+    The finest level's consistent estimates are fitted with non-negative ones in the
+    metric of ``M`` with row ``weights`` (:func:`~dpdask.dataflow._blocks.nonnegative_block`,
+    tasks ``nonnegative-<level>``, one per unit: a solve takes a fraction of a second
+    to a second, and chunks of several units leave workers idle at the end); every
+    coarser level is the sum of its children, so children add up to parents and every
+    estimate is non-negative by construction. Non-convergence is reported in ``reports``.
+    """
+    last = len(final) - 1
+    word = level_key(lc.levels[last])
+    est = final[last]
+    fitted = est.rechunk({0: 1}).map_blocks(
+        nonnegative_block, M, weights, reports, lc.levels[last], blas,
+        dtype=np.float64, name=f"nonnegative-{word}-{tokenize(est, M, weights)}",
+        meta=np.empty((0,) * est.ndim),
+    )  # fmt: skip
+    out = list(final)
+    out[last] = fitted.rechunk({0: est.chunks[0]})
+    for lvl in range(last, 0, -1):
+        out[lvl - 1] = aggregate_level(
+            out[lvl], lc, lvl, f"nonnegative-{level_key(lc.levels[lvl - 1])}"
         )
     return out

@@ -81,7 +81,6 @@ from dpdask.dataflow._blocks import (
     blas_threads_per_task,
     estimate_block,
     measure_block,
-    nonnegative_block,
     reconstruct_block,
 )
 from dpdask.dataflow._publish import check_target
@@ -93,6 +92,7 @@ from dpdask.dataflow.levels import (
     bottom_up,
     level_chunks,
     nonneg_down,
+    nonneg_fit_up,
     partial_rows,
     partial_sum_block,
     top_down,
@@ -407,7 +407,13 @@ class Release:
             final, fvar = estimates, variances
         blas = self._blas_threads(client)
         if self.reconstruct in FIT_AFTER_CONSISTENCY:
-            final = self._fit_finest(final, str(work / "reports"), blas)
+            L = self._levels[-1]
+            M, weights = (
+                (L.plan.strategy, 1.0 / L.plan.row_variance)
+                if self.reconstruct == "nnls"
+                else (L.plan.workload, None)
+            )
+            final = nonneg_fit_up(final, self.lc, M, weights, str(work / "reports"), blas)
         elif self.reconstruct in NONNEGATIVE:
             final = nonneg_down(final, self.lc, "nonnegative")
         out = work / "final.zarr"
@@ -453,34 +459,6 @@ class Release:
             key=lambda r: (r["level"], r["chunk"]),
         )
         root.attrs["dpdask"] = self._attributes()
-        return out
-
-    def _fit_finest(self, final: list[da.Array], reports: str, blas: int) -> list[da.Array]:
-        """NNLS / WNNLS after consistency: the finest level's consistent least-squares
-        estimates are fitted with non-negative ones (``nonnegative-<level>`` tasks), in
-        the metric of that level's strategy (rows weighted by the inverse noise variance)
-        or of the workload; every coarser level is the sum of its children. So children
-        add up to parents and every estimate is non-negative, by construction.
-        """
-        last = len(final) - 1
-        L = self._levels[last]
-        if self.reconstruct == "nnls":
-            M, weights = L.plan.strategy, 1.0 / L.plan.row_variance
-        else:
-            M, weights = L.plan.workload, None
-        est = final[last]
-        out = list(final)
-        # a task per unit: each solve takes about a second, and chunks of several units
-        # leave workers idle at the end of the level
-        fitted = est.rechunk({0: 1}).map_blocks(
-            nonnegative_block, M, weights, reports, L.name, blas,
-            dtype=np.float64, name=f"nonnegative-{level_key(L.name)}-{tokenize(est, M, weights)}",
-            meta=np.empty((0,) * est.ndim),
-        )  # fmt: skip
-        out[last] = fitted.rechunk({0: est.chunks[0]})
-        for lvl in range(last, 0, -1):
-            name = f"nonnegative-{level_key(self.levels[lvl - 1])}"
-            out[lvl - 1] = aggregate_level(out[lvl], self.lc, lvl, name)
         return out
 
     def _attributes(self) -> dict[str, Any]:
