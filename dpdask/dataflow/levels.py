@@ -14,6 +14,7 @@ holding a whole level.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,8 @@ from dpdask.dataflow._blocks import nonnegative_block
 from dpdask.domain import Geography
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct.consistency import children_sum, project_children
+
+_FIT_CELLS = 2**19  # cells per nonnegative-<level> task
 
 __all__ = [
     "LevelChunks",
@@ -333,15 +336,17 @@ def nonneg_fit_up(
 
     The finest level's consistent estimates are fitted with non-negative ones in the
     metric of ``M`` with row ``weights`` (:func:`~dpdask.dataflow._blocks.nonnegative_block`,
-    tasks ``nonnegative-<level>``, one per unit: a solve takes a fraction of a second
-    to a second, and chunks of several units leave workers idle at the end); every
+    tasks ``nonnegative-<level>`` of about ``2^19`` cells: one unit of the CPH domain,
+    whose solve takes a fraction of a second to a second, so that chunks of several
+    such units do not leave workers idle at the end; thousands of small units); every
     coarser level is the sum of its children, so children add up to parents and every
     estimate is non-negative by construction. Non-convergence is reported in ``reports``.
     """
     last = len(final) - 1
     word = level_key(lc.levels[last])
     est = final[last]
-    fitted = est.rechunk({0: 1}).map_blocks(
+    per_task = max(1, _FIT_CELLS // math.prod(est.shape[1:]))
+    fitted = est.rechunk({0: per_task}).map_blocks(
         nonnegative_block, M, weights, reports, lc.levels[last], blas,
         dtype=np.float64, name=f"nonnegative-{word}-{tokenize(est, M, weights)}",
         meta=np.empty((0,) * est.ndim),
