@@ -242,6 +242,16 @@ def test_plan_must_fit_domain(store) -> None:
         release(make_plan(strategy=Identity(5)), st, test_mode=True)
 
 
+def _assert_nonnegative_and_consistent(g: zarr.Group) -> None:
+    """Every level's estimates are non-negative and children add up to their parents."""
+    for upper, lower in (("state", "county"), ("county", "tract")):
+        child = g[lower]["estimate"][:]
+        assert child.min() >= 0
+        sums = np.zeros_like(g[upper]["estimate"][:])
+        np.add.at(sums, g[lower]["parent"][:], child)
+        np.testing.assert_allclose(sums, g[upper]["estimate"][:], atol=1e-8)
+
+
 @pytest.mark.parametrize("method", ["nnls", "admm-l1"])
 def test_nonnegative_estimators_are_consistent_and_nonnegative(store, tmp_path, method) -> None:
     st, counts = store
@@ -260,12 +270,7 @@ def test_nonnegative_estimators_are_consistent_and_nonnegative(store, tmp_path, 
         run_id="noisy",
     )
     g = zarr.open_group(str(noisy.to_zarr(tmp_path / "noisy.zarr")), mode="r")
-    for upper, lower in (("state", "county"), ("county", "tract")):
-        child = g[lower]["estimate"][:]
-        assert child.min() >= 0
-        sums = np.zeros_like(g[upper]["estimate"][:])
-        np.add.at(sums, g[lower]["parent"][:], child)
-        np.testing.assert_allclose(sums, g[upper]["estimate"][:], atol=1e-8)
+    _assert_nonnegative_and_consistent(g)
     assert dict(g.attrs)["dpdask"]["reconstruct"] == method
 
 
@@ -363,12 +368,7 @@ def test_estimators_that_stop_early_are_reported(store, tmp_path, monkeypatch, m
     assert all(not r["converged"] and r["residual"] > r["tolerance"] for r in reports)
     levels = {r["level"] for r in reports}
     assert levels == ({"tract"} if method == "nnls" else set(st.geography.levels))
-    for upper, lower in (("state", "county"), ("county", "tract")):
-        child = g[lower]["estimate"][:]
-        assert child.min() >= 0
-        sums = np.zeros_like(g[upper]["estimate"][:])
-        np.add.at(sums, g[lower]["parent"][:], child)
-        np.testing.assert_allclose(sums, g[upper]["estimate"][:], atol=1e-8)
+    _assert_nonnegative_and_consistent(g)
 
 
 # -- the fused least-squares path and structured pseudo-inverses ----------------------
