@@ -148,6 +148,15 @@ def _nnls_union_case(
     pinv = structured_pinv(A)  # KronPairInverse: a generalised inverse (A is rank deficient)
     t_ls, _, x_ls = median_time(lambda: pinv @ y, repeats)
     return {
+        **_solve_row(x, est, t_nnls, t_ls),
+        "answers_rmse_nnls": float(np.sqrt(np.mean((A @ est.x - A @ x) ** 2))),
+        "answers_rmse_ls": float(np.sqrt(np.mean((A @ x_ls - A @ x) ** 2))),
+    }
+
+
+def _solve_row(x: np.ndarray, est: Any, t_nnls: float, t_ls: float) -> dict[str, Any]:
+    """What every NNLS case reports: size, times, work and convergence."""
+    return {
         "persons": int(x.sum()),
         "nnls_s": t_nnls,
         "ls_s": t_ls,
@@ -156,8 +165,6 @@ def _nnls_union_case(
         "restricted_products": est.report.details.get("restricted", 0),
         "converged": est.report.converged,
         "support": int((est.x > 0).sum()),
-        "answers_rmse_nnls": float(np.sqrt(np.mean((A @ est.x - A @ x) ** 2))),
-        "answers_rmse_ls": float(np.sqrt(np.mean((A @ x_ls - A @ x) ** 2))),
     }
 
 
@@ -171,14 +178,7 @@ def _nnls_kron_case(
     t_nnls, _, est = median_time(lambda: nnls(A, y, weights=w, tol=args.nnls_tol), repeats)
     t_ls, _, x_ls = median_time(lambda: pinv @ y, repeats)
     return {
-        "persons": int(x.sum()),
-        "nnls_s": t_nnls,
-        "ls_s": t_ls,
-        "iterations": est.report.iterations,
-        "products": est.report.details["products"],
-        "restricted_products": est.report.details.get("restricted", 0),
-        "converged": est.report.converged,
-        "support": int((est.x > 0).sum()),
+        **_solve_row(x, est, t_nnls, t_ls),
         "cell_rmse_nnls": float(np.sqrt(np.mean((est.x - x) ** 2))),
         "cell_rmse_ls": float(np.sqrt(np.mean((x_ls - x) ** 2))),
         "_y": y,
