@@ -165,7 +165,6 @@ def reconstruct_block(
     method: str,
     cell_shape: tuple[int, ...],
     pinv: LinearQuery | None = None,
-    workload: LinearQuery | None = None,
     report_dir: str | None = None,
     level: str = "",
     blas_threads: int | None = None,
