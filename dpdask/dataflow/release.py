@@ -23,7 +23,8 @@ plan per level); :meth:`Release.to_zarr` runs it:
    name that is renamed into place when complete. With ``reconstruct="nnls"`` or
    ``"wnnls"`` every level is measured and reconstructed by least squares, made
    consistent, and then the finest level's consistent estimates are fitted with
-   non-negative ones (``nonnegative-<level>``, one task per unit; NNLS in the metric
+   non-negative ones (``nonnegative-<level>``, tasks of about ``2^19`` cells: one CPH
+   unit, many small ones; :func:`~dpdask.dataflow.levels.nonneg_fit_up`; NNLS in the metric
    of that level's strategy, WNNLS in the workload's), every coarser level being the
    sum of its children: children add up to parents and estimates are non-negative by
    construction, and the dense top levels need no iterative solve. With a single
