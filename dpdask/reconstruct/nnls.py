@@ -13,9 +13,9 @@ strategy's). ``G`` is only ever applied, through the operators' structured
 Two solvers. The default (``method="auto"``) is projected Newton
 (:mod:`dpdask.reconstruct._newton`): float32 Kronecker (or union-of-Kronecker) Gram
 products, started for a Kronecker strategy from a few ADMM iterations that use the
-factors' eigenvectors (:mod:`dpdask.reconstruct._admm_start`); for a single right-hand
-side its inner solves run on the free set only, with a product restricted to it
-(:meth:`~dpdask.reconstruct._kron_gram.ScaledKronGram.restricted`).
+factors' eigenvectors (:mod:`dpdask.reconstruct._admm_start`); each right-hand side is
+solved on its own working set, the inner solves on the free set only, with a product
+restricted to it (:meth:`~dpdask.reconstruct._kron_gram.ScaledKronGram.restricted`).
 :func:`nonnegative_fit` solves the same problem from an estimate instead of the
 measurements. The other (``method="spg"``) is the spectral projected gradient method
 (Birgin, Martinez and Raydan, 2000) on the Jacobi-scaled problem: a step
