@@ -315,8 +315,10 @@ def nnls(
         is at most ``tol`` (in units of the noise standard deviation when ``weights``
         are inverse variances; see the module docstring), per right-hand side.
     maxiter : int
-        Iteration limit (SPG: one application of ``A^T W A`` each; projected Newton: at
-        most 12, ``details["products"]`` counts them per right-hand side, summed).
+        Iteration limit, per right-hand side (SPG: one application of ``A^T W A`` each;
+        projected Newton: about a dozen, ``details["products"]`` counting the full ones
+        and ``details["restricted"]`` those restricted to the free set, summed over the
+        right-hand sides).
     method : {"auto", "newton", "spg"}
         Projected Newton with conjugate-residual inner solves (``"auto"``; for a
         Kronecker strategy of small factors its products are float32 Kronecker
