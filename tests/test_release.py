@@ -311,20 +311,24 @@ def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) 
             assert set(got) == {L.plan.noise_scale for L in rel._levels}
 
 
+@pytest.mark.parametrize("levels", [None, ("tract",)], ids=["three-levels", "one-level"])
 @pytest.mark.parametrize("kind", ["gram-root", "laplace-union"])
-def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind) -> None:
+def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind, levels) -> None:
     """The NNLS release is scipy's NNLS of the least-squares release's finest estimates
     in the metric of the finest strategy (rows weighted by the inverse noise variance:
     Gaussian noise on a Gram root, Laplace noise on a union); coarser levels are sums
-    of children."""
+    of children. With one level, that is NNLS on the measurements themselves."""
     from scipy.optimize import nnls as scipy_nnls
 
     st, _ = store
     kwargs = dict(test_mode=True, key=SecretKey.for_testing(6), release_id="o", run_id="r")
+    if levels is not None:
+        kwargs["levels"] = levels
     plan = make_plan(rho="1/20") if kind == "gram-root" else _pure_plan(FULL_RANK_UNION, eps=0.05)
     ls = zarr.open_group(str(release(plan, st, **kwargs).to_zarr(tmp_path / "ls.zarr")), mode="r")
     rel = release(plan, st, reconstruct="nnls", **kwargs)
     nn = zarr.open_group(str(rel.to_zarr(tmp_path / "nnls.zarr")), mode="r")
+    assert set(nn.group_keys()) == set(levels or st.geography.levels)
     A = rel._levels[-1].plan.strategy.dense()  # the measured strategy (a Gram root here)
     x_ls = ls["tract"]["estimate"][:].reshape(7, -1)
     assert (x_ls < 0).any(), "the oracle needs a case where the constraint binds"
@@ -338,7 +342,7 @@ def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind) -> No
     gaps = [f(g, x0) - f(w, x0) for g, w, x0 in zip(got, want, x_ls, strict=True)]
     assert max(gaps) <= 1e-3, gaps
     assert min(gaps) >= -1e-9  # scipy's is the minimum
-    for upper, lower in (("county", "tract"), ("state", "county")):
+    for upper, lower in (("county", "tract"), ("state", "county")) if levels is None else ():
         sums = np.zeros_like(nn[upper]["estimate"][:])
         np.add.at(sums, nn[lower]["parent"][:], nn[lower]["estimate"][:])
         np.testing.assert_allclose(nn[upper]["estimate"][:], sums, rtol=1e-12)
