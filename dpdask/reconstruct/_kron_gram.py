@@ -77,7 +77,11 @@ class ScaledKronGram:
         cheaper, and is used). ``dtype`` defaults to this operator's.
         """
         dt = self.dtype if dtype is None else np.dtype(dtype)
-        facs = [np.ascontiguousarray(F, dtype=dt) for F in self._float64]
+        facs = (
+            self.factors
+            if dt == self.dtype
+            else [np.ascontiguousarray(F, dtype=dt) for F in self._float64]
+        )
         d, sizes = len(facs), self.sizes
         if d == 1:
             sub = np.ascontiguousarray(facs[0][np.ix_(idx, idx)])

@@ -164,6 +164,13 @@ def _newton_row(
 
         return scatter
 
+    def along(J: np.ndarray, sJ: np.ndarray, op: Product) -> tuple[np.ndarray, float]:
+        """``G s`` for the step ``s`` (``sJ`` on the entries ``J``), and ``s^T G s``."""
+        s = np.zeros(n)
+        s[J] = sJ
+        gsv = apply(s, op)
+        return gsv, float(np.dot(sJ, gsv[J]))
+
     u = np.maximum(u0, 0.0)
     # G u is computed exactly (float64) at the start and every _REFRESH iterations, and
     # updated in between by approximate products of the steps, whose rounding errors
@@ -223,10 +230,7 @@ def _newton_row(
             sJ = np.maximum(uJ - gJ, 0.0) - uJ
             gs = float(np.dot(gJ, sJ))
             alpha = 0.0  # no arc search on this step
-        s = np.zeros(n)
-        s[J] = sJ
-        gsv = apply(s, mv)
-        sgs = float(np.dot(sJ, gsv[J]))
+        gsv, sgs = along(J, sJ, mv)
         full = gs + 0.5 * sgs <= _GAMMA * gs or sgs <= 0
         # Armijo search along the projection arc: P(u + d/2), P(u + d/4), ... lets the
         # variables that leave the free set reach zero exactly (a step along one
@@ -234,10 +238,8 @@ def _newton_row(
         for _ in range(_ARC_SEARCH if alpha > 0 and not full else 0):
             alpha *= 0.5
             sJ2 = _arc(d, uJ, nf, alpha)
-            s2 = np.zeros(n)
-            s2[J] = sJ2
-            gsv2 = apply(s2, mv)
-            gs2, sgs2 = float(np.dot(gJ, sJ2)), float(np.dot(sJ2, gsv2[J]))
+            gsv2, sgs2 = along(J, sJ2, mv)
+            gs2 = float(np.dot(gJ, sJ2))
             ok = gs2 < 0 and gs2 + 0.5 * sgs2 <= _GAMMA * gs2
             if ok or gs2 + 0.5 * sgs2 < gs + 0.5 * sgs:
                 sJ, gsv, gs, sgs = sJ2, gsv2, gs2, sgs2
