@@ -6,6 +6,8 @@ import importlib
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy.optimize import nnls as scipy_nnls
 
 from dpdask.linalg import AllRange, Dense, Identity, Kron, Prefix, Total, VStack
@@ -275,6 +277,16 @@ def test_union_path_matches_generic_path_and_scipy(
             assert _relerr(M @ est, M @ ref) < 1e-6
             resid, best = np.linalg.norm(M @ est - y), np.linalg.norm(M @ ref - y)
             assert resid <= best * (1 + 1e-9)
+
+
+@given(st.sets(st.integers(0, 200)), st.sets(st.integers(0, 200)))
+def test_working_set_union_is_numpy_union(a: set[int], b: set[int]) -> None:
+    """The merge of two sorted index arrays (the free set) against ``np.union1d``."""
+    newton = importlib.import_module("dpdask.reconstruct._newton")
+    ia, ib = np.array(sorted(a), dtype=np.intp), np.array(sorted(b), dtype=np.intp)
+    got = newton._sorted_union(ia, ib)
+    np.testing.assert_array_equal(got, np.union1d(ia, ib))
+    assert got.dtype == np.intp
 
 
 # -- the ADMM start, restricted products and fits to an estimate ------------------------

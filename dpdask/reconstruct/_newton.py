@@ -117,6 +117,13 @@ def _arc(d: np.ndarray, uJ: np.ndarray, nf: int, scale: float) -> np.ndarray:
     return sJ
 
 
+def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The union of two sorted index arrays, sorted (a merge of two runs: no full sort)."""
+    c = np.concatenate([a, b])
+    c.sort(kind="stable")
+    return c[np.r_[True, c[1:] != c[:-1]]] if c.size else c
+
+
 def _rms_projected_gradient(
     u: np.ndarray, g: np.ndarray, pos: np.ndarray, neg: np.ndarray
 ) -> float:
@@ -205,7 +212,7 @@ def _newton_row(
         # ones are above eps or have a gradient <= 0
         eps = max(tol, min(_EPS, rel * np.sqrt(n)))
         up = u[pos]
-        free = np.union1d(pos[up > eps], nonpos[g[nonpos] <= -_THETA * rel])
+        free = _sorted_union(pos[up > eps], nonpos[g[nonpos] <= -_THETA * rel])
         moved = pos[(up <= eps) & (g[pos] > 0)]  # binding but not yet at zero: to zero
         d = _conjugate_residual(restricted(free), (-g[free]).astype(inner), _INNER)
         d = d.astype(float)
@@ -225,7 +232,7 @@ def _newton_row(
             gs = float(np.dot(gJ, sJ))
         if gs >= 0:  # not a descent direction: the projected gradient step instead
             counts.fallbacks += 1
-            J = np.union1d(pos, nonpos)
+            J = _sorted_union(pos, nonpos)
             uJ, gJ = u[J], g[J]
             sJ = np.maximum(uJ - gJ, 0.0) - uJ
             gs = float(np.dot(gJ, sJ))
