@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["StoreExistsError", "check_target", "publishing"]
+__all__ = ["StoreExistsError", "check_target", "move_into_place", "publishing"]
 
 
 class StoreExistsError(FileExistsError, ValueError):
@@ -42,6 +42,25 @@ def _sibling(path: pathlib.Path, tag: str) -> pathlib.Path:
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{time.time_ns()}")
 
 
+def move_into_place(tmp: pathlib.Path, path: pathlib.Path, overwrite: bool = False) -> None:
+    """Rename the complete directory ``tmp`` to ``path``; an earlier ``path`` (replaced
+    only with ``overwrite``) is moved aside first and removed after.
+
+    Raises
+    ------
+    StoreExistsError
+        If ``path`` exists and ``overwrite`` is false.
+    """
+    check_target(path, overwrite)
+    if path.exists():
+        old = _sibling(path, "replaced")
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, path)
+
+
 @contextmanager
 def publishing(path: str | os.PathLike, overwrite: bool = False) -> Iterator[pathlib.Path]:
     """Yield a temporary directory that becomes ``path`` when the block ends without error.
@@ -65,14 +84,7 @@ def publishing(path: str | os.PathLike, overwrite: bool = False) -> Iterator[pat
     tmp = _sibling(path, "partial")
     try:
         yield tmp
-        check_target(path, overwrite)
-        if path.exists():
-            old = _sibling(path, "replaced")
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
+        move_into_place(tmp, path, overwrite)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

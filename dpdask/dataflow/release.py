@@ -41,7 +41,7 @@ charges are found in the ledger (nothing new is charged), the key is read back
 from the work folder, finished chunks are skipped and the rest are recomputed
 with the same noise, so the output is bit-identical to an uninterrupted run.
 
-Output layout (a zarr v3 group)::
+Output layout (a zarr v3 group, written by :func:`~dpdask.dataflow._output.level_outputs`)::
 
     <output>/
       <level>/estimate   float64 (n_units, *domain.shape)  consistent estimates
@@ -60,7 +60,6 @@ import datetime
 import json
 import os
 import pathlib
-import secrets
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -78,14 +77,21 @@ from dpdask.dataflow._blocks import (
     ESTIMATORS,
     FIT_AFTER_CONSISTENCY,
     NONNEGATIVE,
-    answer_block,
     blas_threads_per_task,
     estimate_block,
     measure_block,
     reconstruct_block,
 )
-from dpdask.dataflow._publish import check_target
+from dpdask.dataflow._output import level_outputs
+from dpdask.dataflow._publish import check_target, move_into_place
 from dpdask.dataflow._store import DataStore, open_store
+from dpdask.dataflow._workdir import (
+    float_array,
+    marker,
+    new_run_id,
+    work_dir,
+    write_region,
+)
 from dpdask.dataflow.level_plan import LevelPlan, mean_cell_variance
 from dpdask.dataflow.levels import (
     LevelChunks,
@@ -95,7 +101,6 @@ from dpdask.dataflow.levels import (
     nonneg_down,
     nonneg_fit_up,
     partial_rows,
-    partial_sum_block,
     top_down,
 )
 from dpdask.measure import _level_charge
@@ -103,10 +108,6 @@ from dpdask.noise import KeyFile, SecretKey, new_key
 from dpdask.privacy import Budget, Charge, Ledger
 
 __all__ = ["LevelPlan", "Release", "release"]
-
-# chunk files named c.<i>.0.0... side by side: with one row per chunk, the default
-# nested folders (c/<i>/0/0/...) cost a mkdir and an rmdir per level per row
-FLAT_KEYS = {"name": "default", "separator": "."}
 
 
 @dataclass
@@ -235,12 +236,12 @@ class Release:
             If the charges do not fit the budget (before any data is read).
         """
         path = check_target(path, overwrite).absolute()
-        work = _work_dir(path, self.run_id)
+        work = work_dir(path, self.run_id)
         key = self._charge_and_key(work)
         work.mkdir(parents=True, exist_ok=True)
         raw = self._checkpoint(work, key, client, progress)
         final = self._finish(work, raw, client, progress)
-        _publish(final, path, overwrite)
+        move_into_place(final, path, overwrite)
         shutil.rmtree(work, ignore_errors=True)  # the key file goes with it
         return path
 
@@ -304,14 +305,14 @@ class Release:
         blas = self._blas_threads(client)
         last = len(self._levels) - 1
         for i, (L, x) in enumerate(zip(self._levels, data, strict=True)):
-            arr = _float_array(group, L.name, sum(L.chunks), cell_shape)
+            arr = float_array(group, L.name, sum(L.chunks), cell_shape)
             # the finest level's sums by parent, kept so that consistency never re-reads it
             sums = None
             if i == last and i > 0:
                 n_rows = sum(self.lc.parent_ranges(i))
-                sums = _float_array(group, f"{L.name}-sums", n_rows, cell_shape)
+                sums = float_array(group, f"{L.name}-sums", n_rows, cell_shape)
             arrays.append(arr)
-            todo = [k for k in range(len(L.chunks)) if not _marker(markers, L.name, k).exists()]
+            todo = [k for k in range(len(L.chunks)) if not marker(markers, L.name, k).exists()]
             if not todo:
                 continue
             est = self._estimates(L, x, key, str(reports), blas)
@@ -319,14 +320,14 @@ class Release:
             sum_bounds = np.cumsum((0, *self.lc.parent_ranges(i))) if sums is not None else None
             tok = tokenize(est.name)
             for k in todo:
-                write = dask.delayed(_write_region, pure=False)
+                write = dask.delayed(write_region, pure=False)
                 extra = None if sums is None else (sums, int(sum_bounds[k]), self.lc, i, k)
                 pending.append(
                     write(
                         est.blocks[k],
                         arr,
                         int(bounds[k]),
-                        _marker(markers, L.name, k),
+                        marker(markers, L.name, k),
                         extra,
                         dask_key_name=f"checkpoint-{level_key(L.name)}-{tokenize(tok, k)}",
                     )
@@ -421,38 +422,12 @@ class Release:
         if out.exists():
             shutil.rmtree(out)
         root = zarr.open_group(str(out), mode="w", zarr_format=3)
-        targets, sources = [], []
         geo = self.store.geography
-        for i, (L, est) in enumerate(zip(self._levels, final, strict=True)):
-            g = root.create_group(L.name)
-            ids = np.asarray(geo.ids[geo.level_index(L.name)], dtype=str)
-            g.create_array(
-                "ids", shape=ids.shape, dtype=ids.dtype.str if ids.dtype.kind != "U" else str
-            )[:] = ids
-            if i > 0:
-                p = self.lc.parents[i - 1]
-                g.create_array("parent", shape=p.shape, dtype="int64")[:] = p
-            W = L.plan.workload
-            answers = est.map_blocks(
-                answer_block, W, blas, chunks=(est.chunks[0], (W.shape[0],)),
-                drop_axis=list(range(2, est.ndim)), dtype=np.float64,
-                name=f"answer-{level_key(L.name)}-{tokenize(est, W)}", meta=np.empty((0, 0)),
-            )  # fmt: skip
-            qv = L.plan.query_variances()
-            scale = fvar[i] / L.unit_variance
-            variance = da.from_array(scale[:, None], chunks=(est.chunks[0], 1)) * qv[None, :]
-            for name, arr in (("estimate", est), ("answers", answers), ("variance", variance)):
-                z = g.create_array(
-                    name, shape=arr.shape, dtype="float64",
-                    # a row per zarr chunk: any Dask chunk writes whole zarr chunks, with
-                    # no rechunking (the level chunks are uneven, aligned to parents)
-                    chunks=(1, *arr.shape[1:]),
-                    # noisy float estimates do not compress; skip the codec's time
-                    compressors=None if name == "estimate" else "auto",
-                    chunk_key_encoding=FLAT_KEYS,
-                )  # fmt: skip
-                sources.append(arr)
-                targets.append(z)
+        sources, targets = level_outputs(
+            root, [(L.name, L.plan, L.unit_variance) for L in self._levels], final, fvar,
+            [np.asarray(geo.ids[geo.level_index(L.name)], dtype=str) for L in self._levels],
+            self.lc.parents, blas,
+        )  # fmt: skip
         stored = da.store(sources, targets, lock=False, compute=False)
         _compute([stored], client, progress)
         self._reports = sorted(
@@ -495,40 +470,6 @@ class Release:
         return info
 
 
-def _marker(folder: pathlib.Path, level: str, k: int) -> pathlib.Path:
-    return folder / f"{level}-{k}"
-
-
-def _float_array(group: zarr.Group, name: str, rows: int, cell_shape: tuple[int, ...]):
-    """A float64 work array of one row per zarr chunk (concurrent chunk writes never
-    share a zarr chunk), uncompressed (noisy floats do not compress)."""
-    if name in group:
-        return group[name]
-    return group.create_array(
-        name, shape=(rows, *cell_shape), chunks=(1, *cell_shape),
-        dtype="float64", fill_value=np.nan, compressors=None,
-        chunk_key_encoding=FLAT_KEYS,
-    )  # fmt: skip
-
-
-def _write_region(
-    block: np.ndarray,
-    arr: zarr.Array,
-    start: int,
-    marker: pathlib.Path,
-    sums: tuple[zarr.Array, int, LevelChunks, int, int] | None = None,
-) -> int:
-    """Write one chunk of estimates (and, for the finest level, its sums by parent),
-    then its marker (so a marker means the data is there)."""
-    arr[start : start + block.shape[0]] = block
-    if sums is not None:
-        target, row, lc, i, k = sums
-        part = partial_sum_block(block, lc, i, k)
-        target[row : row + part.shape[0]] = part
-    marker.touch()
-    return block.shape[0]
-
-
 def _compute(items: list, client: Any, progress: bool) -> list:
     if client is not None:
         futures = client.compute(items)
@@ -545,27 +486,6 @@ def _compute(items: list, client: Any, progress: bool) -> list:
     else:
         res = dask.compute(items)
     return list(res[0])
-
-
-def _work_dir(path: pathlib.Path, run_id: str) -> pathlib.Path:
-    return path.with_name(f".{path.name}.run-{run_id}")
-
-
-def _publish(tmp: pathlib.Path, path: pathlib.Path, overwrite: bool) -> None:
-    check_target(path, overwrite)
-    if path.exists():
-        old = path.with_name(f".{path.name}.replaced-{secrets.token_hex(4)}")
-        os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, path)
-
-
-def new_run_id() -> str:
-    """A fresh run id: UTC time and random letters (sortable, unique)."""
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
-    return f"{stamp}-{secrets.token_hex(3)}"
 
 
 def release(

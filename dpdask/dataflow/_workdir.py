@@ -1,0 +1,78 @@
+"""A release run's work folder: checkpointed estimates, chunk markers, reports, the key.
+
+While a release runs, ``.<output name>.run-<run id>/`` beside its output holds
+
+- ``raw.zarr``: every level's reconstructed estimates, one geography per zarr chunk
+  (concurrent chunk writes never share a zarr chunk), and the finest level's sums by
+  parent (so that consistency never re-reads the largest level);
+- ``done/<level>-<chunk>``: a marker per checkpointed chunk, written after its data,
+  so that a resumed run skips exactly the finished chunks;
+- ``reports/``: a JSON report per chunk whose reconstruction stopped before converging;
+- ``key``: the run's secret key (:class:`~dpdask.noise.KeyFile`), so that a resumed
+  run draws the same noise.
+
+The folder is removed once the release is published.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pathlib
+import secrets
+
+import numpy as np
+import zarr
+
+from dpdask.dataflow.levels import LevelChunks, partial_sum_block
+
+__all__ = ["FLAT_KEYS", "float_array", "marker", "new_run_id", "work_dir", "write_region"]
+
+# chunk files named c.<i>.0.0... side by side: with one row per chunk, the default
+# nested folders (c/<i>/0/0/...) cost a mkdir and an rmdir per level per row
+FLAT_KEYS = {"name": "default", "separator": "."}
+
+
+def work_dir(path: pathlib.Path, run_id: str) -> pathlib.Path:
+    """The work folder of run ``run_id`` of the release published at ``path``."""
+    return path.with_name(f".{path.name}.run-{run_id}")
+
+
+def new_run_id() -> str:
+    """A fresh run id: UTC time and random letters (sortable, unique)."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def marker(folder: pathlib.Path, level: str, k: int) -> pathlib.Path:
+    """The marker file of chunk ``k`` of ``level`` in the markers ``folder``."""
+    return folder / f"{level}-{k}"
+
+
+def float_array(group: zarr.Group, name: str, rows: int, cell_shape: tuple[int, ...]):
+    """A float64 work array of one row per zarr chunk (concurrent chunk writes never
+    share a zarr chunk), uncompressed (noisy floats do not compress)."""
+    if name in group:
+        return group[name]
+    return group.create_array(
+        name, shape=(rows, *cell_shape), chunks=(1, *cell_shape),
+        dtype="float64", fill_value=np.nan, compressors=None,
+        chunk_key_encoding=FLAT_KEYS,
+    )  # fmt: skip
+
+
+def write_region(
+    block: np.ndarray,
+    arr: zarr.Array,
+    start: int,
+    done: pathlib.Path,
+    sums: tuple[zarr.Array, int, LevelChunks, int, int] | None = None,
+) -> int:
+    """Write one chunk of estimates (and, for the finest level, its sums by parent),
+    then its marker (so a marker means the data is there)."""
+    arr[start : start + block.shape[0]] = block
+    if sums is not None:
+        target, row, lc, i, k = sums
+        part = partial_sum_block(block, lc, i, k)
+        target[row : row + part.shape[0]] = part
+    done.touch()
+    return block.shape[0]
