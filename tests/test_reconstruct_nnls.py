@@ -360,6 +360,18 @@ def test_single_kronecker_right_hand_side_takes_the_fast_path(rng) -> None:
     assert _relerr(both.x[1], scipy_nnls(M, 2.0 * y)[0]) < 1e-6
 
 
+def test_large_counts_converge_below_the_float32_floor(rng) -> None:
+    """Counts of 1e5 put float32's resolution of the gradient far above ``tol``: the
+    exact gradient and steps (with float32 inner solves) still reach scipy's answer."""
+    A = _kron_case(rng)
+    M = A.dense()
+    x = np.where(rng.uniform(size=A.shape[1]) < 0.5, rng.poisson(1e5, size=A.shape[1]), 0)
+    y = M @ x + rng.normal(scale=1.5, size=M.shape[0])
+    est = nnls(A, y, weights=1 / 1.5**2, tol=1e-6)
+    assert est.report.converged and est.report.details["kronecker_float32"]
+    assert _relerr(est.x, scipy_nnls(M, y)[0]) < 1e-9
+
+
 @pytest.mark.parametrize("weights", [None, 0.25])
 @pytest.mark.parametrize("case", ["kron", "union", "dense"])
 def test_nonnegative_fit_is_nnls_from_the_estimate(case, weights, rng) -> None:
