@@ -360,9 +360,12 @@ def test_single_kronecker_right_hand_side_takes_the_fast_path(rng) -> None:
     assert _relerr(both.x[1], scipy_nnls(M, 2.0 * y)[0]) < 1e-6
 
 
-def test_large_counts_converge_below_the_float32_floor(rng) -> None:
-    """Counts of 1e5 put float32's resolution of the gradient far above ``tol``: the
-    exact gradient and steps (with float32 inner solves) still reach scipy's answer."""
+@pytest.mark.parametrize("checks", [0, 3])
+def test_large_counts_converge_below_the_float32_floor(checks, rng, monkeypatch) -> None:
+    """Counts of 1e5 put float32's resolution of the gradient far above ``tol``: exact
+    checks, then exact gradients and steps (float32 inner solves; forced at the first
+    failed check with ``checks=0``), still reach scipy's answer."""
+    monkeypatch.setattr(importlib.import_module("dpdask.reconstruct._newton"), "_CHECKS", checks)
     A = _kron_case(rng)
     M = A.dense()
     x = np.where(rng.uniform(size=A.shape[1]) < 0.5, rng.poisson(1e5, size=A.shape[1]), 0)
