@@ -48,9 +48,7 @@ def marker(folder: pathlib.Path, level: str, k: int) -> pathlib.Path:
     return folder / f"{level}-{k}"
 
 
-def float_array(
-    group: zarr.Group, name: str, rows: int, cell_shape: tuple[int, ...]
-) -> zarr.Array:
+def float_array(group: zarr.Group, name: str, rows: int, cell_shape: tuple[int, ...]) -> zarr.Array:
     """A float64 work array of one row per zarr chunk (concurrent chunk writes never
     share a zarr chunk), uncompressed (noisy floats do not compress)."""
     if name in group:
