@@ -32,6 +32,7 @@ from typing import Any
 import psutil
 
 from dpdask.dataflow import open_store
+from dpdask.pipeline.cluster import connect
 from dpdask.pipeline.run import synthetic_geography
 
 __all__ = ["add_arguments", "run"]
@@ -89,13 +90,9 @@ class _WorkerPeaks:
 
 @contextlib.contextmanager
 def _cluster(workers: int, memory_limit: str) -> Iterator[tuple[Any, list[int]]]:
-    """A local cluster of single-threaded worker processes, its client and worker pids."""
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True,
-        memory_limit=memory_limit, dashboard_address=":0",
-    ) as cluster, Client(cluster) as client:  # fmt: skip
+    """The embedded local cluster (:func:`~dpdask.pipeline.cluster.connect`) with
+    ``workers`` single-threaded worker processes, its client and the workers' pids."""
+    with connect({"n_workers": workers, "memory_limit": memory_limit}) as client:
         yield client, list(client.run(os.getpid).values())
 
 

@@ -6,6 +6,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from dpdask import config
+
 __all__ = ["connect"]
 
 DEFAULT_LOCAL = {"n_workers": 2, "threads_per_worker": 1, "processes": True}
@@ -20,13 +22,16 @@ def connect(cluster: str | Mapping[str, Any] | None = None) -> Iterator[Any]:
     cluster : str, mapping or None
         A scheduler address (``"tcp://host:8786"``), a mapping of
         :class:`distributed.LocalCluster` options, or ``None`` for the embedded
-        default: a local cluster of two single-threaded worker processes.
+        default: a local cluster of two single-threaded worker processes. A local
+        cluster's workers sample their tasks for the dashboard's Profile page every
+        ``dpdask.cluster.profile-interval`` (100 ms; Dask's default is 10 ms).
 
     Yields
     ------
     distributed.Client
         Its ``dashboard_link`` shows the release's tasks (``measure-county-...``).
     """
+    import dask.config
     from distributed import Client, LocalCluster
 
     if isinstance(cluster, str):
@@ -35,5 +40,11 @@ def connect(cluster: str | Mapping[str, Any] | None = None) -> Iterator[Any]:
         return
     options = {**DEFAULT_LOCAL, **dict(cluster or {})}
     options.setdefault("dashboard_address", ":0")
-    with LocalCluster(**options) as lc, Client(lc) as client:
+    # the workers (processes) take the configuration in force when they start
+    interval = config.get("cluster.profile-interval")
+    with (
+        dask.config.set({"distributed.worker.profile.interval": interval}),
+        LocalCluster(**options) as lc,
+        Client(lc) as client,
+    ):
         yield client

@@ -60,20 +60,21 @@ def admm_start(
     dt = gram.dtype
     Q = [np.ascontiguousarray(q, dtype=dt) for q in vectors]
     Qt = [np.ascontiguousarray(q.T, dtype=dt) for q in vectors]
-    inv = (1.0 / (lam + rho)).astype(dt)
-    Ct = kron_rows(Qt, np.asarray(C, dtype=dt))
-    Z = np.zeros_like(Ct)
-    V = np.zeros_like(Ct)
+    inv = 1.0 / (lam + rho)
+    # the iterates z >= 0 and v <= 0 are the two parts of w = z + v (the z-step is
+    # z = max(w, 0), v = w - z), so z - v = |w| and the update of w is
+    # w + RELAX (u - max(w, 0)); RELAX and the diagonal are folded into two scalings
+    scale = (RELAX * rho * inv).astype(dt)
+    shift = (RELAX * inv).astype(dt) * kron_rows(Qt, np.asarray(C, dtype=dt))
+    W = np.zeros_like(shift)
+    part = np.empty_like(W)
     for _ in range(iterations):
-        T = kron_rows(Qt, Z - V)
-        T *= dt.type(rho)
-        T += Ct
-        T *= inv
-        U = kron_rows(Q, T)
-        U *= dt.type(RELAX)
-        U += dt.type(1.0 - RELAX) * Z  # the relaxed u
-        U += V
-        Znew = np.maximum(U, 0)
-        V = U - Znew
-        Z = Znew
-    return Z.astype(float)
+        T = kron_rows(Qt, np.abs(W, out=part))
+        T *= scale
+        T += shift
+        U = kron_rows(Q, T)  # RELAX u
+        np.maximum(W, 0, out=part)
+        part *= dt.type(RELAX)
+        U -= part
+        W += U
+    return np.maximum(W, 0).astype(float)
