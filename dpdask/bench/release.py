@@ -4,7 +4,9 @@ Synthetic Census-like data of G geographies (``--geographies``; 3,143 is the nat
 county release, 1.55e9 cells) is generated once, then released (measure,
 reconstruct, make consistent across state and county, answer SF1, publish) on a
 local cluster of 1 and/or 2 single-threaded workers. Reported: wall time, cells per
-second (and per core), and the peak resident memory of the largest worker.
+second (and per core), the peak resident memory of the largest worker, and the
+seconds of computation of the largest task prefixes (for NNLS, the
+``nonnegative-county`` fits).
 
 The release runs in test mode (a fixed test key, no ledger): this is a benchmark,
 not a publication.
@@ -30,6 +32,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import psutil
+from dask.utils import key_split
+from distributed import get_task_stream
 
 from dpdask.dataflow import open_store
 from dpdask.pipeline.cluster import connect
@@ -86,6 +90,23 @@ class _WorkerPeaks:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def task_seconds(records: list[dict[str, Any]], top: int = 4) -> dict[str, float]:
+    """Seconds of computation by task prefix (``dask.utils.key_split``: fused tasks
+    keep the whole chain, e.g. ``rechunk-merge-...-nonnegative-county``) in a task
+    stream's records, the ``top`` largest and the rest as ``"other"``."""
+    total: dict[str, float] = {}
+    for rec in records:
+        name = key_split(rec["key"])
+        for part in rec["startstops"]:
+            if part["action"] == "compute":
+                total[name] = total.get(name, 0.0) + part["stop"] - part["start"]
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])
+    out = dict(ranked[:top])
+    if len(ranked) > top:
+        out["other"] = sum(v for _, v in ranked[top:])
+    return out
 
 
 @contextlib.contextmanager
@@ -206,7 +227,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     reconstruct=method,
                     chunk_bytes=args.chunk_mib * 2**20,
                 )  # fmt: skip
-                with _WorkerPeaks(pids) as peaks:
+                with _WorkerPeaks(pids) as peaks, get_task_stream(client) as stream:
                     load0 = os.getloadavg()[0]
                     t0 = time.perf_counter()
                     rel.to_zarr(out, client=client)
@@ -223,6 +244,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "peak_worker_rss_gib": max(peaks.peaks.values()) / 2**30,
                     # 1-minute load average of the machine before and after the run
                     "load_before_after": [load0, load1],
+                    "task_seconds": task_seconds(stream.data),
                 }
             )
         result: dict[str, Any] = {
