@@ -105,10 +105,11 @@ class ScaledKronGram:
                 return kron_rows(facs, full)[0, idx]
 
             return dense
-        first, col = np.divmod(pidx, rest)
         last_t = np.ascontiguousarray(pf[-1].T)
-        first_rows = np.ascontiguousarray(pf[0][first])
         first_dense = idx.size > _FIRST_DENSE * rest
+        if not first_dense:  # the first factor's rows and the columns read, per entry
+            first, col = np.divmod(pidx, rest)
+            first_rows = np.ascontiguousarray(pf[0][first])
 
         def op(v: np.ndarray) -> np.ndarray:
             X = np.zeros((rows.size, last), dtype=dt)
