@@ -326,6 +326,33 @@ def test_restricted_product_is_the_principal_submatrix(
         assert np.abs(got - want).max() <= tol * max(1.0, np.abs(want).max())
 
 
+@pytest.mark.parametrize("sizes", [(7,), (3, 5), (2, 2, 6, 3, 5), (4, 9, 3, 11)])
+@pytest.mark.parametrize("limit", [1.1, 0.0], ids=["occupied-fibres", "full-product"])
+def test_product_of_entries_is_the_dense_product(sizes, limit, rng, monkeypatch) -> None:
+    """``G v`` for ``v`` given by its non-zero entries vs dense ``G``, on both paths, for
+    entries in a few fibres of the last axis and scattered ones."""
+    kg = importlib.import_module("dpdask.reconstruct._kron_gram")
+    monkeypatch.setattr(kg, "_RESTRICT_MAX", limit)
+    factors = []
+    for n in sizes:
+        B = rng.normal(size=(n + 2, n))
+        factors.append(B.T @ B)
+    dense = factors[0]
+    for F in factors[1:]:
+        dense = np.kron(dense, F)
+    n, last = dense.shape[0], sizes[-1]
+    op = kg.ScaledKronGram(factors, np.float64)
+    fibre = rng.choice(n // last, size=max(1, n // last // 4), replace=False)
+    few = (fibre[:, None] * last + rng.integers(0, last, size=(fibre.size, 2))).ravel()
+    for idx in (np.unique(few), rng.permutation(n)[: n // 3 + 1]):
+        v = rng.normal(size=idx.size)
+        got = op.from_entries(idx, v)
+        x = np.zeros(n)
+        x[idx] = v
+        assert got.shape == (n,) and got.dtype == np.float64
+        np.testing.assert_allclose(got, dense @ x, rtol=0, atol=1e-10 * np.abs(dense @ x).max())
+
+
 def test_admm_start_converges_to_the_nnls_solution(rng: np.random.Generator) -> None:
     """Run long, the warm start's ADMM is itself an NNLS solver (scipy as the oracle)."""
     kg = importlib.import_module("dpdask.reconstruct._kron_gram")

@@ -224,16 +224,23 @@ def _solve(
 
             exact = None
         Ct = (s * C).T.copy()
-        admm = warm and isinstance(fast, ScaledKronGram)
+        kron = isinstance(fast, ScaledKronGram)
+        admm = warm and kron
         with threadpool_limits(limits=1, user_api="blas"):
             U0 = admm_start(fast, Ct) if admm else (X0 / s).T.copy()
-            restrict = fast.restricted if isinstance(fast, ScaledKronGram) else None
             Ut, report = projected_newton(
-                gmv, Ct, U0, tol=tol, maxiter=maxiter, exact=exact, restrict=restrict
+                gmv,
+                Ct,
+                U0,
+                tol=tol,
+                maxiter=maxiter,
+                exact=exact,
+                restrict=fast.restricted if kron else None,
+                entries=fast.from_entries if kron else None,
             )
         if admm:
             report.details["start"] = "admm"
-        report.details["kronecker_float32"] = isinstance(fast, ScaledKronGram)
+        report.details["kronecker_float32"] = kron
         report.details["union_float32"] = isinstance(fast, ScaledUnionGram)
         return s * Ut.T, report
     G = _compact_gram(A)
