@@ -425,3 +425,31 @@ def test_nonnegative_fit_is_nnls_from_the_estimate(case, weights, rng) -> None:
         assert _relerr(M @ got, M @ ref) < 1e-6 and _relerr(M @ other, M @ ref) < 1e-6
         assert (xl < 0).any()  # the constraint binds
     assert fit.report.converged and fit.x.min() >= 0
+
+
+def test_fitter_shares_its_setup_across_estimates(rng, monkeypatch) -> None:
+    """One fitter, several estimates fitted one by one: each is scipy's NNLS of its own
+    measurements, and the eigenvectors of the ADMM start are computed once."""
+    from dpdask.reconstruct.nnls import nonnegative_fitter
+
+    nn = importlib.import_module("dpdask.reconstruct.nnls")
+    built = []
+
+    class Counted(nn.AdmmStart):
+        def __init__(self, *args, **kw):
+            built.append(1)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(nn, "AdmmStart", Counted)
+    A = _kron_case(rng)
+    M = A.dense()
+    fit = nonnegative_fitter(A, 0.5, tol=1e-10)
+    for scale in (1.0, 2.0, 5.0):
+        x = np.where(rng.uniform(size=A.shape[1]) < 0.3, rng.poisson(3.0 * scale, A.shape[1]), 0)
+        y = M @ x + rng.normal(scale=2.0, size=M.shape[0])
+        est = fit(least_squares(A, y, 0.5).x)
+        assert est.report.converged and est.report.details["start"] == "admm"
+        assert _relerr(est.x, scipy_nnls(M, y)[0]) < 1e-6
+    assert len(built) == 1
+    with pytest.raises(ValueError, match="NaN"):
+        fit(np.full(A.shape[1], np.nan))

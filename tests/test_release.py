@@ -280,17 +280,22 @@ def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) 
     import dpdask.dataflow._blocks as blocks
 
     seen: dict[str, list] = {"nnls": [], "admm": []}
-    real_fit, real_admm = blocks.nonnegative_fit, blocks.admm
+    real_fitter, real_admm = blocks.nonnegative_fitter, blocks.admm
 
-    def spy_fit(M, x, weights=None, **kw):
-        seen["nnls"].append((M, weights))
-        return real_fit(M, x, weights, **kw)
+    def spy_fitter(M, weights=None, **kw):
+        fit = real_fitter(M, weights, **kw)
+
+        def spy_fit(x):
+            seen["nnls"].append((M, weights))
+            return fit(x)
+
+        return spy_fit
 
     def spy_admm(A, y, **kw):
         seen["admm"].append(kw.get("scale"))
         return real_admm(A, y, **kw)
 
-    monkeypatch.setattr(blocks, "nonnegative_fit", spy_fit)
+    monkeypatch.setattr(blocks, "nonnegative_fitter", spy_fitter)
     monkeypatch.setattr(blocks, "admm", spy_admm)
     st, _ = store
     for method in ("nnls", "admm-l1"):
@@ -354,12 +359,12 @@ def test_estimators_that_stop_early_are_reported(store, tmp_path, monkeypatch, m
     estimate published is still non-negative and consistent."""
     import dpdask.dataflow._blocks as blocks
 
-    real = {"nnls": blocks.nonnegative_fit, "admm-l1": blocks.admm}[method]
+    real = {"nnls": blocks.nonnegative_fitter, "admm-l1": blocks.admm}[method]
 
     def capped(*args, **kw):
         return real(*args, **{**kw, "maxiter": 1})
 
-    monkeypatch.setattr(blocks, "nonnegative_fit" if method == "nnls" else "admm", capped)
+    monkeypatch.setattr(blocks, "nonnegative_fitter" if method == "nnls" else "admm", capped)
     st, _ = store
     rel = release(
         make_plan(rho="1/1000"), st, test_mode=True, reconstruct=method,

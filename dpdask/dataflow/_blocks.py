@@ -30,7 +30,8 @@ from threadpoolctl import threadpool_limits
 
 from dpdask.linalg import LinearQuery
 from dpdask.measure import measure, measurement_noise
-from dpdask.reconstruct import admm, least_squares, nonnegative_fit
+from dpdask.reconstruct import admm, least_squares
+from dpdask.reconstruct.nnls import nonnegative_fitter
 
 __all__ = [
     "ESTIMATORS",
@@ -210,17 +211,19 @@ def nonnegative_block(
     """Non-negative estimates ``(g, *domain.shape)`` fitted to one chunk of estimates.
 
     Each row (geography) is solved on its own (:func:`~dpdask.reconstruct.nonnegative_fit`
-    with operator ``M`` and row ``weights``): a batch would advance every row with the
-    iterations of the slowest. Rows that stop before converging are reported in
-    ``report_dir`` as for :func:`reconstruct_block`.
+    with operator ``M`` and row ``weights``, through one
+    :func:`~dpdask.reconstruct.nnls.nonnegative_fitter`, so that what the fits share is
+    computed once per chunk), each with its own report. Rows that stop before converging
+    are reported in ``report_dir`` as for :func:`reconstruct_block`.
     """
     tune_allocator()
     X = np.asarray(x, dtype=np.float64).reshape(x.shape[0], -1)
     out = np.empty_like(X)
     failed = []
+    fit = nonnegative_fitter(M, weights)
     with threadpool_limits(limits=blas_threads, user_api="blas"):
         for r, row in enumerate(X):
-            est = nonnegative_fit(M, row, weights)
+            est = fit(row)
             out[r] = est.x
             if not est.report.converged:
                 failed.append({"row": r, **est.report.to_dict()})
