@@ -17,15 +17,16 @@ factors' eigenvectors (:mod:`dpdask.reconstruct._admm_start`); each right-hand s
 solved on its own working set, the inner solves on the free set only, with a product
 restricted to it (:meth:`~dpdask.reconstruct._kron_gram.ScaledKronGram.restricted`).
 :func:`nonnegative_fit` solves the same problem from an estimate instead of the
-measurements. The other (``method="spg"``) is the spectral projected gradient method
-(Birgin, Martinez and Raydan, 2000) on the Jacobi-scaled problem: a step
-``d = P(x - alpha g) - x`` with the Barzilai-Borwein step length ``alpha``, accepted
-by a non-monotone Armijo test against the largest of the last few objective values. Because
-``f`` is quadratic the objective along ``d`` is known exactly once ``G d`` is
-computed, so a rejected step is replaced by the exact minimiser along ``d`` without
-another product: one application of ``G`` per iteration. It starts from the clipped
-least-squares estimate. All right-hand sides of a batch (geographies) are solved
-together, each with its own step lengths.
+measurements, and :func:`nonnegative_fitter` does so for many estimates (a chunk of
+geographies), computing what the fits share once. The other (``method="spg"``) is the
+spectral projected gradient method (Birgin, Martinez and Raydan, 2000) on the
+Jacobi-scaled problem: a step ``d = P(x - alpha g) - x`` with the Barzilai-Borwein step
+length ``alpha``, accepted by a non-monotone Armijo test against the largest of the last
+few objective values. Because ``f`` is quadratic the objective along ``d`` is known
+exactly once ``G d`` is computed, so a rejected step is replaced by the exact minimiser
+along ``d`` without another product: one application of ``G`` per iteration. It starts
+from the clipped least-squares estimate. All right-hand sides of a batch (geographies)
+are solved together, each with its own step lengths.
 
 Stopping rule: the root-mean-square projected gradient ``||u - P(u - grad)|| /
 sqrt(n)`` of the Jacobi-scaled variables ``u_i = sqrt(G_ii) x_i`` is at most ``tol``.
