@@ -289,6 +289,30 @@ def test_working_set_union_is_numpy_union(a: set[int], b: set[int]) -> None:
     assert got.dtype == np.intp
 
 
+@given(
+    st.lists(st.floats(-3.0, 0.0), min_size=0, max_size=60),
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 20.0),
+)
+def test_freeing_threshold_keeps_the_smallest_violations_within_budget(
+    gs: list[float], floor: float, budget: float
+) -> None:
+    """The variables at zero left unfreed are those with the smallest violations, all of
+    those under ``floor`` and then as many as fit in the budget (brute force)."""
+    newton = importlib.import_module("dpdask.reconstruct._newton")
+    gn = np.array(gs, dtype=float)
+    at_zero = np.arange(gn.size) % 3 != 0  # the others are positive variables
+    t = newton._freeing_threshold(gn, at_zero, floor, budget)
+    assert t >= floor
+    viol = np.sort(-gn[at_zero])  # ascending violations
+    forced = viol[viol < floor]
+    room = newton._KEEP * budget - float(np.dot(forced, forced))
+    rest = viol[viol >= floor]
+    fits = np.cumsum(rest**2) <= room
+    want = max(floor, rest[fits].max()) if room > 0 and fits.any() else floor
+    assert t == pytest.approx(want, abs=0)
+
+
 # -- the ADMM start, restricted products and fits to an estimate ------------------------
 @pytest.mark.parametrize("sizes", [(7,), (3, 5), (2, 2, 6, 3, 5), (4, 9, 3, 11)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

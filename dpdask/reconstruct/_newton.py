@@ -16,7 +16,13 @@ Each iteration (after Bertsekas' projected Newton, 1982):
    gradient made the free set flip between two states for dozens of iterations (the
    threshold shrinks with the projected gradient, so every violation is eventually
    freed; 40 synthetic counties took 15.4 s instead of 19.4, the slowest 1.2 s
-   instead of 3.6).
+   instead of 3.6). Nor is it freed while the violations left at zero fit in half the
+   stopping rule's budget (the sum of their squares at most ``n tol^2 / 2``, the
+   smallest ones kept first): the stopping rule allows them, and near the end, freeing
+   them all (thousands of cells at a hundredth of the noise) sent them back to zero at
+   the next step, for hundreds of iterations on large geographies. On synthetic CPH
+   geographies of 0.6, 1 and 2 million persons, fits took 0.97, 1.2 and 6.6 s instead
+   of 2.6, 7.6 and 104 s, with the same error against the truth (within 2%).
 2. *Newton direction on the free set*: a few conjugate-residual (CR) iterations on
    ``G_FF d = -g_F``. CR minimises the residual, which is the reduced gradient and
    what the stopping rule measures; on an ill-conditioned ``G`` (a Kronecker
@@ -75,6 +81,7 @@ _EPS = 1e-2  # the epsilon-active threshold is at least min(this, ||projected gr
 _CHECKS = 3  # exact checks that fail before approximate gradients and steps are given up
 _ARC = 8  # halvings of the Newton step along the projection arc before a gradient step
 _THETA = 2.0  # a variable at zero is freed when its gradient is below -this x rms
+_KEEP = 0.5  # ... and the violations left at zero fill this share of n tol^2 (0.8 stalls)
 _ARC_SEARCH = 3  # further halvings, each with a product, when the full step fails Armijo
 
 Product = Callable[[np.ndarray], np.ndarray]
@@ -144,6 +151,20 @@ def _rms_projected_gradient(
     a = up - np.maximum(up - gp, 0.0)
     gz = g[neg][u[neg] <= 0]
     return float(np.sqrt((np.dot(a, a) + np.dot(gz, gz)) / u.size))
+
+
+def _freeing_threshold(gn: np.ndarray, at_zero: np.ndarray, floor: float, budget: float) -> float:
+    """The gradient below minus which a variable at zero is freed: at least ``floor``,
+    and high enough that the violations ``gn`` (non-positive gradients, ``at_zero``
+    marking the variables at zero) left unfreed sum to at most ``_KEEP x budget`` in
+    squares, the smallest kept first."""
+    kept = gn[at_zero & (gn > -floor)]
+    room = _KEEP * budget - float(np.dot(kept, kept))
+    if room <= 0:
+        return floor
+    q = np.sort(np.square(gn[at_zero & (gn <= -floor)]))
+    k = int(np.searchsorted(np.cumsum(q), room, side="right"))
+    return max(floor, float(np.sqrt(q[k - 1]))) if k else floor
 
 
 def _newton_row(
@@ -236,7 +257,9 @@ def _newton_row(
         # ones are above eps or have a gradient <= 0
         eps = max(tol, min(_EPS, rel * np.sqrt(n)))
         up = u[pos]
-        free = _sorted_union(pos[up > eps], nonpos[g[nonpos] <= -_THETA * rel])
+        gn = g[nonpos]
+        threshold = _freeing_threshold(gn, u[nonpos] <= 0, _THETA * rel, n * tol * tol)
+        free = _sorted_union(pos[up > eps], nonpos[gn <= -threshold])
         moved = pos[(up <= eps) & (g[pos] > 0)]  # binding but not yet at zero: to zero
         d = _conjugate_residual(restricted(free), (-g[free]).astype(inner), _INNER)
         d = d.astype(float)
