@@ -389,9 +389,9 @@ def test_admm_start_converges_to_the_nnls_solution(rng: np.random.Generator) -> 
     s = 1.0 / np.sqrt(np.diag(M.T @ M))
     c = (s * (M.T @ y))[None, :]
     ref = scipy_nnls(M, y)[0]
-    errs = [_relerr(s * start.admm_start(G, c, iterations=it)[0], ref) for it in (2, 20, 2000)]
+    errs = [_relerr(s * start.AdmmStart(G)(c, iterations=it)[0], ref) for it in (2, 20, 2000)]
     assert errs[0] > errs[1] > errs[2] and errs[2] < 1e-6
-    assert (start.admm_start(G, c)[0] >= 0).all()
+    assert (start.AdmmStart(G)(c)[0] >= 0).all()
 
 
 def test_single_kronecker_right_hand_side_takes_the_fast_path(rng) -> None:

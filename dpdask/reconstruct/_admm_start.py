@@ -24,7 +24,7 @@ import numpy as np
 
 from dpdask.reconstruct._kron_gram import ScaledKronGram, kron_rows
 
-__all__ = ["AdmmStart", "admm_start"]
+__all__ = ["AdmmStart"]
 
 RHO = 0.5  # penalty, in the units of the Jacobi-scaled Gram (unit diagonal)
 # 20: on 40 synthetic CPH counties, 12 took about as long in all, but the densest county
@@ -77,27 +77,3 @@ class AdmmStart:
             U -= part
             W += U
         return np.maximum(W, 0).astype(float)
-
-
-def admm_start(
-    gram: ScaledKronGram, C: np.ndarray, *, rho: float | None = None, iterations: int | None = None
-) -> np.ndarray:
-    """``iterations`` ADMM steps from zero for every row of ``C`` (``(k, n)``).
-
-    Parameters
-    ----------
-    gram : ScaledKronGram
-        The Jacobi-scaled Gram ``G``; the transforms run in its dtype.
-    C : ndarray
-        ``(k, n)`` linear terms, in the scaled variables.
-    rho : float, optional
-        The ADMM penalty (default :data:`RHO`).
-    iterations : int, optional
-        ADMM iterations, two Kronecker transforms each (default :data:`ITERATIONS`).
-
-    Returns
-    -------
-    ndarray
-        ``(k, n)`` non-negative float64 starting points.
-    """
-    return AdmmStart(gram, rho)(C, iterations)

@@ -143,14 +143,12 @@ def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return c[np.r_[True, c[1:] != c[:-1]]] if c.size else c
 
 
-def _rms_projected_gradient(
-    u: np.ndarray, g: np.ndarray, pos: np.ndarray, neg: np.ndarray
-) -> float:
-    """``||u - P(u - g)|| / sqrt(n)`` from the positive entries ``pos`` and the entries
-    ``neg`` with ``g < 0`` (elsewhere ``u = 0 <= g`` and the entry is zero)."""
+def _rms_projected_gradient(u: np.ndarray, g: np.ndarray, pos: np.ndarray, gz: np.ndarray) -> float:
+    """``||u - P(u - g)|| / sqrt(n)`` from the positive entries ``pos`` and the gradients
+    ``gz`` of the entries at zero with ``g <= 0`` (elsewhere ``u = 0 <= g`` and the
+    entry is zero)."""
     up, gp = u[pos], g[pos]
     a = up - np.maximum(up - gp, 0.0)
-    gz = g[neg][u[neg] <= 0]
     return float(np.sqrt((np.dot(a, a) + np.dot(gz, gz)) / u.size))
 
 
@@ -229,7 +227,8 @@ def _newton_row(
     while True:
         pos = np.flatnonzero(u > 0)
         nonpos = np.flatnonzero(g <= 0)
-        rel = _rms_projected_gradient(u, g, pos, nonpos)
+        gn, at_zero = g[nonpos], u[nonpos] <= 0
+        rel = _rms_projected_gradient(u, g, pos, gn[at_zero])
         if rel < 0.9 * best:
             best, best_it = rel, it
         stalled = it - best_it > _REFRESH  # approximate products no longer make progress
@@ -250,7 +249,8 @@ def _newton_row(
         if rel <= tol or it >= maxiter:
             if not verified:  # report the exact projected gradient
                 g = apply(u, exact) - c
-                rel = _rms_projected_gradient(u, g, np.flatnonzero(u > 0), np.flatnonzero(g < 0))
+                gz = g[(u <= 0) & (g < 0)]
+                rel = _rms_projected_gradient(u, g, np.flatnonzero(u > 0), gz)
             break
         it += 1
         # Bertsekas' epsilon-active set: eps shrinks with the projected gradient. The
@@ -258,8 +258,7 @@ def _newton_row(
         # ones are above eps or have a gradient <= 0
         eps = max(tol, min(_EPS, rel * np.sqrt(n)))
         up = u[pos]
-        gn = g[nonpos]
-        threshold = _freeing_threshold(gn, u[nonpos] <= 0, _THETA * rel, n * tol * tol)
+        threshold = _freeing_threshold(gn, at_zero, _THETA * rel, n * tol * tol)
         free = _sorted_union(pos[up > eps], nonpos[gn <= -threshold])
         moved = pos[(up <= eps) & (g[pos] > 0)]  # binding but not yet at zero: to zero
         d = _conjugate_residual(restricted(free), (-g[free]).astype(inner), _INNER)

@@ -221,8 +221,7 @@ class _Metric:
 
     @functools.cached_property
     def admm(self) -> AdmmStart:
-        if not isinstance(self.fast, ScaledKronGram):
-            raise TypeError("the ADMM start needs a Kronecker Gram")
+        """The ADMM start of :attr:`fast`, a Kronecker Gram."""
         return AdmmStart(self.fast)
 
 
