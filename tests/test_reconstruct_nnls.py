@@ -313,6 +313,76 @@ def test_freeing_threshold_keeps_the_smallest_violations_within_budget(
     assert t == pytest.approx(want, abs=0)
 
 
+def _counting(G: np.ndarray) -> tuple[list[int], object]:
+    calls = [0]
+
+    def op(v: np.ndarray) -> np.ndarray:
+        calls[0] += 1
+        return G @ v
+
+    return calls, op
+
+
+@pytest.mark.parametrize("n", [5, 12])
+def test_conjugate_residual_solves_and_reports_no_stagnation(n: int, rng) -> None:
+    """Enough CR iterations on a well-conditioned SPD matrix solve it (``np.linalg.solve``
+    as the oracle) without stagnation; one product per iteration, none wasted."""
+    newton = importlib.import_module("dpdask.reconstruct._newton")
+    B = rng.normal(size=(n, n))
+    G = B @ B.T + n * np.eye(n)
+    b = rng.normal(size=n)
+    calls, op = _counting(G)
+    d, left = newton._conjugate_residual(op, b, 3 * n)
+    assert left == 0.0  # stopped early
+    # stopped at the relative residual _INNER_RTOL
+    assert np.linalg.norm(G @ d - b) <= newton._INNER_RTOL * np.linalg.norm(b)
+    assert calls[0] <= n + 1
+    d, _ = newton._conjugate_residual(_counting(G)[1], b, 100)
+    np.testing.assert_allclose(G @ d, b, rtol=0, atol=newton._INNER_RTOL * np.linalg.norm(b))
+
+
+def test_conjugate_residual_flags_stagnation_on_an_ill_conditioned_system(rng) -> None:
+    """On eigenvalues spread over ten decades with the right-hand side in the small ones,
+    three iterations barely reduce the residual: CR says it stagnated, having taken
+    exactly three products (the product a fourth iteration would need is not taken)."""
+    newton = importlib.import_module("dpdask.reconstruct._newton")
+    n = 40
+    Q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    lam = np.logspace(-10, 0, n)
+    G = (Q * lam) @ Q.T
+    b = Q[:, :5] @ rng.normal(size=5)  # in the eigenvectors of 1e-10 .. 1e-9
+    calls, op = _counting(G)
+    d, left = newton._conjugate_residual(op, b, 3)
+    assert calls[0] == 3
+    assert left == pytest.approx(np.linalg.norm(G @ d - b) / np.linalg.norm(b), rel=1e-6)
+    assert left > newton._STAGNANT
+    assert newton._inner_budget(newton._INNER, left) == 2 * newton._INNER
+
+
+@given(st.lists(st.sampled_from([0.0, 0.3, 0.9]), max_size=30))
+def test_inner_budget_grows_only_while_stagnating_within_its_bounds(lefts: list[float]) -> None:
+    """The CR budget stays in ``[_INNER, _INNER_MAX]``; it grows only after a solve that
+    stagnated (more than ``_STAGNANT`` of the residual left), shrinks only after one that
+    stopped early (0 left) and is kept otherwise; two stagnations from the start reach
+    the cap (10, 20, 40)."""
+    newton = importlib.import_module("dpdask.reconstruct._newton")
+    budget = newton._INNER
+    for left in lefts:
+        new = newton._inner_budget(budget, left)
+        assert newton._INNER <= new <= newton._INNER_MAX
+        if left > newton._STAGNANT:
+            assert new >= budget
+        elif left == 0:
+            assert new <= budget
+        else:
+            assert new == budget
+        budget = new
+    budget = newton._INNER
+    for _ in range(2):
+        budget = newton._inner_budget(budget, 0.9)
+    assert budget == newton._INNER_MAX
+
+
 # -- the ADMM start, restricted products and fits to an estimate ------------------------
 @pytest.mark.parametrize("sizes", [(7,), (3, 5), (2, 2, 6, 3, 5), (4, 9, 3, 11)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -28,7 +28,15 @@ Each iteration (after Bertsekas' projected Newton, 1982):
    ``G_FF d = -g_F``. CR minimises the residual, which is the reduced gradient and
    what the stopping rule measures; on an ill-conditioned ``G`` (a Kronecker
    strategy's Gram has condition numbers of 1e10 on the CPH domain) it reaches a
-   gradient tolerance several times sooner than conjugate gradients.
+   gradient tolerance several times sooner than conjugate gradients. Ten iterations
+   at first (or until the residual falls 20-fold); when they stagnate (the residual
+   falls by less than half) the next direction gets twice as many, up to 40, and
+   half as many after a solve that stopped early. On large geographies the reduced
+   gradient ends up in the Gram's smallest eigenvalues, where ten iterations reduced it
+   by 1% and Newton crept for hundreds of iterations: the 34 synthetic national
+   counties of more than a million persons took 82 s in all instead of 147 (the
+   slowest 15 s instead of 24; squared error against the true counts the same or
+   lower); on the typical county nothing changes.
 3. *Projected step*: ``u1 = max(u + d, 0)``. The full step is taken when it decreases
    the objective (Armijo test along ``s = u1 - u``, which lets many variables reach
    zero at once), else up to three halvings along the projection arc
@@ -76,7 +84,9 @@ __all__ = ["projected_newton"]
 
 _GAMMA = 1e-4  # sufficient-decrease constant of the full projected step
 _REFRESH = 20  # recompute G u from scratch every this many iterations
-_INNER = 10  # CR iterations per Newton direction
+_INNER = 10  # CR iterations per Newton direction, at first
+_INNER_MAX = 40  # ... doubled up to this while they stagnate (see _inner_budget)
+_STAGNANT = 0.5  # CR stagnates when it uses all its iterations and leaves more than this
 _INNER_RTOL = 0.05  # ... or until the reduced residual has fallen by this factor
 _EPS = 1e-2  # the epsilon-active threshold is at least min(this, ||projected gradient||)
 _CHECKS = 3  # exact checks that fail before approximate gradients and steps are given up
@@ -90,23 +100,28 @@ Restrict = Callable[[np.ndarray, type], Callable[[np.ndarray], np.ndarray]]
 Entries = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
-def _conjugate_residual(op: Product, b: np.ndarray, iters: int) -> np.ndarray:
-    """A few conjugate-residual iterations on ``G_FF d = b`` (vectors of the free set)."""
+def _conjugate_residual(op: Product, b: np.ndarray, iters: int) -> tuple[np.ndarray, float]:
+    """At most ``iters`` conjugate-residual iterations on ``G_FF d = b`` (vectors of the
+    free set), fewer once the residual has fallen by :data:`_INNER_RTOL`; returns ``d``
+    and the residual left, relative to ``b`` (0 when CR stopped early)."""
     r = b.copy()
     d = np.zeros_like(r)
     p = r.copy()
     ar = op(r)
     ap = ar.copy()
     rar = float(np.dot(r, ar))
-    stop = float(np.linalg.norm(r)) * _INNER_RTOL
-    for _ in range(iters if rar > 0 else 0):
+    start = float(np.linalg.norm(r))
+    used = 0
+    for used in range(1, iters + 1 if rar > 0 else 1):
         app = float(np.dot(ap, ap))
         if app <= 0:
-            break
+            return d, 0.0
         a = r.dtype.type(rar / app)
         d += a * p
         r -= a * ap
-        if float(np.linalg.norm(r)) <= stop:
+        if float(np.linalg.norm(r)) <= start * _INNER_RTOL:
+            return d, 0.0
+        if used == iters:  # the product for a next iteration would go unused
             break
         ar = op(r)
         rar_new = float(np.dot(r, ar))
@@ -116,7 +131,17 @@ def _conjugate_residual(op: Product, b: np.ndarray, iters: int) -> np.ndarray:
         p += r
         ap *= beta
         ap += ar
-    return d
+    return d, (float(np.linalg.norm(r)) / start if used == iters and start > 0 else 0.0)
+
+
+def _inner_budget(budget: int, left: float) -> int:
+    """The CR iterations of the next Newton direction, after a solve that used ``budget``
+    and left ``left`` of its residual (0: it stopped early): doubled (up to
+    :data:`_INNER_MAX`) when CR stagnated (more than :data:`_STAGNANT` left), halved
+    (down to :data:`_INNER`) when it stopped early, else kept."""
+    if left > _STAGNANT:
+        return min(2 * budget, _INNER_MAX)
+    return max(budget // 2, _INNER) if left == 0 else budget
 
 
 @dataclass
@@ -224,6 +249,7 @@ def _newton_row(
     best, best_it = np.inf, 0
     it = checks = 0
     checked = False  # g was just recomputed exactly
+    budget = _INNER
     while True:
         pos = np.flatnonzero(u > 0)
         nonpos = np.flatnonzero(g <= 0)
@@ -261,7 +287,8 @@ def _newton_row(
         threshold = _freeing_threshold(gn, at_zero, _THETA * rel, n * tol * tol)
         free = _sorted_union(pos[up > eps], nonpos[gn <= -threshold])
         moved = pos[(up <= eps) & (g[pos] > 0)]  # binding but not yet at zero: to zero
-        d = _conjugate_residual(restricted(free), (-g[free]).astype(inner), _INNER)
+        d, left = _conjugate_residual(restricted(free), (-g[free]).astype(inner), budget)
+        budget = _inner_budget(budget, left)
         d = d.astype(float)
         J = np.concatenate([free, moved])
         uJ, gJ = u[J], g[J]
