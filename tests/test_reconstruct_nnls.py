@@ -535,6 +535,7 @@ def test_fitter_shares_its_setup_across_estimates(rng, monkeypatch) -> None:
             super().__init__(*args, **kw)
 
     monkeypatch.setattr(nn, "AdmmStart", Counted)
+    monkeypatch.setattr(nn, "_metrics", type(nn._metrics)())  # nothing shared yet
     A = _kron_case(rng)
     M = A.dense()
     fit = nonnegative_fitter(A, 0.5, tol=1e-10)
@@ -547,3 +548,34 @@ def test_fitter_shares_its_setup_across_estimates(rng, monkeypatch) -> None:
     assert len(built) == 1
     with pytest.raises(ValueError, match="NaN"):
         fit(np.full(A.shape[1], np.nan))
+
+
+def test_fitters_of_one_metric_share_it_within_the_process(rng, monkeypatch) -> None:
+    """A second fitter of an equal operator and the same weights (a later task on the same
+    worker) reuses the first one's setup; other weights get their own, and only the last
+    ``_SHARED_METRICS`` are kept. The shared fitter's estimates are still scipy's NNLS."""
+    nn = importlib.import_module("dpdask.reconstruct.nnls")
+    built = []
+
+    class Counted(nn.AdmmStart):
+        def __init__(self, *args, **kw):
+            built.append(1)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(nn, "AdmmStart", Counted)
+    monkeypatch.setattr(nn, "_metrics", type(nn._metrics)())
+    seed = int(rng.integers(2**31))
+    A, A_again = (_kron_case(np.random.default_rng(seed)) for _ in range(2))
+    assert A is not A_again
+    M = A.dense()
+    x = np.where(rng.uniform(size=A.shape[1]) < 0.3, rng.poisson(4.0, A.shape[1]), 0)
+    y = M @ x + rng.normal(scale=2.0, size=M.shape[0])
+    x_ls = least_squares(A, y, 0.5).x
+    for op in (A, A_again):
+        est = nn.nonnegative_fitter(op, 0.5, tol=1e-10)(x_ls)
+        assert _relerr(est.x, scipy_nnls(M, y)[0]) < 1e-6
+    assert len(built) == 1
+    for w in (0.25, 1.0, 2.0, 4.0, 0.5):
+        nn.nonnegative_fitter(A, w, tol=1e-10)(x_ls)
+    assert len(nn._metrics) == nn._SHARED_METRICS
+    assert len(built) == 6  # four new weights, then 0.5 again after it was dropped
