@@ -464,6 +464,64 @@ def test_admm_start_converges_to_the_nnls_solution(rng: np.random.Generator) -> 
     assert (start.AdmmStart(G)(c)[0] >= 0).all()
 
 
+@pytest.mark.parametrize(
+    ("residual", "steps"),
+    [(1e9, "MIN_ITERATIONS"), (0.0, "ITERATIONS"), (None, "between")],
+    ids=["settled-at-once", "never-settled", "settles-midway"],
+)
+def test_admm_start_stops_once_its_primal_residual_settles(residual, steps, rng, monkeypatch):
+    """By default the start takes MIN_ITERATIONS to ITERATIONS steps (two transforms each,
+    plus one for the linear term), stopping at the first step from MIN_ITERATIONS on whose
+    root-mean-square primal residual ``u - z`` is at most RESIDUAL; ``u`` is recomputed
+    from ``z`` and ``v`` with a dense solve of ``(G + rho I) u = c + rho (z - v)``."""
+    kg = importlib.import_module("dpdask.reconstruct._kron_gram")
+    start = importlib.import_module("dpdask.reconstruct._admm_start")
+    A = _kron_case(rng)
+    M = A.dense()
+    x = np.where(rng.uniform(size=A.shape[1]) < 0.2, rng.poisson(4.0, size=A.shape[1]), 0)
+    y = M @ x + rng.normal(scale=1.0, size=M.shape[0])
+    G = kg.scaled_kron_gram(A).with_dtype(np.float64)
+    s = 1.0 / np.sqrt(np.diag(M.T @ M))
+    c = s * (M.T @ y)
+    Gd = s[:, None] * (M.T @ M) * s[None, :]
+    zs, res = _dense_admm(Gd, c, start)
+    if residual is None:  # halfway between two late residuals
+        k = start.MIN_ITERATIONS + 2
+        residual = 0.5 * (res[k - 1] + res[k - 2]) if res[k - 1] < res[k - 2] else res[k - 1]
+        stop = next(
+            i + 1 for i, r in enumerate(res) if i + 1 >= start.MIN_ITERATIONS and r <= residual
+        )
+        assert start.MIN_ITERATIONS < stop < start.ITERATIONS
+    else:
+        stop = getattr(start, steps)
+    monkeypatch.setattr(start, "RESIDUAL", residual)
+    calls = [0]
+    real = start.kron_rows
+
+    def counted(*args):
+        calls[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(start, "kron_rows", counted)
+    got = start.AdmmStart(G)(c[None, :])[0]
+    assert calls[0] == 1 + 2 * stop
+    np.testing.assert_allclose(got, zs[stop - 1], atol=1e-8)
+
+
+def _dense_admm(Gd: np.ndarray, c: np.ndarray, start) -> tuple[list, list]:
+    """Over-relaxed ADMM on ``u = z, z >= 0`` (Boyd et al., with ``v`` the scaled dual)
+    from zero, dense: ``z`` and the rms primal residual ``u - z`` of every step."""
+    z, v, zs, res = np.zeros_like(c), np.zeros_like(c), [], []
+    for _ in range(start.ITERATIONS):
+        u = np.linalg.solve(Gd + start.RHO * np.eye(c.size), c + start.RHO * (z - v))
+        uh = start.RELAX * u + (1 - start.RELAX) * z
+        res.append(np.linalg.norm(u - z) / np.sqrt(c.size))
+        z_new = np.maximum(uh + v, 0)
+        v, z = v + uh - z_new, z_new
+        zs.append(z)
+    return zs, res
+
+
 def test_single_kronecker_right_hand_side_takes_the_fast_path(rng) -> None:
     """One geography: ADMM start and restricted inner products; scipy's answer."""
     A = _kron_case(rng)

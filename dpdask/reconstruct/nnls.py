@@ -374,7 +374,7 @@ def nnls(
     x0 : {"auto", "ls", "zero"} or ndarray
         Starting point: the clipped least-squares estimate, zero, or an array of shape
         ``(n,)`` or ``(g, n)`` (clipped at zero). ``"auto"``, for the projected Newton
-        method, is twenty ADMM iterations when ``A`` is a Kronecker product of small
+        method, is 12 to 20 ADMM iterations when ``A`` is a Kronecker product of small
         factors (:mod:`dpdask.reconstruct._admm_start`: 2-3x fewer products on the CPH
         domain) and zero otherwise (the free set then grows to the support of a sparse
         solution instead of shrinking from half the cells); for SPG it is least squares
