@@ -447,17 +447,24 @@ def test_product_of_entries_is_the_dense_product(sizes, limit, rng, monkeypatch)
         np.testing.assert_allclose(got, dense @ x, rtol=0, atol=1e-10 * np.abs(dense @ x).max())
 
 
-def test_admm_start_converges_to_the_nnls_solution(rng: np.random.Generator) -> None:
-    """Run long, the warm start's ADMM is itself an NNLS solver (scipy as the oracle)."""
+def _admm_case(rng: np.random.Generator):
+    """A Kronecker NNLS case for the ADMM start: the dense strategy ``M``, measurements
+    ``y``, the float64 scaled Gram, the Jacobi scaling ``s`` and the scaled linear term."""
     kg = importlib.import_module("dpdask.reconstruct._kron_gram")
-    start = importlib.import_module("dpdask.reconstruct._admm_start")
     A = _kron_case(rng)
     M = A.dense()
     x = np.where(rng.uniform(size=A.shape[1]) < 0.2, rng.poisson(4.0, size=A.shape[1]), 0)
     y = M @ x + rng.normal(scale=1.0, size=M.shape[0])
     G = kg.scaled_kron_gram(A).with_dtype(np.float64)
     s = 1.0 / np.sqrt(np.diag(M.T @ M))
-    c = (s * (M.T @ y))[None, :]
+    return M, y, G, s, s * (M.T @ y)
+
+
+def test_admm_start_converges_to_the_nnls_solution(rng: np.random.Generator) -> None:
+    """Run long, the warm start's ADMM is itself an NNLS solver (scipy as the oracle)."""
+    start = importlib.import_module("dpdask.reconstruct._admm_start")
+    M, y, G, s, c = _admm_case(rng)
+    c = c[None, :]
     ref = scipy_nnls(M, y)[0]
     errs = [_relerr(s * start.AdmmStart(G)(c, iterations=it)[0], ref) for it in (2, 20, 2000)]
     assert errs[0] > errs[1] > errs[2] and errs[2] < 1e-6
@@ -474,15 +481,8 @@ def test_admm_start_stops_once_its_primal_residual_settles(residual, steps, rng,
     plus one for the linear term), stopping at the first step from MIN_ITERATIONS on whose
     root-mean-square primal residual ``u - z`` is at most RESIDUAL; ``u`` is recomputed
     from ``z`` and ``v`` with a dense solve of ``(G + rho I) u = c + rho (z - v)``."""
-    kg = importlib.import_module("dpdask.reconstruct._kron_gram")
     start = importlib.import_module("dpdask.reconstruct._admm_start")
-    A = _kron_case(rng)
-    M = A.dense()
-    x = np.where(rng.uniform(size=A.shape[1]) < 0.2, rng.poisson(4.0, size=A.shape[1]), 0)
-    y = M @ x + rng.normal(scale=1.0, size=M.shape[0])
-    G = kg.scaled_kron_gram(A).with_dtype(np.float64)
-    s = 1.0 / np.sqrt(np.diag(M.T @ M))
-    c = s * (M.T @ y)
+    M, _, G, s, c = _admm_case(rng)
     Gd = s[:, None] * (M.T @ M) * s[None, :]
     zs, res = _dense_admm(Gd, c, start)
     if residual is None:  # halfway between two late residuals
@@ -579,13 +579,11 @@ def test_nonnegative_fit_is_nnls_from_the_estimate(case, weights, rng) -> None:
     assert fit.report.converged and fit.x.min() >= 0
 
 
-def test_fitter_shares_its_setup_across_estimates(rng, monkeypatch) -> None:
-    """One fitter, several estimates fitted one by one: each is scipy's NNLS of its own
-    measurements, and the eigenvectors of the ADMM start are computed once."""
-    from dpdask.reconstruct.nnls import nonnegative_fitter
-
+@pytest.fixture
+def admm_builds(monkeypatch) -> list[int]:
+    """The ADMM starts built from now on (one entry each), with no metric shared yet."""
     nn = importlib.import_module("dpdask.reconstruct.nnls")
-    built = []
+    built: list[int] = []
 
     class Counted(nn.AdmmStart):
         def __init__(self, *args, **kw):
@@ -593,7 +591,15 @@ def test_fitter_shares_its_setup_across_estimates(rng, monkeypatch) -> None:
             super().__init__(*args, **kw)
 
     monkeypatch.setattr(nn, "AdmmStart", Counted)
-    monkeypatch.setattr(nn, "_metrics", type(nn._metrics)())  # nothing shared yet
+    monkeypatch.setattr(nn, "_metrics", type(nn._metrics)())
+    return built
+
+
+def test_fitter_shares_its_setup_across_estimates(rng, admm_builds) -> None:
+    """One fitter, several estimates fitted one by one: each is scipy's NNLS of its own
+    measurements, and the eigenvectors of the ADMM start are computed once."""
+    from dpdask.reconstruct.nnls import nonnegative_fitter
+
     A = _kron_case(rng)
     M = A.dense()
     fit = nonnegative_fitter(A, 0.5, tol=1e-10)
@@ -603,25 +609,16 @@ def test_fitter_shares_its_setup_across_estimates(rng, monkeypatch) -> None:
         est = fit(least_squares(A, y, 0.5).x)
         assert est.report.converged and est.report.details["start"] == "admm"
         assert _relerr(est.x, scipy_nnls(M, y)[0]) < 1e-6
-    assert len(built) == 1
+    assert len(admm_builds) == 1
     with pytest.raises(ValueError, match="NaN"):
         fit(np.full(A.shape[1], np.nan))
 
 
-def test_fitters_of_one_metric_share_it_within_the_process(rng, monkeypatch) -> None:
+def test_fitters_of_one_metric_share_it_within_the_process(rng, admm_builds) -> None:
     """A second fitter of an equal operator and the same weights (a later task on the same
     worker) reuses the first one's setup; other weights get their own, and only the last
     ``_SHARED_METRICS`` are kept. The shared fitter's estimates are still scipy's NNLS."""
     nn = importlib.import_module("dpdask.reconstruct.nnls")
-    built = []
-
-    class Counted(nn.AdmmStart):
-        def __init__(self, *args, **kw):
-            built.append(1)
-            super().__init__(*args, **kw)
-
-    monkeypatch.setattr(nn, "AdmmStart", Counted)
-    monkeypatch.setattr(nn, "_metrics", type(nn._metrics)())
     seed = int(rng.integers(2**31))
     A, A_again = (_kron_case(np.random.default_rng(seed)) for _ in range(2))
     assert A is not A_again
@@ -632,8 +629,8 @@ def test_fitters_of_one_metric_share_it_within_the_process(rng, monkeypatch) -> 
     for op in (A, A_again):
         est = nn.nonnegative_fitter(op, 0.5, tol=1e-10)(x_ls)
         assert _relerr(est.x, scipy_nnls(M, y)[0]) < 1e-6
-    assert len(built) == 1
+    assert len(admm_builds) == 1
     for w in (0.25, 1.0, 2.0, 4.0, 0.5):
         nn.nonnegative_fitter(A, w, tol=1e-10)(x_ls)
     assert len(nn._metrics) == nn._SHARED_METRICS
-    assert len(built) == 6  # four new weights, then 0.5 again after it was dropped
+    assert len(admm_builds) == 6  # four new weights, then 0.5 again after it was dropped
