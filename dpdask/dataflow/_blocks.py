@@ -212,8 +212,8 @@ def nonnegative_block(
 
     Each row (geography) is solved on its own (:func:`~dpdask.reconstruct.nonnegative_fit`
     with operator ``M`` and row ``weights``, through one
-    :func:`~dpdask.reconstruct.nnls.nonnegative_fitter`, so that what the fits share is
-    computed once per chunk), each with its own report. Rows that stop before converging
+    :func:`~dpdask.reconstruct.nnls.nonnegative_fitter`, which computes what the fits
+    share once per worker process), each with its own report. Rows that stop before converging
     are reported in ``report_dir`` as for :func:`reconstruct_block`.
     """
     tune_allocator()

@@ -96,6 +96,6 @@ class AdmmStart:
             part *= dt.type(RELAX)
             U -= part  # RELAX (u - z)
             W += U
-            if it >= low and it < high and np.einsum("ij,ij->i", U, U).max() <= settled:
+            if low <= it < high and np.einsum("ij,ij->i", U, U).max() <= settled:
                 break
         return np.maximum(W, 0).astype(float)

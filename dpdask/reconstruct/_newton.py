@@ -111,19 +111,21 @@ def _conjugate_residual(op: Product, b: np.ndarray, iters: int) -> tuple[np.ndar
     ar = op(r)
     ap = ar.copy()
     rar = float(np.dot(r, ar))
+    if rar <= 0:
+        return d, 0.0
     start = float(np.linalg.norm(r))
-    used = 0
-    for used in range(1, iters + 1 if rar > 0 else 1):
+    for used in range(1, iters + 1):
         app = float(np.dot(ap, ap))
         if app <= 0:
             return d, 0.0
         a = r.dtype.type(rar / app)
         d += a * p
         r -= a * ap
-        if float(np.linalg.norm(r)) <= start * _INNER_RTOL:
+        left = float(np.linalg.norm(r)) / start
+        if left <= _INNER_RTOL:
             return d, 0.0
         if used == iters:  # the product for a next iteration would go unused
-            break
+            return d, left
         ar = op(r)
         rar_new = float(np.dot(r, ar))
         beta = r.dtype.type(rar_new / rar)
@@ -132,7 +134,7 @@ def _conjugate_residual(op: Product, b: np.ndarray, iters: int) -> tuple[np.ndar
         p += r
         ap *= beta
         ap += ar
-    return d, (float(np.linalg.norm(r)) / start if used == iters and start > 0 else 0.0)
+    return d, 0.0
 
 
 def _inner_budget(budget: int, left: float) -> int:

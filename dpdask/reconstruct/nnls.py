@@ -198,8 +198,8 @@ class _Metric:
     """The row-weighted operator ``A`` of a fit, and what every fit in the metric
     ``G = A^T A`` shares, each computed once, when first needed: the Jacobi scaling
     ``s = diag(G)^-1/2``, the Gram with small factors dense, the float32 structured Gram
-    and, for a Kronecker one, the ADMM start (together about 15 ms per fit on the CPH
-    domain when rebuilt for every geography).
+    and, for a Kronecker one, the ADMM start (shared across fits by
+    :func:`_shared_metric`).
     """
 
     def __init__(self, A: LinearQuery, weights: np.ndarray | float | None = None):
