@@ -22,7 +22,7 @@ def spec(tmp_path: pathlib.Path) -> pathlib.Path:
     raw = yaml.safe_load(SPEC.read_text())
     raw["data"]["path"] = str(ROOT / "examples" / "data" / "pl94_providence")
     raw["output"] = str(tmp_path / "out" / "pl94.zarr")
-    raw["ledger"] = str(tmp_path / "out" / "ledger.sqlite")
+    raw["ledger"] = {"path": str(tmp_path / "out" / "ledger.sqlite"), "create": True}
     raw["cluster"] = {"n_workers": 1, "threads_per_worker": 2, "processes": False}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -6,6 +6,7 @@ Ledger class), exact budget arithmetic, and a second process.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -37,22 +38,29 @@ def _charge(run="run1", level="county", name="A", privacy=QUARTER, scale=2.0, **
         sensitivity=kw.get("sensitivity", 1.0),
         noise_scale=scale,
         privacy=privacy,
+        key_fingerprint=kw.get("key", "fp-" + run),
     )
 
 
 def _rows(path) -> list[tuple]:
+    """The charges, read from the SQLite file with the standard library."""
     con = sqlite3.connect(path)
     try:
-        return con.execute(
-            "SELECT release, run_id, level, measurement, privacy FROM charges ORDER BY seq"
+        bodies = con.execute(
+            "SELECT body FROM entries WHERE kind = 'charge' ORDER BY seq"
         ).fetchall()
     finally:
         con.close()
+    out = []
+    for (body,) in bodies:
+        b = json.loads(body)
+        out.append((b["release"], b["run_id"], b["level"], b["measurement"], b["privacy"]))
+    return out
 
 
 @pytest.fixture
 def ledger(tmp_path) -> Ledger:
-    led = Ledger(tmp_path / "ledger.sqlite")
+    led = Ledger.init(tmp_path / "ledger.sqlite")
     led.open_release("r", zCDP(1))
     return led
 
@@ -61,7 +69,7 @@ def test_charge_is_persisted_and_readable_independently(ledger):
     assert ledger.charge(_charge()) == 1
     rows = _rows(ledger.path)
     assert rows[0][:4] == ("r", "run1", "county", "A")
-    assert '"rho": "1/4"' in rows[0][4]
+    assert rows[0][4] == {"type": "zCDP", "rho": "1/4"}
     # a new Ledger on the same file sees the charge
     again = Ledger(ledger.path)
     assert again.spent("r") == zCDP("0.25")
@@ -107,7 +115,7 @@ def test_many_charges_are_atomic(ledger):
 
 
 def test_dataset_total_caps_all_releases(tmp_path):
-    led = Ledger(tmp_path / "l.sqlite")
+    led = Ledger.init(tmp_path / "l.sqlite")
     led.set_dataset_total("cef", zCDP(1))
     led.set_dataset_total("cef", zCDP(1))  # idempotent
     with pytest.raises(LedgerConflictError):
@@ -136,7 +144,7 @@ def test_incompatible_charge_kind_is_refused(ledger):
 
 
 def test_unopened_release_is_refused(tmp_path):
-    led = Ledger(tmp_path / "l.sqlite")
+    led = Ledger.init(tmp_path / "l.sqlite")
     with pytest.raises(LedgerConflictError, match="open_release"):
         led.charge(_charge())
     led.open_release("r", PureDP(1))
@@ -147,10 +155,10 @@ def test_unopened_release_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "sql",
     [
-        "UPDATE charges SET privacy = '{}'",
-        "DELETE FROM charges",
-        "DELETE FROM releases",
-        "UPDATE releases SET budget = 'x'",
+        "UPDATE entries SET body = '{}' WHERE kind = 'charge'",
+        "DELETE FROM entries WHERE kind = 'charge'",
+        "DELETE FROM meta",
+        "UPDATE meta SET value = 'x'",
     ],
 )
 def test_ledger_is_append_only(ledger, sql):

@@ -27,7 +27,7 @@ def test_killed_worker_gives_bit_identical_output(store, tmp_path) -> None:  # n
     base = make_plan()
     slow = make_plan(strategy=SlowOperator(base.strategy, delay=0.4))
     key = SecretKey.for_testing(5)
-    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger = Ledger.init(tmp_path / "ledger.sqlite")
     common = dict(release_id="fault", ledger=ledger, test_mode=True, key=key, chunk_bytes=8 * 6)
 
     ref = release(slow, st, run_id="ref", **common).to_zarr(tmp_path / "ref.zarr")

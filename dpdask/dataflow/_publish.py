@@ -8,18 +8,103 @@ earlier store at the final path untouched.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["StoreExistsError", "check_target", "move_into_place", "publishing"]
+__all__ = [
+    "StoreExistsError",
+    "UnsafeOutputError",
+    "check_output",
+    "check_target",
+    "move_into_place",
+    "publishing",
+    "release_attributes",
+]
+
+RELEASE_FORMAT = "dpdask-release"
 
 
 class StoreExistsError(FileExistsError, ValueError):
     """The output path exists and replacing it was not asked for."""
+
+
+class UnsafeOutputError(ValueError):
+    """The output path would overwrite or sit inside something that is not a release."""
+
+
+def release_attributes(path: str | os.PathLike) -> dict | None:
+    """The ``dpdask`` attributes of the release published at ``path``, or ``None`` if
+    ``path`` is not a dpdask release (missing, a file, another store, unreadable)."""
+    meta = pathlib.Path(path) / "zarr.json"
+    try:
+        attrs = json.loads(meta.read_text()).get("attributes", {}).get("dpdask")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(attrs, dict) and attrs.get("format") == RELEASE_FORMAT:
+        return attrs
+    return None
+
+
+def _overlaps(a: pathlib.Path, b: pathlib.Path) -> bool:
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+def check_output(
+    path: str | os.PathLike,
+    overwrite: bool = False,
+    protected: Iterable[tuple[str, str | os.PathLike | None]] = (),
+) -> pathlib.Path:
+    """Refuse an output path that is unsafe to publish to, before anything is charged.
+
+    Parameters
+    ----------
+    path : str or path-like
+        Where the release will be published.
+    overwrite : bool
+        Whether an earlier *dpdask release* at ``path`` may be replaced (once the new
+        one is complete). Anything else at ``path`` is never replaced.
+    protected : iterable of (what, path)
+        Paths the output must not be, contain or lie inside (the input data, the
+        ledger, the work folder), each with a word for the message.
+
+    Returns
+    -------
+    pathlib.Path
+        The resolved output path.
+
+    Raises
+    ------
+    UnsafeOutputError
+        If the output overlaps a protected path, or exists and is not a dpdask release.
+    StoreExistsError
+        If a release exists at ``path`` and ``overwrite`` is false.
+    """
+    out = pathlib.Path(os.path.abspath(path)).resolve()
+    for what, other in protected:
+        if other is None:
+            continue
+        o = pathlib.Path(os.path.abspath(other)).resolve()
+        if _overlaps(out, o):
+            raise UnsafeOutputError(
+                f"the output {out} overlaps the {what} {o}; publish somewhere else"
+            )
+    if out.exists() or out.is_symlink():
+        if release_attributes(out) is None:
+            raise UnsafeOutputError(
+                f"{out} exists and is not a dpdask release; it is never replaced "
+                "(choose another output path)"
+            )
+        if not overwrite:
+            raise StoreExistsError(
+                f"{out} already holds a release; it is left untouched "
+                "(run with --overwrite to replace it once the new one is complete)"
+            )
+    return out
 
 
 def check_target(path: str | os.PathLike, overwrite: bool = False) -> pathlib.Path:
@@ -33,7 +118,8 @@ def check_target(path: str | os.PathLike, overwrite: bool = False) -> pathlib.Pa
     path = pathlib.Path(path)
     if path.exists() and not overwrite:
         raise StoreExistsError(
-            f"{path} already exists; it is left untouched (pass overwrite=True to replace it)"
+            f"{path} already exists; it is left untouched (overwrite=True, or --overwrite, "
+            "replaces it)"
         )
     return path
 

@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_limits
 
 from dpdask.domain import Domain
 from dpdask.linalg import Kron, LinearQuery, gram_root
-from dpdask.privacy import ApproxDP, Budget, PureDP, zCDP
+from dpdask.privacy import Budget, noise_scale
 from dpdask.privacy._mechanisms import MECHANISM_NORM
 from dpdask.reconstruct.structured import full_column_rank, structured_pinv
 
@@ -28,7 +28,8 @@ class LevelPlan:
     to ``privacy`` (Laplace for pure DP, Gaussian for zCDP and (epsilon, delta)),
     and the query variances scale with the noise variance. ``like``, another level's
     plan on the same base plan, shares its measured strategy and pseudo-inverse
-    (computed once for all levels).
+    (computed once for all levels). The calibration is
+    :func:`dpdask.privacy.noise_scale`'s, the one plans and releases share.
     """
 
     def __init__(self, base: Any, privacy: Budget, like: LevelPlan | None = None):
@@ -45,18 +46,7 @@ class LevelPlan:
         self.domain: Domain | None = base.domain
         self.mechanism: str = base.mechanism
         sens = float(self.strategy.sensitivity(MECHANISM_NORM[self.mechanism]))
-        if isinstance(privacy, PureDP):
-            if self.mechanism != "laplace":
-                raise ValueError(
-                    f"a pure-DP level budget needs Laplace noise, not {self.mechanism}"
-                )
-            self.noise_scale = privacy.laplace_scale(sens)
-        elif isinstance(privacy, zCDP | ApproxDP):
-            if self.mechanism != "gaussian":
-                raise ValueError(f"a {type(privacy).__name__} budget needs Gaussian noise")
-            self.noise_scale = privacy.gaussian_sigma(sens)
-        else:
-            raise TypeError(f"unsupported budget {privacy!r}")
+        self.noise_scale = noise_scale(self.mechanism, sens, privacy)
 
     def pinv(self) -> LinearQuery | None:
         """The strategy's pseudo-inverse when it is structured (Kronecker products, unions

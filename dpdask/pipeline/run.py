@@ -6,17 +6,39 @@ to check it; ``run`` selects the strategy, charges the ledger and publishes.
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
+import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dpdask.dataflow import DataStore, open_store, read_pl94, write_store
+from dpdask.dataflow._publish import check_output, release_attributes
+from dpdask.dataflow._source import (
+    SourcePrint,
+    fingerprint_options,
+    fingerprint_path,
+    private_dir,
+)
+from dpdask.dataflow._workdir import new_run_id, work_dir
 from dpdask.domain import Domain, Geography
 from dpdask.linalg import LinearQuery
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
+from dpdask.privacy import (
+    BudgetExceededError,
+    Head,
+    Ledger,
+    LedgerConflictError,
+    LedgerMissingError,
+    LedgerTamperedError,
+    RunStateError,
+    check_run_id,
+    split_levels,
+)
 
 __all__ = ["build_workload", "load_data", "plan_spec", "run_spec", "validate_spec"]
 
@@ -44,24 +66,38 @@ def synthetic_geography(n_units: int, n_states: int) -> Geography:
     return Geography(levels=("state", "county"), ids=(states, counties), parents=(parent,))
 
 
-def _input_path(spec: ReleaseSpec) -> pathlib.Path:
-    return spec.output.with_name(f".{spec.output.name}.input.zarr")
+def source_print(spec: ReleaseSpec) -> SourcePrint:
+    """The fingerprint of the spec's input (its files' bytes, or the synthetic options)."""
+    if spec.data.format == "synthetic":
+        return fingerprint_options(
+            "synthetic", {**spec.data.options, "domain": spec.domain.to_dict()}
+        )
+    if spec.data.path is None or not spec.data.path.exists():
+        raise SpecError(f"data.path: {spec.data.path} does not exist")
+    return fingerprint_path(spec.data.path)
 
 
-def load_data(spec: ReleaseSpec, *, write: bool = True) -> DataStore:
-    """Open (or build, for P.L. 94-171 files and synthetic data) the spec's data store.
+def dataset_id(spec: ReleaseSpec, source: SourcePrint | None = None) -> str:
+    """The dataset a spec's releases are charged to: ``data.id``, or the content
+    fingerprint of the input."""
+    return spec.data.id or (source or source_print(spec)).dataset_id
 
-    Built stores are cached beside the output (``.<output>.input.zarr``) and reused.
+
+def load_data(
+    spec: ReleaseSpec, work: pathlib.Path, source: SourcePrint | None = None
+) -> DataStore:
+    """Open the spec's data as a store; inputs that need converting (P.L. 94-171 files,
+    records, synthetic data) are converted into the private folder ``work``, under a name
+    keyed to the source's fingerprint (a changed source is converted again).
     """
     fmt = spec.data.format
     if fmt == "store":
         store = open_store(spec.data.path)
     else:
-        cached = _input_path(spec)
+        source = source or source_print(spec)
+        cached = private_dir(work) / source.cache_name
         if cached.exists():
             store = open_store(cached)
-        elif not write:
-            return None  # type: ignore[return-value]
         elif fmt == "pl94":
             counts, domain, geo = read_pl94(spec.data.path)
             store = write_store(cached, counts, domain, geo, source=f"P.L. 94-171 {spec.data.path}")
@@ -150,51 +186,173 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     return plan, report
 
 
-def validate_spec(spec: ReleaseSpec) -> dict[str, Any]:
-    """Check the spec against its data and ledger without spending anything.
+@dataclass(frozen=True)
+class _Checked:
+    """What the checks before a run establish (no budget spent, nothing published)."""
 
-    Returns a report; raises :class:`SpecError` (or the data reader's error) naming
-    the problem.
-    """
-    from dpdask.privacy import Ledger
+    ledger: Ledger | None  # None: validating a spec whose ledger is still to be created
+    dataset: str
+    source: SourcePrint
+    output: pathlib.Path
+    run_id: str
+    work: pathlib.Path
+    resuming: bool
 
-    if spec.data.path is not None and not spec.data.path.exists():
-        raise SpecError(f"data.path: {spec.data.path} does not exist")
-    W = build_workload(spec.workload, spec.domain)
-    if W.shape[1] != spec.domain.size:
-        raise SpecError(f"workload: has {W.shape[1]} columns for {spec.domain.size} cells")
-    report: dict[str, Any] = {"release": spec.release, "workload_queries": int(W.shape[0])}
-    if spec.data.format in ("store",) or _input_path(spec).exists():
-        store = load_data(spec, write=False)
-    elif spec.data.format == "pl94":
+
+def _open_ledger(spec: ReleaseSpec) -> Ledger:
+    if not spec.ledger.exists() and not spec.ledger_create:
+        raise LedgerMissingError(
+            f"ledger: there is no ledger at {spec.ledger}; create it with "
+            f"`dpdask ledger init {spec.ledger}`, or write `ledger: {{path: ..., create: true}}` "
+            "in the spec"
+        )
+    return Ledger(spec.ledger, create=spec.ledger_create)
+
+
+def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create: bool) -> _Checked:
+    """Every check ``run`` makes before it reads data or charges, in that order: the
+    output path, the ledger (verified), the dataset's and release's budgets, the run id."""
+    run_id = check_run_id(run_id) if run_id is not None else new_run_id()
+    output = spec.output.absolute()
+    work = work_dir(output, run_id)
+    if spec.ledger.exists() or create:
+        ledger = _open_ledger(spec) if create else Ledger(spec.ledger)
+    else:
+        ledger = None
+    protected = [
+        ("input data", spec.data.path),
+        ("ledger", spec.ledger),
+        ("ledger head file", spec.ledger.with_name(spec.ledger.name + ".head")),
+        ("work folder", work),
+    ]
+    if spec.source is not None:
+        protected.append(("release spec", spec.source))
+    source = source_print(spec)
+    dataset = dataset_id(spec, source)
+    run = ledger.run(spec.release, run_id) if ledger is not None else None
+    previous = release_attributes(output)
+    done_here = (
+        previous is not None
+        and previous.get("release") == spec.release
+        and previous.get("run_id") == run_id
+    )
+    if not (run is not None and run.state == "measuring" and done_here):
+        check_output(output, overwrite, protected)
+    if previous is not None and overwrite and ledger is not None and not done_here:
+        head = (previous.get("ledger") or {}).get("head")
+        if head and previous.get("ledger", {}).get("id") == ledger.ledger_id:
+            if not ledger.contains(Head.parse(head)):
+                raise LedgerTamperedError(
+                    f"the release at {output} was charged under ledger head {head}, which "
+                    f"{spec.ledger} no longer holds: the ledger was rewritten"
+                )
+    if run is not None and run.state not in ("open", "measuring"):
+        raise RunStateError(
+            f"run {run_id!r} of release {spec.release!r} is {run.state}; a new run id is a "
+            "new run, drawing new noise and charged again"
+        )
+    resuming = run is not None
+    if ledger is not None:
+        _check_budgets(spec, ledger, dataset, resuming)
+    return _Checked(ledger, dataset, source, output, run_id, work, resuming)
+
+
+def _check_budgets(spec: ReleaseSpec, ledger: Ledger, dataset: str, resuming: bool) -> None:
+    total = ledger.dataset_total(dataset)
+    if spec.dataset_budget is not None and total is not None and total != spec.dataset_budget:
+        raise LedgerConflictError(
+            f"privacy.dataset: dataset {dataset!r} has lifetime total {total!r} in "
+            f"{spec.ledger}; the ledger cannot change it to {spec.dataset_budget!r}"
+        )
+    if total is None:
+        total = spec.dataset_budget
+    try:
+        budget, opened_on = ledger.budget(spec.release), ledger.dataset(spec.release)
+    except LedgerConflictError:
+        budget, opened_on = None, dataset
+    if budget is not None and (budget != spec.privacy or opened_on != dataset):
+        raise LedgerConflictError(
+            f"release {spec.release!r} is already open with budget {budget!r} on dataset "
+            f"{opened_on!r}; this spec asks for {spec.privacy!r} on {dataset!r} (a changed "
+            "budget or changed data needs a new release id)"
+        )
+    if resuming:
+        return  # the run's charges are already in the ledger
+    left = ledger.remaining(spec.release) if budget is not None else spec.privacy
+    if not spec.privacy <= left:
+        raise BudgetExceededError(
+            f"privacy: release {spec.release!r} asks for {spec.privacy!r} but only {left!r} is "
+            f"left in {spec.ledger}"
+        )
+    if total is not None:
+        dleft = ledger.dataset_remaining(dataset) if ledger.dataset_total(dataset) else total
+        if not total._coerce(spec.privacy) <= dleft:
+            raise BudgetExceededError(
+                f"privacy.dataset: dataset {dataset!r} has {dleft!r} of its lifetime "
+                f"{total!r} left; release {spec.release!r} asks for {spec.privacy!r}"
+            )
+
+
+def _check_data(spec: ReleaseSpec, checked: _Checked) -> dict[str, int]:
+    """Read (and, for records, scan) the input as ``run`` will; units per released level."""
+    fmt = spec.data.format
+    if fmt == "synthetic":
+        n = int(spec.data.options.get("geographies", 50))
+        geo = synthetic_geography(n, int(spec.data.options.get("states", max(1, round(n / 60)))))
+    elif fmt == "pl94":
         _counts, domain, geo = read_pl94(spec.data.path)
         if domain != spec.domain:
             raise SpecError(f"domain: the spec says {spec.domain} but the data has {domain}")
-        store = None
-        report["units"] = {lv: geo.n_units(lv) for lv in geo.levels}
-        levels = spec.levels or geo.levels
-        for lv in levels:
-            geo.level_index(lv)
+    elif fmt == "store":
+        geo = load_data(spec, checked.work, checked.source).geography
     else:
-        store = None
-    if store is not None:
-        levels = _levels(spec, store)
-        report["units"] = {lv: store.geography.n_units(lv) for lv in levels}
-    if spec.levels is not None:
-        spec.level_budgets(spec.levels)
-    if spec.ledger.exists():
-        ledger = Ledger(spec.ledger)
+        with tempfile.TemporaryDirectory(prefix=".dpdask-validate-") as tmp:
+            geo = load_data(spec, pathlib.Path(tmp) / "work", checked.source).geography
+    levels = spec.levels or geo.levels
+    for lv in levels:
+        if lv not in geo.levels:
+            raise SpecError(f"levels: {lv!r} is not a level of the data ({list(geo.levels)})")
+    if levels[-1] != geo.levels[-1]:
+        raise SpecError(
+            f"levels: the finest released level must be the data's finest, {geo.levels[-1]!r}"
+        )
+    split_levels(spec.privacy, levels, spec.split)
+    return {lv: geo.n_units(lv) for lv in levels}
+
+
+def validate_spec(
+    spec: ReleaseSpec, run_id: str | None = None, overwrite: bool = False
+) -> dict[str, Any]:
+    """Make every check ``run`` makes before charging, spending and writing nothing.
+
+    The spec's fields, the workload, the output path, the ledger (verified), the
+    dataset's and the release's remaining budget, the run id and the data itself (read
+    and checked as ``run`` reads it). A spec that validates fails ``run`` only for
+    reasons outside the spec and its data (a crash, a full disk).
+
+    Returns a report; raises :class:`SpecError`, a :class:`~dpdask.privacy.LedgerError`
+    or the data reader's error, naming the problem.
+    """
+    W = build_workload(spec.workload, spec.domain)
+    if W.shape[1] != spec.domain.size:
+        raise SpecError(f"workload: has {W.shape[1]} columns for {spec.domain.size} cells")
+    if not spec.ledger.exists() and not spec.ledger_create:
+        _open_ledger(spec)  # raises, naming the fix
+    checked = _preflight(spec, run_id, overwrite, create=False)
+    report: dict[str, Any] = {
+        "release": spec.release,
+        "dataset": checked.dataset,
+        "workload_queries": int(W.shape[0]),
+        "units": _check_data(spec, checked),
+    }
+    if checked.ledger is not None:
         try:
-            left = ledger.remaining(spec.release)
-        except (KeyError, ValueError):
-            left = None
+            report["budget_remaining"] = checked.ledger.remaining(spec.release).to_dict()
+        except LedgerConflictError:  # the release is not open yet
+            report["budget_remaining"] = spec.privacy.to_dict()
+        left = checked.ledger.dataset_remaining(checked.dataset)
         if left is not None:
-            report["budget_remaining"] = left.to_dict()
-            if not spec.privacy <= left:
-                raise SpecError(
-                    f"privacy: the release asks for {spec.privacy} but only {left} is left "
-                    f"in {spec.ledger}"
-                )
+            report["dataset_remaining"] = left.to_dict()
     report["ok"] = True
     return report
 
@@ -207,23 +365,58 @@ def run_spec(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Run a release spec end to end; returns a summary of what was published."""
-    from dpdask.dataflow.release import release
-    from dpdask.privacy import Ledger
+    """Run a release spec end to end; returns a summary of what was published.
 
+    Every check of :func:`validate_spec` comes first; then the strategy is selected,
+    the data is read (into the run's private work folder), every level is charged
+    and the release is measured, reconstructed and published. The same ``run_id``
+    resumes an interrupted run (same key, same noise, no new charge); a published or
+    abandoned run id is refused.
+    """
+    from dpdask.dataflow.release import release
+
+    W = build_workload(spec.workload, spec.domain)
+    if W.shape[1] != spec.domain.size:
+        raise SpecError(f"workload: has {W.shape[1]} columns for {spec.domain.size} cells")
+    checked = _preflight(spec, run_id, overwrite, create=True)
     plan, report = plan_spec(spec, client=client)
-    store = load_data(spec)
+    ledger = checked.ledger
+    if ledger is None:  # pragma: no cover - _preflight(create=True) always opens one
+        raise LedgerMissingError(f"ledger: no ledger at {spec.ledger}")
+    if spec.dataset_budget is not None:
+        ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
+    store = load_data(spec, checked.work, checked.source)
+    _check_same_source(checked)
     levels = _levels(spec, store)
-    spec.ledger.parent.mkdir(parents=True, exist_ok=True)
     rel = release(
         plan, store, levels=levels,
         budget_split={lv: spec.split[lv] for lv in levels} if spec.split else None,
-        reconstruct=spec.reconstruct, release_id=spec.release, run_id=run_id,
-        ledger=Ledger(spec.ledger), dataset=None,
+        reconstruct=spec.reconstruct, release_id=spec.release, run_id=checked.run_id,
+        ledger=ledger, dataset=checked.dataset,
     )  # fmt: skip
-    out = rel.to_zarr(spec.output, overwrite=overwrite, client=client, progress=progress)
+    out = rel.to_zarr(
+        checked.output, overwrite=overwrite, client=client, progress=progress,
+        protected=[("input data", spec.data.path), ("ledger", spec.ledger)],
+    )  # fmt: skip
     summary = rel.summary()
     summary["output"] = str(out)
     summary["ledger"] = str(spec.ledger)
+    summary["dataset"] = checked.dataset
     summary["expected"] = report["levels"]
     return summary
+
+
+def _check_same_source(checked: _Checked) -> None:
+    """A resumed run must read the same data it started with: its noise is fixed, and the
+    same noise on changed data would reveal the change."""
+    record = checked.work / "source.json"
+    if record.exists():
+        started = json.loads(record.read_text())["content"]
+        if started != checked.source.content:
+            raise RunStateError(
+                f"the input changed since run {checked.run_id!r} started; resuming would add "
+                "its noise to other data. Abandon it (`dpdask ledger abandon`) and start a new "
+                "run id (a new charge)"
+            )
+    else:
+        record.write_text(json.dumps({"content": checked.source.content}))

@@ -2,8 +2,10 @@
 
 A spec names the data source, the domain, the geography levels, the workload, the
 privacy budget and its split over levels, the strategy, the reconstruction, the
-output and, optionally, a cluster. Relative paths are relative to the spec file.
-Every problem is reported as a :class:`SpecError` naming the field, before any
+output, the ledger and, optionally, a cluster. Relative paths are relative to the
+spec file. Specs are strict: an unknown key at any depth is an error naming it and
+the keys allowed there, and a budget has exactly one form. Every problem is
+reported as a one-line :class:`SpecError` naming the (dotted) field, before any
 data is read or any budget is spent.
 
 Example (``pipelines/pl94-providence.yaml``)::
@@ -12,24 +14,48 @@ Example (``pipelines/pl94-providence.yaml``)::
     data:
       format: pl94                 # pl94 | store | records | synthetic
       path: ../examples/data/pl94_providence
+      id: ri-2018-e2e-providence   # optional: names the dataset
     domain: pl94                   # pl94 | cph | {attr: size, ...}
-    levels: [state, county, tract, blockgroup, block]
+    levels: [state, county, tract, block_group, block]   # a list: order matters
     workload: pl94                 # or {name: marginals, k: 2}
     privacy:
-      zcdp: 1                      # or epsilon: 1 (pure DP) or {epsilon: 1, delta: 1e-9}
-      split: {state: 1, county: 1, tract: 1, blockgroup: 1, block: 1}
-    strategy: hdmm
+      zcdp: 1                      # or rho: 1, epsilon: 1 (pure DP), or epsilon + delta
+      split: {state: 1, county: 1, tract: 1, block_group: 1, block: 2}
+      # dataset: {zcdp: 2}         # optional: the dataset's total budget
+    strategy: hdmm                 # or {name: hdmm, restarts: 5}
     reconstruct: ls
     output: ../out/pl94-providence.zarr
-    ledger: ../out/ledger.sqlite
+    ledger: {path: ../out/ledger.sqlite, create: true}   # or just the path
+    # cluster: tcp://scheduler:8786   # or {address: ..., tls: {ca_file, cert, key}}
+    #                                 # or {n_workers: 2, threads_per_worker: 1, ...}
+
+The keys allowed in each mapping:
+
+============  ====================================================================
+``data``      ``format``, ``path``, ``id``; for ``synthetic`` also ``geographies``,
+              ``states``, ``seed``, ``population``; for ``records`` the options of
+              :func:`dpdask.dataflow.ingest_records` (``geography_column`` required)
+``privacy``   one of ``zcdp``, ``rho``, ``epsilon`` (``delta`` only with
+              ``epsilon``; ``delta: 0`` is pure DP), and ``split``, ``dataset`` (a
+              budget mapping of the same form, without ``split`` or ``dataset``)
+``workload``  ``name`` and the options of that workload
+              (:func:`dpdask.workloads.named.workload_options`)
+``strategy``  ``name`` and the options :func:`dpdask.strategy.select` uses for it
+``ledger``    ``path`` and ``create`` (permission to create a missing ledger file)
+``cluster``   ``address``, ``insecure``, ``tls`` (``ca_file``, ``cert``, ``key``) for
+              a remote scheduler, or the LocalCluster options ``n_workers``,
+              ``threads_per_worker``, ``processes``, ``memory_limit``,
+              ``dashboard_address``
+============  ====================================================================
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import pathlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -37,7 +63,7 @@ from typing import Any
 import yaml
 
 from dpdask.domain import Domain
-from dpdask.privacy import ApproxDP, Budget, PureDP, as_fraction, zCDP
+from dpdask.privacy import ApproxDP, Budget, PureDP, as_fraction, split_levels, zCDP
 
 __all__ = ["DataSpec", "ReleaseSpec", "SpecError", "load_spec", "parse_spec"]
 
@@ -46,6 +72,18 @@ DATA_FORMATS = ("pl94", "store", "records", "synthetic")
 STRATEGIES = ("hdmm", "identity", "workload", "hierarchical", "wavelet", "convex", "fitness")
 RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet")
 
+_DATA_KEYS = ("format", "path", "id")
+_SYNTHETIC_KEYS = ("geographies", "states", "seed", "population")
+_BUDGET_FORMS = ("zcdp", "rho", "epsilon")
+_BUDGET_KEYS = (*_BUDGET_FORMS, "delta")
+_PRIVACY_KEYS = (*_BUDGET_KEYS, "split", "dataset")
+_LEDGER_KEYS = ("path", "create")
+_REMOTE_KEYS = ("address", "insecure", "tls")
+_LOCAL_KEYS = (
+    "n_workers", "threads_per_worker", "processes", "memory_limit", "dashboard_address",
+)  # fmt: skip
+_TLS_KEYS = ("ca_file", "cert", "key")
+
 
 class SpecError(ValueError):
     """A release spec is invalid; the message names the field."""
@@ -53,16 +91,29 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Where the sensitive data comes from."""
+    """Where the sensitive data comes from.
+
+    ``format`` is one of :data:`DATA_FORMATS`; ``path`` the file or folder (absolute);
+    ``id`` an optional name of the dataset (same form as release ids); ``options``
+    the format's further keys (synthetic sizes, :func:`~dpdask.dataflow.ingest_records`
+    options).
+    """
 
     format: str
     path: pathlib.Path | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
 
 
 @dataclass(frozen=True)
 class ReleaseSpec:
-    """A validated release spec (see the module docstring for the YAML form)."""
+    """A validated release spec (see the module docstring for the YAML form).
+
+    ``ledger`` is the ledger file and ``ledger_create`` whether the spec allows it to
+    be created when missing (``ledger: {path: ..., create: true}``). ``cluster`` is a
+    scheduler address, a mapping (``address`` with ``insecure`` or ``tls``, or
+    LocalCluster options) or ``None`` for the default local cluster.
+    """
 
     release: str
     data: DataSpec
@@ -79,26 +130,57 @@ class ReleaseSpec:
     dataset_budget: Budget | None = None
     cluster: str | dict[str, Any] | None = None
     source: pathlib.Path | None = None
+    ledger_create: bool = False
 
     def level_budgets(self, levels: tuple[str, ...]) -> dict[str, Budget]:
-        """The budget of each released level: the split (exact) of the total."""
-        if self.split is None:
-            weights = [Fraction(1)] * len(levels)
-        else:
-            missing = [lv for lv in levels if lv not in self.split]
-            if missing:
-                raise SpecError(f"privacy.split: no share for level(s) {missing}")
-            extra = sorted(set(self.split) - set(levels))
-            if extra:
-                raise SpecError(f"privacy.split: level(s) {extra} are not released")
-            weights = [self.split[lv] for lv in levels]
-        return dict(zip(levels, self.privacy.split(weights), strict=True))
+        """The budget of each released level: the exact split of the total.
+
+        Parameters
+        ----------
+        levels : tuple of str
+            The released levels.
+
+        Returns
+        -------
+        dict of str to Budget
+            As :func:`dpdask.privacy.split_levels` (even when the spec has no split).
+
+        Raises
+        ------
+        SpecError
+            Naming ``privacy.split``, when the split does not match the levels.
+        """
+        try:
+            return split_levels(self.privacy, tuple(levels), self.split)
+        except ValueError as exc:
+            raise SpecError(f"privacy.split: {exc}") from None
 
 
+# -- helpers --------------------------------------------------------------------------------
 def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in d or d[key] is None:
         raise SpecError(f"{where}: missing required field {key!r}")
     return d[key]
+
+
+def _check_keys(d: Mapping[Any, Any], allowed: Iterable[str], where: str) -> None:
+    """Raise naming the first unknown key of ``d`` and the keys allowed there."""
+    allowed = list(allowed)
+    unknown = sorted((k for k in d if k not in allowed), key=str)
+    if unknown:
+        raise SpecError(f"{where}: unknown key {unknown[0]!r}; allowed: {allowed}")
+
+
+def _mapping(value: Any, where: str, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}: expected {what}, got {value!r}")
+    return value
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(f"{where}: expected true or false, got {value!r}")
+    return value
 
 
 def _path(value: Any, base: pathlib.Path, where: str) -> pathlib.Path:
@@ -108,21 +190,200 @@ def _path(value: Any, base: pathlib.Path, where: str) -> pathlib.Path:
     return p if p.is_absolute() else (base / p).resolve()
 
 
-def _budget(d: Any, where: str) -> Budget:
-    if not isinstance(d, Mapping):
-        raise SpecError(f"{where}: expected a mapping like {{zcdp: 1}} or {{epsilon: 1}}")
+def _keywords(fn: Callable[..., Any], skip: Iterable[str]) -> list[str]:
+    """The parameters of ``fn`` that can be given by keyword, less ``skip``."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    skip = set(skip)
+    params = inspect.signature(fn).parameters.values()
+    return [p.name for p in params if p.kind in kinds and p.name not in skip]
+
+
+# -- data -----------------------------------------------------------------------------------
+def _records_keys() -> list[str]:
+    from dpdask.dataflow._ingest import ingest_records
+
+    return _keywords(ingest_records, ("source", "domain", "store"))
+
+
+def _data(raw: Any, base: pathlib.Path) -> DataSpec:
+    d = _mapping(raw, "data", "a mapping with 'format' and 'path'")
+    fmt = _require(d, "format", "data")
+    if fmt not in DATA_FORMATS:
+        raise SpecError(f"data.format: {fmt!r} is not one of {DATA_FORMATS}")
+    extra = {"synthetic": _SYNTHETIC_KEYS, "records": None}.get(fmt, ())
+    _check_keys(d, [*_DATA_KEYS, *(_records_keys() if extra is None else extra)], "data")
+    dpath = _path(d["path"], base, "data.path") if d.get("path") else None
+    if fmt != "synthetic" and dpath is None:
+        raise SpecError(f"data.path: required for format {fmt!r}")
+    if fmt == "records" and d.get("geography_column") is None:
+        raise SpecError("data.geography_column: required for format 'records'")
+    data_id = d.get("id")
+    if data_id is not None and (not isinstance(data_id, str) or not _ID.match(data_id)):
+        raise SpecError(f"data.id: {data_id!r} must start with a letter and use [A-Za-z0-9_.-]")
+    options = {k: v for k, v in d.items() if k not in _DATA_KEYS}
+    return DataSpec(fmt, dpath, options, data_id)
+
+
+# -- privacy --------------------------------------------------------------------------------
+def _budget(raw: Any, where: str, allowed: tuple[str, ...] = _BUDGET_KEYS) -> Budget:
+    """One budget of exactly one form: ``zcdp``, ``rho``, or ``epsilon`` (with ``delta``)."""
+    d = _mapping(raw, where, "a mapping like {zcdp: 1} or {epsilon: 1}")
+    _check_keys(d, allowed, where)
+    forms = [k for k in _BUDGET_FORMS if k in d]
+    if len(forms) > 1:
+        raise SpecError(f"{where}: give exactly one budget form, not {forms}")
+    if not forms:
+        if "delta" in d:
+            raise SpecError(f"{where}.delta: goes with epsilon; give epsilon too")
+        raise SpecError(f"{where}: give one of zcdp, rho, epsilon, or epsilon with delta")
+    form = forms[0]
+    if "delta" in d and form != "epsilon":
+        raise SpecError(f"{where}.delta: goes with epsilon, not with {form}")
     try:
-        if "zcdp" in d or "rho" in d:
-            return zCDP(d.get("zcdp", d.get("rho")))
-        if "epsilon" in d and d.get("delta") not in (None, 0):
-            return ApproxDP(d["epsilon"], d["delta"])
-        if "epsilon" in d:
+        if form in ("zcdp", "rho"):
+            return zCDP(d[form])
+        delta = d.get("delta")
+        if delta is None or as_fraction(delta, "delta") == 0:
             return PureDP(d["epsilon"])
+        return ApproxDP(d["epsilon"], delta)
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{where}: {exc}") from None
-    raise SpecError(f"{where}: give one of zcdp, epsilon, or epsilon with delta")
 
 
+def _split(raw: Any, levels: tuple[str, ...] | None, total: Budget) -> dict[str, Fraction]:
+    d = _mapping(raw, "privacy.split", "a mapping of level to share")
+    try:
+        split = {str(k): as_fraction(v, f"share of {k}") for k, v in d.items()}
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"privacy.split: {exc}") from None
+    if any(v <= 0 for v in split.values()):
+        raise SpecError("privacy.split: shares must be positive")
+    if levels is not None:
+        try:
+            split_levels(total, levels, split)
+        except ValueError as exc:
+            raise SpecError(f"privacy.split: {exc}") from None
+    return split
+
+
+# -- workload and strategy ------------------------------------------------------------------
+def _workload(raw: Any) -> dict[str, Any]:
+    from dpdask.workloads.named import workload_options
+
+    if isinstance(raw, str):
+        workload: dict[str, Any] = {"name": raw}
+    elif isinstance(raw, Mapping):
+        workload = dict(raw)
+    else:
+        raise SpecError("workload: expected a name or a mapping with 'name'")
+    name = workload.get("name")
+    if not isinstance(name, str):
+        raise SpecError("workload: expected a name or a mapping with 'name'")
+    try:
+        allowed = workload_options(name)
+    except ValueError as exc:
+        raise SpecError(f"workload.name: {exc}") from None
+    if allowed is not None:
+        _check_keys(workload, ["name", *allowed], "workload")
+    return workload
+
+
+def _strategy_keys(name: str) -> list[str]:
+    """The options :func:`dpdask.strategy.select` uses for strategy ``name``."""
+    from dpdask.strategy import baselines, select
+    from dpdask.strategy._fitness_plan import fitness_plan
+    from dpdask.strategy.convex import ca_solve
+    from dpdask.strategy.fitness import solve
+
+    given = ("workload", "privacy", "strategy", "domain", "client")  # plan_spec passes these
+    used: dict[str, list[tuple[Callable[..., Any], tuple[str, ...]]]] = {
+        "hdmm": [(select, given)],
+        "hierarchical": [(baselines.hierarchical, ("n_or_domain",))],
+        "convex": [(baselines.convex_ca, ("W",)), (ca_solve, ("W", "weights"))],
+        "fitness": [(fitness_plan, given), (solve, ("W", "targets", "basis", "budget"))],
+    }
+    return [k for fn, skip in used.get(name, []) for k in _keywords(fn, skip)]
+
+
+def _strategy(raw: Any) -> tuple[str, dict[str, Any]]:
+    if isinstance(raw, Mapping):
+        name = raw.get("name", "hdmm")
+        options = {k: v for k, v in raw.items() if k != "name"}
+    else:
+        name, options = raw, {}
+    if name not in STRATEGIES:
+        raise SpecError(f"strategy: {name!r} is not one of {STRATEGIES}")
+    if options:
+        _check_keys(raw, ["name", *_strategy_keys(name)], "strategy")
+    return name, options
+
+
+# -- ledger and cluster ---------------------------------------------------------------------
+def _ledger(raw: Any, output: pathlib.Path, base: pathlib.Path) -> tuple[pathlib.Path, bool]:
+    if raw is None:
+        return _path(str(output) + ".ledger.sqlite", base, "ledger"), False
+    if isinstance(raw, Mapping):
+        _check_keys(raw, _LEDGER_KEYS, "ledger")
+        path = _path(_require(raw, "path", "ledger"), base, "ledger.path")
+        return path, _bool(raw.get("create", False), "ledger.create")
+    if not isinstance(raw, str | os.PathLike):
+        raise SpecError(f"ledger: expected a path or {{path: ..., create: true}}, got {raw!r}")
+    return _path(raw, base, "ledger"), False
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{where}: expected a positive integer, got {value!r}")
+    return value
+
+
+def _cluster(raw: Any, base: pathlib.Path) -> str | dict[str, Any] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        if not raw:
+            raise SpecError("cluster: expected a scheduler address, got ''")
+        return raw
+    c = dict(_mapping(raw, "cluster", "a scheduler address or a mapping"))
+    _check_keys(c, [*_REMOTE_KEYS, *_LOCAL_KEYS], "cluster")
+    remote = [k for k in _REMOTE_KEYS if k in c]
+    local = [k for k in _LOCAL_KEYS if k in c]
+    if "address" not in c and remote:
+        raise SpecError(f"cluster.{remote[0]}: goes with cluster.address (a remote scheduler)")
+    if remote and local:
+        raise SpecError(
+            f"cluster: address is a remote scheduler; LocalCluster options {local} do not apply"
+        )
+    if "address" in c:
+        if not isinstance(c["address"], str) or not c["address"]:
+            raise SpecError(f"cluster.address: expected a scheduler address, got {c['address']!r}")
+        if "insecure" in c:
+            _bool(c["insecure"], "cluster.insecure")
+        if "tls" in c:
+            if c.get("insecure"):
+                raise SpecError("cluster.tls: not with insecure: true")
+            tls = _mapping(c["tls"], "cluster.tls", "a mapping with ca_file, cert and key")
+            _check_keys(tls, _TLS_KEYS, "cluster.tls")
+            c["tls"] = {k: str(_path(v, base, f"cluster.tls.{k}")) for k, v in tls.items()}
+        return c
+    for k in ("n_workers", "threads_per_worker"):
+        if k in c:
+            _positive_int(c[k], f"cluster.{k}")
+    if "processes" in c:
+        _bool(c["processes"], "cluster.processes")
+    if "memory_limit" in c and (
+        isinstance(c["memory_limit"], bool) or not isinstance(c["memory_limit"], str | int | float)
+    ):
+        raise SpecError(
+            f"cluster.memory_limit: expected bytes or '4GiB', got {c['memory_limit']!r}"
+        )
+    da = c.get("dashboard_address")
+    if da is not None and not isinstance(da, str):
+        raise SpecError(f"cluster.dashboard_address: expected an address like ':8787', got {da!r}")
+    return c
+
+
+# -- the spec -------------------------------------------------------------------------------
 def _domain(value: Any) -> Domain:
     from dpdask.workloads import census
 
@@ -140,8 +401,39 @@ def _domain(value: Any) -> Domain:
     )
 
 
+def _levels(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        raise SpecError("levels: expected a list of level names (coarsest first), not a mapping")
+    if not isinstance(value, list) or not value or not all(isinstance(x, str) for x in value):
+        raise SpecError("levels: expected a non-empty list of level names")
+    repeated = sorted({x for x in value if value.count(x) > 1})
+    if repeated:
+        raise SpecError(f"levels: {repeated} repeated")
+    return tuple(value)
+
+
 def parse_spec(raw: Mapping[str, Any], base: str | os.PathLike = ".") -> ReleaseSpec:
-    """Validate a spec given as a mapping; relative paths resolve against ``base``."""
+    """Validate a spec given as a mapping; relative paths resolve against ``base``.
+
+    Parameters
+    ----------
+    raw : mapping
+        The spec, as read from YAML (see the module docstring).
+    base : path-like
+        The folder relative paths are relative to (the spec file's).
+
+    Returns
+    -------
+    ReleaseSpec
+
+    Raises
+    ------
+    SpecError
+        For the first problem found, naming its dotted field (``privacy.dataset``) and,
+        for an unknown key, the keys allowed there.
+    """
     base = pathlib.Path(base).resolve()
     if not isinstance(raw, Mapping):
         raise SpecError("a release spec is a YAML mapping")
@@ -149,85 +441,37 @@ def parse_spec(raw: Mapping[str, Any], base: str | os.PathLike = ".") -> Release
         "release", "data", "domain", "levels", "workload", "privacy", "strategy",
         "reconstruct", "output", "ledger", "cluster",
     }  # fmt: skip
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(set(raw) - known, key=str)
     if unknown:
         raise SpecError(f"unknown field(s) {unknown}; known fields are {sorted(known)}")
     release = str(_require(raw, "release", "spec"))
     if not _ID.match(release):
         raise SpecError(f"release: {release!r} must start with a letter and use [A-Za-z0-9_.-]")
 
-    data_raw = _require(raw, "data", "spec")
-    if not isinstance(data_raw, Mapping):
-        raise SpecError("data: expected a mapping with 'format' and 'path'")
-    fmt = _require(data_raw, "format", "data")
-    if fmt not in DATA_FORMATS:
-        raise SpecError(f"data.format: {fmt!r} is not one of {DATA_FORMATS}")
-    dpath = _path(data_raw["path"], base, "data.path") if data_raw.get("path") else None
-    if fmt != "synthetic" and dpath is None:
-        raise SpecError(f"data.path: required for format {fmt!r}")
-    options = {k: v for k, v in data_raw.items() if k not in ("format", "path")}
-    data = DataSpec(fmt, dpath, options)
-
+    data = _data(_require(raw, "data", "spec"), base)
     domain = _domain(_require(raw, "domain", "spec"))
-    levels = raw.get("levels")
-    if levels is not None:
-        if (
-            not isinstance(levels, list)
-            or not all(isinstance(x, str) for x in levels)
-            or not levels
-        ):
-            raise SpecError("levels: expected a non-empty list of level names")
-        levels = tuple(levels)
-
-    wl = _require(raw, "workload", "spec")
-    workload = (
-        {"name": wl} if isinstance(wl, str) else dict(wl) if isinstance(wl, Mapping) else None
-    )
-    if workload is None or "name" not in workload:
-        raise SpecError("workload: expected a name or a mapping with 'name'")
+    levels = _levels(raw.get("levels"))
+    workload = _workload(_require(raw, "workload", "spec"))
 
     pr = _require(raw, "privacy", "spec")
-    privacy = _budget(pr, "privacy")
-    split = None
-    if isinstance(pr, Mapping) and pr.get("split") is not None:
-        if not isinstance(pr["split"], Mapping):
-            raise SpecError("privacy.split: expected a mapping of level to share")
-        try:
-            split = {str(k): as_fraction(v, f"share of {k}") for k, v in pr["split"].items()}
-        except (TypeError, ValueError) as exc:
-            raise SpecError(f"privacy.split: {exc}") from None
-        if any(v <= 0 for v in split.values()):
-            raise SpecError("privacy.split: shares must be positive")
-        if levels is not None:
-            extra = sorted(set(split) - set(levels))
-            if extra:
-                raise SpecError(f"privacy.split: level(s) {extra} are not in levels")
+    privacy = _budget(pr, "privacy", _PRIVACY_KEYS)
+    split = _split(pr["split"], levels, privacy) if pr.get("split") is not None else None
     dataset_budget = None
-    if isinstance(pr, Mapping) and pr.get("dataset") is not None:
+    if pr.get("dataset") is not None:
         dataset_budget = _budget(pr["dataset"], "privacy.dataset")
 
-    st = raw.get("strategy", "hdmm")
-    strategy_options: dict[str, Any] = {}
-    if isinstance(st, Mapping):
-        strategy_options = {k: v for k, v in st.items() if k != "name"}
-        st = st.get("name", "hdmm")
-    if st not in STRATEGIES:
-        raise SpecError(f"strategy: {st!r} is not one of {STRATEGIES}")
+    strategy, strategy_options = _strategy(raw.get("strategy", "hdmm"))
     rec = raw.get("reconstruct", "ls")
     if rec not in RECONSTRUCTIONS:
         raise SpecError(f"reconstruct: {rec!r} is not one of {RECONSTRUCTIONS}")
     output = _path(_require(raw, "output", "spec"), base, "output")
-    ledger = _path(raw.get("ledger", str(output) + ".ledger.sqlite"), base, "ledger")
-    cluster = raw.get("cluster")
-    if cluster is not None and not isinstance(cluster, str | Mapping):
-        raise SpecError(
-            "cluster: expected a scheduler address or a mapping of LocalCluster options"
-        )
+    ledger, ledger_create = _ledger(raw.get("ledger"), output, base)
+    cluster = _cluster(raw.get("cluster"), base)
     return ReleaseSpec(
         release=release, data=data, domain=domain, levels=levels, workload=workload,
-        privacy=privacy, split=split, strategy=st, strategy_options=strategy_options,
+        privacy=privacy, split=split, strategy=strategy, strategy_options=strategy_options,
         reconstruct=rec, output=output, ledger=ledger, dataset_budget=dataset_budget,
-        cluster=dict(cluster) if isinstance(cluster, Mapping) else cluster,
+        cluster=cluster, ledger_create=ledger_create,
     )  # fmt: skip
 
 

@@ -2,35 +2,62 @@
 
 Budgets (:class:`PureDP`, :class:`ApproxDP`, :class:`zCDP`) are exact values
 (:class:`fractions.Fraction` parameters) that compose with ``+`` and split
-exactly; calibration methods turn them into noise scales. Conversions follow
-Bun and Steinke (2016), Canonne, Kamath and Steinke (2020) and Balle and Wang
-(2018). :class:`Ledger` is the persistent, append-only record of charges.
+exactly; calibration methods turn them into noise scales. :func:`split_levels`
+splits a release budget over geography levels and :func:`noise_scale` calibrates
+each level's noise: the one budget-to-noise path of plans and releases.
+Conversions follow Bun and Steinke (2016), Canonne, Kamath and Steinke (2020) and
+Balle and Wang (2018). :class:`Ledger` is the persistent, append-only record of
+charges.
 """
 
 from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, parallel, zCDP
+from dpdask.privacy._chain import Head
 from dpdask.privacy._convert import (
     gaussian_delta,
     gaussian_max_privacy_cost,
     zcdp_delta,
     zcdp_epsilon,
 )
-from dpdask.privacy._ledger import BudgetExceededError, Charge, Ledger, LedgerConflictError
+from dpdask.privacy._ledger import (
+    RUN_STATES,
+    BudgetExceededError,
+    Charge,
+    Ledger,
+    LedgerConflictError,
+    LedgerError,
+    LedgerMissingError,
+    LedgerTamperedError,
+    Run,
+    RunStateError,
+    check_run_id,
+)
+from dpdask.privacy._levels import noise_scale, split_levels
 from dpdask.privacy._mechanisms import check_calibration, mechanism_guarantee
 
 __all__ = [
+    "RUN_STATES",
     "ApproxDP",
     "Budget",
     "BudgetExceededError",
     "Charge",
+    "Head",
     "Ledger",
     "LedgerConflictError",
+    "LedgerError",
+    "LedgerMissingError",
+    "LedgerTamperedError",
     "PureDP",
+    "Run",
+    "RunStateError",
     "as_fraction",
     "check_calibration",
+    "check_run_id",
     "gaussian_delta",
     "gaussian_max_privacy_cost",
     "mechanism_guarantee",
+    "noise_scale",
     "parallel",
+    "split_levels",
     "zCDP",
     "zcdp_delta",
     "zcdp_epsilon",

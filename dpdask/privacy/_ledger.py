@@ -1,79 +1,99 @@
-"""The persistent, append-only privacy ledger (SQLite from the standard library).
+"""The persistent, tamper-evident privacy ledger: datasets, releases, runs and charges.
 
-The ledger records every measurement a release makes: release id, run id,
-level, measurement, mechanism, sensitivity, noise scale and the privacy charged.
-A charge is committed and synced to disk *before* any noise is drawn, so that a
-crash can never leave noise drawn but not accounted for.
+The ledger records every measurement a release makes: release id, run id, level,
+measurement, mechanism, sensitivity, noise scale, the privacy charged and the
+fingerprint of the key that draws the noise. A charge is committed and synced to
+disk *before* any noise is drawn, so that a crash can never leave noise drawn but
+not accounted for. Storage is a hash chain with an anchored head
+(:mod:`dpdask.privacy._chain`): an edited, truncated, emptied, rolled-back or
+missing ledger is refused, never recreated.
 
 Accounting rules
 
-* A charge is identified by ``(release, run_id, level, measurement)``. Charging
-  the same identity again with the same parameters (a retry after a crash) adds
-  nothing; with different parameters it is refused. A new run id is a new charge.
-* Parallel composition: the chunks of one geography level partition the people,
-  so a level's measurement is charged once, not once per chunk. The chunk is
-  therefore not part of a charge's identity.
-* Sequential composition: everything charged to a release (all levels, all
-  measurements, all runs) is added up and must fit within the release's budget;
-  everything charged to the releases of a dataset must fit within the dataset's
-  total, if one is configured. Charges are converted to the budget's definition
-  before adding (pure epsilon to ``epsilon**2/2``-zCDP, pure to ``(epsilon, 0)``),
-  which is the tight way round.
-* Append-only: triggers refuse ``UPDATE`` and ``DELETE`` on every table.
+* **Datasets.** A dataset may have a lifetime total; everything charged to the
+  releases of that dataset, in every run, must fit within it.
+* **Releases.** A release is opened once with its budget (and dataset); everything
+  charged to it must fit within the budget.
+* **Runs** are states bound to a key: ``open -> measuring -> published``, or
+  ``abandoned``. A run records the fingerprint of its key (a keyed hash, never the
+  key). Charging a run with another key, or a published or abandoned run at all, is
+  refused: a new run id is a new charge. A resume (same run id, same key) finds its
+  charges and charges nothing.
+* A charge is identified by ``(release, run_id, level, measurement)``; charging the
+  same identity again with the same parameters adds nothing, with different ones is
+  refused.
+* Parallel composition: the chunks of one geography level partition the people, so
+  a level's measurement is charged once, not once per chunk.
+* Sequential composition: charges are converted to the budget's definition before
+  adding (pure epsilon to ``epsilon**2/2``-zCDP, pure to ``(epsilon, 0)``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import sqlite3
-import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dpdask.privacy._budget import Budget
+from dpdask.privacy._chain import (
+    Chain,
+    Entry,
+    Head,
+    LedgerError,
+    LedgerMissingError,
+    LedgerTamperedError,
+)
 from dpdask.privacy._mechanisms import MECHANISM_NORM
 
-__all__ = ["BudgetExceededError", "Charge", "Ledger", "LedgerConflictError"]
+__all__ = [
+    "RUN_STATES",
+    "BudgetExceededError",
+    "Charge",
+    "Ledger",
+    "LedgerConflictError",
+    "LedgerError",
+    "LedgerMissingError",
+    "LedgerTamperedError",
+    "Run",
+    "RunStateError",
+    "check_run_id",
+]
 
-SCHEMA_VERSION = "1"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS datasets (
-    dataset TEXT PRIMARY KEY, total TEXT NOT NULL, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS releases (
-    release TEXT PRIMARY KEY, dataset TEXT, budget TEXT NOT NULL, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS charges (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    release TEXT NOT NULL REFERENCES releases(release),
-    run_id TEXT NOT NULL,
-    level TEXT NOT NULL,
-    measurement TEXT NOT NULL,
-    mechanism TEXT NOT NULL,
-    sensitivity REAL NOT NULL,
-    noise_scale REAL NOT NULL,
-    privacy TEXT NOT NULL,
-    created REAL NOT NULL,
-    UNIQUE (release, run_id, level, measurement));
-"""
-_TABLES = ("meta", "datasets", "releases", "charges")
-_SELECT_CHARGES = (
-    "SELECT release, run_id, level, measurement, mechanism, sensitivity, noise_scale, "
-    "privacy FROM charges"
-)
+RUN_STATES = ("open", "measuring", "published", "abandoned")
+_LIVE = ("open", "measuring")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
-class BudgetExceededError(ValueError):
+class BudgetExceededError(LedgerError):
     """A charge would exceed a release's budget or a dataset's total."""
 
 
-class LedgerConflictError(ValueError):
+class LedgerConflictError(LedgerError):
     """A charge or registration contradicts what the ledger already holds."""
+
+
+class RunStateError(LedgerConflictError):
+    """A run id that is published, abandoned, or bound to another key."""
+
+
+def check_run_id(run_id: Any) -> str:
+    """A run id: 1-128 characters of ``[A-Za-z0-9_.-]``, starting with a letter or digit.
+
+    Raises
+    ------
+    ValueError
+        Naming what is wrong.
+    """
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise ValueError(
+            f"run id {run_id!r} must be 1-128 characters of letters, digits, '_', '.', '-', "
+            "starting with a letter or digit"
+        )
+    return run_id
 
 
 @dataclass(frozen=True)
@@ -93,6 +113,9 @@ class Charge:
         Laplace scale or Gaussian sigma.
     privacy : Budget
         What the measurement costs (the plan's per-measurement budget).
+    key_fingerprint : str or None
+        :meth:`dpdask.noise.SecretKey.fingerprint` of the key that draws the noise;
+        the ledger refuses a charge without one.
     """
 
     release: str
@@ -103,6 +126,7 @@ class Charge:
     sensitivity: float
     noise_scale: float
     privacy: Budget
+    key_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("release", "run_id", "level", "measurement"):
@@ -118,6 +142,12 @@ class Charge:
             object.__setattr__(self, name, value)
         if not isinstance(self.privacy, Budget):
             raise TypeError(f"charge privacy must be a Budget, got {self.privacy!r}")
+        if self.key_fingerprint is not None and not (
+            isinstance(self.key_fingerprint, str) and self.key_fingerprint
+        ):
+            raise ValueError(
+                f"charge key_fingerprint must be a string, got {self.key_fingerprint!r}"
+            )
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -131,80 +161,142 @@ class Charge:
             and self.privacy == other.privacy
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe record of the charge."""
+        return {
+            "release": self.release,
+            "run_id": self.run_id,
+            "level": self.level,
+            "measurement": self.measurement,
+            "mechanism": self.mechanism,
+            "sensitivity": self.sensitivity,
+            "noise_scale": self.noise_scale,
+            "privacy": self.privacy.to_dict(),
+            "key_fingerprint": self.key_fingerprint,
+        }
 
-def _budget_json(b: Budget) -> str:
-    return json.dumps(b.to_dict(), sort_keys=True)
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Charge:
+        return cls(**{**d, "privacy": Budget.from_dict(d["privacy"])})
 
 
-def _budget_from(text: str) -> Budget:
-    return Budget.from_dict(json.loads(text))
+@dataclass(frozen=True)
+class Run:
+    """A run of a release: its key fingerprint and state (see the module notes)."""
+
+    release: str
+    run_id: str
+    key_fingerprint: str
+    state: str
+    output: str | None = None
+
+
+@dataclass
+class _State:
+    """The ledger's contents, folded from its entries."""
+
+    datasets: dict[str, Budget] = field(default_factory=dict)
+    releases: dict[str, tuple[Budget, str | None]] = field(default_factory=dict)
+    runs: dict[tuple[str, str], Run] = field(default_factory=dict)
+    charges: dict[tuple[str, str, str, str], Charge] = field(default_factory=dict)
+
+    @classmethod
+    def fold(cls, entries: Sequence[Entry]) -> _State:
+        st = cls()
+        for e in entries:
+            b = e.body
+            if e.kind == "dataset":
+                st.datasets[b["dataset"]] = Budget.from_dict(b["total"])
+            elif e.kind == "release":
+                st.releases[b["release"]] = (Budget.from_dict(b["budget"]), b["dataset"])
+            elif e.kind == "run":
+                st.runs[(b["release"], b["run_id"])] = Run(
+                    b["release"], b["run_id"], b["key_fingerprint"], "open"
+                )
+            elif e.kind == "state":
+                run = st.runs[(b["release"], b["run_id"])]
+                st.runs[run.release, run.run_id] = Run(
+                    run.release, run.run_id, run.key_fingerprint, b["state"], b.get("output")
+                )
+            elif e.kind == "charge":
+                c = Charge.from_dict({k: v for k, v in b.items() if k != "time"})
+                st.charges[c.key] = c
+        return st
+
+    def release(self, release: str) -> tuple[Budget, str | None]:
+        if release not in self.releases:
+            raise LedgerConflictError(
+                f"release {release!r} is not open in the ledger; call open_release first"
+            )
+        return self.releases[release]
+
+    def of_release(self, release: str) -> list[Budget]:
+        return [c.privacy for c in self.charges.values() if c.release == release]
+
+    def of_dataset(self, dataset: str) -> list[Budget]:
+        mine = {r for r, (_, d) in self.releases.items() if d == dataset}
+        return [c.privacy for c in self.charges.values() if c.release in mine]
 
 
 class Ledger:
-    """A persistent, append-only record of privacy charges in one SQLite file.
+    """A persistent, tamper-evident record of privacy charges in one SQLite file.
 
     Parameters
     ----------
     path : str or Path
-        The database file (created on first use, with its tables).
+        The database file. It must exist (see :meth:`init`) unless ``create``.
+    create : bool
+        Create the ledger if there is none at ``path`` (and no head file says there
+        was one). Opening always verifies the hash chain and the head.
+
+    Raises
+    ------
+    LedgerMissingError
+        If there is no ledger at ``path`` and ``create`` is false.
+    LedgerTamperedError
+        If the ledger is empty, corrupt, edited, truncated or rolled back.
 
     Examples
     --------
     >>> import tempfile, pathlib
     >>> from dpdask.privacy import zCDP
-    >>> ledger = Ledger(pathlib.Path(tempfile.mkdtemp()) / "ledger.sqlite")
+    >>> ledger = Ledger.init(pathlib.Path(tempfile.mkdtemp()) / "ledger.sqlite")
     >>> ledger.open_release("pl94", zCDP(1))
-    >>> c = Charge("pl94", "run1", "county", "A", "gaussian", 1.0, 2.0, zCDP("0.125"))
+    >>> c = Charge("pl94", "run1", "county", "A", "gaussian", 1.0, 2.0, zCDP("0.125"), "k1")
     >>> ledger.charge(c)
     1
     >>> ledger.charge(c)  # a retry of the same run charges nothing
     0
     >>> ledger.remaining("pl94")
     zCDP(rho=0.875)
+    >>> ledger.run("pl94", "run1").state
+    'measuring'
     """
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = False):
         self.path = Path(path)
-        with self._connect() as con:
-            con.executescript("BEGIN IMMEDIATE;" + _SCHEMA)
-            for table in _TABLES:
-                for op in ("UPDATE", "DELETE"):
-                    con.execute(
-                        f"CREATE TRIGGER IF NOT EXISTS {table}_no_{op.lower()} BEFORE {op} "
-                        f"ON {table} BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END"
-                    )
-            row = con.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-            if row is None:
-                con.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
-            elif row[0] != SCHEMA_VERSION:
-                con.execute("ROLLBACK")
-                raise LedgerConflictError(f"{self.path} has ledger schema {row[0]!r}")
-            con.execute("COMMIT")
-
-    # -- plumbing --------------------------------------------------------
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         try:
-            con.execute("PRAGMA journal_mode=DELETE")
-            # EXTRA: fsync the database and, on commit, the journal's directory
-            con.execute("PRAGMA synchronous=EXTRA")
-            con.execute("PRAGMA foreign_keys=ON")
-            yield con
-        finally:
-            con.close()
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """An immediate (write-locked) transaction, committed durably or rolled back."""
-        with self._connect() as con:
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                yield con
-            except BaseException:
-                con.execute("ROLLBACK")
+            self._chain = Chain(self.path)
+        except LedgerMissingError:
+            if not create:
                 raise
-            con.execute("COMMIT")
+            self._chain = Chain.create(self.path)
+
+    @classmethod
+    def init(cls, path: str | os.PathLike[str]) -> Ledger:
+        """Create a new ledger at ``path`` (``dpdask ledger init``); refuses an existing one."""
+        Chain.create(path)
+        return cls(path)
+
+    @property
+    def head_file(self) -> Path:
+        """The file beside the ledger that anchors its head."""
+        return self._chain.head_file
+
+    @property
+    def ledger_id(self) -> str:
+        """The ledger's random identity, fixed when it was created."""
+        return self._chain.ledger_id
 
     def __reduce__(self) -> tuple:
         return (Ledger, (str(self.path),))
@@ -212,26 +304,140 @@ class Ledger:
     def __repr__(self) -> str:
         return f"Ledger({str(self.path)!r})"
 
-    # -- registration ------------------------------------------------------
+    # -- reading ---------------------------------------------------------------
+    def _state(self) -> _State:
+        return _State.fold(self._chain.read())
+
+    def head(self) -> Head:
+        """The current head: entry count and hash of the last entry."""
+        entries = self._chain.read()
+        return Head(len(entries), entries[-1].hash)
+
+    def verify(self) -> Head:
+        """Check the chain and the head file; return the head (raises if tampered)."""
+        return self.head()
+
+    def contains(self, head: Head) -> bool:
+        """Whether the chain has passed through ``head`` (a head recorded by a release)."""
+        return Chain.contains(head, self._chain.read())
+
+    def anchor(self) -> Head:
+        """Rewrite the head file from the chain (``dpdask ledger anchor``): only after
+        checking the chain against published releases or an external copy of the head."""
+        return self._chain.reanchor()
+
+    def find(self, release: str, run_id: str, level: str, measurement: str) -> Charge | None:
+        """The recorded charge with this identity, or ``None``."""
+        return self._state().charges.get((release, run_id, level, measurement))
+
+    def charges(self, release: str | None = None) -> list[Charge]:
+        """All recorded charges (of one release), in the order they were written."""
+        cs = self._state().charges.values()
+        return [c for c in cs if release is None or c.release == release]
+
+    def __len__(self) -> int:
+        return len(self._state().charges)
+
+    def run(self, release: str, run_id: str) -> Run | None:
+        """The run ``run_id`` of ``release``, or ``None`` if the ledger has never seen it."""
+        return self._state().runs.get((release, run_id))
+
+    def runs(self, release: str | None = None) -> list[Run]:
+        """Every run (of one release), in the order they were opened."""
+        return [r for r in self._state().runs.values() if release is None or r.release == release]
+
+    def budget(self, release: str) -> Budget:
+        """The budget ``release`` was opened with."""
+        return self._state().release(release)[0]
+
+    def dataset(self, release: str) -> str | None:
+        """The dataset ``release`` draws on."""
+        return self._state().release(release)[1]
+
+    def spent(self, release: str) -> Budget:
+        """Everything charged to ``release`` so far, in its budget's definition."""
+        st = self._state()
+        budget, _ = st.release(release)
+        return _total(budget, st.of_release(release))
+
+    def remaining(self, release: str) -> Budget:
+        """The part of ``release``'s budget not yet charged."""
+        st = self._state()
+        budget, _ = st.release(release)
+        return _left(budget, _total(budget, st.of_release(release)))
+
+    def dataset_total(self, dataset: str) -> Budget | None:
+        """The lifetime total of ``dataset`` (``None`` if none is set)."""
+        return self._state().datasets.get(dataset)
+
+    def dataset_remaining(self, dataset: str) -> Budget | None:
+        """The part of ``dataset``'s total not yet charged (``None`` if no total is set)."""
+        st = self._state()
+        total = st.datasets.get(dataset)
+        if total is None:
+            return None
+        return _left(total, _total(total, st.of_dataset(dataset)))
+
+    def report(self) -> dict[str, Any]:
+        """Everything ``dpdask ledger show`` prints: head, datasets, releases and runs."""
+        st = self._state()
+        head = self.head()
+        datasets = {}
+        for d, total in st.datasets.items():
+            spent = _total(total, st.of_dataset(d))
+            datasets[d] = {
+                "total": total.to_dict(),
+                "spent": spent.to_dict(),
+                "remaining": _left(total, spent).to_dict(),
+            }
+        releases = {}
+        for r, (budget, dataset) in st.releases.items():
+            spent = _total(budget, st.of_release(r))
+            releases[r] = {
+                "dataset": dataset,
+                "budget": budget.to_dict(),
+                "spent": spent.to_dict(),
+                "remaining": _left(budget, spent).to_dict(),
+                "runs": [
+                    {
+                        "run_id": run.run_id,
+                        "state": run.state,
+                        "key_fingerprint": run.key_fingerprint,
+                        "output": run.output,
+                        "charges": sum(1 for c in st.charges.values() if c.key[:2] == (r, k)),
+                    }
+                    for (rel, k), run in st.runs.items()
+                    if rel == r
+                ],
+            }
+        return {
+            "ledger": str(self.path),
+            "head": str(head),
+            "entries": head.count,
+            "datasets": datasets,
+            "releases": releases,
+        }
+
+    # -- registration --------------------------------------------------------------
     def set_dataset_total(self, dataset: str, total: Budget) -> None:
-        """Configure the total budget of ``dataset`` across all its releases and runs.
+        """Configure the lifetime total of ``dataset`` across all its releases and runs.
 
         Set once; setting the same total again is a no-op, a different one raises
         :class:`LedgerConflictError` (the ledger is append-only).
         """
         _check_name(dataset, "dataset")
         _check_budget(total, "dataset total")
-        with self._write() as con:
-            row = con.execute("SELECT total FROM datasets WHERE dataset = ?", (dataset,)).fetchone()
-            if row is not None:
-                if _budget_from(row[0]) != total:
+        with self._chain.transaction() as (entries, append):
+            st = _State.fold(entries)
+            old = st.datasets.get(dataset)
+            if old is not None:
+                if old != total:
                     raise LedgerConflictError(
-                        f"dataset {dataset!r} already has total {_budget_from(row[0])!r}"
+                        f"dataset {dataset!r} already has lifetime total {old!r}; "
+                        f"the ledger cannot change it to {total!r}"
                     )
                 return
-            con.execute(
-                "INSERT INTO datasets VALUES (?, ?, ?)", (dataset, _budget_json(total), time.time())
-            )
+            append("dataset", {"dataset": dataset, "total": total.to_dict()})
 
     def open_release(self, release: str, budget: Budget, dataset: str | None = None) -> None:
         """Register ``release`` with its budget (and the dataset it draws on).
@@ -243,29 +449,75 @@ class Ledger:
         _check_budget(budget, "release budget")
         if dataset is not None:
             _check_name(dataset, "dataset")
-        with self._write() as con:
-            row = con.execute(
-                "SELECT budget, dataset FROM releases WHERE release = ?", (release,)
-            ).fetchone()
-            if row is not None:
-                if _budget_from(row[0]) != budget or row[1] != dataset:
+        with self._chain.transaction() as (entries, append):
+            st = _State.fold(entries)
+            if release in st.releases:
+                old, old_dataset = st.releases[release]
+                if old != budget or old_dataset != dataset:
                     raise LedgerConflictError(
-                        f"release {release!r} is already open with budget "
-                        f"{_budget_from(row[0])!r} on dataset {row[1]!r}"
+                        f"release {release!r} is already open with budget {old!r} on dataset "
+                        f"{old_dataset!r}; a different budget or dataset needs a new release id"
                     )
                 return
-            con.execute(
-                "INSERT INTO releases VALUES (?, ?, ?, ?)",
-                (release, dataset, _budget_json(budget), time.time()),
-            )
+            append("release", {"release": release, "budget": budget.to_dict(), "dataset": dataset})
 
-    # -- charging ----------------------------------------------------------
+    def open_run(self, release: str, run_id: str, key_fingerprint: str) -> Run:
+        """Open run ``run_id`` of ``release`` bound to a key, or resume it with the same key.
+
+        Raises
+        ------
+        RunStateError
+            If the run is published or abandoned (a new run id is a new charge), or
+            was opened with another key.
+        """
+        check_run_id(run_id)
+        _check_name(key_fingerprint, "key fingerprint")
+        with self._chain.transaction() as (entries, append):
+            st = _State.fold(entries)
+            st.release(release)
+            run = st.runs.get((release, run_id))
+            if run is None:
+                append("run", {"release": release, "run_id": run_id,
+                               "key_fingerprint": key_fingerprint})  # fmt: skip
+                return Run(release, run_id, key_fingerprint, "open")
+            _check_run(run, key_fingerprint)
+            return run
+
+    def publish(self, release: str, run_id: str, output: str) -> None:
+        """Record that run ``run_id`` was published at ``output`` (it can never charge again)."""
+        self._set_state(release, run_id, "published", output)
+
+    def abandon(self, release: str, run_id: str) -> None:
+        """Give up run ``run_id`` (for instance, its key is lost): it can never charge or
+        publish again; what it charged stays spent."""
+        self._set_state(release, run_id, "abandoned")
+
+    def _set_state(self, release: str, run_id: str, state: str, output: str | None = None) -> None:
+        with self._chain.transaction() as (entries, append):
+            run = _State.fold(entries).runs.get((release, run_id))
+            if run is None:
+                raise RunStateError(f"run {run_id!r} of release {release!r} is not in the ledger")
+            if run.state == state:
+                return
+            if run.state not in _LIVE or (state == "published" and run.state != "measuring"):
+                raise RunStateError(
+                    f"run {run_id!r} of release {release!r} is {run.state}; it cannot become "
+                    f"{state}"
+                )
+            body = {"release": release, "run_id": run_id, "state": state}
+            if output is not None:
+                body["output"] = str(output)
+            append("state", body)
+
+    # -- charging ----------------------------------------------------------------------
     def charge(self, charges: Charge | Iterable[Charge]) -> int:
         """Record charges atomically, all or none, durably, before noise is drawn.
 
-        Charges already recorded with the same identity and parameters are
-        skipped (a retry). The rest must fit, together, within each release's
-        remaining budget and each dataset's remaining total.
+        Each charge's run is opened (bound to the charge's key fingerprint) if the
+        ledger has not seen it, and moves to ``measuring``. Charges already recorded
+        with the same identity and parameters are skipped (a retry). The rest must
+        fit, together, within each release's remaining budget and each dataset's
+        remaining total.
 
         Returns
         -------
@@ -276,88 +528,32 @@ class Ledger:
         ------
         BudgetExceededError
             If the new charges do not fit; the message says how much is left.
-            Nothing is written.
+        RunStateError
+            If a run is published or abandoned, or bound to another key.
         LedgerConflictError
             If an identity was charged with other parameters, or a release is not open.
         """
         items = self._dedupe(charges)
         if not items:
             return 0
-        with self._write() as con:
-            todo = self._new_charges(con, items)
-            self._check_fits(con, todo)
-            now = time.time()
-            con.executemany(
-                "INSERT INTO charges (release, run_id, level, measurement, mechanism, "
-                "sensitivity, noise_scale, privacy, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        *c.key,
-                        c.mechanism,
-                        c.sensitivity,
-                        c.noise_scale,
-                        _budget_json(c.privacy),
-                        now,
-                    )
-                    for c in todo
-                ],
-            )
+        with self._chain.transaction() as (entries, append):
+            st = _State.fold(entries)
+            todo, new_runs, to_measuring = self._plan_charges(st, items)
+            for release, run_id, fp in new_runs:
+                append("run", {"release": release, "run_id": run_id, "key_fingerprint": fp})
+            for c in todo:
+                append("charge", c.to_dict())
+            for release, run_id in to_measuring:
+                append("state", {"release": release, "run_id": run_id, "state": "measuring"})
         return len(todo)
 
     def check(self, charges: Charge | Iterable[Charge]) -> int:
         """Raise as :meth:`charge` would, without writing. Returns how many are new."""
         items = self._dedupe(charges)
-        with self._connect() as con:
-            todo = self._new_charges(con, items)
-            self._check_fits(con, todo)
+        todo, _, _ = self._plan_charges(self._state(), items)
         return len(todo)
 
-    def find(self, release: str, run_id: str, level: str, measurement: str) -> Charge | None:
-        """The recorded charge with this identity, or ``None``."""
-        with self._connect() as con:
-            return _lookup(con, (release, run_id, level, measurement))
-
-    def charges(self, release: str | None = None) -> list[Charge]:
-        """All recorded charges (of one release), in the order they were written."""
-        sql = _SELECT_CHARGES
-        args: tuple = ()
-        if release is not None:
-            sql += " WHERE release = ?"
-            args = (release,)
-        with self._connect() as con:
-            rows = con.execute(sql + " ORDER BY seq", args).fetchall()
-        return [_row_charge(r) for r in rows]
-
-    def __len__(self) -> int:
-        with self._connect() as con:
-            return int(con.execute("SELECT COUNT(*) FROM charges").fetchone()[0])
-
-    def budget(self, release: str) -> Budget:
-        """The budget ``release`` was opened with."""
-        with self._connect() as con:
-            return self._release(con, release)[0]
-
-    def spent(self, release: str) -> Budget:
-        """Everything charged to ``release`` so far, in its budget's definition."""
-        with self._connect() as con:
-            budget, _ = self._release(con, release)
-            return _total(budget, self._privacies(con, "release = ?", (release,)))
-
-    def remaining(self, release: str) -> Budget:
-        """The part of ``release``'s budget not yet charged."""
-        with self._connect() as con:
-            budget, _ = self._release(con, release)
-            return _left(budget, _total(budget, self._privacies(con, "release = ?", (release,))))
-
-    def dataset_remaining(self, dataset: str) -> Budget | None:
-        """The part of ``dataset``'s total not yet charged (``None`` if no total is set)."""
-        with self._connect() as con:
-            total = self._dataset_total(con, dataset)
-            if total is None:
-                return None
-            return _left(total, _total(total, self._dataset_privacies(con, dataset)))
-
-    # -- internals -----------------------------------------------------------
+    # -- internals -------------------------------------------------------------------------
     @staticmethod
     def _dedupe(charges: Charge | Iterable[Charge]) -> list[Charge]:
         items = [charges] if isinstance(charges, Charge) else list(charges)
@@ -365,69 +561,87 @@ class Ledger:
         for c in items:
             if not isinstance(c, Charge):
                 raise TypeError(f"expected a Charge, got {type(c).__name__}")
-            if c.key in seen and not seen[c.key]._same_as(c):
+            if c.key in seen and not (
+                seen[c.key]._same_as(c) and seen[c.key].key_fingerprint == c.key_fingerprint
+            ):
                 raise LedgerConflictError(f"two different charges share the identity {c.key}")
             seen[c.key] = c
         return list(seen.values())
 
-    def _new_charges(self, con: sqlite3.Connection, items: Sequence[Charge]) -> list[Charge]:
-        todo = []
+    @staticmethod
+    def _plan_charges(
+        st: _State, items: Sequence[Charge]
+    ) -> tuple[list[Charge], list[tuple[str, str, str]], list[tuple[str, str]]]:
+        """What charging ``items`` would write: new charges, new runs, runs to mark
+        measuring; raises if any of it is refused."""
+        todo: list[Charge] = []
+        new_runs: dict[tuple[str, str], str] = {}
+        to_measuring: list[tuple[str, str]] = []
         for c in items:
-            old = _lookup(con, c.key)
+            check_run_id(c.run_id)
+            if c.key_fingerprint is None:
+                raise LedgerError(
+                    f"the charge {c.key} does not say which key draws its noise "
+                    "(key_fingerprint); the ledger binds every run to its key"
+                )
+            st.release(c.release)
+            run = st.runs.get((c.release, c.run_id))
+            rk = (c.release, c.run_id)
+            if run is None:
+                if rk in new_runs and new_runs[rk] != c.key_fingerprint:
+                    raise RunStateError(f"run {c.run_id!r} is charged with two different keys")
+                new_runs[rk] = c.key_fingerprint
+            else:
+                _check_run(run, c.key_fingerprint)
+            old = st.charges.get(c.key)
             if old is None:
                 todo.append(c)
-                continue
-            if not old._same_as(c):
+            elif not old._same_as(c):
                 raise LedgerConflictError(
                     f"{c.key} was already charged as {old.mechanism} scale {old.noise_scale!r} "
                     f"costing {old.privacy!r}; refusing a different charge under the same "
                     "identity (use a new run id)"
                 )
-        return todo
+            if (run is None or run.state == "open") and rk not in to_measuring:
+                to_measuring.append(rk)
+        _check_fits(st, todo)
+        return todo, [(*k, fp) for k, fp in new_runs.items()], to_measuring
 
-    def _check_fits(self, con: sqlite3.Connection, todo: Sequence[Charge]) -> None:
-        by_release: dict[str, list[Charge]] = {}
-        for c in todo:
-            by_release.setdefault(c.release, []).append(c)
-        by_dataset: dict[str, list[Charge]] = {}
-        for release, cs in by_release.items():
-            budget, dataset = self._release(con, release)
-            spent = _total(budget, self._privacies(con, "release = ?", (release,)))
-            _require_fits(budget, spent, [c.privacy for c in cs], f"release {release!r}")
-            if dataset is not None:
-                by_dataset.setdefault(dataset, []).extend(cs)
-        for dataset, cs in by_dataset.items():
-            total = self._dataset_total(con, dataset)
-            if total is None:
-                continue
-            spent = _total(total, self._dataset_privacies(con, dataset))
-            _require_fits(total, spent, [c.privacy for c in cs], f"dataset {dataset!r}")
 
-    @staticmethod
-    def _release(con: sqlite3.Connection, release: str) -> tuple[Budget, str | None]:
-        row = con.execute(
-            "SELECT budget, dataset FROM releases WHERE release = ?", (release,)
-        ).fetchone()
-        if row is None:
-            raise LedgerConflictError(
-                f"release {release!r} is not open in the ledger; call open_release first"
-            )
-        return _budget_from(row[0]), row[1]
-
-    @staticmethod
-    def _dataset_total(con: sqlite3.Connection, dataset: str) -> Budget | None:
-        row = con.execute("SELECT total FROM datasets WHERE dataset = ?", (dataset,)).fetchone()
-        return None if row is None else _budget_from(row[0])
-
-    @staticmethod
-    def _privacies(con: sqlite3.Connection, where: str, args: tuple) -> list[Budget]:
-        rows = con.execute(f"SELECT privacy FROM charges WHERE {where}", args).fetchall()
-        return [_budget_from(r[0]) for r in rows]
-
-    def _dataset_privacies(self, con: sqlite3.Connection, dataset: str) -> list[Budget]:
-        return self._privacies(
-            con, "release IN (SELECT release FROM releases WHERE dataset = ?)", (dataset,)
+def _check_run(run: Run, key_fingerprint: str) -> None:
+    if run.state not in _LIVE:
+        raise RunStateError(
+            f"run {run.run_id!r} of release {run.release!r} is {run.state}"
+            + (f" (at {run.output})" if run.output else "")
+            + "; it cannot be resumed or re-published. A new run id is a new run: it draws "
+            "new noise and is charged again"
         )
+    if run.key_fingerprint != key_fingerprint:
+        raise RunStateError(
+            f"run {run.run_id!r} of release {run.release!r} is bound to another key (fingerprint "
+            f"{run.key_fingerprint}); its noise can only be drawn with that key. If that key is "
+            "lost, abandon the run (`dpdask ledger abandon`) and start a new run id, which is "
+            "charged again"
+        )
+
+
+def _check_fits(st: _State, todo: Sequence[Charge]) -> None:
+    by_release: dict[str, list[Charge]] = {}
+    for c in todo:
+        by_release.setdefault(c.release, []).append(c)
+    by_dataset: dict[str, list[Charge]] = {}
+    for release, cs in by_release.items():
+        budget, dataset = st.release(release)
+        spent = _total(budget, st.of_release(release))
+        _require_fits(budget, spent, [c.privacy for c in cs], f"release {release!r}")
+        if dataset is not None:
+            by_dataset.setdefault(dataset, []).extend(cs)
+    for dataset, cs in by_dataset.items():
+        total = st.datasets.get(dataset)
+        if total is None:
+            continue
+        spent = _total(total, st.of_dataset(dataset))
+        _require_fits(total, spent, [c.privacy for c in cs], f"dataset {dataset!r}")
 
 
 def _check_name(value: Any, what: str) -> None:
@@ -438,18 +652,6 @@ def _check_name(value: Any, what: str) -> None:
 def _check_budget(value: Any, what: str) -> None:
     if not isinstance(value, Budget):
         raise TypeError(f"{what} must be a PureDP, ApproxDP or zCDP budget, got {value!r}")
-
-
-def _row_charge(row: tuple) -> Charge:
-    return Charge(*row[:7], privacy=_budget_from(row[7]))
-
-
-def _lookup(con: sqlite3.Connection, key: tuple[str, str, str, str]) -> Charge | None:
-    row = con.execute(
-        _SELECT_CHARGES + " WHERE release = ? AND run_id = ? AND level = ? AND measurement = ?",
-        key,
-    ).fetchone()
-    return None if row is None else _row_charge(row)
 
 
 def _as_kind(budget: Budget, charge: Budget) -> Budget:

@@ -43,7 +43,7 @@ import numpy as np
 from dpdask.domain import Domain
 from dpdask.linalg import LinearQuery
 from dpdask.linalg._serialize import from_dict, to_dict
-from dpdask.privacy import ApproxDP, Budget, PureDP, zCDP
+from dpdask.privacy import ApproxDP, Budget, PureDP, noise_scale, zCDP
 from dpdask.strategy.error import ErrorAnalysis, svd_bound
 
 __all__ = ["Plan", "mechanism_of"]
@@ -129,10 +129,7 @@ class Plan:
         if not math.isfinite(sens) or sens <= 0:
             raise ValueError(f"the strategy's L{p} sensitivity is {sens}; it must be positive")
         self.sensitivity = sens
-        if self.mechanism == "laplace":
-            self.noise_scale = float(privacy.laplace_scale(sens))  # type: ignore[attr-defined]
-        else:
-            self.noise_scale = float(privacy.gaussian_sigma(sens))  # type: ignore[attr-defined]
+        self.noise_scale = noise_scale(self.mechanism, sens, privacy)
         self._analysis_cache: ErrorAnalysis | None = None
 
     # -- noise -------------------------------------------------------------
@@ -144,11 +141,8 @@ class Plan:
 
     def _unit_variance(self) -> float:
         """Noise variance per row at sensitivity 1 under this budget."""
-        if self.mechanism == "laplace":
-            b = float(self.privacy.laplace_scale(1.0))  # type: ignore[attr-defined]
-            return 2.0 * b * b
-        s = float(self.privacy.gaussian_sigma(1.0))  # type: ignore[attr-defined]
-        return s * s
+        s = noise_scale(self.mechanism, 1.0, self.privacy)
+        return 2.0 * s * s if self.mechanism == "laplace" else s * s
 
     # -- error analytics ---------------------------------------------------
     @property

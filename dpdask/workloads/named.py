@@ -6,6 +6,7 @@ benchmarks), so that a name means the same workload everywhere.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from dpdask.workloads.ranges import all_range, prefix
 from dpdask.workloads.sf1 import sf1_persons
 from dpdask.workloads.sf1_reference import hdmm_reference_domain, sf1_hdmm_reference
 
-__all__ = ["WORKLOAD_NAMES", "default_domain", "named"]
+__all__ = ["WORKLOAD_NAMES", "default_domain", "named", "workload_options"]
 
 
 def _one_dim(build: Callable[[int], LinearQuery]) -> Callable[..., LinearQuery]:
@@ -52,6 +53,11 @@ _BUILDERS: dict[str, Callable[..., LinearQuery]] = {
     "prefix": _one_dim(prefix),
     "allrange": _one_dim(all_range),
 }
+# builders that pass their options on (``**o``): whose signature tells the options
+_FORWARDS: dict[str, Callable[..., LinearQuery]] = {
+    "sf1-persons": sf1_persons,
+    "age-pyramid": age_pyramid,
+}
 _ALIASES = {"sf1": "sf1-persons", "all-range": "allrange"}
 WORKLOAD_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
@@ -73,6 +79,38 @@ def default_domain(name: str) -> Domain | None:
     """The domain a named workload is defined on when none is given (Census workloads)."""
     make = _DEFAULT_DOMAINS.get(_canonical(name))
     return make() if make is not None else None
+
+
+def workload_options(name: str) -> tuple[str, ...] | None:
+    """The options the workload called ``name`` accepts (the domain aside).
+
+    Parameters
+    ----------
+    name : str
+        A workload name or alias (see :func:`named`).
+
+    Returns
+    -------
+    tuple of str or None
+        The option names, from the builder's signature; ``None`` when they cannot be
+        told (a builder that passes unnamed options on to a function not listed).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name.
+    """
+    canonical = _canonical(name)
+    named_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    out: list[str] = []
+    for fn in (_BUILDERS[canonical], _FORWARDS.get(canonical)):
+        if fn is None:
+            return None
+        params = list(inspect.signature(fn).parameters.values())[1:]  # the first: the domain
+        out += [p.name for p in params if p.kind in named_kinds and p.name not in out]
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return tuple(out)
+    return None
 
 
 def named(name: str, domain: Domain | None = None, **options: Any) -> LinearQuery:
