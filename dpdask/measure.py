@@ -25,6 +25,13 @@ function of the key and of ``(run id, identity)`` only: it is the stream
 ``KeyedRNG(key, {"run": run_id, "measurement": identity})``. A new run id is a new
 charge and draws fresh noise (reusing noise on changed data would leak the change).
 
+Keys stay on the client. ``key`` may be the release's :class:`~dpdask.noise.SecretKey`
+or, on a worker, the :class:`~dpdask.noise.StreamKey` of exactly this measurement's
+stream (:func:`stream_key`, made on the client): the noise is the same, and the
+worker never holds the secret. Every charge carries the fingerprint of the key
+(:meth:`~dpdask.noise.SecretKey.fingerprint`); a receipt charged for another key,
+or (outside test mode) for no key, is refused before any data is read.
+
 Parallel composition. A charge's identity is ``(release, run_id, level,
 measurement)``, without the chunk: all chunks of a level are charged once. The
 release dataflow calls :func:`charge_level` once per level and measurement
@@ -73,7 +80,7 @@ from dpdask.linalg import (
     Transpose,
     VStack,
 )
-from dpdask.noise import KeyedRNG, MeasurementId, SecretKey
+from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey
 from dpdask.noise._keys import as_secret_key
 from dpdask.privacy import Budget, Charge, Ledger, check_calibration
 from dpdask.privacy._mechanisms import MECHANISM_NORM
@@ -85,6 +92,8 @@ __all__ = [
     "measure",
     "measurement_noise",
     "noise_mechanism",
+    "stream_identity",
+    "stream_key",
 ]
 
 _DISCRETE = {"laplace": "discrete_laplace", "gaussian": "discrete_gaussian"}
@@ -220,8 +229,22 @@ def _check_name(value: Any, what: str) -> str:
 
 
 def _level_charge(
-    plan: Any, release: str, run_id: str, level: str, measurement: str
+    plan: Any,
+    release: str,
+    run_id: str,
+    level: str,
+    measurement: str,
+    key_fingerprint: str | None = None,
 ) -> tuple[Charge, LinearQuery]:
+    """The charge of one level's measurement (and the strategy), checked, not recorded.
+
+    ``key_fingerprint`` is the :meth:`~dpdask.noise.SecretKey.fingerprint` of the key
+    whose noise the charge pays for; it is put in the charge as is.
+    """
+    if key_fingerprint is not None and (
+        not isinstance(key_fingerprint, str) or not key_fingerprint
+    ):
+        raise ValueError(f"key_fingerprint must be a non-empty string, got {key_fingerprint!r}")
     A, mech, scale, privacy, _ = _check_plan(plan)
     sens = _sensitivity(A, MECHANISM_NORM[mech])
     check_calibration(mech, sens, scale, privacy)
@@ -234,17 +257,38 @@ def _level_charge(
         sensitivity=sens,
         noise_scale=scale,
         privacy=privacy,
+        key_fingerprint=key_fingerprint,
     )
     return charge, A
 
 
 def charge_level(
-    plan: MeasurePlan, ledger: Ledger, release: str, run_id: str, level: str, measurement: str
+    plan: MeasurePlan,
+    ledger: Ledger,
+    release: str,
+    run_id: str,
+    level: str,
+    measurement: str,
+    *,
+    key: SecretKey | bytes | None = None,
 ) -> Charge:
     """Charge one level's measurement to the ledger, once for all its chunks.
 
     Call before reading any data; then :func:`measure` each chunk (passing the
     ledger or the returned charge). Retrying with the same run id charges nothing.
+
+    Parameters
+    ----------
+    plan : MeasurePlan
+        The level's plan.
+    ledger : Ledger
+        Where the charge is recorded.
+    release, run_id, level, measurement : str
+        The charge's identity.
+    key : SecretKey or bytes
+        The release's secret key (required): the charge records its
+        :meth:`~dpdask.noise.SecretKey.fingerprint`, and :func:`measure` refuses the
+        receipt for any other key.
 
     Returns
     -------
@@ -257,10 +301,20 @@ def charge_level(
         If the charge does not fit; nothing is written.
     ValueError
         If the plan's noise is too small for its privacy.
+    TypeError
+        If ``key`` is missing.
     """
     if not isinstance(ledger, Ledger):
         raise TypeError(f"ledger must be a dpdask.privacy.Ledger, got {type(ledger).__name__}")
-    charge, _ = _level_charge(plan, release, run_id, level, measurement)
+    if key is None:
+        raise TypeError(
+            "charge_level needs key=: the charge records the fingerprint of the key "
+            "whose noise it pays for"
+        )
+    if isinstance(key, StreamKey):
+        raise TypeError("charge_level takes the release's SecretKey, not a StreamKey")
+    fingerprint = as_secret_key(key).fingerprint()
+    charge, _ = _level_charge(plan, release, run_id, level, measurement, fingerprint)
     ledger.charge(charge)
     return charge
 
@@ -362,19 +416,78 @@ def noise_mechanism(plan: MeasurePlan, dtype: Any, integer_noise: bool | None = 
     return mech
 
 
-def _check_receipt(receipt: Charge, expected: Charge) -> None:
+def _check_receipt(receipt: Charge, expected: Charge, test_mode: bool = False) -> None:
     if receipt.key != expected.key or not receipt._same_as(expected):
         raise ValueError(
             f"the charge passed as ledger ({receipt.key}, {receipt.privacy!r}) does not match "
             f"this measurement ({expected.key}, {expected.privacy!r})"
         )
+    _check_fingerprint(receipt.key_fingerprint, expected, test_mode)
+
+
+def _check_fingerprint(charged: str | None, expected: Charge, test_mode: bool) -> None:
+    """Refuse to draw noise with a key other than the one charged (fail closed)."""
+    if charged is None:
+        if test_mode:
+            return
+        raise ValueError(
+            f"the charge for run {expected.run_id!r} records no key fingerprint; refusing to "
+            "draw noise for a key the ledger does not bind to the run"
+        )
+    if charged != expected.key_fingerprint:  # fingerprints are not secret
+        raise ValueError(f"this key is not the one charged for run {expected.run_id!r}")
+
+
+# -- stream keys (made on the client, sent to tasks) ----------------------------------
+def stream_identity(identity: MeasurementId | Mapping[str, Any] | tuple, run_id: str) -> dict:
+    """The identity of the noise stream of a measurement in a run.
+
+    ``{"run": run_id, "measurement": MeasurementId(...)}``: the stream
+    :func:`measure` draws from, ``KeyedRNG(key, stream_identity(identity, run_id))``.
+    """
+    return {"run": _check_name(run_id, "run_id"), "measurement": _as_identity(identity)}
+
+
+def stream_key(
+    key: SecretKey | bytes, identity: MeasurementId | Mapping[str, Any] | tuple, run_id: str
+) -> StreamKey:
+    """The :class:`~dpdask.noise.StreamKey` to send with one measurement's task.
+
+    Made on the client from the release's secret key; :func:`measure` accepts it in
+    place of the secret key for this ``identity`` and ``run_id`` only, and draws
+    exactly the same noise.
+
+    Parameters
+    ----------
+    key : SecretKey or bytes
+        The release's secret key.
+    identity : MeasurementId, mapping or 4-tuple
+        ``(release, level, chunk, measurement)`` of the chunk.
+    run_id : str
+        The run.
+
+    Returns
+    -------
+    StreamKey
+        Holds only that stream's derived key and the master key's fingerprint.
+
+    Examples
+    --------
+    >>> from dpdask.noise import SecretKey
+    >>> sk = stream_key(SecretKey.for_testing(0), ("r", "county", 3, "strategy"), "run1")
+    >>> sk.test_only
+    True
+    """
+    if isinstance(key, StreamKey):
+        raise TypeError("a stream key cannot make other stream keys; pass the SecretKey")
+    return as_secret_key(key).stream_key(stream_identity(identity, run_id))
 
 
 # -- the measure step ----------------------------------------------------------------
 def measure(
     plan: MeasurePlan,
     x: np.ndarray,
-    key: SecretKey | bytes,
+    key: SecretKey | bytes | StreamKey,
     identity: MeasurementId | Mapping[str, Any] | tuple,
     ledger: Ledger | Charge | None = None,
     run_id: str | None = None,
@@ -393,13 +506,15 @@ def measure(
     x : numpy.ndarray
         Counts of shape ``(g, *domain.shape)`` (or ``domain.shape`` for one
         geography); without a domain, ``(g, n)`` or ``(n,)``.
-    key : SecretKey or bytes
-        The release's secret key.
+    key : SecretKey, bytes or StreamKey
+        The release's secret key, or the :class:`~dpdask.noise.StreamKey` made from it
+        for exactly this identity and run (:func:`stream_key`).
     identity : MeasurementId, mapping or 4-tuple
         ``(release, level, chunk, measurement)`` of this chunk.
     ledger : Ledger or Charge
         Where the charge is recorded (idempotently), or the receipt from
-        :func:`charge_level`. Required unless ``test_mode``.
+        :func:`charge_level`, which must carry this key's fingerprint. Required
+        unless ``test_mode``.
     run_id : str
         The run; a retry of the same run draws the same noise and charges nothing.
         Required unless ``test_mode`` (where it defaults to ``"test"``).
@@ -420,7 +535,9 @@ def measure(
     Raises
     ------
     TypeError, ValueError
-        For a bad plan, key, identity or data (before anything is charged).
+        For a bad plan, key, identity or data (before anything is charged); for a
+        stream key of another measurement or run; for a receipt charged for another
+        key (or, outside test mode, for no key).
     dpdask.privacy.BudgetExceededError
         If the charge does not fit (before the data is read).
     """
@@ -432,7 +549,7 @@ def measure(
 def measurement_noise(
     plan: MeasurePlan,
     x: np.ndarray,
-    key: SecretKey | bytes,
+    key: SecretKey | bytes | StreamKey,
     identity: MeasurementId | Mapping[str, Any] | tuple,
     ledger: Ledger | Charge | None = None,
     run_id: str | None = None,
@@ -462,7 +579,7 @@ def measurement_noise(
 def _measure(
     plan: MeasurePlan,
     x: np.ndarray,
-    key: SecretKey | bytes,
+    key: SecretKey | bytes | StreamKey,
     identity: MeasurementId | Mapping[str, Any] | tuple,
     ledger: Ledger | Charge | None,
     run_id: str | None,
@@ -475,7 +592,7 @@ def _measure(
     # 1. plan, key, identity (no data touched)
     if not isinstance(test_mode, bool):
         raise TypeError("test_mode must be a bool")
-    secret = as_secret_key(key)
+    secret = key if isinstance(key, StreamKey) else as_secret_key(key)
     if secret.test_only and not test_mode:
         raise ValueError("refusing a test-only key outside test mode")
     ident = _as_identity(identity)
@@ -483,13 +600,21 @@ def _measure(
         if not test_mode:
             raise ValueError("run_id is required: it identifies the charge and the noise")
         run_id = "test"
+    stream = stream_identity(ident, run_id)
+    if isinstance(secret, StreamKey) and not secret.is_for(stream):
+        raise ValueError(
+            f"the stream key was made for another measurement or run, not {ident} of run "
+            f"{run_id!r}; it can only draw its own stream"
+        )
     # 2. calibration against the plan's privacy
-    charge, A = _level_charge(plan, ident.release, run_id, ident.level, ident.measurement)
+    charge, A = _level_charge(
+        plan, ident.release, run_id, ident.level, ident.measurement, secret.fingerprint()
+    )
     # 3. budget, read-only, before reading the data
     if isinstance(ledger, Ledger):
-        ledger.check(charge)
+        ledger.check(charge)  # refuses a run bound to another key
     elif isinstance(ledger, Charge):
-        _check_receipt(ledger, charge)
+        _check_receipt(ledger, charge, test_mode)
     elif ledger is None:
         if not test_mode:
             raise ValueError("a ledger (or the level's Charge) is required outside test mode")
@@ -507,7 +632,7 @@ def _measure(
     if isinstance(ledger, Ledger):
         ledger.charge(charge)
     # 6. answers and noise
-    rng = KeyedRNG(secret, {"run": run_id, "measurement": ident})
+    rng = KeyedRNG(secret, stream)
     if not answers:
         noise = rng.sample(mech, charge.noise_scale, (data.shape[0], A.shape[0]))
         return noise[0] if single else noise

@@ -32,6 +32,8 @@ from dpdask.measure import (
     measure,
     measurement_noise,
     noise_mechanism,
+    stream_identity,
+    stream_key,
 )
 from dpdask.noise import KeyedRNG, KeyFile, MeasurementId, SecretKey, new_key
 from dpdask.noise import _samplers as samplers
@@ -65,7 +67,7 @@ def make_plan(mechanism: str = "gaussian", privacy: Budget | None = None, A=STRA
 
 @pytest.fixture
 def ledger(tmp_path) -> Ledger:
-    led = Ledger(tmp_path / "ledger.sqlite")
+    led = Ledger(tmp_path / "ledger.sqlite", create=True)
     led.open_release("r", zCDP(1))
     return led
 
@@ -172,7 +174,8 @@ def test_has_integer_entries_structural_cases():
 # -- accounting --------------------------------------------------------------------------
 def test_level_is_charged_once_for_all_chunks(ledger, data):
     plan, key = make_plan(), new_key()
-    receipt = charge_level(plan, ledger, "r", "run1", "county", "A")
+    receipt = charge_level(plan, ledger, "r", "run1", "county", "A", key=key)
+    assert receipt.key_fingerprint == key.fingerprint()
     outs = [
         measure(plan, data, key, MeasurementId("r", "county", c, "A"), ledger, "run1")
         for c in range(3)
@@ -187,6 +190,59 @@ def test_level_is_charged_once_for_all_chunks(ledger, data):
     # another level is another (sequential) charge
     measure(plan, data, key, MeasurementId("r", "tract", 0, "A"), ledger, "run1")
     assert len(ledger) == 2
+
+
+def test_charge_level_needs_the_key(ledger):
+    with pytest.raises(TypeError, match="key="):
+        charge_level(make_plan(), ledger, "r", "run1", "county", "A")
+    assert len(ledger) == 0
+
+
+def test_a_receipt_for_another_key_is_refused(ledger, data, monkeypatch):
+    """The receipt binds the run to its key: any other key is refused before the data."""
+    plan, key, other = make_plan(), new_key(), new_key()
+    receipt = charge_level(plan, ledger, "r", "run1", "county", "A", key=key)
+    ident = MeasurementId("r", "county", 0, "A")
+    reads: list[int] = []
+    monkeypatch.setattr(measure_module, "_check_data", lambda *a, **k: reads.append(1))
+    x = data
+    for wrong in (other, stream_key(other, ident, "run1")):
+        with pytest.raises(ValueError, match="this key is not the one charged for run 'run1'"):
+            measure(plan, x, wrong, ident, receipt, "run1")
+        with pytest.raises(ValueError, match="not the one charged"):
+            measurement_noise(plan, x, wrong, ident, receipt, "run1")
+    # fail closed: a receipt without a fingerprint is refused outside test mode
+    with pytest.raises(ValueError, match="no key fingerprint"):
+        measure(plan, x, key, ident, replace(receipt, key_fingerprint=None), "run1")
+    assert not reads, "the data was read before the key was refused"
+
+
+def test_stream_keys_draw_the_same_noise_and_only_their_own(ledger, data):
+    plan, key = make_plan(), new_key()
+    receipt = charge_level(plan, ledger, "r", "run1", "county", "A", key=key)
+    ident = MeasurementId("r", "county", 2, "A")
+    sk = stream_key(key, ident, "run1")
+    assert "run1" not in repr(sk) and bytes(key).hex() not in repr(sk)
+    y = measure(plan, data, sk, ident, receipt, "run1")
+    np.testing.assert_array_equal(y, measure(plan, data, key, ident, receipt, "run1"))
+    z = measurement_noise(plan, data, sk, ident, ledger, "run1")
+    np.testing.assert_array_equal(z, measurement_noise(plan, data, key, ident, ledger, "run1"))
+    assert stream_identity(ident, "run1") == {"run": "run1", "measurement": ident}
+    for other_ident, other_run in [(MeasurementId("r", "county", 3, "A"), "run1"), (ident, "run2")]:
+        with pytest.raises(ValueError, match="another measurement or run"):
+            measure(plan, data, sk, other_ident, ledger, other_run)
+    with pytest.raises(TypeError):
+        stream_key(sk, ident, "run1")
+
+
+def test_test_only_stream_keys_follow_the_test_rules(data):
+    plan, key = make_plan(), SecretKey.for_testing(5)
+    ident = MeasurementId("r", "county", 0, "A")
+    sk = stream_key(key, ident, "test")
+    with pytest.raises(ValueError, match="test-only"):
+        measure(plan, data, sk, ident, None, "test")
+    y = measure(plan, data, sk, ident, test_mode=True)
+    np.testing.assert_array_equal(y, measure(plan, data, key, ident, test_mode=True))
 
 
 def test_retry_reproduces_new_run_recharges(ledger, data):
@@ -320,7 +376,7 @@ _OPTIMISED = textwrap.dedent(
 
     A = Kron([Identity(2), Prefix(3)])
     plan = Plan(A, "gaussian", zCDP(1).gaussian_sigma(A.sensitivity(2)), zCDP(1), Domain(a=2, b=3))
-    led = Ledger(sys.argv[1])
+    led = Ledger(sys.argv[1], create=True)
     led.open_release("r", zCDP(1))
     x = np.ones((2, 2, 3), dtype=np.int64)
     ident = MeasurementId("r", "county", 0, "A")
@@ -405,7 +461,7 @@ _CRASH = textwrap.dedent(
 def test_crash_between_charge_and_noise(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text(_CRASH)
-    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger = Ledger(tmp_path / "ledger.sqlite", create=True)
     ledger.open_release("r", zCDP(1))
     key_file = KeyFile.create(tmp_path / "r.key")
 

@@ -26,6 +26,7 @@ from dpdask.noise import (
     KeyFile,
     MeasurementId,
     SecretKey,
+    StreamKey,
     encode_identity,
     new_key,
 )
@@ -265,6 +266,69 @@ def test_new_key_is_32_os_bytes_and_secret_in_repr():
     assert len(bytes(a)) == 32 and a != b and not a.test_only
     assert bytes(a).hex() not in repr(a) and bytes(a).hex() not in str(a)
     assert pickle.loads(pickle.dumps(a)) == a
+
+
+def test_fingerprint_is_a_16_byte_keyed_hash():
+    """32 hex characters: BLAKE2b keyed by the key (recomputed here independently)."""
+    key = new_key()
+    fp = key.fingerprint()
+    assert len(fp) == 32 and int(fp, 16) >= 0
+    assert (
+        fp
+        == hashlib.blake2b(
+            b"", key=bytes(key), digest_size=16, person=b"dpdask-keyprint"
+        ).hexdigest()
+    )
+    assert fp not in bytes(key).hex() and bytes(key).hex()[:16] not in fp
+    assert fp != new_key().fingerprint() and fp == SecretKey(bytes(key)).fingerprint()
+    assert fp in repr(key)
+
+
+_IDENT = {"run": "run1", "measurement": MeasurementId("r", "county", 0, "A")}
+_OTHER = {"run": "run1", "measurement": MeasurementId("r", "county", 1, "A")}
+
+
+@pytest.mark.parametrize("make", [new_key, lambda: SecretKey.for_testing(3)], ids=["new", "test"])
+def test_stream_key_draws_exactly_the_stream_of_its_identity(make):
+    key = make()
+    sk = key.stream_key(_IDENT)
+    assert isinstance(sk, StreamKey) and sk.test_only == key.test_only
+    assert sk.fingerprint() == key.fingerprint()
+    assert sk.philox_key(_IDENT) == key.derive(_IDENT)
+    for m in ("laplace", "gaussian", "discrete_laplace", "discrete_gaussian"):
+        np.testing.assert_array_equal(
+            getattr(KeyedRNG(sk, _IDENT), m)(2.5, 100), getattr(KeyedRNG(key, _IDENT), m)(2.5, 100)
+        )
+    # an equal identity spelled differently is the same identity
+    same = {"measurement": {"release": "r", "level": "county", "chunk": 0, "measurement": "A"}}
+    assert KeyedRNG(sk, {**same, "run": "run1"}).test_only == key.test_only
+    for other in (_OTHER, {"run": "run2", "measurement": _IDENT["measurement"]}, "x"):
+        assert not sk.is_for(other)
+        with pytest.raises(ValueError, match="another identity"):
+            KeyedRNG(sk, other)
+        with pytest.raises(ValueError):
+            sk.philox_key(other)
+    assert not hasattr(sk, "derive") and not hasattr(sk, "stream_key")
+
+
+def test_stream_key_is_picklable_and_keeps_its_secret():
+    key = new_key()
+    sk = key.stream_key(_IDENT)
+    back = pickle.loads(pickle.dumps(sk))
+    assert back == sk and hash(back) == hash(sk) and back != key.stream_key(_OTHER)
+    np.testing.assert_array_equal(
+        KeyedRNG(back, _IDENT).gaussian(1.0, 8), KeyedRNG(key, _IDENT).gaussian(1.0, 8)
+    )
+    philox = sk.philox_key(_IDENT).to_bytes(16, "little")
+    for text in (repr(sk), str(sk)):
+        assert key.fingerprint() in text
+        assert philox.hex() not in text and str(sk.philox_key(_IDENT)) not in text
+        assert bytes(key).hex() not in text
+    assert bytes(key) not in pickle.dumps(sk)
+    with pytest.raises(TypeError):
+        StreamKey(philox, b"", "fp")
+    with pytest.raises(TypeError):
+        bytes(sk)
 
 
 @pytest.mark.parametrize("raw", [b"short", b"x" * 33, "x" * 32, 12345])

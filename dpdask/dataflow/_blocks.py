@@ -5,6 +5,11 @@ level and everything it needs as arguments (no global state), so that a retried
 task recomputes exactly the same numbers: the noise comes from the keyed stream
 of the chunk's identity.
 
+Keys stay on the client: a measuring task receives only its own chunk's
+:class:`~dpdask.noise.StreamKey` (made by :func:`~dpdask.measure.stream_key` on the
+client and delivered as a one-element block of a key array), which draws that
+chunk's stream and no other; never the release's secret key.
+
 Two paths lead from counts to estimates:
 
 * the general one, :func:`measure_block` (``y = A x + z``) then
@@ -30,6 +35,7 @@ from threadpoolctl import threadpool_limits
 
 from dpdask.linalg import LinearQuery
 from dpdask.measure import measure, measurement_noise
+from dpdask.noise import StreamKey
 from dpdask.reconstruct import admm, least_squares
 from dpdask.reconstruct.nnls import nonnegative_fitter
 
@@ -79,6 +85,20 @@ def _chunk_index(block_info: dict | None) -> int:
     return int(block_info[0]["chunk-location"][0]) if block_info else 0
 
 
+def _stream_key(key: Any) -> StreamKey | None:
+    """The chunk's stream key from its one-element block of the key array (or ``None``)."""
+    if isinstance(key, np.ndarray):
+        if key.size != 1:
+            raise ValueError(f"a chunk's key block holds one stream key, got {key.size}")
+        key = key.reshape(-1)[0]
+    if key is not None and not isinstance(key, StreamKey):
+        raise TypeError(
+            f"a block task takes its chunk's StreamKey, never the secret key; got "
+            f"{type(key).__name__}"
+        )
+    return key
+
+
 def measure_block(
     x: np.ndarray,
     plan: Any,
@@ -92,14 +112,21 @@ def measure_block(
     blas_threads: int | None = None,
     block_info: dict | None = None,
 ) -> np.ndarray:
-    """Noisy strategy answers ``(g, m)`` for one chunk (``x`` is ``(g, *domain.shape)``)."""
+    """Noisy strategy answers ``(g, m)`` for one chunk (``x`` is ``(g, *domain.shape)``).
+
+    ``key`` is the chunk's :class:`~dpdask.noise.StreamKey` (or its one-element
+    object array block); it must be the key of this chunk's stream.
+    """
     tune_allocator()
     chunk = _chunk_index(block_info)
+    key = _stream_key(key)
     with threadpool_limits(limits=blas_threads, user_api="blas"):
         if not noise:
             if not test_mode:
                 raise ValueError("noise can only be switched off in test mode")
             return np.asarray(plan.strategy.apply(x), dtype=np.float64)
+        if key is None:
+            raise ValueError("a noisy measurement needs its chunk's stream key")
         y = measure(
             plan,
             x,
@@ -137,14 +164,18 @@ def estimate_block(
     reproduces it bit for bit). The noisy
     measurements ``A x + z`` are never formed nor published; what is released is
     their least-squares post-processing, exactly as on the general path, so the
-    privacy guarantee is the measurement's.
+    privacy guarantee is the measurement's. ``key`` is the chunk's
+    :class:`~dpdask.noise.StreamKey`, as for :func:`measure_block`.
     """
     tune_allocator()
+    key = _stream_key(key)
     with threadpool_limits(limits=blas_threads, user_api="blas"):
         if not noise:
             if not test_mode:
                 raise ValueError("noise can only be switched off in test mode")
             return np.asarray(x, dtype=np.float64)
+        if key is None:
+            raise ValueError("a noisy measurement needs its chunk's stream key")
         identity = (release, level, _chunk_index(block_info), "strategy")
         z = measurement_noise(
             plan, x, key, identity, ledger=receipt, run_id=run_id, test_mode=test_mode

@@ -8,10 +8,14 @@ While a release runs, ``.<output name>.run-<run id>/`` beside its output holds
 - ``done/<level>-<chunk>``: a marker per checkpointed chunk, written after its data,
   so that a resumed run skips exactly the finished chunks;
 - ``reports/``: a JSON report per chunk whose reconstruction stopped before converging;
-- ``key``: the run's secret key (:class:`~dpdask.noise.KeyFile`), so that a resumed
-  run draws the same noise.
+- ``key``: the run's secret key (:class:`~dpdask.noise.KeyFile`, mode 0600), so that
+  a resumed run draws the same noise; the ledger holds only its fingerprint;
+- ``source.json`` and ``input-<fingerprint>.zarr``: the fingerprint of the input the
+  run started from (a resume on changed data is refused) and the input converted to a
+  data store (:mod:`dpdask.dataflow._source`).
 
-The folder is removed once the release is published.
+The folder is private to its owner (mode 0700) and is removed, the key overwritten
+first, once the release is published.
 """
 
 from __future__ import annotations

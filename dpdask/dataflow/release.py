@@ -36,10 +36,14 @@ plan per level); :meth:`Release.to_zarr` runs it:
 Each task limits its BLAS to its share of the cores (one thread when two
 single-threaded workers share two cores), so that workers do not fight.
 
+A run is bound in the ledger to the fingerprint of its key (:class:`dpdask.privacy.Run`).
 A run interrupted anywhere is resumed by running again with the same run id: the
 charges are found in the ledger (nothing new is charged), the key is read back
-from the work folder, finished chunks are skipped and the rest are recomputed
-with the same noise, so the output is bit-identical to an uninterrupted run.
+from the work folder and checked against the ledger, finished chunks are skipped and
+the rest are recomputed with the same noise, so the output is bit-identical to an
+uninterrupted run. A published or abandoned run id is refused, and so is a charged run
+whose key is gone. The published attributes record the ledger's head after the
+charges (``attrs["dpdask"]["ledger"]["head"]``), for ``dpdask ledger verify --release``.
 
 Output layout (a zarr v3 group, written by :func:`~dpdask.dataflow._output.level_outputs`)::
 
@@ -56,6 +60,7 @@ each level's budget, noise and charge, the total budget and what the ledger hold
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -83,7 +88,8 @@ from dpdask.dataflow._blocks import (
     reconstruct_block,
 )
 from dpdask.dataflow._output import level_outputs
-from dpdask.dataflow._publish import check_target, move_into_place
+from dpdask.dataflow._publish import check_output, move_into_place, release_attributes
+from dpdask.dataflow._source import private_dir
 from dpdask.dataflow._store import DataStore, open_store
 from dpdask.dataflow._workdir import (
     float_array,
@@ -105,7 +111,7 @@ from dpdask.dataflow.levels import (
 )
 from dpdask.measure import _level_charge
 from dpdask.noise import KeyFile, SecretKey, new_key
-from dpdask.privacy import Budget, Charge, Ledger
+from dpdask.privacy import Budget, Charge, Ledger, Run, RunStateError, check_run_id
 
 __all__ = ["LevelPlan", "Release", "release"]
 
@@ -208,6 +214,7 @@ class Release:
         overwrite: bool = False,
         client: Any = None,
         progress: bool = False,
+        protected: Sequence[tuple[str, str | os.PathLike | None]] = (),
     ) -> pathlib.Path:
         """Run the release and publish it at ``path``.
 
@@ -217,11 +224,15 @@ class Release:
             The output store (a local directory); written under a temporary name and
             renamed into place when complete.
         overwrite : bool
-            Replace an earlier release at ``path`` (only once the new one is complete).
+            Replace an earlier dpdask release at ``path`` (only once the new one is
+            complete). Anything at ``path`` that is not a dpdask release is never replaced.
         client : distributed.Client, optional
             Where to run; the current Dask scheduler if omitted.
         progress : bool
             Show a progress bar on the terminal.
+        protected : sequence of (what, path)
+            Further paths the output must not overlap (the input data and the ledger of
+            the store and the ledger given are always protected).
 
         Returns
         -------
@@ -231,50 +242,109 @@ class Release:
         Raises
         ------
         StoreExistsError
-            If ``path`` exists and ``overwrite`` is false (before anything is charged).
+            If a release exists at ``path`` and ``overwrite`` is false (before anything
+            is charged).
+        UnsafeOutputError
+            If ``path`` overlaps the input, the ledger or the work folder, or exists and
+            is not a dpdask release.
+        dpdask.privacy.RunStateError
+            If the run id was published or abandoned, or its key is not the run's.
         dpdask.privacy.BudgetExceededError
             If the charges do not fit the budget (before any data is read).
         """
-        path = check_target(path, overwrite).absolute()
+        path = pathlib.Path(os.path.abspath(path))
         work = work_dir(path, self.run_id)
-        key = self._charge_and_key(work)
-        work.mkdir(parents=True, exist_ok=True)
+        run = self._ledger_run()
+        previous = release_attributes(path)
+        if (
+            run is not None
+            and run.state == "measuring"
+            and previous is not None
+            and (previous.get("release"), previous.get("run_id")) == (self.release_id, self.run_id)
+        ):
+            # published, but stopped before the ledger recorded it: record it now
+            self.ledger.publish(self.release_id, self.run_id, str(path))  # type: ignore[union-attr]
+            _remove_work(work)
+            return path
+        guard = [
+            ("input data", self.store.path),
+            ("work folder", work),
+            *protected,
+        ]
+        if self.ledger is not None:
+            guard += [("ledger", self.ledger.path), ("ledger head file", self.ledger.head_file)]
+        path = check_output(path, overwrite, guard)
+        key = self._charge_and_key(work, run)
+        private_dir(work)
         raw = self._checkpoint(work, key, client, progress)
         final = self._finish(work, raw, client, progress)
+        check_output(path, overwrite, guard)  # nothing else appeared meanwhile
         move_into_place(final, path, overwrite)
-        shutil.rmtree(work, ignore_errors=True)  # the key file goes with it
+        if self.ledger is not None and self.noise:
+            self.ledger.publish(self.release_id, self.run_id, str(path))
+        _remove_work(work)
         return path
 
-    def _charge_and_key(self, work: pathlib.Path) -> SecretKey | None:
+    def _ledger_run(self) -> Run | None:
+        if self.ledger is None:
+            return None
+        return self.ledger.run(self.release_id, self.run_id)
+
+    def _charge_and_key(self, work: pathlib.Path, run: Run | None) -> SecretKey | None:
+        """The run's key, bound to the run in the ledger and charged for, before any data
+        is read: a new run gets a fresh key (kept owner-only in the work folder until
+        publication); a resumed run needs the key it was opened with."""
         if not self.noise:
             return None
         if self.test_mode:
             if self.key is None:
                 raise ValueError("test mode needs a key (SecretKey.for_testing(seed))")
             if self.ledger is not None:
-                self._charge()
+                self._charge(self.key)
             return self.key
         if self.ledger is None:
             raise ValueError("a ledger is required: every measurement is charged before noise")
-        key_file = KeyFile(work / "key")
-        if self.key is not None:
-            key = self.key
-        elif (work / "key").exists():
-            key = key_file.load()
-        else:
+        if self.key is not None and self.key.test_only:
+            raise ValueError("refusing a test-only key outside test mode")
+        key_path = work / "key"
+        stored = KeyFile(key_path).load() if key_path.exists() else None
+        if run is not None and run.state not in ("open", "measuring"):
+            raise RunStateError(
+                f"run {self.run_id!r} of release {self.release_id!r} is {run.state}; a new run "
+                "id is a new run, drawing new noise and charged again"
+            )
+        key = self.key or stored
+        if key is None:
+            if run is not None:
+                raise RunStateError(
+                    f"run {self.run_id!r} of release {self.release_id!r} was charged but its "
+                    f"key is gone (no {key_path}); its noise cannot be reproduced. Abandon it "
+                    "(`dpdask ledger abandon`) and start a new run id, which is charged again"
+                )
             key = new_key()
-        self._charge()
-        if not (work / "key").exists():
-            work.mkdir(parents=True, exist_ok=True)
-            KeyFile.create(work / "key", key)
+        if stored is not None and stored != key:
+            raise RunStateError(
+                f"the key given for run {self.run_id!r} is not the one in its work folder"
+            )
+        if stored is None:
+            private_dir(work)
+            KeyFile.create(key_path, key)
+        self._charge(key)
         return key
 
-    def _charge(self) -> None:
+    def _bind(self, key: SecretKey) -> None:
+        """Put the key's fingerprint on every level's charge (the ledger binds the run)."""
+        fp = key.fingerprint()
+        for L in self._levels:
+            L.charge = dataclasses.replace(L.charge, key_fingerprint=fp)
+
+    def _charge(self, key: SecretKey) -> None:
         if self.ledger is None:
             raise ValueError("a ledger is required: every measurement is charged before noise")
+        self._bind(key)
         self.ledger.open_release(self.release_id, self.total, self.dataset)
-        self.ledger.check(self.charges())  # all levels fit, or nothing is written
-        self.ledger.charge(self.charges())
+        self.ledger.charge(self.charges())  # all levels fit, or nothing is written
+        self._head = self.ledger.head()
 
     def _level_data(self) -> list[da.Array]:
         """Counts of every released level, lazily, chunked as the level chunks."""
@@ -341,16 +411,50 @@ class Release:
     ) -> da.Array:
         """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
         the strategy allows (:meth:`LevelPlan.fused`), else ``measure-<level>`` then
-        ``reconstruct-<level>``."""
+        ``reconstruct-<level>``.
+
+        Keys stay on the client: ``key`` (the release's secret) never enters the graph.
+        Block ``k`` of ``x`` is paired with block ``k`` of the ``streamkey-<level>``
+        array (``map_blocks`` pairs blocks by index and never rechunks its inputs), a
+        one-element object array holding chunk ``k``'s
+        :class:`~dpdask.noise.StreamKey`, which can draw only that chunk's noise (the
+        task refuses a key made for another chunk)."""
+        from dask.highlevelgraph import HighLevelGraph
+
+        from dpdask.measure import stream_key
+
         word = level_key(L.name)
         tok = tokenize(self.release_id, self.run_id, L.name, x, self.reconstruct)
         cell_shape = self.domain.shape
-        ident = (key, self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode)
+        keys: da.Array | None = None
+        if key is not None:
+            n = x.numblocks[0]
+            if n != len(L.chunks) or any(nb != 1 for nb in x.numblocks[1:]):
+                raise ValueError(
+                    f"level {L.name!r}: the data has blocks {x.numblocks}, "
+                    f"expected ({len(L.chunks)}, 1, ...)"
+                )
+            kname = f"streamkey-{word}-{tok}"
+            one = (1,) * (x.ndim - 1)
+            blocks = {}
+            for k in range(n):
+                block = np.empty((1, *one), dtype=object)
+                ident_k = (self.release_id, L.name, k, "strategy")
+                block.flat[0] = stream_key(key, ident_k, self.run_id)
+                blocks[(kname, k, *(0,) * len(one))] = block
+            keys = da.Array(
+                HighLevelGraph.from_collections(kname, blocks),
+                kname,
+                chunks=((1,) * n, *((1,) for _ in one)),
+                dtype=object,
+            )
+        ident = (keys, self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode)
         # NNLS and WNNLS start from least squares and are fitted after consistency
         method = "ls" if self.reconstruct in FIT_AFTER_CONSISTENCY else self.reconstruct
         if L.plan.fused(method):
             return x.map_blocks(
                 estimate_block, L.plan, L.plan.pinv(), *ident, blas,
+                chunks=x.chunks,
                 dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
                 meta=np.empty((0,) * x.ndim),
             )  # fmt: skip
@@ -464,10 +568,19 @@ class Release:
         if self.ledger is not None and self.noise:
             info["ledger"] = {
                 "path": str(self.ledger.path),
+                "id": self.ledger.ledger_id,
+                "head": str(self._head),
+                "dataset": self.dataset,
                 "spent": self.ledger.spent(self.release_id).to_dict(),
                 "remaining": self.ledger.remaining(self.release_id).to_dict(),
             }
         return info
+
+
+def _remove_work(work: pathlib.Path) -> None:
+    """Remove a run's work folder, overwriting its key file first."""
+    KeyFile(work / "key").delete()
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def _compute(items: list, client: Any, progress: bool) -> list:
@@ -570,23 +683,15 @@ def release(
             (p.privacy for p in level_plans.values()), start=level_plans[levels[0]].privacy.zero()
         )
     else:
+        from dpdask.privacy import split_levels  # the one split of plan, run and benchmarks
+
         total = plans.privacy
-        if budget_split is None:
-            shares = [1] * len(levels)
-        elif isinstance(budget_split, Mapping):
-            extra = sorted(set(budget_split) - set(levels))
-            missing = [lv for lv in levels if lv not in budget_split]
-            if extra or missing:
-                raise ValueError(
-                    f"budget_split levels {sorted(budget_split)} do not match {levels}"
-                )
-            shares = [budget_split[lv] for lv in levels]
-        else:
-            shares = list(budget_split)
-            if len(shares) != len(levels):
-                raise ValueError(f"{len(shares)} budget shares for {len(levels)} levels")
+        try:
+            budgets = split_levels(total, levels, budget_split)
+        except ValueError as exc:
+            raise ValueError(f"budget_split: {exc}") from None
         level_plans: dict[str, LevelPlan] = {}
-        for lv, b in zip(levels, total.split(shares), strict=True):
+        for lv, b in budgets.items():
             level_plans[lv] = LevelPlan(plans, b, like=next(iter(level_plans.values()), None))
     for lv, p in level_plans.items():
         if p.strategy.shape[1] != store.domain.size:
@@ -601,7 +706,8 @@ def release(
     if isinstance(ledger, str | os.PathLike):
         ledger = Ledger(ledger)
     return Release(
-        store, levels, level_plans, release_id=release_id, run_id=run_id or new_run_id(),
+        store, levels, level_plans, release_id=release_id,
+        run_id=new_run_id() if run_id is None else check_run_id(run_id),
         total=total, reconstruct=reconstruct, ledger=ledger, dataset=dataset, key=key,
         noise=noise, test_mode=test_mode, chunk_bytes=chunk_bytes,
     )  # fmt: skip

@@ -2,7 +2,9 @@
 
 A measurement's noise is determined by a secret key (:func:`new_key`) and the
 measurement's identity through a counter-based generator (:class:`KeyedRNG`),
-so recomputing or retrying a task draws the same numbers. Samplers: Laplace and
+so recomputing or retrying a task draws the same numbers. Tasks receive only
+the :class:`StreamKey` of the stream they draw (:meth:`SecretKey.stream_key`),
+never the secret key. Samplers: Laplace and
 Gaussian on floats, discrete Laplace and discrete Gaussian on integers
 (Canonne, Kamath and Steinke 2020; see :mod:`dpdask.noise._samplers` for what
 "exact" means here), and correlated Gaussian noise from a covariance factor.
@@ -12,6 +14,7 @@ from dpdask.noise._keys import (
     KeyFile,
     MeasurementId,
     SecretKey,
+    StreamKey,
     encode_identity,
     new_key,
 )
@@ -23,6 +26,7 @@ __all__ = [
     "KeyedRNG",
     "MeasurementId",
     "SecretKey",
+    "StreamKey",
     "encode_identity",
     "new_key",
 ]

@@ -10,7 +10,15 @@ streams whose keys are pseudo-random functions of the identity, hence independen
 for practical purposes.
 
 The key never appears in a ``repr``, a log line or an output; a non-secret
-:meth:`SecretKey.fingerprint` identifies it in reports.
+:meth:`SecretKey.fingerprint` identifies it in reports and binds a run to its key
+in the ledger.
+
+Keys stay on the client. Dask tasks never receive the :class:`SecretKey`: the
+client makes, for each task, the :class:`StreamKey` of exactly the one noise
+stream that task draws (:meth:`SecretKey.stream_key`). A stream key holds that
+stream's 128-bit Philox key and the identity it was derived for; it cannot derive
+the stream of any other identity, so a worker that sees it learns nothing about
+the other chunks' noise.
 """
 
 from __future__ import annotations
@@ -27,12 +35,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KEY_BYTES", "KeyFile", "MeasurementId", "SecretKey", "encode_identity", "new_key"]
+__all__ = [
+    "KEY_BYTES",
+    "KeyFile",
+    "MeasurementId",
+    "SecretKey",
+    "StreamKey",
+    "encode_identity",
+    "new_key",
+]
 
 KEY_BYTES = 32
 _PERSON_STREAM = b"dpdask-noise-v1"
 _PERSON_TEST = b"dpdask-testseed"
 _PERSON_PRINT = b"dpdask-keyprint"
+_PERSON_IDENT = b"dpdask-streamid"
+FINGERPRINT_BYTES = 16
 
 
 class SecretKey:
@@ -80,8 +98,14 @@ class SecretKey:
         return cls(digest, _test_only=True)
 
     def fingerprint(self) -> str:
-        """A short non-secret identifier of the key, safe to log."""
-        return hashlib.blake2b(b"", key=self._raw, digest_size=8, person=_PERSON_PRINT).hexdigest()
+        """A non-secret identifier of the key, safe to log and to record in the ledger.
+
+        A keyed BLAKE2b digest (16 bytes, 32 hexadecimal characters) of the empty
+        message under the key: it names the key without revealing anything about it.
+        """
+        return hashlib.blake2b(
+            b"", key=self._raw, digest_size=FINGERPRINT_BYTES, person=_PERSON_PRINT
+        ).hexdigest()
 
     def derive(self, identity: Any) -> int:
         """The 128-bit Philox key of ``identity``: keyed BLAKE2b of its canonical encoding."""
@@ -89,6 +113,32 @@ class SecretKey:
             encode_identity(identity), key=self._raw, digest_size=16, person=_PERSON_STREAM
         ).digest()
         return int.from_bytes(digest, "little")
+
+    def stream_key(self, identity: Any) -> StreamKey:
+        """The key of the one noise stream of ``identity``, to send to a task.
+
+        Parameters
+        ----------
+        identity : str, int, bytes, tuple, mapping or MeasurementId
+            The stream's identity, exactly as it will be passed to
+            :class:`~dpdask.noise.KeyedRNG`.
+
+        Returns
+        -------
+        StreamKey
+            Holds :meth:`derive` of ``identity`` (so the stream is bit-identical to
+            ``KeyedRNG(self, identity)``), the identity and :meth:`fingerprint`;
+            never the secret key itself.
+
+        Examples
+        --------
+        >>> key = SecretKey.for_testing(1)
+        >>> sk = key.stream_key(("r", "county", 0, "A"))
+        >>> sk.fingerprint() == key.fingerprint()
+        True
+        """
+        encoding = encode_identity(identity)
+        return StreamKey._make(self.derive(identity), encoding, self.fingerprint(), self.test_only)
 
     def __bytes__(self) -> bytes:
         return self._raw
@@ -114,6 +164,110 @@ class SecretKey:
 
 def _restore_key(raw: bytes, test_only: bool) -> SecretKey:
     return SecretKey(raw, _test_only=test_only)
+
+
+class StreamKey:
+    """The secret of exactly one noise stream: what a Dask task receives.
+
+    Made on the client by :meth:`SecretKey.stream_key`; never constructed
+    directly. It holds the stream's 128-bit Philox key (``secret.derive(identity)``),
+    the canonical encoding of the identity it was derived for, the fingerprint of
+    the secret key it came from (non-secret) and whether that key is test-only.
+    :class:`~dpdask.noise.KeyedRNG` accepts it only together with that same
+    identity; nothing else can be derived from it. It pickles (tasks carry it) and
+    its ``repr`` never shows the Philox key.
+
+    Attributes
+    ----------
+    test_only : bool
+        True when the secret key was a test-only key.
+
+    Examples
+    --------
+    >>> from dpdask.noise import KeyedRNG
+    >>> key = SecretKey.for_testing(3)
+    >>> sk = key.stream_key("chunk-0")
+    >>> a = KeyedRNG(sk, "chunk-0").gaussian(1.0, 3)
+    >>> bool((a == KeyedRNG(key, "chunk-0").gaussian(1.0, 3)).all())
+    True
+    >>> KeyedRNG(sk, "chunk-1")
+    Traceback (most recent call last):
+    ...
+    ValueError: this stream key was derived for another identity; it can only draw its own stream
+    """
+
+    __slots__ = ("_fingerprint", "_identity", "_philox", "test_only")
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise TypeError("make a StreamKey on the client with SecretKey.stream_key(identity)")
+
+    @classmethod
+    def _make(cls, philox: int, identity: bytes, fingerprint: str, test_only: bool) -> StreamKey:
+        if isinstance(philox, bool) or not isinstance(philox, int) or not 0 <= philox < 2**128:
+            raise ValueError("a stream key is a 128-bit integer")
+        if not isinstance(identity, bytes) or not isinstance(fingerprint, str):
+            raise TypeError("a stream key needs the identity's encoding and a fingerprint")
+        self = object.__new__(cls)
+        self._philox = philox
+        self._identity = identity
+        self._fingerprint = fingerprint
+        self.test_only = bool(test_only)
+        return self
+
+    def fingerprint(self) -> str:
+        """The fingerprint of the secret key this stream key was derived from."""
+        return self._fingerprint
+
+    def is_for(self, identity: Any) -> bool:
+        """Whether this stream key was derived for ``identity``."""
+        return hmac.compare_digest(encode_identity(identity), self._identity)
+
+    def philox_key(self, identity: Any) -> int:
+        """The stream's 128-bit Philox key, given the identity it was derived for.
+
+        Raises
+        ------
+        ValueError
+            If ``identity`` is not the one this stream key was derived for.
+        """
+        if not self.is_for(identity):
+            raise ValueError(
+                "this stream key was derived for another identity; it can only draw its own stream"
+            )
+        return self._philox
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StreamKey):
+            return NotImplemented
+        return (
+            self.test_only == other.test_only
+            and self._fingerprint == other._fingerprint
+            and self._identity == other._identity
+            and hmac.compare_digest(
+                self._philox.to_bytes(16, "little"), other._philox.to_bytes(16, "little")
+            )
+        )
+
+    def __hash__(self) -> int:
+        return hash((self._fingerprint, self._identity))
+
+    def __repr__(self) -> str:
+        kind = "test-only key" if self.test_only else "secret"
+        ident = hashlib.blake2b(self._identity, digest_size=4, person=_PERSON_IDENT).hexdigest()
+        return f"StreamKey(<stream {ident} of {kind} {self._fingerprint}>)"
+
+    __str__ = __repr__
+
+    def __dask_tokenize__(self) -> tuple:
+        # deterministic and free of the Philox key
+        return ("dpdask.StreamKey", self._fingerprint, self._identity, self.test_only)
+
+    def __reduce__(self) -> tuple:
+        return (_restore_stream, (self._philox, self._identity, self._fingerprint, self.test_only))
+
+
+def _restore_stream(philox: int, identity: bytes, fingerprint: str, test_only: bool) -> StreamKey:
+    return StreamKey._make(philox, identity, fingerprint, test_only)
 
 
 def new_key() -> SecretKey:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from dpdask.noise import _samplers
-from dpdask.noise._keys import SecretKey, as_secret_key, encode_identity
+from dpdask.noise._keys import SecretKey, StreamKey, as_secret_key, encode_identity
 
 __all__ = ["KeyedRNG"]
 
@@ -24,10 +24,17 @@ class KeyedRNG:
 
     Parameters
     ----------
-    key : SecretKey or bytes
-        The 32-byte secret (see :func:`dpdask.noise.new_key`).
+    key : SecretKey, bytes or StreamKey
+        The 32-byte secret (see :func:`dpdask.noise.new_key`), or the
+        :class:`~dpdask.noise.StreamKey` the secret made for ``identity``
+        (:meth:`SecretKey.stream_key`), which gives the same stream.
     identity : str, int, bytes, tuple, mapping or MeasurementId
         What is being measured, e.g. ``MeasurementId(release, level, chunk, name)``.
+
+    Raises
+    ------
+    ValueError
+        If ``key`` is a stream key derived for another identity.
 
     Attributes
     ----------
@@ -46,12 +53,18 @@ class KeyedRNG:
 
     __slots__ = ("_gen", "identity", "test_only")
 
-    def __init__(self, key: SecretKey | bytes, identity: Any):
-        secret = as_secret_key(key)
+    def __init__(self, key: SecretKey | bytes | StreamKey, identity: Any):
         encode_identity(identity)  # validate before deriving
+        if isinstance(key, StreamKey):
+            philox = key.philox_key(identity)
+            test_only = key.test_only
+        else:
+            secret = as_secret_key(key)
+            philox = secret.derive(identity)
+            test_only = secret.test_only
         self.identity = identity
-        self.test_only = secret.test_only
-        self._gen = np.random.Generator(np.random.Philox(key=secret.derive(identity)))
+        self.test_only = test_only
+        self._gen = np.random.Generator(np.random.Philox(key=philox))
 
     @classmethod
     def for_testing(cls, seed: int, identity: Any = ()) -> KeyedRNG:

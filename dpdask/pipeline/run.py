@@ -27,6 +27,7 @@ from dpdask.dataflow._source import (
 from dpdask.dataflow._workdir import new_run_id, work_dir
 from dpdask.domain import Domain, Geography
 from dpdask.linalg import LinearQuery
+from dpdask.noise import KeyFile
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.privacy import (
     BudgetExceededError,
@@ -35,6 +36,7 @@ from dpdask.privacy import (
     LedgerConflictError,
     LedgerMissingError,
     LedgerTamperedError,
+    Run,
     RunStateError,
     check_run_id,
     split_levels,
@@ -252,9 +254,27 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
             "new run, drawing new noise and charged again"
         )
     resuming = run is not None
+    if run is not None and run.state != "published":
+        _check_run_key(run, work)
     if ledger is not None:
         _check_budgets(spec, ledger, dataset, resuming)
     return _Checked(ledger, dataset, source, output, run_id, work, resuming)
+
+
+def _check_run_key(run: Run, work: pathlib.Path) -> None:
+    """A charged run resumes only with its own key, still in its work folder."""
+    key_path = work / "key"
+    if not key_path.exists():
+        raise RunStateError(
+            f"run {run.run_id!r} of release {run.release!r} was charged but its key is gone "
+            f"(no {key_path}); its noise cannot be reproduced. Abandon it (`dpdask ledger "
+            "abandon`) and start a new run id, which is charged again"
+        )
+    if KeyFile(key_path).load().fingerprint() != run.key_fingerprint:
+        raise RunStateError(
+            f"the key in {key_path} is another key than the one run {run.run_id!r} is bound to; "
+            "its noise can only be drawn with that key"
+        )
 
 
 def _check_budgets(spec: ReleaseSpec, ledger: Ledger, dataset: str, resuming: bool) -> None:
@@ -385,8 +405,8 @@ def run_spec(
         raise LedgerMissingError(f"ledger: no ledger at {spec.ledger}")
     if spec.dataset_budget is not None:
         ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
-    store = load_data(spec, checked.work, checked.source)
     _check_same_source(checked)
+    store = load_data(spec, checked.work, checked.source)
     levels = _levels(spec, store)
     rel = release(
         plan, store, levels=levels,
@@ -419,4 +439,5 @@ def _check_same_source(checked: _Checked) -> None:
                 "run id (a new charge)"
             )
     else:
+        private_dir(checked.work)
         record.write_text(json.dumps({"content": checked.source.content}))

@@ -1,0 +1,335 @@
+"""Accounting integrity through the command line, tried as a hostile user would.
+
+Each test is one of the ways budget could escape the ledger or data could be lost
+(run-id reuse, a tampered ledger, the dataset cap, input copies, unsafe outputs,
+ambiguous specs, keys, the budget split); every one ends with no new noise published
+without a charge, nothing lost, and a clear error where the run is refused. The runs
+use the real key-file path (no test keys) on tiny person records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import sqlite3
+import stat
+
+import numpy as np
+import pytest
+import yaml
+import zarr
+
+from dpdask.cli import main
+from dpdask.privacy import Head, Ledger
+
+RECORDS = "geo,sex,age\n" + "".join(
+    f"{g},{(i * 7 + j) % 2},{(i * 5 + j) % 3}\n"
+    for j, g in enumerate(("0101", "0102", "0201", "0202"))
+    for i in range(25)
+)
+
+
+def _write_spec(tmp: pathlib.Path, name: str = "spec.yaml", **changes) -> pathlib.Path:
+    raw = {
+        "release": "tiny",
+        "data": {
+            "format": "records",
+            "path": str(tmp / "data" / "people.csv"),
+            "geography_column": "geo",
+            "levels": {"state": 2, "county": 4},
+        },
+        "domain": {"sex": 2, "age": 3},
+        "levels": ["state", "county"],
+        "workload": "identity",
+        "privacy": {"zcdp": 1, "split": {"state": 1, "county": 1}},
+        "strategy": "identity",
+        "output": str(tmp / "out" / "tiny.zarr"),
+        "ledger": {"path": str(tmp / "ledger" / "ledger.sqlite"), "create": True},
+        "cluster": {"n_workers": 1, "threads_per_worker": 1, "processes": False},
+    }
+    for key, value in changes.items():
+        if value is None:
+            raw.pop(key, None)
+        elif isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    path = tmp / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def tiny(tmp_path: pathlib.Path) -> pathlib.Path:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "people.csv").write_text(RECORDS)
+    return _write_spec(tmp_path)
+
+
+def _run(spec: pathlib.Path, *args: str) -> int:
+    return main(["run", str(spec), "--json", "--no-progress", *args])
+
+
+def _estimates(out: pathlib.Path) -> bytes:
+    g = zarr.open_group(str(out), mode="r")
+    return b"".join(np.asarray(g[lv]["estimate"][:]).tobytes() for lv in ("state", "county"))
+
+
+def _ledger(tmp: pathlib.Path) -> Ledger:
+    return Ledger(tmp / "ledger" / "ledger.sqlite")
+
+
+def test_reusing_a_published_run_id_is_refused(tiny, tmp_path, capsys) -> None:
+    assert _run(tiny, "--run-id", "R") == 0
+    out = tmp_path / "out" / "tiny.zarr"
+    published = _estimates(out)
+    n = len(_ledger(tmp_path))
+    assert n == 2  # one charge per level
+    # no work folder, no key is left behind
+    assert not list((tmp_path / "out").glob(".tiny.zarr.run-*"))
+    capsys.readouterr()
+    for args, spec in [
+        (("--run-id", "R", "--overwrite"), tiny),
+        (("--run-id", "R"), _write_spec(tmp_path, "other.yaml", output=str(tmp_path / "o2.zarr"))),
+    ]:
+        assert _run(spec, *args) == 2
+        assert "a new run id is a new run" in capsys.readouterr().err
+    assert _estimates(out) == published
+    assert not (tmp_path / "o2.zarr").exists()
+    assert len(_ledger(tmp_path)) == n
+    run = _ledger(tmp_path).run("tiny", "R")
+    assert run is not None and run.state == "published"
+
+
+def test_a_charged_run_whose_key_is_lost_cannot_draw_again(tiny, tmp_path, capsys) -> None:
+    from dpdask.dataflow.release import Release
+
+    # a run that is charged and then stops before publishing
+    original = Release._finish
+    Release._finish = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run(tiny, "--run-id", "K")
+    finally:
+        Release._finish = original
+    work = next((tmp_path / "out").glob(".tiny.zarr.run-K"))
+    assert stat.S_IMODE(work.stat().st_mode) == 0o700
+    key = work / "key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    # the attacker deletes the work folder and its key and resumes the charged run
+    shutil.rmtree(work)
+    assert _run(tiny, "--run-id", "K") == 2
+    assert "key is gone" in capsys.readouterr().err
+    # or brings another key
+    work.mkdir(mode=0o700, exist_ok=True)
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    assert _run(tiny, "--run-id", "K") == 2
+    assert "another key" in capsys.readouterr().err
+    assert sorted(p.name for p in work.iterdir()) == ["key"]  # refused before reading data
+    assert not (tmp_path / "out" / "tiny.zarr").exists()
+    assert len(_ledger(tmp_path)) == 2
+    # abandoning is recorded, and an abandoned run stays refused
+    assert main(["ledger", "abandon", str(tmp_path / "ledger/ledger.sqlite"), "tiny", "K"]) == 0
+    assert _run(tiny, "--run-id", "K") == 2
+    assert "abandoned" in capsys.readouterr().err
+
+
+def _tamper(kind: str, path: pathlib.Path, snapshot: pathlib.Path) -> None:
+    if kind == "truncate":
+        path.write_bytes(b"")
+    elif kind == "half":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "delete":
+        path.unlink()
+    elif kind == "rollback":
+        shutil.copy(snapshot, path)
+    else:
+        con = sqlite3.connect(path)
+        con.execute("DROP TRIGGER entries_no_delete")
+        con.execute("DROP TRIGGER entries_no_update")
+        if kind == "delete-rows":
+            con.execute("DELETE FROM entries WHERE kind = 'charge'")
+        else:  # edit: make the charges cheaper
+            con.execute("UPDATE entries SET body = replace(body, '1/2', '1/1000')")
+        for op in ("delete", "update"):
+            con.execute(
+                f"CREATE TRIGGER entries_no_{op} BEFORE {op.upper()} ON entries "
+                "BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END"
+            )
+        con.commit()
+        con.close()
+
+
+@pytest.mark.parametrize("kind", ["truncate", "half", "delete", "rollback", "delete-rows", "edit"])
+def test_a_tampered_ledger_is_refused(tiny, tmp_path, capsys, kind) -> None:
+    ledger_path = tmp_path / "ledger" / "ledger.sqlite"
+    assert main(["ledger", "init", str(ledger_path)]) == 0
+    snapshot = tmp_path / "snapshot.sqlite"
+    shutil.copy(ledger_path, snapshot)
+    assert _run(tiny, "--run-id", "A") == 0
+    out = tmp_path / "out" / "tiny.zarr"
+    assert main(["ledger", "verify", str(ledger_path), "--release", str(out)]) == 0
+    published = _estimates(out)
+    _tamper(kind, ledger_path, snapshot)
+    capsys.readouterr()
+    assert main(["ledger", "verify", str(ledger_path)]) == 2
+    assert "ledger" in capsys.readouterr().err
+    again = _write_spec(tmp_path, "again.yaml", release="tiny-two",
+                        output=str(tmp_path / "out" / "two.zarr"))  # fmt: skip
+    assert _run(again, "--run-id", "B") == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "two.zarr").exists()
+    assert _estimates(out) == published
+
+
+def test_a_missing_ledger_is_created_only_when_asked(tiny, tmp_path, capsys) -> None:
+    spec = _write_spec(tmp_path, "nocreate.yaml", ledger=str(tmp_path / "ledger" / "l.sqlite"))
+    for verb in ("validate", "run"):
+        assert main([verb, str(spec), "--json"]) == 2
+        assert "dpdask ledger init" in capsys.readouterr().err
+    assert not (tmp_path / "ledger" / "l.sqlite").exists()
+    assert main(["ledger", "init", str(tmp_path / "ledger" / "l.sqlite")]) == 0
+    assert main(["ledger", "init", str(tmp_path / "ledger" / "l.sqlite")]) == 2  # never again
+    assert _run(spec) == 0
+
+
+def test_the_dataset_lifetime_budget_holds_across_releases(tiny, tmp_path, capsys) -> None:
+    first = _write_spec(tmp_path, "a.yaml", release="first",
+                        privacy={"dataset": {"zcdp": 1}})  # fmt: skip
+    second = _write_spec(tmp_path, "b.yaml", release="second", output=str(tmp_path / "b.zarr"),
+                         privacy={"dataset": {"zcdp": 1}})  # fmt: skip
+    assert _run(first) == 0
+    capsys.readouterr()
+    assert main(["validate", str(second)]) == 2
+    assert "dataset" in capsys.readouterr().err
+    assert _run(second) == 2
+    assert "lifetime" in capsys.readouterr().err
+    assert not (tmp_path / "b.zarr").exists()
+    assert main(["ledger", "show", str(tmp_path / "ledger" / "ledger.sqlite"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    (dataset,) = shown["datasets"].values()
+    assert dataset["remaining"]["rho"] == "0"
+    # without privacy.dataset the recorded total still applies to the same data
+    third = _write_spec(tmp_path, "c.yaml", release="third", output=str(tmp_path / "c.zarr"))
+    assert _run(third) == 2
+    assert not (tmp_path / "c.zarr").exists()
+
+
+def test_input_copies_are_private_fresh_and_removed(tiny, tmp_path, capsys) -> None:
+    assert _run(tiny) == 0
+    capsys.readouterr()
+    leftovers = [p for p in tmp_path.rglob("*") if "input" in p.name and p.suffix == ".zarr"]
+    assert leftovers == []
+    # a changed source is read again: a release of other data differs by far more
+    # than noise, in the direction of the change
+    spec = _write_spec(tmp_path, "b.yaml", release="b", output=str(tmp_path / "b.zarr"),
+                       privacy={"zcdp": 1000})  # fmt: skip
+    assert _run(spec) == 0
+    before = zarr.open_group(str(tmp_path / "b.zarr"), mode="r")["state/estimate"][:].sum()
+    (tmp_path / "data" / "people.csv").write_text(RECORDS + "0101,0,0\n" * 400)
+    spec = _write_spec(tmp_path, "c.yaml", release="c", output=str(tmp_path / "c.zarr"),
+                       privacy={"zcdp": 1000})  # fmt: skip
+    assert _run(spec) == 0
+    after = zarr.open_group(str(tmp_path / "c.zarr"), mode="r")["state/estimate"][:].sum()
+    assert after - before == pytest.approx(400, abs=5)
+
+
+def test_resuming_on_changed_data_is_refused(tiny, tmp_path, capsys) -> None:
+    from dpdask.dataflow.release import Release
+
+    # a named dataset: the same release id stays valid when the data is corrected
+    tiny = _write_spec(tmp_path, "named.yaml", data={"id": "people"})
+    original = Release._finish
+    Release._finish = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run(tiny, "--run-id", "C")
+    finally:
+        Release._finish = original
+    (tmp_path / "data" / "people.csv").write_text(RECORDS + "0101,1,1\n")
+    capsys.readouterr()
+    assert _run(tiny, "--run-id", "C") == 2
+    assert "input changed" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "tiny.zarr").exists()
+
+
+@pytest.mark.parametrize("target", ["data", "data/people.csv", "ledger", "ledger/ledger.sqlite",
+                                    ".", "notes"])  # fmt: skip
+def test_unsafe_outputs_are_refused_and_nothing_is_lost(tiny, tmp_path, capsys, target) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    assert main(["ledger", "init", str(tmp_path / "ledger" / "ledger.sqlite")]) == 0
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    spec = _write_spec(tmp_path, "unsafe.yaml", output=str(tmp_path / target))
+    capsys.readouterr()
+    assert _run(spec, "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert "overlaps" in err or "not a dpdask release" in err
+    for p, data in files.items():
+        assert p.read_bytes() == data
+    assert len(_ledger(tmp_path)) == 0
+
+
+def test_overwrite_replaces_only_a_release(tiny, tmp_path, capsys) -> None:
+    first = _write_spec(tmp_path, "a.yaml", release="a")
+    assert _run(first) == 0
+    out = tmp_path / "out" / "tiny.zarr"
+    old = _estimates(out)
+    second = _write_spec(tmp_path, "b.yaml", release="b")
+    capsys.readouterr()
+    assert _run(second) == 2  # exists, no --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert _run(second, "--overwrite") == 0
+    assert _estimates(out) != old
+    assert zarr.open_group(str(out), mode="r").attrs["dpdask"]["release"] == "b"
+
+
+@pytest.mark.parametrize(
+    ("privacy", "message"),
+    [
+        ({"zcdp": 1, "epsilon": 0.01}, "exactly one"),
+        ({"zcdp": 1, "rho": 1}, "exactly one"),
+        ({"delta": 1e-9}, "delta"),
+        ({"zcdp": 1, "spilt": {"state": 1}}, "spilt"),
+        ({"zcdp": 1, "dataset": {"zcdp": 2, "extra": 1}}, "extra"),
+    ],
+)
+def test_ambiguous_privacy_is_refused_before_anything(tiny, tmp_path, capsys, privacy, message):
+    raw = yaml.safe_load(tiny.read_text())
+    raw["privacy"] = privacy
+    tiny.write_text(yaml.safe_dump(raw))
+    for verb in (["validate"], ["run", "--no-progress"]):
+        assert main([verb[0], str(tiny), *verb[1:]]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "ledger" / "ledger.sqlite").exists()
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_remote_plain_tcp_scheduler_is_refused(tiny, tmp_path, capsys) -> None:
+    # refused before any connection is attempted (the host name is never resolved)
+    spec = _write_spec(tmp_path, "remote.yaml", cluster="tcp://scheduler.invalid:8786")
+    assert _run(spec) == 2
+    assert "insecure" in capsys.readouterr().err
+    assert not (tmp_path / "ledger" / "ledger.sqlite").exists()
+
+
+def test_plan_and_run_draw_the_same_noise(tiny, tmp_path, capsys) -> None:
+    assert main(["plan", str(tiny), "--json"]) == 0
+    planned = {
+        lv["level"]: lv["noise_scale"] for lv in json.loads(capsys.readouterr().out)["levels"]
+    }
+    assert _run(tiny) == 0
+    attrs = zarr.open_group(str(tmp_path / "out" / "tiny.zarr"), mode="r").attrs["dpdask"]
+    published = {lv["level"]: lv["noise_scale"] for lv in attrs["levels"]}
+    charged = {c["level"]: c["noise_scale"] for c in attrs["charges"]}
+    assert planned == published == charged
+    # zCDP rho = 1/2 per level, identity strategy (L2 sensitivity 1): sigma = 1
+    assert planned == {"state": pytest.approx(1.0), "county": pytest.approx(1.0)}
+    ledger = _ledger(tmp_path)
+    assert {c.level: c.noise_scale for c in ledger.charges("tiny")} == planned
+    assert ledger.contains(Head.parse(attrs["ledger"]["head"]))

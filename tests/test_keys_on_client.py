@@ -1,0 +1,203 @@
+"""Keys stay on the client: release tasks hold only their own chunk's stream key.
+
+Oracles: a recursive walk of every value of the release graph (tuples, lists, dicts,
+object arrays and Dask ``Task``/``DataNode`` objects) and the pickled bytes of each
+value (which contain a key's raw bytes if any part of the value holds the key), and
+the noise regenerated from the master key with ``KeyedRNG(master, identity)``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from dask._task_spec import DataNode, Task
+
+from dpdask.dataflow._blocks import estimate_block, measure_block
+from dpdask.dataflow.level_plan import LevelPlan
+from dpdask.dataflow.release import release
+from dpdask.measure import noise_mechanism, stream_identity, stream_key
+from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey, new_key
+
+from .test_release import make_plan, store  # noqa: F401  (the fixture)
+
+
+def _walk(obj: Any, seen: set[int] | None = None) -> Iterator[Any]:
+    """``obj`` and everything it holds, through containers and Dask task objects."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    yield obj
+    if isinstance(obj, tuple | list | set | frozenset):
+        children: Any = list(obj)
+    elif isinstance(obj, dict):
+        children = [*obj.keys(), *obj.values()]
+    elif isinstance(obj, np.ndarray) and obj.dtype == object:
+        children = list(obj.flat)
+    elif isinstance(obj, Task):
+        children = [obj.func, obj.args, obj.kwargs]
+    elif isinstance(obj, DataNode):
+        children = [obj.value]
+    else:
+        children = []
+    for child in children:
+        yield from _walk(child, seen)
+
+
+def _graph_values(arr: da.Array) -> list[Any]:
+    return list(dict(arr.__dask_graph__()).values())
+
+
+def _stream_keys(arr: da.Array) -> dict[tuple, StreamKey]:
+    """The stream keys of the graph, by the key of the graph value that holds them."""
+    out = {}
+    for k, v in dict(arr.__dask_graph__()).items():
+        for item in _walk(v):
+            if isinstance(item, StreamKey):
+                out[k] = item
+    return out
+
+
+def _level_estimates(r, key: SecretKey, tmp_path: pathlib.Path) -> list[tuple[Any, da.Array]]:
+    data = r._level_data()
+    return [
+        (L, r._estimates(L, x, key, str(tmp_path), None))
+        for L, x in zip(r._levels, data, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "general"])
+@pytest.mark.parametrize("test_key", [False, True], ids=["secret", "test-only"])
+def test_no_task_holds_the_secret_key(store, tmp_path, monkeypatch, fused, test_key):  # noqa: F811
+    st, _ = store
+    if not fused:
+        monkeypatch.setattr(LevelPlan, "fused", lambda self, method: False)
+    master = SecretKey.for_testing(4) if test_key else new_key()
+    r = release(
+        make_plan(),
+        st,
+        release_id="rel",
+        run_id="one",
+        key=master,
+        test_mode=test_key,
+        chunk_bytes=8 * 6 * 2,
+    )
+    raw = bytes(master)
+    n_keys = 0
+    for L, est in _level_estimates(r, master, tmp_path):
+        assert any(name.startswith("streamkey-") for name in est.dask.layers)
+        for value in _graph_values(est):
+            for item in _walk(value):
+                assert not isinstance(item, SecretKey), f"a task of {L.name} holds the secret key"
+                assert not (isinstance(item, bytes | bytearray) and raw in item)
+            # nothing reachable through pickling holds the key's bytes either
+            assert raw not in cloudpickle.dumps(value)
+        keys = _stream_keys(est)
+        assert len(keys) == len(L.chunks)
+        for sk in keys.values():
+            assert sk.fingerprint() == master.fingerprint() and sk.test_only == test_key
+            assert raw not in pickle.dumps(sk)
+        n_keys += len(keys)
+    assert n_keys == sum(len(L.chunks) for L in r._levels) > len(r._levels)
+
+
+def _measure_layer(est: da.Array, x: da.Array, m: int) -> da.Array:
+    (name,) = [n for n in est.dask.layers if n.startswith("measure-")]
+    return da.Array(est.dask, name, chunks=(x.chunks[0], (m,)), dtype=np.float64)
+
+
+def test_each_chunk_draws_its_own_stream_bit_for_bit(store, tmp_path, monkeypatch):  # noqa: F811
+    """The general path's measurements are ``A x + KeyedRNG(master, identity of chunk k)``
+    for every chunk ``k``: the key blocks are paired with the right data blocks."""
+    st, _ = store
+    monkeypatch.setattr(LevelPlan, "fused", lambda self, method: False)
+    master = SecretKey.for_testing(11)
+    plan = make_plan()
+    r = release(
+        plan, st, release_id="rel", run_id="one", key=master, test_mode=True, chunk_bytes=8 * 6 * 2
+    )
+    data = r._level_data()
+    for (L, est), x in zip(_level_estimates(r, master, tmp_path), data, strict=True):
+        A = L.plan.strategy  # what the level measures (may differ from the plan's)
+        y = _measure_layer(est, x, A.shape[0])
+        got, counts = dask.compute(y, x, scheduler="sync")
+        mech = noise_mechanism(L.plan, counts.dtype)
+        start = 0
+        for k, g in enumerate(L.chunks):
+            block = counts[start : start + g]
+            ident = stream_identity(MeasurementId("rel", L.name, k, "strategy"), "one")
+            noise = KeyedRNG(master, ident).sample(mech, L.plan.noise_scale, (g, A.shape[0]))
+            exact = np.asarray(A.apply(block), dtype=np.float64)
+            if mech.startswith("discrete"):
+                exact = np.rint(exact).astype(np.int64)
+            # bit for bit: the same answers plus the master key's stream of chunk k
+            np.testing.assert_array_equal(got[start : start + g], exact + noise)
+            # and the answers are A x (dense oracle)
+            dense = block.reshape(g, -1) @ A.dense().T
+            np.testing.assert_allclose(got[start : start + g] - noise, dense, rtol=1e-12)
+            start += g
+
+
+def test_a_chunk_key_refuses_another_chunks_stream(store, tmp_path):  # noqa: F811
+    st, counts = store
+    master = SecretKey.for_testing(5)
+    plan = make_plan()
+    r = release(
+        plan, st, release_id="rel", run_id="one", key=master, test_mode=True, chunk_bytes=8 * 6 * 2
+    )
+    L, est = _level_estimates(r, master, tmp_path)[-1]
+    keys = sorted(_stream_keys(est).items(), key=lambda kv: kv[0])
+    sk0 = keys[0][1]
+    ident = [stream_identity(MeasurementId("rel", L.name, k, "strategy"), "one") for k in (0, 1)]
+    assert sk0.is_for(ident[0]) and not sk0.is_for(ident[1])
+    np.testing.assert_array_equal(
+        KeyedRNG(sk0, ident[0]).gaussian(1.0, 5), KeyedRNG(master, ident[0]).gaussian(1.0, 5)
+    )
+    with pytest.raises(ValueError, match="another identity"):
+        KeyedRNG(sk0, ident[1])
+    # a block task given chunk 0's key for chunk 1's data refuses it
+    x = counts[:2]
+    args = (L.plan, np.array([[[sk0]]], dtype=object), "rel", L.name, "one", None, True, True)
+    info1 = {0: {"chunk-location": (1, 0, 0)}}
+    for block_fn, extra in ((measure_block, ()), (estimate_block, (L.plan.pinv(),))):
+        fn_args = (args[0], *extra, *args[1:])
+        with pytest.raises(ValueError, match="another measurement or run"):
+            block_fn(x, *fn_args, block_info=info1)
+        block_fn(x, *fn_args, block_info={0: {"chunk-location": (0, 0, 0)}})  # its own chunk
+    # and the master key is refused by block tasks altogether
+    with pytest.raises(TypeError, match="never the secret key"):
+        measure_block(x, L.plan, master, "rel", L.name, "one", None, True, True)
+    # stream keys are made only from the master key
+    with pytest.raises(TypeError):
+        stream_key(sk0, MeasurementId("rel", L.name, 1, "strategy"), "one")
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "general"])
+def test_a_misplaced_chunk_key_fails_the_task(store, tmp_path, monkeypatch, fused):  # noqa: F811
+    """Swap two chunks' key blocks in the graph: the tasks refuse to draw noise."""
+    st, _ = store
+    if not fused:
+        monkeypatch.setattr(LevelPlan, "fused", lambda self, method: False)
+    master = SecretKey.for_testing(6)
+    r = release(
+        make_plan(), st, release_id="rel", run_id="one", key=master, test_mode=True,
+        chunk_bytes=8 * 6 * 2,
+    )  # fmt: skip
+    L, est = _level_estimates(r, master, tmp_path)[-1]
+    assert len(L.chunks) >= 2
+    dsk = dict(est.__dask_graph__())
+    (kname,) = [n for n in est.dask.layers if n.startswith("streamkey-")]
+    a, b = (kname, 0, 0, 0), (kname, 1, 0, 0)
+    dsk[a], dsk[b] = dsk[b], dsk[a]
+    swapped = da.Array(dsk, est.name, chunks=est.chunks, dtype=est.dtype)
+    with pytest.raises(ValueError, match="another measurement or run"):
+        swapped.compute(scheduler="sync")
+    est.compute(scheduler="sync")  # unswapped, it runs
