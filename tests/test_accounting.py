@@ -13,8 +13,8 @@ import json
 import os
 import pathlib
 import shutil
-import sqlite3
 import stat
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -23,6 +23,7 @@ import zarr
 
 from dpdask.cli import main
 from dpdask.privacy import Head, Ledger
+from dpdask.testing.ledger import TAMPER_KINDS, tamper_ledger
 
 RECORDS = "geo,sex,age\n" + "".join(
     f"{g},{(i * 7 + j) % 2},{(i * 5 + j) % 3}\n"
@@ -72,6 +73,17 @@ def _run(spec: pathlib.Path, *args: str) -> int:
     return main(["run", str(spec), "--json", "--no-progress", *args])
 
 
+def _charged_then_killed(spec: pathlib.Path, run_id: str) -> None:
+    """A run that is charged and then stops before publishing (as a SIGKILL would)."""
+    from dpdask.dataflow.release import Release
+
+    with (
+        mock.patch.object(Release, "_finish", side_effect=KeyboardInterrupt),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        _run(spec, "--run-id", run_id)
+
+
 def _estimates(out: pathlib.Path) -> bytes:
     g = zarr.open_group(str(out), mode="r")
     return b"".join(np.asarray(g[lv]["estimate"][:]).tobytes() for lv in ("state", "county"))
@@ -104,16 +116,7 @@ def test_reusing_a_published_run_id_is_refused(tiny, tmp_path, capsys) -> None:
 
 
 def test_a_charged_run_whose_key_is_lost_cannot_draw_again(tiny, tmp_path, capsys) -> None:
-    from dpdask.dataflow.release import Release
-
-    # a run that is charged and then stops before publishing
-    original = Release._finish
-    Release._finish = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt())
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            _run(tiny, "--run-id", "K")
-    finally:
-        Release._finish = original
+    _charged_then_killed(tiny, "K")
     work = next((tmp_path / "out").glob(".tiny.zarr.run-K"))
     assert stat.S_IMODE(work.stat().st_mode) == 0o700
     key = work / "key"
@@ -137,34 +140,7 @@ def test_a_charged_run_whose_key_is_lost_cannot_draw_again(tiny, tmp_path, capsy
     assert "abandoned" in capsys.readouterr().err
 
 
-def _tamper(kind: str, path: pathlib.Path, snapshot: pathlib.Path) -> None:
-    if kind == "truncate":
-        path.write_bytes(b"")
-    elif kind == "half":
-        data = path.read_bytes()
-        path.write_bytes(data[: len(data) // 2])
-    elif kind == "delete":
-        path.unlink()
-    elif kind == "rollback":
-        shutil.copy(snapshot, path)
-    else:
-        con = sqlite3.connect(path)
-        con.execute("DROP TRIGGER entries_no_delete")
-        con.execute("DROP TRIGGER entries_no_update")
-        if kind == "delete-rows":
-            con.execute("DELETE FROM entries WHERE kind = 'charge'")
-        else:  # edit: make the charges cheaper
-            con.execute("UPDATE entries SET body = replace(body, '1/2', '1/1000')")
-        for op in ("delete", "update"):
-            con.execute(
-                f"CREATE TRIGGER entries_no_{op} BEFORE {op.upper()} ON entries "
-                "BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END"
-            )
-        con.commit()
-        con.close()
-
-
-@pytest.mark.parametrize("kind", ["truncate", "half", "delete", "rollback", "delete-rows", "edit"])
+@pytest.mark.parametrize("kind", TAMPER_KINDS)
 def test_a_tampered_ledger_is_refused(tiny, tmp_path, capsys, kind) -> None:
     ledger_path = tmp_path / "ledger" / "ledger.sqlite"
     assert main(["ledger", "init", str(ledger_path)]) == 0
@@ -174,7 +150,7 @@ def test_a_tampered_ledger_is_refused(tiny, tmp_path, capsys, kind) -> None:
     out = tmp_path / "out" / "tiny.zarr"
     assert main(["ledger", "verify", str(ledger_path), "--release", str(out)]) == 0
     published = _estimates(out)
-    _tamper(kind, ledger_path, snapshot)
+    tamper_ledger(ledger_path, kind, snapshot)
     capsys.readouterr()
     assert main(["ledger", "verify", str(ledger_path)]) == 2
     assert "ledger" in capsys.readouterr().err
@@ -240,17 +216,9 @@ def test_input_copies_are_private_fresh_and_removed(tiny, tmp_path, capsys) -> N
 
 
 def test_resuming_on_changed_data_is_refused(tiny, tmp_path, capsys) -> None:
-    from dpdask.dataflow.release import Release
-
     # a named dataset: the same release id stays valid when the data is corrected
     tiny = _write_spec(tmp_path, "named.yaml", data={"id": "people"})
-    original = Release._finish
-    Release._finish = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt())
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            _run(tiny, "--run-id", "C")
-    finally:
-        Release._finish = original
+    _charged_then_killed(tiny, "C")
     (tmp_path / "data" / "people.csv").write_text(RECORDS + "0101,1,1\n")
     capsys.readouterr()
     assert _run(tiny, "--run-id", "C") == 2

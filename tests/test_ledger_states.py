@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import pathlib
 import shutil
-import sqlite3
 import tempfile
 from unittest import mock
 
@@ -30,6 +29,7 @@ from dpdask.dataflow.release import Release
 from dpdask.pipeline.run import run_spec
 from dpdask.pipeline.spec import parse_spec
 from dpdask.privacy import Ledger, LedgerError
+from dpdask.testing.ledger import TAMPER_KINDS, tamper_ledger
 
 RECORDS = "geo,sex,age\n" + "".join(
     f"{g},{(i + j) % 2},{(i * 2 + j) % 3}\n"
@@ -155,36 +155,19 @@ class ReleaseMachine(RuleBasedStateMachine):
     def delete_output(self, output: str) -> None:
         shutil.rmtree(self.dir / output, ignore_errors=True)
 
-    @rule(kind=st.sampled_from(["truncate", "delete", "rollback", "drop-last", "edit"]))
+    @rule(kind=st.sampled_from(TAMPER_KINDS))
     def tamper(self, kind: str) -> None:
         path = self.ledger_path
         if self.tampered or not path.exists():
             return
-        before = path.read_bytes()
-        if kind == "truncate":
-            path.write_bytes(b"")
-        elif kind == "delete":
-            path.unlink()
-        elif kind == "rollback":
-            older = [s for s in self.snapshots if s != before]
+        snapshot = None
+        if kind == "rollback":
+            older = [s for s in self.snapshots if s != path.read_bytes()]
             if not older:
                 return
-            path.write_bytes(older[0])
-        else:
-            con = sqlite3.connect(path)
-            con.execute("DROP TRIGGER entries_no_delete")
-            con.execute("DROP TRIGGER entries_no_update")
-            if kind == "drop-last":
-                con.execute("DELETE FROM entries WHERE seq = (SELECT MAX(seq) FROM entries)")
-            else:
-                con.execute("UPDATE entries SET body = replace(body, '\"schema\"', '\"schemo\"')")
-            for op in ("delete", "update"):
-                con.execute(
-                    f"CREATE TRIGGER entries_no_{op} BEFORE {op.upper()} ON entries "
-                    "BEGIN SELECT RAISE(ABORT, 'the ledger is append-only'); END"
-                )
-            con.commit()
-            con.close()
+            snapshot = self.dir / "older.sqlite"
+            snapshot.write_bytes(older[0])
+        tamper_ledger(path, kind, snapshot)
         self.tampered = True
 
     # -- invariants -------------------------------------------------------------------
