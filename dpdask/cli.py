@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.parse_args([command])  # prints the error and exits 2
     try:
         return COMMANDS[command][0](rest)
-    except (ValueError, FileNotFoundError, MemoryError, TypeError) as exc:
+    except (ValueError, FileNotFoundError, PermissionError, MemoryError, TypeError) as exc:
         print(f"dpdask {command}: error: {exc}", file=sys.stderr)
         return 2
 

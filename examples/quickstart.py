@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 import shutil
+import time
 
 import numpy as np
 import zarr
@@ -24,7 +25,7 @@ from dpdask.workloads import marginals
 def main() -> None:
     out = pathlib.Path("out")
     out.mkdir(exist_ok=True)
-    for stale in ("quickstart-input.zarr", "quickstart.zarr", "quickstart-ledger.sqlite"):
+    for stale in ("quickstart-input.zarr",):
         path = out / stale
         if path.is_dir():
             shutil.rmtree(path)
@@ -51,10 +52,13 @@ def main() -> None:
             store,
             levels=("state", "county"),
             budget_split={"state": 1, "county": 3},
-            release_id="quickstart",
-            ledger=Ledger(out / "quickstart-ledger.sqlite"),
+            # every run of this script is a new release, charged to the same ledger
+            # (created on the first run; never deleted: it is the record of what was spent)
+            release_id=f"quickstart-{time.strftime('%Y%m%dT%H%M%S')}",
+            ledger=Ledger(out / "quickstart-ledger.sqlite", create=True),
         )
-        path = rel.to_zarr(out / "quickstart.zarr", client=client, progress=True)
+        # replaces the previous run's release (only a dpdask release is ever replaced)
+        path = rel.to_zarr(out / "quickstart.zarr", client=client, progress=True, overwrite=True)
 
     # 4. read the published answers: children add up to parents exactly
     g = zarr.open_group(str(path), mode="r")

@@ -39,6 +39,9 @@ class _NoConnect:
     calls: ClassVar[list[tuple[str, dict]]] = []
 
     def __init__(self, address, **kwargs):
+        # every connection gives up after dpdask.cluster.connect-timeout
+        if kwargs.pop("timeout", None) != dask.config.get("dpdask.cluster.connect-timeout"):
+            raise AssertionError("connect() did not pass the configured timeout")
         _NoConnect.calls.append((address, kwargs))
 
     def __enter__(self):
@@ -142,3 +145,13 @@ def test_connects_to_a_real_loopback_scheduler() -> None:
             assert client.submit(sum, [1, 2]).result() == 3
         with connect({"address": address.removeprefix("tcp://")}) as client:
             assert client.submit(sum, [3, 4]).result() == 7
+
+
+def test_an_unreachable_scheduler_is_a_one_line_error() -> None:
+    from dpdask.pipeline.cluster import ClusterUnreachableError
+
+    # nothing listens on port 1 of the loopback address: refused at once
+    with dask.config.set({"dpdask.cluster.connect-timeout": "2s"}):
+        with pytest.raises(ClusterUnreachableError, match="cannot reach the scheduler"):
+            with connect("tcp://127.0.0.1:1"):
+                pass

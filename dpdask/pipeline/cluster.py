@@ -16,7 +16,7 @@ from typing import Any
 
 from dpdask import config
 
-__all__ = ["connect", "security_from"]
+__all__ = ["ClusterUnreachableError", "connect", "security_from"]
 
 DEFAULT_LOCAL = {"n_workers": 2, "threads_per_worker": 1, "processes": True}
 
@@ -119,6 +119,10 @@ def _check_transport(address: str, insecure: bool, security: Any) -> None:
         raise ValueError(f"refusing {address}: {_INSECURE}")
 
 
+class ClusterUnreachableError(ConnectionError, ValueError):
+    """The scheduler named by a spec or ``--scheduler`` did not answer."""
+
+
 @contextmanager
 def connect(
     cluster: str | Mapping[str, Any] | None = None,
@@ -190,7 +194,15 @@ def connect(
     if address is not None:
         _check_transport(address, insecure, security)
         kwargs = {} if security is None else {"security": security}
-        with Client(address, **kwargs) as client:
+        timeout = config.get("cluster.connect-timeout")
+        try:
+            client = Client(address, timeout=timeout, **kwargs)
+        except (OSError, TimeoutError) as exc:
+            raise ClusterUnreachableError(
+                f"cannot reach the scheduler at {address} within {timeout} "
+                f"({type(exc).__name__}); check the address and that it is running"
+            ) from None
+        with client:
             yield client
         return
     if security is not None:

@@ -225,6 +225,19 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
 
 
 # -- privacy --------------------------------------------------------------------------------
+# budgets outside this range give noise scales that overflow a float (or none at all)
+_BUDGET_RANGE = (Fraction(1, 10**12), Fraction(10**6))
+
+
+def _approx(q: Fraction) -> str:
+    """An exact value, shortly, even where it is beyond a float."""
+    if q > 10**300:
+        return "above 1e300"
+    if 0 < q < Fraction(1, 10**300):
+        return "below 1e-300"
+    return f"{float(q):.3g}"
+
+
 def _budget(raw: Any, where: str, allowed: tuple[str, ...] = _BUDGET_KEYS) -> Budget:
     """One budget of exactly one form: ``zcdp``, ``rho``, or ``epsilon`` (with ``delta``)."""
     d = _mapping(raw, where, "a mapping like {zcdp: 1} or {epsilon: 1}")
@@ -241,13 +254,23 @@ def _budget(raw: Any, where: str, allowed: tuple[str, ...] = _BUDGET_KEYS) -> Bu
         raise SpecError(f"{where}.delta: goes with epsilon, not with {form}")
     try:
         if form in ("zcdp", "rho"):
-            return zCDP(d[form])
-        delta = d.get("delta")
-        if delta is None or as_fraction(delta, "delta") == 0:
-            return PureDP(d["epsilon"])
-        return ApproxDP(d["epsilon"], delta)
-    except (TypeError, ValueError) as exc:
+            budget: Budget = zCDP(d[form])
+        else:
+            delta = d.get("delta")
+            if delta is None or as_fraction(delta, "delta") == 0:
+                budget = PureDP(d["epsilon"])
+            else:
+                budget = ApproxDP(d["epsilon"], delta)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise SpecError(f"{where}: {exc}") from None
+    value = budget._values()[0]
+    if not _BUDGET_RANGE[0] <= value <= _BUDGET_RANGE[1]:
+        raise SpecError(
+            f"{where}.{form}: {_approx(value)} is outside [{float(_BUDGET_RANGE[0]):g}, "
+            f"{float(_BUDGET_RANGE[1]):g}]: the noise would be "
+            + ("infinite" if value < _BUDGET_RANGE[0] else "meaningless")
+        )
+    return budget
 
 
 def _split(raw: Any, levels: tuple[str, ...] | None, total: Budget) -> dict[str, Fraction]:
@@ -491,6 +514,9 @@ def load_spec(path: str | os.PathLike) -> ReleaseSpec:
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
     spec = parse_spec(raw, base=path.parent)
     return ReleaseSpec(**{**spec.__dict__, "source": path.resolve()})
