@@ -549,7 +549,10 @@ class Release:
                 "format_version": 1,
                 "dpdask_version": __version__,
                 "created": datetime.datetime.now(datetime.UTC).isoformat(),
-                "source": str(self.store.path),
+                # what the store says it was built from (a converted input's private
+                # copy is gone by the time anyone reads this)
+                "source": self.store.attrs.get("source") or str(self.store.path),
+                "dataset": self.dataset,
                 "test_mode": self.test_mode,
                 "noise": self.noise,
                 "charges": [
