@@ -3,9 +3,9 @@
 A release reads its input (P.L. 94-171 files, person records, a data store) once
 and may convert it to a data store. Such a converted copy is as confidential as the
 input, so it lives only in the run's private work folder (mode ``0700``: its files
-are reachable only through it), named by a fingerprint of the source (sizes, modification times and a
-content hash), rebuilt when the source changes, and removed with the work folder
-when the release is published.
+are reachable only through it), named by a fingerprint of the source (sizes,
+modification times and a content hash), rebuilt when the source changes, and
+removed with the work folder when the release is published.
 
 The content hash alone (no sizes or times) is also the default *dataset id* of a
 spec that gives none: the same bytes are the same dataset, whatever their name.
