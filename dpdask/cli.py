@@ -37,6 +37,11 @@ def _spec_parser(verb: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"dpdask {verb}", description=description)
     parser.add_argument("spec", help="the YAML release spec (see pipelines/)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--period",
+        help="for a scheduled spec (release: name-{period}): the period this run releases, "
+        "e.g. 2026-11 (default: today's UTC date)",
+    )
     return parser
 
 
@@ -59,7 +64,7 @@ def _run(argv: Sequence[str]) -> int:
     parser.add_argument("--scheduler", help="scheduler address (overrides the spec's cluster)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec, period=args.period)
     with connect(args.scheduler or spec.cluster) as client:
         if not args.json:
             print(f"dpdask run {spec.release}: dashboard at {client.dashboard_link}", flush=True)
@@ -79,7 +84,8 @@ def _validate(argv: Sequence[str]) -> int:
     parser.add_argument("--run-id", help="check that this run id may be run (or resumed)")
     parser.add_argument("--overwrite", action="store_true", help="as dpdask run --overwrite")
     args = parser.parse_args(argv)
-    report = validate_spec(load_spec(args.spec), run_id=args.run_id, overwrite=args.overwrite)
+    spec = load_spec(args.spec, period=args.period)
+    report = validate_spec(spec, run_id=args.run_id, overwrite=args.overwrite)
     _print(report, args.json, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
     return 0
 
@@ -93,7 +99,7 @@ def _plan(argv: Sequence[str]) -> int:
     parser = _spec_parser("plan", "Select the strategy and show the expected error per level.")
     parser.add_argument("--save", metavar="PATH", help="also write the plan to PATH")
     args = parser.parse_args(argv)
-    plan, report = plan_spec(load_spec(args.spec))
+    plan, report = plan_spec(load_spec(args.spec, period=args.period))
     if args.save:
         plan.save(args.save)
     _print(report, args.json, lambda r: plan.summary() + "\n\n" + _levels_table(r))

@@ -229,7 +229,8 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
     ]
     if spec.source is not None:
         protected.append(("release spec", spec.source))
-    source = source_print(spec)
+    # a named dataset's budgets are checked before the input is even hashed
+    source = None if spec.data.id else source_print(spec)
     dataset = dataset_id(spec, source)
     run = ledger.run(spec.release, run_id) if ledger is not None else None
     previous = release_attributes(output)
@@ -258,6 +259,9 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
         _check_run_key(run, work)
     if ledger is not None:
         _check_budgets(spec, ledger, dataset, resuming)
+    if spec.data.path is not None and not spec.data.path.exists():
+        raise SpecError(f"data.path: {spec.data.path} does not exist")
+    source = source or source_print(spec)
     return _Checked(ledger, dataset, source, output, run_id, work, resuming)
 
 

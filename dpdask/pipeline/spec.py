@@ -51,6 +51,7 @@ The keys allowed in each mapping:
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import os
 import pathlib
@@ -131,6 +132,7 @@ class ReleaseSpec:
     cluster: str | dict[str, Any] | None = None
     source: pathlib.Path | None = None
     ledger_create: bool = False
+    period: str | None = None
 
     def level_budgets(self, levels: tuple[str, ...]) -> dict[str, Budget]:
         """The budget of each released level: the exact split of the total.
@@ -437,7 +439,43 @@ def _levels(value: Any) -> tuple[str, ...] | None:
     return tuple(value)
 
 
-def parse_spec(raw: Mapping[str, Any], base: str | os.PathLike = ".") -> ReleaseSpec:
+_PERIOD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _with_period(release: str, output: Any, period: str | None) -> tuple[str, Any, str | None]:
+    """Put the period into ``{period}`` in the release id and the output path.
+
+    A spec whose release id names ``{period}`` is a scheduled release: each period is a
+    release of its own (its own budget, charged under the dataset's lifetime budget).
+    The period defaults to today's UTC date (``YYYY-MM-DD``).
+    """
+    placeholder = "{period}"
+    if placeholder not in release:
+        if period is not None:
+            raise SpecError(
+                f"release: {release!r} has no {placeholder} placeholder, so a period "
+                f"({period!r}) cannot name it; write e.g. release: {release}-{placeholder}"
+            )
+        if isinstance(output, str) and placeholder in output:
+            raise SpecError(f"output: names {placeholder} but the release id does not")
+        return release, output, None
+    if period is None:
+        period = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    if not isinstance(period, str) or not _PERIOD.match(period):
+        raise SpecError(
+            f"period: {period!r} must be 1-64 characters of [A-Za-z0-9_.-], e.g. 2026-11"
+        )
+    if not (isinstance(output, str) and placeholder in output):
+        raise SpecError(
+            f"output: a scheduled release ({release!r}) needs {placeholder} in its output "
+            "path too, so that each period publishes to its own place"
+        )
+    return release.replace(placeholder, period), output.replace(placeholder, period), period
+
+
+def parse_spec(
+    raw: Mapping[str, Any], base: str | os.PathLike = ".", period: str | None = None
+) -> ReleaseSpec:
     """Validate a spec given as a mapping; relative paths resolve against ``base``.
 
     Parameters
@@ -468,6 +506,8 @@ def parse_spec(raw: Mapping[str, Any], base: str | os.PathLike = ".") -> Release
     if unknown:
         raise SpecError(f"unknown field(s) {unknown}; known fields are {sorted(known)}")
     release = str(_require(raw, "release", "spec"))
+    raw_output = _require(raw, "output", "spec")
+    release, output_text, period = _with_period(release, raw_output, period)
     if not _ID.match(release):
         raise SpecError(f"release: {release!r} must start with a letter and use [A-Za-z0-9_.-]")
 
@@ -487,19 +527,19 @@ def parse_spec(raw: Mapping[str, Any], base: str | os.PathLike = ".") -> Release
     rec = raw.get("reconstruct", "ls")
     if rec not in RECONSTRUCTIONS:
         raise SpecError(f"reconstruct: {rec!r} is not one of {RECONSTRUCTIONS}")
-    output = _path(_require(raw, "output", "spec"), base, "output")
+    output = _path(output_text, base, "output")
     ledger, ledger_create = _ledger(raw.get("ledger"), output, base)
     cluster = _cluster(raw.get("cluster"), base)
     return ReleaseSpec(
         release=release, data=data, domain=domain, levels=levels, workload=workload,
         privacy=privacy, split=split, strategy=strategy, strategy_options=strategy_options,
         reconstruct=rec, output=output, ledger=ledger, dataset_budget=dataset_budget,
-        cluster=cluster, ledger_create=ledger_create,
+        cluster=cluster, ledger_create=ledger_create, period=period,
     )  # fmt: skip
 
 
-def load_spec(path: str | os.PathLike) -> ReleaseSpec:
-    """Read and validate a YAML release spec.
+def load_spec(path: str | os.PathLike, period: str | None = None) -> ReleaseSpec:
+    """Read and validate a YAML release spec (for a scheduled one, of ``period``).
 
     Raises
     ------
@@ -518,5 +558,5 @@ def load_spec(path: str | os.PathLike) -> ReleaseSpec:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
-    spec = parse_spec(raw, base=path.parent)
+    spec = parse_spec(raw, base=path.parent, period=period)
     return ReleaseSpec(**{**spec.__dict__, "source": path.resolve()})
