@@ -15,21 +15,27 @@ __all__ = ["main"]
 
 
 def _bench(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dpdask bench", description="Run a benchmark.")
+    parser = argparse.ArgumentParser(
+        prog="dpdask bench",
+        description="Run a benchmark; `dpdask bench NAME --help` lists its options.",
+    )
     parser.add_argument("name", choices=sorted(BENCHES), help="which benchmark")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    known, rest = parser.parse_known_args(argv)
-    module = importlib.import_module(BENCHES[known.name])
-    sub = argparse.ArgumentParser(prog=f"dpdask bench {known.name}")
+    if not argv or argv[0] not in BENCHES:
+        parser.parse_args(argv)  # prints the usage (or the error) and exits
+    name = argv[0]
+    module = importlib.import_module(BENCHES[name])
+    doc = (module.__doc__ or "").strip().splitlines()
+    sub = argparse.ArgumentParser(prog=f"dpdask bench {name}", description=doc[0] if doc else None)
+    sub.add_argument("--json", action="store_true", help="print one JSON object")
     module.add_arguments(sub)
-    args = sub.parse_args(rest)
+    args = sub.parse_args(argv[1:])
     result = module.run(args)
-    if known.json:
+    if args.json:
         print(json.dumps(result))
     else:
         from dpdask.bench._common import format_report
 
-        print(format_report(known.name, result))
+        print(format_report(name, result))
     return 0
 
 
@@ -91,19 +97,69 @@ def _validate(argv: Sequence[str]) -> int:
 
 
 def _plan(argv: Sequence[str]) -> int:
-    if not argv or not str(argv[0]).endswith((".yaml", ".yml")):
-        return importlib.import_module("dpdask.strategy._cli").plan_command(argv)
-    from dpdask.pipeline.run import plan_spec
-    from dpdask.pipeline.spec import load_spec
+    from dpdask.workloads.named import WORKLOAD_ALIASES, WORKLOAD_NAMES
 
     parser = _spec_parser("plan", "Select the strategy and show the expected error per level.")
     parser.add_argument("--save", metavar="PATH", help="also write the plan to PATH")
     args = parser.parse_args(argv)
-    plan, report = plan_spec(load_spec(args.spec, period=args.period))
+    if (args.spec is None) == (args.workload is None):
+        parser.error("give a release spec or --workload NAME (not both)")
+    if args.spec is not None:
+        from dpdask.pipeline.run import plan_spec
+        from dpdask.pipeline.spec import load_spec
+
+        plan, report = plan_spec(load_spec(args.spec, period=args.period))
+        if args.save:
+            plan.save(args.save)
+        _print(report, args.json, lambda r: plan.summary() + "\n\n" + _levels_table(r))
+        return 0
+    plan = _plan_workload(args, parser)
     if args.save:
         plan.save(args.save)
-    _print(report, args.json, lambda r: plan.summary() + "\n\n" + _levels_table(r))
+    _print(plan.summary(as_dict=True), args.json, lambda r: plan.summary())
     return 0
+
+
+def _plan_workload(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """``dpdask plan --workload NAME``: the plan of a named workload (no spec, no data)."""
+    from dpdask.domain import Domain
+    from dpdask.pipeline.spec import SpecError, _domain
+    from dpdask.privacy import PureDP, zCDP
+    from dpdask.strategy import select
+    from dpdask.workloads.named import canonical_name, default_domain, named
+
+    args.workload = canonical_name(args.workload)
+    if args.epsilon is None and args.rho is None:
+        parser.error("--workload needs a budget: --epsilon E or --rho R")
+    privacy = PureDP(args.epsilon) if args.epsilon is not None else zCDP(args.rho)
+    domain = default_domain(args.workload)
+    if args.domain is not None:
+        text = args.domain
+        if text not in ("pl94", "cph"):
+            try:
+                text = {k: int(v) for k, v in (p.split("=") for p in args.domain.split(","))}
+            except ValueError:
+                parser.error(f"--domain {args.domain!r}: use pl94, cph or sizes like sex=2,age=5")
+        try:
+            domain = _domain(text)
+        except SpecError as exc:
+            parser.error(f"--domain: {exc}")
+    options = {}
+    if args.n is not None:
+        options["n"] = args.n
+    if args.k is not None:
+        options["k"] = args.k
+    if args.attrs is not None:
+        options["attrs"] = args.attrs.split(",")
+    if domain is None and args.workload in ("prefix", "allrange") and args.n is None:
+        parser.error(f"--workload {args.workload} needs --n (or --domain)")
+    if domain is None and args.workload not in ("prefix", "allrange"):
+        parser.error(f"--workload {args.workload} needs --domain")
+    W = named(args.workload, domain, **options)
+    if domain is None:
+        domain = Domain(x=W.shape[1])
+    return select(W, privacy, args.strategy, domain=domain, restarts=args.restarts,
+                  seed=args.seed)  # fmt: skip
 
 
 def _ledger(argv: Sequence[str]) -> int:

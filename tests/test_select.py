@@ -185,7 +185,8 @@ def test_cli_plan_json(capsys: pytest.CaptureFixture) -> None:
     )
     assert rc == 0
     assert "gaussian" in capsys.readouterr().out
-    assert main(["plan", "--workload", "prefix", "--epsilon", "1", "--strategy", "bogus"]) == 2
+    args = ["plan", "--workload", "prefix", "--n", "8", "--epsilon", "1", "--strategy", "bogus"]
+    assert main(args) == 2
 
 
 def test_bench_select_smoke() -> None:

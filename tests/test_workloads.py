@@ -555,15 +555,31 @@ def test_named_workloads_reject_bad_names_and_options(name, kwargs, match):
         named(name, domain, **kwargs)
 
 
-def test_cli_and_spec_names_mean_the_same_workload():
-    import argparse
+@pytest.mark.parametrize(
+    ("name", "extra", "domain", "options"),
+    [
+        ("pl94", [], "pl94", {}),
+        ("sf1", [], "cph", {}),
+        ("sf1-persons", [], "cph", {}),
+        ("age-pyramid", ["--domain", "cph"], "cph", {}),
+        ("identity", ["--domain", "a=3,b=2"], {"a": 3, "b": 2}, {}),
+        ("marginals", ["--domain", "a=3,b=2,c=2", "--k", "2"], {"a": 3, "b": 2, "c": 2}, {"k": 2}),
+        ("marginal", ["--domain", "a=3,b=2", "--attrs", "b"], {"a": 3, "b": 2}, {"attrs": ["b"]}),
+        ("prefix", ["--n", "16"], None, {"n": 16}),
+        ("allrange", ["--n", "16"], None, {"n": 16}),
+        ("all-range", ["--n", "16"], None, {"n": 16}),
+    ],
+)
+def test_plan_accepts_every_workload_name_the_spec_accepts(name, extra, domain, options, capsys):
+    """``dpdask plan --workload NAME`` asks the queries of the spec's ``workload: NAME``."""
+    import json
 
-    from dpdask.pipeline.run import build_workload as from_spec
-    from dpdask.strategy._cli import build_workload as from_cli
-    from dpdask.workloads.census import pl94_domain
+    from dpdask.cli import main
+    from dpdask.pipeline.spec import _domain
+    from dpdask.workloads.named import named
 
-    W_cli, domain = from_cli("pl94", argparse.Namespace())
-    W_spec = from_spec({"name": "pl94"}, pl94_domain())
-    assert domain == pl94_domain()
-    x = np.arange(domain.size) % 7
-    np.testing.assert_array_equal(W_cli @ x, W_spec @ x)
+    args = ["plan", "--workload", name, "--rho", "1", "--strategy", "identity", "--json"]
+    assert main(args + extra) == 0
+    shown = json.loads(capsys.readouterr().out)
+    W = named(name, None if domain is None else _domain(domain), **options)
+    assert shown["queries"] == W.shape[0]

@@ -20,7 +20,14 @@ from dpdask.workloads.ranges import all_range, prefix
 from dpdask.workloads.sf1 import sf1_persons
 from dpdask.workloads.sf1_reference import hdmm_reference_domain, sf1_hdmm_reference
 
-__all__ = ["WORKLOAD_NAMES", "default_domain", "named", "workload_options"]
+__all__ = [
+    "WORKLOAD_ALIASES",
+    "WORKLOAD_NAMES",
+    "canonical_name",
+    "default_domain",
+    "named",
+    "workload_options",
+]
 
 
 def _one_dim(build: Callable[[int], LinearQuery]) -> Callable[..., LinearQuery]:
@@ -60,6 +67,7 @@ _FORWARDS: dict[str, Callable[..., LinearQuery]] = {
 }
 _ALIASES = {"sf1": "sf1-persons", "all-range": "allrange"}
 WORKLOAD_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+WORKLOAD_ALIASES: tuple[str, ...] = tuple(_ALIASES)
 
 _DEFAULT_DOMAINS: dict[str, Callable[[], Domain]] = {
     "pl94": census.pl94_domain,
@@ -73,6 +81,17 @@ def _canonical(name: str) -> str:
     if name not in _BUILDERS:
         raise ValueError(f"unknown workload {name!r}; use one of {', '.join(WORKLOAD_NAMES)}")
     return name
+
+
+def canonical_name(name: str) -> str:
+    """The table name of a workload name or alias (``sf1`` is ``sf1-persons``).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, listing the known ones.
+    """
+    return _canonical(name)
 
 
 def default_domain(name: str) -> Domain | None:
