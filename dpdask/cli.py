@@ -99,8 +99,28 @@ def _validate(argv: Sequence[str]) -> int:
 def _plan(argv: Sequence[str]) -> int:
     from dpdask.workloads.named import WORKLOAD_ALIASES, WORKLOAD_NAMES
 
-    parser = _spec_parser("plan", "Select the strategy and show the expected error per level.")
-    parser.add_argument("--save", metavar="PATH", help="also write the plan to PATH")
+    parser = _spec_parser(
+        "plan",
+        "Select the strategy and show the expected error before any data is read: per "
+        "level for a release spec, or for a named workload (--workload, without a spec).",
+    )
+    parser.set_defaults(spec=None)
+    parser._actions[1].nargs = "?"  # the spec is optional when --workload is given
+    parser.add_argument("--save", metavar="PATH", help="also write the plan to PATH (.npz)")
+    named = parser.add_argument_group("a named workload instead of a spec")
+    named.add_argument(
+        "--workload", choices=(*WORKLOAD_NAMES, *WORKLOAD_ALIASES), help="the workload's name"
+    )
+    named.add_argument("--domain", help="pl94, cph, or sizes like sex=2,age=115")
+    budget = named.add_mutually_exclusive_group()
+    budget.add_argument("--epsilon", help="pure DP budget (Laplace noise)")
+    budget.add_argument("--rho", help="zCDP budget (Gaussian noise)")
+    named.add_argument("--strategy", default="hdmm", help="hdmm (default) or a baseline name")
+    named.add_argument("--n", type=int, help="domain size of prefix and allrange")
+    named.add_argument("--k", type=int, help="marginal order of marginals")
+    named.add_argument("--attrs", help="attributes of marginal, comma-separated")
+    named.add_argument("--restarts", type=int, default=3, help="random starts per template")
+    named.add_argument("--seed", type=int, default=0, help="seed of the random starts")
     args = parser.parse_args(argv)
     if (args.spec is None) == (args.workload is None):
         parser.error("give a release spec or --workload NAME (not both)")
