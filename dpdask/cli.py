@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -12,6 +13,8 @@ from dpdask import __version__
 from dpdask.bench import BENCHES
 
 __all__ = ["main"]
+
+log = logging.getLogger("dpdask")
 
 
 def _bench(argv: Sequence[str]) -> int:
@@ -72,11 +75,10 @@ def _run(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     spec = load_spec(args.spec, period=args.period)
     with connect(args.scheduler or spec.cluster) as client:
-        if not args.json:
-            print(f"dpdask run {spec.release}: dashboard at {client.dashboard_link}", flush=True)
+        log.warning("run %s: dashboard at %s", spec.release, client.dashboard_link)
         summary = run_spec(
             spec, client=client, run_id=args.run_id, overwrite=args.overwrite,
-            progress=not (args.no_progress or args.json),
+            progress=not (args.no_progress or args.json or _QUIET[0]),
         )  # fmt: skip
     _print(summary, args.json, _release_table)
     return 0
@@ -338,13 +340,42 @@ COMMANDS = {
 }
 
 
+_QUIET = [False]
+
+
+def _verbosity(argv: list[str]) -> tuple[list[str], int]:
+    """Take ``-q/--quiet`` and ``-v/--verbose`` from anywhere in ``argv``."""
+    quiet = sum(a in ("-q", "--quiet") for a in argv)
+    verbose = sum(a in ("-v", "--verbose") for a in argv)
+    rest = [a for a in argv if a not in ("-q", "--quiet", "-v", "--verbose")]
+    level = logging.ERROR if quiet else logging.DEBUG if verbose > 1 else (
+        logging.INFO if verbose else logging.WARNING
+    )  # fmt: skip
+    _QUIET[0] = bool(quiet)
+    return rest, level
+
+
+def _logging(level: int) -> None:
+    """Messages go to standard error through :mod:`logging` (``dpdask``'s and Dask's)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+    # Dask's own warnings with -v, its chatter with -vv, its errors always
+    dask_level = {logging.INFO: logging.WARNING, logging.DEBUG: logging.INFO}
+    logging.getLogger("distributed").setLevel(dask_level.get(level, logging.ERROR))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dpdask`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="dpdask",
         description="Differentially private release of linear counting queries on Dask.",
-        epilog="\n".join(f"  {k:<10} {v[1]}" for k, v in COMMANDS.items()),
+        epilog="\n".join(f"  {k:<10} {v[1]}" for k, v in COMMANDS.items())
+        + "\n\n-q/--quiet (errors only) and -v/--verbose (more, twice for Dask's own) go "
+        "anywhere on the line.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dpdask {__version__}")
@@ -352,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "--version"):
         parser.parse_args(argv)
         return 0
+    argv, level = _verbosity(argv)
+    _logging(level)
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         parser.parse_args([command])  # prints the error and exits 2

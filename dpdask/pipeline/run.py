@@ -7,6 +7,7 @@ to check it; ``run`` selects the strategy, charges the ledger and publishes.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import pathlib
 import tempfile
@@ -41,6 +42,8 @@ from dpdask.privacy import (
     check_run_id,
     split_levels,
 )
+
+log = logging.getLogger("dpdask")
 
 __all__ = ["build_workload", "load_data", "plan_spec", "run_spec", "validate_spec"]
 
@@ -410,6 +413,8 @@ def run_spec(
     if spec.dataset_budget is not None:
         ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
     _check_same_source(checked)
+    log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
+             spec.data.format, checked.work)  # fmt: skip
     store = load_data(spec, checked.work, checked.source)
     levels = _levels(spec, store)
     rel = release(
@@ -422,6 +427,8 @@ def run_spec(
         checked.output, overwrite=overwrite, client=client, progress=progress,
         protected=[("input data", spec.data.path), ("ledger", spec.ledger)],
     )  # fmt: skip
+    log.info("run %s of %s: published %s (ledger head %s)", checked.run_id, spec.release,
+             out, ledger.head())  # fmt: skip
     summary = rel.summary()
     summary["output"] = str(out)
     summary["ledger"] = str(spec.ledger)
