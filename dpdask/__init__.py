@@ -4,7 +4,8 @@ The package follows the data path: :mod:`dpdask.domain` and :mod:`dpdask.linalg`
 describe data and queries, :mod:`dpdask.workloads` builds real workloads,
 :mod:`dpdask.strategy` selects what to measure, :mod:`dpdask.privacy` and
 :mod:`dpdask.noise` measure, :mod:`dpdask.reconstruct` estimates, and
-:mod:`dpdask.dataflow` runs a release over zarr data on a Dask cluster.
+:mod:`dpdask.dataflow` runs a release over zarr data on a Dask cluster;
+:func:`open_release` (:mod:`dpdask.reader`) reads a published one with xarray.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -23,4 +24,21 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+unknown"
 
-__all__ = ["DPDaskWarning", "Domain", "Geography", "Plan", "__version__", "select"]
+__all__ = [
+    "DPDaskWarning",
+    "Domain",
+    "Geography",
+    "Plan",
+    "__version__",
+    "open_release",
+    "select",
+]
+
+
+def __getattr__(name: str):
+    # open_release needs xarray: imported on first use, not with the package
+    if name == "open_release":
+        from dpdask.reader import open_release
+
+        return open_release
+    raise AttributeError(f"module 'dpdask' has no attribute {name!r}")

@@ -84,6 +84,44 @@ def _run(argv: Sequence[str]) -> int:
     return 0
 
 
+def _export(argv: Sequence[str]) -> int:
+    import pathlib
+
+    from dpdask.reader import export_release
+
+    parser = argparse.ArgumentParser(
+        prog="dpdask export",
+        description="Write one level of a published release as a long table: geography, "
+        "parent, query, answer, variance and moe90 (the 90% margin of error, 1.645 standard "
+        "deviations, as ACS publishes them).",
+    )
+    parser.add_argument("release", help="the published release (a .zarr folder)")
+    parser.add_argument("--level", required=True, help="the geography level, e.g. tract")
+    parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
+    parser.add_argument(
+        "--out", help="the file to write ('-': csv to standard output; default "
+        "RELEASE-LEVEL.FORMAT beside the release)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--query", nargs="+", action="extend", metavar="LABEL",
+        help="only these queries: workload rows (race-single_003) or P.L. 94-171 cells (P1_001)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--geography", nargs="+", action="extend", metavar="ID", help="only these unit ids"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    args = parser.parse_args(argv)
+    release = args.release.rstrip("/")
+    out = args.out or str(pathlib.Path(release).with_suffix("")) + f"-{args.level}.{args.format}"
+    n = export_release(
+        release, args.level, out, args.format, queries=args.query,
+        geographies=args.geography, overwrite=args.overwrite,
+    )  # fmt: skip
+    if out != "-":
+        print(f"wrote {n} rows of {args.level} to {out}")
+    return 0
+
+
 def _validate(argv: Sequence[str]) -> int:
     from dpdask.pipeline.run import validate_spec
     from dpdask.pipeline.spec import load_spec
@@ -331,6 +369,11 @@ COMMANDS = {
     "bench": (_bench, "run a benchmark: dpdask bench NAME [--json] [options]"),
     "run": (_run, "run a release spec: dpdask run SPEC [--run-id ID] [--json]"),
     "ledger": (_ledger, "the privacy ledger: dpdask ledger init|show|verify|abandon|anchor PATH"),
+    "export": (
+        _export,
+        "write a level of a release as a table: dpdask export OUT.zarr --level LEVEL "
+        "--format parquet|csv [--out FILE] [--query LABEL ...] [--geography ID ...]",
+    ),
     "validate": (_validate, "check a spec and its data, spending nothing: dpdask validate SPEC"),
     "plan": (
         lambda a: _plan(a),

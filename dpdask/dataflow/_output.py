@@ -1,8 +1,33 @@
 """The published release: per level, estimates, workload answers and their variances.
 
-The layout is in :mod:`dpdask.dataflow.release`. Every array has a row per
-zarr chunk, so that any Dask chunk of a level writes whole zarr chunks with no
+The layout is in :mod:`dpdask.dataflow.release`; the labels in
+:mod:`dpdask.dataflow._labels`. Every array has a row per zarr chunk along the
+geography axis, so that any Dask chunk of a level writes whole zarr chunks with no
 rechunking (the level chunks are uneven, aligned to parents).
+
+Every array carries zarr v3 ``dimension_names``, so that xarray opens a release
+(``xr.open_datatree(path, engine="zarr")``, one group per level) with its
+coordinates. Per level group::
+
+    geography          str (geography,)               unit ids (the index coordinate)
+    ids                str (geography,)               the same ids (kept for older readers)
+    parent             int64 (geography,)             parent index in the level above
+    parent_id          str (geography,)               the parent's id          (not the top)
+    query              str (query,)                   workload row labels, e.g. race-single_003
+    query_description  str (query,)                   what each row counts
+    <attr>             int64 (<attr>,)                each attribute's values 0..n-1
+    <attr>_label       str (<attr>,)                  their names, where the coding is known
+    estimate           float64 (geography, *attrs)    consistent estimates (persons)
+    answers            float64 (geography, query)     workload answers (persons)
+    variance           float64 (geography, query)     their variances (persons^2)
+
+and, for the PL94 workload, the P.L. 94-171 tables P1-P4 computed from the same
+estimates (:func:`~dpdask.dataflow._labels.published_tables`)::
+
+    table_query        str (table_query,)             P1_001 .. P4_073
+    table_description  str (table_query,)             the Census's line labels
+    table_answers      float64 (geography, table_query)
+    table_variance     float64 (geography, table_query)
 """
 
 from __future__ import annotations
@@ -17,9 +42,59 @@ from dask.base import tokenize
 
 from dpdask.dataflow._aggregate import level_key
 from dpdask.dataflow._blocks import answer_block
+from dpdask.dataflow._labels import (
+    category_labels,
+    published_tables,
+    query_descriptions,
+    query_labels,
+)
 from dpdask.dataflow._workdir import FLAT_KEYS
+from dpdask.domain import Domain
 
 __all__ = ["level_outputs"]
+
+_RESERVED = frozenset(
+    {"geography", "ids", "parent", "parent_id", "query", "query_description", "estimate",
+     "answers", "variance", "table_query", "table_description", "table_answers",
+     "table_variance"}
+)  # fmt: skip
+
+
+def _strings(g: zarr.Group, name: str, values: Any, dim: str, long_name: str) -> None:
+    values = np.asarray(values, dtype=str)
+    g.create_array(
+        name, shape=values.shape, dtype=str, dimension_names=(dim,),
+        attributes={"long_name": long_name},
+    )[:] = values  # fmt: skip
+
+
+def _coordinates(domain: Domain | None) -> dict[str, Any]:
+    """The per-attribute coordinate arrays: values and, where known, their names."""
+    if domain is None:
+        return {}
+    out: dict[str, Any] = {}
+    for attr, names in category_labels(domain).items():
+        if attr in _RESERVED or f"{attr}_label" in _RESERVED:
+            continue
+        out[attr] = np.arange(domain[attr], dtype=np.int64)
+        if names is not None:
+            out[f"{attr}_label"] = names
+    return out
+
+
+def _table_variances(plan: Any, queries: Any, domain: Domain) -> np.ndarray | None:
+    """Variances of further queries of a level's estimates for a unit of variance
+    (as :meth:`LevelPlan.query_variances` for the workload), or None if not computable."""
+    from dpdask.strategy.error import ErrorAnalysis
+
+    base = getattr(plan, "base", None)
+    if base is None or getattr(base, "groups", None) is not None:
+        return None
+    try:
+        ev = ErrorAnalysis(queries, base.strategy, domain.shape).variances()
+    except (ValueError, NotImplementedError):
+        return None
+    return np.asarray(ev, dtype=float) * plan.row_variance
 
 
 def level_outputs(
@@ -30,6 +105,7 @@ def level_outputs(
     ids: Sequence[np.ndarray],
     parents: Sequence[np.ndarray],
     blas: int | None,
+    domain: Domain | None = None,
 ) -> tuple[list[da.Array], list[zarr.Array]]:
     """Create every level's group in ``root`` and pair its lazy arrays with their targets.
 
@@ -48,24 +124,70 @@ def level_outputs(
         Each level's unit ids, and each level's parent index below the top.
     blas : int or None
         BLAS threads of the answer tasks (``answer-<level>``).
+    domain : Domain, optional
+        The data domain: names the estimate's axes and labels the queries (default: the
+        plan's domain; axes ``dim_0``, ``dim_1``, ... without one).
 
     Returns
     -------
     list of dask.array.Array, list of zarr.Array
-        Sources and targets for :func:`dask.array.store`; ``ids`` and ``parent`` are
-        written at once.
+        Sources and targets for :func:`dask.array.store`; the labels, ``ids`` and
+        ``parent`` are written at once.
     """
     sources: list[da.Array] = []
     targets: list[zarr.Array] = []
+    labelled: dict[int, tuple] = {}  # per workload (per-level plans may share one)
     for i, ((name, plan, unit_variance), est) in enumerate(zip(levels, estimates, strict=True)):
+        dom = domain if domain is not None else getattr(plan, "domain", None)
+        if dom is not None and dom.shape != tuple(est.shape[1:]):
+            dom = None
+        attrs = (
+            tuple(dom.attrs)
+            if dom is not None and not set(dom.attrs) & _RESERVED
+            else tuple(f"dim_{k}" for k in range(est.ndim - 1))
+        )
         g = root.create_group(name)
-        g.create_array(
-            "ids", shape=ids[i].shape, dtype=ids[i].dtype.str if ids[i].dtype.kind != "U" else str
-        )[:] = ids[i]
+        level_ids = np.asarray(ids[i])
+        for array in ("geography", "ids"):
+            g.create_array(
+                array, shape=level_ids.shape,
+                dtype=level_ids.dtype.str if level_ids.dtype.kind != "U" else str,
+                dimension_names=("geography",),
+                attributes={"long_name": f"{name} id"},
+            )[:] = level_ids  # fmt: skip
+        coords = ["ids"]
         if i > 0:
             p = parents[i - 1]
-            g.create_array("parent", shape=p.shape, dtype="int64")[:] = p
+            g.create_array(
+                "parent", shape=p.shape, dtype="int64", dimension_names=("geography",),
+                attributes={"long_name": f"index of the {levels[i - 1][0]} containing the unit"},
+            )[:] = p  # fmt: skip
+            _strings(g, "parent_id", np.asarray(ids[i - 1])[p], "geography",
+                     f"id of the {levels[i - 1][0]} containing the unit")  # fmt: skip
+            coords += ["parent", "parent_id"]
         W = plan.workload
+        if id(W) not in labelled:
+            tables = published_tables(W, dom)
+            labelled[id(W)] = (
+                query_labels(W, dom),
+                query_descriptions(W, dom) if dom is not None else [""] * W.shape[0],
+                tables,
+            )
+        labels, descriptions, tables = labelled[id(W)]
+        _strings(g, "query", labels, "query", "workload query")
+        _strings(g, "query_description", descriptions, "query", "what the query counts")
+        coords.append("query_description")
+        if dom is not None and attrs == tuple(dom.attrs):
+            for cname, values in _coordinates(dom).items():
+                attr = cname.removesuffix("_label")
+                if cname == attr:
+                    g.create_array(
+                        cname, shape=values.shape, dtype="int64", dimension_names=(attr,),
+                        attributes={"long_name": f"{attr} value"},
+                    )[:] = values  # fmt: skip
+                else:
+                    _strings(g, cname, values, attr, f"{attr} category")
+                    coords.append(cname)
         answers = est.map_blocks(
             answer_block, W, blas, chunks=(est.chunks[0], (W.shape[0],)),
             drop_axis=list(range(2, est.ndim)), dtype=np.float64,
@@ -74,13 +196,48 @@ def level_outputs(
         qv = plan.query_variances()
         scale = variances[i] / unit_variance
         variance = da.from_array(scale[:, None], chunks=(est.chunks[0], 1)) * qv[None, :]
-        for array, arr in (("estimate", est), ("answers", answers), ("variance", variance)):
+        outputs = [
+            ("estimate", est, ("geography", *attrs), "persons",
+             "consistent estimate of each cell's count"),
+            ("answers", answers, ("geography", "query"), "persons", "workload answer"),
+            ("variance", variance, ("geography", "query"), "persons^2",
+             "variance of the workload answer"),
+        ]  # fmt: skip
+        tv = None if tables is None or dom is None else _table_variances(plan, tables[2], dom)
+        if tables is not None and tv is not None:
+            t_labels, t_descriptions, Q = tables
+            _strings(g, "table_query", t_labels, "table_query", "Census table cell")
+            _strings(g, "table_description", t_descriptions, "table_query",
+                     "the Census's label of the cell")  # fmt: skip
+            t_answers = est.map_blocks(
+                answer_block, Q, blas, chunks=(est.chunks[0], (Q.shape[0],)),
+                drop_axis=list(range(2, est.ndim)), dtype=np.float64,
+                name=f"answer-{level_key(name)}-{tokenize(est, Q)}", meta=np.empty((0, 0)),
+            )  # fmt: skip
+            t_variance = da.from_array(scale[:, None], chunks=(est.chunks[0], 1)) * tv[None, :]
+            outputs += [
+                ("table_answers", t_answers, ("geography", "table_query"), "persons",
+                 "P.L. 94-171 table cell, from the consistent estimates"),
+                ("table_variance", t_variance, ("geography", "table_query"), "persons^2",
+                 "variance of the table cell"),
+            ]  # fmt: skip
+            coords.append("table_description")
+        for array, arr, dims, units, long_name in outputs:
             z = g.create_array(
                 array, shape=arr.shape, dtype="float64", chunks=(1, *arr.shape[1:]),
                 # noisy float estimates do not compress; skip the codec's time
                 compressors=None if array == "estimate" else "auto",
-                chunk_key_encoding=FLAT_KEYS,
+                chunk_key_encoding=FLAT_KEYS, dimension_names=dims,
+                attributes={
+                    "units": units, "long_name": long_name,
+                    # CF: the non-index coordinates xarray attaches to the variable
+                    "coordinates": " ".join(c for c in coords if set(_dims(g, c)) <= set(dims)),
+                },
             )  # fmt: skip
             sources.append(arr)
             targets.append(z)
     return sources, targets
+
+
+def _dims(g: zarr.Group, name: str) -> tuple[str, ...]:
+    return tuple(g[name].metadata.dimension_names or ())

@@ -530,7 +530,7 @@ class Release:
         sources, targets = level_outputs(
             root, [(L.name, L.plan, L.unit_variance) for L in self._levels], final, fvar,
             [np.asarray(geo.ids[geo.level_index(L.name)], dtype=str) for L in self._levels],
-            self.lc.parents, blas,
+            self.lc.parents, blas, domain=self.domain,
         )  # fmt: skip
         stored = da.store(sources, targets, lock=False, compute=False)
         _compute([stored], client, progress)
@@ -538,10 +538,35 @@ class Release:
             (json.loads(p.read_text()) for p in (work / "reports").glob("*.json")),
             key=lambda r: (r["level"], r["chunk"]),
         )
-        root.attrs["dpdask"] = self._attributes()
+        import warnings
+
+        info = self._attributes()
+        # plain keys for readers that do not know dpdask (xarray, CF tools); the full
+        # record stays under "dpdask"
+        root.attrs.update(
+            {
+                "dpdask": info,
+                "title": f"dpdask release {self.release_id}",
+                "release": self.release_id,
+                "run_id": self.run_id,
+                "dataset": self.dataset,
+                "workload": info["workload"],
+                "strategy": info["strategy"],
+                "budget": info["budget"],
+                "reconstruct": self.reconstruct,
+                "levels": list(self.levels),
+                "units": "persons",
+                "margin_of_error": "moe90 = 1.645 * sqrt(variance), a 90% margin as ACS's",
+            }
+        )
+        with warnings.catch_warnings():  # "not part of the Zarr v3 specification" (yet)
+            warnings.simplefilter("ignore", zarr.errors.ZarrUserWarning)
+            zarr.consolidate_metadata(str(out))
         return out
 
     def _attributes(self) -> dict[str, Any]:
+        from dpdask.dataflow._labels import strategy_record, workload_record
+
         info = self.summary()
         info.update(
             {
@@ -553,6 +578,8 @@ class Release:
                 # copy is gone by the time anyone reads this)
                 "source": self.store.attrs.get("source") or str(self.store.path),
                 "dataset": self.dataset,
+                "workload": workload_record([L.plan for L in self._levels], self.levels),
+                "strategy": strategy_record([L.plan for L in self._levels], self.levels),
                 "test_mode": self.test_mode,
                 "noise": self.noise,
                 "charges": [
