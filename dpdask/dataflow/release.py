@@ -45,17 +45,12 @@ uninterrupted run. A published or abandoned run id is refused, and so is a charg
 whose key is gone. The published attributes record the ledger's head after the
 charges (``attrs["dpdask"]["ledger"]["head"]``), for ``dpdask ledger verify --release``.
 
-Output layout (a zarr v3 group, written by :func:`~dpdask.dataflow._output.level_outputs`)::
-
-    <output>/
-      <level>/estimate   float64 (n_units, *domain.shape)  consistent estimates
-      <level>/answers    float64 (n_units, n_queries)      workload answers
-      <level>/variance   float64 (n_units, n_queries)      their variances
-      <level>/ids        str (n_units,)                    unit ids
-      <level>/parent     int64 (n_units,)                  parent index (not the top level)
-
-with ``attrs["dpdask"]``: release and run ids, dpdask version, domain, levels,
-each level's budget, noise and charge, the total budget and what the ledger holds.
+Output layout: a zarr v3 group with a group per level (``estimate``, ``answers``,
+``variance``, ids, parents, query labels and attribute categories as coordinates, zarr
+``dimension_names`` on every array, consolidated metadata), described in
+:mod:`dpdask.dataflow._output`; ``attrs["dpdask"]`` records release and run ids, the
+dpdask version, domain, levels, each level's budget, noise and charge, the total budget,
+the dataset and the ledger's head. :func:`dpdask.open_release` reads it with xarray.
 """
 
 from __future__ import annotations
