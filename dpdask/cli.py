@@ -304,6 +304,30 @@ def _ledger(argv: Sequence[str]) -> int:
     return 0
 
 
+def _audit(argv: Sequence[str]) -> int:
+    from dpdask.pipeline.spec import load_spec
+    from dpdask.testing.audit import audit_spec
+
+    parser = _spec_parser(
+        "audit",
+        "Audit a release end to end: run it many times on neighbouring datasets (and a "
+        "control with half the noise) and bound its epsilon from below. Charges only "
+        "temporary ledgers; writes nothing to the spec's output.",
+    )
+    parser.add_argument("--trials", type=int, default=1000, help="trials per dataset")
+    parser.add_argument("--batch", type=int, default=500, help="trials per dataset per release")
+    parser.add_argument("--blocks", type=int, default=2, help="finest units per trial")
+    parser.add_argument("--delta", type=float, help="compare a zCDP claim at this delta")
+    parser.add_argument("--workdir", help="folder for the temporary releases")
+    args = parser.parse_args(argv)
+    result = audit_spec(
+        load_spec(args.spec), trials=args.trials, batch=args.batch, blocks=args.blocks,
+        delta=args.delta, workdir=args.workdir,
+    )  # fmt: skip
+    _print(result.to_dict(), args.json, lambda r: result.report())
+    return 1 if result.flagged else 0
+
+
 def _ledger_table(report: dict) -> str:
     def show(b: dict) -> str:
         return ", ".join(f"{k}={v}" for k, v in b.items() if k != "type")
@@ -375,6 +399,7 @@ COMMANDS = {
         "--format parquet|csv [--out FILE] [--query LABEL ...] [--geography ID ...]",
     ),
     "validate": (_validate, "check a spec and its data, spending nothing: dpdask validate SPEC"),
+    "audit": (_audit, "bound a release's epsilon from below: dpdask audit SPEC --trials N"),
     "plan": (
         lambda a: _plan(a),
         "plan a release before touching data: dpdask plan SPEC [--json] "

@@ -3,4 +3,6 @@
 * :mod:`dpdask.testing.strategies`: hypothesis strategies for domains and implicit
   operators (requires ``hypothesis``, a development dependency);
 * :mod:`dpdask.testing.faults`: operators that misbehave on purpose, for fault tests.
+* :mod:`dpdask.testing.audit`: an end-to-end privacy audit of releases (a lower bound
+  on epsilon from published outputs, with a positive control; ``dpdask audit``).
 """
