@@ -30,24 +30,36 @@ Accounting rules
 
 from __future__ import annotations
 
-import math
 import os
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dpdask.privacy._budget import Budget
 from dpdask.privacy._chain import (
     Chain,
-    Entry,
     Head,
     LedgerError,
     LedgerMissingError,
     LedgerTamperedError,
 )
-from dpdask.privacy._mechanisms import MECHANISM_NORM
+from dpdask.privacy._records import (
+    _LIVE,
+    RUN_STATES,
+    BudgetExceededError,
+    Charge,
+    LedgerConflictError,
+    Run,
+    RunStateError,
+    _check_budget,
+    _check_fits,
+    _check_name,
+    _check_run,
+    _left,
+    _State,
+    _total,
+    check_run_id,
+)
 
 __all__ = [
     "RUN_STATES",
@@ -62,180 +74,6 @@ __all__ = [
     "RunStateError",
     "check_run_id",
 ]
-
-RUN_STATES = ("open", "measuring", "published", "abandoned")
-_LIVE = ("open", "measuring")
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-class BudgetExceededError(LedgerError):
-    """A charge would exceed a release's budget or a dataset's total."""
-
-
-class LedgerConflictError(LedgerError):
-    """A charge or registration contradicts what the ledger already holds."""
-
-
-class RunStateError(LedgerConflictError):
-    """A run id that is published, abandoned, or bound to another key."""
-
-
-def check_run_id(run_id: Any) -> str:
-    """A run id: 1-128 characters of ``[A-Za-z0-9_.-]``, starting with a letter or digit.
-
-    Raises
-    ------
-    ValueError
-        Naming what is wrong.
-    """
-    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
-        raise ValueError(
-            f"run id {run_id!r} must be 1-128 characters of letters, digits, '_', '.', '-', "
-            "starting with a letter or digit"
-        )
-    return run_id
-
-
-@dataclass(frozen=True)
-class Charge:
-    """One measurement's privacy charge.
-
-    Parameters
-    ----------
-    release, run_id, level, measurement : str
-        The identity of the charge (the geography chunk is deliberately absent:
-        chunks of one level compose in parallel).
-    mechanism : str
-        ``"laplace"``, ``"gaussian"``, ``"discrete_laplace"`` or ``"discrete_gaussian"``.
-    sensitivity : float
-        The strategy's sensitivity in the mechanism's norm (L1 or L2).
-    noise_scale : float
-        Laplace scale or Gaussian sigma.
-    privacy : Budget
-        What the measurement costs (the plan's per-measurement budget).
-    key_fingerprint : str or None
-        :meth:`dpdask.noise.SecretKey.fingerprint` of the key that draws the noise;
-        the ledger refuses a charge without one.
-    """
-
-    release: str
-    run_id: str
-    level: str
-    measurement: str
-    mechanism: str
-    sensitivity: float
-    noise_scale: float
-    privacy: Budget
-    key_fingerprint: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("release", "run_id", "level", "measurement"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"charge {name} must be a non-empty string, got {value!r}")
-        if self.mechanism not in MECHANISM_NORM:
-            raise ValueError(f"unknown mechanism {self.mechanism!r}")
-        for name in ("sensitivity", "noise_scale"):
-            value = float(getattr(self, name))
-            if not math.isfinite(value) or value < 0 or (name == "noise_scale" and value == 0):
-                raise ValueError(f"charge {name} must be finite and positive, got {value!r}")
-            object.__setattr__(self, name, value)
-        if not isinstance(self.privacy, Budget):
-            raise TypeError(f"charge privacy must be a Budget, got {self.privacy!r}")
-        if self.key_fingerprint is not None and not (
-            isinstance(self.key_fingerprint, str) and self.key_fingerprint
-        ):
-            raise ValueError(
-                f"charge key_fingerprint must be a string, got {self.key_fingerprint!r}"
-            )
-
-    @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.release, self.run_id, self.level, self.measurement)
-
-    def _same_as(self, other: Charge) -> bool:
-        return (
-            self.mechanism == other.mechanism
-            and self.sensitivity == other.sensitivity
-            and self.noise_scale == other.noise_scale
-            and self.privacy == other.privacy
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe record of the charge."""
-        return {
-            "release": self.release,
-            "run_id": self.run_id,
-            "level": self.level,
-            "measurement": self.measurement,
-            "mechanism": self.mechanism,
-            "sensitivity": self.sensitivity,
-            "noise_scale": self.noise_scale,
-            "privacy": self.privacy.to_dict(),
-            "key_fingerprint": self.key_fingerprint,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Charge:
-        return cls(**{**d, "privacy": Budget.from_dict(d["privacy"])})
-
-
-@dataclass(frozen=True)
-class Run:
-    """A run of a release: its key fingerprint and state (see the module notes)."""
-
-    release: str
-    run_id: str
-    key_fingerprint: str
-    state: str
-    output: str | None = None
-
-
-@dataclass
-class _State:
-    """The ledger's contents, folded from its entries."""
-
-    datasets: dict[str, Budget] = field(default_factory=dict)
-    releases: dict[str, tuple[Budget, str | None]] = field(default_factory=dict)
-    runs: dict[tuple[str, str], Run] = field(default_factory=dict)
-    charges: dict[tuple[str, str, str, str], Charge] = field(default_factory=dict)
-
-    @classmethod
-    def fold(cls, entries: Sequence[Entry]) -> _State:
-        st = cls()
-        for e in entries:
-            b = e.body
-            if e.kind == "dataset":
-                st.datasets[b["dataset"]] = Budget.from_dict(b["total"])
-            elif e.kind == "release":
-                st.releases[b["release"]] = (Budget.from_dict(b["budget"]), b["dataset"])
-            elif e.kind == "run":
-                st.runs[(b["release"], b["run_id"])] = Run(
-                    b["release"], b["run_id"], b["key_fingerprint"], "open"
-                )
-            elif e.kind == "state":
-                run = st.runs[(b["release"], b["run_id"])]
-                st.runs[run.release, run.run_id] = Run(
-                    run.release, run.run_id, run.key_fingerprint, b["state"], b.get("output")
-                )
-            elif e.kind == "charge":
-                c = Charge.from_dict({k: v for k, v in b.items() if k != "time"})
-                st.charges[c.key] = c
-        return st
-
-    def release(self, release: str) -> tuple[Budget, str | None]:
-        if release not in self.releases:
-            raise LedgerConflictError(
-                f"release {release!r} is not open in the ledger; call open_release first"
-            )
-        return self.releases[release]
-
-    def of_release(self, release: str) -> list[Budget]:
-        return [c.privacy for c in self.charges.values() if c.release == release]
-
-    def of_dataset(self, dataset: str) -> list[Budget]:
-        mine = {r for r, (_, d) in self.releases.items() if d == dataset}
-        return [c.privacy for c in self.charges.values() if c.release in mine]
 
 
 class Ledger:
@@ -606,80 +444,3 @@ class Ledger:
                 to_measuring.append(rk)
         _check_fits(st, todo)
         return todo, [(*k, fp) for k, fp in new_runs.items()], to_measuring
-
-
-def _check_run(run: Run, key_fingerprint: str) -> None:
-    if run.state not in _LIVE:
-        raise RunStateError(
-            f"run {run.run_id!r} of release {run.release!r} is {run.state}"
-            + (f" (at {run.output})" if run.output else "")
-            + "; it cannot be resumed or re-published. A new run id is a new run: it draws "
-            "new noise and is charged again"
-        )
-    if run.key_fingerprint != key_fingerprint:
-        raise RunStateError(
-            f"run {run.run_id!r} of release {run.release!r} is bound to another key (fingerprint "
-            f"{run.key_fingerprint}); its noise can only be drawn with that key. If that key is "
-            "lost, abandon the run (`dpdask ledger abandon`) and start a new run id, which is "
-            "charged again"
-        )
-
-
-def _check_fits(st: _State, todo: Sequence[Charge]) -> None:
-    by_release: dict[str, list[Charge]] = {}
-    for c in todo:
-        by_release.setdefault(c.release, []).append(c)
-    by_dataset: dict[str, list[Charge]] = {}
-    for release, cs in by_release.items():
-        budget, dataset = st.release(release)
-        spent = _total(budget, st.of_release(release))
-        _require_fits(budget, spent, [c.privacy for c in cs], f"release {release!r}")
-        if dataset is not None:
-            by_dataset.setdefault(dataset, []).extend(cs)
-    for dataset, cs in by_dataset.items():
-        total = st.datasets.get(dataset)
-        if total is None:
-            continue
-        spent = _total(total, st.of_dataset(dataset))
-        _require_fits(total, spent, [c.privacy for c in cs], f"dataset {dataset!r}")
-
-
-def _check_name(value: Any, what: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
-
-
-def _check_budget(value: Any, what: str) -> None:
-    if not isinstance(value, Budget):
-        raise TypeError(f"{what} must be a PureDP, ApproxDP or zCDP budget, got {value!r}")
-
-
-def _as_kind(budget: Budget, charge: Budget) -> Budget:
-    """``charge`` in ``budget``'s definition, or a clear error."""
-    try:
-        return budget._coerce(charge)
-    except TypeError:
-        raise LedgerConflictError(
-            f"a charge of {charge!r} cannot be accounted in a {type(budget).__name__} budget"
-        ) from None
-
-
-def _total(budget: Budget, charges: Iterable[Budget]) -> Budget:
-    out = budget.zero()
-    for c in charges:
-        out = out + _as_kind(budget, c)
-    return out
-
-
-def _left(budget: Budget, spent: Budget) -> Budget:
-    values = [max(a - b, 0) for a, b in zip(budget._values(), spent._values(), strict=True)]
-    return budget._new(values)
-
-
-def _require_fits(budget: Budget, spent: Budget, new: Sequence[Budget], what: str) -> None:
-    asked = _total(budget, new)
-    if not (spent + asked <= budget):
-        raise BudgetExceededError(
-            f"{what}: the new charges total {asked!r} but only {_left(budget, spent)!r} "
-            f"of its {budget!r} is left"
-        )
