@@ -423,10 +423,13 @@ def run_spec(
         reconstruct=spec.reconstruct, release_id=spec.release, run_id=checked.run_id,
         ledger=ledger, dataset=checked.dataset,
     )  # fmt: skip
-    out = rel.to_zarr(
-        checked.output, overwrite=overwrite, client=client, progress=progress,
-        protected=[("input data", spec.data.path), ("ledger", spec.ledger)],
-    )  # fmt: skip
+    from dpdask.dashboard import track  # registers the plugin; shows the run at /dpdask
+
+    with track(client, rel, ledger, plan=report):
+        out = rel.to_zarr(
+            checked.output, overwrite=overwrite, client=client, progress=progress,
+            protected=[("input data", spec.data.path), ("ledger", spec.ledger)],
+        )  # fmt: skip
     log.info("run %s of %s: published %s (ledger head %s)", checked.run_id, spec.release,
              out, ledger.head())  # fmt: skip
     summary = rel.summary()

@@ -1,0 +1,52 @@
+"""The release dashboard: a scheduler plugin, its page, its JSON and its metrics.
+
+The plugin (:class:`DashboardPlugin`) records, per release: the levels and their
+chunks planned, measured, reconstructed and published; the budget spent and left per
+dataset and release; the predicted error per level and per table; the chunks that did
+not converge. The scheduler's HTTP server (the Dask dashboard's) then serves
+
+``/dpdask``
+    A page showing them, refreshed every second (linked from the Dask dashboard's
+    page bar as "Dpdask").
+``/dpdask/json``
+    The same data as JSON (``{"version": 1, "releases": [...]}``, newest first).
+``/metrics``
+    Prometheus metrics ``dpdask_*`` beside Dask's own (:mod:`dpdask.dashboard._metrics`).
+
+``dpdask run`` registers the plugin on its scheduler and announces each release
+(:func:`track`); a standing scheduler can load it at start::
+
+    dask scheduler --preload dpdask.dashboard
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpdask.dashboard._client import dashboard_url, plan_event, register, track
+from dpdask.dashboard._plugin import PLUGIN_NAME, STAGES, TOPIC, DashboardPlugin
+
+__all__ = [
+    "PLUGIN_NAME",
+    "STAGES",
+    "TOPIC",
+    "DashboardPlugin",
+    "dashboard_url",
+    "dask_setup",
+    "plan_event",
+    "register",
+    "track",
+]
+
+
+def dask_setup(scheduler: Any) -> None:
+    """Preload hook (``dask scheduler --preload dpdask.dashboard``): add the plugin.
+
+    The scheduler starts its plugins right after its preloads, which installs the
+    routes and metrics (:meth:`DashboardPlugin.start`).
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+    """
+    scheduler.add_plugin(DashboardPlugin(), idempotent=True)

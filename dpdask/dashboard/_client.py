@@ -1,0 +1,301 @@
+"""The client's side: register the plugin, announce a release, report its end.
+
+Everything is sent as plain data on the scheduler's ``dpdask`` event topic
+(``Client.log_event``), so the scheduler runs no code of the client's. The dashboard
+never fails a release: a scheduler that cannot take the plugin (no dpdask installed
+there) or the events is logged and the release goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from dpdask.dashboard._plugin import TOPIC, DashboardPlugin
+
+log = logging.getLogger("dpdask")
+
+__all__ = ["dashboard_url", "plan_event", "register", "track"]
+
+
+def dashboard_url(client: Any) -> str | None:
+    """The address of the ``/dpdask`` page of the client's scheduler.
+
+    Parameters
+    ----------
+    client : distributed.Client
+
+    Returns
+    -------
+    str or None
+        The dashboard link with ``/dpdask`` in place of ``/status``; None without a
+        dashboard.
+    """
+    try:
+        link = client.dashboard_link
+    except Exception:
+        return None
+    if not isinstance(link, str) or not link:
+        return None
+    base = link.removesuffix("/status") if link.endswith("/status") else link.rstrip("/")
+    return f"{base}/dpdask"
+
+
+def register(client: Any) -> bool:
+    """Register :class:`DashboardPlugin` on the client's scheduler unless it has one.
+
+    Returns
+    -------
+    bool
+        Whether the scheduler has the plugin now (False: it could not take it).
+    """
+    try:
+        client.register_plugin(DashboardPlugin())  # idempotent: one per scheduler
+    except Exception as exc:
+        log.warning(
+            "the scheduler did not take the dpdask dashboard plugin (%s: %s); the release "
+            "runs without its /dpdask page",
+            type(exc).__name__,
+            exc,
+        )
+        return False
+    return True
+
+
+def _float(x: Any) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _rmse(variances: Any) -> float | None:
+    import numpy as np
+
+    v = np.asarray(variances, dtype=float)
+    return _float(math.sqrt(max(float(v.mean()), 0.0))) if v.size else None
+
+
+def _groups(names: list[str], variances: Any, kind: str) -> list[dict[str, Any]]:
+    """RMSE of each named group of rows (rows named by ``names``, in order of first use)."""
+    import numpy as np
+
+    v = np.asarray(variances, dtype=float)
+    rows: dict[str, list[int]] = {}
+    for i, n in enumerate(names):
+        rows.setdefault(n, []).append(i)
+    return [
+        {"name": n, "kind": kind, "queries": len(idx), "rmse": _rmse(v[idx])}
+        for n, idx in rows.items()
+    ]
+
+
+def _row_names(Q: Any) -> list[str] | None:
+    """The part name of each row of a stacked query (None: not stacked)."""
+    from dpdask.linalg import VStack
+
+    if not isinstance(Q, VStack):
+        return None
+    names = Q.names or tuple(f"part{k + 1}" for k in range(len(Q.parts)))
+    return [n for n, p in zip(names, Q.parts, strict=True) for _ in range(p.shape[0])]
+
+
+def _tables(plan: Any, domain: Any) -> list[dict[str, Any]]:
+    """Predicted RMSE per workload part and, for PL94, per published table (P1-P4)."""
+    qv = plan.query_variances()
+    out: list[dict[str, Any]] = []
+    names = _row_names(plan.workload)
+    if names is not None and len(names) == len(qv):
+        out += _groups(names, qv, "part")
+    try:
+        from dpdask.dataflow._labels import published_tables
+        from dpdask.dataflow._output import _table_variances
+
+        tables = published_tables(plan.workload, domain)
+        tv = None if tables is None else _table_variances(plan, tables[2], domain)
+        t_names = None if tables is None else _row_names(tables[2])
+        if tv is not None and t_names is not None and len(t_names) == len(tv):
+            out += _groups(t_names, tv, "table")
+    except Exception:  # the tables are extra information; the parts are always there
+        log.debug("dpdask dashboard: no per-table errors", exc_info=True)
+    return out
+
+
+def _ledger_view(ledger: Any, release: str, dataset: str | None) -> dict[str, Any] | None:
+    """The dataset's and the release's balances in the ledger, as plain data."""
+    if ledger is None:
+        return None
+    report = ledger.report()
+    rel = report["releases"].get(release)
+    if rel is not None:
+        rel = {k: v for k, v in rel.items() if k != "runs"}
+    return {
+        "ledger": report.get("ledger"),
+        "head": report.get("head"),
+        "dataset": report["datasets"].get(dataset) if dataset is not None else None,
+        "release": rel,
+    }
+
+
+def _after_charge(before: Mapping[str, Any] | None, total: Any) -> dict[str, Any] | None:
+    """The balances once a new run of the release is charged ``total`` (its budget: the
+    levels' charges compose to it), for the page until the ledger is read again."""
+    from dpdask.privacy import Budget
+
+    if before is None:
+        return None
+
+    def spend(entry: Mapping[str, Any] | None, limit_key: str) -> dict[str, Any] | None:
+        if entry is None:
+            if limit_key == "total":
+                return None  # a dataset without a lifetime total
+            entry = {"budget": total.to_dict(), "spent": total.zero().to_dict()}
+        limit = Budget.from_dict(entry[limit_key])
+        spent = Budget.from_dict(entry["spent"]) + total
+        try:
+            left = limit - spent
+        except ValueError:  # spent past it (cannot happen once charged): nothing left
+            left = limit.zero()
+        return {**entry, "spent": spent.to_dict(), "remaining": left.to_dict()}
+
+    try:
+        return {
+            **before,
+            "dataset": spend(before.get("dataset"), "total"),
+            "release": spend(before.get("release"), "budget"),
+        }
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def plan_event(
+    rel: Any, ledger: Any = None, plan: Mapping[str, Any] | None = None, client_id: Any = None
+) -> dict[str, Any]:
+    """The announcement of a release: what the plugin shows before any task runs.
+
+    Parameters
+    ----------
+    rel : dpdask.dataflow.release.Release
+        The release, built and not yet run.
+    ledger : dpdask.privacy.Ledger, optional
+        Its ledger; the dataset's and release's balances are read from it.
+    plan : mapping, optional
+        :func:`dpdask.pipeline.run.plan_spec`'s report (names the workload and
+        strategy).
+    client_id : str, optional
+        The client that will submit the release's tasks.
+
+    Returns
+    -------
+    dict
+        Plain data (msgpack-serialisable): ``event="plan"``, the release, its levels
+        (units, chunks, cells, budget, noise, predicted RMSE per level and per table),
+        and the ledger's balances before and after the run's charge.
+    """
+    from dpdask.dataflow._aggregate import level_key
+
+    plan = plan or {}
+    summary = rel.summary()
+    domain_size = int(rel.domain.size)
+    levels = []
+    for lv in summary["levels"]:
+        p = rel.plans[lv["level"]]
+        levels.append(
+            {
+                "level": lv["level"],
+                "word": level_key(lv["level"]),
+                "units": int(lv["units"]),
+                "chunks": int(lv["chunks"]),
+                "cells": int(lv["units"]) * domain_size,
+                "budget": lv["budget"],
+                "mechanism": str(lv["mechanism"]),
+                "noise_scale": _float(lv["noise_scale"]),
+                "queries": int(lv["queries"]),
+                "rmse": _float(math.sqrt(max(lv["mean_query_variance"], 0.0))),
+                "max_stddev": _float(math.sqrt(max(lv["max_query_variance"], 0.0))),
+                "tables": _tables(p, rel.domain),
+            }
+        )
+    workload = plan.get("workload")
+    if isinstance(workload, Mapping):
+        workload = workload.get("name")
+    before = _ledger_view(ledger, rel.release_id, rel.dataset)
+    resuming = ledger is not None and ledger.run(rel.release_id, rel.run_id) is not None
+    return {
+        "event": "plan",
+        "client": client_id,
+        "release": rel.release_id,
+        "run_id": rel.run_id,
+        "dataset": rel.dataset,
+        "workload": None if workload is None else str(workload),
+        "strategy": None if plan.get("strategy") is None else str(plan["strategy"]),
+        "queries": plan.get("queries"),
+        "reconstruct": rel.reconstruct,
+        "budget": summary["budget"],
+        "levels": levels,
+        "ledger_before": before,
+        "ledger_after_charge": before if resuming else _after_charge(before, rel.total),
+    }
+
+
+def _send(client: Any, msg: Mapping[str, Any]) -> None:
+    try:
+        client.log_event(TOPIC, dict(msg))
+    except Exception as exc:
+        log.warning("dpdask dashboard: could not send the release's %s event (%s)",
+                    msg.get("event"), exc)  # fmt: skip
+
+
+@contextmanager
+def track(
+    client: Any, rel: Any, ledger: Any = None, plan: Mapping[str, Any] | None = None
+) -> Iterator[None]:
+    """Show a release on its scheduler's ``/dpdask`` page while it runs.
+
+    Registers the plugin (unless the scheduler has it), announces the release
+    (:func:`plan_event`) and logs the page's address; on leaving, reports the end
+    (``published`` or ``failed``) with the ledger's balances and the chunks that did
+    not converge. Without a client (the local threaded scheduler) it does nothing.
+
+    Parameters
+    ----------
+    client : distributed.Client or None
+    rel : dpdask.dataflow.release.Release
+    ledger : dpdask.privacy.Ledger, optional
+    plan : mapping, optional
+        :func:`dpdask.pipeline.run.plan_spec`'s report.
+
+    Examples
+    --------
+    >>> with track(client, rel, ledger, plan=report):  # doctest: +SKIP
+    ...     rel.to_zarr(path, client=client)
+    """
+    if client is None:
+        yield
+        return
+    register(client)
+    try:
+        msg = plan_event(rel, ledger, plan, client_id=client.id)
+    except Exception:  # never fail a release for its dashboard
+        log.warning("dpdask dashboard: could not describe the release", exc_info=True)
+        msg = None
+    if msg is not None:
+        _send(client, msg)
+        url = dashboard_url(client)
+        if url is not None:
+            log.warning("run %s: release page at %s", rel.release_id, url)
+    ident = {"event": "finished", "release": rel.release_id, "run_id": rel.run_id}
+    try:
+        yield
+    except BaseException as exc:
+        _send(client, {**ident, "state": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        raise
+    end: dict[str, Any] = {**ident, "state": "published"}
+    try:
+        end["ledger"] = _ledger_view(ledger, rel.release_id, rel.dataset)
+        end["ledger_as_of"] = "after publication"
+        end["not_converged"] = [dict(r) for r in rel.summary()["not_converged"]]
+    except Exception:
+        log.warning("dpdask dashboard: could not read the release's end", exc_info=True)
+    _send(client, end)
