@@ -70,11 +70,11 @@ def _run(argv: Sequence[str]) -> int:
         action="store_true",
         help="replace an earlier dpdask release at the output, once the new one is complete",
     )
-    parser.add_argument("--scheduler", help="scheduler address (overrides the spec's cluster)")
+    parser.add_argument("--scheduler", help="scheduler address (over the spec's cluster and env)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     spec = load_spec(args.spec, period=args.period)
-    with connect(args.scheduler or spec.cluster) as client:
+    with connect(spec.cluster, scheduler=args.scheduler) as client:
         log.warning("run %s: dashboard at %s", spec.release, client.dashboard_link)
         summary = run_spec(
             spec, client=client, run_id=args.run_id, overwrite=args.overwrite,

@@ -386,8 +386,7 @@ def test_cluster_tls_paths_resolve(tmp_path: pathlib.Path) -> None:
     [
         ({"workers": 2}, "cluster: unknown key 'workers'; allowed: ["),
         ({"address": "tcp://s:8786", "n_workers": 2}, "LocalCluster options ['n_workers']"),
-        ({"tls": {"ca_file": "ca.pem"}}, "cluster.tls: goes with cluster.address"),
-        ({"insecure": True}, "cluster.insecure: goes with cluster.address"),
+        ({"tls": {"ca_file": "ca.pem"}}, "cluster.tls: missing ['cert', 'key']"),
         ({"address": "tcp://s:8786", "insecure": "yes"}, "cluster.insecure"),
         ({"address": "tls://s", "tls": {"ca": "ca.pem"}}, "cluster.tls: unknown key 'ca'"),
         ({"address": "tls://s", "tls": "ca.pem"}, "cluster.tls: expected a mapping"),

@@ -1,27 +1,66 @@
-"""Where a pipeline runs: the embedded default (a local cluster) or a scheduler address.
+"""Where a pipeline runs: the embedded default (a local cluster), a scheduler address, or
+a SLURM allocation.
+
+Which cluster a run uses, first match wins:
+
+1. ``--scheduler ADDRESS`` on the command line (``scheduler=`` of :func:`connect`);
+2. the spec's ``cluster:``: an address (``cluster: tls://host:8786`` or
+   ``{address: ...}``), LocalCluster options (``{n_workers: 4}``), or a SLURM
+   allocation through dask-jobqueue (``{slurm: {...}}``);
+3. the ``DASK_SCHEDULER_ADDRESS`` environment variable;
+4. Dask's configuration ``scheduler-address`` (a ``dask.yaml``, or ``dask.config.set``;
+   Dask itself maps ``DASK_SCHEDULER_ADDRESS`` to this key when it is imported);
+5. the embedded default: a local cluster of two single-threaded worker processes.
+
+A spec's ``cluster: {insecure: true}`` or ``cluster: {tls: {ca_file, cert, key}}``
+without an address chooses no cluster: it gives the transport settings of whatever
+address is chosen (by the flag, the environment or the configuration).
 
 Tasks carry per-chunk stream keys (:class:`~dpdask.noise.StreamKey`): secrets, if
 only of one chunk's noise each. They must not cross a network in the clear, so a
 remote scheduler is reached over TLS (``tls://`` with a
 :class:`distributed.Security`), and plain TCP is refused unless the address is a
-loopback one (the same machine) or the spec says ``insecure: true``.
+loopback one (the same machine) or the spec says ``insecure: true``. The rule holds
+whichever source the address came from, and is checked before any connection.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import logging
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from dpdask import config
 
-__all__ = ["ClusterUnreachableError", "connect", "security_from"]
+__all__ = [
+    "ClusterChoice",
+    "ClusterUnreachableError",
+    "choose_cluster",
+    "connect",
+    "security_from",
+]
+
+log = logging.getLogger("dpdask")
 
 DEFAULT_LOCAL = {"n_workers": 2, "threads_per_worker": 1, "processes": True}
+ENV_VAR = "DASK_SCHEDULER_ADDRESS"
+CONFIG_KEY = "scheduler-address"
+
+# where a scheduler address or a cluster came from (ClusterChoice.source)
+FROM_FLAG = "--scheduler"
+FROM_SPEC = "cluster"
+FROM_ENV = ENV_VAR
+FROM_CONFIG = f"dask config {CONFIG_KEY}"
+FROM_DEFAULT = "default"
 
 _ENCRYPTED = ("tls", "wss")
 _PLAIN = ("tcp", "ws", "ucx", "inproc")
+_TRANSPORT_KEYS = ("insecure", "tls")
 _INSECURE = (
     "plain TCP to a remote scheduler would carry per-chunk keys unencrypted; use tls:// "
     "with a distributed.Security, or set cluster.insecure: true"
@@ -99,83 +138,119 @@ def security_from(tls: Any) -> Any:
     )
 
 
-def _check_transport(address: str, insecure: bool, security: Any) -> None:
+def _check_transport(address: str, insecure: bool, security: Any, source: str) -> None:
     """Refuse, before connecting, an address that would carry keys unencrypted."""
     scheme, host = _split_address(address)
+    where = "" if source == FROM_SPEC else f" (from {source})"
     if scheme in _ENCRYPTED:
         if security is None:
             raise ValueError(
-                f"{address} is a TLS address but no TLS settings were given; set cluster.tls "
-                "{ca_file, cert, key} or pass a distributed.Security"
+                f"{address}{where} is a TLS address but no TLS settings were given; set "
+                "cluster.tls {ca_file, cert, key}, pass a distributed.Security, or set Dask's "
+                "distributed.comm.tls.{ca-file, client.cert, client.key}"
             )
         return
     if scheme not in _PLAIN:
-        raise ValueError(f"unknown scheduler protocol {scheme!r} in {address!r}")
+        raise ValueError(f"unknown scheduler protocol {scheme!r} in {address!r}{where}")
     if security is not None:
         raise ValueError(
-            f"TLS settings were given but {address} is not a tls:// address; use tls://"
+            f"TLS settings were given but {address}{where} is not a tls:// address; use tls://"
         )
     if scheme != "inproc" and not insecure and not _is_loopback(host):
-        raise ValueError(f"refusing {address}: {_INSECURE}")
+        raise ValueError(f"refusing {address}{where}: {_INSECURE}")
+
+
+def _config_security() -> Any:
+    """A ``Security`` requiring encryption from Dask's configuration
+    (``distributed.comm.tls.ca-file``, ``.client.cert``, ``.client.key``; the
+    ``DASK_DISTRIBUTED__COMM__TLS__...`` variables), or ``None`` if it names no CA file
+    and client certificate."""
+    from distributed import Security
+
+    sec = Security(require_encryption=True)
+    return sec if sec.tls_ca_file and sec.tls_client_cert else None
 
 
 class ClusterUnreachableError(ConnectionError, ValueError):
-    """The scheduler named by a spec or ``--scheduler`` did not answer."""
+    """The scheduler named by a spec, ``--scheduler`` or the environment did not answer."""
 
 
-@contextmanager
-def connect(
+@dataclass(frozen=True)
+class ClusterChoice:
+    """The cluster a run will use, as :func:`choose_cluster` resolved it.
+
+    ``kind`` is ``"address"`` (an existing scheduler at ``address``), ``"local"`` (a
+    :class:`distributed.LocalCluster` with ``options``) or ``"slurm"`` (a
+    ``dask_jobqueue.SLURMCluster`` with ``options``); ``source`` says where it came
+    from (``"--scheduler"``, ``"cluster"`` for the spec, ``"DASK_SCHEDULER_ADDRESS"``,
+    ``"dask config scheduler-address"`` or ``"default"``). ``security`` is a
+    :class:`distributed.Security` or ``None``; ``insecure`` allows plain TCP to a
+    remote address.
+    """
+
+    kind: str
+    source: str
+    address: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    insecure: bool = False
+    security: Any = None
+
+    def describe(self) -> str:
+        """One line for the log: what runs the release, and from where it was chosen."""
+        if self.kind == "address":
+            return f"scheduler {self.address} (from {self.source})"
+        if self.kind == "slurm":
+            return "a SLURM allocation (dask-jobqueue, from the spec's cluster.slurm)"
+        what = "the embedded local cluster" if self.source == FROM_DEFAULT else "a local cluster"
+        return f"{what} (from {self.source})"
+
+
+def _address_from(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: a scheduler address is a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def choose_cluster(
     cluster: str | Mapping[str, Any] | None = None,
     *,
+    scheduler: str | None = None,
     insecure: bool = False,
     security: Any = None,
-) -> Iterator[Any]:
-    """A ``distributed.Client`` for the duration of a run.
+) -> ClusterChoice:
+    """Resolve which cluster a run uses, and check its transport, without connecting.
 
-    Parameters
-    ----------
-    cluster : str, mapping or None
-        A scheduler address (``"tls://host:8786"``, ``"tcp://127.0.0.1:8786"`` or a
-        bare ``"host:port"``, which is TCP); a mapping ``{address, insecure, tls}``
-        for a scheduler; a mapping of :class:`distributed.LocalCluster` options; or
-        ``None`` for the embedded default: a local cluster of two single-threaded
-        worker processes. A local cluster's workers sample their tasks for the
-        dashboard's Profile page every ``dpdask.cluster.profile-interval`` (100 ms;
-        Dask's default is 10 ms).
-    insecure : bool
-        Allow plain TCP to a remote (non-loopback) scheduler. Tasks carry per-chunk
-        keys, which then cross the network unencrypted. ``cluster["insecure"]``
-        also allows it.
-    security : distributed.Security or mapping, optional
-        TLS settings for a ``tls://`` address (a mapping ``{ca_file, cert, key}`` is
-        turned into a ``Security`` that requires encryption, see
-        :func:`security_from`); ``cluster["tls"]`` may give them instead.
+    Takes the arguments of :func:`connect`; see there (and the module docstring) for
+    the order of the sources.
 
-    Yields
-    ------
-    distributed.Client
-        Its ``dashboard_link`` shows the release's tasks (``measure-county-...``).
+    Returns
+    -------
+    ClusterChoice
 
     Raises
     ------
     ValueError
-        Before connecting, for a remote plain-TCP address without ``insecure``, or a
-        ``tls://`` address without TLS settings.
+        For a remote plain-TCP address without ``insecure``, a ``tls://`` address
+        without TLS settings, TLS settings without a ``tls://`` address, or a
+        malformed ``cluster``.
+    TypeError
+        If ``cluster`` is neither an address nor a mapping, or ``insecure`` not a bool.
     """
     import dask.config
-    from distributed import Client, LocalCluster
 
     if not isinstance(insecure, bool):
         raise TypeError(f"insecure must be a bool, got {insecure!r}")
-    address = None
+    spec_address: str | None = None
     options: dict[str, Any] = {}
+    slurm: Mapping[str, Any] | None = None
     if isinstance(cluster, str):
-        address = cluster
+        spec_address = _address_from(cluster, "cluster")
     elif cluster is not None:
         if not isinstance(cluster, Mapping):
             raise TypeError(f"cluster is an address or a mapping, got {type(cluster).__name__}")
         options = dict(cluster)
-        address = options.pop("address", None)
+        if "address" in options:
+            spec_address = _address_from(options.pop("address"), "cluster.address")
         spec_insecure = options.pop("insecure", False)
         if not isinstance(spec_insecure, bool):
             raise TypeError(f"cluster.insecure must be true or false, got {spec_insecure!r}")
@@ -185,32 +260,151 @@ def connect(
             if security is not None:
                 raise ValueError("TLS settings given twice (cluster.tls and security=)")
             security = tls
-        if address is not None and options:
+        if "slurm" in options:
+            slurm = options.pop("slurm")
+            if not isinstance(slurm, Mapping):
+                raise TypeError(
+                    f"cluster.slurm is a mapping of SLURMCluster options, got {slurm!r}"
+                )
+            if spec_address is not None or options:
+                raise ValueError(
+                    "cluster.slurm goes with cluster.insecure only, not "
+                    f"{sorted(['address'] * (spec_address is not None) + list(options))}"
+                )
+        if spec_address is not None and options:
             raise ValueError(
                 f"a scheduler address goes with insecure and tls only, not {sorted(options)}"
             )
     if security is not None:
         security = security_from(security)
-    if address is not None:
-        _check_transport(address, insecure, security)
-        kwargs = {} if security is None else {"security": security}
+
+    if scheduler is not None:
+        choice = ClusterChoice(
+            "address", FROM_FLAG, _address_from(scheduler, "--scheduler"), {}, insecure, security
+        )
+    elif spec_address is not None:
+        choice = ClusterChoice("address", FROM_SPEC, spec_address, {}, insecure, security)
+    elif slurm is not None:
+        if security is not None:
+            raise ValueError(
+                "cluster.slurm: the scheduler runs in this process and encrypts with a "
+                "temporary certificate of its own; cluster.tls does not apply"
+            )
+        return ClusterChoice("slurm", FROM_SPEC, None, dict(slurm), insecure, None)
+    elif options:
+        choice = ClusterChoice("local", FROM_SPEC, None, options, insecure, security)
+    elif os.environ.get(ENV_VAR, "").strip():
+        choice = ClusterChoice(
+            "address", FROM_ENV, os.environ[ENV_VAR].strip(), {}, insecure, security
+        )
+    elif dask.config.get(CONFIG_KEY, None):
+        address = _address_from(dask.config.get(CONFIG_KEY), f"dask config {CONFIG_KEY}")
+        choice = ClusterChoice("address", FROM_CONFIG, address, {}, insecure, security)
+    else:
+        choice = ClusterChoice("local", FROM_DEFAULT, None, {}, insecure, security)
+
+    if choice.kind == "address":
+        if choice.security is None and _split_address(choice.address)[0] in _ENCRYPTED:
+            choice = dataclasses.replace(choice, security=_config_security())
+        _check_transport(choice.address, choice.insecure, choice.security, choice.source)
+    elif choice.security is not None:
+        raise ValueError(
+            "TLS settings (cluster.tls) go with a tls:// scheduler address (cluster.address, "
+            f"--scheduler, {ENV_VAR} or dask config {CONFIG_KEY}); a local cluster's "
+            "workers run on this machine"
+        )
+    return choice
+
+
+@contextmanager
+def connect(
+    cluster: str | Mapping[str, Any] | None = None,
+    *,
+    scheduler: str | None = None,
+    insecure: bool = False,
+    security: Any = None,
+) -> Iterator[Any]:
+    """A ``distributed.Client`` for the duration of a run.
+
+    The cluster is chosen in this order, first match wins (:func:`choose_cluster`):
+
+    1. ``scheduler`` (``dpdask run --scheduler ADDRESS``) overrides the spec's cluster;
+    2. ``cluster`` (the spec's ``cluster:``), when it names an address, LocalCluster
+       options or ``slurm``;
+    3. the ``DASK_SCHEDULER_ADDRESS`` environment variable;
+    4. Dask's configuration ``scheduler-address``;
+    5. the embedded default, a local cluster of two single-threaded worker processes.
+
+    Whatever the source, a remote plain-TCP address is refused, before connecting,
+    unless ``insecure`` (or ``cluster["insecure"]``) allows it; ``cluster["insecure"]``
+    and ``cluster["tls"]`` given without an address apply to the address from the flag
+    or the environment.
+
+    Parameters
+    ----------
+    cluster : str, mapping or None
+        The spec's ``cluster``: a scheduler address (``"tls://host:8786"``,
+        ``"tcp://127.0.0.1:8786"`` or a bare ``"host:port"``, which is TCP); a mapping
+        ``{address, insecure, tls}`` for a scheduler (``insecure`` and ``tls`` may come
+        without ``address``); a mapping of :class:`distributed.LocalCluster` options;
+        ``{slurm: {...}, insecure}``, the options of a ``dask_jobqueue.SLURMCluster``
+        (``jobs``: how many SLURM jobs to submit, 1 by default unless ``n_workers``
+        is given; dask-jobqueue must be installed); or ``None``. A local cluster's
+        workers sample their tasks for the dashboard's Profile page every
+        ``dpdask.cluster.profile-interval`` (100 ms; Dask's default is 10 ms).
+    scheduler : str, optional
+        A scheduler address that overrides ``cluster`` (``--scheduler``).
+    insecure : bool
+        Allow plain TCP to a remote (non-loopback) scheduler. Tasks carry per-chunk
+        keys, which then cross the network unencrypted. ``cluster["insecure"]``
+        also allows it.
+    security : distributed.Security or mapping, optional
+        TLS settings for a ``tls://`` address (a mapping ``{ca_file, cert, key}`` is
+        turned into a ``Security`` that requires encryption, see
+        :func:`security_from`); ``cluster["tls"]`` may give them instead. Without
+        either, a ``tls://`` address takes them from Dask's configuration
+        ``distributed.comm.tls`` (``ca-file``, ``client.cert``, ``client.key``: the
+        ``DASK_DISTRIBUTED__COMM__TLS__...`` variables of the container recipes).
+
+    Yields
+    ------
+    distributed.Client
+        Its ``dashboard_link`` shows the release's tasks (``measure-county-...``).
+
+    Raises
+    ------
+    ValueError
+        Before connecting, for a remote plain-TCP address without ``insecure``, a
+        ``tls://`` address without TLS settings, or ``cluster.slurm`` without
+        dask-jobqueue installed.
+    ClusterUnreachableError
+        If the scheduler does not answer within ``dpdask.cluster.connect-timeout``.
+    """
+    import dask.config
+    from distributed import Client, LocalCluster
+
+    choice = choose_cluster(cluster, scheduler=scheduler, insecure=insecure, security=security)
+    log.info("cluster: %s", choice.describe())
+    if choice.kind == "address":
+        address = choice.address
+        kwargs = {} if choice.security is None else {"security": choice.security}
         timeout = config.get("cluster.connect-timeout")
         try:
             client = Client(address, timeout=timeout, **kwargs)
         except (OSError, TimeoutError) as exc:
+            where = "" if choice.source == FROM_SPEC else f" (from {choice.source})"
             raise ClusterUnreachableError(
-                f"cannot reach the scheduler at {address} within {timeout} "
+                f"cannot reach the scheduler at {address}{where} within {timeout} "
                 f"({type(exc).__name__}); check the address and that it is running"
             ) from None
         with client:
             yield client
         return
-    if security is not None:
-        raise ValueError(
-            "TLS settings go with a tls:// scheduler address; the local cluster's workers "
-            "run on this machine"
-        )
-    options = {**DEFAULT_LOCAL, **options}
+    if choice.kind == "slurm":
+        with _slurm(choice.options, choice.insecure) as client:
+            yield client
+        return
+    options = {**DEFAULT_LOCAL, **choice.options}
     options.setdefault("dashboard_address", ":0")
     # the workers (processes) take the configuration in force when they start
     interval = config.get("cluster.profile-interval")
@@ -220,3 +414,52 @@ def connect(
         Client(lc) as client,
     ):
         yield client
+
+
+@contextmanager
+def _slurm(options: Mapping[str, Any], insecure: bool) -> Iterator[Any]:
+    """A client of a ``dask_jobqueue.SLURMCluster``: the scheduler runs in this process,
+    its workers in SLURM jobs that connect back to it over the cluster's network.
+
+    Unless ``insecure``, that network carries TLS: a temporary self-signed certificate
+    (``Security.temporary()``) that dask-jobqueue hands to its jobs through
+    ``shared_temp_directory`` (a folder the compute nodes see; the working directory
+    by default).
+    """
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError:
+        raise ValueError(
+            "cluster.slurm needs dask-jobqueue, which is not installed "
+            "(pip install dask-jobqueue); or start `dask scheduler` and `dask worker` "
+            "with srun and give the address (deploy/slurm-dpdask.sh)"
+        ) from None
+    from distributed import Client, Security
+
+    opts = dict(options)
+    for k in ("security", "protocol"):
+        if k in opts:
+            raise ValueError(
+                f"cluster.slurm.{k}: dpdask sets it (TLS unless cluster.insecure: true)"
+            )
+    jobs = opts.pop("jobs", None)
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"cluster.slurm.jobs: expected a positive integer, got {jobs!r}")
+    if jobs is None and not opts.get("n_workers"):
+        jobs = 1
+    if not insecure:
+        try:
+            security = Security.temporary()
+        except ImportError:
+            raise ValueError(
+                "cluster.slurm: the TLS between the scheduler and its SLURM jobs uses a "
+                "temporary certificate, which needs the cryptography package (pip install "
+                "cryptography); on a network you trust, set cluster.insecure: true"
+            ) from None
+        opts["protocol"] = "tls://"
+        opts["security"] = security
+    with SLURMCluster(**opts) as cluster:
+        if jobs is not None:
+            cluster.scale(jobs=jobs)
+        with Client(cluster) as client:
+            yield client

@@ -43,9 +43,11 @@ The keys allowed in each mapping:
 ``strategy``  ``name`` and the options :func:`dpdask.strategy.select` uses for it
 ``ledger``    ``path`` and ``create`` (permission to create a missing ledger file)
 ``cluster``   ``address``, ``insecure``, ``tls`` (``ca_file``, ``cert``, ``key``) for
-              a remote scheduler, or the LocalCluster options ``n_workers``,
-              ``threads_per_worker``, ``processes``, ``memory_limit``,
-              ``dashboard_address``
+              a remote scheduler (``insecure`` or ``tls`` alone apply to the address
+              of ``--scheduler`` or ``DASK_SCHEDULER_ADDRESS``), or the LocalCluster
+              options ``n_workers``, ``threads_per_worker``, ``processes``,
+              ``memory_limit``, ``dashboard_address``, or ``slurm`` (SLURMCluster
+              options of dask-jobqueue, with ``insecure`` only)
 ============  ====================================================================
 """
 
@@ -370,17 +372,23 @@ def _cluster(raw: Any, base: pathlib.Path) -> str | dict[str, Any] | None:
             raise SpecError("cluster: expected a scheduler address, got ''")
         return raw
     c = dict(_mapping(raw, "cluster", "a scheduler address or a mapping"))
-    _check_keys(c, [*_REMOTE_KEYS, *_LOCAL_KEYS], "cluster")
+    _check_keys(c, [*_REMOTE_KEYS, "slurm", *_LOCAL_KEYS], "cluster")
     remote = [k for k in _REMOTE_KEYS if k in c]
     local = [k for k in _LOCAL_KEYS if k in c]
-    if "address" not in c and remote:
-        raise SpecError(f"cluster.{remote[0]}: goes with cluster.address (a remote scheduler)")
     if remote and local:
         raise SpecError(
-            f"cluster: address is a remote scheduler; LocalCluster options {local} do not apply"
+            f"cluster: {remote[0]} is for a scheduler address; LocalCluster options {local} "
+            "do not apply"
         )
-    if "address" in c:
-        if not isinstance(c["address"], str) or not c["address"]:
+    if "slurm" in c:  # SLURMCluster options (dask-jobqueue), passed through
+        if local or "address" in c or "tls" in c:
+            raise SpecError("cluster.slurm: goes with cluster.insecure only")
+        slurm = _mapping(c["slurm"], "cluster.slurm", "a mapping of SLURMCluster options")
+        if not all(isinstance(k, str) for k in slurm):
+            raise SpecError(f"cluster.slurm: option names are strings, got {list(slurm)!r}")
+        c["slurm"] = dict(slurm)
+    if remote:  # insecure and tls without an address apply to --scheduler's or the env's
+        if "address" in c and (not isinstance(c["address"], str) or not c["address"]):
             raise SpecError(f"cluster.address: expected a scheduler address, got {c['address']!r}")
         if "insecure" in c:
             _bool(c["insecure"], "cluster.insecure")
@@ -389,6 +397,8 @@ def _cluster(raw: Any, base: pathlib.Path) -> str | dict[str, Any] | None:
                 raise SpecError("cluster.tls: not with insecure: true")
             tls = _mapping(c["tls"], "cluster.tls", "a mapping with ca_file, cert and key")
             _check_keys(tls, _TLS_KEYS, "cluster.tls")
+            if missing := [k for k in _TLS_KEYS if k not in tls]:
+                raise SpecError(f"cluster.tls: missing {missing}")
             c["tls"] = {k: str(_path(v, base, f"cluster.tls.{k}")) for k, v in tls.items()}
         return c
     for k in ("n_workers", "threads_per_worker"):
