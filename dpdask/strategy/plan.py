@@ -144,6 +144,11 @@ class Plan:
         s = noise_scale(self.mechanism, 1.0, self.privacy)
         return 2.0 * s * s if self.mechanism == "laplace" else s * s
 
+    def __getstate__(self) -> dict:
+        # the error analysis is a cache (tens of MiB on the CPH domain): recomputed where
+        # needed, never shipped to the scheduler inside every task that carries the plan
+        return {**self.__dict__, "_analysis_cache": None}
+
     # -- error analytics ---------------------------------------------------
     @property
     def analysis(self) -> ErrorAnalysis:
