@@ -328,6 +328,35 @@ def _audit(argv: Sequence[str]) -> int:
     return 1 if result.flagged else 0
 
 
+def _report(argv: Sequence[str]) -> int:
+    from dpdask.report import default_output, write_report
+
+    parser = argparse.ArgumentParser(
+        prog="dpdask report",
+        description="Write a release's report: one self-contained HTML page (plan, budget "
+        "and ledger, predicted error per table and level, realised error against a truth, "
+        "plots), viewable offline.",
+    )
+    parser.add_argument("release", help="the published release (OUT.zarr)")
+    parser.add_argument(
+        "--out", metavar="FILE.html", help="the page to write (default: OUT.report.html beside it)"
+    )
+    parser.add_argument(
+        "--truth",
+        metavar="STORE",
+        help="a dpdask data store of the true counts per finest geography (same domain and "
+        "levels): adds the realised errors",
+    )
+    parser.add_argument("--ledger", help="the ledger file, if it moved since the release")
+    args = parser.parse_args(argv)
+    out = write_report(
+        args.release, args.out or default_output(args.release), truth=args.truth,
+        ledger=args.ledger,
+    )  # fmt: skip
+    print(f"wrote {out}")
+    return 0
+
+
 def _ledger_table(report: dict) -> str:
     def show(b: dict) -> str:
         return ", ".join(f"{k}={v}" for k, v in b.items() if k != "type")
@@ -397,6 +426,10 @@ COMMANDS = {
         _export,
         "write a level of a release as a table: dpdask export OUT.zarr --level LEVEL "
         "--format parquet|csv [--out FILE] [--query LABEL ...] [--geography ID ...]",
+    ),
+    "report": (
+        _report,
+        "write a release's HTML report: dpdask report OUT.zarr [--out FILE.html] [--truth STORE]",
     ),
     "validate": (_validate, "check a spec and its data, spending nothing: dpdask validate SPEC"),
     "audit": (_audit, "bound a release's epsilon from below: dpdask audit SPEC --trials N"),

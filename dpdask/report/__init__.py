@@ -1,0 +1,155 @@
+"""A release's report: one self-contained HTML page (``dpdask report OUT.zarr``).
+
+The page shows
+
+* a summary: the release, its run, dataset, dates and the dpdask versions;
+* the plan: workload, strategy, levels, the budget split over them and their noise;
+* the budget and ledger: spent and left as the release recorded them and, when the
+  ledger file is reachable, as it says now, whether its hash chain verifies and
+  whether it still holds the head the release recorded;
+* the predicted error of every table (workload part, and P.L. 94-171 table P1-P4 for
+  the PL94 workload) at every level, from the variances the release publishes, with
+  whiskers from the table's smallest to largest query standard deviation;
+* with a truth, the realised error: the published answers against the true answers
+  of every table at every level, beside the predicted error;
+* the chunks whose reconstruction did not converge.
+
+Plots are drawn with matplotlib (Agg) and embedded as ``data:`` PNG URIs; styles are
+inline; the numbers are embedded too, as JSON (``<script type="application/json"
+id="dpdask-report-data">``). The page loads nothing from anywhere: it can be mailed
+or opened offline.
+
+The truth is a dpdask data store (:func:`dpdask.dataflow.write_store`) of the true
+counts of every finest geography unit, on the release's domain, whose geography has
+the release's levels (same level names and unit ids): its counts are summed up to each
+level (:func:`dpdask.dataflow.aggregate`) and the workload's true answers computed
+from them. The workload is rebuilt from the release's attributes for ``pl94``; for
+another one pass ``workload=`` (else only the histogram cells are compared)::
+
+    from dpdask.dataflow import read_pl94, write_store
+    counts, domain, geography = read_pl94("examples/data/pl94_providence")
+    write_store("truth.zarr", counts, domain, geography)
+    write_report("out/pl94-providence.zarr", truth="truth.zarr")
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+__all__ = ["default_output", "report_data", "write_report"]
+
+
+def report_data(
+    release: str | os.PathLike,
+    *,
+    truth: Any = None,
+    ledger: str | os.PathLike | None = None,
+    workload: Any = None,
+) -> dict[str, Any]:
+    """The numbers a report shows, as plain data (what the page embeds as JSON).
+
+    Parameters
+    ----------
+    release : str or path-like
+        A published release.
+    truth : str, path-like or dpdask.dataflow.DataStore, optional
+        A data store of the true counts (module notes).
+    ledger : str or path-like, optional
+        The ledger file, if it moved from where the release records it.
+    workload : LinearQuery or mapping of level to LinearQuery, optional
+        The workload, for realised errors when the release's workload is not ``pl94``.
+
+    Returns
+    -------
+    dict
+        ``summary``, ``plan`` (levels with budget share, noise scale, predicted RMSE),
+        ``ledger``, ``levels``, ``tables`` (one row per level and table: ``rmse``,
+        ``sd_min``, ``sd_max``, ``moe90``), ``realised`` (None without a truth; else
+        ``truth`` and per level ``tables`` with ``predicted_rmse``, ``realised_rmse``,
+        ``max_abs_error``, ``within_moe90``, and ``cells_rmse``), ``not_converged``
+        and ``notes``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the release (or the truth) is not there.
+    ValueError
+        If ``release`` is not a dpdask release, or the truth does not match it.
+    """
+    from dpdask.report._data import collect
+
+    return collect(release, truth=truth, ledger=ledger, workload=workload)
+
+
+def default_output(release: str | os.PathLike) -> pathlib.Path:
+    """Where a report goes by default: beside the release, ``OUT.zarr`` -> ``OUT.report.html``.
+
+    Parameters
+    ----------
+    release : str or path-like
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    path = pathlib.Path(release)
+    stem = path.name.removesuffix("/").removesuffix(".zarr") or "release"
+    return path.with_name(f"{stem}.report.html")
+
+
+def write_report(
+    release_path: str | os.PathLike,
+    out_html: str | os.PathLike | None = None,
+    *,
+    truth: Any = None,
+    ledger: str | os.PathLike | None = None,
+    workload: Any = None,
+) -> pathlib.Path:
+    """Write a release's report: one self-contained HTML page (module notes).
+
+    Parameters
+    ----------
+    release_path : str or path-like
+        A published release.
+    out_html : str or path-like, optional
+        The page to write (default :func:`default_output`: ``OUT.report.html`` beside
+        ``OUT.zarr``); written under a temporary name and renamed when complete.
+    truth : str, path-like or dpdask.dataflow.DataStore, optional
+        A data store of the true counts: adds the realised errors.
+    ledger : str or path-like, optional
+        The ledger file, if it moved from where the release records it.
+    workload : LinearQuery or mapping of level to LinearQuery, optional
+        The workload, for realised errors when the release's workload is not ``pl94``.
+
+    Returns
+    -------
+    pathlib.Path
+        The page written.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the release (or the truth) is not there.
+    ValueError
+        If ``release_path`` is not a dpdask release, or the truth does not match it.
+
+    Examples
+    --------
+    >>> write_report("out/pl94-providence.zarr")  # doctest: +SKIP
+    PosixPath('out/pl94-providence.report.html')
+    """
+    from dpdask.report._html import render
+
+    data = report_data(release_path, truth=truth, ledger=ledger, workload=workload)
+    target = pathlib.Path(out_html) if out_html is not None else default_output(release_path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:
+        tmp.write_text(render(data), encoding="utf-8")
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return target

@@ -1,0 +1,182 @@
+"""``dpdask report``: the release's self-contained HTML page and the numbers it shows."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+from dpdask.cli import main
+from dpdask.dataflow import read_pl94, write_store
+from dpdask.dataflow._labels import pl94_tables
+from dpdask.report import default_output, report_data, write_report
+from dpdask.workloads import pl94
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA = ROOT / "examples" / "data" / "pl94_providence"
+LEVELS = ["state", "county", "tract", "block_group", "block"]
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> dict[str, pathlib.Path]:
+    """A published PL94 release of Providence County, its ledger and a truth store."""
+    tmp = tmp_path_factory.mktemp("report")
+    raw = yaml.safe_load((ROOT / "pipelines" / "pl94-providence.yaml").read_text())
+    raw["data"]["path"] = str(DATA)
+    raw["output"] = str(tmp / "out" / "pl94.zarr")
+    raw["ledger"] = {"path": str(tmp / "out" / "ledger.sqlite"), "create": True}
+    raw["cluster"] = {"n_workers": 1, "threads_per_worker": 2, "processes": False}
+    spec = tmp / "spec.yaml"
+    spec.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["run", str(spec), "--no-progress", "-q"]) == 0
+    counts, domain, geography = read_pl94(DATA)
+    write_store(tmp / "truth.zarr", counts, domain, geography, source="test truth")
+    return {"out": tmp / "out" / "pl94.zarr", "truth": tmp / "truth.zarr", "tmp": tmp}
+
+
+def _embedded(html: str) -> dict:
+    m = re.search(r'<script type="application/json" id="dpdask-report-data">(.*?)</script>',
+                  html, re.S)  # fmt: skip
+    assert m is not None
+    return json.loads(m.group(1).replace("<\\/", "</"))
+
+
+def _assert_self_contained(html: str) -> None:
+    assert "<link" not in html.lower()
+    assert not re.search(r"<script[^>]*\bsrc\s*=", html, re.I)
+    assert not re.search(r"url\(", html)  # no stylesheet fetches
+    srcs = re.findall(r'\bsrc\s*=\s*"([^"]*)"', html)
+    hrefs = re.findall(r'\bhref\s*=\s*"([^"]*)"', html)
+    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert all(h.startswith("#") for h in hrefs)
+    assert not re.search(r'(src|href)\s*=\s*["\']?\s*(https?:)?//', html, re.I)
+
+
+def test_report_without_truth(release) -> None:
+    path = write_report(release["out"])
+    assert path == default_output(release["out"]) == release["out"].with_name("pl94.report.html")
+    html = path.read_text()
+    _assert_self_contained(html)
+    for lv in LEVELS:
+        assert f"<td>{lv}</td>" in html
+    for table in ("P1", "P2", "P3", "P4", "race-single", "identity"):
+        assert f"<td>{table}" in html
+    for section in ("summary", "plan", "budget", "predicted", "realised", "convergence"):
+        assert f'<section id="{section}">' in html
+    assert "No truth given" in html and "Every chunk converged." in html
+    data = _embedded(html)
+    assert data["realised"] is None and data["levels"] == LEVELS
+    led = data["ledger"]
+    assert led["reachable"] and led["verifies"] and led["same_ledger"] and led["head_in_chain"]
+    assert led["release"]["spent"] == {"type": "zCDP", "rho": "1"}
+    shares = [lv["budget_share"] for lv in data["plan"]["levels"]]
+    np.testing.assert_allclose(shares, [1 / 6] * 4 + [1 / 3])
+    # predicted RMSE per table: the published variances, averaged over units and queries
+    import zarr
+
+    g = zarr.open_group(str(release["out"]), mode="r")
+    for row in data["tables"]:
+        lab = "query" if row["kind"] == "part" else "table_query"
+        var = "variance" if row["kind"] == "part" else "table_variance"
+        labels = np.array(g[f"{row['level']}/{lab}"][:].tolist())
+        pick = np.array([s.rsplit("_", 1)[0] == row["table"] for s in labels])
+        v = np.asarray(g[f"{row['level']}/{var}"][:])[:, pick]
+        assert row["queries"] == pick.sum()
+        np.testing.assert_allclose(row["rmse"], np.sqrt(v.mean()), rtol=1e-12)
+        np.testing.assert_allclose(row["sd_max"], np.sqrt(v.mean(axis=0)).max(), rtol=1e-12)
+
+
+def test_realised_error_matches_a_dense_computation(release) -> None:
+    out = release["tmp"] / "with-truth.html"
+    assert write_report(release["out"], out, truth=release["truth"]) == out
+    html = out.read_text()
+    _assert_self_contained(html)
+    assert html.count("data:image/png;base64,") == 3  # budget, predicted, realised
+    data = _embedded(html)
+    realised = {lv["level"]: lv for lv in data["realised"]["levels"]}
+    assert list(realised) == LEVELS
+
+    import dpdask
+
+    counts, domain, geography = read_pl94(DATA)
+    W = pl94(domain).dense()
+    t_labels, _, Q = pl94_tables(domain)
+    Q = Q.dense()
+    tree = dpdask.open_release(release["out"])
+    flat = counts.reshape(counts.shape[0], -1).astype(float)
+    for lv in LEVELS:
+        ds = tree[lv].dataset
+        anc = geography.ancestor_index(lv)
+        ids = list(geography.ids[geography.level_index(lv)])
+        truth = np.zeros((len(ids), flat.shape[1]))
+        np.add.at(truth, anc, flat)
+        order = [ids.index(u) for u in np.asarray(ds["ids"].values).tolist()]
+        truth = truth[order]
+        rows = {r["table"]: r for r in realised[lv]["tables"]}
+        for answers, true, labels in (
+            (ds["answers"].values, truth @ W.T, np.asarray(ds["query"].values).tolist()),
+            (ds["table_answers"].values, truth @ Q.T, t_labels),
+        ):
+            tables = np.array([s.rsplit("_", 1)[0] for s in labels])
+            for t in dict.fromkeys(tables.tolist()):
+                err = answers[:, tables == t] - true[:, tables == t]
+                np.testing.assert_allclose(
+                    rows[t]["realised_rmse"], np.sqrt((err**2).mean()), rtol=1e-10
+                )
+                np.testing.assert_allclose(rows[t]["max_abs_error"], np.abs(err).max(), rtol=1e-10)
+        est = ds["estimate"].values.reshape(len(ids), -1)
+        np.testing.assert_allclose(
+            realised[lv]["cells_rmse"], np.sqrt(((est - truth) ** 2).mean()), rtol=1e-10
+        )
+        # the shown figures are in the page too
+        assert f"{rows['P1']['realised_rmse']:.4g}" in html
+    # errors as predicted: about 90% of the block answers within their 90% margin
+    inside = [r["within_moe90"] for r in realised["block"]["tables"] if r["queries"] > 50]
+    assert all(0.85 < x < 0.95 for x in inside)
+
+
+def test_cli_report(release, capsys) -> None:
+    html = release["tmp"] / "cli" / "report.html"
+    argv = ["report", str(release["out"]), "--out", str(html), "--truth", str(release["truth"])]
+    assert main(argv) == 0
+    assert str(html) in capsys.readouterr().out
+    assert _embedded(html.read_text())["realised"] is not None
+    assert main(["report", str(release["truth"])]) == 2  # a data store is not a release
+    assert "not a dpdask release" in capsys.readouterr().err
+    assert main(["report", str(release["tmp"] / "missing.zarr")]) == 2
+
+
+def test_unreachable_ledger_and_mismatched_truth(release, tmp_path) -> None:
+    data = report_data(release["out"], ledger=tmp_path / "gone.sqlite")
+    assert not data["ledger"]["reachable"] and "no ledger at" in data["ledger"]["error"]
+    html = write_report(release["out"], tmp_path / "r.html", ledger=tmp_path / "gone.sqlite")
+    assert "no ledger at" in html.read_text()
+    assert data["ledger"]["recorded"]["head"]  # what the release recorded is still shown
+    from dpdask.domain import Domain, Geography
+
+    geo = Geography.from_geoids(["11", "12"], {"s": 1, "c": 2})
+    write_store(tmp_path / "small.zarr", np.ones((2, 2), dtype=np.int64), Domain(a=2), geo)
+    with pytest.raises(ValueError, match="domain"):
+        report_data(release["out"], truth=tmp_path / "small.zarr")
+
+
+def test_page_renders_in_chromium(release, tmp_path) -> None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium")
+    page = write_report(release["out"], tmp_path / "r.html", truth=release["truth"])
+    png = tmp_path / "r.png"
+    subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
+         "--window-size=1200,1600", page.resolve().as_uri()],
+        capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    if not png.exists():
+        pytest.skip("chromium could not take a screenshot here")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
