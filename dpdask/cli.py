@@ -84,6 +84,34 @@ def _run(argv: Sequence[str]) -> int:
     return 0
 
 
+def _faults(argv: Sequence[str]) -> int:
+    from dpdask.testing.fault_injection import format_summary, run_trials
+
+    parser = _spec_parser(
+        "faults",
+        "Kill workers and the client at random points of a release, resume it, and check "
+        "that it publishes bit for bit what an uninterrupted run publishes, charged once "
+        "per measurement. Every trial has its own output and ledger; the spec's are never "
+        "touched.",
+    )
+    parser.add_argument("--trials", type=int, default=20, help="how many trials (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the faults (default 0)")
+    parser.add_argument(
+        "--reconstruct",
+        help="another estimator for the trials (admm-l1, slower, widens the kill window)",
+    )
+    parser.add_argument(
+        "--workdir", help="keep the trials' folders here (default: a temporary folder)"
+    )
+    args = parser.parse_args(argv)
+    summary = run_trials(
+        args.spec, trials=args.trials, seed=args.seed, workdir=args.workdir,
+        reconstruct=args.reconstruct, period=args.period,
+    )  # fmt: skip
+    _print(summary, args.json, format_summary)
+    return 1 if summary["failures"] else 0
+
+
 def _export(argv: Sequence[str]) -> int:
     import pathlib
 
@@ -433,6 +461,7 @@ COMMANDS = {
     ),
     "validate": (_validate, "check a spec and its data, spending nothing: dpdask validate SPEC"),
     "audit": (_audit, "bound a release's epsilon from below: dpdask audit SPEC --trials N"),
+    "faults": (_faults, "kill workers and the client mid-release, then check: dpdask faults SPEC"),
     "plan": (
         lambda a: _plan(a),
         "plan a release before touching data: dpdask plan SPEC [--json] "
