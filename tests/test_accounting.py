@@ -301,3 +301,47 @@ def test_plan_and_run_draw_the_same_noise(tiny, tmp_path, capsys) -> None:
     ledger = _ledger(tmp_path)
     assert {c.level: c.noise_scale for c in ledger.charges("tiny")} == planned
     assert ledger.contains(Head.parse(attrs["ledger"]["head"]))
+
+
+def test_a_stop_between_publication_and_clean_up_is_finished_later(tiny, tmp_path, capsys):
+    # stopped after the release was renamed into place (and its key removed), before the
+    # ledger recorded the publication: the resume records it and cleans up
+    with (
+        mock.patch.object(Ledger, "publish", side_effect=KeyboardInterrupt),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        _run(tiny, "--run-id", "P")
+    work = tmp_path / "out" / ".tiny.zarr.run-P"
+    assert (tmp_path / "out" / "tiny.zarr").is_dir() and not (work / "key").exists()
+    assert _run(tiny, "--run-id", "P") == 0
+    assert _ledger(tmp_path).run("tiny", "P").state == "published"
+    assert not work.exists()
+    # stopped after the ledger recorded it, before the work folder went: a rerun of the
+    # run id is refused, and clears what was left
+    from dpdask.dataflow import release as release_module
+
+    second = _write_spec(tmp_path, "two.yaml", release="two", output=str(tmp_path / "two.zarr"))
+    with (
+        mock.patch.object(release_module, "remove_work", side_effect=KeyboardInterrupt),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        _run(second, "--run-id", "Q")
+    left = tmp_path / ".two.zarr.run-Q"
+    assert left.exists() and not (left / "key").exists()
+    capsys.readouterr()
+    assert _run(second, "--run-id", "Q") == 2
+    assert "published" in capsys.readouterr().err
+    assert not left.exists()
+
+
+def test_a_key_file_is_complete_or_absent(tmp_path) -> None:
+    from dpdask.noise import KeyFile
+
+    path = tmp_path / "key"
+    with mock.patch("os.write", side_effect=OSError("disk full")), pytest.raises(OSError):
+        KeyFile.create(path)
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    KeyFile.create(path)
+    assert len(path.read_bytes()) == 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(FileExistsError):
+        KeyFile.create(path)

@@ -23,13 +23,23 @@ from __future__ import annotations
 import datetime
 import pathlib
 import secrets
+import shutil
 
 import numpy as np
 import zarr
 
 from dpdask.dataflow.levels import LevelChunks, partial_sum_block
+from dpdask.noise import KeyFile
 
-__all__ = ["FLAT_KEYS", "float_array", "marker", "new_run_id", "work_dir", "write_region"]
+__all__ = [
+    "FLAT_KEYS",
+    "float_array",
+    "marker",
+    "new_run_id",
+    "remove_work",
+    "work_dir",
+    "write_region",
+]
 
 # chunk files named c.<i>.0.0... side by side: with one row per chunk, the default
 # nested folders (c/<i>/0/0/...) cost a mkdir and an rmdir per level per row
@@ -39,6 +49,12 @@ FLAT_KEYS = {"name": "default", "separator": "."}
 def work_dir(path: pathlib.Path, run_id: str) -> pathlib.Path:
     """The work folder of run ``run_id`` of the release published at ``path``."""
     return path.with_name(f".{path.name}.run-{run_id}")
+
+
+def remove_work(work: pathlib.Path) -> None:
+    """Remove a run's work folder, overwriting its key file first."""
+    KeyFile(work / "key").delete()
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def new_run_id() -> str:

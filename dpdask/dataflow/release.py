@@ -73,11 +73,11 @@ from dask.base import tokenize
 
 from dpdask import __version__
 from dpdask.dataflow._aggregate import aggregate_rows, level_key
+from dpdask.dataflow._blas import TASK_BLAS_THREADS
 from dpdask.dataflow._blocks import (
     ESTIMATORS,
     FIT_AFTER_CONSISTENCY,
     NONNEGATIVE,
-    blas_threads_per_task,
     estimate_block,
     measure_block,
     reconstruct_block,
@@ -90,6 +90,7 @@ from dpdask.dataflow._workdir import (
     float_array,
     marker,
     new_run_id,
+    remove_work,
     work_dir,
     write_region,
 )
@@ -259,7 +260,7 @@ class Release:
         ):
             # published, but stopped before the ledger recorded it: record it now
             self.ledger.publish(self.release_id, self.run_id, str(path))  # type: ignore[union-attr]
-            _remove_work(work)
+            remove_work(work)
             return path
         guard = [
             ("input data", self.store.path),
@@ -275,9 +276,11 @@ class Release:
         final = self._finish(work, raw, client, progress)
         check_output(path, overwrite, guard)  # nothing else appeared meanwhile
         move_into_place(final, path, overwrite)
+        # the key goes first: a stop from here on leaves a published run without its key
+        KeyFile(work / "key").delete()
         if self.ledger is not None and self.noise:
             self.ledger.publish(self.release_id, self.run_id, str(path))
-        _remove_work(work)
+        remove_work(work)
         return path
 
     def _ledger_run(self) -> Run | None:
@@ -470,10 +473,10 @@ class Release:
         )  # fmt: skip
 
     def _blas_threads(self, client: Any) -> int:
-        """BLAS threads per task: the cores shared among the tasks that run at once."""
-        if client is not None:
-            return blas_threads_per_task(sum(client.nthreads().values()))
-        return 1  # the local threaded scheduler runs a task per core
+        """BLAS threads per task: always :data:`~dpdask.dataflow._blas.TASK_BLAS_THREADS`
+        (one), so that the release does not depend on the cluster it runs on (BLAS
+        results depend on the thread count; see :mod:`dpdask.dataflow._blas`)."""
+        return TASK_BLAS_THREADS
 
     def _finish(
         self, work: pathlib.Path, raw: Sequence[zarr.Array], client: Any, progress: bool
@@ -600,12 +603,6 @@ class Release:
                 "remaining": self.ledger.remaining(self.release_id).to_dict(),
             }
         return info
-
-
-def _remove_work(work: pathlib.Path) -> None:
-    """Remove a run's work folder, overwriting its key file first."""
-    KeyFile(work / "key").delete()
-    shutil.rmtree(work, ignore_errors=True)
 
 
 def _compute(items: list, client: Any, progress: bool) -> list:

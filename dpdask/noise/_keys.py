@@ -422,14 +422,23 @@ class KeyFile:
         if key.test_only:
             raise ValueError("refusing to persist a test-only key")
         kf = cls(path)
+        if kf.path.exists() or kf.path.is_symlink():
+            raise FileExistsError(f"{kf.path} exists; a key file is never overwritten")
+        # written whole under a temporary name, then linked into place: a crash leaves
+        # either no key file or a complete one, never an empty one
+        tmp = kf.path.with_name(f".{kf.path.name}.{os.getpid()}-{secrets.token_hex(4)}")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(kf.path, flags, 0o600)
+        fd = os.open(tmp, flags, 0o600)
         try:
-            os.fchmod(fd, 0o600)  # in case the umask was unusual
-            os.write(fd, bytes(key))
-            os.fsync(fd)
+            try:
+                os.fchmod(fd, 0o600)  # in case the umask was unusual
+                os.write(fd, bytes(key))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(tmp, kf.path)  # fails if the key file appeared meanwhile
         finally:
-            os.close(fd)
+            os.unlink(tmp)
         return kf
 
     def load(self) -> SecretKey:

@@ -25,7 +25,7 @@ from dpdask.dataflow._source import (
     fingerprint_path,
     private_dir,
 )
-from dpdask.dataflow._workdir import new_run_id, work_dir
+from dpdask.dataflow._workdir import new_run_id, remove_work, work_dir
 from dpdask.domain import Domain, Geography
 from dpdask.linalg import LinearQuery
 from dpdask.noise import KeyFile
@@ -242,6 +242,13 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
         and previous.get("release") == spec.release
         and previous.get("run_id") == run_id
     )
+    if run is not None and run.state not in ("open", "measuring"):
+        if work.exists():  # a stop between publication and clean-up left it behind
+            remove_work(work)
+        raise RunStateError(
+            f"run {run_id!r} of release {spec.release!r} is {run.state}; a new run id is a "
+            "new run, drawing new noise and charged again"
+        )
     if not (run is not None and run.state == "measuring" and done_here):
         check_output(output, overwrite, protected)
     if previous is not None and overwrite and ledger is not None and not done_here:
@@ -252,13 +259,8 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
                     f"the release at {output} was charged under ledger head {head}, which "
                     f"{spec.ledger} no longer holds: the ledger was rewritten"
                 )
-    if run is not None and run.state not in ("open", "measuring"):
-        raise RunStateError(
-            f"run {run_id!r} of release {spec.release!r} is {run.state}; a new run id is a "
-            "new run, drawing new noise and charged again"
-        )
     resuming = run is not None
-    if run is not None and run.state != "published":
+    if run is not None and not done_here:
         _check_run_key(run, work)
     if ledger is not None:
         _check_budgets(spec, ledger, dataset, resuming)
