@@ -41,17 +41,46 @@ the ledger file, pass the :class:`~dpdask.privacy.Charge` that
 :func:`charge_level` returned as ``ledger``; ``measure`` then checks that it
 matches the plan and identity.
 
-Integer noise rule. When ``integer_noise`` is ``None`` (the default), integer
-data measured with a strategy whose entries are all integers (checked from the
-operator's structure, not the data) gets integer noise of the same scale:
-``laplace`` becomes ``discrete_laplace`` (the same ``D1 / b``-DP guarantee), and
-``gaussian`` becomes ``discrete_gaussian`` when the plan's budget admits the
-discrete Gaussian too (always for zCDP, which gives the same rho; for
-(epsilon, delta) budgets when the CKS zCDP conversion fits). Otherwise the
-plan's mechanism is used as is. ``integer_noise=False`` keeps float noise;
-``integer_noise=True`` demands integer noise and raises if the rule cannot give
-it. Plans whose mechanism is already discrete need integer data and an integer
-strategy (a non-integer ``A x`` under integer noise would not be private).
+Integer noise and the lattice. No release path adds floating-point noise
+(Mironov 2012: ``x + Lap(b)`` in doubles has outputs impossible under a
+neighbour). A plan's ``laplace`` / ``gaussian`` mechanism is realised as the exact
+``discrete_laplace`` / ``discrete_gaussian`` (:mod:`dpdask.noise._table`), and:
+
+* integer data with a strategy of integer entries (decided from the operator's
+  structure, :func:`has_integer_entries`) is measured exactly: ``A x`` is an
+  integer vector and the integer noise of the plan's scale is added (int64 result);
+* float data, or a strategy with non-integer entries, is measured *on a lattice*
+  of step ``h = 2**-k`` (:func:`lattice`): the computed answers ``f(x)`` are
+  rounded to integers ``round(f(x) / h)``, integer noise of scale ``s / h`` is
+  added, and the result times ``h`` is published (float64 grid points, exact).
+
+Sensitivity on the lattice. Let ``x, x'`` be neighbours (one cell differs by 1)
+and ``A_j`` the column of that cell. If every computed answer is within ``h / 2``
+of the exact one, row ``i``'s grid answer moves by at most ``|A_ij| / h + 2``
+(the exact answer moves by ``|A_ij|``; each of the two roundings and each of the
+two evaluation errors moves it by less than half a step). So the grid answers have
+L1 sensitivity at most ``D1 / h + 2 m`` and L2 sensitivity at most
+``D2 / h + 2 sqrt(m)`` (triangle inequality with the vector of the ``+2`` terms),
+``m`` the number of rows; in the data's units ``D' = D + c h`` with ``c = 2 m``
+(L1) or ``2 sqrt(m)`` (L2). ``k`` is the least with ``c h <= D / 1024`` (at most
+0.1% more noise), unless that would put the noise scale ``s / h`` above ``2**29``,
+where ``k`` is capped (and the inflation is larger, still accounted). The noise
+scale becomes ``s' = s D' / D`` (rounded up), so ``D' / s' <= D / s``: the
+measurement's guarantee is at most the plan's, and :func:`check_calibration`
+confirms ``(D', s')`` against the plan's privacy for the discrete mechanism (for an
+(epsilon, delta) budget, where the discrete Gaussian is accounted through zCDP
+(CKS), ``s'`` is raised further until it fits). The ledger is charged the plan's
+privacy, which therefore bounds the measurement's loss. The ``+2`` per row
+assumes each computed answer ``f(x) = A.apply(x)`` is within ``h / 2`` of the exact
+``A x``: that is the one floating-point assumption left, about the query, not the
+noise. It holds with a wide margin in practice (double precision, ``h`` about
+``1e-6`` relative to the sensitivity), but the worst-case componentwise bound
+``gamma_N (|A| |x|)_i`` does not guarantee it for national totals; it is stated,
+not checked.
+
+``integer_noise`` is kept for compatibility: ``None`` and ``True`` give the rule
+above; ``False`` (floating-point noise) needs ``unsafe_float=True``, which restores
+the old float mechanism for benchmarks and is never set by a release.
 """
 
 from __future__ import annotations
@@ -59,6 +88,8 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Protocol
 
 import numpy as np
@@ -82,13 +113,16 @@ from dpdask.linalg import (
 )
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey
 from dpdask.noise._keys import as_secret_key
-from dpdask.privacy import Budget, Charge, Ledger, check_calibration
+from dpdask.noise._table import MAX_TABLE_SCALE
+from dpdask.privacy import ApproxDP, Budget, Charge, Ledger, check_calibration
 from dpdask.privacy._mechanisms import MECHANISM_NORM
 
 __all__ = [
+    "Lattice",
     "MeasurePlan",
     "charge_level",
     "has_integer_entries",
+    "lattice",
     "measure",
     "measurement_noise",
     "noise_mechanism",
@@ -98,6 +132,8 @@ __all__ = [
 
 _DISCRETE = {"laplace": "discrete_laplace", "gaussian": "discrete_gaussian"}
 _MAX_EXACT = 2.0**53
+_LATTICE_SLACK = 1024  # target: the lattice adds at most D / 1024 to the sensitivity
+_MAX_GRID_SCALE = 2**29  # largest noise scale on the grid
 
 
 class MeasurePlan(Protocol):
@@ -366,8 +402,14 @@ def _check_data(
     return x, single
 
 
-def noise_mechanism(plan: MeasurePlan, dtype: Any, integer_noise: bool | None = None) -> str:
-    """The sampler :func:`measure` uses for data of ``dtype`` (the integer noise rule).
+def noise_mechanism(
+    plan: MeasurePlan,
+    dtype: Any,
+    integer_noise: bool | None = None,
+    *,
+    unsafe_float: bool = False,
+) -> str:
+    """The sampler :func:`measure` uses for data of ``dtype`` (module notes).
 
     Parameters
     ----------
@@ -376,16 +418,28 @@ def noise_mechanism(plan: MeasurePlan, dtype: Any, integer_noise: bool | None = 
     dtype : numpy dtype
         The data's dtype (metadata only; no data is read).
     integer_noise : bool or None
-        ``None`` applies the default rule (see the module notes), ``True`` demands
-        integer noise, ``False`` keeps the plan's float mechanism.
+        ``None`` or ``True``: integer noise (exact, or on a lattice, :func:`lattice`);
+        ``False``: the plan's floating-point mechanism, only with ``unsafe_float``.
+    unsafe_float : bool
+        Allow floating-point noise (benchmarks): then the old rule applies, integer
+        noise where the data and strategy are integral, the plan's float mechanism
+        otherwise.
 
     Raises
     ------
     TypeError
         If a discrete mechanism meets float data.
     ValueError
-        If integer noise is demanded or planned but the strategy is not integral.
+        If integer noise is demanded or planned but the strategy is not integral, or
+        float noise is asked for without ``unsafe_float``.
     """
+    if not unsafe_float:
+        if integer_noise is False:
+            raise ValueError(
+                "floating-point noise is not private as floating point; it needs "
+                "unsafe_float=True (benchmarks only)"
+            )
+        return lattice(plan, dtype).mechanism
     A, mech, scale, privacy, _ = _check_plan(plan)
     integer_data = np.issubdtype(np.dtype(dtype), np.integer)
     if mech.startswith("discrete"):
@@ -414,6 +468,98 @@ def noise_mechanism(plan: MeasurePlan, dtype: Any, integer_noise: bool | None = 
     if integer_noise:
         raise ValueError(f"cannot use integer noise: {reason}")
     return mech
+
+
+@dataclass(frozen=True)
+class Lattice:
+    """How :func:`measure` realises a plan's noise for data of one dtype (module notes).
+
+    Attributes
+    ----------
+    mechanism : str
+        ``"discrete_laplace"`` or ``"discrete_gaussian"``.
+    exact : bool
+        Integer data and integer strategy: answers exact, no grid (``k = 0``).
+    k : int
+        The grid step is ``2**-k``.
+    sensitivity : float
+        The sensitivity the noise is calibrated to (``D'``, data units).
+    noise_scale : float
+        The noise scale in data units (``s' >= s D' / D``).
+    grid_scale : Fraction
+        ``noise_scale * 2**k``: the integer sampler's exact parameter.
+    """
+
+    mechanism: str
+    exact: bool
+    k: int
+    sensitivity: float
+    noise_scale: float
+    grid_scale: Fraction
+
+
+def _up(value: Fraction) -> float:
+    """The least double at or above ``value``."""
+    f = float(value)
+    return f if Fraction(f) >= value else math.nextafter(f, math.inf)
+
+
+def _fits(mech: str, sens: float, scale: float, privacy: Budget) -> bool:
+    try:
+        check_calibration(mech, sens, scale, privacy)
+    except ValueError:
+        return False
+    return True
+
+
+def lattice(plan: MeasurePlan, dtype: Any) -> Lattice:
+    """The lattice measurement of ``plan`` for data of ``dtype`` (module notes).
+
+    Decided from the plan and the dtype only (no data is read).
+
+    Raises
+    ------
+    TypeError, ValueError
+        If a discrete plan meets float data or a non-integer strategy, or no noise
+        scale within the sampler's range fits the plan's privacy.
+    """
+    A, mech, scale, privacy, _ = _check_plan(plan)
+    integer_data = np.issubdtype(np.dtype(dtype), np.integer)
+    integral = integer_data and has_integer_entries(A)
+    if mech.startswith("discrete") and not integral:
+        if not integer_data:
+            raise TypeError(f"{mech} noise needs integer counts, got dtype {np.dtype(dtype)}")
+        raise ValueError(f"{mech} noise needs a strategy with integer entries")
+    disc = _DISCRETE.get(mech, mech)
+    p = MECHANISM_NORM[mech]
+    sens = _sensitivity(A, p)
+    if integral:
+        k, sens_eff = 0, sens
+    else:
+        m = A.shape[0]
+        c = 2.0 * m if p == 1 else 2.0 * math.sqrt(m)
+        k = max(0, math.ceil(math.log2(c * _LATTICE_SLACK / sens)))
+        k = min(k, math.floor(math.log2(_MAX_GRID_SCALE / scale)))
+        sens_eff = _up(Fraction(sens) + Fraction(math.ceil(c * 2**20), 2**20) / 2**k)
+    s_eff = _up(Fraction(scale) * Fraction(sens_eff) / Fraction(sens))
+    if not _fits(disc, sens_eff, s_eff, privacy):
+        if not isinstance(privacy, ApproxDP):  # same ratio D'/s': cannot happen but rounding
+            s_eff = math.nextafter(s_eff, math.inf)
+        lo, hi = s_eff, s_eff
+        while not _fits(disc, sens_eff, hi, privacy):
+            lo, hi = hi, 2 * hi
+            if hi > 2**60:
+                raise ValueError(f"no {disc} noise scale fits the plan's privacy {privacy!r}")
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if mid in (lo, hi):
+                break
+            lo, hi = (lo, mid) if _fits(disc, sens_eff, mid, privacy) else (mid, hi)
+        s_eff = hi
+    grid = Fraction(s_eff) * 2**k
+    if grid > MAX_TABLE_SCALE:
+        raise ValueError(f"noise scale {s_eff:g} is too large for the lattice sampler")
+    return Lattice(disc, integral, k, sens_eff, s_eff, grid)
 
 
 def _check_receipt(receipt: Charge, expected: Charge, test_mode: bool = False) -> None:
@@ -495,6 +641,7 @@ def measure(
     dims: Sequence[str] | None = None,
     integer_noise: bool | None = None,
     test_mode: bool = False,
+    unsafe_float: bool = False,
 ) -> np.ndarray:
     """Noisy answers ``A x + noise`` for one chunk of geographies.
 
@@ -525,12 +672,16 @@ def measure(
     test_mode : bool
         Allow test-only keys (:meth:`SecretKey.for_testing`) and measuring
         without a ledger. Production code never sets it.
+    unsafe_float : bool
+        Allow floating-point noise (``integer_noise=False``, or the old rule where
+        the answers are not integers). Benchmarks only; no release sets it.
 
     Returns
     -------
     numpy.ndarray
-        Shape ``(g, m)`` (or ``(m,)`` for one geography); int64 with integer noise,
-        float64 otherwise.
+        Shape ``(g, m)`` (or ``(m,)`` for one geography): int64 for exact integer
+        answers, float64 multiples of ``2**-k`` on the lattice (:func:`lattice`),
+        float64 with unsafe float noise.
 
     Raises
     ------
@@ -542,8 +693,9 @@ def measure(
         If the charge does not fit (before the data is read).
     """
     return _measure(
-        plan, x, key, identity, ledger, run_id, dims, integer_noise, test_mode, answers=True
-    )
+        plan, x, key, identity, ledger, run_id, dims, integer_noise, test_mode, unsafe_float,
+        answers=True,
+    )  # fmt: skip
 
 
 def measurement_noise(
@@ -557,6 +709,7 @@ def measurement_noise(
     dims: Sequence[str] | None = None,
     integer_noise: bool | None = None,
     test_mode: bool = False,
+    unsafe_float: bool = False,
 ) -> np.ndarray:
     """The noise :func:`measure` adds to this chunk's answers, without computing them.
 
@@ -565,6 +718,9 @@ def measurement_noise(
     ``A x + measurement_noise(...)`` is bit for bit what :func:`measure` returns.
     For estimators that need only ``A^+ z`` (least squares with a strategy of full
     column rank: ``A^+ (A x + z) = x + A^+ z``), which saves the ``A x`` product.
+    Only for exact integer measurements (:attr:`Lattice.exact`) or unsafe float
+    noise: on a lattice the published answers are rounded, so ``A x + z`` is not
+    the measurement, and this raises ``ValueError``.
 
     Returns
     -------
@@ -572,8 +728,9 @@ def measurement_noise(
         Shape ``(g, m)`` (or ``(m,)`` for one geography).
     """
     return _measure(
-        plan, x, key, identity, ledger, run_id, dims, integer_noise, test_mode, answers=False
-    )
+        plan, x, key, identity, ledger, run_id, dims, integer_noise, test_mode, unsafe_float,
+        answers=False,
+    )  # fmt: skip
 
 
 def _measure(
@@ -586,12 +743,15 @@ def _measure(
     dims: Sequence[str] | None,
     integer_noise: bool | None,
     test_mode: bool,
+    unsafe_float: bool,
     *,
     answers: bool,
 ) -> np.ndarray:
     # 1. plan, key, identity (no data touched)
     if not isinstance(test_mode, bool):
         raise TypeError("test_mode must be a bool")
+    if not isinstance(unsafe_float, bool):
+        raise TypeError("unsafe_float must be a bool")
     secret = key if isinstance(key, StreamKey) else as_secret_key(key)
     if secret.test_only and not test_mode:
         raise ValueError("refusing a test-only key outside test mode")
@@ -622,25 +782,51 @@ def _measure(
         raise TypeError(f"ledger must be a Ledger or a Charge, got {type(ledger).__name__}")
     # 4. the data
     data, single = _check_data(x, A, plan.domain, dims)
-    mech = noise_mechanism(plan, data.dtype, integer_noise)
-    discrete = mech.startswith("discrete")
-    if discrete:
-        totals = data.reshape(data.shape[0], -1).sum(axis=1, dtype=np.float64)
-        if totals.size and float(totals.max()) * max(_sensitivity(A, 1), 1.0) >= _MAX_EXACT:
-            raise ValueError("counts too large for exact integer answers (above 2**53)")
+    spec: Lattice | None = None
+    if unsafe_float:
+        mech = noise_mechanism(plan, data.dtype, integer_noise, unsafe_float=True)
+        discrete = mech.startswith("discrete")
+        scale: Any = charge.noise_scale
+    else:
+        spec = lattice(plan, data.dtype) if integer_noise is not False else None
+        if spec is None:
+            noise_mechanism(plan, data.dtype, integer_noise)  # raises
+            raise AssertionError("unreachable")  # pragma: no cover
+        mech, discrete, scale = spec.mechanism, spec.exact, spec.grid_scale
+        if not answers and not spec.exact:
+            raise ValueError(
+                "on the lattice (float data or a non-integer strategy) the measurement is the "
+                "rounded answers plus noise; the noise alone is not a post-processing of it"
+            )
+    totals = data.reshape(data.shape[0], -1).sum(axis=1, dtype=np.float64)
+    top = float(totals.max()) if totals.size else 0.0
+    if discrete and top * max(_sensitivity(A, 1), 1.0) >= _MAX_EXACT:
+        raise ValueError("counts too large for exact integer answers (above 2**53)")
+    if spec is not None and not spec.exact:
+        if top * _sensitivity(A, 1) * 2.0**spec.k >= 2.0**52:
+            raise ValueError("counts too large for the lattice (grid answers above 2**52)")
     # 5. charge, durably, before any noise
     if isinstance(ledger, Ledger):
         ledger.charge(charge)
     # 6. answers and noise
     rng = KeyedRNG(secret, stream)
     if not answers:
-        noise = rng.sample(mech, charge.noise_scale, (data.shape[0], A.shape[0]))
+        noise = rng.sample(mech, scale, (data.shape[0], A.shape[0]), unsafe_float=unsafe_float)
         return noise[0] if single else noise
     exact = np.asarray(A.apply(data), dtype=np.float64)
+    if spec is not None and not spec.exact:
+        grid = np.rint(np.ldexp(exact, spec.k))
+        if np.abs(grid).max(initial=0) >= 2.0**52:  # pragma: no cover - checked above
+            raise ValueError("grid answers above 2**52")
+        noisy = grid.astype(np.int64) + rng.sample(mech, scale, grid.shape)
+        if np.abs(noisy).max(initial=0) >= 2**53:
+            raise ValueError("noisy grid answers above 2**53")  # pragma: no cover
+        out = np.ldexp(noisy.astype(np.float64), -spec.k)
+        return out[0] if single else out
     if discrete:
         rounded = np.rint(exact)
         if not (np.array_equal(rounded, exact) and np.abs(rounded).max(initial=0) < _MAX_EXACT):
             raise ValueError("the answers are not exact integers; refusing integer noise")
         exact = rounded.astype(np.int64)
-    noisy = exact + rng.sample(mech, charge.noise_scale, exact.shape)
+    noisy = exact + rng.sample(mech, scale, exact.shape, unsafe_float=unsafe_float)
     return noisy[0] if single else noisy

@@ -23,7 +23,7 @@ from dask._task_spec import DataNode, Task
 from dpdask.dataflow._blocks import estimate_block, measure_block
 from dpdask.dataflow.level_plan import LevelPlan
 from dpdask.dataflow.release import release
-from dpdask.measure import noise_mechanism, stream_identity, stream_key
+from dpdask.measure import lattice, noise_mechanism, stream_identity, stream_key
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey, new_key
 
 from .test_release import make_plan, store  # noqa: F401  (the fixture)
@@ -129,20 +129,22 @@ def test_each_chunk_draws_its_own_stream_bit_for_bit(store, tmp_path, monkeypatc
         A = L.plan.strategy  # what the level measures (may differ from the plan's)
         y = _measure_layer(est, x, A.shape[0])
         got, counts = dask.compute(y, x, scheduler="sync")
-        mech = noise_mechanism(L.plan, counts.dtype)
+        spec = lattice(L.plan, counts.dtype)
+        assert spec.mechanism == noise_mechanism(L.plan, counts.dtype)
+        h = 2.0**-spec.k
         start = 0
         for k, g in enumerate(L.chunks):
             block = counts[start : start + g]
             ident = stream_identity(MeasurementId("rel", L.name, k, "strategy"), "one")
-            noise = KeyedRNG(master, ident).sample(mech, L.plan.noise_scale, (g, A.shape[0]))
+            rng = KeyedRNG(master, ident)
+            noise = rng.sample(spec.mechanism, spec.grid_scale, (g, A.shape[0]))
             exact = np.asarray(A.apply(block), dtype=np.float64)
-            if mech.startswith("discrete"):
-                exact = np.rint(exact).astype(np.int64)
-            # bit for bit: the same answers plus the master key's stream of chunk k
-            np.testing.assert_array_equal(got[start : start + g], exact + noise)
-            # and the answers are A x (dense oracle)
+            grid = np.rint(exact / h).astype(np.int64)
+            # bit for bit: the answers on the grid plus the master key's stream of chunk k
+            np.testing.assert_array_equal(got[start : start + g], (grid + noise) * h)
+            # and the answers are A x (dense oracle), to within half a grid step
             dense = block.reshape(g, -1) @ A.dense().T
-            np.testing.assert_allclose(got[start : start + g] - noise, dense, rtol=1e-12)
+            np.testing.assert_allclose(got[start : start + g] - noise * h, dense, atol=h)
             start += g
 
 
@@ -159,7 +161,8 @@ def test_a_chunk_key_refuses_another_chunks_stream(store, tmp_path):  # noqa: F8
     ident = [stream_identity(MeasurementId("rel", L.name, k, "strategy"), "one") for k in (0, 1)]
     assert sk0.is_for(ident[0]) and not sk0.is_for(ident[1])
     np.testing.assert_array_equal(
-        KeyedRNG(sk0, ident[0]).gaussian(1.0, 5), KeyedRNG(master, ident[0]).gaussian(1.0, 5)
+        KeyedRNG(sk0, ident[0]).discrete_gaussian(1.0, 5),
+        KeyedRNG(master, ident[0]).discrete_gaussian(1.0, 5),
     )
     with pytest.raises(ValueError, match="another identity"):
         KeyedRNG(sk0, ident[1])

@@ -29,6 +29,7 @@ from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Ones, Prefix, VSta
 from dpdask.measure import (
     charge_level,
     has_integer_entries,
+    lattice,
     measure,
     measurement_noise,
     noise_mechanism,
@@ -77,9 +78,10 @@ def data(rng) -> np.ndarray:
     return rng.integers(0, 50, size=(4, *DOMAIN.shape))
 
 
-def _expected_noise(key, run_id, ident, mechanism, scale, shape):
+def _expected_noise(key, run_id, ident, mechanism, scale, shape, unsafe_float=False):
     """The documented derivation: KeyedRNG(key, {"run": run_id, "measurement": identity})."""
-    return KeyedRNG(key, {"run": run_id, "measurement": ident}).sample(mechanism, scale, shape)
+    rng = KeyedRNG(key, {"run": run_id, "measurement": ident})
+    return rng.sample(mechanism, scale, shape, unsafe_float=unsafe_float)
 
 
 def _file_digest(path: Path) -> str:
@@ -91,9 +93,9 @@ def _file_digest(path: Path) -> str:
     "mechanism, dtype, used",
     [
         ("gaussian", np.int64, "discrete_gaussian"),
-        ("gaussian", np.float64, "gaussian"),
+        ("gaussian", np.float64, "discrete_gaussian"),
         ("laplace", np.int32, "discrete_laplace"),
-        ("laplace", np.float32, "laplace"),
+        ("laplace", np.float32, "discrete_laplace"),
         ("discrete_gaussian", np.uint16, "discrete_gaussian"),
         ("discrete_laplace", np.int64, "discrete_laplace"),
     ],
@@ -104,9 +106,17 @@ def test_answers_are_dense_oracle_plus_keyed_noise(ledger, data, mechanism, dtyp
     x = data.astype(dtype)
     y = measure(plan, x, key, ident, ledger, run_id="run1")
     exact = x.reshape(4, -1).astype(float) @ STRATEGY.dense().T
-    noise = _expected_noise(key, "run1", ident, used, plan.noise_scale, exact.shape)
-    assert y.dtype == (np.int64 if used.startswith("discrete") else np.float64)
-    np.testing.assert_allclose(y, exact + noise, rtol=0, atol=1e-9)
+    spec = lattice(plan, dtype)
+    noise = _expected_noise(key, "run1", ident, used, spec.grid_scale, exact.shape)
+    if np.issubdtype(dtype, np.integer):  # exact integer answers, the plan's scale
+        assert spec.exact and spec.k == 0 and spec.noise_scale == plan.noise_scale
+        assert y.dtype == np.int64
+        np.testing.assert_array_equal(y, exact.astype(np.int64) + noise)
+    else:  # float data: rounded to the grid 2**-k, integer noise of scale s' 2**k
+        assert not spec.exact and spec.k > 0 and spec.noise_scale >= plan.noise_scale
+        assert y.dtype == np.float64
+        grid = np.rint(np.ldexp(exact, spec.k)).astype(np.int64)
+        np.testing.assert_array_equal(y, np.ldexp((grid + noise).astype(float), -spec.k))
     assert noise_mechanism(plan, dtype) == used
 
 
@@ -115,13 +125,27 @@ def test_noise_alone_is_the_noise_measure_adds(ledger, data, mechanism):
     """``A x + measurement_noise`` is bit for bit ``measure`` (same checks, same stream)."""
     plan = make_plan(mechanism)
     key, ident = new_key(), MeasurementId("r", "county", 1, "A")
-    x = data.astype(np.float64)
+    x = data.astype(np.int64)
     y = measure(plan, x, key, ident, ledger, run_id="run1")
     z = measurement_noise(plan, x, key, ident, ledger, run_id="run1")
-    exact = np.asarray(STRATEGY.apply(x), dtype=np.float64)
+    exact = np.asarray(STRATEGY.apply(x), dtype=np.float64).astype(np.int64)
     np.testing.assert_array_equal(exact + z, y)
-    expected = _expected_noise(key, "run1", ident, mechanism, plan.noise_scale, exact.shape)
+    used = "discrete_" + mechanism
+    expected = _expected_noise(key, "run1", ident, used, plan.noise_scale, exact.shape)
     np.testing.assert_array_equal(z, expected)
+    # float data: the noise alone is no post-processing of the lattice measurement
+    with pytest.raises(ValueError, match="lattice"):
+        measurement_noise(plan, data.astype(float), key, ident, ledger, run_id="run1")
+    # unsafe float noise (benchmarks): A x + z is bit for bit measure
+    xf = data.astype(np.float64)
+    kw = {"integer_noise": False, "unsafe_float": True}
+    yf = measure(plan, xf, key, ident, ledger, run_id="run1", **kw)
+    zf = measurement_noise(plan, xf, key, ident, ledger, run_id="run1", **kw)
+    np.testing.assert_array_equal(np.asarray(STRATEGY.apply(xf), dtype=np.float64) + zf, yf)
+    expected = _expected_noise(
+        key, "run1", ident, mechanism, plan.noise_scale, exact.shape, unsafe_float=True
+    )
+    np.testing.assert_array_equal(zf, expected)
     assert len(ledger) == 1  # one charge for the level, whichever entry point drew
 
 
@@ -138,19 +162,32 @@ def test_single_geography_and_reordered_axes(ledger, data):
 
 def test_integer_noise_rule():
     half = Plan(0.5 * Kron([Identity(2), Identity(3)]), "gaussian", 4.0, zCDP(1), DOMAIN)
-    assert noise_mechanism(half, np.int64) == "gaussian"  # non-integer strategy
+    spec = lattice(half, np.int64)  # non-integer strategy: the lattice
+    assert noise_mechanism(half, np.int64) == "discrete_gaussian" and not spec.exact
+    assert noise_mechanism(half, np.int64, integer_noise=True) == "discrete_gaussian"
+    # unsafe float noise (benchmarks only) keeps the old rule
+    assert noise_mechanism(half, np.int64, unsafe_float=True) == "gaussian"
     with pytest.raises(ValueError, match="non-integer"):
-        noise_mechanism(half, np.int64, integer_noise=True)
+        noise_mechanism(half, np.int64, integer_noise=True, unsafe_float=True)
     plan = make_plan("gaussian")
-    assert noise_mechanism(plan, np.int64, integer_noise=False) == "gaussian"
+    with pytest.raises(ValueError, match="unsafe_float"):
+        noise_mechanism(plan, np.int64, integer_noise=False)
+    assert noise_mechanism(plan, np.int64, integer_noise=False, unsafe_float=True) == "gaussian"
     with pytest.raises(TypeError, match="integer counts"):
         noise_mechanism(make_plan("discrete_gaussian"), np.float64)
-    # (eps, delta) budgets switch only when the discrete Gaussian's CKS bound fits
+    # (eps, delta) budgets: where the discrete Gaussian's CKS bound does not fit at the
+    # plan's sigma, the exact sampler's sigma is raised until it does (never float noise)
     approx = ApproxDP(1, "1e-6")
     tight = replace(plan, privacy=approx, noise_scale=approx.gaussian_sigma(2.0))
     loose = replace(plan, privacy=approx, noise_scale=3 * approx.gaussian_sigma(2.0))
-    assert noise_mechanism(tight, np.int64) == "gaussian"
-    assert noise_mechanism(loose, np.int64) == "discrete_gaussian"
+    t, lo = lattice(tight, np.int64), lattice(loose, np.int64)
+    assert t.mechanism == lo.mechanism == "discrete_gaussian" and t.exact and lo.exact
+    assert t.noise_scale > tight.noise_scale and lo.noise_scale == loose.noise_scale
+    from dpdask.privacy import check_calibration
+
+    check_calibration("discrete_gaussian", t.sensitivity, t.noise_scale, approx)
+    with pytest.raises(ValueError):
+        check_calibration("discrete_gaussian", 2.0, tight.noise_scale, approx)
 
 
 @settings(max_examples=60, deadline=None)
@@ -288,7 +325,7 @@ def _bad_cases(data: np.ndarray) -> list[tuple[str, dict[str, Any]]]:
             "integral floats for discrete noise",
             {"x": data.astype(float), "plan": make_plan("discrete_laplace")},
         ),
-        ("forced integer noise on floats", {"x": data.astype(float), "integer_noise": True}),
+        ("float noise without unsafe_float", {"integer_noise": False}),
         ("wrong shape", {"x": data[:, :, :2]}),
         ("wrong cell count", {"x": data.reshape(4, -1)[:, :5]}),
         ("too many axes", {"x": data[None]}),

@@ -1,5 +1,11 @@
 """``dpdask bench noise``: throughput of the keyed noise samplers against numpy's normal.
 
+Rows: the exact production samplers (``table``: :mod:`dpdask.noise._table`, the
+discrete Gaussian at sigma 1, 10, 100 and 1e4 and the discrete Laplace at 10 and
+1e4), CKS's Bernoulli-factory samplers (``cks``: :mod:`dpdask.noise._exact`, the
+reference, on ``--n / 4`` values), and the unsafe floating-point samplers
+(``unsafe_float=True``) for comparison.
+
 Every sampler draws ``--n`` values from a fresh :class:`~dpdask.noise.KeyedRNG`
 ``--repeats`` times (one core; numpy's generators are single-threaded); the
 median wall time gives samples per second, and the median CPU time of this
@@ -20,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from dpdask.bench._common import median_time
-from dpdask.noise import KeyedRNG, MeasurementId, new_key
+from dpdask.noise import KeyedRNG, MeasurementId, _exact, new_key
 
 __all__ = ["add_arguments", "run"]
 
@@ -56,22 +62,53 @@ def run(args: argparse.Namespace) -> dict:
     key = new_key()
     ident = MeasurementId("bench", "county", 0, "noise")
     factor = np.tril(np.ones((8, 8)))
-    cases: list[tuple[str, float, Callable[[KeyedRNG], Any]]] = [
-        ("laplace", 10.0, lambda r: r.laplace(10.0, n)),
-        ("gaussian", 10.0, lambda r: r.gaussian(10.0, n)),
-        ("discrete_laplace", 10.0, lambda r: r.discrete_laplace(10.0, n)),
-        ("discrete_gaussian", 0.5, lambda r: r.discrete_gaussian(0.5, n)),
-        ("discrete_gaussian", 10.0, lambda r: r.discrete_gaussian(10.0, n)),
-        ("discrete_gaussian", 1000.0, lambda r: r.discrete_gaussian(1000.0, n)),
-        ("correlated_gaussian (8x8 factor)", 1.0, lambda r: r.correlated_gaussian(factor, n // 8)),
+    n_cks = max(1, n // 4)
+    cases: list[tuple[str, str, float, int, Callable[[KeyedRNG], Any]]] = [
+        ("laplace", "unsafe float", 10.0, n, lambda r: r.laplace(10.0, n, unsafe_float=True)),
+        ("gaussian", "unsafe float", 10.0, n, lambda r: r.gaussian(10.0, n, unsafe_float=True)),
+        ("discrete_laplace", "table", 10.0, n, lambda r: r.discrete_laplace(10.0, n)),
+        ("discrete_laplace", "table", 1e4, n, lambda r: r.discrete_laplace(1e4, n)),
     ]
+    for sigma in (1.0, 10.0, 100.0, 1e4):
+        cases.append(
+            ("discrete_gaussian", "table", sigma, n, lambda r, s=sigma: r.discrete_gaussian(s, n))
+        )
+    cases += [
+        (
+            "discrete_laplace",
+            "cks",
+            10.0,
+            n_cks,
+            lambda r: _exact.discrete_laplace_cks(r._gen, 10, n_cks),
+        ),
+    ]
+    for sigma in (1, 10, 100, 10_000):
+        cases.append(
+            (
+                "discrete_gaussian",
+                "cks",
+                float(sigma),
+                n_cks,
+                lambda r, s=sigma: _exact.discrete_gaussian_cks(r._gen, s * s, n_cks),
+            )
+        )
+    cases.append(
+        (
+            "correlated_gaussian (8x8 factor)",
+            "unsafe float",
+            1.0,
+            n,
+            lambda r: r.correlated_gaussian(factor, n // 8, unsafe_float=True),
+        )
+    )
     rows = []
-    for name, scale, draw in cases:
+    for name, method, scale, count, draw in cases:
         rng = KeyedRNG(key, ident)
-        rate, med, cpu_rate = _rate(lambda rng=rng, draw=draw: draw(rng), n, repeats)
+        rate, med, cpu_rate = _rate(lambda rng=rng, draw=draw: draw(rng), count, repeats)
         rows.append(
             {
                 "sampler": name,
+                "method": method,
                 "scale": scale,
                 "samples_per_s": rate,
                 "median_s": med,

@@ -79,7 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _noise(seed: int, identity: tuple, scale: float, shape: Any) -> np.ndarray:
-    return KeyedRNG.for_testing(seed, ("bench", "reconstruct", *identity)).laplace(scale, shape)
+    return KeyedRNG.for_testing(seed, ("bench", "reconstruct", *identity)).laplace(
+        scale, shape, unsafe_float=True
+    )
 
 
 def _admm_tree(args: argparse.Namespace) -> dict[str, Any]:
@@ -174,7 +176,7 @@ def _nnls_kron_case(
     """NNLS (Gaussian noise) and the Kronecker pseudo-inverse LS of one geography."""
     w = 1.0 / sigma**2  # tol in noise units
     noise = KeyedRNG.for_testing(args.seed, ("bench", "reconstruct", "kron", i))
-    y = A @ x + noise.gaussian(sigma, A.shape[0])
+    y = A @ x + noise.gaussian(sigma, A.shape[0], unsafe_float=True)
     t_nnls, _, est = median_time(lambda: nnls(A, y, weights=w, tol=args.nnls_tol), repeats)
     t_ls, _, x_ls = median_time(lambda: pinv @ y, repeats)
     return {

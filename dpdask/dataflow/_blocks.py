@@ -31,10 +31,10 @@ import pathlib
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
+from dpdask.dataflow._blas import task_blas
 from dpdask.linalg import LinearQuery
-from dpdask.measure import measure, measurement_noise
+from dpdask.measure import lattice, measure, measurement_noise
 from dpdask.noise import StreamKey
 from dpdask.reconstruct import admm, least_squares
 from dpdask.reconstruct.nnls import nonnegative_fitter
@@ -120,7 +120,7 @@ def measure_block(
     tune_allocator()
     chunk = _chunk_index(block_info)
     key = _stream_key(key)
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
+    with task_blas():
         if not noise:
             if not test_mode:
                 raise ValueError("noise can only be switched off in test mode")
@@ -166,10 +166,17 @@ def estimate_block(
     their least-squares post-processing, exactly as on the general path, so the
     privacy guarantee is the measurement's. ``key`` is the chunk's
     :class:`~dpdask.noise.StreamKey`, as for :func:`measure_block`.
+
+    Only exact integer measurements fuse this way (integer counts and a strategy of
+    integer entries, :func:`~dpdask.measure.lattice`). On the lattice (float data or
+    a non-integer strategy) the measurement is ``y = h round(A x / h) + h Z``, and
+    ``x + A^+ h Z`` is not a function of ``y`` (it would leak the rounding residue,
+    the floating-point attack in another form); there the task forms ``y`` with
+    :func:`~dpdask.measure.measure` and returns ``A^+ y``, still one task.
     """
     tune_allocator()
     key = _stream_key(key)
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
+    with task_blas():
         if not noise:
             if not test_mode:
                 raise ValueError("noise can only be switched off in test mode")
@@ -177,6 +184,12 @@ def estimate_block(
         if key is None:
             raise ValueError("a noisy measurement needs its chunk's stream key")
         identity = (release, level, _chunk_index(block_info), "strategy")
+        if not lattice(plan, x.dtype).exact:
+            # on the lattice the measurement is round(A x / h) h + noise: form it and
+            # publish its least-squares post-processing A^+ y (never x + A^+ z)
+            y = measure(plan, x, key, identity, ledger=receipt, run_id=run_id, test_mode=test_mode)
+            y = np.asarray(y, dtype=np.float64).reshape(x.shape[0], -1)
+            return np.asarray(pinv.apply(y), dtype=np.float64).reshape(x.shape)
         z = measurement_noise(
             plan, x, key, identity, ledger=receipt, run_id=run_id, test_mode=test_mode
         )
@@ -216,7 +229,7 @@ def reconstruct_block(
     (``<level>-<chunk>.json``) and in the published attributes; its estimate is still
     the solver's last iterate.
     """
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
+    with task_blas():
         if method in ("ls", "wls") and pinv is not None:
             return np.asarray(pinv.apply(y)).reshape((y.shape[0], *cell_shape))
         if method in ("ls", "wls"):
@@ -252,7 +265,7 @@ def nonnegative_block(
     out = np.empty_like(X)
     failed = []
     fit = nonnegative_fitter(M, weights)
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
+    with task_blas():
         for r, row in enumerate(X):
             est = fit(row)
             out[r] = est.x
@@ -275,7 +288,7 @@ def answer_block(
 ) -> np.ndarray:
     """Workload answers ``(g, q)`` for one chunk of estimates."""
     tune_allocator()
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
+    with task_blas():
         return np.asarray(workload.apply(x), dtype=np.float64)
 
 

@@ -187,8 +187,8 @@ class StreamKey:
     >>> from dpdask.noise import KeyedRNG
     >>> key = SecretKey.for_testing(3)
     >>> sk = key.stream_key("chunk-0")
-    >>> a = KeyedRNG(sk, "chunk-0").gaussian(1.0, 3)
-    >>> bool((a == KeyedRNG(key, "chunk-0").gaussian(1.0, 3)).all())
+    >>> a = KeyedRNG(sk, "chunk-0").discrete_gaussian(1.0, 3)
+    >>> bool((a == KeyedRNG(key, "chunk-0").discrete_gaussian(1.0, 3)).all())
     True
     >>> KeyedRNG(sk, "chunk-1")
     Traceback (most recent call last):

@@ -45,7 +45,7 @@ class KeyedRNG:
     Examples
     --------
     >>> rng = KeyedRNG.for_testing(7, identity=("r", "county", 0, "A"))
-    >>> a = rng.discrete_gaussian(3.0, 4)
+    >>> a = rng.discrete_gaussian(3.0, 4)  # exact
     >>> b = KeyedRNG.for_testing(7, identity=("r", "county", 0, "A")).discrete_gaussian(3.0, 4)
     >>> bool((a == b).all())
     True
@@ -82,31 +82,48 @@ class KeyedRNG:
         )
 
     # -- samplers ------------------------------------------------------
-    def laplace(self, scale: float, shape: int | Sequence[int]) -> np.ndarray:
-        """Laplace noise of scale ``b`` (float64)."""
-        return _samplers.laplace(self._gen, scale, shape)
+    def laplace(
+        self, scale: float, shape: int | Sequence[int], *, unsafe_float: bool = False
+    ) -> np.ndarray:
+        """Laplace noise of scale ``b`` (float64); needs ``unsafe_float=True``."""
+        return _samplers.laplace(self._gen, scale, shape, unsafe_float=unsafe_float)
 
-    def gaussian(self, sigma: float, shape: int | Sequence[int]) -> np.ndarray:
-        """Gaussian noise ``N(0, sigma**2)`` (float64)."""
-        return _samplers.gaussian(self._gen, sigma, shape)
+    def gaussian(
+        self, sigma: float, shape: int | Sequence[int], *, unsafe_float: bool = False
+    ) -> np.ndarray:
+        """Gaussian noise ``N(0, sigma**2)`` (float64); needs ``unsafe_float=True``."""
+        return _samplers.gaussian(self._gen, sigma, shape, unsafe_float=unsafe_float)
 
-    def discrete_laplace(self, scale: float, shape: int | Sequence[int]) -> np.ndarray:
-        """Discrete Laplace noise, ``P(y) ∝ exp(-|y| / scale)`` (int64)."""
+    def discrete_laplace(self, scale: Any, shape: int | Sequence[int]) -> np.ndarray:
+        """Exact discrete Laplace noise, ``P(y) ∝ exp(-|y| / scale)`` (int64)."""
         return _samplers.discrete_laplace(self._gen, scale, shape)
 
-    def discrete_gaussian(self, sigma: float, shape: int | Sequence[int]) -> np.ndarray:
-        """Discrete Gaussian noise, ``P(y) ∝ exp(-y**2 / (2 sigma**2))`` (int64)."""
+    def discrete_gaussian(self, sigma: Any, shape: int | Sequence[int]) -> np.ndarray:
+        """Exact discrete Gaussian noise, ``P(y) ∝ exp(-y**2 / (2 sigma**2))`` (int64)."""
         return _samplers.discrete_gaussian(self._gen, sigma, shape)
 
-    def correlated_gaussian(self, factor: Any, shape: int | Sequence[int]) -> np.ndarray:
-        """``N(0, F F^T)`` noise for an ``m x k`` factor ``F``; result shape ``(*shape, m)``."""
-        return _samplers.correlated_gaussian(self._gen, factor, shape)
+    def correlated_gaussian(
+        self, factor: Any, shape: int | Sequence[int], *, unsafe_float: bool = False
+    ) -> np.ndarray:
+        """``N(0, F F^T)`` noise for an ``m x k`` factor ``F``; result shape ``(*shape, m)``;
+        needs ``unsafe_float=True``."""
+        return _samplers.correlated_gaussian(self._gen, factor, shape, unsafe_float=unsafe_float)
 
-    def sample(self, mechanism: str, scale: float, shape: int | Sequence[int]) -> np.ndarray:
-        """Dispatch by mechanism name (``laplace``, ``gaussian``, ``discrete_...``)."""
+    def sample(
+        self,
+        mechanism: str,
+        scale: Any,
+        shape: int | Sequence[int],
+        *,
+        unsafe_float: bool = False,
+    ) -> np.ndarray:
+        """Dispatch by mechanism name (``discrete_laplace``, ``discrete_gaussian``; the
+        floating-point ``laplace`` and ``gaussian`` only with ``unsafe_float=True``)."""
         if mechanism not in MECHANISMS:
             raise ValueError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
-        return getattr(self, mechanism)(scale, shape)
+        if mechanism.startswith("discrete"):
+            return getattr(self, mechanism)(scale, shape)
+        return getattr(self, mechanism)(scale, shape, unsafe_float=unsafe_float)
 
 
 MECHANISMS = ("laplace", "gaussian", "discrete_laplace", "discrete_gaussian")

@@ -18,6 +18,21 @@ mechanism                     norm       guarantee of one measurement
 :func:`check_calibration` accepts a measurement only if that guarantee fits
 within the budget the plan charges for it, checking in exact rational
 arithmetic where the comparison is algebraic.
+
+Samplers and budget types. Every release measurement draws exact integer noise
+(:mod:`dpdask.noise._table`: inversion tables decided by integer comparisons,
+with exact resolution of undecided draws, so the total variation distance from
+the discrete law is zero): ``discrete_laplace`` for PureDP plans,
+``discrete_gaussian`` for zCDP and ApproxDP plans, on a grid of step ``2**-k``
+when the data is float or the strategy non-integral
+(:func:`dpdask.measure.lattice`). The guarantees in the table therefore hold as
+stated for the discrete rows, with no added delta, for all three budget types. An
+ApproxDP plan calibrated for the continuous Gaussian (Balle and Wang) gets a
+discrete Gaussian whose sigma is raised until its zCDP conversion fits. The
+``laplace`` and ``gaussian`` rows describe the plan's nominal mechanism (and the
+unsafe floating-point samplers, used only with ``unsafe_float=True`` outside
+releases); the charge is the plan's budget, which bounds the discrete
+measurement's loss.
 """
 
 from __future__ import annotations
