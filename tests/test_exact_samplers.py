@@ -162,3 +162,14 @@ def test_keyed_streams_reproduce_and_accept_rationals():
     assert a.dtype == np.int64
     big = KeyedRNG.for_testing(1, "y").discrete_gaussian(2.0**29, 100_000)
     assert 0.98 < big.std() / 2.0**29 < 1.02
+
+
+@pytest.mark.parametrize("scale", [1 / 33, 1e-4, 1e-9, 1e-300])
+def test_tiny_scales_draw_almost_always_zero(scale) -> None:
+    """Below 1/32 the CKS samplers draw (a table of exp(-1/scale) would take minutes);
+    the scale is rounded up, never down, so the noise is at least as large."""
+    rng = KeyedRNG.for_testing(3, ("tiny",))
+    lap = rng.discrete_laplace(scale, 100_000)
+    gauss = rng.discrete_gaussian(scale, 100_000)
+    # P(Y != 0) <= 2 exp(-1/scale') for the Laplace at the rounded scale (<= 1/32 + 2^-40)
+    assert np.count_nonzero(lap) <= 5 and np.count_nonzero(gauss) <= 5

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from dpdask.linalg import LinearQuery, aslinearquery
-from dpdask.noise import _table
+from dpdask.noise import _exact, _table
 
 __all__ = [
     "correlated_gaussian",
@@ -110,6 +111,17 @@ def _check_unsafe(unsafe_float: bool, what: str) -> None:
         )
 
 
+# below this scale the exact CKS samplers draw (the values are almost all 0, and the
+# table's interval arithmetic on exp(-1/scale) grows slow); both are exact
+_SMALL_SCALE = Fraction(1, 32)
+
+
+def _round_up(q: Fraction, bits: int) -> Fraction:
+    """``q`` rounded up to a multiple of ``2**-bits`` (at least one): more noise, never
+    less, with a numerator and denominator the int64 samplers take."""
+    return Fraction(max(1, math.ceil(q * 2**bits)), 2**bits)
+
+
 def discrete_laplace(
     gen: np.random.Generator, scale: Any, shape: int | Sequence[int]
 ) -> np.ndarray:
@@ -119,6 +131,10 @@ def discrete_laplace(
     ``scale`` is an exact rational (``Fraction``, int or float converted exactly).
     """
     shp = as_shape(shape)
+    t = _exact.as_rational(scale, "discrete Laplace scale")
+    if t < _SMALL_SCALE:  # nearly always 0: CKS's loop is fast, a table slow to build
+        t = _round_up(t, 40)
+        return _exact.discrete_laplace_cks(gen, t, math.prod(shp)).reshape(shp)
     return _table.discrete_laplace_table(gen, scale, math.prod(shp)).reshape(shp)
 
 
@@ -132,6 +148,10 @@ def discrete_gaussian(
     exact rational (``Fraction``, int or float converted exactly).
     """
     shp = as_shape(shape)
+    q = _exact.as_rational(sigma, "discrete Gaussian sigma")
+    if q < _SMALL_SCALE:
+        q = _round_up(q, 10)
+        return _exact.discrete_gaussian_cks(gen, q * q, math.prod(shp)).reshape(shp)
     return _table.discrete_gaussian_table(gen, sigma, math.prod(shp)).reshape(shp)
 
 
