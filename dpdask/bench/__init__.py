@@ -20,4 +20,5 @@ BENCHES: dict[str, str] = {
     "select": "dpdask.bench.select",
     "fitness": "dpdask.bench.fitness",
     "reconstruct": "dpdask.bench.reconstruct",
+    "sums": "dpdask.bench.sums",
 }

@@ -1,0 +1,48 @@
+"""Sum queries over numeric attributes under differential privacy (paper 004).
+
+=======================================  ===============================================
+name                                     what
+=======================================  ===============================================
+:class:`NumericBins`                     bins with representative values (upper ends)
+:class:`~dpdask.workloads.SumWorkload`   sums ``W D x``, by groups, truncated ``W T x``
+:func:`svt_threshold`                    theta by the sparse vector technique
+:func:`recursive_threshold`              theta by the recursive mechanism's first stage
+:func:`sum_mechanism`                    SQM, Identity, Workload, TiMM, TaMM
+:func:`split_budget`                     rho between threshold and measurement
+:func:`threshold_charge`                 the threshold's ledger charge
+:func:`relative_error`                   ``|y~ - y| / max(y, delta)``
+=======================================  ===============================================
+"""
+
+from dpdask.sums.accounting import split_budget, threshold_charge
+from dpdask.sums.bins import NumericBins
+from dpdask.sums.error import monotone, relative_error
+from dpdask.sums.mechanisms import MECHANISMS, SQMechanism, SumMechanism, sum_mechanism
+from dpdask.sums.thresholds import (
+    ThresholdResult,
+    exponential_grid,
+    recursive_statistic,
+    recursive_sum,
+    recursive_threshold,
+    svt_threshold,
+)
+from dpdask.workloads.sums import SumWorkload
+
+__all__ = [
+    "MECHANISMS",
+    "NumericBins",
+    "SQMechanism",
+    "SumMechanism",
+    "SumWorkload",
+    "ThresholdResult",
+    "exponential_grid",
+    "monotone",
+    "recursive_statistic",
+    "recursive_sum",
+    "recursive_threshold",
+    "relative_error",
+    "split_budget",
+    "sum_mechanism",
+    "svt_threshold",
+    "threshold_charge",
+]

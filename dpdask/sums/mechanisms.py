@@ -1,0 +1,328 @@
+"""The sum mechanisms of paper 004 (Table 1): SQM, Identity, Workload, TiMM and TaMM.
+
+Given the counting workload ``W``, the representative values ``D`` and a truncation
+threshold ``theta`` (``T = diag(min(D, theta))``; ``inf`` means none), every mechanism
+but SQM measures ``M x`` with Laplace noise of scale ``b = ||M||_1 / eps`` per row and
+answers ``W T`` by least squares, ``y~ = W T M^+ (M x + b z)``, ``z`` i.i.d. Lap(1):
+
+============  ==============  =====================================================
+mechanism     measured ``M``  answers
+============  ==============  =====================================================
+Identity      ``I``           ``W T (x + b z)``
+Workload      ``W T``         ``W T x + ||W T||_1 / eps z`` (full row rank)
+TiMM          ``A T``         ``W (T x + ||A T||_1 / eps A^+ z)``, ``A`` chosen for ``W``
+TaMM          ``A``           ``W T (x + ||A||_1 / eps A^+ z)``, ``A`` chosen for ``W T``
+============  ==============  =====================================================
+
+(TiMM: ``W T (A T)^+ = W A^+``, ``T`` being invertible, so measuring ``A T`` on ``x`` is
+the paper's ``A`` on ``T x``.) The strategies ``A`` come from :func:`dpdask.select`
+(``"hdmm"``, ``"hierarchical"``, ...), not fixed.
+
+Error (paper 004, appendix A.3 and A.4, and the analogues). For a fixed threshold the
+answers are biased by ``W (T - D) x`` (never positive) and have variance
+``2 b^2 diag(W T (M^T M)^+ T W^T)``, so the expected squared error of query ``i`` is
+
+    ``E[(y~_i - (W D x)_i)^2] = (w_i (D - T) x)^2 + 2 b^2 (W T M^+)_i (W T M^+)_i^T``
+
+which for TiMM is ``(w(D - T)x)^2 + 2 ||AT||_1^2 / eps^2 w (A^T A)^-1 w^T`` (A.3) and for
+TaMM ``(w(D - T)x)^2 + 2 ||A||_1^2 / eps^2 w T (A^T A)^-1 T w^T`` (A.4). SQM answers
+query ``i`` alone with budget ``eps / m`` and its own threshold ``theta_i``:
+``Trunc_theta_i(q_i)(x) + Lap(m s_i / eps)`` with ``s_i = max_j |W_ij| min(d_j, theta_i)``;
+its error is ``(w_i (D - T_i) x)^2 + 2 (m s_i / eps)^2``.
+
+The variance is data-independent; the bias needs the data, so a plan reports the
+variance and :meth:`SumMechanism.bias_bound`: one truncated record lowers query ``i``
+by at most ``max_j |W_ij| (d_j - t_j)``, and ``n`` truncated records by ``n`` times that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dpdask.linalg import Dense, Diagonal, Identity, LinearQuery
+from dpdask.noise import KeyedRNG
+from dpdask.privacy import PureDP
+from dpdask.strategy.plan import Plan
+from dpdask.workloads.sums import SumWorkload
+
+__all__ = ["MECHANISMS", "SQMechanism", "SumMechanism", "sum_mechanism"]
+
+MECHANISMS = ("SQM", "Identity", "Workload", "TiMM", "TaMM")
+_DENSE_LIMIT = 25_000_000  # entries of a dense strategy / reconstruction matrix
+
+
+def _check_privacy(privacy: Any) -> PureDP:
+    if not isinstance(privacy, PureDP):
+        raise TypeError(f"sum mechanisms are pure DP (Laplace noise, paper 004); got {privacy!r}")
+    if privacy.epsilon <= 0:
+        raise ValueError("the measurement budget must be positive")
+    return privacy
+
+
+def _check_theta(theta: Any) -> float:
+    t = math.inf if theta is None else float(theta)
+    if not t > 0:
+        raise ValueError(f"the truncation threshold must be positive, got {theta!r}")
+    return t
+
+
+def _dense(op: LinearQuery) -> np.ndarray | None:
+    if op.shape[0] * op.shape[1] > _DENSE_LIMIT:
+        return None
+    return np.asarray(op.dense(), dtype=float)
+
+
+@dataclass
+class SumMechanism:
+    """One of Identity, Workload, TiMM, TaMM, fixed for a threshold (data-independent).
+
+    Build with :func:`sum_mechanism`. Attributes: ``name``, ``sums`` (the
+    :class:`~dpdask.workloads.sums.SumWorkload`), ``theta``, ``privacy`` (the measurement's
+    budget), ``strategy`` (``M``, measured on ``x``), ``noise_scale`` (Laplace ``b``),
+    ``template`` (how ``A`` was chosen) and ``info``.
+    """
+
+    name: str
+    sums: SumWorkload
+    theta: float
+    privacy: PureDP
+    strategy: LinearQuery
+    noise_scale: float
+    template: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    _recon: np.ndarray | None = field(default=None, repr=False)
+
+    # -- structure -----------------------------------------------------------------
+    @property
+    def output(self) -> LinearQuery:
+        """``W T``: what the answers estimate."""
+        return self.sums.weighted(None if math.isinf(self.theta) else self.theta)
+
+    @property
+    def cell_weights(self) -> np.ndarray:
+        """The diagonal of ``T`` over the domain."""
+        return self.sums.cell_weights(None if math.isinf(self.theta) else self.theta)
+
+    def reconstruction(self) -> np.ndarray:
+        """The dense ``W T M^+`` (answers = this times the measurements)."""
+        if self._recon is None:
+            WT = _dense(self.output)
+            if isinstance(self.strategy, Identity) and WT is not None:
+                self._recon = WT
+                return WT
+            M = _dense(self.strategy)
+            if M is None or WT is None:
+                raise ValueError("the strategy is too large for a dense reconstruction")
+            self._recon = WT @ np.linalg.pinv(M)
+        return self._recon
+
+    def plan(self) -> Plan:
+        """The :class:`~dpdask.strategy.Plan` to measure (``W T`` answered from ``M``)."""
+        return Plan(
+            self.output,
+            self.strategy,
+            self.privacy,
+            domain=self.sums.domain,
+            template=f"sum-{self.name}",
+            info={"theta": None if math.isinf(self.theta) else self.theta, **self.info},
+        )
+
+    # -- error -----------------------------------------------------------------------
+    def query_variances(self) -> np.ndarray:
+        """``2 b^2 diag(W T (M^T M)^+ T W^T)``: the variance of every answer."""
+        try:
+            R = self.reconstruction()
+        except ValueError:
+            return np.asarray(self.plan().query_variances(), dtype=float)
+        return 2.0 * self.noise_scale**2 * np.einsum("ij,ij->i", R, R)
+
+    def true_answers(self, x: np.ndarray) -> np.ndarray:
+        """``W D x``, the untruncated sums."""
+        return self.sums.weighted() @ np.asarray(x, dtype=float)
+
+    def bias(self, x: np.ndarray) -> np.ndarray:
+        """``W (T - D) x``: the truncation bias of every answer (needs the data; <= 0)."""
+        x = np.asarray(x, dtype=float)
+        diff = self.cell_weights - self.sums.weights
+        return self.sums.counting @ (diff * x)
+
+    def expected_squared_error(self, x: np.ndarray) -> np.ndarray:
+        """``bias^2 + variance`` per query (appendix A.3 / A.4 for TiMM / TaMM)."""
+        return self.bias(x) ** 2 + self.query_variances()
+
+    def bias_per_record(self) -> np.ndarray:
+        """``max_j |W_ij| (d_j - t_j)``: the most one truncated record lowers query ``i``."""
+        return self.sums.support_max(self.sums.weights - self.cell_weights)
+
+    def bias_bound(self, n_truncated: float) -> np.ndarray:
+        """``|bias_i| <= n * bias_per_record()_i`` for ``n = n_truncated`` records above theta."""
+        n = float(n_truncated)
+        if not (n >= 0 and math.isfinite(n)):
+            raise ValueError(f"n_truncated must be non-negative, got {n_truncated!r}")
+        return n * self.bias_per_record()
+
+    # -- answers ---------------------------------------------------------------------
+    def answer(self, measurements: np.ndarray) -> np.ndarray:
+        """``W T M^+ z`` for measurements ``z`` of shape ``(rows,)`` or ``(g, rows)``."""
+        z = np.asarray(measurements, dtype=float)
+        try:
+            R = self.reconstruction()
+        except ValueError:
+            from dpdask.reconstruct.least_squares import least_squares
+
+            xh = least_squares(self.strategy, z).x
+            return self.output.apply(xh) if xh.ndim == 2 else self.output @ xh
+        return z @ R.T
+
+    def sample(self, x: np.ndarray, rng: KeyedRNG, size: int = 1) -> np.ndarray:
+        """``size`` independent noisy answers (float Laplace; for simulation and benchmarks).
+
+        Returns an array of shape ``(size, m)``. Uses ``rng.laplace(..., unsafe_float=True)``:
+        a release measures with :func:`dpdask.measure.measure` on :meth:`plan` instead.
+        """
+        x = np.asarray(x, dtype=float)
+        rows = self.strategy.shape[0]
+        noise = rng.laplace(self.noise_scale, (int(size), rows), unsafe_float=True)
+        exact = self.output @ x
+        return exact[None, :] + self.answer(noise)
+
+
+@dataclass
+class SQMechanism:
+    """SQM: every query alone, budget ``eps / m`` each, with its own threshold ``theta_i``."""
+
+    sums: SumWorkload
+    thetas: np.ndarray
+    privacy: PureDP
+    name: str = "SQM"
+
+    def __post_init__(self) -> None:
+        m = self.sums.shape[0]
+        th = np.broadcast_to(np.asarray(self.thetas, dtype=float), (m,)).copy()
+        if not (th > 0).all():
+            raise ValueError("thresholds must be positive (inf: no truncation)")
+        self.thetas = th
+        W = _dense(self.sums.counting)
+        if W is None:
+            raise ValueError("SQM needs a dense workload")
+        self._W = W
+        self._T = np.minimum(self.sums.weights[None, :], th[:, None])  # t_ij = min(d_j, theta_i)
+        sens = np.abs(W * self._T).max(axis=1)
+        self.noise_scales = sens * m / float(self.privacy.epsilon)
+
+    def query_variances(self) -> np.ndarray:
+        """``2 (m s_i / eps)^2``."""
+        return 2.0 * self.noise_scales**2
+
+    def true_answers(self, x: np.ndarray) -> np.ndarray:
+        return self._W @ (self.sums.weights * np.asarray(x, dtype=float))
+
+    def truncated_answers(self, x: np.ndarray) -> np.ndarray:
+        """``Trunc_theta_i(q_i)(x)`` for every query."""
+        return (self._W * self._T) @ np.asarray(x, dtype=float)
+
+    def bias(self, x: np.ndarray) -> np.ndarray:
+        return self.truncated_answers(x) - self.true_answers(x)
+
+    def expected_squared_error(self, x: np.ndarray) -> np.ndarray:
+        return self.bias(x) ** 2 + self.query_variances()
+
+    def bias_per_record(self) -> np.ndarray:
+        return np.abs(self._W * (self.sums.weights[None, :] - self._T)).max(axis=1)
+
+    def bias_bound(self, n_truncated: float) -> np.ndarray:
+        n = float(n_truncated)
+        if not (n >= 0 and math.isfinite(n)):
+            raise ValueError(f"n_truncated must be non-negative, got {n_truncated!r}")
+        return n * self.bias_per_record()
+
+    def sample(self, x: np.ndarray, rng: KeyedRNG, size: int = 1) -> np.ndarray:
+        """``size`` independent noisy answers (float Laplace), shape ``(size, m)``."""
+        m = self.sums.shape[0]
+        z = rng.laplace(1.0, (int(size), m), unsafe_float=True)
+        return self.truncated_answers(x)[None, :] + z * self.noise_scales[None, :]
+
+
+def sum_mechanism(
+    name: str,
+    sums: SumWorkload,
+    theta: float | np.ndarray | None,
+    privacy: PureDP,
+    *,
+    strategy: str = "hdmm",
+    base: LinearQuery | None = None,
+    **select_options: Any,
+) -> SumMechanism | SQMechanism:
+    """Build mechanism ``name`` (one of :data:`MECHANISMS`) for a threshold and budget.
+
+    Parameters
+    ----------
+    name : str
+        ``"SQM"``, ``"Identity"``, ``"Workload"``, ``"TiMM"`` or ``"TaMM"``.
+    sums : SumWorkload
+        The sums to answer.
+    theta : float, array or None
+        The truncation threshold (``None`` / ``inf``: none); for SQM one per query
+        or one for all.
+    privacy : PureDP
+        The measurement's budget (``(1 - rho) epsilon``).
+    strategy : str
+        How :func:`dpdask.select` chooses ``A`` for TiMM and TaMM (``"hdmm"``,
+        ``"hierarchical"``, ...).
+    base : LinearQuery, optional
+        TiMM's ``A`` if already chosen for ``W`` (it does not depend on theta).
+    **select_options
+        Passed to :func:`dpdask.select` (``restarts``, ``seed``, ...).
+
+    Returns
+    -------
+    SumMechanism or SQMechanism
+
+    Raises
+    ------
+    ValueError
+        For an unknown mechanism or a bad threshold.
+    TypeError
+        If ``privacy`` is not pure DP.
+    """
+    from dpdask.strategy.select import select
+
+    privacy = _check_privacy(privacy)
+    if name not in MECHANISMS:
+        raise ValueError(f"unknown sum mechanism {name!r}; choose one of {MECHANISMS}")
+    if name == "SQM":
+        th = np.full(sums.shape[0], math.inf) if theta is None else np.asarray(theta, float)
+        return SQMechanism(sums, th, privacy)
+    t = _check_theta(theta)
+    tt = None if math.isinf(t) else t
+    n = sums.shape[1]
+    template, info = name.lower(), {}
+    if name == "Identity":
+        M: LinearQuery = Identity(n)
+    elif name == "Workload":
+        M = sums.weighted(tt)
+    elif name == "TiMM":
+        if base is None:
+            p = select(sums.counting, privacy, strategy, domain=sums.domain, **select_options)
+            base, template, info = p.strategy, p.template, dict(p.info)
+        else:
+            template = "given"
+        M = base @ Diagonal(sums.cell_weights(tt))
+    else:  # TaMM
+        p = select(sums.weighted(tt), privacy, strategy, domain=sums.domain, **select_options)
+        M, template, info = p.strategy, p.template, dict(p.info)
+    Md = _dense(M)
+    if Md is not None:
+        sens = float(np.abs(Md).sum(axis=0).max())
+        M = Dense(Md) if name in ("TiMM", "Workload") else M
+    else:
+        sens = float(M.sensitivity(1))
+    if not (sens > 0 and math.isfinite(sens)):
+        raise ValueError(f"the strategy's L1 sensitivity is {sens}")
+    scale = sens / float(privacy.epsilon)
+    info = {k: v for k, v in info.items() if isinstance(v, int | float | str | bool | type(None))}
+    return SumMechanism(name, sums, t, privacy, M, scale, template, info)
