@@ -92,6 +92,7 @@ def select(
     templates: Sequence[str] | None = None,
     p: int | None = None,
     ftol: float = 1e-5,
+    model: str = "central",
     **options: Any,
 ) -> Plan:
     """Choose the strategy to measure for ``workload`` under ``privacy``.
@@ -127,6 +128,11 @@ def select(
         Rows of the p-Identity parameter matrices.
     ftol : float
         Relative tolerance of the optimisers.
+    model : {"central", "local"}
+        ``"local"``: every person randomizes their own record (paper 002); returns a
+        :class:`dpdask.ldp.plan.LdpPlan` from :func:`dpdask.ldp.plan.select_local` (pure DP
+        only; ``strategy``, ``domain``, ``restarts``, ``templates``, ``p`` and ``ftol`` are
+        not used; ``options`` go to :func:`dpdask.ldp.optimize`, e.g. ``starts``).
     **options
         Options of the baseline strategy.
 
@@ -144,6 +150,14 @@ def select(
     >>> plan.expected_error() < select(Prefix(64), PureDP(1), "identity").expected_error()
     True
     """
+    if model == "local":
+        from dpdask.ldp.plan import select_local
+
+        if client is not None:
+            options.setdefault("scheduler", client)
+        return select_local(workload, privacy, seed=seed, **options)
+    if model != "central":
+        raise ValueError(f"model must be 'central' or 'local', got {model!r}")
     if strategy == "fitness":
         from dpdask.strategy._fitness_plan import fitness_plan
 
