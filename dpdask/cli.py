@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import logging
+import pathlib
 import sys
 from collections.abc import Sequence
 
@@ -42,6 +43,17 @@ def _bench(argv: Sequence[str]) -> int:
     return 0
 
 
+def _local_model(path: str) -> bool:
+    """Whether the YAML spec at ``path`` says ``model: local`` (see :mod:`dpdask.ldp.spec`)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(pathlib.Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # the central spec reader reports the problem
+    return isinstance(doc, dict) and doc.get("model") == "local"
+
+
 def _spec_parser(verb: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"dpdask {verb}", description=description)
     parser.add_argument("spec", help="the YAML release spec (see pipelines/)")
@@ -73,6 +85,11 @@ def _run(argv: Sequence[str]) -> int:
     parser.add_argument("--scheduler", help="scheduler address (over the spec's cluster and env)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if _local_model(args.spec):  # aggregate people's randomised responses
+        from dpdask.ldp.spec import run_spec as run_local
+
+        _print(run_local(args.spec), args.json, lambda r: json.dumps(r, indent=2))
+        return 0
     spec = load_spec(args.spec, period=args.period)
     with connect(spec.cluster, scheduler=args.scheduler) as client:
         log.warning("run %s: dashboard at %s", spec.release, client.dashboard_link)
@@ -192,6 +209,12 @@ def _plan(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if (args.spec is None) == (args.workload is None):
         parser.error("give a release spec or --workload NAME (not both)")
+    if args.spec is not None and _local_model(args.spec):
+        from dpdask.ldp.spec import plan_spec as plan_local
+
+        plan = plan_local(args.spec)  # writes the devices' strategy file
+        _print(plan.summary(as_dict=True), args.json, lambda r: plan.summary())
+        return 0
     if args.spec is not None:
         from dpdask.pipeline.run import plan_spec
         from dpdask.pipeline.spec import load_spec

@@ -21,4 +21,5 @@ BENCHES: dict[str, str] = {
     "fitness": "dpdask.bench.fitness",
     "reconstruct": "dpdask.bench.reconstruct",
     "sums": "dpdask.bench.sums",
+    "ldp": "dpdask.bench.ldp",
 }
