@@ -97,11 +97,12 @@ def test_task_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
     real = _tasks.run_tasks
 
-    def spy(tasks, client=None):
+    def spy(tasks, client=None, inline=False):
         seen.extend(t.key for t in tasks)
-        return real(tasks, client)
+        return real(tasks, client, inline=inline)
 
     monkeypatch.setattr("dpdask.strategy._hdmm.run_tasks", spy)
+    monkeypatch.setattr("dpdask.strategy._hdmm.INLINE_MAX_CELLS", 0)  # keys: the Dask path
     dom = Domain(age=12, sex2=2, race=5)
     select(Kron([Prefix(12), Identity(2), AllRange(5)]), PureDP(1), domain=dom, restarts=2)
     assert seen and all(KEY.match(k) for k in seen)
@@ -115,8 +116,9 @@ def test_task_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(KEY.match(k) for k in seen)
 
 
-def test_distributed_client_gives_the_same_plan() -> None:
+def test_distributed_client_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     distributed = pytest.importorskip("distributed")
+    monkeypatch.setattr("dpdask.strategy._hdmm.INLINE_MAX_CELLS", 0)  # through the client
     W, dom = _stand_in()
     local = select(W, PureDP(1), domain=dom, restarts=2, templates=["kron", "union"])
     with (

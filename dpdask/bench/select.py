@@ -9,8 +9,14 @@ Cases (``--cases``, comma-separated; default all):
     The HDMM slides' prefix table: RMSE of Identity, H2, HB and Privelet over
     HDMM's at n = 256 and 1024 (pure DP).
 ``gaussian``
-    OPT_0 under zCDP on prefix and all-range, n = 256 and 1024: total squared
-    error over the SVD bound.
+    OPT_0 under zCDP on prefix and all-range, n in ``--gaussian-sizes`` (default
+    256 and 1024): total squared error over the convex optimum's certified lower
+    bound (:func:`dpdask.strategy.convex.ca_solve`, up to n = 4096) and the SVD bound.
+``small``
+    Problems under 1e5 cells, which run in process: all-range n = 256 (pure DP,
+    default templates and restarts) and all 3-way marginals of the 5-attribute
+    domain (75, 16, 5, 2, 20) with default templates, against the HDMM
+    reference's wall times on the machine of issue 20 (0.24 s and 0.11 s).
 ``sf1``
     Census SF1 persons on the CPH domain, ``--restarts`` starts (default 25),
     best template, pure DP at epsilon = 1; against Identity and HB per attribute.
@@ -25,7 +31,8 @@ Cases (``--cases``, comma-separated; default all):
 ``marginals``
     OPT_M on all 3-way marginals of the 12-attribute domain
     (100, 100, 100, 99, 85, 42, 16, 15, 9, 7, 6, 5), and of it with two more
-    binary attributes; and on the (75, 16, 5, 2, 20) domain against Identity.
+    binary attributes; on the (75, 16, 5, 2, 20) domain; and on binary domains
+    (2,)^8, (2,)^10, (2,)^12 under pure DP and zCDP; all against Identity.
 
 Wall times are medians of ``--repeats`` runs (default 3) of the whole
 :func:`dpdask.select` call; ratios are against baselines computed in the same run.
@@ -45,7 +52,7 @@ from dpdask.domain import Domain
 from dpdask.linalg import AllRange, Prefix
 from dpdask.privacy import PureDP, zCDP
 
-CASES = ("opt0", "ratios", "gaussian", "sf1", "sf1-reference", "marginals")
+CASES = ("opt0", "ratios", "gaussian", "small", "sf1", "sf1-reference", "marginals")
 BASELINE_MAX_N = 4096  # baselines and SVD bound need an n x n eigendecomposition
 TWELVE = (100, 100, 100, 99, 85, 42, 16, 15, 9, 7, 6, 5)
 
@@ -56,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--restarts", type=int, default=25, help="random starts for SF1")
     parser.add_argument(
         "--opt0-sizes", default="1024,4096,8192", help="prefix sizes of the OPT_0 timing case"
+    )
+    parser.add_argument(
+        "--gaussian-sizes", default="256,1024", help="sizes of the Gaussian OPT_0 case"
     )
 
 
@@ -142,26 +152,58 @@ def _ratios() -> list[dict]:
     return rows
 
 
-def _gaussian(repeats: int) -> list[dict]:
+def _gaussian(sizes: list[int], repeats: int) -> list[dict]:
     from dpdask.strategy import select
+    from dpdask.strategy.convex import ca_solve
 
     rows = []
     for name, cls in (("prefix", Prefix), ("all-range", AllRange)):
-        for n in (256, 1024):
+        for n in sizes:
             W = cls(n)
-            t, _, plan = median_time(
-                lambda W=W: select(W, zCDP("0.5"), restarts=1), 1 if n > 256 else repeats
-            )
-            err, bound = plan.expected_error(), plan.svd_bound()
+            t, times, plan = median_time(lambda W=W: select(W, zCDP("0.5"), restarts=1), repeats)
+            loss = plan.sensitivity**2 * plan.analysis.total()  # unit-sensitivity loss
+            lower = ca_solve(W, tol=1e-9).lower_bound if n <= BASELINE_MAX_N else None
+            bound = plan.svd_bound() if n <= BASELINE_MAX_N else None
+            err = plan.expected_error()
             rows.append(
                 {
                     "case": f"OPT_0 zCDP {name} n={n}",
                     "wall_s": t,
+                    "times_s": [round(x, 3) for x in times],
+                    "solver": plan.info.get("solver", "lbfgs"),
                     "expected_error": err,
+                    "error_over_optimum": loss / lower if lower else None,
                     "svd_bound": bound,
                     "error_over_svd_bound": err / bound if bound else None,
                 }
             )
+    return rows
+
+
+def _small(repeats: int) -> list[dict]:
+    from dpdask.strategy import select
+    from dpdask.workloads import marginals
+
+    domain = Domain({f"a{chr(97 + i)}": s for i, s in enumerate((75, 16, 5, 2, 20))})
+    problems = [
+        ("all-range n=256, pure DP", AllRange(256), None, 0.24),
+        ("3-way marginals (75,16,5,2,20), pure DP", marginals(domain, 3), domain, 0.11),
+    ]
+    rows = []
+    for case, W, dom, reference in problems:
+        t, times, cpu, plan = _timed(lambda W=W, dom=dom: select(W, PureDP(1), domain=dom), repeats)
+        rows.append(
+            {
+                "case": case,
+                "wall_s": t,
+                "times_s": [round(x, 3) for x in times],
+                "cpu_s": cpu,
+                "in_process": plan.info.get("in_process"),
+                "template": plan.template,
+                "expected_error": plan.expected_error(),
+                "hdmm_reference_s": reference,
+            }
+        )
     return rows
 
 
@@ -236,20 +278,23 @@ def _marginals(repeats: int) -> list[dict]:
     from dpdask.workloads import marginals
 
     rows = []
-    for sizes in (TWELVE, (*TWELVE, 2, 2), (75, 16, 5, 2, 20)):
+    problems = [(s, PureDP(1)) for s in (TWELVE, (*TWELVE, 2, 2), (75, 16, 5, 2, 20))]
+    problems += [((2,) * d, pr) for d in (8, 10, 12) for pr in (PureDP(1), zCDP("0.5"))]
+    for sizes, privacy in problems:
         domain = Domain({f"a{chr(97 + i)}": s for i, s in enumerate(sizes)})
         W = marginals(domain, 3)
         t, times, cpu, plan = _timed(
-            lambda W=W, domain=domain: select(
-                W, PureDP(1), domain=domain, templates=["marginals"], restarts=1
+            lambda W=W, domain=domain, privacy=privacy: select(
+                W, privacy, domain=domain, templates=["marginals"], restarts=1
             ),
             repeats,
         )
         err = plan.expected_error()
         ident = plan.identity_error()
+        label = f"(2,)^{len(sizes)}" if set(sizes) == {2} else f"{len(sizes)} attributes"
         rows.append(
             {
-                "case": f"OPT_M 3-way marginals, {len(sizes)} attributes",
+                "case": f"OPT_M 3-way marginals, {label}, {plan.mechanism}",
                 "wall_s": t,
                 "times_s": [round(x, 3) for x in times],
                 "cpu_s": cpu,
@@ -273,7 +318,10 @@ def run(args: argparse.Namespace) -> dict:
     if "ratios" in cases:
         out["ratios"] = _ratios()
     if "gaussian" in cases:
-        out["gaussian"] = _gaussian(args.repeats)
+        sizes = [int(s) for s in args.gaussian_sizes.split(",")]
+        out["gaussian"] = _gaussian(sizes, args.repeats)
+    if "small" in cases:
+        out["small"] = _small(args.repeats)
     if "sf1" in cases:
         out["sf1"] = _sf1(args.restarts, args.repeats)
     if "sf1-reference" in cases:

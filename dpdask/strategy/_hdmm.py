@@ -5,9 +5,17 @@ workload               templates tried by default
 =====================  ====================================================
 one attribute          ``pidentity`` (OPT_0)
 one Kronecker term     ``kron`` (OPT_x: one OPT_0 per attribute, independent)
-union of terms         ``kron``, ``union`` (OPT_+), ``marginals`` (OPT_M),
+union of marginals     ``marginals`` (OPT_M), ``kron``, ``identity``
+other unions of terms  ``kron``, ``union`` (OPT_+), ``marginals`` (OPT_M),
                        ``identity``
 =====================  ====================================================
+
+A union of marginals (every factor the identity or the total) skips OPT_+: its
+factor Gram matrices are combinations of ``I`` and ``J``, for which the
+p-Identity optima are close to ``[I; c 1^T]``, so the Kronecker strategies and
+their unions are (near) weighted marginals, which OPT_M optimises directly, in
+microseconds per evaluation, where OPT_+'s exact union analysis costs seconds on
+a few hundred thousand cells.
 
 All templates run together: each is a generator of task batches, and every
 round's batches from all templates go to the scheduler as one graph.
@@ -33,6 +41,15 @@ it. Each attribute that splits the terms is screened with one start per part
 split gets the restarts. On domains too large for vectors over
 the cells, the parts answer their own terms (``groups``; block reconstruction)
 with the closed-form budget split.
+
+Closed-form members. Every template's result is compared with the members of its
+family among Identity, Total and the workload's own marginals
+(:mod:`._closed_form`), and replaced by the best of them when that is better
+(``details["closed_form"]`` then names it); OPT_M also starts from them.
+
+In process. Problems under :data:`INLINE_MAX_CELLS` cells run their tasks in the
+calling thread (:func:`._tasks.run_tasks` with ``inline=True``), whatever the
+client: their tasks take milliseconds, less than scheduling them.
 """
 
 from __future__ import annotations
@@ -46,10 +63,12 @@ from typing import Any
 import numpy as np
 
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, VStack
+from dpdask.strategy._closed_form import MAX_ATTRIBUTES, members
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
 from dpdask.strategy._marginals import WeightedMarginals
 from dpdask.strategy._optimize import (
+    CONVEX_MAX_N,
     FactorResult,
     KronResult,
     budget_split,
@@ -58,6 +77,7 @@ from dpdask.strategy._optimize import (
     fit_marginals,
     marginals_spectrum,
     opt_0,
+    opt_0_l2,
     opt_kron,
 )
 from dpdask.strategy._pair import PAIR_MAX_CELLS, PairAnalysis
@@ -66,7 +86,7 @@ from dpdask.strategy._tasks import Task, run_tasks
 from dpdask.strategy._terms import KronTerms
 from dpdask.strategy.error import ErrorAnalysis
 
-__all__ = ["SHORT", "TEMPLATES", "Candidate", "default_templates", "optimize"]
+__all__ = ["INLINE_MAX_CELLS", "SHORT", "TEMPLATES", "Candidate", "default_templates", "optimize"]
 
 TEMPLATES = ("pidentity", "kron", "union", "marginals", "identity")
 
@@ -75,6 +95,13 @@ LARGE_OPT0 = 1 << 18
 
 SHORT = {"opt0_iter": 30, "kron_sweeps": 1, "kron_inner_iter": 15, "marginals_iter": 40}
 """Budget of the short runs of successive halving."""
+
+INLINE_MAX_CELLS = 100_000
+"""Domains with fewer cells run their optimisation tasks in the calling thread."""
+
+CLOSED_FORM_JITTER = 0.01
+"""OPT_M from a closed-form member starts at its weights plus this fraction of their largest
+(a weight of exactly 0 has a zero gradient and would stay 0)."""
 
 
 @dataclass
@@ -98,6 +125,12 @@ def default_templates(terms: KronTerms) -> list[str]:
         return ["pidentity"]
     if terms.k == 1:
         return ["kron"]
+    if all(
+        factor_kind(terms.subset([j]), i) != "pidentity"
+        for j in range(terms.k)
+        for i in range(terms.d)
+    ):
+        return ["marginals", "kron", "identity"]
     return ["kron", "union", "marginals", "identity"]
 
 
@@ -110,6 +143,8 @@ def _loss_of(result: Any) -> float:
 
 class _Piece:
     words: list[str]
+    once = False
+    """One run, no restarts and no full stage (a convex problem)."""
 
     def short(self, seed: int) -> Task:
         raise NotImplementedError
@@ -143,6 +178,31 @@ class _Opt0Piece(_Piece):
             {"norm": self.norm, "theta0": result[0], "ftol": self.ftol},
             self.blas_threads,
         )
+
+
+@dataclass
+class _ConvexPiece(_Piece):
+    """Gaussian OPT_0 as the convex program over ``X = A^T A`` (:func:`opt_0_l2`)."""
+
+    G: Gram
+    words: list[str]
+    once = True
+
+    def short(self, seed: int) -> Task:
+        return Task(self.words, opt_0_l2, (self.G,), {}, None)
+
+
+def _opt0_piece(ctx: _Ctx, G: Gram, words: list[str]) -> _Piece:
+    """OPT_0 on ``G``: convex for Gaussian noise up to :data:`CONVEX_MAX_N`, else p-Identity."""
+    if ctx.norm == 2 and ctx.p is None and G.n <= CONVEX_MAX_N:
+        return _ConvexPiece(G, ["convex", *words[1:]] if words[0] == "restart" else words)
+    return _Opt0Piece(G, ctx.p_for(G.n), ctx.norm, ctx.ftol, words)
+
+
+def _opt0_strategy(result: tuple, norm: int) -> LinearQuery:
+    """The strategy of an OPT_0 result: a p-Identity's ``theta`` or a convex optimum."""
+    x = result[0]
+    return x if isinstance(x, LinearQuery) else PIdentity(x, norm)
 
 
 @dataclass
@@ -180,8 +240,13 @@ class _MarginalsPiece(_Piece):
     norm: int
     words: list[str]
 
-    def short(self, seed: int) -> Task:
-        kw = {"norm": self.norm, "seed": seed, "maxiter": SHORT["marginals_iter"]}
+    def short(self, seed: int | np.ndarray) -> Task:
+        """A short run from a random start (``seed``) or from given weights."""
+        kw: dict[str, Any] = {"norm": self.norm, "maxiter": SHORT["marginals_iter"]}
+        if isinstance(seed, np.ndarray):
+            kw["theta0"] = seed + CLOSED_FORM_JITTER * float(seed.max())
+        else:
+            kw["seed"] = seed
         return Task(self.words, fit_marginals, (self.h, self.sizes), kw)
 
     def full(self, result: Any) -> Task:
@@ -202,6 +267,7 @@ class _Ctx:
     p: int | None
     ftol: float
     client: Any
+    inline: bool = False
 
     def p_for(self, n: int) -> int:
         return default_p(n, self.norm) if self.p is None else min(self.p, n)
@@ -212,7 +278,7 @@ class _Ctx:
 
 
 def _solve(
-    ctx: _Ctx, pieces: Sequence[_Piece], seeds: Sequence[int] | None = None, full: bool = True
+    ctx: _Ctx, pieces: Sequence[_Piece], seeds: Sequence[Any] | None = None, full: bool = True
 ):
     """Best result of each piece: short runs from every seed, then full runs of the best.
 
@@ -221,14 +287,24 @@ def _solve(
     seeds = ctx.seeds if seeds is None else list(seeds)
     if not pieces:
         return []
-    short = yield [pc.short(s) for pc in pieces for s in seeds]
-    per_piece = [short[k * len(seeds) : (k + 1) * len(seeds)] for k in range(len(pieces))]
+    starts = [seeds[:1] if pc.once else seeds for pc in pieces]
+    short = yield [pc.short(s) for pc, ss in zip(pieces, starts, strict=True) for s in ss]
+    per_piece, k = [], 0
+    for ss in starts:
+        per_piece.append(short[k : k + len(ss)])
+        k += len(ss)
     if not full:
         return [min(rs, key=_loss_of) for rs in per_piece]
-    tops = [sorted(rs, key=_loss_of)[: ctx.keep] for rs in per_piece]
+    tops = [
+        [] if pc.once else sorted(rs, key=_loss_of)[: ctx.keep]
+        for pc, rs in zip(pieces, per_piece, strict=True)
+    ]
     done = yield [pc.full(r) for pc, rs in zip(pieces, tops, strict=True) for r in rs]
     out, k = [], 0
-    for rs in tops:
+    for pc, rs, first in zip(pieces, tops, per_piece, strict=True):
+        if pc.once:
+            out.append(first[0])
+            continue
         out.append(min(done[k : k + len(rs)], key=_loss_of))
         k += len(rs)
     return out
@@ -258,14 +334,14 @@ def _lockstep(gens: Sequence[Generator]) -> Generator:
     return out
 
 
-def _drive(gen: Generator, client: Any) -> Any:
+def _drive(gen: Generator, client: Any, inline: bool = False) -> Any:
     """Run a task generator to completion, one :func:`run_tasks` call per batch."""
     try:
         tasks = next(gen)
     except StopIteration as stop:
         return stop.value
     while True:
-        results = run_tasks(tasks, client)
+        results = run_tasks(tasks, client, inline=inline)
         try:
             tasks = gen.send(results)
         except StopIteration as stop:
@@ -284,19 +360,8 @@ def _kron_pieces(ctx: _Ctx, terms: KronTerms, words: list[str]) -> list[tuple[st
             if kind != "pidentity":
                 out.append((kind, None))
             else:
-                G = terms.gram(0, i)
-                out.append(
-                    (
-                        "pidentity",
-                        _Opt0Piece(
-                            G,
-                            ctx.p_for(terms.sizes[i]),
-                            ctx.norm,
-                            ctx.ftol,
-                            ["factor", ctx.names[i]],
-                        ),
-                    )
-                )
+                piece = _opt0_piece(ctx, terms.gram(0, i), ["factor", ctx.names[i]])
+                out.append(("pidentity", piece))
         return out
     ps = [ctx.p_for(n) for n in terms.sizes]
     return [("kron", _KronPiece(terms, ps, ctx.norm, ctx.ftol, words))]
@@ -312,10 +377,9 @@ def _kron_assemble(terms: KronTerms, layout: list, results: list, norm: int) -> 
             A = FactorResult(kind, terms.sizes[i]).strategy()
             loss *= inverse_gram(A).trace(terms.gram(0, i))
         else:
-            theta, f, _ = results[k]
+            A = _opt0_strategy(results[k], norm)
+            loss *= results[k][1]
             k += 1
-            A = PIdentity(theta, norm)
-            loss *= f
         facs.append(A)
     return Kron(facs), loss
 
@@ -406,7 +470,8 @@ def optimize(
     seed : int
         Seed of all random starts.
     client : distributed.Client, optional
-        Where to run the tasks (default: Dask's default scheduler).
+        Where to run the tasks (default: Dask's default scheduler); problems under
+        :data:`INLINE_MAX_CELLS` cells run in the calling thread regardless.
     names : sequence of str, optional
         Attribute names, for task keys.
     p : int, optional
@@ -425,14 +490,41 @@ def optimize(
     if names is None:
         names = [f"attr{chr(97 + i % 26)}" for i in range(terms.d)]
     seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(restarts)]
-    ctx = _Ctx(terms, norm, seeds, list(names), p, ftol, client)
+    inline = math.prod(terms.sizes) < INLINE_MAX_CELLS
+    ctx = _Ctx(terms, norm, seeds, list(names), p, ftol, client, inline)
     t0 = time.perf_counter()
-    cands = _drive(_lockstep([_template(tpl, ctx) for tpl in templates]), client)
-    elapsed = time.perf_counter() - t0
+    cands = _drive(_lockstep([_template(tpl, ctx) for tpl in templates]), client, inline)
     out = [c for c in cands if c is not None]
+    _never_worse_than_closed_form(ctx, out)
+    elapsed = time.perf_counter() - t0
     for c in out:
         c.details["wall_time_s"] = elapsed
+        c.details["in_process"] = inline
     return out
+
+
+def _members(ctx: _Ctx) -> list:
+    """The closed-form members of the families (:mod:`._closed_form`), or none for large ``d``."""
+    if ctx.terms.d > MAX_ATTRIBUTES:
+        return []
+    return members(ctx.terms, marginals_spectrum(ctx.terms), ctx.norm)
+
+
+def _never_worse_than_closed_form(ctx: _Ctx, cands: list[Candidate]) -> None:
+    """Replace, in place, every candidate that a closed-form member beats by that member."""
+    found = [m for m in _members(ctx) if math.isfinite(m.loss)] if cands else []
+    if not found:
+        return
+    for c in cands:
+        family = [m for m in found if c.name == "marginals" or m.single]
+        if c.name == "identity" or not family:
+            continue
+        best = min(family, key=lambda m: m.loss)
+        if best.loss < c.loss:
+            c.details = {"closed_form": best.name, "optimised_loss": float(c.loss)}
+            c.strategy = best.strategy(ctx.terms, ctx.names)
+            c.loss = best.loss
+            c.groups = None
 
 
 def _template(tpl: str, ctx: _Ctx) -> Generator:
@@ -440,14 +532,15 @@ def _template(tpl: str, ctx: _Ctx) -> Generator:
     terms, norm = ctx.terms, ctx.norm
     if tpl == "pidentity":
         G = Gram.combine(terms.weights**2, [terms.gram(j, 0) for j in range(terms.k)])
-        piece = _Opt0Piece(G, ctx.p_for(terms.sizes[0]), norm, ctx.ftol, ["restart", "pidentity"])
-        theta, f, nit = (yield from _solve(ctx, [piece]))[0]
-        return Candidate(
-            tpl,
-            PIdentity(theta, norm),
-            float(f),
-            details={"iterations": int(nit), "p": int(theta.shape[0])},
-        )
+        piece = _opt0_piece(ctx, G, ["restart", "pidentity"])
+        res = (yield from _solve(ctx, [piece]))[0]
+        A = _opt0_strategy(res, norm)
+        details = {"iterations": int(res[2])}
+        if isinstance(piece, _ConvexPiece):
+            details.update(solver="convex", lower_bound=float(res[3]))
+        else:
+            details["p"] = int(res[0].shape[0])
+        return Candidate(tpl, A, float(res[1]), details=details)
     if tpl == "kron":
         A, loss = yield from _solve_kron(ctx, terms, ["restart", "kron"])
         return Candidate(tpl, A, loss)
@@ -472,7 +565,8 @@ def _template(tpl: str, ctx: _Ctx) -> Generator:
     if tpl == "marginals":
         h = marginals_spectrum(terms)
         piece = _MarginalsPiece(h, terms.sizes, norm, ["restart", "marginals"])
-        best = (yield from _solve(ctx, [piece]))[0]
+        starts = [m.theta for m in _members(ctx) if math.isfinite(m.loss)]
+        best = (yield from _solve(ctx, [piece], [*ctx.seeds, *starts]))[0]
         A = WeightedMarginals(terms.sizes, best.theta, ctx.names)
         return Candidate(tpl, A, float(best.loss), details={"iterations": int(best.nit)})
     A = Kron([Identity(n) for n in terms.sizes]) if terms.d > 1 else Identity(terms.sizes[0])

@@ -15,6 +15,11 @@ OPT_0 (``n = 8192, p = 64``) evaluates 1.5 times faster on two threads. Keys rea
 ``optimize-<what>-<token>``, for example ``optimize-factor-age-<token>`` or
 ``optimize-restart-marginals-<token>``; the token hashes the problem, so two
 identical problems (the same factor Gram, ``p`` and seed) are solved once.
+
+In process. ``run_tasks(..., inline=True)`` runs the tasks one after the other in
+the calling thread, with no graph, no keys and no scheduler: HDMM does that for
+problems under :data:`dpdask.strategy._hdmm.INLINE_MAX_CELLS` cells, whose tasks
+take milliseconds and would spend most of their time being scheduled.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 import dask.local
 from dask.base import get_scheduler, tokenize
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 __all__ = ["Task", "key_word", "run_tasks"]
 
@@ -76,16 +81,27 @@ class _Call:
         self.blas_threads = blas_threads
 
 
+_CONTROLLER: ThreadpoolController | None = None
+
+
+def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, blas_threads: int | None) -> Any:
+    """``fn(*args, **kwargs)`` with at most ``blas_threads`` BLAS threads (``None``: all)."""
+    global _CONTROLLER
+    if blas_threads is None:
+        return fn(*args, **kwargs)
+    if _CONTROLLER is None:  # scanning the loaded libraries costs milliseconds: once
+        _CONTROLLER = ThreadpoolController()
+    with _CONTROLLER.limit(limits=blas_threads, user_api="blas"):
+        return fn(*args, **kwargs)
+
+
 def _run(call: _Call, *shared: Any) -> Any:
     def fill(v: Any) -> Any:
         return shared[v.index] if isinstance(v, _Ref) else v
 
     args = tuple(fill(a) for a in call.args)
     kwargs = {k: fill(v) for k, v in call.kwargs.items()}
-    if call.blas_threads is None:
-        return call.fn(*args, **kwargs)
-    with threadpool_limits(limits=call.blas_threads, user_api="blas"):
-        return call.fn(*args, **kwargs)
+    return _call(call.fn, args, kwargs, call.blas_threads)
 
 
 def _is_shared(v: Any) -> bool:
@@ -124,10 +140,27 @@ def _scheduler(client: Any) -> Callable[..., Any]:
     return get if get is not None else dask.local.get_sync
 
 
-def run_tasks(tasks: Sequence[Task], client: Any = None) -> list[Any]:
-    """Run the tasks (in parallel where the scheduler allows) and return their results in order."""
+def run_tasks(tasks: Sequence[Task], client: Any = None, inline: bool = False) -> list[Any]:
+    """Run the tasks and return their results in order.
+
+    Parameters
+    ----------
+    tasks : sequence of Task
+        The problems.
+    client : distributed.Client, optional
+        Where to run them (see the module docstring); ignored with ``inline``.
+    inline : bool
+        Run them one after the other in the calling thread, without Dask.
+
+    Returns
+    -------
+    list
+        One result per task.
+    """
     if not tasks:
         return []
+    if inline:
+        return [_call(t.fn, tuple(t.args), dict(t.kwargs), t.blas_threads) for t in tasks]
     dsk = _graph(tasks)
     keys = list(dict.fromkeys(t.key for t in tasks))
     values = _scheduler(client)(dsk, keys)

@@ -39,7 +39,15 @@ import numpy as np
 from dpdask.linalg import Dense, Diagonal, Identity, Sparse, aslinearquery
 from dpdask.linalg._base import check_dense_size
 
-__all__ = ["ConvexSolution", "ca_solve", "convex_ca", "wca_i", "wca_ii", "workload_gram"]
+__all__ = [
+    "ConvexSolution",
+    "ca_solve",
+    "ca_solve_gram",
+    "convex_ca",
+    "wca_i",
+    "wca_ii",
+    "workload_gram",
+]
 
 
 # -- the convex optimum (CA) --------------------------------------------------
@@ -343,6 +351,30 @@ def ca_solve(
     if not (tol > 0):
         raise ValueError(f"tol must be positive, got {tol!r}")
     return _solve_gram(workload_gram(W, weights), float(tol), int(max_iter), int(max_cg))
+
+
+def ca_solve_gram(
+    G: np.ndarray, *, tol: float = 1e-7, max_iter: int = 100, max_cg: int = 100
+) -> ConvexSolution:
+    """:func:`ca_solve` on a workload's dense Gram matrix ``G = W^T D W`` (``n x n``).
+
+    Parameters
+    ----------
+    G : ndarray
+        The symmetric positive semi-definite Gram matrix.
+    tol, max_iter, max_cg
+        As in :func:`ca_solve`.
+
+    Returns
+    -------
+    ConvexSolution
+    """
+    if not (tol > 0):
+        raise ValueError(f"tol must be positive, got {tol!r}")
+    G = np.asarray(G, dtype=float)
+    if G.ndim != 2 or G.shape[0] != G.shape[1]:
+        raise ValueError(f"G must be a square matrix, got shape {G.shape}")
+    return _solve_gram((G + G.T) / 2, float(tol), int(max_iter), int(max_cg))
 
 
 def convex_ca(W: Any, weights: Any = None, **options: Any) -> Dense:
