@@ -54,6 +54,17 @@ def _local_model(path: str) -> bool:
     return isinstance(doc, dict) and doc.get("model") == "local"
 
 
+def _sums_model(path: str) -> bool:
+    """Whether the YAML spec at ``path`` says ``model: sums`` (see :mod:`dpdask.sums.spec`)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(pathlib.Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(doc, dict) and doc.get("model") == "sums"
+
+
 def _spec_parser(verb: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"dpdask {verb}", description=description)
     parser.add_argument("spec", help="the YAML release spec (see pipelines/)")
@@ -89,6 +100,12 @@ def _run(argv: Sequence[str]) -> int:
         from dpdask.ldp.spec import run_spec as run_local
 
         _print(run_local(args.spec), args.json, lambda r: json.dumps(r, indent=2))
+        return 0
+    if _sums_model(args.spec):  # sums of a numeric attribute per geography
+        from dpdask.sums.spec import run_spec as run_sums
+
+        summary = run_sums(args.spec, overwrite=args.overwrite, run_id=args.run_id)
+        _print(summary, args.json, lambda r: json.dumps(r, indent=2))
         return 0
     spec = load_spec(args.spec, period=args.period)
     with connect(spec.cluster, scheduler=args.scheduler) as client:
