@@ -43,26 +43,16 @@ def _bench(argv: Sequence[str]) -> int:
     return 0
 
 
-def _local_model(path: str) -> bool:
-    """Whether the YAML spec at ``path`` says ``model: local`` (see :mod:`dpdask.ldp.spec`)."""
+def _spec_model(path: str) -> str | None:
+    """The ``model:`` a YAML spec names (``local``: :mod:`dpdask.ldp.spec`; ``sums``:
+    :mod:`dpdask.sums.spec`), or ``None`` for a release spec of counts."""
     import yaml
 
     try:
         doc = yaml.safe_load(pathlib.Path(path).read_text())
     except (OSError, yaml.YAMLError):
-        return False  # the central spec reader reports the problem
-    return isinstance(doc, dict) and doc.get("model") == "local"
-
-
-def _sums_model(path: str) -> bool:
-    """Whether the YAML spec at ``path`` says ``model: sums`` (see :mod:`dpdask.sums.spec`)."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(pathlib.Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(doc, dict) and doc.get("model") == "sums"
+        return None  # the central spec reader reports the problem
+    return doc.get("model") if isinstance(doc, dict) else None
 
 
 def _spec_parser(verb: str, description: str) -> argparse.ArgumentParser:
@@ -96,12 +86,13 @@ def _run(argv: Sequence[str]) -> int:
     parser.add_argument("--scheduler", help="scheduler address (over the spec's cluster and env)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    if _local_model(args.spec):  # aggregate people's randomised responses
+    model = _spec_model(args.spec)
+    if model == "local":  # aggregate people's randomised responses
         from dpdask.ldp.spec import run_spec as run_local
 
         _print(run_local(args.spec), args.json, lambda r: json.dumps(r, indent=2))
         return 0
-    if _sums_model(args.spec):  # sums of a numeric attribute per geography
+    if model == "sums":  # sums of a numeric attribute per geography
         from dpdask.sums.spec import run_spec as run_sums
 
         summary = run_sums(args.spec, overwrite=args.overwrite, run_id=args.run_id)
@@ -147,8 +138,6 @@ def _faults(argv: Sequence[str]) -> int:
 
 
 def _export(argv: Sequence[str]) -> int:
-    import pathlib
-
     from dpdask.reader import export_release
 
     parser = argparse.ArgumentParser(
@@ -226,7 +215,7 @@ def _plan(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if (args.spec is None) == (args.workload is None):
         parser.error("give a release spec or --workload NAME (not both)")
-    if args.spec is not None and _local_model(args.spec):
+    if args.spec is not None and _spec_model(args.spec) == "local":
         from dpdask.ldp.spec import plan_spec as plan_local
 
         plan = plan_local(args.spec)  # writes the devices' strategy file

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import pathlib
 from fractions import Fraction
@@ -30,24 +29,11 @@ from dpdask.measure import lattice, measure
 from dpdask.noise import KeyedRNG, MeasurementId, _samplers, new_key
 from dpdask.privacy import ApproxDP, Ledger, PureDP, check_calibration, zCDP
 
+from .test_release import DensePlan as Plan
+
 DOMAIN = Domain(a=2, b=3)
 INTEGRAL = VStack([Kron([Identity(2), Identity(3)]), Kron([Total(2), Prefix(3)])])
 FRACTIONAL = Kron([Dense(np.array([[1.0, 0.5], [0.25, 1.0]])), Prefix(3)])
-
-
-@dataclasses.dataclass
-class Plan:
-    strategy: LinearQuery
-    workload: LinearQuery
-    domain: Domain
-    mechanism: str
-    noise_scale: float
-    privacy: object
-
-    def query_variances(self) -> np.ndarray:
-        A, W = self.strategy.dense(), self.workload.dense()
-        cov = np.linalg.pinv(A.T @ A)
-        return self.noise_scale**2 * np.einsum("ij,jk,ik->i", W, cov, W)
 
 
 def _plan(A: LinearQuery, mechanism: str = "gaussian", privacy=None) -> Plan:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import pathlib
@@ -25,33 +24,17 @@ from dpdask.dataflow._labels import (
     query_labels,
 )
 from dpdask.dataflow.release import release
-from dpdask.linalg import Identity, Kron, LinearQuery, Prefix, Total, VStack
+from dpdask.linalg import Identity, Kron, Prefix, Total, VStack
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
 from dpdask.reader import COLUMNS, open_release, release_table
 from dpdask.workloads import census, pl94, sf1_persons
 
 from . import ROOT
+from .test_release import DensePlan
 
 DOMAIN = Domain(a=2, b=3)
 LEVELS = ("state", "county", "tract")
-
-
-@dataclasses.dataclass
-class DensePlan:
-    """A plan computed densely (as in test_release)."""
-
-    strategy: LinearQuery
-    workload: LinearQuery
-    domain: Domain
-    mechanism: str
-    noise_scale: float
-    privacy: object
-
-    def query_variances(self) -> np.ndarray:
-        A, W = self.strategy.dense(), self.workload.dense()
-        cov = np.linalg.pinv(A.T @ A)
-        return self.noise_scale**2 * np.einsum("ij,jk,ik->i", W, cov, W)
 
 
 def make_plan() -> DensePlan:

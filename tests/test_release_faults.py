@@ -28,6 +28,7 @@ from dpdask.dataflow._workdir import work_dir
 from dpdask.dataflow.release import release
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger
+from dpdask.testing.fault_injection import place_key
 from dpdask.testing.faults import SlowOperator
 
 from .test_release import make_plan, store  # noqa: F401  (fixture)
@@ -37,21 +38,6 @@ distributed = pytest.importorskip("distributed")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PL94 = ROOT / "examples" / "data" / "pl94_providence"
 PL94_LEVELS = ("state", "county", "tract", "block_group", "block")
-
-
-def _place_key(output: pathlib.Path, run_id: str, raw: bytes) -> None:
-    """Put a copy of a run's key in the (new) work folder of run ``run_id`` at ``output``,
-    as the run itself keeps it: the folder 0700, the file 0600."""
-    work = work_dir(output, run_id)
-    work.parent.mkdir(parents=True, exist_ok=True)
-    work.mkdir(mode=0o700)
-    work.chmod(0o700)
-    fd = os.open(work / "key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, raw)
-    finally:
-        os.close(fd)
 
 
 def _assert_same_release(a: pathlib.Path, b: pathlib.Path, levels) -> None:
@@ -133,7 +119,7 @@ def test_killed_worker_real_key_is_bit_identical_and_charged_once(store, tmp_pat
     # the uninterrupted reference: its own ledger, the same ids, plan, chunking and key
     ref_ledger = Ledger.init(tmp_path / "ref-ledger.sqlite")
     ref = tmp_path / "ref.zarr"
-    _place_key(ref, "w1", seen["key"])
+    place_key(ref, "w1", seen["key"])
     release(plan, st, ledger=ref_ledger, **common).to_zarr(ref)  # local threads
     assert ref_ledger.run("fault", "w1").key_fingerprint == run.key_fingerprint
     assert len(ref_ledger.charges("fault")) == len(levels)
@@ -231,7 +217,7 @@ def test_killed_client_resumes_bit_identical_and_charged_once(tmp_path) -> None:
     # the uninterrupted reference: a fresh ledger, another output, the same run id and key
     ref_spec = _pl94_spec(tmp_path, "ref")
     ref = tmp_path / "ref" / "pl94.zarr"
-    _place_key(ref, "R", key)
+    place_key(ref, "R", key)
     _run_cli(ref_spec, "R", tmp_path / "ref.log")
     ref_ledger = Ledger(tmp_path / "ref" / "ledger.sqlite")
     assert ref_ledger.run("pl94-fault", "R").key_fingerprint == run.key_fingerprint
