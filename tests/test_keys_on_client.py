@@ -69,8 +69,7 @@ def _stream_keys(arr: da.Array) -> dict[tuple, StreamKey]:
 def _level_estimates(r, key: SecretKey, tmp_path: pathlib.Path) -> list[tuple[Any, da.Array]]:
     data = r._level_data()
     return [
-        (L, r._estimates(L, x, key, str(tmp_path), None))
-        for L, x in zip(r._levels, data, strict=True)
+        (L, r._estimates(L, x, key, str(tmp_path))) for L, x in zip(r._levels, data, strict=True)
     ]
 
 

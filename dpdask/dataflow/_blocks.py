@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
-import math
 import pathlib
 from typing import Any
 
@@ -43,7 +42,6 @@ __all__ = [
     "ESTIMATORS",
     "NONNEGATIVE",
     "answer_block",
-    "blas_threads_per_task",
     "estimate_block",
     "measure_block",
     "reconstruct_block",
@@ -109,7 +107,6 @@ def measure_block(
     receipt: Any,
     noise: bool,
     test_mode: bool,
-    blas_threads: int | None = None,
     block_info: dict | None = None,
 ) -> np.ndarray:
     """Noisy strategy answers ``(g, m)`` for one chunk (``x`` is ``(g, *domain.shape)``).
@@ -150,7 +147,6 @@ def estimate_block(
     receipt: Any,
     noise: bool,
     test_mode: bool,
-    blas_threads: int | None = None,
     block_info: dict | None = None,
 ) -> np.ndarray:
     """Least-squares estimates ``(g, *domain.shape)`` of one chunk: ``x + A^+ z``.
@@ -212,7 +208,6 @@ def reconstruct_block(
     pinv: LinearQuery | None = None,
     report_dir: str | None = None,
     level: str = "",
-    blas_threads: int | None = None,
     noise_scale: float | None = None,
     block_info: dict | None = None,
 ) -> np.ndarray:
@@ -249,7 +244,6 @@ def nonnegative_block(
     weights: float | None,
     report_dir: str | None = None,
     level: str = "",
-    blas_threads: int | None = None,
     block_info: dict | None = None,
 ) -> np.ndarray:
     """Non-negative estimates ``(g, *domain.shape)`` fitted to one chunk of estimates.
@@ -283,19 +277,8 @@ def _report(report_dir: str, level: str, chunk: int, info: dict) -> None:
     path.write_text(json.dumps({"level": level, "chunk": chunk, **info}))
 
 
-def answer_block(
-    x: np.ndarray, workload: LinearQuery, blas_threads: int | None = None
-) -> np.ndarray:
+def answer_block(x: np.ndarray, workload: LinearQuery) -> np.ndarray:
     """Workload answers ``(g, q)`` for one chunk of estimates."""
     tune_allocator()
     with task_blas():
         return np.asarray(workload.apply(x), dtype=np.float64)
-
-
-def blas_threads_per_task(total_threads: int, cores: int | None = None) -> int:
-    """BLAS threads each task may use so that ``total_threads`` concurrent tasks share
-    ``cores`` (default: this machine's) without oversubscription."""
-    import os
-
-    cores = cores or os.cpu_count() or 1
-    return max(1, math.floor(cores / max(1, total_threads)))

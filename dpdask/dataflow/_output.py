@@ -104,7 +104,6 @@ def level_outputs(
     variances: Sequence[np.ndarray],
     ids: Sequence[np.ndarray],
     parents: Sequence[np.ndarray],
-    blas: int | None,
     domain: Domain | None = None,
 ) -> tuple[list[da.Array], list[zarr.Array]]:
     """Create every level's group in ``root`` and pair its lazy arrays with their targets.
@@ -122,8 +121,6 @@ def level_outputs(
         Each level's per-unit variance scalars ``(n_units,)``.
     ids, parents : sequence of ndarray
         Each level's unit ids, and each level's parent index below the top.
-    blas : int or None
-        BLAS threads of the answer tasks (``answer-<level>``).
     domain : Domain, optional
         The data domain: names the estimate's axes and labels the queries (default: the
         plan's domain; axes ``dim_0``, ``dim_1``, ... without one).
@@ -189,7 +186,7 @@ def level_outputs(
                     _strings(g, cname, values, attr, f"{attr} category")
                     coords.append(cname)
         answers = est.map_blocks(
-            answer_block, W, blas, chunks=(est.chunks[0], (W.shape[0],)),
+            answer_block, W, chunks=(est.chunks[0], (W.shape[0],)),
             drop_axis=list(range(2, est.ndim)), dtype=np.float64,
             name=f"answer-{level_key(name)}-{tokenize(est, W)}", meta=np.empty((0, 0)),
         )  # fmt: skip
@@ -210,7 +207,7 @@ def level_outputs(
             _strings(g, "table_description", t_descriptions, "table_query",
                      "the Census's label of the cell")  # fmt: skip
             t_answers = est.map_blocks(
-                answer_block, Q, blas, chunks=(est.chunks[0], (Q.shape[0],)),
+                answer_block, Q, chunks=(est.chunks[0], (Q.shape[0],)),
                 drop_axis=list(range(2, est.ndim)), dtype=np.float64,
                 name=f"answer-{level_key(name)}-{tokenize(est, Q)}", meta=np.empty((0, 0)),
             )  # fmt: skip

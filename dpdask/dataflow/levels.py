@@ -330,7 +330,6 @@ def nonneg_fit_up(
     M: LinearQuery,
     weights: float | None,
     reports: str,
-    blas: int,
 ) -> list[da.Array]:
     """Non-negative estimates that stay consistent, fitted at the finest level and summed up.
 
@@ -347,7 +346,7 @@ def nonneg_fit_up(
     est = final[last]
     per_task = max(1, _FIT_CELLS // math.prod(est.shape[1:]))
     fitted = est.rechunk({0: per_task}).map_blocks(
-        nonnegative_block, M, weights, reports, lc.levels[last], blas,
+        nonnegative_block, M, weights, reports, lc.levels[last],
         dtype=np.float64, name=f"nonnegative-{word}-{tokenize(est, M, weights)}",
         meta=np.empty((0,) * est.ndim),
     )  # fmt: skip

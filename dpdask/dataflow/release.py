@@ -33,8 +33,8 @@ plan per level); :meth:`Release.to_zarr` runs it:
    measurements, and the consistent estimates are then projected top-down onto
    non-negative children that add up to their parents.
 
-Each task limits its BLAS to its share of the cores (one thread when two
-single-threaded workers share two cores), so that workers do not fight.
+Each task computes with one BLAS thread (:mod:`dpdask.dataflow._blas`): the cores are
+shared among tasks, and the release does not depend on the cluster it runs on.
 
 A run is bound in the ledger to the fingerprint of its key (:class:`dpdask.privacy.Run`).
 A run interrupted anywhere is resumed by running again with the same run id: the
@@ -73,7 +73,6 @@ from dask.base import tokenize
 
 from dpdask import __version__
 from dpdask.dataflow._aggregate import aggregate_rows, level_key
-from dpdask.dataflow._blas import TASK_BLAS_THREADS
 from dpdask.dataflow._blocks import (
     ESTIMATORS,
     FIT_AFTER_CONSISTENCY,
@@ -370,7 +369,6 @@ class Release:
         arrays, pending = [], []
         data = self._level_data()
         cell_shape = self.domain.shape
-        blas = self._blas_threads(client)
         last = len(self._levels) - 1
         for i, (L, x) in enumerate(zip(self._levels, data, strict=True)):
             arr = float_array(group, L.name, sum(L.chunks), cell_shape)
@@ -383,7 +381,7 @@ class Release:
             todo = [k for k in range(len(L.chunks)) if not marker(markers, L.name, k).exists()]
             if not todo:
                 continue
-            est = self._estimates(L, x, key, str(reports), blas)
+            est = self._estimates(L, x, key, str(reports))
             bounds = np.cumsum((0, *L.chunks))
             sum_bounds = np.cumsum((0, *self.lc.parent_ranges(i))) if sums is not None else None
             tok = tokenize(est.name)
@@ -404,9 +402,7 @@ class Release:
             _compute(pending, client, progress)
         return arrays
 
-    def _estimates(
-        self, L: _Level, x: da.Array, key: Any, reports: str, blas: int | None
-    ) -> da.Array:
+    def _estimates(self, L: _Level, x: da.Array, key: Any, reports: str) -> da.Array:
         """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
         the strategy allows (:meth:`LevelPlan.fused`), else ``measure-<level>`` then
         ``reconstruct-<level>``.
@@ -451,32 +447,26 @@ class Release:
         method = "ls" if self.reconstruct in FIT_AFTER_CONSISTENCY else self.reconstruct
         if L.plan.fused(method):
             return x.map_blocks(
-                estimate_block, L.plan, L.plan.pinv(), *ident, blas,
+                estimate_block, L.plan, L.plan.pinv(), *ident,
                 chunks=x.chunks,
                 dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
                 meta=np.empty((0,) * x.ndim),
             )  # fmt: skip
         m = L.plan.strategy.shape[0]
         y = x.map_blocks(
-            measure_block, L.plan, *ident, blas,
+            measure_block, L.plan, *ident,
             chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
             dtype=np.float64, name=f"measure-{word}-{tok}",
             meta=np.empty((0, 0)),
         )  # fmt: skip
         return y.map_blocks(
             reconstruct_block, L.plan.strategy, method, cell_shape, L.plan.pinv(),
-            reports, L.name, blas, L.plan.noise_scale,
+            reports, L.name, L.plan.noise_scale,
             chunks=(x.chunks[0], *((s,) for s in cell_shape)),
             new_axis=list(range(2, 1 + len(cell_shape))),
             dtype=np.float64, name=f"reconstruct-{word}-{tok}",
             meta=np.empty((0,) * (1 + len(cell_shape))),
         )  # fmt: skip
-
-    def _blas_threads(self, client: Any) -> int:
-        """BLAS threads per task: always :data:`~dpdask.dataflow._blas.TASK_BLAS_THREADS`
-        (one), so that the release does not depend on the cluster it runs on (BLAS
-        results depend on the thread count; see :mod:`dpdask.dataflow._blas`)."""
-        return TASK_BLAS_THREADS
 
     def _finish(
         self, work: pathlib.Path, raw: Sequence[zarr.Array], client: Any, progress: bool
@@ -509,7 +499,6 @@ class Release:
             final, fvar = top_down(z, vz, cz, cv, self.lc, "consistent")
         else:
             final, fvar = estimates, variances
-        blas = self._blas_threads(client)
         if self.reconstruct in FIT_AFTER_CONSISTENCY:
             L = self._levels[-1]
             M, weights = (
@@ -517,7 +506,7 @@ class Release:
                 if self.reconstruct == "nnls"
                 else (L.plan.workload, None)
             )
-            final = nonneg_fit_up(final, self.lc, M, weights, str(work / "reports"), blas)
+            final = nonneg_fit_up(final, self.lc, M, weights, str(work / "reports"))
         elif self.reconstruct in NONNEGATIVE:
             final = nonneg_down(final, self.lc, "nonnegative")
         out = work / "final.zarr"
@@ -528,7 +517,7 @@ class Release:
         sources, targets = level_outputs(
             root, [(L.name, L.plan, L.unit_variance) for L in self._levels], final, fvar,
             [np.asarray(geo.ids[geo.level_index(L.name)], dtype=str) for L in self._levels],
-            self.lc.parents, blas, domain=self.domain,
+            self.lc.parents, domain=self.domain,
         )  # fmt: skip
         stored = da.store(sources, targets, lock=False, compute=False)
         _compute([stored], client, progress)
