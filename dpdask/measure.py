@@ -70,13 +70,20 @@ measurement's guarantee is at most the plan's, and :func:`check_calibration`
 confirms ``(D', s')`` against the plan's privacy for the discrete mechanism (for an
 (epsilon, delta) budget, where the discrete Gaussian is accounted through zCDP
 (CKS), ``s'`` is raised further until it fits). The ledger is charged the plan's
-privacy, which therefore bounds the measurement's loss. The ``+2`` per row
-assumes each computed answer ``f(x) = A.apply(x)`` is within ``h / 2`` of the exact
-``A x``: that is the one floating-point assumption left, about the query, not the
-noise. It holds with a wide margin in practice (double precision, ``h`` about
-``1e-6`` relative to the sensitivity), but the worst-case componentwise bound
-``gamma_N (|A| |x|)_i`` does not guarantee it for national totals; it is stated,
-not checked.
+privacy, which therefore bounds the measurement's loss.
+
+Floating-point evaluation. The ``+2`` per row needs each computed answer
+``f(x) = A.apply(x)`` within ``h / 2`` of the exact ``A x`` (of the strategy's
+stored doubles). :func:`dpdask.linalg.evaluation_error` gives a rigorous bound
+``e`` with ``|f(x)_i - (A x)_i| <= e ||x||_1`` (componentwise rounding-error
+analysis of the operator's own algorithm), and every geography's total is at most
+the public bound ``max_total`` (default :data:`DEFAULT_MAX_TOTAL`, ``2**33``, more
+people than live on Earth; :func:`measure` refuses data above it before anything
+is charged). So ``h`` is never finer than ``2 e max_total``: ``k`` is the least of
+the slack rule above, this rule, and the noise-scale cap. The sensitivity itself
+is computed in floating point (sums of at most a few million terms, relative
+error below ``2**-24``), so ``D`` is padded by that factor before use, on every
+path. No floating-point assumption is left on the release path.
 
 ``integer_noise`` is kept for compatibility: ``None`` and ``True`` give the rule
 above; ``False`` (floating-point noise) needs ``unsafe_float=True``, which restores
@@ -110,6 +117,7 @@ from dpdask.linalg import (
     Sum,
     Transpose,
     VStack,
+    evaluation_error,
 )
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey
 from dpdask.noise._keys import as_secret_key
@@ -118,6 +126,7 @@ from dpdask.privacy import ApproxDP, Budget, Charge, Ledger, check_calibration
 from dpdask.privacy._mechanisms import MECHANISM_NORM
 
 __all__ = [
+    "DEFAULT_MAX_TOTAL",
     "Lattice",
     "MeasurePlan",
     "charge_level",
@@ -133,6 +142,8 @@ __all__ = [
 _DISCRETE = {"laplace": "discrete_laplace", "gaussian": "discrete_gaussian"}
 _MAX_EXACT = 2.0**53
 _LATTICE_SLACK = 1024  # target: the lattice adds at most D / 1024 to the sensitivity
+_SENSITIVITY_PAD = Fraction(1) + Fraction(1, 2**24)  # float column norms, relative error
+DEFAULT_MAX_TOTAL = 2**33  # public bound on one geography's total (module notes)
 _MAX_GRID_SCALE = 2**29  # largest noise scale on the grid
 
 
@@ -498,6 +509,28 @@ class Lattice:
     grid_scale: Fraction
 
 
+def _step(k: int) -> Fraction:
+    """The grid step ``2**-k`` as an exact fraction (``k`` may be negative)."""
+    return Fraction(1, 2**k) if k >= 0 else Fraction(2 ** (-k))
+
+
+def _exact_integral_sensitivity(sens: float, p: int) -> float:
+    """The least double at or above the exact norm of an integer column (``D``, ``p``)."""
+    if p == 1 or sens > 2**24:
+        return sens if p == 1 else _up(Fraction(sens) * _SENSITIVITY_PAD)
+    square = round(sens * sens)
+    root = math.sqrt(square)
+    return root if Fraction(root) ** 2 >= square else math.nextafter(root, math.inf)
+
+
+def _check_max_total(max_total: Any) -> int:
+    if isinstance(max_total, bool) or not isinstance(max_total, int | np.integer):
+        raise TypeError(f"max_total must be an integer, got {max_total!r}")
+    if not 1 <= int(max_total) <= 2**52:
+        raise ValueError(f"max_total must be between 1 and 2**52, got {max_total}")
+    return int(max_total)
+
+
 def _up(value: Fraction) -> float:
     """The least double at or above ``value``."""
     f = float(value)
@@ -512,18 +545,21 @@ def _fits(mech: str, sens: float, scale: float, privacy: Budget) -> bool:
     return True
 
 
-def lattice(plan: MeasurePlan, dtype: Any) -> Lattice:
+def lattice(plan: MeasurePlan, dtype: Any, max_total: int = DEFAULT_MAX_TOTAL) -> Lattice:
     """The lattice measurement of ``plan`` for data of ``dtype`` (module notes).
 
-    Decided from the plan and the dtype only (no data is read).
+    Decided from the plan, the dtype and the public bound ``max_total`` on one
+    geography's total (no data is read).
 
     Raises
     ------
     TypeError, ValueError
-        If a discrete plan meets float data or a non-integer strategy, or no noise
-        scale within the sampler's range fits the plan's privacy.
+        If a discrete plan meets float data or a non-integer strategy, no noise
+        scale within the sampler's range fits the plan's privacy, or the
+        strategy's floating-point evaluation cannot be bounded.
     """
     A, mech, scale, privacy, _ = _check_plan(plan)
+    max_total = _check_max_total(max_total)
     integer_data = np.issubdtype(np.dtype(dtype), np.integer)
     integral = integer_data and has_integer_entries(A)
     if mech.startswith("discrete") and not integral:
@@ -533,14 +569,20 @@ def lattice(plan: MeasurePlan, dtype: Any) -> Lattice:
     disc = _DISCRETE.get(mech, mech)
     p = MECHANISM_NORM[mech]
     sens = _sensitivity(A, p)
-    if integral:
-        k, sens_eff = 0, sens
+    padded = Fraction(sens) * _SENSITIVITY_PAD
+    if integral:  # integer entries: D (L1) or D**2 (L2) is an integer, exact in float
+        k, sens_eff = 0, _exact_integral_sensitivity(sens, p)
     else:
         m = A.shape[0]
         c = 2.0 * m if p == 1 else 2.0 * math.sqrt(m)
         k = max(0, math.ceil(math.log2(c * _LATTICE_SLACK / sens)))
         k = min(k, math.floor(math.log2(_MAX_GRID_SCALE / scale)))
-        sens_eff = _up(Fraction(sens) + Fraction(math.ceil(c * 2**20), 2**20) / 2**k)
+        err = evaluation_error(A) * max_total  # largest evaluation error of an answer
+        if err > 0:
+            k = min(k, math.floor(-math.log2(2.0 * err)))
+        while _step(k) < 2 * Fraction(err):  # log2 rounding
+            k -= 1  # pragma: no cover
+        sens_eff = _up(padded + Fraction(math.ceil(c * 2**20), 2**20) * _step(k))
     s_eff = _up(Fraction(scale) * Fraction(sens_eff) / Fraction(sens))
     if not _fits(disc, sens_eff, s_eff, privacy):
         if not isinstance(privacy, ApproxDP):  # same ratio D'/s': cannot happen but rounding
@@ -556,7 +598,7 @@ def lattice(plan: MeasurePlan, dtype: Any) -> Lattice:
                 break
             lo, hi = (lo, mid) if _fits(disc, sens_eff, mid, privacy) else (mid, hi)
         s_eff = hi
-    grid = Fraction(s_eff) * 2**k
+    grid = Fraction(s_eff) / _step(k)
     if grid > MAX_TABLE_SCALE:
         raise ValueError(f"noise scale {s_eff:g} is too large for the lattice sampler")
     return Lattice(disc, integral, k, sens_eff, s_eff, grid)
@@ -642,6 +684,7 @@ def measure(
     integer_noise: bool | None = None,
     test_mode: bool = False,
     unsafe_float: bool = False,
+    max_total: int = DEFAULT_MAX_TOTAL,
 ) -> np.ndarray:
     """Noisy answers ``A x + noise`` for one chunk of geographies.
 
@@ -694,7 +737,7 @@ def measure(
     """
     return _measure(
         plan, x, key, identity, ledger, run_id, dims, integer_noise, test_mode, unsafe_float,
-        answers=True,
+        answers=True, max_total=max_total,
     )  # fmt: skip
 
 
@@ -710,6 +753,7 @@ def measurement_noise(
     integer_noise: bool | None = None,
     test_mode: bool = False,
     unsafe_float: bool = False,
+    max_total: int = DEFAULT_MAX_TOTAL,
 ) -> np.ndarray:
     """The noise :func:`measure` adds to this chunk's answers, without computing them.
 
@@ -729,7 +773,7 @@ def measurement_noise(
     """
     return _measure(
         plan, x, key, identity, ledger, run_id, dims, integer_noise, test_mode, unsafe_float,
-        answers=False,
+        answers=False, max_total=max_total,
     )  # fmt: skip
 
 
@@ -746,6 +790,7 @@ def _measure(
     unsafe_float: bool,
     *,
     answers: bool,
+    max_total: int = DEFAULT_MAX_TOTAL,
 ) -> np.ndarray:
     # 1. plan, key, identity (no data touched)
     if not isinstance(test_mode, bool):
@@ -788,7 +833,7 @@ def _measure(
         discrete = mech.startswith("discrete")
         scale: Any = charge.noise_scale
     else:
-        spec = lattice(plan, data.dtype) if integer_noise is not False else None
+        spec = lattice(plan, data.dtype, max_total) if integer_noise is not False else None
         if spec is None:
             noise_mechanism(plan, data.dtype, integer_noise)  # raises
             raise AssertionError("unreachable")  # pragma: no cover
@@ -798,8 +843,14 @@ def _measure(
                 "on the lattice (float data or a non-integer strategy) the measurement is the "
                 "rounded answers plus noise; the noise alone is not a post-processing of it"
             )
-    totals = data.reshape(data.shape[0], -1).sum(axis=1, dtype=np.float64)
+    totals = np.abs(data.reshape(data.shape[0], -1)).sum(axis=1, dtype=np.float64)
     top = float(totals.max()) if totals.size else 0.0
+    pad = 1.0 if np.issubdtype(data.dtype, np.integer) else 1.0 + 2.0**-24  # float sums
+    if spec is not None and not spec.exact and top * pad > max_total:
+        raise ValueError(
+            f"a geography's total {top:.6g} is above the public bound max_total = "
+            f"{max_total} the lattice was sized for; raise max_total"
+        )
     if discrete and top * max(_sensitivity(A, 1), 1.0) >= _MAX_EXACT:
         raise ValueError("counts too large for exact integer answers (above 2**53)")
     if spec is not None and not spec.exact:

@@ -24,7 +24,16 @@ import zarr
 from dpdask import Domain, Geography
 from dpdask.dataflow import write_store
 from dpdask.dataflow.release import release
-from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Prefix, Total, VStack
+from dpdask.linalg import (
+    Dense,
+    Identity,
+    Kron,
+    LinearQuery,
+    Prefix,
+    Total,
+    VStack,
+    evaluation_error,
+)
 from dpdask.measure import lattice, measure
 from dpdask.noise import KeyedRNG, MeasurementId, _samplers, new_key
 from dpdask.privacy import ApproxDP, Ledger, PureDP, check_calibration, zCDP
@@ -188,3 +197,42 @@ def test_float_data_measured_with_a_real_key_and_ledger(tmp_path, no_float, mech
     y = measure(plan, x, new_key(), ("r", "county", 0, "A"), ledger, run_id="run")
     k = lattice(plan, x.dtype).k
     assert y.dtype == np.float64 and np.array_equal(np.ldexp(y, k), np.round(np.ldexp(y, k)))
+
+
+# -- the floating-point evaluation of A x (dpdask.linalg.evaluation_error) ---------
+def test_grid_step_covers_the_evaluation_error():
+    """The grid step is at least twice the worst evaluation error at ``max_total``."""
+    plan = _plan(FRACTIONAL)
+    e = evaluation_error(FRACTIONAL)
+    for max_total in (1, 2**33, 2**50):
+        spec = lattice(plan, np.int64, max_total=max_total)
+        assert 2.0**-spec.k >= 2 * e * max_total
+        check_calibration(spec.mechanism, spec.sensitivity, spec.noise_scale, plan.privacy)
+    # a huge bound coarsens the grid, and the extra rounding is accounted in D'
+    fine, coarse = lattice(plan, np.int64, max_total=1), lattice(plan, np.int64, max_total=2**50)
+    assert coarse.k < fine.k
+    c = 2 * math.sqrt(FRACTIONAL.shape[0])
+    assert coarse.sensitivity >= FRACTIONAL.sensitivity(2) + c * 2.0**-coarse.k
+
+
+def test_total_above_max_total_is_refused_before_any_charge(tmp_path):
+    ledger = Ledger.init(tmp_path / "ledger.sqlite")
+    ledger.open_release("r", zCDP(1))
+    plan = _plan(FRACTIONAL)
+    x = np.full((2, 2, 3), 100, dtype=np.int64)  # totals 600
+    with pytest.raises(ValueError, match="max_total"):
+        measure(plan, x, new_key(), ("r", "county", 0, "A"), ledger, run_id="run", max_total=599)
+    assert ledger.charges("r") == []
+    y = measure(plan, x, new_key(), ("r", "county", 0, "A"), ledger, run_id="run", max_total=600)
+    assert y.shape == (2, FRACTIONAL.shape[0]) and len(ledger.charges("r")) == 1
+
+
+def test_strategies_of_every_selector_have_an_evaluation_bound():
+    """Every strategy the plan step can return can be put on a lattice."""
+    from dpdask.linalg import AllRange
+    from dpdask.strategy import PIdentity
+    from dpdask.strategy.baselines import hierarchical
+
+    candidates = [PIdentity(np.ones((2, 8)), norm=1), hierarchical(16, 2), AllRange(6)]
+    for A in candidates:
+        assert 0 <= evaluation_error(A) < 1e-12

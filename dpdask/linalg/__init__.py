@@ -19,9 +19,11 @@ from dpdask.linalg._primitives import (
     Total,
 )
 from dpdask.linalg._roots import gram_root
+from dpdask.linalg._rounding import UNIT_ROUNDOFF, evaluation_error, gamma, rounding_pair
 from dpdask.linalg._union import VStack
 
 __all__ = [
+    "UNIT_ROUNDOFF",
     "AllRange",
     "Dense",
     "Diagonal",
@@ -40,5 +42,8 @@ __all__ = [
     "VStack",
     "apply_per_geography",
     "aslinearquery",
+    "evaluation_error",
+    "gamma",
     "gram_root",
+    "rounding_pair",
 ]

@@ -366,6 +366,12 @@ class BlockDiagonal(LinearQuery):
             ]
         )
 
+    def _rounding(self) -> tuple[float, float]:
+        from dpdask.linalg import rounding_pair
+
+        pairs = [rounding_pair(b) for b in self.blocks]
+        return max(p[0] for p in pairs), max(p[1] for p in pairs)
+
     def _params(self) -> tuple:
         return tuple(self.blocks)
 

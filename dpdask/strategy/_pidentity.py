@@ -99,6 +99,13 @@ class PIdentity(LinearQuery):
     def _params(self) -> tuple:
         return (self.theta, self.norm)
 
+    def _rounding(self) -> tuple[float, float]:
+        # one division per cell, then a product of length n (dpdask.linalg._rounding)
+        from dpdask.linalg import UNIT_ROUNDOFF, gamma
+
+        M = max(float(np.max(1.0 / self.d)), float(np.max(np.abs(self.theta) / self.d)))
+        return (1.0 + UNIT_ROUNDOFF) * (1.0 + gamma(self.n)) - 1.0, M
+
     def _inverse_gram(self) -> InverseGram:
         M = np.eye(self.p) + self.theta @ self.theta.T
         L = np.linalg.cholesky(M)

@@ -37,6 +37,11 @@ class SlowOperator(LinearQuery):
     def _params(self) -> tuple:
         return (self.base, self.delay)
 
+    def _rounding(self) -> tuple[float, float]:
+        from dpdask.linalg import rounding_pair
+
+        return rounding_pair(self.base)
+
     def gram(self) -> LinearQuery:
         return self.base.gram()
 
