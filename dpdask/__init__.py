@@ -12,12 +12,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from dpdask import config  # noqa: F401  (registers configuration defaults)
 from dpdask.domain import Domain, Geography
+from dpdask.errors import DPDaskError, DPDaskWarning
 from dpdask.strategy import Plan, select
-
-
-class DPDaskWarning(UserWarning):
-    """Base class of the warnings dpdask emits (errors in dpdask's own tests)."""
-
 
 try:
     __version__ = version("dpdask")
@@ -25,6 +21,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "DPDaskError",
     "DPDaskWarning",
     "Domain",
     "Geography",

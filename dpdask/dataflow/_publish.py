@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+from dpdask.errors import StoreExistsError, UnsafeOutputError
+
 __all__ = [
     "StoreExistsError",
     "UnsafeOutputError",
@@ -27,14 +29,6 @@ __all__ = [
 ]
 
 RELEASE_FORMAT = "dpdask-release"
-
-
-class StoreExistsError(FileExistsError, ValueError):
-    """The output path exists and replacing it was not asked for."""
-
-
-class UnsafeOutputError(ValueError):
-    """The output path would overwrite or sit inside something that is not a release."""
 
 
 def release_attributes(path: str | os.PathLike) -> dict | None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpdask import config
+from dpdask.errors import ClusterUnreachableError
 
 __all__ = [
     "ClusterChoice",
@@ -169,10 +170,6 @@ def _config_security() -> Any:
 
     sec = Security(require_encryption=True)
     return sec if sec.tls_ca_file and sec.tls_client_cert else None
-
-
-class ClusterUnreachableError(ConnectionError, ValueError):
-    """The scheduler named by a spec, ``--scheduler`` or the environment did not answer."""
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ from typing import Any
 import yaml
 
 from dpdask.domain import Domain
+from dpdask.errors import SpecError
 from dpdask.privacy import ApproxDP, Budget, PureDP, as_fraction, split_levels, zCDP
 
 __all__ = ["DataSpec", "ReleaseSpec", "SpecError", "load_spec", "parse_spec"]
@@ -86,10 +87,6 @@ _LOCAL_KEYS = (
     "n_workers", "threads_per_worker", "processes", "memory_limit", "dashboard_address",
 )  # fmt: skip
 _TLS_KEYS = ("ca_file", "cert", "key")
-
-
-class SpecError(ValueError):
-    """A release spec is invalid; the message names the field."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpdask.errors import LedgerError, LedgerMissingError, LedgerTamperedError
+
 __all__ = [
     "SCHEMA_VERSION",
     "Chain",
@@ -67,18 +69,6 @@ CREATE TABLE entries (
 """
 _TABLES = ("meta", "entries")
 _TRIGGERS = tuple(f"{t}_no_{op}" for t in _TABLES for op in ("update", "delete"))
-
-
-class LedgerError(ValueError):
-    """Base of the ledger's errors: the ledger refuses, and nothing was written."""
-
-
-class LedgerMissingError(LedgerError, FileNotFoundError):
-    """There is no ledger at the path, and creating one was not asked for."""
-
-
-class LedgerTamperedError(LedgerError):
-    """The ledger is empty, corrupt, edited, truncated or rolled back."""
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpdask.errors import BudgetExceededError, LedgerConflictError, RunStateError
 from dpdask.privacy._budget import Budget
-from dpdask.privacy._chain import Entry, LedgerError
+from dpdask.privacy._chain import Entry
 from dpdask.privacy._mechanisms import MECHANISM_NORM
 
 __all__ = [
@@ -26,18 +27,6 @@ __all__ = [
 RUN_STATES = ("open", "measuring", "published", "abandoned")
 _LIVE = ("open", "measuring")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-
-
-class BudgetExceededError(LedgerError):
-    """A charge would exceed a release's budget or a dataset's total."""
-
-
-class LedgerConflictError(LedgerError):
-    """A charge or registration contradicts what the ledger already holds."""
-
-
-class RunStateError(LedgerConflictError):
-    """A run id that is published, abandoned, or bound to another key."""
 
 
 def check_run_id(run_id: Any) -> str:

@@ -85,6 +85,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpdask.errors import SpecError
 from dpdask.privacy import PureDP
 
 __all__ = ["SPEC_KEYS", "SpecError", "load_spec", "main", "run_spec"]
@@ -110,10 +111,6 @@ _THRESHOLD_KEYS = {"svt": {"name", "r", "s", "c"}, "recursive": {"name", "theta0
 _CHUNK = 256  # geographies per measured chunk
 _BETA = 0.05  # failure probability of the published SVT bound on truncated records
 THRESHOLD_LEVEL = "all"
-
-
-class SpecError(ValueError):
-    """A sum spec or its data is invalid (raised before anything is charged)."""
 
 
 def _path(base: pathlib.Path, p: Any, what: str) -> pathlib.Path:

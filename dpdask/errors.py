@@ -1,0 +1,120 @@
+"""The errors and warnings dpdask raises, under one base users can catch.
+
+Every error dpdask raises on purpose is a :class:`DPDaskError`. Each specific error
+also derives from the built-in exception that described it before (most from
+:class:`ValueError`), so ``except ValueError`` keeps working.
+
+=====================  =======================================================
+error                  raised when
+=====================  =======================================================
+``SpecError``          a release spec (or its sums / local-model part) is invalid
+``DataError``          input counts are malformed: NaN, negative, wrong shape or
+                       dtype, unknown categories, above a public bound
+``PlanError``          a plan, strategy or privacy parameter cannot be used
+``NoiseKeyError``      a secret key, key file or stream key is missing or wrong
+``LedgerError``        the privacy ledger refuses (nothing was written); its
+                       subclasses say why: missing, tampered, conflicting run,
+                       budget exceeded
+``OutputError``        an output path is unsafe or exists
+``ClusterError``       the named scheduler did not answer
+``ConvergenceError``   an optimiser or estimator cannot produce a result
+=====================  =======================================================
+
+Warnings derive from :class:`DPDaskWarning`; :class:`ConvergenceWarning` is
+raised when an estimator stops at its iteration limit before its tolerance.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BudgetExceededError",
+    "ClusterUnreachableError",
+    "ConvergenceError",
+    "ConvergenceWarning",
+    "DPDaskError",
+    "DPDaskWarning",
+    "DataError",
+    "LedgerConflictError",
+    "LedgerError",
+    "LedgerMissingError",
+    "LedgerTamperedError",
+    "NoiseKeyError",
+    "OutputError",
+    "PlanError",
+    "RunStateError",
+    "SpecError",
+    "StoreExistsError",
+    "UnsafeOutputError",
+]
+
+
+class DPDaskError(Exception):
+    """Base of every error dpdask raises on purpose."""
+
+
+class SpecError(DPDaskError, ValueError):
+    """A release spec is invalid; the message names the field."""
+
+
+class DataError(DPDaskError, ValueError):
+    """Input counts are malformed; raised before anything is charged or written."""
+
+
+class PlanError(DPDaskError, ValueError):
+    """A plan, strategy or privacy parameter cannot be used as given."""
+
+
+class NoiseKeyError(DPDaskError, ValueError):
+    """A secret key, key file or stream key is missing, malformed or not the one bound."""
+
+
+class LedgerError(DPDaskError, ValueError):
+    """Base of the ledger's errors: the ledger refuses, and nothing was written."""
+
+
+class LedgerMissingError(LedgerError, FileNotFoundError):
+    """There is no ledger at the path, and creating one was not asked for."""
+
+
+class LedgerTamperedError(LedgerError):
+    """The ledger is empty, corrupt, edited, truncated or rolled back."""
+
+
+class BudgetExceededError(LedgerError):
+    """A charge would exceed a release's budget or a dataset's total."""
+
+
+class LedgerConflictError(LedgerError):
+    """A charge or registration contradicts what the ledger already holds."""
+
+
+class RunStateError(LedgerConflictError):
+    """A run id that is published, abandoned, or bound to another key."""
+
+
+class OutputError(DPDaskError, ValueError):
+    """An output path cannot be written safely."""
+
+
+class StoreExistsError(OutputError, FileExistsError):
+    """The output path exists and replacing it was not asked for."""
+
+
+class UnsafeOutputError(OutputError):
+    """The output path would overwrite or sit inside something that is not a release."""
+
+
+class ClusterUnreachableError(DPDaskError, ConnectionError, ValueError):
+    """The scheduler named by a spec, ``--scheduler`` or the environment did not answer."""
+
+
+class ConvergenceError(DPDaskError, RuntimeError):
+    """An optimiser or estimator cannot produce a usable result."""
+
+
+class DPDaskWarning(UserWarning):
+    """Base class of the warnings dpdask emits (errors in dpdask's own tests)."""
+
+
+class ConvergenceWarning(DPDaskWarning):
+    """An estimator or optimiser stopped at its iteration limit before its tolerance."""
