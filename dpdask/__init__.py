@@ -5,7 +5,7 @@ describe data and queries, :mod:`dpdask.workloads` builds real workloads,
 :mod:`dpdask.strategy` selects what to measure, :mod:`dpdask.privacy` and
 :mod:`dpdask.noise` measure, :mod:`dpdask.reconstruct` estimates, and
 :mod:`dpdask.dataflow` runs a release over zarr data on a Dask cluster;
-:func:`open_release` (:mod:`dpdask.reader`) reads a published one with xarray.
+:func:`open_release` (:mod:`dpdask.publish.reader`) reads a published one with xarray.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -35,7 +35,7 @@ __all__ = [
 def __getattr__(name: str):
     # open_release needs xarray: imported on first use, not with the package
     if name == "open_release":
-        from dpdask.reader import open_release
+        from dpdask.publish.reader import open_release
 
         return open_release
     raise AttributeError(f"module 'dpdask' has no attribute {name!r}")

@@ -138,7 +138,7 @@ def _faults(argv: Sequence[str]) -> int:
 
 
 def _export(argv: Sequence[str]) -> int:
-    from dpdask.reader import export_release
+    from dpdask.publish.reader import export_release
 
     parser = argparse.ArgumentParser(
         prog="dpdask export",
@@ -280,8 +280,8 @@ def _plan_workload(args: argparse.Namespace, parser: argparse.ArgumentParser):
 
 
 def _ledger(argv: Sequence[str]) -> int:
-    from dpdask.dataflow._publish import release_attributes
     from dpdask.privacy import Head, Ledger, LedgerTamperedError
+    from dpdask.publish import release_attributes
 
     parser = argparse.ArgumentParser(
         prog="dpdask ledger",

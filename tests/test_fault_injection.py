@@ -19,8 +19,8 @@ import yaml
 import zarr
 
 from dpdask.cli import main
-from dpdask.dataflow._workdir import work_dir
 from dpdask.pipeline.spec import load_spec
+from dpdask.publish import work_dir
 from dpdask.testing.fault_injection import (
     FAULT_KINDS,
     TRIAL_CLUSTER,

@@ -21,7 +21,7 @@ import pytest
 from dask._task_spec import DataNode, Task
 
 from dpdask.dataflow._blocks import estimate_block, measure_block
-from dpdask.dataflow.level_plan import LevelPlan
+from dpdask.dataflow._level_plan import LevelPlan
 from dpdask.dataflow.release import release
 from dpdask.measure import lattice, noise_mechanism, stream_identity, stream_key
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey, new_key

@@ -8,7 +8,7 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from dpdask.dataflow.levels import (
+from dpdask.dataflow._levels import (
     aggregate_level,
     bottom_up,
     level_chunks,

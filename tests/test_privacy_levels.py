@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from dpdask.dataflow.level_plan import LevelPlan
+from dpdask.dataflow._level_plan import LevelPlan
 from dpdask.linalg import Prefix
 from dpdask.privacy import (
     ApproxDP,

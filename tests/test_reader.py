@@ -17,17 +17,17 @@ import dpdask
 from dpdask import Domain, Geography
 from dpdask.cli import main
 from dpdask.dataflow import write_store
-from dpdask.dataflow._labels import (
+from dpdask.dataflow.release import release
+from dpdask.linalg import Identity, Kron, Prefix, Total, VStack
+from dpdask.noise import SecretKey
+from dpdask.privacy import Ledger, zCDP
+from dpdask.publish import (
     category_labels,
     pl94_tables,
     query_descriptions,
     query_labels,
 )
-from dpdask.dataflow.release import release
-from dpdask.linalg import Identity, Kron, Prefix, Total, VStack
-from dpdask.noise import SecretKey
-from dpdask.privacy import Ledger, zCDP
-from dpdask.reader import COLUMNS, open_release, release_table
+from dpdask.publish.reader import COLUMNS, open_release, release_table
 from dpdask.workloads import census, pl94, sf1_persons
 
 from . import ROOT

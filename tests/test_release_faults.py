@@ -24,10 +24,10 @@ import pytest
 import yaml
 import zarr
 
-from dpdask.dataflow._workdir import work_dir
 from dpdask.dataflow.release import release
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger
+from dpdask.publish import work_dir
 from dpdask.testing.fault_injection import place_key
 from dpdask.testing.faults import SlowOperator
 

@@ -14,7 +14,7 @@ import yaml
 
 from dpdask.cli import main
 from dpdask.dataflow import read_pl94, write_store
-from dpdask.dataflow._labels import pl94_tables
+from dpdask.publish import pl94_tables
 from dpdask.report import default_output, report_data, write_report
 from dpdask.workloads import pl94
 

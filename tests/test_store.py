@@ -23,7 +23,7 @@ from dpdask.dataflow import (
     write_store,
 )
 from dpdask.dataflow._aggregate import level_key
-from dpdask.dataflow._publish import publishing
+from dpdask.publish import publishing
 
 LEVELS = {"state": 1, "county": 3, "tract": 6}
 

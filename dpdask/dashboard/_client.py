@@ -109,8 +109,8 @@ def _tables(plan: Any, domain: Any) -> list[dict[str, Any]]:
     if names is not None and len(names) == len(qv):
         out += _groups(names, qv, "part")
     try:
-        from dpdask.dataflow._labels import published_tables
         from dpdask.dataflow._output import _table_variances
+        from dpdask.publish import published_tables
 
         tables = published_tables(plan.workload, domain)
         tv = None if tables is None else _table_variances(plan, tables[2], domain)

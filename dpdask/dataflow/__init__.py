@@ -2,7 +2,7 @@
 
 A data store is a zarr v3 group with the counts of every finest geography unit
 (``(n_geographies, *domain.shape)``, chunked along geography only) and the domain and
-geography hierarchy beside them (see :mod:`dpdask.dataflow._store` for the layout).
+geography hierarchy beside them (see :mod:`dpdask.dataflow.store` for the layout).
 Stores come from person records (:func:`ingest_records`), from the Census P.L. 94-171
 summary file (:func:`read_pl94`) or from an existing array (:func:`adopt_array`);
 :func:`aggregate` gives the counts of any coarser level, lazily.
@@ -11,8 +11,7 @@ summary file (:func:`read_pl94`) or from an existing array (:func:`adopt_array`)
 from dpdask.dataflow._aggregate import aggregate
 from dpdask.dataflow._ingest import ingest_records
 from dpdask.dataflow._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
-from dpdask.dataflow._publish import StoreExistsError
-from dpdask.dataflow._store import (
+from dpdask.dataflow.store import (
     DataStore,
     adopt_array,
     default_geo_chunk,
@@ -20,6 +19,7 @@ from dpdask.dataflow._store import (
     read_store,
     write_store,
 )
+from dpdask.publish import StoreExistsError
 
 __all__ = [
     "P1_RACE_COLUMNS",

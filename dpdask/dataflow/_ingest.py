@@ -32,9 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from dask.base import tokenize
 
-from dpdask.dataflow._publish import check_target
-from dpdask.dataflow._store import DataStore, _check_integer_dtype, _publish_store
+from dpdask.dataflow.store import DataStore, _check_integer_dtype, _publish_store
 from dpdask.domain import Domain, Geography
+from dpdask.publish import check_target
 
 __all__ = ["ingest_records"]
 

@@ -1,7 +1,7 @@
 """The published release: per level, estimates, workload answers and their variances.
 
 The layout is in :mod:`dpdask.dataflow.release`; the labels in
-:mod:`dpdask.dataflow._labels`. Every array has a row per zarr chunk along the
+:mod:`dpdask.publish`. Every array has a row per zarr chunk along the
 geography axis, so that any Dask chunk of a level writes whole zarr chunks with no
 rechunking (the level chunks are uneven, aligned to parents).
 
@@ -22,7 +22,7 @@ coordinates. Per level group::
     variance           float64 (geography, query)     their variances (persons^2)
 
 and, for the PL94 workload, the P.L. 94-171 tables P1-P4 computed from the same
-estimates (:func:`~dpdask.dataflow._labels.published_tables`)::
+estimates (:func:`~dpdask.publish.published_tables`)::
 
     table_query        str (table_query,)             P1_001 .. P4_073
     table_description  str (table_query,)             the Census's line labels
@@ -42,14 +42,14 @@ from dask.base import tokenize
 
 from dpdask.dataflow._aggregate import level_key
 from dpdask.dataflow._blocks import answer_block
-from dpdask.dataflow._labels import (
+from dpdask.domain import Domain
+from dpdask.publish import (
+    FLAT_KEYS,
     category_labels,
     published_tables,
     query_descriptions,
     query_labels,
 )
-from dpdask.dataflow._workdir import FLAT_KEYS
-from dpdask.domain import Domain
 
 __all__ = ["level_outputs"]
 

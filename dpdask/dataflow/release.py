@@ -24,7 +24,7 @@ plan per level); :meth:`Release.to_zarr` runs it:
    ``"wnnls"`` every level is measured and reconstructed by least squares, made
    consistent, and then the finest level's consistent estimates are fitted with
    non-negative ones (``nonnegative-<level>``, tasks of about ``2^19`` cells: one CPH
-   unit, many small ones; :func:`~dpdask.dataflow.levels.nonneg_fit_up`; NNLS in the metric
+   unit, many small ones; :func:`~dpdask.dataflow._levels.nonneg_fit_up`; NNLS in the metric
    of that level's strategy, WNNLS in the workload's), every coarser level being the
    sum of its children: children add up to parents and estimates are non-negative by
    construction, and the dense top levels need no iterative solve. With a single
@@ -81,20 +81,9 @@ from dpdask.dataflow._blocks import (
     measure_block,
     reconstruct_block,
 )
-from dpdask.dataflow._output import level_outputs
-from dpdask.dataflow._publish import check_output, move_into_place, release_attributes
-from dpdask.dataflow._source import private_dir
-from dpdask.dataflow._store import DataStore, open_store
-from dpdask.dataflow._workdir import (
-    float_array,
-    marker,
-    new_run_id,
-    remove_work,
-    work_dir,
-    write_region,
-)
-from dpdask.dataflow.level_plan import LevelPlan, mean_cell_variance
-from dpdask.dataflow.levels import (
+from dpdask.dataflow._checkpoint import write_region
+from dpdask.dataflow._level_plan import LevelPlan, mean_cell_variance
+from dpdask.dataflow._levels import (
     LevelChunks,
     aggregate_level,
     bottom_up,
@@ -104,9 +93,22 @@ from dpdask.dataflow.levels import (
     partial_rows,
     top_down,
 )
+from dpdask.dataflow._output import level_outputs
+from dpdask.dataflow._source import private_dir
+from dpdask.dataflow.store import DataStore, open_store
 from dpdask.measure import _level_charge
 from dpdask.noise import KeyFile, SecretKey, new_key
 from dpdask.privacy import Budget, Charge, Ledger, Run, RunStateError, check_run_id
+from dpdask.publish import (
+    check_output,
+    float_array,
+    marker,
+    move_into_place,
+    new_run_id,
+    release_attributes,
+    remove_work,
+    work_dir,
+)
 
 __all__ = ["LevelPlan", "Release", "release"]
 
@@ -552,7 +554,7 @@ class Release:
         return out
 
     def _attributes(self) -> dict[str, Any]:
-        from dpdask.dataflow._labels import strategy_record, workload_record
+        from dpdask.publish import strategy_record, workload_record
 
         info = self.summary()
         info.update(

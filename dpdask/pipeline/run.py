@@ -18,14 +18,12 @@ from typing import Any
 import numpy as np
 
 from dpdask.dataflow import DataStore, open_store, read_pl94, write_store
-from dpdask.dataflow._publish import check_output, release_attributes
 from dpdask.dataflow._source import (
     SourcePrint,
     fingerprint_options,
     fingerprint_path,
     private_dir,
 )
-from dpdask.dataflow._workdir import new_run_id, remove_work, work_dir
 from dpdask.domain import Domain, Geography
 from dpdask.linalg import LinearQuery
 from dpdask.noise import KeyFile
@@ -42,6 +40,7 @@ from dpdask.privacy import (
     check_run_id,
     split_levels,
 )
+from dpdask.publish import check_output, new_run_id, release_attributes, remove_work, work_dir
 
 log = logging.getLogger("dpdask")
 

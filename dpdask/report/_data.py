@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.reader import MOE90_Z
+from dpdask.publish.reader import MOE90_Z
 
 __all__ = ["collect"]
 
@@ -280,7 +280,7 @@ def _level(
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Per-table predicted (and realised) errors of one level, streamed over its units."""
     from dpdask.dashboard._client import _groups
-    from dpdask.dataflow._labels import published_tables, query_labels
+    from dpdask.publish import published_tables, query_labels
 
     ids = _strings(g, "ids")
     spaces = []
@@ -393,8 +393,8 @@ def collect(
     """
     import zarr
 
-    from dpdask.dataflow._publish import release_attributes
     from dpdask.domain import Domain
+    from dpdask.publish import release_attributes
 
     path = pathlib.Path(release)
     if not path.exists():

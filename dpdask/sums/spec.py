@@ -379,19 +379,18 @@ def run_spec(
     ------
     SpecError
         For a bad spec or bad records (nothing charged).
-    dpdask.dataflow._publish.StoreExistsError
+    dpdask.publish.StoreExistsError
         If the output exists and ``overwrite`` is false.
     dpdask.privacy.BudgetExceededError
         If the release's budget is spent (nothing charged).
     """
     import zarr
 
-    from dpdask.dataflow._publish import RELEASE_FORMAT, check_output, move_into_place
-    from dpdask.dataflow._workdir import new_run_id
     from dpdask.domain import Domain
     from dpdask.measure import charge_level, lattice, measure
     from dpdask.noise import KeyedRNG, MeasurementId, new_key
     from dpdask.privacy import Charge, Ledger, LedgerMissingError, RunStateError, check_run_id
+    from dpdask.publish import RELEASE_FORMAT, check_output, move_into_place, new_run_id
     from dpdask.sums import NumericBins, SumWorkload, split_budget, sum_mechanism
     from dpdask.sums import threshold_charge as make_threshold_charge
 

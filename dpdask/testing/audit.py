@@ -397,7 +397,7 @@ class _Design:
 
 
 def _design(plan: Any, total: Budget, levels: Sequence[str], split: Any, d: np.ndarray) -> _Design:
-    from dpdask.dataflow.level_plan import LevelPlan
+    from dpdask.dataflow._level_plan import LevelPlan
 
     budgets = split_levels(total, levels, split)
     lps: dict[str, LevelPlan] = {}

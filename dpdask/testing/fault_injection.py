@@ -155,7 +155,7 @@ def place_key(output: str | os.PathLike[str], run_id: str, raw: bytes) -> pathli
     pathlib.Path
         The key file written.
     """
-    from dpdask.dataflow._workdir import work_dir
+    from dpdask.publish import work_dir
 
     work = work_dir(pathlib.Path(os.path.abspath(output)), run_id)
     work.parent.mkdir(parents=True, exist_ok=True)
@@ -439,8 +439,8 @@ def _last_line(log: pathlib.Path) -> str:
 # -- the trials ------------------------------------------------------------------------------
 def _calibrate(spec_path: pathlib.Path, folder: pathlib.Path) -> dict:
     """One uninterrupted run, to see when workers, the key, the markers and the end come."""
-    from dpdask.dataflow._workdir import work_dir
     from dpdask.pipeline.spec import load_spec
+    from dpdask.publish import work_dir
 
     spec_file = trial_spec(spec_path, folder)
     spec = load_spec(spec_file)
@@ -516,9 +516,9 @@ def _run_trial(
     seed: int,
 ) -> dict[str, Any]:
     """One trial: the faulty run, its resumes, the checks and the reference."""
-    from dpdask.dataflow._workdir import work_dir
     from dpdask.noise import SecretKey
     from dpdask.pipeline.spec import load_spec
+    from dpdask.publish import work_dir
 
     run_id = f"fault-{seed}-{trial}"
     spec_file = trial_spec(spec_path, folder)

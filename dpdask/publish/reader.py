@@ -22,7 +22,7 @@ Each level's dataset has the dimensions ``geography`` (coordinates: the unit ids
 (``estimate``'s axes: values ``0..n-1`` and, where the Census coding is known,
 ``<attr>_label``), and for the PL94 workload ``table_query``, the cells of the
 P.L. 94-171 tables P1-P4 (``P1_001`` is the total population; the labels are
-described in :mod:`dpdask.dataflow._labels`). ``ds.query`` is
+described in :mod:`dpdask.publish`). ``ds.query`` is
 :meth:`xarray.Dataset.query`: reach the labels as ``ds["query"]`` (``.sel(query=...)``
 works as usual).
 
@@ -56,7 +56,7 @@ _ROWS_PER_BATCH = 1_000_000  # rows of the long table built in memory at once
 
 
 def _check(path: str | os.PathLike) -> pathlib.Path:
-    from dpdask.dataflow._publish import release_attributes
+    from dpdask.publish import release_attributes
 
     path = pathlib.Path(path)
     if not path.exists():
@@ -292,7 +292,7 @@ def export_release(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dpdask.dataflow._publish import StoreExistsError
+    from dpdask.publish import StoreExistsError
 
     if format not in ("parquet", "csv"):
         raise ValueError(f"format {format!r} is not one of parquet, csv")

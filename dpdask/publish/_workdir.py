@@ -28,7 +28,6 @@ import shutil
 import numpy as np
 import zarr
 
-from dpdask.dataflow.levels import LevelChunks, partial_sum_block
 from dpdask.noise import KeyFile
 
 __all__ = [
@@ -38,7 +37,6 @@ __all__ = [
     "new_run_id",
     "remove_work",
     "work_dir",
-    "write_region",
 ]
 
 # chunk files named c.<i>.0.0... side by side: with one row per chunk, the default
@@ -78,21 +76,3 @@ def float_array(group: zarr.Group, name: str, rows: int, cell_shape: tuple[int, 
         dtype="float64", fill_value=np.nan, compressors=None,
         chunk_key_encoding=FLAT_KEYS,
     )  # fmt: skip
-
-
-def write_region(
-    block: np.ndarray,
-    arr: zarr.Array,
-    start: int,
-    done: pathlib.Path,
-    sums: tuple[zarr.Array, int, LevelChunks, int, int] | None = None,
-) -> int:
-    """Write one chunk of estimates (and, for the finest level, its sums by parent),
-    then its marker (so a marker means the data is there)."""
-    arr[start : start + block.shape[0]] = block
-    if sums is not None:
-        target, row, lc, i, k = sums
-        part = partial_sum_block(block, lc, i, k)
-        target[row : row + part.shape[0]] = part
-    done.touch()
-    return block.shape[0]

@@ -15,7 +15,7 @@ of units per level, a free-text ``source`` and the dpdask version that wrote it.
 ``counts`` are the finest-level units in the order of ``geography/<finest>/ids``.
 
 Stores are written once, under a temporary name, and renamed into place only when
-complete (:mod:`dpdask.dataflow._publish`).
+complete (:mod:`dpdask.publish`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import numpy as np
 import zarr
 from dask.base import tokenize
 
-from dpdask.dataflow._publish import check_target, publishing
 from dpdask.domain import Domain, Geography
+from dpdask.publish import check_target, publishing
 
 __all__ = [
     "DataStore",
