@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from dask._task_spec import DataNode, Task
 
-from dpdask.dataflow._blocks import estimate_block, measure_block
+from dpdask.dataflow._blocks import ChunkContext, estimate_block, measure_block
 from dpdask.dataflow._level_plan import LevelPlan
 from dpdask.dataflow.release import release
 from dpdask.measure import lattice, noise_mechanism, stream_identity, stream_key
@@ -167,7 +167,8 @@ def test_a_chunk_key_refuses_another_chunks_stream(store, tmp_path):  # noqa: F8
         KeyedRNG(sk0, ident[1])
     # a block task given chunk 0's key for chunk 1's data refuses it
     x = counts[:2]
-    args = (L.plan, np.array([[[sk0]]], dtype=object), "rel", L.name, "one", None, True, True)
+    ctx = ChunkContext("rel", L.name, "one", None, noise=True, test_mode=True)
+    args = (L.plan, np.array([[[sk0]]], dtype=object), ctx)
     info1 = {0: {"chunk-location": (1, 0, 0)}}
     for block_fn, extra in ((measure_block, ()), (estimate_block, (L.plan.pinv(),))):
         fn_args = (args[0], *extra, *args[1:])
@@ -176,7 +177,7 @@ def test_a_chunk_key_refuses_another_chunks_stream(store, tmp_path):  # noqa: F8
         block_fn(x, *fn_args, block_info={0: {"chunk-location": (0, 0, 0)}})  # its own chunk
     # and the master key is refused by block tasks altogether
     with pytest.raises(TypeError, match="never the secret key"):
-        measure_block(x, L.plan, master, "rel", L.name, "one", None, True, True)
+        measure_block(x, L.plan, master, ctx)
     # stream keys are made only from the master key
     with pytest.raises(TypeError):
         stream_key(sk0, MeasurementId("rel", L.name, 1, "strategy"), "one")

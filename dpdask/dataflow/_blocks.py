@@ -27,6 +27,7 @@ import ctypes
 import ctypes.util
 import json
 import pathlib
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,12 +36,14 @@ from dpdask.dataflow._blas import task_blas
 from dpdask.linalg import LinearQuery
 from dpdask.measure import lattice, measure, measurement_noise
 from dpdask.noise import StreamKey
+from dpdask.privacy import Charge
 from dpdask.reconstruct import admm, least_squares
 from dpdask.reconstruct.nnls import nonnegative_fitter
 
 __all__ = [
     "ESTIMATORS",
     "NONNEGATIVE",
+    "ChunkContext",
     "answer_block",
     "estimate_block",
     "measure_block",
@@ -97,16 +100,48 @@ def _stream_key(key: Any) -> StreamKey | None:
     return key
 
 
+@dataclass(frozen=True)
+class ChunkContext:
+    """What a measuring task of one level needs besides its data and its stream key.
+
+    Attributes
+    ----------
+    release, level, run_id : str
+        The measurement's identity: chunk ``k`` of ``level`` measures the stream
+        ``(release, level, k, "strategy")`` of run ``run_id``.
+    receipt : Charge or None
+        The level's charge, recorded before any task runs (``None`` only in test mode
+        without a ledger); :func:`~dpdask.measure.measure` checks it.
+    noise, test_mode : bool
+        ``noise=False`` (test mode only) measures exactly: the tests' oracle.
+    """
+
+    release: str
+    level: str
+    run_id: str
+    receipt: Charge | None = None
+    noise: bool = True
+    test_mode: bool = False
+
+    def identity(self, chunk: int) -> tuple[str, str, int, str]:
+        """The measurement identity of chunk ``chunk`` of this level."""
+        return (self.release, self.level, chunk, "strategy")
+
+
+def _exact_answers(ctx: ChunkContext) -> bool:
+    """Whether the task skips the noise (test mode only: the oracle)."""
+    if ctx.noise:
+        return False
+    if not ctx.test_mode:
+        raise ValueError("noise can only be switched off in test mode")
+    return True
+
+
 def measure_block(
     x: np.ndarray,
     plan: Any,
     key: Any,
-    release: str,
-    level: str,
-    run_id: str,
-    receipt: Any,
-    noise: bool,
-    test_mode: bool,
+    ctx: ChunkContext,
     block_info: dict | None = None,
 ) -> np.ndarray:
     """Noisy strategy answers ``(g, m)`` for one chunk (``x`` is ``(g, *domain.shape)``).
@@ -118,21 +153,14 @@ def measure_block(
     chunk = _chunk_index(block_info)
     key = _stream_key(key)
     with task_blas():
-        if not noise:
-            if not test_mode:
-                raise ValueError("noise can only be switched off in test mode")
+        if _exact_answers(ctx):
             return np.asarray(plan.strategy.apply(x), dtype=np.float64)
         if key is None:
             raise ValueError("a noisy measurement needs its chunk's stream key")
         y = measure(
-            plan,
-            x,
-            key,
-            (release, level, chunk, "strategy"),
-            ledger=receipt,
-            run_id=run_id,
-            test_mode=test_mode,
-        )
+            plan, x, key, ctx.identity(chunk),
+            ledger=ctx.receipt, run_id=ctx.run_id, test_mode=ctx.test_mode,
+        )  # fmt: skip
     return np.asarray(y, dtype=np.float64)
 
 
@@ -141,12 +169,7 @@ def estimate_block(
     plan: Any,
     pinv: LinearQuery,
     key: Any,
-    release: str,
-    level: str,
-    run_id: str,
-    receipt: Any,
-    noise: bool,
-    test_mode: bool,
+    ctx: ChunkContext,
     block_info: dict | None = None,
 ) -> np.ndarray:
     """Least-squares estimates ``(g, *domain.shape)`` of one chunk: ``x + A^+ z``.
@@ -173,22 +196,19 @@ def estimate_block(
     tune_allocator()
     key = _stream_key(key)
     with task_blas():
-        if not noise:
-            if not test_mode:
-                raise ValueError("noise can only be switched off in test mode")
+        if _exact_answers(ctx):
             return np.asarray(x, dtype=np.float64)
         if key is None:
             raise ValueError("a noisy measurement needs its chunk's stream key")
-        identity = (release, level, _chunk_index(block_info), "strategy")
+        identity = ctx.identity(_chunk_index(block_info))
+        kw = {"ledger": ctx.receipt, "run_id": ctx.run_id, "test_mode": ctx.test_mode}
         if not lattice(plan, x.dtype).exact:
             # on the lattice the measurement is round(A x / h) h + noise: form it and
             # publish its least-squares post-processing A^+ y (never x + A^+ z)
-            y = measure(plan, x, key, identity, ledger=receipt, run_id=run_id, test_mode=test_mode)
+            y = measure(plan, x, key, identity, **kw)
             y = np.asarray(y, dtype=np.float64).reshape(x.shape[0], -1)
             return np.asarray(pinv.apply(y), dtype=np.float64).reshape(x.shape)
-        z = measurement_noise(
-            plan, x, key, identity, ledger=receipt, run_id=run_id, test_mode=test_mode
-        )
+        z = measurement_noise(plan, x, key, identity, **kw)
         est = np.asarray(pinv.apply(z), dtype=np.float64).reshape(x.shape)
         est += x
     return est

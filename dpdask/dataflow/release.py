@@ -55,54 +55,32 @@ the dataset and the ledger's head. :func:`dpdask.open_release` reads it with xar
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
-import json
 import os
 import pathlib
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import dask
-import dask.array as da
-import numpy as np
-import zarr
 from dask.base import tokenize
 
-from dpdask import __version__
-from dpdask.dataflow._aggregate import aggregate_rows, level_key
 from dpdask.dataflow._blocks import (
     ESTIMATORS,
-    FIT_AFTER_CONSISTENCY,
-    NONNEGATIVE,
-    estimate_block,
-    measure_block,
-    reconstruct_block,
 )
-from dpdask.dataflow._checkpoint import write_region
 from dpdask.dataflow._level_plan import LevelPlan, mean_cell_variance
 from dpdask.dataflow._levels import (
     LevelChunks,
-    aggregate_level,
-    bottom_up,
     level_chunks,
-    nonneg_down,
-    nonneg_fit_up,
-    partial_rows,
-    top_down,
 )
-from dpdask.dataflow._output import level_outputs
+from dpdask.dataflow._release_finish import Finish
+from dpdask.dataflow._release_graph import MeasureGraph
+from dpdask.dataflow._release_run import RunKeys
 from dpdask.dataflow._source import private_dir
 from dpdask.dataflow.store import DataStore, open_store
 from dpdask.measure import _level_charge
-from dpdask.noise import KeyFile, SecretKey, new_key
-from dpdask.privacy import Budget, Charge, Ledger, Run, RunStateError, check_run_id
+from dpdask.noise import KeyFile, SecretKey
+from dpdask.privacy import Budget, Charge, Ledger, check_run_id
 from dpdask.publish import (
     check_output,
-    float_array,
-    marker,
     move_into_place,
     new_run_id,
     release_attributes,
@@ -122,7 +100,7 @@ class _Level:
     unit_variance: float  # variance scalar of one unit's estimate in the tree model
 
 
-class Release:
+class Release(RunKeys, MeasureGraph, Finish):
     """A lazy release; :meth:`to_zarr` runs it. Built by :func:`release`."""
 
     def __init__(
@@ -199,9 +177,6 @@ class Release:
                 }
             )
         return out
-
-    def charges(self) -> list[Charge]:
-        return [L.charge for L in self._levels]
 
     # -- running ---------------------------------------------------------------------------
     def to_zarr(
@@ -283,335 +258,6 @@ class Release:
             self.ledger.publish(self.release_id, self.run_id, str(path))
         remove_work(work)
         return path
-
-    def _ledger_run(self) -> Run | None:
-        if self.ledger is None:
-            return None
-        return self.ledger.run(self.release_id, self.run_id)
-
-    def _charge_and_key(self, work: pathlib.Path, run: Run | None) -> SecretKey | None:
-        """The run's key, bound to the run in the ledger and charged for, before any data
-        is read: a new run gets a fresh key (kept owner-only in the work folder until
-        publication); a resumed run needs the key it was opened with."""
-        if not self.noise:
-            return None
-        if self.test_mode:
-            if self.key is None:
-                raise ValueError("test mode needs a key (SecretKey.for_testing(seed))")
-            if self.ledger is not None:
-                self._charge(self.key)
-            return self.key
-        if self.ledger is None:
-            raise ValueError("a ledger is required: every measurement is charged before noise")
-        if self.key is not None and self.key.test_only:
-            raise ValueError("refusing a test-only key outside test mode")
-        key_path = work / "key"
-        stored = KeyFile(key_path).load() if key_path.exists() else None
-        if run is not None and run.state not in ("open", "measuring"):
-            raise RunStateError(
-                f"run {self.run_id!r} of release {self.release_id!r} is {run.state}; a new run "
-                "id is a new run, drawing new noise and charged again"
-            )
-        key = self.key or stored
-        if key is None:
-            if run is not None:
-                raise RunStateError(
-                    f"run {self.run_id!r} of release {self.release_id!r} was charged but its "
-                    f"key is gone (no {key_path}); its noise cannot be reproduced. Abandon it "
-                    "(`dpdask ledger abandon`) and start a new run id, which is charged again"
-                )
-            key = new_key()
-        if stored is not None and stored != key:
-            raise RunStateError(
-                f"the key given for run {self.run_id!r} is not the one in its work folder"
-            )
-        if stored is None:
-            private_dir(work)
-            KeyFile.create(key_path, key)
-        self._charge(key)
-        return key
-
-    def _bind(self, key: SecretKey) -> None:
-        """Put the key's fingerprint on every level's charge (the ledger binds the run)."""
-        fp = key.fingerprint()
-        for L in self._levels:
-            L.charge = dataclasses.replace(L.charge, key_fingerprint=fp)
-
-    def _charge(self, key: SecretKey) -> None:
-        if self.ledger is None:
-            raise ValueError("a ledger is required: every measurement is charged before noise")
-        self._bind(key)
-        self.ledger.open_release(self.release_id, self.total, self.dataset)
-        self.ledger.charge(self.charges())  # all levels fit, or nothing is written
-        self._head = self.ledger.head()
-
-    def _level_data(self) -> list[da.Array]:
-        """Counts of every released level, lazily, chunked as the level chunks."""
-        x = self.store.to_dask().rechunk({0: self.lc.chunks[-1]})
-        arrays = [x]
-        for i in range(len(self.levels) - 1, 0, -1):
-            name = f"aggregate-{level_key(self.levels[i - 1])}"
-            arrays.insert(0, aggregate_level(arrays[0], self.lc, i, name))
-        return arrays
-
-    def _checkpoint(
-        self, work: pathlib.Path, key: Any, client: Any, progress: bool
-    ) -> list[zarr.Array]:
-        """Measure and reconstruct every chunk not yet checkpointed in ``work``.
-
-        Estimates are stored one geography per zarr chunk (so concurrent chunk
-        writes never share a zarr chunk), and each finished chunk leaves a marker
-        file written after its data: a resumed run skips exactly those.
-        """
-        group = zarr.open_group(str(work / "raw.zarr"), mode="a", zarr_format=3)
-        markers = work / "done"
-        markers.mkdir(exist_ok=True)
-        reports = work / "reports"
-        reports.mkdir(exist_ok=True)
-        arrays, pending = [], []
-        data = self._level_data()
-        cell_shape = self.domain.shape
-        last = len(self._levels) - 1
-        for i, (L, x) in enumerate(zip(self._levels, data, strict=True)):
-            arr = float_array(group, L.name, sum(L.chunks), cell_shape)
-            # the finest level's sums by parent, kept so that consistency never re-reads it
-            sums = None
-            if i == last and i > 0:
-                n_rows = sum(self.lc.parent_ranges(i))
-                sums = float_array(group, f"{L.name}-sums", n_rows, cell_shape)
-            arrays.append(arr)
-            todo = [k for k in range(len(L.chunks)) if not marker(markers, L.name, k).exists()]
-            if not todo:
-                continue
-            est = self._estimates(L, x, key, str(reports))
-            bounds = np.cumsum((0, *L.chunks))
-            sum_bounds = np.cumsum((0, *self.lc.parent_ranges(i))) if sums is not None else None
-            tok = tokenize(est.name)
-            for k in todo:
-                write = dask.delayed(write_region, pure=False)
-                extra = None if sums is None else (sums, int(sum_bounds[k]), self.lc, i, k)
-                pending.append(
-                    write(
-                        est.blocks[k],
-                        arr,
-                        int(bounds[k]),
-                        marker(markers, L.name, k),
-                        extra,
-                        dask_key_name=f"checkpoint-{level_key(L.name)}-{tokenize(tok, k)}",
-                    )
-                )
-        if pending:
-            _compute(pending, client, progress)
-        return arrays
-
-    def _estimates(self, L: _Level, x: da.Array, key: Any, reports: str) -> da.Array:
-        """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
-        the strategy allows (:meth:`LevelPlan.fused`), else ``measure-<level>`` then
-        ``reconstruct-<level>``.
-
-        Keys stay on the client: ``key`` (the release's secret) never enters the graph.
-        Block ``k`` of ``x`` is paired with block ``k`` of the ``streamkey-<level>``
-        array (``map_blocks`` pairs blocks by index and never rechunks its inputs), a
-        one-element object array holding chunk ``k``'s
-        :class:`~dpdask.noise.StreamKey`, which can draw only that chunk's noise (the
-        task refuses a key made for another chunk)."""
-        from dask.highlevelgraph import HighLevelGraph
-
-        from dpdask.measure import stream_key
-
-        word = level_key(L.name)
-        tok = tokenize(self.release_id, self.run_id, L.name, x, self.reconstruct)
-        cell_shape = self.domain.shape
-        keys: da.Array | None = None
-        if key is not None:
-            n = x.numblocks[0]
-            if n != len(L.chunks) or any(nb != 1 for nb in x.numblocks[1:]):
-                raise ValueError(
-                    f"level {L.name!r}: the data has blocks {x.numblocks}, "
-                    f"expected ({len(L.chunks)}, 1, ...)"
-                )
-            kname = f"streamkey-{word}-{tok}"
-            one = (1,) * (x.ndim - 1)
-            blocks = {}
-            for k in range(n):
-                block = np.empty((1, *one), dtype=object)
-                ident_k = (self.release_id, L.name, k, "strategy")
-                block.flat[0] = stream_key(key, ident_k, self.run_id)
-                blocks[(kname, k, *(0,) * len(one))] = block
-            keys = da.Array(
-                HighLevelGraph.from_collections(kname, blocks),
-                kname,
-                chunks=((1,) * n, *((1,) for _ in one)),
-                dtype=object,
-            )
-        ident = (keys, self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode)
-        # NNLS and WNNLS start from least squares and are fitted after consistency
-        method = "ls" if self.reconstruct in FIT_AFTER_CONSISTENCY else self.reconstruct
-        if L.plan.fused(method):
-            return x.map_blocks(
-                estimate_block, L.plan, L.plan.pinv(), *ident,
-                chunks=x.chunks,
-                dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
-                meta=np.empty((0,) * x.ndim),
-            )  # fmt: skip
-        m = L.plan.strategy.shape[0]
-        y = x.map_blocks(
-            measure_block, L.plan, *ident,
-            chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
-            dtype=np.float64, name=f"measure-{word}-{tok}",
-            meta=np.empty((0, 0)),
-        )  # fmt: skip
-        return y.map_blocks(
-            reconstruct_block, L.plan.strategy, method, cell_shape, L.plan.pinv(),
-            reports, L.name, L.plan.noise_scale,
-            chunks=(x.chunks[0], *((s,) for s in cell_shape)),
-            new_axis=list(range(2, 1 + len(cell_shape))),
-            dtype=np.float64, name=f"reconstruct-{word}-{tok}",
-            meta=np.empty((0,) * (1 + len(cell_shape))),
-        )  # fmt: skip
-
-    def _finish(
-        self, work: pathlib.Path, raw: Sequence[zarr.Array], client: Any, progress: bool
-    ) -> pathlib.Path:
-        estimates = [
-            da.from_zarr(
-                a,
-                chunks=(L.chunks, *a.shape[1:]),
-                name=f"estimate-{level_key(L.name)}-{tokenize(str(work), L.name)}",
-            )
-            for a, L in zip(raw, self._levels, strict=True)
-        ]
-        variances = [
-            np.full(self.store.geography.n_units(L.name), L.unit_variance) for L in self._levels
-        ]
-        if len(self._levels) > 1:
-            last = len(self._levels) - 1
-            psum = zarr.open_array(str(work / "raw.zarr" / f"{self.levels[last]}-sums"), mode="r")
-            partial = da.from_zarr(
-                psum,
-                chunks=(self.lc.parent_ranges(last), *psum.shape[1:]),
-                name=f"partial-{tokenize(str(work), 'sums')}",
-            )
-            word = level_key(self.levels[last - 1])
-            sums = aggregate_rows(
-                partial, partial_rows(self.lc, last), self.lc.chunks[last - 1],
-                f"consistent-up-{word}",
-            )  # fmt: skip
-            z, vz, cz, cv = bottom_up(estimates, variances, self.lc, "consistent-up", sums)
-            final, fvar = top_down(z, vz, cz, cv, self.lc, "consistent")
-        else:
-            final, fvar = estimates, variances
-        if self.reconstruct in FIT_AFTER_CONSISTENCY:
-            L = self._levels[-1]
-            M, weights = (
-                (L.plan.strategy, 1.0 / L.plan.row_variance)
-                if self.reconstruct == "nnls"
-                else (L.plan.workload, None)
-            )
-            final = nonneg_fit_up(final, self.lc, M, weights, str(work / "reports"))
-        elif self.reconstruct in NONNEGATIVE:
-            final = nonneg_down(final, self.lc, "nonnegative")
-        out = work / "final.zarr"
-        if out.exists():
-            shutil.rmtree(out)
-        root = zarr.open_group(str(out), mode="w", zarr_format=3)
-        geo = self.store.geography
-        sources, targets = level_outputs(
-            root, [(L.name, L.plan, L.unit_variance) for L in self._levels], final, fvar,
-            [np.asarray(geo.ids[geo.level_index(L.name)], dtype=str) for L in self._levels],
-            self.lc.parents, domain=self.domain,
-        )  # fmt: skip
-        stored = da.store(sources, targets, lock=False, compute=False)
-        _compute([stored], client, progress)
-        self._reports = sorted(
-            (json.loads(p.read_text()) for p in (work / "reports").glob("*.json")),
-            key=lambda r: (r["level"], r["chunk"]),
-        )
-        import warnings
-
-        info = self._attributes()
-        # plain keys for readers that do not know dpdask (xarray, CF tools); the full
-        # record stays under "dpdask"
-        root.attrs.update(
-            {
-                "dpdask": info,
-                "title": f"dpdask release {self.release_id}",
-                "release": self.release_id,
-                "run_id": self.run_id,
-                "dataset": self.dataset,
-                "workload": info["workload"],
-                "strategy": info["strategy"],
-                "budget": info["budget"],
-                "reconstruct": self.reconstruct,
-                "levels": list(self.levels),
-                "units": "persons",
-                "margin_of_error": "moe90 = 1.645 * sqrt(variance), a 90% margin as ACS's",
-            }
-        )
-        with warnings.catch_warnings():  # "not part of the Zarr v3 specification" (yet)
-            warnings.simplefilter("ignore", zarr.errors.ZarrUserWarning)
-            zarr.consolidate_metadata(str(out))
-        return out
-
-    def _attributes(self) -> dict[str, Any]:
-        from dpdask.publish import strategy_record, workload_record
-
-        info = self.summary()
-        info.update(
-            {
-                "format": "dpdask-release",
-                "format_version": 1,
-                "dpdask_version": __version__,
-                "created": datetime.datetime.now(datetime.UTC).isoformat(),
-                # what the store says it was built from (a converted input's private
-                # copy is gone by the time anyone reads this)
-                "source": self.store.attrs.get("source") or str(self.store.path),
-                "dataset": self.dataset,
-                "workload": workload_record([L.plan for L in self._levels], self.levels),
-                "strategy": strategy_record([L.plan for L in self._levels], self.levels),
-                "test_mode": self.test_mode,
-                "noise": self.noise,
-                "charges": [
-                    {
-                        "level": c.level,
-                        "measurement": c.measurement,
-                        "mechanism": c.mechanism,
-                        "sensitivity": c.sensitivity,
-                        "noise_scale": c.noise_scale,
-                        "privacy": c.privacy.to_dict(),
-                    }
-                    for c in self.charges()
-                ],
-            }
-        )
-        if self.ledger is not None and self.noise:
-            info["ledger"] = {
-                "path": str(self.ledger.path),
-                "id": self.ledger.ledger_id,
-                "head": str(self._head),
-                "dataset": self.dataset,
-                "spent": self.ledger.spent(self.release_id).to_dict(),
-                "remaining": self.ledger.remaining(self.release_id).to_dict(),
-            }
-        return info
-
-
-def _compute(items: list, client: Any, progress: bool) -> list:
-    if client is not None:
-        futures = client.compute(items)
-        if progress:
-            from distributed import progress as show
-
-            show(futures)
-        return [r for f in client.gather(futures) for r in (f if isinstance(f, list) else [f])]
-    if progress:
-        from dask.diagnostics import ProgressBar
-
-        with ProgressBar():
-            (res,) = (dask.compute(items),)
-    else:
-        res = dask.compute(items)
-    return list(res[0])
 
 
 def release(

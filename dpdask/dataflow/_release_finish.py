@@ -1,0 +1,191 @@
+"""Finishing a release: consistency across levels, answers, the published record.
+
+Part of :class:`dpdask.dataflow.release.Release` (a mixin): the checkpointed
+estimates are made consistent (``consistent-<level>``), fitted non-negative where
+asked, answered (``answer-<level>``) and written with the release's attributes into
+``final.zarr`` in the work folder, ready to be moved into place.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import shutil
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import dask.array as da
+import numpy as np
+import zarr
+from dask.base import tokenize
+
+from dpdask import __version__
+from dpdask.dataflow._aggregate import aggregate_rows, level_key
+from dpdask.dataflow._blocks import (
+    FIT_AFTER_CONSISTENCY,
+    NONNEGATIVE,
+)
+from dpdask.dataflow._levels import (
+    LevelChunks,
+    bottom_up,
+    nonneg_down,
+    nonneg_fit_up,
+    partial_rows,
+    top_down,
+)
+from dpdask.dataflow._output import level_outputs
+from dpdask.noise import SecretKey
+from dpdask.privacy import Budget, Ledger
+
+if TYPE_CHECKING:
+    from dpdask.dataflow.release import _Level
+    from dpdask.dataflow.store import DataStore
+
+from dpdask.dataflow._release_graph import compute_items
+
+
+class Finish:
+    """The finishing steps of a :class:`~dpdask.dataflow.release.Release`."""
+
+    # set by Release.__init__ (dpdask.dataflow.release)
+    store: DataStore
+    levels: tuple[str, ...]
+    release_id: str
+    run_id: str
+    total: Budget
+    reconstruct: str
+    ledger: Ledger | None
+    dataset: str | None
+    key: SecretKey | None
+    noise: bool
+    test_mode: bool
+    lc: LevelChunks
+    _levels: list[_Level]
+    _head: Any
+    _reports: list
+
+    def _finish(
+        self, work: pathlib.Path, raw: Sequence[zarr.Array], client: Any, progress: bool
+    ) -> pathlib.Path:
+        estimates = [
+            da.from_zarr(
+                a,
+                chunks=(L.chunks, *a.shape[1:]),
+                name=f"estimate-{level_key(L.name)}-{tokenize(str(work), L.name)}",
+            )
+            for a, L in zip(raw, self._levels, strict=True)
+        ]
+        variances = [
+            np.full(self.store.geography.n_units(L.name), L.unit_variance) for L in self._levels
+        ]
+        if len(self._levels) > 1:
+            last = len(self._levels) - 1
+            psum = zarr.open_array(str(work / "raw.zarr" / f"{self.levels[last]}-sums"), mode="r")
+            partial = da.from_zarr(
+                psum,
+                chunks=(self.lc.parent_ranges(last), *psum.shape[1:]),
+                name=f"partial-{tokenize(str(work), 'sums')}",
+            )
+            word = level_key(self.levels[last - 1])
+            sums = aggregate_rows(
+                partial, partial_rows(self.lc, last), self.lc.chunks[last - 1],
+                f"consistent-up-{word}",
+            )  # fmt: skip
+            z, vz, cz, cv = bottom_up(estimates, variances, self.lc, "consistent-up", sums)
+            final, fvar = top_down(z, vz, cz, cv, self.lc, "consistent")
+        else:
+            final, fvar = estimates, variances
+        if self.reconstruct in FIT_AFTER_CONSISTENCY:
+            L = self._levels[-1]
+            M, weights = (
+                (L.plan.strategy, 1.0 / L.plan.row_variance)
+                if self.reconstruct == "nnls"
+                else (L.plan.workload, None)
+            )
+            final = nonneg_fit_up(final, self.lc, M, weights, str(work / "reports"))
+        elif self.reconstruct in NONNEGATIVE:
+            final = nonneg_down(final, self.lc, "nonnegative")
+        out = work / "final.zarr"
+        if out.exists():
+            shutil.rmtree(out)
+        root = zarr.open_group(str(out), mode="w", zarr_format=3)
+        geo = self.store.geography
+        sources, targets = level_outputs(
+            root, [(L.name, L.plan, L.unit_variance) for L in self._levels], final, fvar,
+            [np.asarray(geo.ids[geo.level_index(L.name)], dtype=str) for L in self._levels],
+            self.lc.parents, domain=self.domain,
+        )  # fmt: skip
+        stored = da.store(sources, targets, lock=False, compute=False)
+        compute_items([stored], client, progress)
+        self._reports = sorted(
+            (json.loads(p.read_text()) for p in (work / "reports").glob("*.json")),
+            key=lambda r: (r["level"], r["chunk"]),
+        )
+        import warnings
+
+        info = self._attributes()
+        # plain keys for readers that do not know dpdask (xarray, CF tools); the full
+        # record stays under "dpdask"
+        root.attrs.update(
+            {
+                "dpdask": info,
+                "title": f"dpdask release {self.release_id}",
+                "release": self.release_id,
+                "run_id": self.run_id,
+                "dataset": self.dataset,
+                "workload": info["workload"],
+                "strategy": info["strategy"],
+                "budget": info["budget"],
+                "reconstruct": self.reconstruct,
+                "levels": list(self.levels),
+                "units": "persons",
+                "margin_of_error": "moe90 = 1.645 * sqrt(variance), a 90% margin as ACS's",
+            }
+        )
+        with warnings.catch_warnings():  # "not part of the Zarr v3 specification" (yet)
+            warnings.simplefilter("ignore", zarr.errors.ZarrUserWarning)
+            zarr.consolidate_metadata(str(out))
+        return out
+
+    def _attributes(self) -> dict[str, Any]:
+        from dpdask.publish import strategy_record, workload_record
+
+        info = self.summary()
+        info.update(
+            {
+                "format": "dpdask-release",
+                "format_version": 1,
+                "dpdask_version": __version__,
+                "created": datetime.datetime.now(datetime.UTC).isoformat(),
+                # what the store says it was built from (a converted input's private
+                # copy is gone by the time anyone reads this)
+                "source": self.store.attrs.get("source") or str(self.store.path),
+                "dataset": self.dataset,
+                "workload": workload_record([L.plan for L in self._levels], self.levels),
+                "strategy": strategy_record([L.plan for L in self._levels], self.levels),
+                "test_mode": self.test_mode,
+                "noise": self.noise,
+                "charges": [
+                    {
+                        "level": c.level,
+                        "measurement": c.measurement,
+                        "mechanism": c.mechanism,
+                        "sensitivity": c.sensitivity,
+                        "noise_scale": c.noise_scale,
+                        "privacy": c.privacy.to_dict(),
+                    }
+                    for c in self.charges()
+                ],
+            }
+        )
+        if self.ledger is not None and self.noise:
+            info["ledger"] = {
+                "path": str(self.ledger.path),
+                "id": self.ledger.ledger_id,
+                "head": str(self._head),
+                "dataset": self.dataset,
+                "spent": self.ledger.spent(self.release_id).to_dict(),
+                "remaining": self.ledger.remaining(self.release_id).to_dict(),
+            }
+        return info

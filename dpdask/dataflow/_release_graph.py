@@ -1,0 +1,206 @@
+"""The measure-and-reconstruct graph of a release, checkpointed chunk by chunk.
+
+Part of :class:`dpdask.dataflow.release.Release` (a mixin): the counts of every
+level (``aggregate-<level>``), the per-chunk measurement and reconstruction tasks
+(``measure-<level>``, ``reconstruct-<level>``, or fused
+``measure-reconstruct-<level>``) with their ``streamkey-<level>`` blocks, and the
+``checkpoint-<level>`` writes into the run's work folder.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import TYPE_CHECKING, Any
+
+import dask
+import dask.array as da
+import numpy as np
+import zarr
+from dask.base import tokenize
+
+from dpdask.dataflow._aggregate import level_key
+from dpdask.dataflow._blocks import (
+    FIT_AFTER_CONSISTENCY,
+    ChunkContext,
+    estimate_block,
+    measure_block,
+    reconstruct_block,
+)
+from dpdask.dataflow._checkpoint import write_region
+from dpdask.dataflow._levels import (
+    LevelChunks,
+    aggregate_level,
+)
+from dpdask.noise import SecretKey
+from dpdask.privacy import Budget, Ledger
+from dpdask.publish import float_array, marker
+
+if TYPE_CHECKING:
+    from dpdask.dataflow.release import _Level
+    from dpdask.dataflow.store import DataStore
+
+
+class MeasureGraph:
+    """The measuring steps of a :class:`~dpdask.dataflow.release.Release`."""
+
+    # set by Release.__init__ (dpdask.dataflow.release)
+    store: DataStore
+    levels: tuple[str, ...]
+    release_id: str
+    run_id: str
+    total: Budget
+    reconstruct: str
+    ledger: Ledger | None
+    dataset: str | None
+    key: SecretKey | None
+    noise: bool
+    test_mode: bool
+    lc: LevelChunks
+    _levels: list[_Level]
+    _head: Any
+    _reports: list
+
+    def _level_data(self) -> list[da.Array]:
+        """Counts of every released level, lazily, chunked as the level chunks."""
+        x = self.store.to_dask().rechunk({0: self.lc.chunks[-1]})
+        arrays = [x]
+        for i in range(len(self.levels) - 1, 0, -1):
+            name = f"aggregate-{level_key(self.levels[i - 1])}"
+            arrays.insert(0, aggregate_level(arrays[0], self.lc, i, name))
+        return arrays
+
+    def _checkpoint(
+        self, work: pathlib.Path, key: Any, client: Any, progress: bool
+    ) -> list[zarr.Array]:
+        """Measure and reconstruct every chunk not yet checkpointed in ``work``.
+
+        Estimates are stored one geography per zarr chunk (so concurrent chunk
+        writes never share a zarr chunk), and each finished chunk leaves a marker
+        file written after its data: a resumed run skips exactly those.
+        """
+        group = zarr.open_group(str(work / "raw.zarr"), mode="a", zarr_format=3)
+        markers = work / "done"
+        markers.mkdir(exist_ok=True)
+        reports = work / "reports"
+        reports.mkdir(exist_ok=True)
+        arrays, pending = [], []
+        data = self._level_data()
+        cell_shape = self.domain.shape
+        last = len(self._levels) - 1
+        for i, (L, x) in enumerate(zip(self._levels, data, strict=True)):
+            arr = float_array(group, L.name, sum(L.chunks), cell_shape)
+            # the finest level's sums by parent, kept so that consistency never re-reads it
+            sums = None
+            if i == last and i > 0:
+                n_rows = sum(self.lc.parent_ranges(i))
+                sums = float_array(group, f"{L.name}-sums", n_rows, cell_shape)
+            arrays.append(arr)
+            todo = [k for k in range(len(L.chunks)) if not marker(markers, L.name, k).exists()]
+            if not todo:
+                continue
+            est = self._estimates(L, x, key, str(reports))
+            bounds = np.cumsum((0, *L.chunks))
+            sum_bounds = np.cumsum((0, *self.lc.parent_ranges(i))) if sums is not None else None
+            tok = tokenize(est.name)
+            for k in todo:
+                write = dask.delayed(write_region, pure=False)
+                extra = None if sums is None else (sums, int(sum_bounds[k]), self.lc, i, k)
+                pending.append(
+                    write(
+                        est.blocks[k],
+                        arr,
+                        int(bounds[k]),
+                        marker(markers, L.name, k),
+                        extra,
+                        dask_key_name=f"checkpoint-{level_key(L.name)}-{tokenize(tok, k)}",
+                    )
+                )
+        if pending:
+            compute_items(pending, client, progress)
+        return arrays
+
+    def _estimates(self, L: _Level, x: da.Array, key: Any, reports: str) -> da.Array:
+        """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
+        the strategy allows (:meth:`LevelPlan.fused`), else ``measure-<level>`` then
+        ``reconstruct-<level>``.
+
+        Keys stay on the client: ``key`` (the release's secret) never enters the graph.
+        Block ``k`` of ``x`` is paired with block ``k`` of the ``streamkey-<level>``
+        array (``map_blocks`` pairs blocks by index and never rechunks its inputs), a
+        one-element object array holding chunk ``k``'s
+        :class:`~dpdask.noise.StreamKey`, which can draw only that chunk's noise (the
+        task refuses a key made for another chunk)."""
+        from dask.highlevelgraph import HighLevelGraph
+
+        from dpdask.measure import stream_key
+
+        word = level_key(L.name)
+        tok = tokenize(self.release_id, self.run_id, L.name, x, self.reconstruct)
+        cell_shape = self.domain.shape
+        keys: da.Array | None = None
+        if key is not None:
+            n = x.numblocks[0]
+            if n != len(L.chunks) or any(nb != 1 for nb in x.numblocks[1:]):
+                raise ValueError(
+                    f"level {L.name!r}: the data has blocks {x.numblocks}, "
+                    f"expected ({len(L.chunks)}, 1, ...)"
+                )
+            kname = f"streamkey-{word}-{tok}"
+            one = (1,) * (x.ndim - 1)
+            blocks = {}
+            for k in range(n):
+                block = np.empty((1, *one), dtype=object)
+                ident_k = (self.release_id, L.name, k, "strategy")
+                block.flat[0] = stream_key(key, ident_k, self.run_id)
+                blocks[(kname, k, *(0,) * len(one))] = block
+            keys = da.Array(
+                HighLevelGraph.from_collections(kname, blocks),
+                kname,
+                chunks=((1,) * n, *((1,) for _ in one)),
+                dtype=object,
+            )
+        ctx = ChunkContext(
+            self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode
+        )
+        # NNLS and WNNLS start from least squares and are fitted after consistency
+        method = "ls" if self.reconstruct in FIT_AFTER_CONSISTENCY else self.reconstruct
+        if L.plan.fused(method):
+            return x.map_blocks(
+                estimate_block, L.plan, L.plan.pinv(), keys, ctx,
+                chunks=x.chunks,
+                dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
+                meta=np.empty((0,) * x.ndim),
+            )  # fmt: skip
+        m = L.plan.strategy.shape[0]
+        y = x.map_blocks(
+            measure_block, L.plan, keys, ctx,
+            chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
+            dtype=np.float64, name=f"measure-{word}-{tok}",
+            meta=np.empty((0, 0)),
+        )  # fmt: skip
+        return y.map_blocks(
+            reconstruct_block, L.plan.strategy, method, cell_shape, L.plan.pinv(),
+            reports, L.name, L.plan.noise_scale,
+            chunks=(x.chunks[0], *((s,) for s in cell_shape)),
+            new_axis=list(range(2, 1 + len(cell_shape))),
+            dtype=np.float64, name=f"reconstruct-{word}-{tok}",
+            meta=np.empty((0,) * (1 + len(cell_shape))),
+        )  # fmt: skip
+
+
+def compute_items(items: list, client: Any, progress: bool) -> list:
+    if client is not None:
+        futures = client.compute(items)
+        if progress:
+            from distributed import progress as show
+
+            show(futures)
+        return [r for f in client.gather(futures) for r in (f if isinstance(f, list) else [f])]
+    if progress:
+        from dask.diagnostics import ProgressBar
+
+        with ProgressBar():
+            (res,) = (dask.compute(items),)
+    else:
+        res = dask.compute(items)
+    return list(res[0])

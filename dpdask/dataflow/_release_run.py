@@ -1,0 +1,110 @@
+"""A release run's key and charges: bound in the ledger before any data is read.
+
+Part of :class:`dpdask.dataflow.release.Release` (a mixin): a new run gets a fresh
+key, kept owner-only in the work folder until publication; a resumed run needs the
+key it was opened with; every level is charged, all or nothing, with the key's
+fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import TYPE_CHECKING, Any
+
+from dpdask.dataflow._levels import (
+    LevelChunks,
+)
+from dpdask.dataflow._source import private_dir
+from dpdask.noise import KeyFile, SecretKey, new_key
+from dpdask.privacy import Budget, Charge, Ledger, Run, RunStateError
+
+if TYPE_CHECKING:
+    from dpdask.dataflow.release import _Level
+    from dpdask.dataflow.store import DataStore
+
+
+class RunKeys:
+    """The key and charge steps of a :class:`~dpdask.dataflow.release.Release`."""
+
+    # set by Release.__init__ (dpdask.dataflow.release)
+    store: DataStore
+    levels: tuple[str, ...]
+    release_id: str
+    run_id: str
+    total: Budget
+    reconstruct: str
+    ledger: Ledger | None
+    dataset: str | None
+    key: SecretKey | None
+    noise: bool
+    test_mode: bool
+    lc: LevelChunks
+    _levels: list[_Level]
+    _head: Any
+    _reports: list
+
+    def _ledger_run(self) -> Run | None:
+        if self.ledger is None:
+            return None
+        return self.ledger.run(self.release_id, self.run_id)
+
+    def _charge_and_key(self, work: pathlib.Path, run: Run | None) -> SecretKey | None:
+        """The run's key, bound to the run in the ledger and charged for, before any data
+        is read: a new run gets a fresh key (kept owner-only in the work folder until
+        publication); a resumed run needs the key it was opened with."""
+        if not self.noise:
+            return None
+        if self.test_mode:
+            if self.key is None:
+                raise ValueError("test mode needs a key (SecretKey.for_testing(seed))")
+            if self.ledger is not None:
+                self._charge(self.key)
+            return self.key
+        if self.ledger is None:
+            raise ValueError("a ledger is required: every measurement is charged before noise")
+        if self.key is not None and self.key.test_only:
+            raise ValueError("refusing a test-only key outside test mode")
+        key_path = work / "key"
+        stored = KeyFile(key_path).load() if key_path.exists() else None
+        if run is not None and run.state not in ("open", "measuring"):
+            raise RunStateError(
+                f"run {self.run_id!r} of release {self.release_id!r} is {run.state}; a new run "
+                "id is a new run, drawing new noise and charged again"
+            )
+        key = self.key or stored
+        if key is None:
+            if run is not None:
+                raise RunStateError(
+                    f"run {self.run_id!r} of release {self.release_id!r} was charged but its "
+                    f"key is gone (no {key_path}); its noise cannot be reproduced. Abandon it "
+                    "(`dpdask ledger abandon`) and start a new run id, which is charged again"
+                )
+            key = new_key()
+        if stored is not None and stored != key:
+            raise RunStateError(
+                f"the key given for run {self.run_id!r} is not the one in its work folder"
+            )
+        if stored is None:
+            private_dir(work)
+            KeyFile.create(key_path, key)
+        self._charge(key)
+        return key
+
+    def _bind(self, key: SecretKey) -> None:
+        """Put the key's fingerprint on every level's charge (the ledger binds the run)."""
+        fp = key.fingerprint()
+        for L in self._levels:
+            L.charge = dataclasses.replace(L.charge, key_fingerprint=fp)
+
+    def _charge(self, key: SecretKey) -> None:
+        if self.ledger is None:
+            raise ValueError("a ledger is required: every measurement is charged before noise")
+        self._bind(key)
+        self.ledger.open_release(self.release_id, self.total, self.dataset)
+        self.ledger.charge(self.charges())  # all levels fit, or nothing is written
+        self._head = self.ledger.head()
+
+    def charges(self) -> list[Charge]:
+        """Every level's charge (with the key's fingerprint once bound)."""
+        return [L.charge for L in self._levels]
