@@ -26,7 +26,12 @@ from dpdask.dataflow._aggregate import aggregate_rows, level_key
 from dpdask.dataflow._blocks import nonnegative_block
 from dpdask.domain import Geography
 from dpdask.linalg import LinearQuery
-from dpdask.reconstruct.consistency import children_sum, project_children
+from dpdask.reconstruct.consistency import (
+    children_sum,
+    down_variances,
+    project_children,
+    up_weights,
+)
 
 _FIT_CELLS = 2**19  # cells per nonnegative-<level> task
 
@@ -224,16 +229,13 @@ def bottom_up(
         else:
             s = aggregate_level(z[lvl + 1], lc, lvl + 1, f"{name}-{level_key(lc.levels[lvl])}")
         w = children_sum(vz[lvl + 1][:, None], lc.parents[lvl], s.shape[0])[:, 0]
-        v = np.broadcast_to(np.asarray(variances[lvl], dtype=float), w.shape)
-        inv_v = np.where(np.isinf(v), 0.0, 1.0 / v)
-        prec = inv_v + 1.0 / w
+        a_u, b_u, vz[lvl] = up_weights(variances[lvl], w)
         est = estimates[lvl]
         nd = est.ndim
         ch = (est.chunks[0],) + ((1,),) * (nd - 1)
-        a = da.from_array(_col(inv_v / prec, nd), chunks=ch)
-        b = da.from_array(_col(1.0 / (w * prec), nd), chunks=ch)
+        a = da.from_array(_col(a_u, nd), chunks=ch)
+        b = da.from_array(_col(b_u, nd), chunks=ch)
         z[lvl] = da.where(a == 0, 0.0, a * est) + b * s
-        vz[lvl] = 1.0 / prec
         cz[lvl], cv[lvl] = s, w
     return z, vz, cz, cv
 
@@ -267,8 +269,7 @@ def top_down(
     fvar = [np.asarray(vz[0])]
     for lvl in range(1, len(z)):
         p = lc.parents[lvl - 1]
-        w = cv[lvl - 1][p]
-        share = vz[lvl] / w
+        share, fv = down_variances(vz[lvl], cv[lvl - 1][p], fvar[lvl - 1][p])
         resid = _parent_aligned(final[lvl - 1] - cz[lvl - 1], lc, lvl)
         nd = z[lvl].ndim
         share_d = da.from_array(_col(share, nd), chunks=(z[lvl].chunks[0],) + ((1,),) * (nd - 1))
@@ -285,7 +286,7 @@ def top_down(
                 meta=np.empty((0,) * nd, dtype=z[lvl].dtype),
             )
         )
-        fvar.append(vz[lvl] - vz[lvl] ** 2 / w + share**2 * fvar[lvl - 1][p])
+        fvar.append(fv)
     return final, fvar
 
 

@@ -27,7 +27,62 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["children_sum", "project_children", "tree_consistent"]
+__all__ = [
+    "children_sum",
+    "down_variances",
+    "project_children",
+    "tree_consistent",
+    "up_weights",
+]
+
+
+def up_weights(
+    variances: np.ndarray | float, child_variances: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The bottom-up pass's weights for one level (module notes).
+
+    Parameters
+    ----------
+    variances : float or ndarray
+        ``v_u``, the variance of each unit's own estimate (``inf``: not measured).
+    child_variances : ndarray
+        ``w_u``, the sum of the variances of the children's ``z`` (per unit).
+
+    Returns
+    -------
+    a, b, var_z : ndarray
+        ``z_u = a_u x_hat_u + b_u s_u`` (``a_u = 0`` for an unmeasured unit) and
+        ``var z_u = 1 / (1 / v_u + 1 / w_u)``.
+    """
+    w = np.asarray(child_variances, dtype=float)
+    v = np.broadcast_to(np.asarray(variances, dtype=float), w.shape)
+    inv_v = np.where(np.isinf(v), 0.0, 1.0 / v)
+    prec = inv_v + 1.0 / w
+    return inv_v / prec, 1.0 / (w * prec), 1.0 / prec
+
+
+def down_variances(
+    var_z: np.ndarray, child_variances: np.ndarray, parent_final: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The top-down pass's shares and final variances for one level (module notes).
+
+    Parameters
+    ----------
+    var_z : ndarray
+        ``var z_c`` of each child.
+    child_variances : ndarray
+        ``w`` of each child's parent (the sum of its children's ``var z``).
+    parent_final : ndarray
+        The final variance of each child's parent.
+
+    Returns
+    -------
+    share, final : ndarray
+        ``f_c = z_c + share_c (f_u - s_u)`` and
+        ``var f_c = v_c - v_c^2 / w + share_c^2 var f_u`` (``v_c = var z_c``).
+    """
+    share = var_z / child_variances
+    return share, var_z - var_z**2 / child_variances + share**2 * parent_final
 
 
 def children_sum(values: np.ndarray, parent: np.ndarray, n_parents: int) -> np.ndarray:
@@ -88,24 +143,18 @@ def tree_consistent(
         s = children_sum(z[lvl + 1].reshape(z[lvl + 1].shape[0], -1), parents[lvl], n)
         s = s.reshape((n, *est[lvl].shape[1:]))
         w = children_sum(vz[lvl + 1][:, None], parents[lvl], n)[:, 0]
-        inv_v = np.where(np.isinf(var[lvl]), 0.0, 1.0 / var[lvl])
-        prec = inv_v + 1.0 / w
-        z[lvl] = (bshape(inv_v, est[lvl]) * np.nan_to_num(est[lvl]) + s / bshape(w, s)) / bshape(
-            prec, s
-        )
-        vz[lvl] = 1.0 / prec
+        a, b, vz[lvl] = up_weights(var[lvl], w)
+        z[lvl] = bshape(a, est[lvl]) * np.nan_to_num(est[lvl]) + bshape(b, s) * s
         child_z[lvl], child_v[lvl] = s, w
 
     final = [z[0]]
     final_var = [vz[0]]
     for lvl in range(1, L):
         p = parents[lvl - 1]
-        share = vz[lvl] / child_v[lvl - 1][p]
+        share, fv = down_variances(vz[lvl], child_v[lvl - 1][p], final_var[lvl - 1][p])
         resid = final[lvl - 1] - child_z[lvl - 1]
         final.append(z[lvl] + bshape(share, z[lvl]) * resid[p])
-        # variance of the adjusted estimate: v_c - v_c^2 / w + v_c^2 / w^2 * var(f_parent)
-        w = child_v[lvl - 1][p]
-        final_var.append(vz[lvl] - vz[lvl] ** 2 / w + (vz[lvl] / w) ** 2 * final_var[lvl - 1][p])
+        final_var.append(fv)
     return final, final_var
 
 
