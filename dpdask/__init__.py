@@ -1,11 +1,15 @@
 """dpdask: differentially private release of linear counting queries on Dask.
 
-The package follows the data path: :mod:`dpdask.domain` and :mod:`dpdask.linalg`
-describe data and queries, :mod:`dpdask.workloads` builds real workloads,
-:mod:`dpdask.strategy` selects what to measure, :mod:`dpdask.privacy` and
-:mod:`dpdask.noise` measure, :mod:`dpdask.reconstruct` estimates, and
-:mod:`dpdask.dataflow` runs a release over zarr data on a Dask cluster;
-:func:`open_release` (:mod:`dpdask.publish.reader`) reads a published one with xarray.
+The package follows the data path, select -> measure -> reconstruct -> publish:
+:mod:`dpdask.domain` and :mod:`dpdask.linalg` describe data and queries,
+:mod:`dpdask.workloads` builds real workloads, :mod:`dpdask.strategy` selects what
+to measure (:func:`select`), :mod:`dpdask.measure` measures with keyed noise
+(:mod:`dpdask.noise`) charged to the ledger (:mod:`dpdask.privacy`),
+:mod:`dpdask.reconstruct` estimates, :mod:`dpdask.dataflow` runs a whole release
+over zarr data on a Dask cluster (:func:`release`), :mod:`dpdask.publish` writes it
+safely and reads it back (:func:`open_release`), and :mod:`dpdask.pipeline` wires
+them for release specs and the command line. Errors derive from
+:class:`DPDaskError` (:mod:`dpdask.errors`).
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -28,14 +32,24 @@ __all__ = [
     "Plan",
     "__version__",
     "open_release",
+    "release",
     "select",
 ]
 
 
 def __getattr__(name: str):
-    # open_release needs xarray: imported on first use, not with the package
+    # imported on first use, not with the package: open_release needs xarray, and the
+    # release graph and the measure step import most of dpdask
     if name == "open_release":
         from dpdask.publish.reader import open_release
 
         return open_release
+    if name == "release":
+        from dpdask.dataflow.release import release
+
+        return release
+    if name in ("measure", "publish", "pipeline", "reconstruct", "errors"):
+        import importlib
+
+        return importlib.import_module(f"dpdask.{name}")
     raise AttributeError(f"module 'dpdask' has no attribute {name!r}")
