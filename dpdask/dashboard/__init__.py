@@ -23,18 +23,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpdask.dashboard._client import dashboard_url, plan_event, register, track
-from dpdask.dashboard._plugin import PLUGIN_NAME, STAGES, TOPIC, DashboardPlugin
+from dpdask.dashboard._client import dashboard_url, plan_event, register, rmse_groups, track
+from dpdask.dashboard._page import json_safe
+from dpdask.dashboard._plugin import (
+    PLUGIN_NAME,
+    STAGES,
+    TOPIC,
+    DashboardPlugin,
+    budget_text,
+    budget_values,
+)
 
 __all__ = [
     "PLUGIN_NAME",
     "STAGES",
     "TOPIC",
     "DashboardPlugin",
+    "budget_text",
+    "budget_values",
     "dashboard_url",
     "dask_setup",
+    "json_safe",
     "plan_event",
     "register",
+    "rmse_groups",
     "track",
 ]
 

@@ -77,7 +77,7 @@ def _rmse(variances: Any) -> float | None:
     return _float(math.sqrt(max(float(v.mean()), 0.0))) if v.size else None
 
 
-def _groups(names: list[str], variances: Any, kind: str) -> list[dict[str, Any]]:
+def rmse_groups(names: list[str], variances: Any, kind: str) -> list[dict[str, Any]]:
     """RMSE of each named group of rows (rows named by ``names``, in order of first use)."""
     import numpy as np
 
@@ -107,16 +107,16 @@ def _tables(plan: Any, domain: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     names = _row_names(plan.workload)
     if names is not None and len(names) == len(qv):
-        out += _groups(names, qv, "part")
+        out += rmse_groups(names, qv, "part")
     try:
-        from dpdask.dataflow._output import _table_variances
+        from dpdask.dataflow import table_variances
         from dpdask.publish import published_tables
 
         tables = published_tables(plan.workload, domain)
-        tv = None if tables is None else _table_variances(plan, tables[2], domain)
+        tv = None if tables is None else table_variances(plan, tables[2], domain)
         t_names = None if tables is None else _row_names(tables[2])
         if tv is not None and t_names is not None and len(t_names) == len(tv):
-            out += _groups(t_names, tv, "table")
+            out += rmse_groups(t_names, tv, "table")
     except Exception:  # the tables are extra information; the parts are always there
         log.debug("dpdask dashboard: no per-table errors", exc_info=True)
     return out
@@ -193,7 +193,7 @@ def plan_event(
         (units, chunks, cells, budget, noise, predicted RMSE per level and per table),
         and the ledger's balances before and after the run's charge.
     """
-    from dpdask.dataflow._aggregate import level_key
+    from dpdask.dataflow import level_key
 
     plan = plan or {}
     summary = rel.summary()

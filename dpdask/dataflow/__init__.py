@@ -8,9 +8,16 @@ summary file (:func:`read_pl94`) or from an existing array (:func:`adopt_array`)
 :func:`aggregate` gives the counts of any coarser level, lazily.
 """
 
-from dpdask.dataflow._aggregate import aggregate
+from dpdask.dataflow._aggregate import aggregate, level_key
 from dpdask.dataflow._ingest import ingest_records
+from dpdask.dataflow._output import table_variances
 from dpdask.dataflow._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
+from dpdask.dataflow._source import (
+    SourcePrint,
+    fingerprint_options,
+    fingerprint_path,
+    private_dir,
+)
 from dpdask.dataflow.store import (
     DataStore,
     adopt_array,
@@ -25,13 +32,19 @@ __all__ = [
     "P1_RACE_COLUMNS",
     "PL94_LEVELS",
     "DataStore",
+    "SourcePrint",
     "StoreExistsError",
     "adopt_array",
     "aggregate",
     "default_geo_chunk",
+    "fingerprint_options",
+    "fingerprint_path",
     "ingest_records",
+    "level_key",
     "open_store",
+    "private_dir",
     "read_pl94",
     "read_store",
+    "table_variances",
     "write_store",
 ]

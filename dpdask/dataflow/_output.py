@@ -82,7 +82,7 @@ def _coordinates(domain: Domain | None) -> dict[str, Any]:
     return out
 
 
-def _table_variances(plan: Any, queries: Any, domain: Domain) -> np.ndarray | None:
+def table_variances(plan: Any, queries: Any, domain: Domain) -> np.ndarray | None:
     """Variances of further queries of a level's estimates for a unit of variance
     (as :meth:`LevelPlan.query_variances` for the workload), or None if not computable."""
     from dpdask.strategy.error import ErrorAnalysis
@@ -200,7 +200,7 @@ def level_outputs(
             ("variance", variance, ("geography", "query"), "persons^2",
              "variance of the workload answer"),
         ]  # fmt: skip
-        tv = None if tables is None or dom is None else _table_variances(plan, tables[2], dom)
+        tv = None if tables is None or dom is None else table_variances(plan, tables[2], dom)
         if tables is not None and tv is not None:
             t_labels, t_descriptions, Q = tables
             _strings(g, "table_query", t_labels, "table_query", "Census table cell")

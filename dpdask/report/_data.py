@@ -84,7 +84,7 @@ def _summary(path: pathlib.Path, meta: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _plan(meta: Mapping[str, Any]) -> dict[str, Any]:
-    from dpdask.dashboard._plugin import budget_text, budget_values
+    from dpdask.dashboard import budget_text, budget_values
 
     total = budget_values(meta.get("budget"))
     first = next(iter(total), None)
@@ -128,7 +128,7 @@ def _plan(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 def _ledger(meta: Mapping[str, Any], override: str | os.PathLike | None) -> dict[str, Any]:
     """The ledger as the release records it, and as the ledger file says now (if reachable)."""
-    from dpdask.dashboard._plugin import budget_text
+    from dpdask.dashboard import budget_text
     from dpdask.privacy import Head, Ledger, LedgerMissingError, LedgerTamperedError
 
     rec = dict(meta.get("ledger") or {})
@@ -279,7 +279,7 @@ def _level(
     g: Any, level: str, store: Any, workload: Any, domain: Any, notes: list[str]
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Per-table predicted (and realised) errors of one level, streamed over its units."""
-    from dpdask.dashboard._client import _groups
+    from dpdask.dashboard import rmse_groups
     from dpdask.publish import published_tables, query_labels
 
     ids = _strings(g, "ids")
@@ -327,7 +327,7 @@ def _level(
         names = [table_of(lab) for lab in labels]
         mean_var = a["var"] / n
         sd = np.sqrt(np.maximum(mean_var, 0.0))
-        for grp in _groups(names, mean_var, kind):
+        for grp in rmse_groups(names, mean_var, kind):
             idx = [i for i, nm in enumerate(names) if nm == grp["name"]]
             row = {
                 "level": level,

@@ -325,7 +325,7 @@ def _not_converged(data: dict[str, Any]) -> str:
 
 
 def _json(data: dict[str, Any]) -> str:
-    from dpdask.dashboard._page import json_safe
+    from dpdask.dashboard import json_safe
 
     text = json.dumps(json_safe(data), default=str, ensure_ascii=False)
     return text.replace("</", "<\\/").replace("<!--", "<\\!--")
