@@ -60,14 +60,12 @@ def tune_allocator() -> bool:
 
     Dask's nanny sets ``MALLOC_TRIM_THRESHOLD_``, which freezes glibc's mmap
     threshold at 128 KiB: every array of a chunk is then a fresh ``mmap`` whose pages
-    are faulted in and zeroed on first touch, and unmapped when freed. On the
-    county-level CPH release that was 25 million page faults and half the CPU time
-    (system time 160 s of 312 s at 3,143 counties). Raising the mmap threshold to
-    its maximum (32 MiB; the release's chunks are sized below it) and the trim
-    threshold to 1 GiB makes such blocks come from, and return to, the heap: on 200
-    counties with 2 workers, 1.0e6 page faults instead of 2.2e6 and 9.0-9.2 s
-    instead of 11.9-12.1 s. Returns whether the setting was applied (glibc only;
-    elsewhere nothing changes).
+    are faulted in and zeroed on first touch, and unmapped when freed, which costs a
+    large share of a county-level release's CPU time in system calls. Raising the
+    mmap threshold to its maximum (32 MiB; the release's chunks are sized below it)
+    and the trim threshold to 1 GiB makes such blocks come from, and return to, the
+    heap (the measured effect is in BENCHMARKS.md). Returns whether the setting was
+    applied (glibc only; elsewhere nothing changes).
     """
     global _allocator_tuned
     if _allocator_tuned:

@@ -310,9 +310,8 @@ def release(
     chunk_bytes : int
         Largest size of one chunk of estimates (a unit is never split). The default,
         32 MiB, keeps a chunk's arrays within glibc's heap (see
-        :func:`~dpdask.dataflow._blocks.tune_allocator`) and workers' memory lower; on
-        the CPH release of 200 counties (2 workers) 32 and 64 MiB ran alike (8.6-9.1 s
-        against 8.3-8.9 s).
+        :func:`~dpdask.dataflow._blocks.tune_allocator`) and workers' memory lower
+        (BENCHMARKS.md compares chunk sizes).
 
     Raises
     ------

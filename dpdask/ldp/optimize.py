@@ -195,8 +195,8 @@ def default_iterations(n: int) -> tuple[int, int]:
     """(evaluations per random start, extra ones for the best start) by domain size.
 
     Starts from a baseline get a quarter of a random start's evaluations (at least 10).
-    Sized so that the whole optimisation takes about 5 s at ``n = 256`` and under a minute
-    at ``n = 1024`` on two cores (``dpdask bench ldp``).
+    Sized so that larger domains stay within a minute on two cores; ``dpdask bench ldp``
+    reports the times.
     """
     if n <= 64:
         return 300, 300
