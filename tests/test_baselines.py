@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 
 from dpdask import Domain
+from dpdask.errors import ConvergenceError, ConvergenceWarning
 from dpdask.linalg import AllRange, Identity, Kron, Ones, Prefix, RangeQueries, Sparse, VStack
 from dpdask.strategy import baselines as B
 from dpdask.strategy.error import query_variances, squared_error
@@ -482,5 +483,12 @@ def test_identity_rejects_non_sizes():
 
 
 def test_convex_ca_raises_when_not_converged():
-    with pytest.raises(RuntimeError, match="did not converge"):
+    with pytest.raises(ConvergenceError, match="did not converge"):
         B.convex_ca(Prefix(16), max_iter=0)
+    assert issubclass(ConvergenceError, RuntimeError)
+
+
+def test_ca_solve_warns_at_its_iteration_limit():
+    with pytest.warns(ConvergenceWarning, match="CA stopped at its iteration limit"):
+        sol = B.ca_solve(Prefix(16), max_iter=1)
+    assert not sol.converged and sol.iterations == 1

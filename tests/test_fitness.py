@@ -18,13 +18,14 @@ import pytest
 
 from dpdask import Domain
 from dpdask import workloads as wl
+from dpdask.errors import ConvergenceWarning
 from dpdask.linalg import AllRange, Dense, Identity, Ones, Prefix, RangeQueries, VStack
 from dpdask.privacy import ApproxDP, PureDP, gaussian_delta, zCDP
-from dpdask.strategy import _fitness_newton as newton_module
 from dpdask.strategy import baselines
-from dpdask.strategy._fitness_smii import _Objective
-from dpdask.strategy._fitness_terms import canonical_problem, merge_columns, row_term
 from dpdask.strategy.fitness import FitnessSolution, SMIIOptions, solve
+from dpdask.strategy.fitness import _newton as newton_module
+from dpdask.strategy.fitness._smii import _Objective
+from dpdask.strategy.fitness._terms import canonical_problem, merge_columns, row_term
 
 
 def dense_profile(B: np.ndarray, Sigma: np.ndarray) -> np.ndarray:
@@ -121,7 +122,7 @@ def test_pl94_reference_figures() -> None:
 
 def _ip_over_hm(W) -> float:
     """IP's largest variance over HM's at the same privacy cost (dense pseudo-inverse)."""
-    from dpdask.strategy._fitness_competitors import paper_hm
+    from dpdask.strategy.fitness import paper_hm
 
     Wd = W.dense()
     A = paper_hm(W.shape[1])
@@ -148,7 +149,7 @@ def test_hm_matches_paper_ratio(name: str, ip: float, hm: float) -> None:
 
 def test_hm_structure() -> None:
     """Root, floor(sqrt(n)) blocks over the first k^2 cells, identity; sensitivity sqrt(3)."""
-    from dpdask.strategy._fitness_competitors import paper_hm
+    from dpdask.strategy.fitness import paper_hm
 
     A = paper_hm(11).dense()  # k = 3: cells 9 and 10 are in no block
     assert A.shape == (1 + 3 + 11, 11)
@@ -445,7 +446,8 @@ def test_stage_that_worsens_does_not_stop_the_continuation() -> None:
 def test_iteration_limit_still_feasible() -> None:
     """Stopped early, SM-II still returns a mechanism that meets the targets (not optimal)."""
     full = solve(Prefix(8), 1.0)
-    early = solve(Prefix(8), 1.0, options=SMIIOptions(max_newton=3))
+    with pytest.warns(ConvergenceWarning, match="SM-II stopped at its iteration limit"):
+        early = solve(Prefix(8), 1.0, options=SMIIOptions(max_newton=3))
     assert full.info["converged"] and not early.info["converged"]
     assert early.max_ratio == pytest.approx(1.0, abs=1e-12)
     assert early.privacy_cost > full.privacy_cost * 1.001

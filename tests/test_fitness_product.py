@@ -1,6 +1,6 @@
 """Kronecker workloads solved factor by factor, unions by budget split: dense checks.
 
-The factorisation claims (module docstring of ``dpdask.strategy._fitness_product``):
+The factorisation claims (module docstring of ``dpdask.strategy.fitness._product``):
 the product mechanism's covariance, profile and variances are the Kronecker products
 of the factors', and its cost equals the joint optimum. Checked against dense
 matrices and against SM-II run on the whole product (``method="dense"``).
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from dpdask import Domain
 from dpdask import workloads as wl
 from dpdask.linalg import AllRange, Dense, Identity, Kron, Ones, Prefix, VStack
-from dpdask.strategy._fitness_product import factor_targets
 from dpdask.strategy.fitness import solve
+from dpdask.strategy.fitness._product import factor_targets
 from tests.test_fitness import dense_profile
 
 

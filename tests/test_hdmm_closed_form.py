@@ -12,7 +12,7 @@ from dpdask.linalg import AllRange, Identity, Kron, Ones, Prefix, VStack
 from dpdask.privacy import PureDP, zCDP
 from dpdask.strategy import optimize
 from dpdask.strategy._closed_form import members, workload_subsets
-from dpdask.strategy._optimize import marginals_spectrum
+from dpdask.strategy._opt_marginals import marginals_spectrum
 from dpdask.strategy._terms import kron_terms
 from dpdask.workloads import marginals
 

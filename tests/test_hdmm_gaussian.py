@@ -7,7 +7,7 @@ import pytest
 from dpdask import Domain, select
 from dpdask.linalg import AllRange, Identity, Kron, Prefix
 from dpdask.privacy import PureDP, zCDP
-from dpdask.strategy import _hdmm, _tasks, opt_0
+from dpdask.strategy import _hdmm, _pieces, _tasks, opt_0
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._optimize import CONVEX_TOL
 from dpdask.strategy.convex import ca_solve
@@ -57,7 +57,7 @@ def test_small_problems_run_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_scheduler(client):
         raise AssertionError("a small problem reached a Dask scheduler")
 
-    monkeypatch.setattr(_hdmm, "run_tasks", spy)
+    monkeypatch.setattr(_pieces, "run_tasks", spy)
     monkeypatch.setattr(_tasks, "_scheduler", no_scheduler)
     dom = Domain(age=12, sex=2, race=5)
     W = Kron([Prefix(12), Identity(2), AllRange(5)])

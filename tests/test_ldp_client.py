@@ -16,7 +16,7 @@ import dpdask
 from dpdask.ldp import LocalStrategy, aggregate, count_responses, randomize, simulate_counts
 from dpdask.ldp import client as ldp_client
 from dpdask.ldp.baselines import hadamard, randomized_response
-from dpdask.ldp.plan import LdpPlan
+from dpdask.ldp.plan import LdpPlan, select_local
 from dpdask.linalg import Identity, Prefix
 from dpdask.noise import SecretKey
 from dpdask.privacy import PureDP, zCDP
@@ -226,7 +226,7 @@ def test_simulate_counts_matches_randomize_in_mean(strategy, rng):
 # -- plan and select ---------------------------------------------------------------------
 def test_select_local_returns_a_plan():
     W = Prefix(16)
-    plan = dpdask.select(W, PureDP(1), model="local", iters=30, polish=20)
+    plan = select_local(W, PureDP(1), iters=30, polish=20)
     assert isinstance(plan, LdpPlan)
     s = plan.summary(as_dict=True)
     assert set(s["baselines"]) >= {"randomized_response", "hadamard", "hierarchical"}
@@ -239,13 +239,15 @@ def test_select_local_returns_a_plan():
 
 def test_select_local_needs_pure_dp():
     with pytest.raises(TypeError):
-        dpdask.select(Prefix(4), zCDP(1), model="local")
+        select_local(Prefix(4), zCDP(1))
+    with pytest.raises(ValueError, match="select_local"):
+        dpdask.select(Prefix(4), PureDP(1), model="local")
     with pytest.raises(ValueError, match="model"):
         dpdask.select(Prefix(4), PureDP(1), model="federated")
 
 
 def test_plan_writes_the_client_file(tmp_path):
-    plan = dpdask.select(Identity(4), PureDP(2), model="local", iters=10, polish=0)
+    plan = select_local(Identity(4), PureDP(2), iters=10, polish=0)
     path = tmp_path / "s.json"
     plan.save_strategy(path)
     doc = ldp_client.load(path.read_text())

@@ -26,8 +26,9 @@ from dpdask.linalg import (
     Sum,
     Transpose,
     VStack,
+    from_dict,
+    to_dict,
 )
-from dpdask.linalg._serialize import from_dict, to_dict
 from dpdask.privacy import ApproxDP, PureDP, zCDP
 from dpdask.strategy import PIdentity, WeightedMarginals
 from dpdask.testing.strategies import operators

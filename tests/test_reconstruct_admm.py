@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog, minimize_scalar
 
+from dpdask.errors import ConvergenceWarning
 from dpdask.linalg import AllRange, Dense, Identity, Kron, Ones, Prefix, Total, VStack
 from dpdask.noise import KeyedRNG
 from dpdask.reconstruct import HierarchicalTree, admm, tree_consistent
 from tests import requires_cvxpy, requires_shared_data, shared_data
 
 admm_module = importlib.import_module("dpdask.reconstruct.admm")
+system_module = importlib.import_module("dpdask.reconstruct._admm_system")
 
 
 # -- oracles --------------------------------------------------------------------------
@@ -68,9 +70,9 @@ def _operators(rng: np.random.Generator):
 def solver(request, monkeypatch) -> str:
     """Force each way of factoring the x-update on small problems."""
     if request.param != "cholesky":
-        monkeypatch.setattr(admm_module, "_DENSE_N", 0)
+        monkeypatch.setattr(system_module, "_DENSE_N", 0)
     if request.param == "cg":
-        monkeypatch.setattr(admm_module, "_FACTOR_N", 0)
+        monkeypatch.setattr(system_module, "_FACTOR_N", 0)
     return request.param
 
 
@@ -165,7 +167,8 @@ def test_identity_with_known_marginals_is_algorithm_one(rng: np.random.Generator
 def test_iteration_limit_is_reported(rng: np.random.Generator) -> None:
     A = Kron([Prefix(3), Identity(4)])
     Y = A @ rng.poisson(2.0, size=12) + rng.laplace(scale=2.0, size=(3, 12))
-    est = admm(A, Y, tol=1e-12, maxiter=7, check_every=5)
+    with pytest.warns(ConvergenceWarning, match="admm-l1 stopped at its iteration limit"):
+        est = admm(A, Y, tol=1e-12, maxiter=7, check_every=5)
     report = est.report
     assert not report.converged and report.iterations == 7
     assert report.details["not_converged"] == 3 and report.residual > report.tolerance

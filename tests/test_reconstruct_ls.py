@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dpdask.errors import ConvergenceWarning
 from dpdask.linalg import AllRange, Dense, Identity, Kron, Prefix, Total, VStack
 from dpdask.reconstruct import least_squares, tree_consistent
 
@@ -29,6 +30,14 @@ def test_least_squares_matches_dense_lstsq(method: str, rng: np.random.Generator
         assert report.converged
         x1, _ = least_squares(A, Y[0], method=method)
         np.testing.assert_allclose(x1, expected[0], atol=1e-7)
+
+
+def test_cg_stopped_at_its_limit_warns(rng: np.random.Generator) -> None:
+    A = VStack([Kron([Identity(3), Prefix(4)]), Kron([Total(3), Identity(4)])])
+    y = rng.normal(size=A.shape[0])
+    with pytest.warns(ConvergenceWarning, match="cg stopped at its iteration limit"):
+        est = least_squares(A, y, method="cg", maxiter=1)
+    assert not est.report.converged and est.report.iterations == 1
 
 
 def test_exact_measurements_return_the_truth(rng: np.random.Generator) -> None:

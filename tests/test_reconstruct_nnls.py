@@ -10,8 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.optimize import nnls as scipy_nnls
 
+from dpdask.errors import ConvergenceWarning
 from dpdask.linalg import AllRange, Dense, Identity, Kron, Prefix, Total, VStack
 from dpdask.reconstruct import least_squares, nnls, wnnls
+from dpdask.reconstruct.nnls import nonnegative_fitter
 
 
 def _strategies(rng: np.random.Generator):
@@ -67,7 +69,8 @@ def test_exact_measurements_return_the_truth(x0: str, rng: np.random.Generator) 
 def test_given_start_and_iteration_limit_reported(rng: np.random.Generator) -> None:
     A = Kron([Dense(rng.uniform(size=(6, 5))), Prefix(4)])
     y = A @ rng.poisson(1.0, size=20) + rng.laplace(scale=3.0, size=A.shape[0])
-    short = nnls(A, y, x0="zero", tol=1e-14, maxiter=2)
+    with pytest.warns(ConvergenceWarning, match="iteration limit"):
+        short = nnls(A, y, x0="zero", tol=1e-14, maxiter=2)
     assert not short.report.converged and short.report.iterations == 2
     assert short.report.residual > short.report.tolerance
     # restarting from where it stopped finishes the job
@@ -130,10 +133,10 @@ def test_stopping_rule_is_in_noise_units(rng: np.random.Generator) -> None:
 
 
 def test_compact_gram_is_the_gram(rng: np.random.Generator) -> None:
-    nnls_module = importlib.import_module("dpdask.reconstruct.nnls")
+    metric_module = importlib.import_module("dpdask.reconstruct._metric")
     for A in _strategies(rng):
         for op in (A, 3.0 * A):
-            G = nnls_module._compact_gram(op)
+            G = metric_module.compact_gram(op)
             np.testing.assert_allclose(G.dense(), op.dense().T @ op.dense(), atol=1e-10)
 
 
@@ -582,7 +585,7 @@ def test_nonnegative_fit_is_nnls_from_the_estimate(case, weights, rng) -> None:
 @pytest.fixture
 def admm_builds(monkeypatch) -> list[int]:
     """The ADMM starts built from now on (one entry each), with no metric shared yet."""
-    nn = importlib.import_module("dpdask.reconstruct.nnls")
+    nn = importlib.import_module("dpdask.reconstruct._metric")
     built: list[int] = []
 
     class Counted(nn.AdmmStart):
@@ -598,8 +601,6 @@ def admm_builds(monkeypatch) -> list[int]:
 def test_fitter_shares_its_setup_across_estimates(rng, admm_builds) -> None:
     """One fitter, several estimates fitted one by one: each is scipy's NNLS of its own
     measurements, and the eigenvectors of the ADMM start are computed once."""
-    from dpdask.reconstruct.nnls import nonnegative_fitter
-
     A = _kron_case(rng)
     M = A.dense()
     fit = nonnegative_fitter(A, 0.5, tol=1e-10)
@@ -618,7 +619,7 @@ def test_fitters_of_one_metric_share_it_within_the_process(rng, admm_builds) -> 
     """A second fitter of an equal operator and the same weights (a later task on the same
     worker) reuses the first one's setup; other weights get their own, and only the last
     ``_SHARED_METRICS`` are kept. The shared fitter's estimates are still scipy's NNLS."""
-    nn = importlib.import_module("dpdask.reconstruct.nnls")
+    nn = importlib.import_module("dpdask.reconstruct._metric")
     seed = int(rng.integers(2**31))
     A, A_again = (_kron_case(np.random.default_rng(seed)) for _ in range(2))
     assert A is not A_again
@@ -627,10 +628,10 @@ def test_fitters_of_one_metric_share_it_within_the_process(rng, admm_builds) -> 
     y = M @ x + rng.normal(scale=2.0, size=M.shape[0])
     x_ls = least_squares(A, y, 0.5).x
     for op in (A, A_again):
-        est = nn.nonnegative_fitter(op, 0.5, tol=1e-10)(x_ls)
+        est = nonnegative_fitter(op, 0.5, tol=1e-10)(x_ls)
         assert _relerr(est.x, scipy_nnls(M, y)[0]) < 1e-6
     assert len(admm_builds) == 1
     for w in (0.25, 1.0, 2.0, 4.0, 0.5):
-        nn.nonnegative_fitter(A, w, tol=1e-10)(x_ls)
+        nonnegative_fitter(A, w, tol=1e-10)(x_ls)
     assert len(nn._metrics) == nn._SHARED_METRICS
     assert len(admm_builds) == 6  # four new weights, then 0.5 again after it was dropped

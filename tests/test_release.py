@@ -357,6 +357,7 @@ def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind, level
         np.testing.assert_allclose(nn[upper]["estimate"][:], sums, rtol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore::dpdask.errors.ConvergenceWarning")  # the limit is the point
 @pytest.mark.parametrize("method", ["nnls", "admm-l1"])
 def test_estimators_that_stop_early_are_reported(store, tmp_path, monkeypatch, method) -> None:
     """An iteration limit hit shows in the output's attributes, per chunk, and the

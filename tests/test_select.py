@@ -11,13 +11,13 @@ import dask
 import numpy as np
 import pytest
 
-from dpdask import Domain, select
+from dpdask import Domain, census, select
 from dpdask.cli import main
 from dpdask.linalg import AllRange, Identity, Kron, Ones, Prefix, VStack
 from dpdask.privacy import PureDP, zCDP
 from dpdask.strategy import PIdentity, _tasks, optimize, squared_error
 from dpdask.strategy._terms import kron_terms
-from dpdask.workloads import census, sf1_persons
+from dpdask.workloads import sf1_persons
 
 KEY = re.compile(r"^optimize(-[a-z]+)+-[0-9a-f]{32}$")
 
@@ -101,7 +101,7 @@ def test_task_keys(monkeypatch: pytest.MonkeyPatch) -> None:
         seen.extend(t.key for t in tasks)
         return real(tasks, client, inline=inline)
 
-    monkeypatch.setattr("dpdask.strategy._hdmm.run_tasks", spy)
+    monkeypatch.setattr("dpdask.strategy._pieces.run_tasks", spy)
     monkeypatch.setattr("dpdask.strategy._hdmm.INLINE_MAX_CELLS", 0)  # keys: the Dask path
     dom = Domain(age=12, sex2=2, race=5)
     select(Kron([Prefix(12), Identity(2), AllRange(5)]), PureDP(1), domain=dom, restarts=2)

@@ -23,7 +23,8 @@ from dpdask.strategy import (
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._lbfgs import lbfgs
 from dpdask.strategy._marginals import complement_sizes, marginals_loss
-from dpdask.strategy._optimize import _random_factors, marginals_spectrum
+from dpdask.strategy._opt_kron import _random_factors
+from dpdask.strategy._opt_marginals import marginals_spectrum
 from dpdask.strategy._pidentity import pidentity_loss
 from dpdask.strategy._terms import kron_terms
 from dpdask.strategy.baselines import hierarchical

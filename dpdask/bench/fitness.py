@@ -22,7 +22,7 @@ The extracted paper text lost some workload parameters (number of random queries
 the target distribution's range, the WRelated inner dimension); the choices above
 are ours and are reported in the output. Competitors: IP, CA, wCA-I and wCA-II from
 :mod:`dpdask.strategy.baselines`; HM is the paper's two-level tree
-(:func:`dpdask.strategy._fitness_competitors.paper_hm`: root, ``floor(sqrt(d))`` blocks,
+(:func:`dpdask.strategy.fitness.paper_hm`: root, ``floor(sqrt(d))`` blocks,
 identity), whose IP / HM ratios match the paper's (PL94 2.6246, age 5.240, marginals)
 because neither depends on the optimiser; on the random workloads (ranges, random,
 wrelated) they depend on the draw and match only roughly. SM-II runs on one BLAS thread
@@ -163,8 +163,8 @@ def _marginals(t: int) -> LinearQuery:
 def _competitors(W: LinearQuery, c: np.ndarray, cost2: float) -> tuple[dict[str, Any], float]:
     """Each competitor's largest variance / target at squared privacy cost ``cost2``."""
     from dpdask.strategy import baselines
-    from dpdask.strategy._fitness_competitors import paper_hm
     from dpdask.strategy.error import query_variances
+    from dpdask.strategy.fitness import paper_hm
 
     d = W.shape[1]
     uniform = bool(np.all(c == c[0]))

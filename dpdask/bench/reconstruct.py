@@ -116,10 +116,10 @@ def _admm_tree(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cph_strategies(args: argparse.Namespace) -> dict[str, Any]:
     """The two HDMM SF1 strategies on the CPH domain, as NNLS sees them."""
+    from dpdask.census import cph_domain
     from dpdask.linalg import gram_root
     from dpdask.privacy import PureDP, zCDP
     from dpdask.strategy import select
-    from dpdask.workloads.census import cph_domain
     from dpdask.workloads.sf1 import sf1_persons
 
     domain = cph_domain()

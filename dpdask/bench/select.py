@@ -208,8 +208,9 @@ def _small(repeats: int) -> list[dict]:
 
 
 def _sf1(restarts: int, repeats: int) -> list[dict]:
+    from dpdask import census
     from dpdask.strategy import select
-    from dpdask.workloads import census, sf1_persons
+    from dpdask.workloads import sf1_persons
 
     domain = census.cph_domain()
     W = sf1_persons(domain)

@@ -1,4 +1,4 @@
-"""The plan of a local-model collection: what :func:`dpdask.select` returns for ``model="local"``.
+"""The plan of a local-model collection: what :func:`select_local` returns.
 
 An :class:`LdpPlan` is data-independent, like the central :class:`~dpdask.Plan`: the
 workload, the budget, the optimised strategy every device runs, and what to expect from

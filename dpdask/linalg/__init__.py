@@ -5,10 +5,19 @@ dense matrices: products act factor by factor, unions part by part, and
 ``dense()`` refuses beyond ``dpdask.linalg.max-dense-elements`` entries.
 """
 
-from dpdask.linalg._base import LinearQuery, Product, Scaled, Sum, Transpose, aslinearquery
+from dpdask.linalg._base import (
+    LinearQuery,
+    Product,
+    Scaled,
+    Sum,
+    Transpose,
+    aslinearquery,
+    check_dense_size,
+)
 from dpdask.linalg._explicit import Dense, Sparse
 from dpdask.linalg._geo import apply_per_geography
 from dpdask.linalg._kron import Kron
+from dpdask.linalg._norms import NormTerms, kron_vector
 from dpdask.linalg._primitives import (
     AllRange,
     Diagonal,
@@ -17,9 +26,13 @@ from dpdask.linalg._primitives import (
     Prefix,
     RangeQueries,
     Total,
+    check_size,
 )
 from dpdask.linalg._roots import gram_root
 from dpdask.linalg._rounding import UNIT_ROUNDOFF, evaluation_error, gamma, rounding_pair
+from dpdask.linalg._serialize import from_dict, to_dict
+from dpdask.linalg._serialize import register as register_operator
+from dpdask.linalg._tree import interval_tree, tree_intervals
 from dpdask.linalg._union import VStack
 
 __all__ = [
@@ -30,6 +43,7 @@ __all__ = [
     "Identity",
     "Kron",
     "LinearQuery",
+    "NormTerms",
     "Ones",
     "Prefix",
     "Product",
@@ -42,8 +56,16 @@ __all__ = [
     "VStack",
     "apply_per_geography",
     "aslinearquery",
+    "check_dense_size",
+    "check_size",
     "evaluation_error",
+    "from_dict",
     "gamma",
     "gram_root",
+    "interval_tree",
+    "kron_vector",
+    "register_operator",
     "rounding_pair",
+    "to_dict",
+    "tree_intervals",
 ]

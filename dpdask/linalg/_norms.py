@@ -24,7 +24,7 @@ import numpy as np
 
 from dpdask import config
 
-__all__ = ["NormTerms"]
+__all__ = ["NormTerms", "kron_vector"]
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class NormTerms:
         """The full flat vector (length n, C order)."""
         out = np.zeros(self.n)
         for c, vs in zip(self.coefs, self.vecs, strict=True):
-            out += c * _kron_vectors(vs)
+            out += c * kron_vector(vs)
         return out
 
     def max(self) -> float:
@@ -139,5 +139,14 @@ def _outer(vs: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _kron_vectors(vs: Sequence[np.ndarray]) -> np.ndarray:
-    return _outer(vs).ravel()
+def kron_vector(vectors: Sequence[np.ndarray]) -> np.ndarray:
+    """``kron(v_0, v_1, ...)`` as a flat float vector (C order); ``[1.0]`` for no vectors.
+
+    Examples
+    --------
+    >>> kron_vector([np.array([1.0, 2.0]), np.array([1.0, 10.0])]).tolist()
+    [1.0, 10.0, 2.0, 20.0]
+    """
+    if len(vectors) == 0:
+        return np.ones(1)
+    return _outer(vectors).ravel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -11,12 +12,22 @@ from dpdask.linalg._base import LinearQuery, Scaled, check_dense_size
 from dpdask.linalg._explicit import Dense, Sparse
 from dpdask.linalg._norms import NormTerms
 
-__all__ = ["AllRange", "Diagonal", "Identity", "Ones", "Prefix", "RangeQueries", "Total"]
+__all__ = [
+    "AllRange",
+    "Diagonal",
+    "Identity",
+    "Ones",
+    "Prefix",
+    "RangeQueries",
+    "Total",
+    "check_size",
+]
 
 
-def _check_n(n: int, what: str) -> int:
+def check_size(n: Any, what: str, noun: str = "size") -> int:
+    """``n`` as an int, or a ValueError saying ``what`` needs a positive integer ``noun``."""
     if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
-        raise ValueError(f"{what} needs a positive integer size, got {n!r}")
+        raise ValueError(f"{what} needs a positive integer {noun}, got {n!r}")
     return int(n)
 
 
@@ -28,7 +39,7 @@ class Identity(LinearQuery):
     """The ``n x n`` identity: every cell on its own."""
 
     def __init__(self, n: int):
-        self.n = _check_n(n, "Identity")
+        self.n = check_size(n, "Identity")
         self.shape = (self.n, self.n)
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
@@ -67,8 +78,8 @@ class Ones(LinearQuery):
     """The ``m x n`` matrix of ones; ``Ones(n)`` (one row) is the total query."""
 
     def __init__(self, n: int, m: int = 1):
-        self.n = _check_n(n, "Ones")
-        self.m = _check_n(m, "Ones")
+        self.n = check_size(n, "Ones")
+        self.m = check_size(m, "Ones")
         self.shape = (self.m, self.n)
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
@@ -116,7 +127,7 @@ class Prefix(LinearQuery):
     """The ``n x n`` lower-triangular matrix of ones: query ``i`` counts cells ``0..i``."""
 
     def __init__(self, n: int):
-        self.n = _check_n(n, "Prefix")
+        self.n = check_size(n, "Prefix")
         self.shape = (self.n, self.n)
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
@@ -165,7 +176,7 @@ class RangeQueries(LinearQuery):
     """
 
     def __init__(self, n: int, lo: Sequence[int], hi: Sequence[int]):
-        self.n = _check_n(n, "RangeQueries")
+        self.n = check_size(n, "RangeQueries")
         lo_a = np.asarray(lo, dtype=np.int64).ravel()
         hi_a = np.asarray(hi, dtype=np.int64).ravel()
         if lo_a.shape != hi_a.shape:
@@ -218,7 +229,7 @@ class AllRange(RangeQueries):
     """All ``n (n + 1) / 2`` intervals ``[i, j]``, ordered by ``i`` then ``j``."""
 
     def __init__(self, n: int):
-        n = _check_n(n, "AllRange")
+        n = check_size(n, "AllRange")
         lo, hi = np.triu_indices(n)
         super().__init__(n, lo, hi)
 

@@ -184,7 +184,7 @@ def evaluation_error(op: LinearQuery) -> float:
     >>> from dpdask.linalg import Identity, Kron, Prefix
     >>> evaluation_error(Identity(5))
     0.0
-    >>> 0 < evaluation_error(Kron([Prefix(10), Identity(3)])) < 1e-15
+    >>> 0 < evaluation_error(Kron([Prefix(10), Identity(3)])) < 1e-14
     True
     """
     c, M = rounding_pair(op)

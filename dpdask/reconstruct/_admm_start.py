@@ -14,14 +14,12 @@ HDMM strategy (condition number 1e10 on the CPH domain) ADMM does not reach the
 projected-gradient tolerance soon, but within a few dozen iterations its ``z`` has about
 the support of the solution and is several times closer to it than the point
 projected Newton reaches from zero in the same work; Newton then finishes from ``z``
-in 2-3x fewer products (measured on synthetic CPH geographies, see
-``dpdask bench reconstruct``). Only ``z`` is returned: it is the feasible iterate.
+in fewer products (``dpdask bench reconstruct``). Only ``z`` is returned: it is the
+feasible iterate.
 
 The iteration stops between 12 and 20 steps, once the primal residual ``u - z`` is at
 most 0.03 noise units root-mean-square: what it then has left is noise, and typical
 (small) counties get there in 12, large ones need the 20 (:data:`MIN_ITERATIONS`).
-On 100 of the 200 bench counties, fits took 31.5 s in all instead of 33.5; on 40
-national counties of 0.3-1 million persons nothing changed.
 """
 
 from __future__ import annotations
@@ -33,14 +31,11 @@ from dpdask.reconstruct._kron_gram import ScaledKronGram, kron_rows
 __all__ = ["AdmmStart"]
 
 RHO = 0.5  # penalty, in the units of the Jacobi-scaled Gram (unit diagonal)
-# 20 at most: on 40 synthetic CPH counties, 12 for all took about as long in all, but the
-# densest county took twice as long (1.0 s against 0.5 s) and 6 took 40% longer in all
+# 20 at most (dense counties need them; fewer made their fits slower)
 ITERATIONS = 20
 # ... and at least 12, after which the iteration stops once the root-mean-square primal
-# residual u - z is at most RESIDUAL (noise units with inverse-variance weights). On
-# synthetic CPH counties the residual at 12 iterations is 0.029 up to 30,000 persons
-# (whatever the size: noise, not counts, is left), 0.036 at 100,000, 0.07 at 300,000
-# and 0.2-0.8 at 1-4 million, whose fits need the 20 (12 made them 1.5x slower)
+# residual u - z is at most RESIDUAL (noise units with inverse-variance weights): on small
+# counties what is left after 12 is noise, whatever their size; large ones need the 20
 MIN_ITERATIONS = 12
 RESIDUAL = 0.03
 RELAX = 1.6  # over-relaxation
@@ -48,7 +43,7 @@ RELAX = 1.6  # over-relaxation
 
 class AdmmStart:
     """The ADMM start on one Gram: its eigenvectors and the iteration's two scalings are
-    computed once (about 7 ms on the CPH domain) and serve every right-hand side.
+    computed once and serve every right-hand side.
 
     Parameters
     ----------

@@ -7,9 +7,9 @@ One product is then ``d`` small dense matrix products on the data tensor, with n
 elementwise scaling pass. Factors of a few cells (sex, Hispanic origin) are merged
 into one dense factor, so that every pass over the tensor does real work.
 
-Products run in float32 (half the memory traffic, twice the SIMD width; 4x faster
-than float64 on the CPH domain): their relative error is about ``1e-7`` of the
-product's size, which the solver checks against in float64 before it stops.
+Products run in float32 (half the memory traffic, twice the SIMD width): their
+relative error is about ``1e-7`` of the product's size, which the solver checks
+against in float64 before it stops.
 """
 
 from __future__ import annotations
@@ -19,18 +19,22 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Scaled
+from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Scaled, kron_vector
 
-__all__ = ["ScaledKronGram", "kron_rows", "scaled_kron_gram"]
+__all__ = ["ScaledKronGram", "jacobi_scale", "kron_rows", "scaled_kron_gram"]
+
 
 _MAX_FACTOR = 512  # factors larger than this are not held dense
 _MERGE = 16  # adjacent factors are merged while their product has at most this many cells
 # restricted products, and products from entries, use the full product once this
-# fraction of fibres is occupied (measured on the CPH domain, restricted: 1.3 vs 2.6 ms at
-# 24%, even at 75%, 4.7 vs 3.0 at 92%; from entries: 1.8-2.7 vs 3.0-3.3 ms at 12-19%,
-# 3-10% slower at 82-97%)
+# fraction of fibres is occupied (the crossover of the two; see BENCHMARKS.md)
 _RESTRICT_MAX = 0.6
 _FIRST_DENSE = 1.5  # the first factor is applied densely once the output is this x its fibres
+
+
+def jacobi_scale(diag: np.ndarray) -> np.ndarray:
+    """``1 / sqrt(diag G)`` where positive, 1 elsewhere (all-zero columns keep scale 1)."""
+    return np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1.0)
 
 
 class ScaledKronGram:
@@ -73,10 +77,10 @@ class ScaledKronGram:
         The product is taken on a permuted tensor whose last axis is the largest factor
         and whose first is the second largest: the last axis is applied only to the
         fibres that hold an entry of ``idx`` (few when ``idx`` is a sparse free set) and
-        the first only where the output is read (``len(idx)`` dot products), so a free
-        set of a few percent of the cells costs a third of a full product on the CPH
-        domain (when most fibres are occupied, a full product scattered and gathered is
-        cheaper, and is used). ``dtype`` defaults to this operator's.
+        the first only where the output is read (``len(idx)`` dot products), so a sparse
+        free set costs a fraction of a full product (when most fibres are occupied, a
+        full product scattered and gathered is cheaper, and is used). ``dtype`` defaults
+        to this operator's.
         """
         dt = self.dtype if dtype is None else np.dtype(dtype)
         facs = (
@@ -132,10 +136,9 @@ class ScaledKronGram:
         zero elsewhere: ``(n,)``, in this operator's dtype.
 
         The last factor, the largest share of a product's work, is applied only to the
-        fibres of the last axis that hold an entry of ``idx``: a Newton step on a sparse
-        histogram touches a fifth of them, and the product takes 1.8-2.7 ms instead of
-        3.0-3.3 on the CPH domain. When most fibres are occupied the whole product is
-        taken.
+        fibres of the last axis that hold an entry of ``idx`` (a Newton step on a sparse
+        histogram touches few of them). When most fibres are occupied (more than
+        :data:`_RESTRICT_MAX`) the whole product is taken.
         """
         last = self.sizes[-1]
         fib, pos = np.divmod(idx, last)
@@ -154,13 +157,8 @@ class ScaledKronGram:
         """The eigenvalues ``(n,)`` of ``S G S`` (C order, like the cells) and the
         orthogonal eigenvector factors ``Q_i``: ``S G S = Q diag(lam) Q^T`` with
         ``Q = Q_1 (x) ... (x) Q_d``, in float64."""
-        lam = np.ones(())
-        vectors = []
-        for F in self._float64:
-            w, Q = np.linalg.eigh(F)
-            lam = np.multiply.outer(lam, w)
-            vectors.append(Q)
-        return lam.ravel(), vectors
+        pairs = [np.linalg.eigh(F) for F in self._float64]
+        return kron_vector([w for w, _ in pairs]), [Q for _, Q in pairs]
 
     def __call__(self, X: np.ndarray) -> np.ndarray:
         """``S G S X`` for ``X`` of shape ``(n, k)``; float64 out."""
@@ -215,6 +213,6 @@ def scaled_kron_gram(A: LinearQuery, dtype: type = np.float32) -> ScaledKronGram
         if G is None:
             return None
         d = np.diag(G)
-        s = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 1.0)
+        s = jacobi_scale(d)
         factors.append(s[:, None] * G * s[None, :])
     return ScaledKronGram(factors, dtype)

@@ -9,34 +9,27 @@ Each iteration (after Bertsekas' projected Newton, 1982):
 1. *Binding set*: variables at most ``eps = max(tol, min(1e-2, ||u - P(u - g)||))``
    above zero whose gradient is positive (Bertsekas' epsilon-active set: with a tiny
    ``tol`` a rank-deficient ``G`` otherwise stalls on variables just above zero; a
-   larger floor than ``1e-2`` costs 2-4x more products on the CPH domain). They are
-   moved to zero; the others are *free*, except that a variable at zero is freed only
-   when its gradient is below ``-2 x`` the root-mean-square projected gradient: on
-   dense geographies, freeing every variable with a slightly negative (float32)
-   gradient made the free set flip between two states for dozens of iterations (the
-   threshold shrinks with the projected gradient, so every violation is eventually
-   freed; 40 synthetic counties took 15.4 s instead of 19.4, the slowest 1.2 s
-   instead of 3.6). Nor is it freed while the violations left at zero fit in half the
-   stopping rule's budget (the sum of their squares at most ``n tol^2 / 2``, the
-   smallest ones kept first): the stopping rule allows them, and near the end, freeing
-   them all (thousands of cells at a hundredth of the noise) sent them back to zero at
-   the next step, for hundreds of iterations on large geographies. On synthetic CPH
-   geographies of 0.6, 1 and 2 million persons, fits took 0.97, 1.2 and 6.6 s instead
-   of 2.6, 7.6 and 104 s; the squared error against the truth changed by at most 2% per
-   cell and 6% on a marginal.
+   larger floor than ``1e-2`` costs more products). They are moved to zero; the others
+   are *free*, except that a variable at zero is freed only when its gradient is below
+   ``-2 x`` the root-mean-square projected gradient: freeing every variable with a
+   slightly negative (float32) gradient can make the free set flip between two states
+   for dozens of iterations (the threshold shrinks with the projected gradient, so
+   every violation is eventually freed). Nor is it freed while the violations left at
+   zero fit in half the stopping rule's budget (the sum of their squares at most
+   ``n tol^2 / 2``, the smallest ones kept first): the stopping rule allows them, and
+   near the end, freeing them all (thousands of cells at a hundredth of the noise)
+   sends them back to zero at the next step, for hundreds of iterations on large
+   geographies.
 2. *Newton direction on the free set*: a few conjugate-residual (CR) iterations on
    ``G_FF d = -g_F``. CR minimises the residual, which is the reduced gradient and
    what the stopping rule measures; on an ill-conditioned ``G`` (a Kronecker
    strategy's Gram has condition numbers of 1e10 on the CPH domain) it reaches a
-   gradient tolerance several times sooner than conjugate gradients. Ten iterations
-   at first (or until the residual falls 20-fold); when they stagnate (the residual
-   falls by less than half) the next direction gets twice as many, up to 40, and
-   half as many after a solve that stopped early. On large geographies the reduced
-   gradient ends up in the Gram's smallest eigenvalues, where ten iterations reduced it
-   by 1% and Newton crept for hundreds of iterations: the 34 synthetic national
-   counties of more than a million persons took 82 s in all instead of 147 (the
-   slowest 15 s instead of 24; squared error against the true counts the same or
-   lower); on the typical county nothing changes.
+   gradient tolerance sooner than conjugate gradients. Ten iterations at first (or
+   until the residual falls 20-fold); when they stagnate (the residual falls by less
+   than half) the next direction gets twice as many, up to 40, and half as many after
+   a solve that stopped early: on large geographies the reduced gradient ends up in
+   the Gram's smallest eigenvalues, where ten iterations barely reduce it and Newton
+   would creep.
 3. *Projected step*: ``u1 = max(u + d, 0)``. The full step is taken when it decreases
    the objective (Armijo test along ``s = u1 - u``, which lets many variables reach
    zero at once), else up to three halvings along the projection arc
@@ -46,30 +39,24 @@ Each iteration (after Bertsekas' projected Newton, 1982):
    ``d`` is halved (back along the projection arc, no product needed to test it) up to
    8 times, and only then does the projected gradient step replace it.
 
-The free set is what changes between iterations; on a sparse histogram (99% zero cells)
-it shrinks to the support of the solution within a few dozen iterations. Right-hand
-sides (geographies) are solved one at a time, each on its working set: the positive
+The free set is what changes between iterations; on a sparse histogram it shrinks to
+the support of the solution within a few dozen iterations. Right-hand sides
+(geographies) are solved one at a time, each on its working set: the positive
 variables, those with a negative gradient and the free set, held as index arrays, so
 that apart from the products an iteration costs a few passes over the ``n`` cells
-instead of a few dozen (a batch advanced in lockstep was also slower: every row took the
+instead of a few dozen (a batch advanced in lockstep would take, for every row, the
 iterations of the slowest). The inner solves see only the free set, through a product
 restricted to it when the Gram provides one, and the product of a step (non-zero on the
 working set only) is taken from its entries when the Gram can do that more cheaply than
-a full product (on the CPH domain, with the last axis' factor applied only to the fibres
-the step touches: 40 county fits 5-15% faster in all). Products may be approximate
-(float32): the inner solves then run in float32 (a direction needs no more), and ``G u``
-is computed exactly at the start and every 20 iterations and updated by approximate
-products of the steps in between, whose rounding errors are relative to ``G s``, about
-the change of the gradient, and shrink with it. When the approximate gradient passes the
-test (or stops making progress) it is recomputed exactly: the iteration stops if the
-test holds, and goes on otherwise, in float32 from the exact gradient, or, after three
-such checks or a stall, with exact gradients and steps (the inner solves staying
-float32). On geographies of 300,000 and 3 million persons (``dpdask bench reconstruct
---parts nnls_sizes``), whose large counts limit what float32 resolves, gradients and
-steps had gone to float64 early, with float64 inner solves: Kronecker strategy 1.7 and
-20.9 s then, 1.5 and 11.7 s after; OPT_+ union 21.3 and 11.8 s then, 17.5 and 9.5 s
-after (one run each, all converged). With the freeing budget and the growing CR budget
-since: Kronecker 0.96 and 9.8 s, OPT_+ union 1.05 and 4.1 s.
+a full product (with the last axis' factor applied only to the fibres the step
+touches). Products may be approximate (float32): the inner solves then run in float32
+(a direction needs no more), and ``G u`` is computed exactly at the start and every 20
+iterations and updated by approximate products of the steps in between, whose rounding
+errors are relative to ``G s``, about the change of the gradient, and shrink with it.
+When the approximate gradient passes the test (or stops making progress) it is
+recomputed exactly: the iteration stops if the test holds, and goes on otherwise, in
+float32 from the exact gradient, or, after three such checks or a stall, with exact
+gradients and steps (the inner solves staying float32).
 """
 
 from __future__ import annotations

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ConvergenceReport", "Estimate"]
+from dpdask.errors import ConvergenceWarning
+
+__all__ = ["ConvergenceReport", "Estimate", "warn_at_limit"]
 
 
 @dataclass
@@ -61,3 +64,18 @@ class Estimate:
 
     def __iter__(self):
         return iter((self.x, self.report))
+
+
+def warn_at_limit(report: ConvergenceReport, maxiter: int, *, stacklevel: int = 3) -> None:
+    """Emit a :class:`~dpdask.errors.ConvergenceWarning` if the estimator stopped at its
+    iteration limit ``maxiter`` before its tolerance.
+
+    ``stacklevel=3`` names the caller of the estimator that calls this function.
+    """
+    if not report.converged and report.iterations >= maxiter:
+        warnings.warn(
+            f"{report.method} stopped at its iteration limit ({maxiter}) before its "
+            f"tolerance: residual {report.residual:.3g} > {report.tolerance:.3g}",
+            ConvergenceWarning,
+            stacklevel=stacklevel,
+        )

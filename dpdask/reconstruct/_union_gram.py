@@ -24,7 +24,8 @@ import math
 
 import numpy as np
 
-from dpdask.linalg import Identity, Kron, LinearQuery, Scaled, VStack
+from dpdask.linalg import Identity, Kron, LinearQuery, Scaled, VStack, kron_vector
+from dpdask.reconstruct._kron_gram import jacobi_scale
 
 __all__ = ["ScaledUnionGram", "scaled_union_gram"]
 
@@ -106,12 +107,9 @@ class ScaledUnionGram:
         self.n = math.prod(self.sizes)
         diag = np.zeros(self.n)
         for c2, grams in parts:
-            d = np.ones(1)
-            for G in grams:
-                d = np.multiply.outer(d, np.diag(G)).ravel()
-            diag += c2 * d
+            diag += c2 * kron_vector([np.diag(G) for G in grams])
         self.diag = diag
-        self.scale = np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1.0)
+        self.scale = jacobi_scale(diag)
         self._s = self.scale.astype(self.dtype)
         self._parts = [_Part(c2, grams, self.dtype) for c2, grams in parts]
 

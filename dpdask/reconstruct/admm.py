@@ -16,11 +16,9 @@ the alternating direction method of multipliers with scaled duals:
     u <- u + A x - y - s;  v <- v + x - z;  w <- w + E x - d
 
 For ``A = I`` this is exactly Algorithm 1/2 (``A^T A + I = 2 I``). The linear system
-is factored once: by the eigendecomposition of every factor's Gram matrix for a
-Kronecker strategy (``(A^T A + I)^-1 = Q diag(1 / (lambda + 1)) Q^T`` with ``Q``
-the Kronecker product of the factors' eigenvectors), with the equality constraints
-added by the Woodbury identity (a ``p x p`` Cholesky factor, ``p`` the number of
-constraints); by a dense Cholesky factor when ``n`` is small; otherwise by
+is factored once (:mod:`._admm_system`): by the eigendecomposition of every factor's
+Gram matrix for a Kronecker strategy, with the equality constraints added by the
+Woodbury identity; by a dense Cholesky factor when ``n`` is small; otherwise by
 conjugate gradients warm-started from the previous iterate.
 
 **Tree form** (Algorithm 3; ``tree=HierarchicalTree``). The variables are the node
@@ -46,23 +44,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg as sla
 
-from dpdask.linalg import Dense, Diagonal, Identity, Kron, LinearQuery, Scaled, aslinearquery
-from dpdask.reconstruct._report import ConvergenceReport, Estimate
-from dpdask.reconstruct.least_squares import _row_weighted, batched_cg
-from dpdask.reconstruct.nnls import _as_batch
+from dpdask.linalg import (
+    Identity,
+    LinearQuery,
+    aslinearquery,
+)
+from dpdask.reconstruct._admm_system import x_solver
+from dpdask.reconstruct._inputs import as_batch, row_weighted
+from dpdask.reconstruct._report import ConvergenceReport, Estimate, warn_at_limit
 from dpdask.reconstruct.tree import HierarchicalTree
 
 __all__ = ["admm"]
 
 LOSSES = ("l1", "enet", "l2")
-_DENSE_N = 2048  # largest n factored as one dense matrix
-_FACTOR_N = 3000  # largest Kronecker factor eigendecomposed
-_WOODBURY_P = 4000  # most equality constraints handled by the Woodbury identity
 
 
 # -- proximal operators ---------------------------------------------------------------
@@ -83,113 +80,6 @@ def prox(loss: str, alpha: float, rho: float) -> Callable[[np.ndarray], np.ndarr
         shrink = rho / (1.0 + rho)
         return lambda v: shrink * v
     raise ValueError(f"unknown loss {loss!r}; expected one of {LOSSES}")
-
-
-# -- the x-update: (A^T A + I + E^T E)^-1, factored once ----------------------------
-def _kron_eigen(A: LinearQuery) -> tuple[LinearQuery, np.ndarray] | None:
-    """``(Q, lam)`` with ``A^T A = Q diag(lam) Q^T``, from the Kronecker structure, or None."""
-    c = 1.0
-    while isinstance(A, Scaled):
-        c *= A.c
-        A = A.A
-    if isinstance(A, Identity):
-        return A, np.full(A.n, c * c)
-    if isinstance(A, Diagonal):
-        return Identity(A.shape[0]), (c * A.d) ** 2
-    factors = A.factors if isinstance(A, Kron) else [A]
-    Qs: list[LinearQuery] = []
-    lams: list[np.ndarray] = []
-    for f in factors:
-        if isinstance(f, Identity):
-            Qs.append(f)
-            lams.append(np.ones(f.n))
-            continue
-        if f.shape[1] > _FACTOR_N:
-            return None
-        try:
-            G = f.gram().dense()
-        except (MemoryError, NotImplementedError):
-            return None
-        w, Q = np.linalg.eigh(G)
-        Qs.append(Dense(Q))
-        lams.append(np.maximum(w, 0.0))
-    lam = lams[0]
-    for w in lams[1:]:
-        lam = np.multiply.outer(lam, w).ravel()
-    Q = Kron(Qs) if isinstance(A, Kron) else Qs[0]
-    return Q, c * c * lam
-
-
-@dataclass
-class _XSolver:
-    """Applies ``(A^T A + I + E^T E)^-1`` to the columns of an ``(n, k)`` array."""
-
-    kind: str
-    solve: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
-    inner_iterations: list[int]
-
-
-def _x_solver(A: LinearQuery, E: LinearQuery | None) -> _XSolver:
-    n = A.shape[1]
-    inner: list[int] = []
-    if n <= _DENSE_N:
-        G = A.gram().dense() + np.eye(n)
-        if E is not None:
-            G += E.gram().dense()
-        cf = sla.cho_factor(G)
-        return _XSolver("cholesky", lambda R, X: sla.cho_solve(cf, R), inner)
-    eig = _kron_eigen(A)
-    if eig is not None:
-        Q, lam = eig
-        inv = (1.0 / (lam + 1.0))[:, None]
-
-        def base(R: np.ndarray) -> np.ndarray:
-            return Q._matmat(inv * Q._rmatmat(R))
-
-        if E is None:
-            return _XSolver("kron-eigen", lambda R, X: base(R), inner)
-        if E.shape[0] <= _WOODBURY_P:
-            return _woodbury(base, E, inner)
-    # conjugate gradients on the implicit system, warm-started at the previous x
-    gram = A.gram()
-    Egram = E.gram() if E is not None else None
-    diag = A.column_norms(2) ** 2 + 1.0
-    if E is not None:
-        diag = diag + E.column_norms(2) ** 2
-
-    def matvec(X: np.ndarray) -> np.ndarray:
-        out = gram._matmat(X) + X
-        return out if Egram is None else out + Egram._matmat(X)
-
-    def cg(R: np.ndarray, X: np.ndarray | None) -> np.ndarray:
-        X0 = np.zeros_like(R) if X is None else X
-        D, rep = batched_cg(matvec, R - matvec(X0), precond=diag, tol=1e-9, maxiter=500)
-        inner.append(rep.iterations)
-        return X0 + D
-
-    return _XSolver("cg", cg, inner)
-
-
-def _woodbury(base: Callable[[np.ndarray], np.ndarray], E: LinearQuery, inner: list[int]):
-    """``(K + E^T E)^-1 r = K^-1 (r - E^T S^-1 E K^-1 r)``, ``S = I + E K^-1 E^T`` (Cholesky)."""
-    p, n = E.shape
-    S = np.eye(p)
-    KEt = np.empty((n, p)) if n * p <= 20_000_000 else None
-    for a in range(0, p, 64):  # K^-1 E^T, a block of columns at a time
-        b = min(p, a + 64)
-        Et = E._rmatmat(np.eye(p)[:, a:b])
-        block = base(Et)
-        S[:, a:b] += E._matmat(block)
-        if KEt is not None:
-            KEt[:, a:b] = block
-    cf = sla.cho_factor(S)
-
-    def solve(R: np.ndarray, X: np.ndarray | None) -> np.ndarray:
-        T = base(R)
-        U = sla.cho_solve(cf, E._matmat(T))
-        return T - KEt @ U if KEt is not None else base(R - E._rmatmat(U))
-
-    return _XSolver("kron-eigen+woodbury", solve, inner)
 
 
 # -- argument handling ------------------------------------------------------------
@@ -269,7 +159,9 @@ def admm(
     tol : float
         Absolute and relative tolerance of the stopping rule (in units of ``scale``).
     maxiter : int
-        Iteration limit; a batch that has not converged is reported, not hidden.
+        Iteration limit; a batch that has not converged is reported, not hidden
+        (``report.converged`` is False and a :class:`~dpdask.errors.ConvergenceWarning`
+        is emitted).
     check_every : int
         Evaluate the stopping rule every this many iterations.
 
@@ -303,7 +195,7 @@ def admm(
         raise ValueError("tol must be positive and maxiter, check_every at least 1")
     A = aslinearquery(A)
     m, n = A.shape
-    Y, single = _as_batch(y, m, "measurements")
+    Y, single = as_batch(y, m, "measurements")
     b_rows, c = _row_scale(scale, m)
     ctl = _Control(loss, alpha, rho, Y.shape[0], tol, maxiter, check_every)
     if tree is not None:
@@ -314,22 +206,23 @@ def admm(
             )
         _check_tree(A, tree)
         b_nodes = np.full(m, c) if b_rows is None else b_rows
-        start = None if x0 is None else _as_batch(x0, n, "starting values")[0]
+        start = None if x0 is None else as_batch(x0, n, "starting values")[0]
         X, details = _tree_form(tree, Y / b_nodes, b_nodes, nonneg, start, ctl)
     else:
-        Aw = A if b_rows is None else _row_weighted(A, (c / b_rows) ** 2)
+        Aw = A if b_rows is None else row_weighted(A, (c / b_rows) ** 2)
         Ys = Y / (c if b_rows is None else b_rows)
         E, D = None, None
         if equality is not None:
             E = aslinearquery(equality[0])
             if E.shape[1] != n:
                 raise ValueError(f"equality operator has {E.shape[1]} columns; expected {n}")
-            D, _ = _as_batch(equality[1], E.shape[0], "equality values")
+            D, _ = as_batch(equality[1], E.shape[0], "equality values")
             D = np.broadcast_to(D, (Y.shape[0], E.shape[0])) / c
-        start = None if x0 is None else _as_batch(x0, n, "starting values")[0] / c
+        start = None if x0 is None else as_batch(x0, n, "starting values")[0] / c
         X, details = _matrix_form(Aw, Ys, E, D, nonneg, start, ctl)
         X = X * c
     report = ctl.report(f"admm-{loss}", details)
+    warn_at_limit(report, maxiter)
     Xt = X.T
     return Estimate(Xt[0] if single else Xt, report)
 
@@ -409,7 +302,7 @@ def _matrix_form(
     """Algorithms 1, 2 and 4 on all columns of ``Y.T`` at once (unknowns in units of ``c``)."""
     m, n = A.shape
     p = 0 if E is None else E.shape[0]
-    solver = _x_solver(A, E)
+    solver = x_solver(A, E)
     Yt = Y.T.copy()
     Dt = np.zeros((0, Yt.shape[1])) if D is None else D.T.copy()
     k = Yt.shape[1]

@@ -13,29 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpdask.linalg import Diagonal, Identity, Kron, LinearQuery, Scaled, VStack
-from dpdask.reconstruct._report import ConvergenceReport, Estimate
+from dpdask.linalg import Diagonal, Identity, Kron, LinearQuery, Scaled
+from dpdask.reconstruct._inputs import row_weighted
+from dpdask.reconstruct._report import ConvergenceReport, Estimate, warn_at_limit
 
 __all__ = ["batched_cg", "least_squares"]
-
-
-def _row_weighted(A: LinearQuery, weights: np.ndarray | float | None) -> LinearQuery:
-    """``diag(sqrt(weights)) A`` -- the operator whose plain LS solves the weighted problem."""
-    if weights is None:
-        return A
-    w = np.asarray(weights, dtype=float)
-    if w.ndim == 0:
-        return Scaled(A, float(np.sqrt(w)))
-    if w.shape != (A.shape[0],):
-        raise ValueError(f"weights have shape {w.shape}; expected ({A.shape[0]},) or a scalar")
-    if (w < 0).any() or not np.isfinite(w).all():
-        raise ValueError("weights must be finite and non-negative")
-    if isinstance(A, VStack):
-        # constant weight within each part: keep the structure
-        per_part = [w[s] for s in A.part_slices()]
-        if all(np.all(p == p[0]) for p in per_part):
-            return VStack(A.parts, weights=A.weights * np.sqrt([p[0] for p in per_part]))
-    return Diagonal(np.sqrt(w)) @ A
 
 
 def _cheap_pinv(A: LinearQuery) -> bool:
@@ -125,7 +107,9 @@ def least_squares(
         normal equations by conjugate gradients; ``"auto"`` takes the pseudo-inverse
         where it is structured (Kronecker products of small factors) and CG otherwise.
     tol, maxiter : float, int
-        CG stopping rule (relative residual of the normal equations) and limit.
+        CG stopping rule (relative residual of the normal equations) and limit; CG
+        stopping at the limit before ``tol`` emits a
+        :class:`~dpdask.errors.ConvergenceWarning`.
 
     Returns
     -------
@@ -149,7 +133,7 @@ def least_squares(
         raise ValueError(f"measurements have shape {y.shape}; the strategy has {A.shape[0]} rows")
     if not np.isfinite(Y).all():
         raise ValueError("measurements contain NaN or infinite values")
-    Aw = _row_weighted(A, weights)
+    Aw = row_weighted(A, weights)
     Yw = Y if weights is None else Y * np.sqrt(np.broadcast_to(weights, (A.shape[0],)))
     if method == "auto":
         method = "pinv" if _cheap_pinv(Aw) else "cg"
@@ -166,4 +150,5 @@ def least_squares(
         X = Xt.T
     else:
         raise ValueError(f"unknown least-squares method {method!r}; use 'auto', 'pinv' or 'cg'")
+    warn_at_limit(report, maxiter)
     return Estimate(X[0] if single else X, report)

@@ -18,15 +18,9 @@ solved on its own working set, the inner solves on the free set only, with a pro
 restricted to it (:meth:`~dpdask.reconstruct._kron_gram.ScaledKronGram.restricted`).
 :func:`nonnegative_fit` solves the same problem from an estimate instead of the
 measurements, and :func:`nonnegative_fitter` does so for many estimates (a chunk of
-geographies), computing what the fits share once. The other (``method="spg"``) is the
-spectral projected gradient method (Birgin, Martinez and Raydan, 2000) on the
-Jacobi-scaled problem: a step ``d = P(x - alpha g) - x`` with the Barzilai-Borwein step
-length ``alpha``, accepted by a non-monotone Armijo test against the largest of the last
-few objective values. Because ``f`` is quadratic the objective along ``d`` is known
-exactly once ``G d`` is computed, so a rejected step is replaced by the exact minimiser
-along ``d`` without another product: one application of ``G`` per iteration. It starts
-from the clipped least-squares estimate. All right-hand sides of a batch (geographies)
-are solved together, each with its own step lengths.
+geographies), computing what the fits share once (:mod:`._metric`). The other
+(``method="spg"``) is the spectral projected gradient method (:mod:`._spg`), started
+from the clipped least-squares estimate.
 
 Stopping rule: the root-mean-square projected gradient ``||u - P(u - grad)|| /
 sqrt(n)`` of the Jacobi-scaled variables ``u_i = sqrt(G_ii) x_i`` is at most ``tol``.
@@ -34,49 +28,27 @@ With weights ``1 / variance`` its entries are in units of the noise: at the true
 data each scaled gradient entry ``a_i^T W (A x - y) / sqrt(G_ii)`` has variance one.
 So the default ``tol = 1e-2`` asks that what is left to optimise be a hundredth of
 the noise (with unweighted measurements, of unit variance; scale ``tol`` by the noise
-standard deviation otherwise). On one CPH geography with the HDMM SF1 strategy this
-stops within 5% of the strategy-answer error reached at ``1e-3``, five times sooner.
+standard deviation otherwise).
 """
 
 from __future__ import annotations
 
-import functools
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
-from dask.base import tokenize
 from threadpoolctl import threadpool_limits
 
-from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Scaled, Sum, VStack
-from dpdask.reconstruct._admm_start import AdmmStart
-from dpdask.reconstruct._kron_gram import ScaledKronGram, scaled_kron_gram
+from dpdask.linalg import LinearQuery
+from dpdask.reconstruct._inputs import as_batch
+from dpdask.reconstruct._kron_gram import ScaledKronGram
+from dpdask.reconstruct._metric import Metric, shared_metric
 from dpdask.reconstruct._newton import projected_newton
-from dpdask.reconstruct._report import ConvergenceReport, Estimate
-from dpdask.reconstruct._union_gram import ScaledUnionGram, scaled_union_gram
-from dpdask.reconstruct.least_squares import _cheap_pinv, _row_weighted, least_squares
+from dpdask.reconstruct._report import ConvergenceReport, Estimate, warn_at_limit
+from dpdask.reconstruct._spg import spg_quadratic
+from dpdask.reconstruct._union_gram import ScaledUnionGram
+from dpdask.reconstruct.least_squares import _cheap_pinv, least_squares
 
 __all__ = ["nnls", "nonnegative_fit", "nonnegative_fitter", "wnnls"]
-
-_MEMORY = 10  # objective values remembered by the non-monotone test
-_GAMMA = 1e-4  # sufficient-decrease constant
-_REFRESH = 50  # recompute G x from scratch every this many iterations
-_DENSE_FACTOR = 512  # Kronecker factors up to this size get a dense Gram matrix
-_SHARED_METRICS = 4  # metrics kept per process for the fitters (see _shared_metric)
-
-
-def _as_batch(y: np.ndarray, rows: int, what: str) -> tuple[np.ndarray, bool]:
-    """``y`` as a ``(g, rows)`` float array, and whether it was a single vector."""
-    Y = np.asarray(y, dtype=float)
-    single = Y.ndim == 1
-    if single:
-        Y = Y[None, :]
-    if Y.ndim != 2 or Y.shape[1] != rows:
-        raise ValueError(f"{what} have shape {np.shape(y)}; expected ({rows},) or (g, {rows})")
-    if not np.isfinite(Y).all():
-        raise ValueError(f"{what} contain NaN or infinite values")
-    return Y, single
 
 
 def _start(
@@ -97,162 +69,8 @@ def _start(
     return np.maximum(X0, 0.0), "given"
 
 
-def _spg_quadratic(
-    gmv: Callable[[np.ndarray], np.ndarray],
-    C: np.ndarray,
-    X0: np.ndarray,
-    *,
-    tol: float,
-    maxiter: int,
-) -> tuple[np.ndarray, ConvergenceReport]:
-    """Minimise ``1/2 x^T G x - c^T x`` over ``x >= 0`` for every column of ``C``.
-
-    ``gmv`` maps an ``(n, k)`` array to ``G`` times it; ``C`` and ``X0`` are ``(n, k)``.
-    """
-    X = np.maximum(X0, 0.0)
-    GX = gmv(X)
-    Gr = GX - C  # the gradient
-    f = 0.5 * np.einsum("ij,ij->j", X, Gr - C)
-    root_n = np.sqrt(C.shape[0])
-    history = np.tile(f, (_MEMORY, 1))
-    PG = X - np.maximum(X - Gr, 0.0)
-    rel = np.linalg.norm(PG, axis=0) / root_n  # root-mean-square projected gradient
-    done = rel <= tol
-    pg_inf = np.abs(PG).max(axis=0, initial=0.0)
-    alpha = np.where(pg_inf > 0, 1.0 / np.maximum(pg_inf, 1e-300), 1.0)
-    alpha = np.clip(alpha, 1e-10, 1e10)
-    it = 0
-    rejected = 0
-    for it in range(1, maxiter + 1):
-        if done.all():
-            it -= 1
-            break
-        # the columns still iterating: a view while all are, else a gathered copy
-        act = slice(None) if not done.any() else np.flatnonzero(~done)
-        Xa, Ga, Ca = X[:, act], Gr[:, act], C[:, act]
-        D = np.maximum(Xa - alpha[act] * Ga, 0.0)
-        D -= Xa
-        GD = gmv(D)
-        gd = np.einsum("ij,ij->j", Ga, D)
-        dGd = np.einsum("ij,ij->j", D, GD)
-        # non-monotone Armijo test at the full step; else the exact minimiser along D
-        f_full = f[act] + gd + 0.5 * dGd
-        ok = f_full <= history[:, act].max(axis=0) + _GAMMA * gd
-        lam = np.where(ok | (dGd <= 0), 1.0, np.minimum(1.0, -gd / np.where(dGd > 0, dGd, 1.0)))
-        rejected += int((~ok).sum())
-        Xa = Xa + lam * D
-        GXa = GX[:, act] + lam * GD
-        if it % _REFRESH == 0:
-            GXa = gmv(Xa)
-        Ga = GXa - Ca
-        X[:, act], GX[:, act], Gr[:, act] = Xa, GXa, Ga
-        f[act] = 0.5 * np.einsum("ij,ij->j", Xa, Ga - Ca)
-        history[it % _MEMORY, act] = f[act]
-        # Barzilai-Borwein step: s = lam D, y = lam G D
-        ss = np.einsum("ij,ij->j", D, D)
-        alpha[act] = np.where(dGd > 0, np.clip(ss / np.where(dGd > 0, dGd, 1.0), 1e-10, 1e10), 1e10)
-        PGa = Xa - np.maximum(Xa - Ga, 0.0)
-        rel[act] = np.linalg.norm(PGa, axis=0) / root_n
-        done[act] = rel[act] <= tol
-    report = ConvergenceReport(
-        method="spg",
-        converged=bool(done.all()),
-        iterations=it,
-        residual=float(rel.max(initial=0.0)),
-        tolerance=tol,
-        details={"rejected_steps": rejected},
-    )
-    return X, report
-
-
-def _compact_gram(A: LinearQuery) -> LinearQuery:
-    """``A^T A`` with every small Kronecker factor's Gram matrix held dense.
-
-    A factor's ``gram()`` may be an implicit product (apply the factor, then its
-    transpose, with the copies that entails); a dense ``n_i x n_i`` matrix is one
-    contraction per axis, about 2.5x faster per product on the SF1 HDMM strategy.
-    """
-    if isinstance(A, Scaled):
-        return Scaled(_compact_gram(A.A), A.c * A.c)
-    if isinstance(A, VStack):
-        pairs = zip(A.parts, A.weights, strict=True)
-        terms = [_compact_gram(p) if w == 1 else Scaled(_compact_gram(p), w * w) for p, w in pairs]
-        return terms[0] if len(terms) == 1 else Sum(terms)
-    if isinstance(A, Kron):
-        return Kron([_small_dense(f.gram()) for f in A.factors])
-    return A.gram()
-
-
-def _small_dense(G: LinearQuery) -> LinearQuery:
-    if isinstance(G, Dense | Identity) or G.shape[1] > _DENSE_FACTOR:
-        return G
-    return Dense(G.dense())
-
-
-def _jacobi(diag: np.ndarray) -> np.ndarray:
-    """``1 / sqrt(diag G)`` where positive (columns of ``A`` that are all zero keep scale 1)."""
-    return np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), 1.0)
-
-
-class _Metric:
-    """The row-weighted operator ``A`` of a fit, and what every fit in the metric
-    ``G = A^T A`` shares, each computed once, when first needed: the Jacobi scaling
-    ``s = diag(G)^-1/2``, the Gram with small factors dense, the float32 structured Gram
-    and, for a Kronecker one, the ADMM start (shared across fits by
-    :func:`_shared_metric`).
-    """
-
-    def __init__(self, A: LinearQuery, weights: np.ndarray | float | None = None):
-        self.A = _row_weighted(A, weights)
-
-    @functools.cached_property
-    def scale(self) -> np.ndarray:
-        """``s`` as a column ``(n, 1)``."""
-        return _jacobi(self.A.column_norms(2) ** 2)[:, None]
-
-    @functools.cached_property
-    def compact(self) -> LinearQuery:
-        return _compact_gram(self.A)
-
-    @functools.cached_property
-    def fast(self) -> ScaledKronGram | ScaledUnionGram | None:
-        return _structured_gram(self.A)
-
-    @functools.cached_property
-    def exact(self) -> Callable[[np.ndarray], np.ndarray] | None:
-        """The float64 product of :attr:`fast`."""
-        return None if self.fast is None else self.fast.with_dtype(np.float64).rows
-
-    @functools.cached_property
-    def admm(self) -> AdmmStart:
-        """The ADMM start of :attr:`fast`, a Kronecker Gram."""
-        return AdmmStart(self.fast)
-
-
-_metrics: OrderedDict[str, _Metric] = OrderedDict()
-_metrics_lock = threading.Lock()
-
-
-def _shared_metric(A: LinearQuery, weights: np.ndarray | float | None) -> _Metric:
-    """The :class:`_Metric` of ``A`` and ``weights``, shared within the process.
-
-    The last :data:`_SHARED_METRICS` are kept, keyed by the dask token of ``A`` and
-    ``weights``, so that a worker fitting thousands of geographies one task at a time
-    builds what the fits share once instead of once per task (about 25 ms per fit on
-    the CPH domain). A metric holds only what is computed from ``A`` and ``weights``,
-    and fits do not modify it.
-    """
-    key = tokenize(A, weights)
-    with _metrics_lock:
-        metric = _metrics.pop(key, None) or _Metric(A, weights)
-        _metrics[key] = metric
-        while len(_metrics) > _SHARED_METRICS:
-            _metrics.popitem(last=False)
-    return metric
-
-
 def _solve(
-    metric: _Metric,
+    metric: Metric,
     C: np.ndarray,
     X0: np.ndarray,
     *,
@@ -310,13 +128,8 @@ def _solve(
     def gmv_cols(U: np.ndarray) -> np.ndarray:
         return s * G._matmat(s * U)
 
-    U, report = _spg_quadratic(gmv_cols, s * C, X0 / s, tol=tol, maxiter=maxiter)
+    U, report = spg_quadratic(gmv_cols, s * C, X0 / s, tol=tol, maxiter=maxiter)
     return s * U, report
-
-
-def _structured_gram(A: LinearQuery) -> ScaledKronGram | ScaledUnionGram | None:
-    """The float32 scaled Gram of a Kronecker product or a union of them, else None."""
-    return scaled_kron_gram(A) or scaled_union_gram(A)
 
 
 def _check_method(method: str) -> str:
@@ -326,7 +139,7 @@ def _check_method(method: str) -> str:
 
 
 def _estimate(
-    metric: _Metric,
+    metric: Metric,
     C: np.ndarray,
     X0: np.ndarray,
     start: tuple[np.ndarray | str, str],
@@ -347,6 +160,7 @@ def _estimate(
     )  # fmt: skip
     report.method = f"nnls-{method}"
     report.details.setdefault("start", started)
+    warn_at_limit(report, maxiter, stacklevel=4)  # the caller of nnls, or of fit(x)
     Xt = X.T
     return Estimate(Xt[0] if single else Xt, report)
 
@@ -375,9 +189,9 @@ def nnls(
         Starting point: the clipped least-squares estimate, zero, or an array of shape
         ``(n,)`` or ``(g, n)`` (clipped at zero). ``"auto"``, for the projected Newton
         method, is 12 to 20 ADMM iterations when ``A`` is a Kronecker product of small
-        factors (:mod:`dpdask.reconstruct._admm_start`: 2-3x fewer products on the CPH
-        domain) and zero otherwise (the free set then grows to the support of a sparse
-        solution instead of shrinking from half the cells); for SPG it is least squares
+        factors (:mod:`dpdask.reconstruct._admm_start`) and zero otherwise (the free set
+        then grows to the support of a sparse solution instead of shrinking from half
+        the cells); for SPG it is least squares
         when its pseudo-inverse is structured (a Kronecker strategy) and zero otherwise.
     tol : float
         Stop when the root-mean-square projected gradient of the Jacobi-scaled problem
@@ -387,7 +201,8 @@ def nnls(
         Iteration limit, per right-hand side (SPG: one application of ``A^T W A`` each;
         projected Newton: about a dozen, ``details["products"]`` counting the full ones
         and ``details["restricted"]`` those restricted to the free set, summed over the
-        right-hand sides).
+        right-hand sides). Stopping there before ``tol`` emits a
+        :class:`~dpdask.errors.ConvergenceWarning` (and ``report.converged`` is False).
     method : {"auto", "newton", "spg"}
         Projected Newton with conjugate-residual inner solves (``"auto"``; for a
         Kronecker strategy of small factors its products are float32 Kronecker
@@ -415,9 +230,9 @@ def nnls(
     ([0.0, 1.666667, 2.666667], True)
     """
     method = _check_method(method)
-    Y, single = _as_batch(y, A.shape[0], "measurements")
+    Y, single = as_batch(y, A.shape[0], "measurements")
     g, n = Y.shape[0], A.shape[1]
-    metric = _Metric(A, weights)
+    metric = Metric(A, weights)
     Aw = metric.A
     Yw = Y if weights is None else Y * np.sqrt(np.broadcast_to(weights, (A.shape[0],)))
     cheap = method == "spg" and _cheap_pinv(Aw)
@@ -508,11 +323,11 @@ def nonnegative_fitter(
     [[2.5, 0.0], [1.0, 1.0]]
     """
     method = _check_method(method)
-    metric = _shared_metric(M, weights)
+    metric = shared_metric(M, weights)
     n = M.shape[1]
 
     def fit(x: np.ndarray) -> Estimate:
-        X, single = _as_batch(x, n, "estimates")
+        X, single = as_batch(x, n, "estimates")
         C = metric.compact._matmat(X.T)
         X0, started = _start(x0, lambda: X, True, X.shape[0], n)
         return _estimate(
@@ -572,7 +387,7 @@ def wnnls(
     if W.shape[1] != A.shape[1]:
         raise ValueError(f"workload has {W.shape[1]} columns but the strategy has {A.shape[1]}")
     method = _check_method(method)
-    Y, single = _as_batch(y, A.shape[0], "measurements")
+    Y, single = as_batch(y, A.shape[0], "measurements")
     ls = least_squares(A, Y, weights)
     start = "ls" if isinstance(x0, str) and x0 == "auto" else x0
     X, report = nonnegative_fit(W, ls.x, x0=start, tol=tol, maxiter=maxiter, method=method)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpdask.linalg import Kron, LinearQuery, VStack
+from dpdask.linalg import Kron, LinearQuery, VStack, kron_vector
 
 __all__ = ["KronPairInverse", "full_column_rank", "structured_pinv"]
 
@@ -93,15 +93,8 @@ def _pair_inverse(A: VStack) -> KronPairInverse | None:
         V.append(Linv.T @ Q)
         lam.append(np.clip(w, 0.0, 1.0))
     c1, c2 = (float(c) ** 2 for c in A.weights)
-    d = c1 * _kron_vector(lam) + c2 * _kron_vector([1.0 - v for v in lam])
+    d = c1 * kron_vector(lam) + c2 * kron_vector([1.0 - v for v in lam])
     return KronPairInverse(A, V, d)
-
-
-def _kron_vector(vectors: list[np.ndarray]) -> np.ndarray:
-    out = np.ones(1)
-    for v in vectors:
-        out = np.multiply.outer(out, v).ravel()
-    return out
 
 
 def structured_pinv(A: LinearQuery) -> LinearQuery | None:

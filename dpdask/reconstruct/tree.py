@@ -3,7 +3,7 @@
 A hierarchical strategy over ``n`` ordered cells (Hay et al., 2010) measures the
 count of every node of a ``b``-ary interval tree. The tree is the one of
 :func:`dpdask.strategy.baselines.hierarchical` (built by
-:func:`~dpdask.strategy.baselines.tree_intervals`): the root covers every cell,
+:func:`~dpdask.linalg.tree_intervals`): the root covers every cell,
 each node of length ``L > 1`` splits into ``min(b, L)`` contiguous children, and
 the cells are the leaves (at different depths when ``n`` is not a power of
 ``b``). Rows are in breadth-first order -- the root first, then each level left to
@@ -34,8 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpdask.linalg import LinearQuery
-from dpdask.strategy.baselines import hierarchical, tree_intervals
+from dpdask.linalg import LinearQuery, interval_tree, tree_intervals
 
 __all__ = ["HierarchicalTree"]
 
@@ -127,8 +126,9 @@ class HierarchicalTree:
         return [lvl.rows for lvl in self._levels]
 
     def strategy(self) -> LinearQuery:
-        """The strategy matrix, :func:`dpdask.strategy.baselines.hierarchical`."""
-        return hierarchical(self.n, self.branching, self.root)
+        """The strategy matrix (:func:`~dpdask.linalg.interval_tree`, the one-attribute
+        :func:`dpdask.strategy.baselines.hierarchical`)."""
+        return interval_tree(self.n, self.branching, self.root)
 
     def _check_rows(self, V: np.ndarray, rows: int, what: str) -> np.ndarray:
         V = np.asarray(V, dtype=float)

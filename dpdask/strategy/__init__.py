@@ -9,7 +9,9 @@ implicitly for structured strategies.
 """
 
 from dpdask.strategy._marginals import WeightedMarginals
-from dpdask.strategy._optimize import budget_split, default_p, opt_0, opt_kron, opt_marginals
+from dpdask.strategy._opt_kron import opt_kron
+from dpdask.strategy._opt_marginals import opt_marginals
+from dpdask.strategy._optimize import budget_split, default_p, opt_0
 from dpdask.strategy._pidentity import PIdentity
 from dpdask.strategy.error import ErrorAnalysis, query_variances, squared_error, svd_bound
 from dpdask.strategy.plan import Plan

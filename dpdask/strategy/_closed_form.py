@@ -82,7 +82,7 @@ def members(terms: KronTerms, h: np.ndarray, norm: int) -> list[Member]:
     terms : KronTerms
         The workload.
     h : ndarray
-        Its spectrum (:func:`._optimize.marginals_spectrum`).
+        Its spectrum (:func:`._opt_marginals.marginals_spectrum`).
     norm : {1, 2}
         Sensitivity norm.
 

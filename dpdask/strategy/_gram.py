@@ -33,8 +33,8 @@ from dpdask.linalg import (
     Scaled,
     Sparse,
     VStack,
+    check_dense_size,
 )
-from dpdask.linalg._base import check_dense_size
 
 __all__ = ["Gram"]
 

@@ -13,22 +13,12 @@ other unions of terms  ``kron``, ``union`` (OPT_+), ``marginals`` (OPT_M),
 A union of marginals (every factor the identity or the total) skips OPT_+: its
 factor Gram matrices are combinations of ``I`` and ``J``, for which the
 p-Identity optima are close to ``[I; c 1^T]``, so the Kronecker strategies and
-their unions are (near) weighted marginals, which OPT_M optimises directly, in
-microseconds per evaluation, where OPT_+'s exact union analysis costs seconds on
-a few hundred thousand cells.
+their unions are (near) weighted marginals, which OPT_M optimises directly at a
+cost per evaluation independent of the domain's size, where OPT_+'s exact union
+analysis works with vectors over all the cells.
 
-All templates run together: each is a generator of task batches, and every
-round's batches from all templates go to the scheduler as one graph.
-
-Pieces and restarts. A template is made of independent *pieces*: an OPT_0
-problem, an OPT_x problem on several terms, an OPT_M problem; for a single
-Kronecker term, one OPT_0 problem per attribute (its error is the product of the
-factors'); for OPT_+, one OPT_x problem per part. Every piece is started from
-``restarts`` random points, with successive halving: all starts run a short
-budget (:data:`SHORT`), the best ``max(1, restarts // 8)`` continue to
-convergence, and the best of those is kept. Each run is a task (:mod:`._tasks`),
-all tasks of a stage are submitted together, keyed ``optimize-factor-age-<token>``,
-``optimize-restart-kron-<token>`` and so on.
+The templates are run as independent *pieces* with restarts and successive halving,
+all templates together, by :mod:`._pieces`.
 
 OPT_+ here is a union of two Kronecker strategies, split on an attribute ``a``:
 part 1 answers the terms that ask only the total of ``a`` (its factor on ``a`` is
@@ -62,27 +52,29 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import PlanError
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, VStack
 from dpdask.strategy._closed_form import MAX_ATTRIBUTES, members
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
 from dpdask.strategy._marginals import WeightedMarginals
-from dpdask.strategy._optimize import (
-    CONVEX_MAX_N,
-    FactorResult,
-    KronResult,
-    budget_split,
-    default_p,
-    factor_kind,
-    fit_marginals,
-    marginals_spectrum,
-    opt_0,
-    opt_0_l2,
-    opt_kron,
-)
+from dpdask.strategy._opt_kron import FactorResult, factor_kind
+from dpdask.strategy._opt_marginals import marginals_spectrum
+from dpdask.strategy._optimize import budget_split
 from dpdask.strategy._pair import PAIR_MAX_CELLS, PairAnalysis
-from dpdask.strategy._pidentity import PIdentity
-from dpdask.strategy._tasks import Task, run_tasks
+from dpdask.strategy._pieces import (
+    SHORT,
+    Context,
+    ConvexPiece,
+    KronPiece,
+    MarginalsPiece,
+    Piece,
+    drive,
+    lockstep,
+    opt0_piece,
+    opt0_strategy,
+    solve_pieces,
+)
 from dpdask.strategy._terms import KronTerms
 from dpdask.strategy.error import ErrorAnalysis
 
@@ -90,18 +82,8 @@ __all__ = ["INLINE_MAX_CELLS", "SHORT", "TEMPLATES", "Candidate", "default_templ
 
 TEMPLATES = ("pidentity", "kron", "union", "marginals", "identity")
 
-LARGE_OPT0 = 1 << 18
-"""``n * p`` from which an OPT_0 task keeps all BLAS threads."""
-
-SHORT = {"opt0_iter": 30, "kron_sweeps": 1, "kron_inner_iter": 15, "marginals_iter": 40}
-"""Budget of the short runs of successive halving."""
-
 INLINE_MAX_CELLS = 100_000
 """Domains with fewer cells run their optimisation tasks in the calling thread."""
-
-CLOSED_FORM_JITTER = 0.01
-"""OPT_M from a closed-form member starts at its weights plus this fraction of their largest
-(a weight of exactly 0 has a zero gradient and would stay 0)."""
 
 
 @dataclass
@@ -135,236 +117,24 @@ def default_templates(terms: KronTerms) -> list[str]:
 
 
 # ---------------------------------------------------------------------------
-# pieces: independent problems with a short and a full run
-# ---------------------------------------------------------------------------
-def _loss_of(result: Any) -> float:
-    return float(result[1]) if isinstance(result, tuple) else float(result.loss)
-
-
-class _Piece:
-    words: list[str]
-    once = False
-    """One run, no restarts and no full stage (a convex problem)."""
-
-    def short(self, seed: int) -> Task:
-        raise NotImplementedError
-
-    def full(self, result: Any) -> Task:
-        raise NotImplementedError
-
-
-@dataclass
-class _Opt0Piece(_Piece):
-    G: Gram
-    p: int
-    norm: int
-    ftol: float
-    words: list[str]
-
-    @property
-    def blas_threads(self) -> int | None:
-        """All BLAS threads for a large problem, one for a small one (see :mod:`._tasks`)."""
-        return None if self.G.n * self.p >= LARGE_OPT0 else 1
-
-    def short(self, seed: int) -> Task:
-        kw = {"norm": self.norm, "seed": seed, "ftol": self.ftol, "maxiter": SHORT["opt0_iter"]}
-        return Task(self.words, opt_0, (self.G, self.p), kw, self.blas_threads)
-
-    def full(self, result: Any) -> Task:
-        return Task(
-            self.words,
-            opt_0,
-            (self.G,),
-            {"norm": self.norm, "theta0": result[0], "ftol": self.ftol},
-            self.blas_threads,
-        )
-
-
-@dataclass
-class _ConvexPiece(_Piece):
-    """Gaussian OPT_0 as the convex program over ``X = A^T A`` (:func:`opt_0_l2`)."""
-
-    G: Gram
-    words: list[str]
-    once = True
-
-    def short(self, seed: int) -> Task:
-        return Task(self.words, opt_0_l2, (self.G,), {}, None)
-
-
-def _opt0_piece(ctx: _Ctx, G: Gram, words: list[str]) -> _Piece:
-    """OPT_0 on ``G``: convex for Gaussian noise up to :data:`CONVEX_MAX_N`, else p-Identity."""
-    if ctx.norm == 2 and ctx.p is None and G.n <= CONVEX_MAX_N:
-        return _ConvexPiece(G, ["convex", *words[1:]] if words[0] == "restart" else words)
-    return _Opt0Piece(G, ctx.p_for(G.n), ctx.norm, ctx.ftol, words)
-
-
-def _opt0_strategy(result: tuple, norm: int) -> LinearQuery:
-    """The strategy of an OPT_0 result: a p-Identity's ``theta`` or a convex optimum."""
-    x = result[0]
-    return x if isinstance(x, LinearQuery) else PIdentity(x, norm)
-
-
-@dataclass
-class _KronPiece(_Piece):
-    terms: KronTerms
-    ps: list[int]
-    norm: int
-    ftol: float
-    words: list[str]
-
-    def short(self, seed: int) -> Task:
-        kw = {
-            "norm": self.norm,
-            "seed": seed,
-            "ps": self.ps,
-            "ftol": self.ftol,
-            "max_sweeps": SHORT["kron_sweeps"],
-            "inner_maxiter": SHORT["kron_inner_iter"],
-        }
-        return Task(self.words, opt_kron, (self.terms,), kw)
-
-    def full(self, result: KronResult) -> Task:
-        return Task(
-            self.words,
-            opt_kron,
-            (self.terms,),
-            {"norm": self.norm, "start": result.factors, "ftol": self.ftol},
-        )
-
-
-@dataclass
-class _MarginalsPiece(_Piece):
-    h: np.ndarray
-    sizes: tuple[int, ...]
-    norm: int
-    words: list[str]
-
-    def short(self, seed: int | np.ndarray) -> Task:
-        """A short run from a random start (``seed``) or from given weights."""
-        kw: dict[str, Any] = {"norm": self.norm, "maxiter": SHORT["marginals_iter"]}
-        if isinstance(seed, np.ndarray):
-            kw["theta0"] = seed + CLOSED_FORM_JITTER * float(seed.max())
-        else:
-            kw["seed"] = seed
-        return Task(self.words, fit_marginals, (self.h, self.sizes), kw)
-
-    def full(self, result: Any) -> Task:
-        return Task(
-            self.words,
-            fit_marginals,
-            (self.h, self.sizes),
-            {"norm": self.norm, "theta0": result.theta},
-        )
-
-
-@dataclass
-class _Ctx:
-    terms: KronTerms
-    norm: int
-    seeds: list[int]
-    names: list[str]
-    p: int | None
-    ftol: float
-    client: Any
-    inline: bool = False
-
-    def p_for(self, n: int) -> int:
-        return default_p(n, self.norm) if self.p is None else min(self.p, n)
-
-    @property
-    def keep(self) -> int:
-        return max(1, len(self.seeds) // 8)
-
-
-def _solve(
-    ctx: _Ctx, pieces: Sequence[_Piece], seeds: Sequence[Any] | None = None, full: bool = True
-):
-    """Best result of each piece: short runs from every seed, then full runs of the best.
-
-    A generator: it yields lists of tasks and receives their results (see :func:`_drive`).
-    """
-    seeds = ctx.seeds if seeds is None else list(seeds)
-    if not pieces:
-        return []
-    starts = [seeds[:1] if pc.once else seeds for pc in pieces]
-    short = yield [pc.short(s) for pc, ss in zip(pieces, starts, strict=True) for s in ss]
-    per_piece, k = [], 0
-    for ss in starts:
-        per_piece.append(short[k : k + len(ss)])
-        k += len(ss)
-    if not full:
-        return [min(rs, key=_loss_of) for rs in per_piece]
-    tops = [
-        [] if pc.once else sorted(rs, key=_loss_of)[: ctx.keep]
-        for pc, rs in zip(pieces, per_piece, strict=True)
-    ]
-    done = yield [pc.full(r) for pc, rs in zip(pieces, tops, strict=True) for r in rs]
-    out, k = [], 0
-    for pc, rs, first in zip(pieces, tops, per_piece, strict=True):
-        if pc.once:
-            out.append(first[0])
-            continue
-        out.append(min(done[k : k + len(rs)], key=_loss_of))
-        k += len(rs)
-    return out
-
-
-def _lockstep(gens: Sequence[Generator]) -> Generator:
-    """Run several task generators together: each round's tasks go out as one batch."""
-    out: list[Any] = [None] * len(gens)
-    pending: dict[int, list[Task]] = {}
-    for k, g in enumerate(gens):
-        try:
-            pending[k] = next(g)
-        except StopIteration as stop:
-            out[k] = stop.value
-    while pending:
-        order = list(pending)
-        results = yield [t for k in order for t in pending[k]]
-        nxt, pos = {}, 0
-        for k in order:
-            chunk = results[pos : pos + len(pending[k])]
-            pos += len(pending[k])
-            try:
-                nxt[k] = gens[k].send(chunk)
-            except StopIteration as stop:
-                out[k] = stop.value
-        pending = nxt
-    return out
-
-
-def _drive(gen: Generator, client: Any, inline: bool = False) -> Any:
-    """Run a task generator to completion, one :func:`run_tasks` call per batch."""
-    try:
-        tasks = next(gen)
-    except StopIteration as stop:
-        return stop.value
-    while True:
-        results = run_tasks(tasks, client, inline=inline)
-        try:
-            tasks = gen.send(results)
-        except StopIteration as stop:
-            return stop.value
-
-
-# ---------------------------------------------------------------------------
 # Kronecker strategies on a set of terms
 # ---------------------------------------------------------------------------
-def _kron_pieces(ctx: _Ctx, terms: KronTerms, words: list[str]) -> list[tuple[str, _Piece | None]]:
+def _kron_pieces(
+    ctx: Context, terms: KronTerms, words: list[str]
+) -> list[tuple[str, Piece | None]]:
     """``[("factors", ...)]`` per attribute for one term, else one OPT_x piece."""
     if terms.k == 1:
-        out: list[tuple[str, _Piece | None]] = []
+        out: list[tuple[str, Piece | None]] = []
         for i in range(terms.d):
             kind = factor_kind(terms, i)
             if kind != "pidentity":
                 out.append((kind, None))
             else:
-                piece = _opt0_piece(ctx, terms.gram(0, i), ["factor", ctx.names[i]])
+                piece = opt0_piece(ctx, terms.gram(0, i), ["factor", ctx.names[i]])
                 out.append(("pidentity", piece))
         return out
     ps = [ctx.p_for(n) for n in terms.sizes]
-    return [("kron", _KronPiece(terms, ps, ctx.norm, ctx.ftol, words))]
+    return [("kron", KronPiece(terms, ps, ctx.norm, ctx.ftol, words))]
 
 
 def _kron_assemble(terms: KronTerms, layout: list, results: list, norm: int) -> tuple[Kron, float]:
@@ -377,17 +147,17 @@ def _kron_assemble(terms: KronTerms, layout: list, results: list, norm: int) -> 
             A = FactorResult(kind, terms.sizes[i]).strategy()
             loss *= inverse_gram(A).trace(terms.gram(0, i))
         else:
-            A = _opt0_strategy(results[k], norm)
+            A = opt0_strategy(results[k], norm)
             loss *= results[k][1]
             k += 1
         facs.append(A)
     return Kron(facs), loss
 
 
-def _solve_kron(ctx: _Ctx, terms: KronTerms, words: list[str]) -> Generator:
+def _solve_kron(ctx: Context, terms: KronTerms, words: list[str]) -> Generator:
     layout = _kron_pieces(ctx, terms, words)
     pieces = [pc for _, pc in layout if pc is not None]
-    results = yield from _solve(ctx, pieces)
+    results = yield from solve_pieces(ctx, pieces)
     return _kron_assemble(terms, layout, results, ctx.norm)
 
 
@@ -418,7 +188,7 @@ def residual_terms(terms: KronTerms, index: Sequence[int], a: int) -> KronTerms:
     return KronTerms(sub.sizes, sub.weights, facs, sub.names)
 
 
-def _union(ctx: _Ctx, split: tuple, seeds: Sequence[int] | None = None) -> Generator:
+def _union(ctx: Context, split: tuple, seeds: Sequence[int] | None = None) -> Generator:
     """The union on ``split``: its strategy, loss and groups (a task generator)."""
     a, g1, g2 = split
     terms, word = ctx.terms, ctx.names[a]
@@ -429,7 +199,7 @@ def _union(ctx: _Ctx, split: tuple, seeds: Sequence[int] | None = None) -> Gener
     l2 = _kron_pieces(ctx, part2, ["part", "detail", word])
     p1 = [pc for _, pc in l1 if pc is not None]
     p2 = [pc for _, pc in l2 if pc is not None]
-    results = yield from _solve(ctx, p1 + p2, seeds)
+    results = yield from solve_pieces(ctx, p1 + p2, seeds)
     K1, e1 = _kron_assemble(part1, l1, results[: len(p1)], ctx.norm)
     K2, e2 = _kron_assemble(part2, l2, results[len(p1) :], ctx.norm)
     if exact:
@@ -480,20 +250,20 @@ def optimize(
         Relative tolerance of the optimisers' full runs.
     """
     if restarts < 1:
-        raise ValueError("restarts must be at least 1")
+        raise PlanError("restarts must be at least 1")
     templates = list(default_templates(terms) if templates is None else templates)
     for t in templates:
         if t not in TEMPLATES:
-            raise ValueError(f"unknown template {t!r}; choose from {TEMPLATES}")
+            raise PlanError(f"unknown template {t!r}; choose from {TEMPLATES}")
     if "pidentity" in templates and terms.d != 1:
-        raise ValueError("the p-Identity template needs a one-attribute workload")
+        raise PlanError("the p-Identity template needs a one-attribute workload")
     if names is None:
         names = [f"attr{chr(97 + i % 26)}" for i in range(terms.d)]
     seeds = [int(s) for s in np.random.SeedSequence(seed).generate_state(restarts)]
     inline = math.prod(terms.sizes) < INLINE_MAX_CELLS
-    ctx = _Ctx(terms, norm, seeds, list(names), p, ftol, client, inline)
+    ctx = Context(terms, norm, seeds, list(names), p, ftol, client, inline)
     t0 = time.perf_counter()
-    cands = _drive(_lockstep([_template(tpl, ctx) for tpl in templates]), client, inline)
+    cands = drive(lockstep([_template(tpl, ctx) for tpl in templates]), client, inline)
     out = [c for c in cands if c is not None]
     _never_worse_than_closed_form(ctx, out)
     elapsed = time.perf_counter() - t0
@@ -503,14 +273,14 @@ def optimize(
     return out
 
 
-def _members(ctx: _Ctx) -> list:
+def _members(ctx: Context) -> list:
     """The closed-form members of the families (:mod:`._closed_form`), or none for large ``d``."""
     if ctx.terms.d > MAX_ATTRIBUTES:
         return []
     return members(ctx.terms, marginals_spectrum(ctx.terms), ctx.norm)
 
 
-def _never_worse_than_closed_form(ctx: _Ctx, cands: list[Candidate]) -> None:
+def _never_worse_than_closed_form(ctx: Context, cands: list[Candidate]) -> None:
     """Replace, in place, every candidate that a closed-form member beats by that member."""
     found = [m for m in _members(ctx) if math.isfinite(m.loss)] if cands else []
     if not found:
@@ -527,16 +297,16 @@ def _never_worse_than_closed_form(ctx: _Ctx, cands: list[Candidate]) -> None:
             c.groups = None
 
 
-def _template(tpl: str, ctx: _Ctx) -> Generator:
+def _template(tpl: str, ctx: Context) -> Generator:
     """One template's best :class:`Candidate` (or ``None``), as a task generator."""
     terms, norm = ctx.terms, ctx.norm
     if tpl == "pidentity":
         G = Gram.combine(terms.weights**2, [terms.gram(j, 0) for j in range(terms.k)])
-        piece = _opt0_piece(ctx, G, ["restart", "pidentity"])
-        res = (yield from _solve(ctx, [piece]))[0]
-        A = _opt0_strategy(res, norm)
+        piece = opt0_piece(ctx, G, ["restart", "pidentity"])
+        res = (yield from solve_pieces(ctx, [piece]))[0]
+        A = opt0_strategy(res, norm)
         details = {"iterations": int(res[2])}
-        if isinstance(piece, _ConvexPiece):
+        if isinstance(piece, ConvexPiece):
             details.update(solver="convex", lower_bound=float(res[3]))
         else:
             details["p"] = int(res[0].shape[0])
@@ -548,7 +318,7 @@ def _template(tpl: str, ctx: _Ctx) -> Generator:
         cands = splits(terms)
         if not cands:
             return None
-        screens = yield from _lockstep([_union(ctx, s, ctx.seeds[:1]) for s in cands])
+        screens = yield from lockstep([_union(ctx, s, ctx.seeds[:1]) for s in cands])
         screened = [(r[1], s) for r, s in zip(screens, cands, strict=True)]
         _, split = min(screened, key=lambda x: x[0])
         A, loss, groups = yield from _union(ctx, split)
@@ -564,9 +334,9 @@ def _template(tpl: str, ctx: _Ctx) -> Generator:
         )
     if tpl == "marginals":
         h = marginals_spectrum(terms)
-        piece = _MarginalsPiece(h, terms.sizes, norm, ["restart", "marginals"])
+        piece = MarginalsPiece(h, terms.sizes, norm, ["restart", "marginals"])
         starts = [m.theta for m in _members(ctx) if math.isfinite(m.loss)]
-        best = (yield from _solve(ctx, [piece], [*ctx.seeds, *starts]))[0]
+        best = (yield from solve_pieces(ctx, [piece], [*ctx.seeds, *starts]))[0]
         A = WeightedMarginals(terms.sizes, best.theta, ctx.names)
         return Candidate(tpl, A, float(best.loss), details={"iterations": int(best.nit)})
     A = Kron([Identity(n) for n in terms.sizes]) if terms.d > 1 else Identity(terms.sizes[0])

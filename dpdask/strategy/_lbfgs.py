@@ -1,9 +1,8 @@
 """A vectorised limited-memory BFGS for the large p-Identity problems.
 
 SciPy's L-BFGS-B spends ``O(N log N)`` per iteration on bound handling (the
-generalised Cauchy point sorts breakpoints) and about 10 ms per iteration at
-``N = 65,536`` parameters, more than one evaluation of the OPT_0 objective; at
-``n = 8192, p = 512`` (4.2 million parameters) it would dominate the run. For those
+generalised Cauchy point sorts breakpoints), which on large problems is more than
+one evaluation of the OPT_0 objective and would dominate the run. For those
 problems the optimisers call this routine instead: unconstrained L-BFGS (two-loop
 recursion, ``O(m N)`` NumPy work per iteration) with a backtracking line search
 enforcing the Armijo condition, and non-negativity by the reparametrisation

@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from dpdask.linalg import Dense, Kron, LinearQuery
+from dpdask.linalg import Dense, Kron, LinearQuery, kron_vector
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._terms import KronTerms
 
@@ -90,13 +90,6 @@ def _congruent_diagonals(terms: KronTerms, i: int, V: np.ndarray) -> np.ndarray:
     return np.einsum("ab,uab->ub", V, GV)[index]
 
 
-def _outer(vs: list[np.ndarray]) -> np.ndarray:
-    out = np.ones(1)
-    for v in vs:
-        out = np.multiply.outer(out, v).ravel()
-    return out
-
-
 class PairAnalysis:
     """Error of ``[c_1 K_1; c_2 K_2]`` (two Kronecker strategies) on a union of terms.
 
@@ -122,8 +115,8 @@ class PairAnalysis:
             V, lam = _joint_basis(Gram.of(F).dense(), Gram.of(H).dense())
             self.V.append(V)
             self.lam.append(lam)
-        self.L = _outer(self.lam)
-        self.M = _outer([1.0 - lam for lam in self.lam])
+        self.L = kron_vector(self.lam)
+        self.M = kron_vector([1.0 - lam for lam in self.lam])
         g = [_congruent_diagonals(terms, i, V) for i, V in enumerate(self.V)]
         # sum_j w_j^2 (x)_i g[i][j] as a matrix product of two Khatri-Rao halves
         sizes = [v.shape[1] for v in g]

@@ -29,9 +29,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as sla
 
-from dpdask.linalg import LinearQuery
-from dpdask.linalg._norms import NormTerms
-from dpdask.linalg._serialize import register
+from dpdask.linalg import LinearQuery, NormTerms, register_operator
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import InverseGram
 
@@ -179,7 +177,7 @@ def pidentity_loss(
     return f, grad.ravel()
 
 
-register(
+register_operator(
     PIdentity,
     lambda o, w: {"theta": w.array(o.theta), "norm": o.norm},
     lambda d, r: PIdentity(r.array(d["theta"]), d["norm"]),

@@ -5,13 +5,11 @@ so :func:`run_tasks` submits them all at once: to the given
 :class:`distributed.Client`, else to the scheduler set in ``dask.config`` or the
 active distributed client, else one after the other in this process. (Threads in
 one process lose to running in turn: the tasks are many small NumPy calls that
-hold the GIL; SF1 with 25 restarts took 4.7 s on two threads against 3.2 s in
-turn.)
+hold the GIL.)
 
 BLAS threads. Each task runs with one BLAS thread unless it asks for more
-(``Task.blas_threads=None``): OpenBLAS threading on the small matrices of these
-problems made SF1 selection four times slower (12 s against 3.2 s), while a large
-OPT_0 (``n = 8192, p = 64``) evaluates 1.5 times faster on two threads. Keys read
+(``Task.blas_threads=None``): BLAS threading on the small matrices of these
+problems costs more than it saves, while a large OPT_0 gains from it. Keys read
 ``optimize-<what>-<token>``, for example ``optimize-factor-age-<token>`` or
 ``optimize-restart-marginals-<token>``; the token hashes the problem, so two
 identical problems (the same factor Gram, ``p`` and seed) are solved once.

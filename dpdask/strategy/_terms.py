@@ -97,6 +97,17 @@ class KronTerms:
                 self._stacks[i] = (np.stack(mats), index)
         return self._stacks[i]
 
+    def traces_totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """``tr(G_ji)`` and ``1^T G_ji 1`` of every term ``j`` and attribute ``i`` (``(k, d)``)."""
+        tr = np.empty((self.k, self.d))
+        to = np.empty((self.k, self.d))
+        for j in range(self.k):
+            for i in range(self.d):
+                G = self.gram(j, i)
+                tr[j, i] = G.trace()
+                to[j, i] = G.total()
+        return tr, to
+
     def rows(self, j: int) -> int:
         return math.prod(f.shape[0] for f in self.factors[j])
 

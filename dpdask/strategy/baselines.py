@@ -36,9 +36,11 @@ from dpdask.linalg import (
     Identity,
     Kron,
     LinearQuery,
-    RangeQueries,
     Sparse,
     aslinearquery,
+    check_size,
+    interval_tree,
+    tree_intervals,
 )
 from dpdask.strategy.convex import ConvexSolution, ca_solve, convex_ca, wca_i, wca_ii, workload_gram
 
@@ -135,76 +137,12 @@ def workload(W: Any) -> LinearQuery:
 
 
 # -- hierarchical trees -------------------------------------------------------
-def _check_size(n: Any, what: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
-        raise ValueError(f"{what} needs a positive integer domain size, got {n!r}")
-    return int(n)
-
-
-def tree_intervals(n: int, branching: int = 2, root: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The nodes of the ``branching``-ary interval tree over ``0..n-1``, level by level.
-
-    The root covers every cell; each node of length ``L > 1`` has
-    ``min(branching, L)`` children that split it into contiguous parts whose
-    lengths differ by at most one (the longer ones first); cells are the leaves.
-    This balanced split handles any ``n``: the height is the least ``h`` with
-    ``branching**h >= n`` and every cell lies in at most ``h + 1`` nodes, as in
-    the tree over ``n`` padded to ``branching**h``.
-
-    Parameters
-    ----------
-    n : int
-        Domain size.
-    branching : int
-        Children per node, at least 2.
-    root : bool
-        Include the root node (the total query).
-
-    Returns
-    -------
-    lo, hi : ndarray of int
-        Inclusive bounds of the nodes, root first, then each level left to right.
-
-    Examples
-    --------
-    >>> lo, hi = tree_intervals(4)
-    >>> [(int(a), int(b)) for a, b in zip(lo, hi)]
-    [(0, 3), (0, 1), (2, 3), (0, 0), (1, 1), (2, 2), (3, 3)]
-    """
-    n = _check_size(n, "tree_intervals")
-    if isinstance(branching, bool) or not isinstance(branching, int | np.integer) or branching < 2:
-        raise ValueError(f"branching must be an integer >= 2, got {branching!r}")
-    b = int(branching)
-    levels_lo, levels_hi = [np.array([0])], [np.array([n - 1])]
-    lo, hi = levels_lo[0], levels_hi[0]
-    while True:
-        length = hi - lo + 1
-        split = length > 1
-        if not split.any():
-            break
-        lo, length = lo[split], length[split]
-        k = np.minimum(b, length)
-        # child j of a node of length L into k parts: size L // k, plus one for j < L % k
-        parent = np.repeat(np.arange(lo.size), k)
-        j = np.arange(parent.size) - np.repeat(np.cumsum(k) - k, k)
-        q, r = length[parent] // k[parent], length[parent] % k[parent]
-        start = lo[parent] + j * q + np.minimum(j, r)
-        size = q + (j < r)
-        lo, hi = start, start + size - 1
-        levels_lo.append(lo)
-        levels_hi.append(hi)
-    first = 0 if root else 1
-    if first >= len(levels_lo):  # n == 1 without the root: the single cell is the root
-        first = 0
-    return np.concatenate(levels_lo[first:]), np.concatenate(levels_hi[first:])
-
-
 def hierarchical(n_or_domain: SizeLike, branching: int = 2, root: bool = True) -> LinearQuery:
     """The hierarchical strategy ``H_b``: every node of a ``b``-ary interval tree.
 
     Hay et al. (2010): the root (all cells), its ``b`` children ranges, and so on
     down to the single cells; ``H_2`` is the binary tree. See
-    :func:`tree_intervals` for the split when ``n`` is not a power of ``b``. On a
+    :func:`~dpdask.linalg.tree_intervals` for the split when ``n`` is not a power of ``b``. On a
     multi-attribute domain the strategy is the Kronecker product of one tree per
     attribute (the multi-dimensional tree of Qardaji et al. 2013).
 
@@ -234,12 +172,7 @@ def hierarchical(n_or_domain: SizeLike, branching: int = 2, root: bool = True) -
            [0., 0., 1., 0.],
            [0., 0., 0., 1.]])
     """
-
-    def build(n: int) -> RangeQueries:
-        lo, hi = tree_intervals(n, branching, root)
-        return RangeQueries(n, lo, hi)
-
-    return _per_attribute(n_or_domain, build)
+    return _per_attribute(n_or_domain, lambda n: interval_tree(n, branching, root))
 
 
 def _tree_height(n: int, b: int) -> int:
@@ -283,7 +216,7 @@ def hb_branching(n: int) -> int:
     >>> hb_branching(128), hb_branching(256), hb_branching(8192)
     (128, 16, 21)
     """
-    n = _check_size(n, "hb_branching")
+    n = check_size(n, "hb_branching", "domain size")
     if n == 1:
         return 1
     # For a fixed height h, V grows with b, so only the least b of each height
@@ -319,13 +252,7 @@ def hb(n_or_domain: SizeLike) -> LinearQuery:
     LinearQuery
         A :class:`~dpdask.linalg.RangeQueries`, or a :class:`~dpdask.linalg.Kron` of them.
     """
-
-    def build(n: int) -> RangeQueries:
-        b = max(2, hb_branching(n))
-        lo, hi = tree_intervals(n, b, root=False)
-        return RangeQueries(n, lo, hi)
-
-    return _per_attribute(n_or_domain, build)
+    return _per_attribute(n_or_domain, lambda n: interval_tree(n, max(2, hb_branching(n)), False))
 
 
 def hm(n_or_domain: SizeLike) -> LinearQuery:
@@ -357,7 +284,7 @@ def hm(n_or_domain: SizeLike) -> LinearQuery:
 # -- Haar wavelet -------------------------------------------------------------
 def _haar_matrix(n: int) -> sp.csr_array:
     """The unnormalised Haar matrix on ``n`` cells (padded to a power of two)."""
-    n = _check_size(n, "wavelet")
+    n = check_size(n, "wavelet", "domain size")
     size = 1 << (n - 1).bit_length()
     cells = np.arange(n)
     rows, cols, vals = [np.zeros(n, dtype=np.int64)], [cells], [np.ones(n)]

@@ -31,13 +31,14 @@ no query touches get zero columns.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dpdask.linalg import Dense, Diagonal, Identity, Sparse, aslinearquery
-from dpdask.linalg._base import check_dense_size
+from dpdask.errors import ConvergenceError, ConvergenceWarning
+from dpdask.linalg import Dense, Diagonal, Identity, Sparse, aslinearquery, check_dense_size
 
 __all__ = [
     "ConvexSolution",
@@ -326,7 +327,8 @@ def ca_solve(
     tol : float
         Relative duality gap at which to stop.
     max_iter : int
-        Most Newton iterations.
+        Most Newton iterations; stopping there before ``tol`` emits a
+        :class:`~dpdask.errors.ConvergenceWarning` (``converged`` is then False).
     max_cg : int
         Most conjugate-gradient steps per Newton iteration.
 
@@ -348,9 +350,30 @@ def ca_solve(
     >>> round(sol.error, 6), sol.converged
     (3.0, True)
     """
+    sol = _ca(W, weights, tol=tol, max_iter=max_iter, max_cg=max_cg)
+    _warn_at_limit(sol, max_iter)
+    return sol
+
+
+def _ca(
+    W: Any, weights: Any = None, *, tol: float = 1e-7, max_iter: int = 100, max_cg: int = 100
+) -> ConvexSolution:
+    """:func:`ca_solve` without the warning (for :func:`convex_ca`, which raises instead)."""
     if not (tol > 0):
         raise ValueError(f"tol must be positive, got {tol!r}")
     return _solve_gram(workload_gram(W, weights), float(tol), int(max_iter), int(max_cg))
+
+
+def _warn_at_limit(sol: ConvexSolution, max_iter: int) -> None:
+    """A :class:`~dpdask.errors.ConvergenceWarning`, to the solver's caller, when CA
+    stopped at ``max_iter`` Newton iterations before its tolerance."""
+    if not sol.converged and sol.iterations >= max_iter:
+        warnings.warn(
+            f"CA stopped at its iteration limit ({max_iter}) with relative duality gap "
+            f"{sol.gap:.3g}",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
 
 
 def ca_solve_gram(
@@ -374,7 +397,9 @@ def ca_solve_gram(
     G = np.asarray(G, dtype=float)
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
         raise ValueError(f"G must be a square matrix, got shape {G.shape}")
-    return _solve_gram((G + G.T) / 2, float(tol), int(max_iter), int(max_cg))
+    sol = _solve_gram((G + G.T) / 2, float(tol), int(max_iter), int(max_cg))
+    _warn_at_limit(sol, max_iter)
+    return sol
 
 
 def convex_ca(W: Any, weights: Any = None, **options: Any) -> Dense:
@@ -396,12 +421,12 @@ def convex_ca(W: Any, weights: Any = None, **options: Any) -> Dense:
 
     Raises
     ------
-    RuntimeError
-        If the solver did not reach its tolerance.
+    ConvergenceError
+        If the solver did not reach its tolerance (a :class:`RuntimeError`).
     """
-    sol = ca_solve(W, weights, **options)
+    sol = _ca(W, weights, **options)
     if not sol.converged:
-        raise RuntimeError(
+        raise ConvergenceError(
             f"CA did not converge: relative duality gap {sol.gap:.3g} after "
             f"{sol.iterations} iterations"
         )

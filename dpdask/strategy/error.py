@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dpdask.linalg import Kron, LinearQuery, VStack
+from dpdask.linalg import Kron, LinearQuery, VStack, kron_vector
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
 from dpdask.strategy._marginals import (
@@ -193,7 +193,7 @@ class ErrorAnalysis:
         return Xs
 
     def _prepare_marginal(self, terms: KronTerms, u: np.ndarray) -> tuple:
-        tr, to = _traces_totals(terms)
+        tr, to = terms.traces_totals()
         h = workload_spectrum(tr, to, terms.weights**2, terms.sizes)
         mu = marginal_eigenvalues(u, terms.sizes)
         check_marginal_support(h, mu)
@@ -235,25 +235,12 @@ class ErrorAnalysis:
                 self._state[2],  # type: ignore[index]
             )
         terms, Xs = self._kron_terms(), self._state
-        out = np.ones(1)
-        for i, X in enumerate(Xs):  # type: ignore[arg-type]
-            out = np.multiply.outer(out, X.quad_diag(terms.factors[j][i])).ravel()
-        return w2 * out
+        diags = [X.quad_diag(terms.factors[j][i]) for i, X in enumerate(Xs)]  # type: ignore[arg-type]
+        return w2 * kron_vector(diags)
 
 
 def _flat(factors: list[LinearQuery]) -> LinearQuery:
     return factors[0] if len(factors) == 1 else Kron(factors)
-
-
-def _traces_totals(terms: KronTerms) -> tuple[np.ndarray, np.ndarray]:
-    tr = np.empty((terms.k, terms.d))
-    to = np.empty((terms.k, terms.d))
-    for j in range(terms.k):
-        for i in range(terms.d):
-            G = terms.gram(j, i)
-            tr[j, i] = G.trace()
-            to[j, i] = G.total()
-    return tr, to
 
 
 def _row_stats(W: LinearQuery) -> tuple[np.ndarray, np.ndarray]:

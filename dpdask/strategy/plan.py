@@ -24,7 +24,7 @@ measure step and the release dataflow consume:
 
 File format (:meth:`Plan.save`): one ``.npz`` archive holding the arrays of the
 operators and an entry ``plan.json``, a JSON document with the operators as
-nested dictionaries (:mod:`dpdask.linalg._serialize`) that refer to those arrays,
+nested dictionaries (:func:`dpdask.linalg.to_dict`) that refer to those arrays,
 the budget as exact fractions, the domain, the groups and the selection record.
 Loading needs no pickle and recomputes the noise scale from the strategy and the
 budget, refusing a file whose recorded noise does not match.
@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from dpdask.domain import Domain
-from dpdask.linalg import LinearQuery
-from dpdask.linalg._serialize import from_dict, to_dict
+from dpdask.errors import PlanError
+from dpdask.linalg import LinearQuery, from_dict, to_dict
 from dpdask.privacy import ApproxDP, Budget, PureDP, noise_scale, zCDP
 from dpdask.strategy.error import ErrorAnalysis, svd_bound
 
@@ -88,8 +88,8 @@ class Plan:
 
     Raises
     ------
-    ValueError
-        If the shapes disagree or the strategy has zero sensitivity.
+    PlanError
+        If the shapes disagree or the strategy has zero sensitivity (a ValueError).
     """
 
     def __init__(
@@ -106,12 +106,12 @@ class Plan:
     ):
         self.mechanism = mechanism_of(privacy)
         if workload.shape[1] != strategy.shape[1]:
-            raise ValueError(
+            raise PlanError(
                 f"workload has {workload.shape[1]} columns but the strategy has {strategy.shape[1]}"
             )
         if domain is not None:
             if domain.size != workload.shape[1]:
-                raise ValueError(
+                raise PlanError(
                     f"the domain has {domain.size} cells but the workload has "
                     f"{workload.shape[1]} columns"
                 )
@@ -127,7 +127,7 @@ class Plan:
         p = 1 if self.mechanism == "laplace" else 2
         sens = float(strategy.sensitivity(p))
         if not math.isfinite(sens) or sens <= 0:
-            raise ValueError(f"the strategy's L{p} sensitivity is {sens}; it must be positive")
+            raise PlanError(f"the strategy's L{p} sensitivity is {sens}; it must be positive")
         self.sensitivity = sens
         self.noise_scale = noise_scale(self.mechanism, sens, privacy)
         self._analysis_cache: ErrorAnalysis | None = None
@@ -284,18 +284,18 @@ class Plan:
 
         Raises
         ------
-        ValueError
+        PlanError
             If the file is not a dpdask plan, or its recorded noise disagrees with
             the noise its strategy and budget require.
         """
         with np.load(path, allow_pickle=False) as z:
             if "plan.json" not in z.files:
-                raise ValueError(f"{path} is not a dpdask plan (no plan.json entry)")
+                raise PlanError(f"{path} is not a dpdask plan (no plan.json entry)")
             doc = json.loads(str(z["plan.json"]))
             if doc.get("format") != _FORMAT:
-                raise ValueError(f"{path} is not a dpdask plan")
+                raise PlanError(f"{path} is not a dpdask plan")
             if doc.get("version") != _VERSION:
-                raise ValueError(f"{path}: unsupported plan version {doc.get('version')!r}")
+                raise PlanError(f"{path}: unsupported plan version {doc.get('version')!r}")
             arrays = {k: z[k] for k in z.files if k != "plan.json"}
             workload = from_dict(doc["workload"], arrays)
             strategy = from_dict(doc["strategy"], arrays)
@@ -303,7 +303,7 @@ class Plan:
         domain = Domain(doc["domain"]) if doc.get("domain") is not None else None
         kind: type[Plan] = Plan
         if doc.get("kind") == "fitness":
-            from dpdask.strategy._fitness_plan import FitnessPlan as kind
+            from dpdask.strategy.fitness import FitnessPlan as kind
         plan = kind._from_saved(
             doc,
             arrays,
@@ -317,7 +317,7 @@ class Plan:
             sizes=doc.get("sizes"),
         )
         if plan.mechanism != doc.get("mechanism") or plan.noise_scale != doc.get("noise_scale"):
-            raise ValueError(
+            raise PlanError(
                 f"{path}: the recorded noise ({doc.get('mechanism')}, scale "
                 f"{doc.get('noise_scale')}) does not match what the strategy and budget "
                 f"require ({plan.mechanism}, {plan.noise_scale})"

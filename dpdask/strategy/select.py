@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpdask.domain import Domain
+from dpdask.errors import PlanError
 from dpdask.linalg import LinearQuery
 from dpdask.privacy import Budget
 from dpdask.strategy._hdmm import TEMPLATES, Candidate, default_templates, optimize
@@ -75,9 +76,9 @@ def _baseline(
         return baselines.wavelet(where)
     if name == "convex":
         if norm == 1:
-            raise ValueError("the convex (CA) optimum is defined for Gaussian noise only")
+            raise PlanError("the convex (CA) optimum is defined for Gaussian noise only")
         return baselines.convex_ca(workload, **options)
-    raise ValueError(f"unknown strategy {name!r}; choose 'hdmm' or one of {BASELINES}")
+    raise PlanError(f"unknown strategy {name!r}; choose 'hdmm' or one of {BASELINES}")
 
 
 def select(
@@ -128,17 +129,22 @@ def select(
         Rows of the p-Identity parameter matrices.
     ftol : float
         Relative tolerance of the optimisers.
-    model : {"central", "local"}
-        ``"local"``: every person randomizes their own record (paper 002); returns a
-        :class:`dpdask.ldp.plan.LdpPlan` from :func:`dpdask.ldp.plan.select_local` (pure DP
-        only; ``strategy``, ``domain``, ``restarts``, ``templates``, ``p`` and ``ftol`` are
-        not used; ``options`` go to :func:`dpdask.ldp.optimize`, e.g. ``starts``).
+    model : {"central"}
+        Only the central model is planned here. The local model (every person
+        randomizes their own record, paper 002) is planned by
+        :func:`dpdask.ldp.plan.select_local`; ``model="local"`` raises a
+        :class:`~dpdask.errors.PlanError` that says so.
     **options
         Options of the baseline strategy.
 
     Returns
     -------
     Plan
+
+    Raises
+    ------
+    PlanError
+        For ``model="local"`` or any model other than ``"central"``.
 
     Examples
     --------
@@ -151,15 +157,14 @@ def select(
     True
     """
     if model == "local":
-        from dpdask.ldp.plan import select_local
-
-        if client is not None:
-            options.setdefault("scheduler", client)
-        return select_local(workload, privacy, seed=seed, **options)
+        raise PlanError(
+            "dpdask.select plans the central model; plan a local-model collection with "
+            "dpdask.ldp.plan.select_local(workload, privacy, ...)"
+        )
     if model != "central":
-        raise ValueError(f"model must be 'central' or 'local', got {model!r}")
+        raise PlanError(f"model must be 'central', got {model!r}")
     if strategy == "fitness":
-        from dpdask.strategy._fitness_plan import fitness_plan
+        from dpdask.strategy.fitness import fitness_plan
 
         return fitness_plan(workload, privacy, domain=domain, client=client, **options)
     norm = sensitivity_norm(privacy)
@@ -179,12 +184,12 @@ def select(
             ftol=ftol,
         )
         if not cands:
-            raise ValueError("no template applies to this workload")
+            raise PlanError("no template applies to this workload")
         # rank by an independent evaluation, not by the optimisers' own bookkeeping
         checked = {c.name: verified_loss(terms, c, norm) for c in cands}
         cands = [c for c in cands if math.isfinite(checked[c.name])]
         if not cands:
-            raise ValueError("no template found a strategy that supports the workload")
+            raise PlanError("no template found a strategy that supports the workload")
         best = min(cands, key=lambda c: checked[c.name])
         info = {
             "templates": {k: (v if math.isfinite(v) else None) for k, v in checked.items()},

@@ -3,7 +3,7 @@
 The optimum does not depend on the basis (paper 000, Theorems 3.1 and 3.3: two bases
 give mechanisms with the same output distribution and the same privacy profile), so
 the optimiser always works in the canonical basis ``B_c`` of
-:func:`~dpdask.strategy._fitness_terms.canonical_problem` (cells with equal columns
+:func:`~dpdask.strategy.fitness._terms.canonical_problem` (cells with equal columns
 merged, then ``B = I`` or an orthonormal row-space basis) and the result is carried to
 the requested basis ``B`` afterwards: with ``B = T Q`` (``T = B Q^T`` invertible),
 ``Sigma_B = T Sigma_Q T^T``.
@@ -17,11 +17,10 @@ import numpy as np
 import scipy.linalg as sla
 from threadpoolctl import threadpool_limits
 
-from dpdask.linalg import LinearQuery, aslinearquery
-from dpdask.linalg._base import check_dense_size
-from dpdask.strategy._fitness_smii import SMIIOptions, run_info, smii
-from dpdask.strategy._fitness_solution import FitnessSolution
-from dpdask.strategy._fitness_terms import Canonical, canonical_problem
+from dpdask.linalg import LinearQuery, aslinearquery, check_dense_size
+from dpdask.strategy.fitness._smii import SMIIOptions, run_info, smii
+from dpdask.strategy.fitness._solution import FitnessSolution
+from dpdask.strategy.fitness._terms import Canonical, canonical_problem
 
 __all__ = ["initial_covariance", "solve_dense"]
 

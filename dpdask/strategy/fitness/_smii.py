@@ -46,7 +46,7 @@ Beyond the paper, for accuracy and speed:
 * the continuation stops on a *certified* gap. At any ``Sigma`` the soft-max weights
   are probability vectors, and weak duality gives the lower bound
   ``||diag(nu / c)^{1/2} W diag(pi)^{1/2}||_*^2`` on the optimal squared privacy cost
-  (:func:`~dpdask.strategy._fitness_terms.nuclear_bound`); the rescaled ``Sigma``
+  (:func:`~dpdask.strategy.fitness._terms.nuclear_bound`); the rescaled ``Sigma``
   achieves ``max_j p_j * max_i v_i``. The loop ends when the two agree to ``gap_tol``
   (or when the squared cost stops improving, ``primal_tol``), and the solution
   reports the gap it reached.
@@ -56,14 +56,16 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
 
-from dpdask.strategy._fitness_newton import NewtonSystem
-from dpdask.strategy._fitness_terms import ColumnTerm, RowTerm, nuclear_bound
+from dpdask.errors import ConvergenceWarning
+from dpdask.strategy.fitness._newton import NewtonSystem
+from dpdask.strategy.fitness._terms import ColumnTerm, RowTerm, nuclear_bound
 
 __all__ = ["SMIIOptions", "SMIIResult", "smii"]
 
@@ -92,7 +94,8 @@ class SMIIOptions:
         A sub-problem is solved when half the Newton decrement is below
         ``newton_tol * mu / tau``.
     max_newton : int
-        Newton iterations in all (Algorithm 1's MAXITER).
+        Newton iterations in all (Algorithm 1's MAXITER). Stopping there before a
+        stopping rule holds emits a :class:`~dpdask.errors.ConvergenceWarning`.
     max_cg, cg_tol : int, float
         Conjugate-gradient iterations per Newton step and relative residual target.
     armijo, backtrack : float
@@ -119,8 +122,7 @@ class SMIIOptions:
     blas_threads : int or None
         BLAS threads while solving (``None``: the library's default). One by default:
         the matrices are at most a few thousand wide, and OpenBLAS threads on a busy
-        machine spin against each other (measured on 2 shared cores, prefix d = 512:
-        36 s on one thread, 459 s on the default two).
+        machine spin against each other.
     """
 
     tau_start: float = 4.0
@@ -239,7 +241,7 @@ class _Objective:
         dtype: type = np.float64,
         damping: float = 0.0,
     ) -> NewtonSystem:
-        """The Newton system at ``pt`` (:class:`~dpdask.strategy._fitness_newton.NewtonSystem`)."""
+        """The Newton system at ``pt`` (:class:`~dpdask.strategy.fitness._newton.NewtonSystem`)."""
         return NewtonSystem(self, pt, precondition, dtype, damping)
 
 
@@ -265,7 +267,7 @@ def smii(
     Parameters
     ----------
     rows : row term
-        The queries ``L`` (``m x r``), see :mod:`dpdask.strategy._fitness_terms`.
+        The queries ``L`` (``m x r``), see :mod:`dpdask.strategy.fitness._terms`.
     cols : column term
         The basis columns ``b_j`` (``r x d``).
     targets : numpy.ndarray
@@ -374,6 +376,13 @@ def smii(
                 continue
         path, path_mu = pt.sigma, mu
 
+    if not converged and newton >= opt.max_newton:
+        warnings.warn(
+            f"SM-II stopped at its iteration limit ({opt.max_newton} Newton steps) before "
+            "its optimality gap",
+            ConvergenceWarning,
+            stacklevel=2,
+        )
     if best[0] < float(pt.p.max() * (pt.v.max() + opt.total_weight * pt.total)):
         pt = best[1]  # the last iterate (out of iterations) is worse than a stage's end
     vmax = float(pt.v.max())

@@ -39,14 +39,14 @@ import scipy.linalg as sla
 from dpdask.domain import Domain
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, VStack
 from dpdask.privacy import ApproxDP, Budget, gaussian_delta, zCDP
-from dpdask.strategy._fitness_solution import (
+from dpdask.strategy._terms import kron_terms
+from dpdask.strategy.fitness._solution import (
     COST_MARGIN,
     FitnessResult,
     FitnessSolution,
     KronFitnessSolution,
     UnionFitnessSolution,
 )
-from dpdask.strategy._terms import kron_terms
 from dpdask.strategy.plan import Plan
 
 __all__ = ["FitnessPlan", "fitness_plan", "whitened_strategy"]

@@ -3,7 +3,7 @@
 Paper 000 section 6.2 (Algorithm 2) solves ``H d = -grad`` for Problem 4 by conjugate
 gradient on Hessian-vector products; :class:`NewtonSystem` is that system at one
 point, in transformed coordinates that make conjugate gradient converge in a handful
-of iterations. See its docstring for the algebra; :mod:`dpdask.strategy._fitness_smii`
+of iterations. See its docstring for the algebra; :mod:`dpdask.strategy.fitness._smii`
 runs the outer loop.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import scipy.linalg as sla
 
 if TYPE_CHECKING:
-    from dpdask.strategy._fitness_smii import _Objective, _Point
+    from dpdask.strategy.fitness._smii import _Objective, _Point
 
 __all__ = ["NewtonSystem", "gram_rows"]
 

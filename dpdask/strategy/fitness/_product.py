@@ -10,12 +10,12 @@ factor, ``c = c_1 (x) ... (x) c_k``, and let ``(B_i, Sigma_i)`` solve Problem 1 
   rule), so squared cost ``prod_i p_i``.
 
 It is optimal: the weak-duality bound of
-:func:`~dpdask.strategy._fitness_terms.nuclear_bound` with product multipliers
+:func:`~dpdask.strategy.fitness._terms.nuclear_bound` with product multipliers
 ``u = (x) u_i``, ``v = (x) v_i`` is ``||(x) diag(v_i / c_i)^{1/2} W_i diag(u_i)^{1/2}||_*^2
 = prod_i LB_i`` because singular values of a Kronecker product are the products of the
 factors' singular values. At the factors' optimal multipliers ``LB_i = p_i``, so no
 mechanism for the product does better than ``prod_i p_i``. The certified lower bound of
-a :class:`~dpdask.strategy._fitness_solution.KronFitnessSolution` is this product. (The
+a :class:`~dpdask.strategy.fitness._solution.KronFitnessSolution` is this product. (The
 privacy *profile* of the product need not be the lexicographically smallest one of
 Problem 1's tie-breaking rule; the cost is exact.)
 
@@ -45,9 +45,9 @@ from dask.base import tokenize
 from dask.delayed import delayed
 
 from dpdask.linalg import Kron, LinearQuery, Scaled, VStack
-from dpdask.strategy._fitness_dense import solve_dense
-from dpdask.strategy._fitness_smii import SMIIOptions
-from dpdask.strategy._fitness_solution import (
+from dpdask.strategy.fitness._dense import solve_dense
+from dpdask.strategy.fitness._smii import SMIIOptions
+from dpdask.strategy.fitness._solution import (
     FitnessResult,
     FitnessSolution,
     KronFitnessSolution,

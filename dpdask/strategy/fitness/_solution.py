@@ -14,7 +14,7 @@ the workload with a basis ``B`` of linearly independent rows and a noise covaria
 
 Three shapes share one interface (:class:`FitnessResult`): a dense mechanism
 (:class:`FitnessSolution`), a Kronecker product of per-attribute mechanisms
-(:class:`KronFitnessSolution`, exact, see :mod:`dpdask.strategy._fitness_product`)
+(:class:`KronFitnessSolution`, exact, see :mod:`dpdask.strategy.fitness._product`)
 and a union of independently measured parts (:class:`UnionFitnessSolution`).
 """
 
@@ -28,11 +28,18 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
-from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Product, VStack
-from dpdask.linalg._base import check_dense_size
-from dpdask.linalg._norms import _kron_vectors
+from dpdask.linalg import (
+    Dense,
+    Identity,
+    Kron,
+    LinearQuery,
+    Product,
+    VStack,
+    check_dense_size,
+    kron_vector,
+)
 from dpdask.privacy import ApproxDP, Budget, gaussian_delta, zCDP
-from dpdask.strategy._fitness_terms import RowTerm
+from dpdask.strategy.fitness._terms import RowTerm
 
 __all__ = ["FitnessResult", "FitnessSolution", "KronFitnessSolution", "UnionFitnessSolution"]
 
@@ -198,7 +205,7 @@ class FitnessSolution(FitnessResult):
         ``None`` when ``B`` is the identity.
     rows : row term
         ``L_c``, the queries in the solver's canonical basis (see
-        :mod:`dpdask.strategy._fitness_terms`).
+        :mod:`dpdask.strategy.fitness._terms`).
     to_canonical : numpy.ndarray or None
         ``T^-1`` where ``B = T B_c``: the canonical covariance is ``T^-1 Sigma T^-T``
         (``None`` when ``B`` is the canonical basis).
@@ -285,7 +292,7 @@ class KronFitnessSolution(FitnessResult):
 
     For ``W = (x) W_k`` with targets ``c = (x) c_k`` the privacy profile, the query
     variances and the covariance all factor, and the product of the factors' optima
-    is optimal for the product problem (see :mod:`dpdask.strategy._fitness_product`).
+    is optimal for the product problem (see :mod:`dpdask.strategy.fitness._product`).
     """
 
     def __init__(self, factors: Sequence[FitnessSolution], names: Sequence[str] | None = None):
@@ -294,7 +301,7 @@ class KronFitnessSolution(FitnessResult):
             raise ValueError("a Kronecker mechanism needs at least one factor")
         self.names = tuple(names) if names is not None else None
         self.workload = Kron([f.workload for f in self.factors])
-        self.targets = _kron_vectors([f.targets for f in self.factors])
+        self.targets = kron_vector([f.targets for f in self.factors])
         lbs = [f.lower_bound for f in self.factors]
         self.info = {
             "lower_bound": math.prod(lbs),
@@ -315,10 +322,10 @@ class KronFitnessSolution(FitnessResult):
         return Kron([f.L for f in self.factors])
 
     def privacy_profile(self) -> np.ndarray:
-        return _kron_vectors([f.privacy_profile() for f in self.factors])
+        return kron_vector([f.privacy_profile() for f in self.factors])
 
     def query_variances(self) -> np.ndarray:
-        return _kron_vectors([f.query_variances() for f in self.factors])
+        return kron_vector([f.query_variances() for f in self.factors])
 
     @property
     def privacy_cost(self) -> float:

@@ -1,0 +1,268 @@
+"""HDMM's optimisation tasks: pieces, restarts with successive halving, batches.
+
+All templates run together: each is a generator of task batches, and every
+round's batches from all templates go to the scheduler as one graph.
+
+Pieces and restarts. A template is made of independent *pieces*: an OPT_0
+problem, an OPT_x problem on several terms, an OPT_M problem; for a single
+Kronecker term, one OPT_0 problem per attribute (its error is the product of the
+factors'); for OPT_+, one OPT_x problem per part. Every piece is started from
+``restarts`` random points, with successive halving: all starts run a short
+budget (:data:`SHORT`), the best ``max(1, restarts // 8)`` continue to
+convergence, and the best of those is kept. Each run is a task (:mod:`._tasks`),
+all tasks of a stage are submitted together, keyed ``optimize-factor-age-<token>``,
+``optimize-restart-kron-<token>`` and so on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpdask.linalg import LinearQuery
+from dpdask.strategy._gram import Gram
+from dpdask.strategy._opt_kron import KronResult, opt_kron
+from dpdask.strategy._opt_marginals import fit_marginals
+from dpdask.strategy._optimize import CONVEX_MAX_N, default_p, opt_0, opt_0_l2
+from dpdask.strategy._pidentity import PIdentity
+from dpdask.strategy._tasks import Task, run_tasks
+from dpdask.strategy._terms import KronTerms
+
+__all__ = [
+    "SHORT",
+    "Context",
+    "ConvexPiece",
+    "KronPiece",
+    "MarginalsPiece",
+    "Opt0Piece",
+    "Piece",
+    "drive",
+    "lockstep",
+    "opt0_piece",
+    "opt0_strategy",
+    "solve_pieces",
+]
+
+LARGE_OPT0 = 1 << 18
+"""``n * p`` from which an OPT_0 task keeps all BLAS threads."""
+
+SHORT = {"opt0_iter": 30, "kron_sweeps": 1, "kron_inner_iter": 15, "marginals_iter": 40}
+"""Budget of the short runs of successive halving."""
+
+CLOSED_FORM_JITTER = 0.01
+"""OPT_M from a closed-form member starts at its weights plus this fraction of their largest
+(a weight of exactly 0 has a zero gradient and would stay 0)."""
+
+
+def loss_of(result: Any) -> float:
+    return float(result[1]) if isinstance(result, tuple) else float(result.loss)
+
+
+class Piece:
+    words: list[str]
+    once = False
+    """One run, no restarts and no full stage (a convex problem)."""
+
+    def short(self, seed: int) -> Task:
+        raise NotImplementedError
+
+    def full(self, result: Any) -> Task:
+        raise NotImplementedError
+
+
+@dataclass
+class Opt0Piece(Piece):
+    G: Gram
+    p: int
+    norm: int
+    ftol: float
+    words: list[str]
+
+    @property
+    def blas_threads(self) -> int | None:
+        """All BLAS threads for a large problem, one for a small one (see :mod:`._tasks`)."""
+        return None if self.G.n * self.p >= LARGE_OPT0 else 1
+
+    def short(self, seed: int) -> Task:
+        kw = {"norm": self.norm, "seed": seed, "ftol": self.ftol, "maxiter": SHORT["opt0_iter"]}
+        return Task(self.words, opt_0, (self.G, self.p), kw, self.blas_threads)
+
+    def full(self, result: Any) -> Task:
+        return Task(
+            self.words,
+            opt_0,
+            (self.G,),
+            {"norm": self.norm, "theta0": result[0], "ftol": self.ftol},
+            self.blas_threads,
+        )
+
+
+@dataclass
+class ConvexPiece(Piece):
+    """Gaussian OPT_0 as the convex program over ``X = A^T A`` (:func:`opt_0_l2`)."""
+
+    G: Gram
+    words: list[str]
+    once = True
+
+    def short(self, seed: int) -> Task:
+        return Task(self.words, opt_0_l2, (self.G,), {}, None)
+
+
+def opt0_piece(ctx: Context, G: Gram, words: list[str]) -> Piece:
+    """OPT_0 on ``G``: convex for Gaussian noise up to :data:`CONVEX_MAX_N`, else p-Identity."""
+    if ctx.norm == 2 and ctx.p is None and G.n <= CONVEX_MAX_N:
+        return ConvexPiece(G, ["convex", *words[1:]] if words[0] == "restart" else words)
+    return Opt0Piece(G, ctx.p_for(G.n), ctx.norm, ctx.ftol, words)
+
+
+def opt0_strategy(result: tuple, norm: int) -> LinearQuery:
+    """The strategy of an OPT_0 result: a p-Identity's ``theta`` or a convex optimum."""
+    x = result[0]
+    return x if isinstance(x, LinearQuery) else PIdentity(x, norm)
+
+
+@dataclass
+class KronPiece(Piece):
+    terms: KronTerms
+    ps: list[int]
+    norm: int
+    ftol: float
+    words: list[str]
+
+    def short(self, seed: int) -> Task:
+        kw = {
+            "norm": self.norm,
+            "seed": seed,
+            "ps": self.ps,
+            "ftol": self.ftol,
+            "max_sweeps": SHORT["kron_sweeps"],
+            "inner_maxiter": SHORT["kron_inner_iter"],
+        }
+        return Task(self.words, opt_kron, (self.terms,), kw)
+
+    def full(self, result: KronResult) -> Task:
+        return Task(
+            self.words,
+            opt_kron,
+            (self.terms,),
+            {"norm": self.norm, "start": result.factors, "ftol": self.ftol},
+        )
+
+
+@dataclass
+class MarginalsPiece(Piece):
+    h: np.ndarray
+    sizes: tuple[int, ...]
+    norm: int
+    words: list[str]
+
+    def short(self, seed: int | np.ndarray) -> Task:
+        """A short run from a random start (``seed``) or from given weights."""
+        kw: dict[str, Any] = {"norm": self.norm, "maxiter": SHORT["marginals_iter"]}
+        if isinstance(seed, np.ndarray):
+            kw["theta0"] = seed + CLOSED_FORM_JITTER * float(seed.max())
+        else:
+            kw["seed"] = seed
+        return Task(self.words, fit_marginals, (self.h, self.sizes), kw)
+
+    def full(self, result: Any) -> Task:
+        return Task(
+            self.words,
+            fit_marginals,
+            (self.h, self.sizes),
+            {"norm": self.norm, "theta0": result.theta},
+        )
+
+
+@dataclass
+class Context:
+    terms: KronTerms
+    norm: int
+    seeds: list[int]
+    names: list[str]
+    p: int | None
+    ftol: float
+    client: Any
+    inline: bool = False
+
+    def p_for(self, n: int) -> int:
+        return default_p(n, self.norm) if self.p is None else min(self.p, n)
+
+    @property
+    def keep(self) -> int:
+        return max(1, len(self.seeds) // 8)
+
+
+def solve_pieces(
+    ctx: Context, pieces: Sequence[Piece], seeds: Sequence[Any] | None = None, full: bool = True
+):
+    """Best result of each piece: short runs from every seed, then full runs of the best.
+
+    A generator: it yields lists of tasks and receives their results (see :func:`drive`).
+    """
+    seeds = ctx.seeds if seeds is None else list(seeds)
+    if not pieces:
+        return []
+    starts = [seeds[:1] if pc.once else seeds for pc in pieces]
+    short = yield [pc.short(s) for pc, ss in zip(pieces, starts, strict=True) for s in ss]
+    per_piece, k = [], 0
+    for ss in starts:
+        per_piece.append(short[k : k + len(ss)])
+        k += len(ss)
+    if not full:
+        return [min(rs, key=loss_of) for rs in per_piece]
+    tops = [
+        [] if pc.once else sorted(rs, key=loss_of)[: ctx.keep]
+        for pc, rs in zip(pieces, per_piece, strict=True)
+    ]
+    done = yield [pc.full(r) for pc, rs in zip(pieces, tops, strict=True) for r in rs]
+    out, k = [], 0
+    for pc, rs, first in zip(pieces, tops, per_piece, strict=True):
+        if pc.once:
+            out.append(first[0])
+            continue
+        out.append(min(done[k : k + len(rs)], key=loss_of))
+        k += len(rs)
+    return out
+
+
+def lockstep(gens: Sequence[Generator]) -> Generator:
+    """Run several task generators together: each round's tasks go out as one batch."""
+    out: list[Any] = [None] * len(gens)
+    pending: dict[int, list[Task]] = {}
+    for k, g in enumerate(gens):
+        try:
+            pending[k] = next(g)
+        except StopIteration as stop:
+            out[k] = stop.value
+    while pending:
+        order = list(pending)
+        results = yield [t for k in order for t in pending[k]]
+        nxt, pos = {}, 0
+        for k in order:
+            chunk = results[pos : pos + len(pending[k])]
+            pos += len(pending[k])
+            try:
+                nxt[k] = gens[k].send(chunk)
+            except StopIteration as stop:
+                out[k] = stop.value
+        pending = nxt
+    return out
+
+
+def drive(gen: Generator, client: Any, inline: bool = False) -> Any:
+    """Run a task generator to completion, one :func:`run_tasks` call per batch."""
+    try:
+        tasks = next(gen)
+    except StopIteration as stop:
+        return stop.value
+    while True:
+        results = run_tasks(tasks, client, inline=inline)
+        try:
+            tasks = gen.send(results)
+        except StopIteration as stop:
+            return stop.value
