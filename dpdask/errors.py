@@ -9,7 +9,8 @@ error                  raised when
 =====================  =======================================================
 ``SpecError``          a release spec (or its sums / local-model part) is invalid
 ``DataError``          input counts are malformed: NaN, negative, wrong shape or
-                       dtype, unknown categories, above a public bound
+                       dtype, unknown categories, above a public bound;
+                       ``DataTypeError`` when they are not an array of numbers
 ``PlanError``          a plan, strategy or privacy parameter cannot be used
 ``NoiseKeyError``      a secret key, key file or stream key is missing or wrong
 ``LedgerError``        the privacy ledger refuses (nothing was written); its
@@ -34,6 +35,7 @@ __all__ = [
     "DPDaskError",
     "DPDaskWarning",
     "DataError",
+    "DataTypeError",
     "LedgerConflictError",
     "LedgerError",
     "LedgerMissingError",
@@ -58,6 +60,10 @@ class SpecError(DPDaskError, ValueError):
 
 class DataError(DPDaskError, ValueError):
     """Input counts are malformed; raised before anything is charged or written."""
+
+
+class DataTypeError(DataError, TypeError):
+    """Input counts are not a numeric array (raised as ``TypeError`` before)."""
 
 
 class PlanError(DPDaskError, ValueError):

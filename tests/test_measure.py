@@ -23,8 +23,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dpdask.measure as measure_module
+import dpdask.measure._step as measure_step
 from dpdask import Domain
+from dpdask.errors import DataError, DataTypeError, NoiseKeyError, PlanError
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Ones, Prefix, VStack
 from dpdask.measure import (
     charge_level,
@@ -241,7 +242,7 @@ def test_a_receipt_for_another_key_is_refused(ledger, data, monkeypatch):
     receipt = charge_level(plan, ledger, "r", "run1", "county", "A", key=key)
     ident = MeasurementId("r", "county", 0, "A")
     reads: list[int] = []
-    monkeypatch.setattr(measure_module, "_check_data", lambda *a, **k: reads.append(1))
+    monkeypatch.setattr(measure_step, "check_data", lambda *a, **k: reads.append(1))
     x = data
     for wrong in (other, stream_key(other, ident, "run1")):
         with pytest.raises(ValueError, match="this key is not the one charged for run 'run1'"):
@@ -350,6 +351,34 @@ def _bad_cases(data: np.ndarray) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+# the dpdask.errors class of each bad case (all ValueError or TypeError subclasses);
+# the cases not listed raise a plain ValueError or TypeError
+_ERROR_CLASS: dict[str, type[Exception]] = {
+    "nan": DataError,
+    "inf": DataError,
+    "negative": DataError,
+    "negative float": DataError,
+    "float counts for discrete noise": DataTypeError,
+    "integral floats for discrete noise": DataTypeError,
+    "float noise without unsafe_float": PlanError,
+    "wrong shape": DataError,
+    "wrong cell count": DataError,
+    "too many axes": DataError,
+    "missing attribute": DataError,
+    "boolean data": DataTypeError,
+    "object data": DataTypeError,
+    "list data": DataTypeError,
+    "over budget": BudgetExceededError,
+    "noise too small": PlanError,
+    "unknown mechanism": PlanError,
+    "nan scale": PlanError,
+    "domain mismatch": PlanError,
+    "gaussian in pure budget": PlanError,
+    "test key": NoiseKeyError,
+    "short key": NoiseKeyError,
+}
+
+
 @pytest.mark.parametrize("entry", [measure, measurement_noise], ids=["measure", "noise"])
 def test_bad_inputs_fail_closed(ledger, data, monkeypatch, entry):
     # a first, valid charge so that "unchanged" is checked on a non-empty ledger
@@ -359,9 +388,9 @@ def test_bad_inputs_fail_closed(ledger, data, monkeypatch, entry):
     for name in ("laplace", "gaussian", "discrete_laplace", "discrete_gaussian"):
         monkeypatch.setattr(samplers, name, lambda *a, _n=name, **k: calls.append(_n))
     reads: list[int] = []
-    real_check = measure_module._check_data
+    real_check = measure_step.check_data
     monkeypatch.setattr(
-        measure_module, "_check_data", lambda *a, **k: reads.append(1) or real_check(*a, **k)
+        measure_step, "check_data", lambda *a, **k: reads.append(1) or real_check(*a, **k)
     )
     before = (_file_digest(ledger.path), len(ledger), ledger.spent("r"))
     assert len(_bad_cases(data)) >= 25
@@ -379,6 +408,8 @@ def test_bad_inputs_fail_closed(ledger, data, monkeypatch, entry):
         with pytest.raises((TypeError, ValueError)) as info:
             entry(**args)
         assert str(info.value), label
+        if label in _ERROR_CLASS:
+            assert isinstance(info.value, _ERROR_CLASS[label]), (label, type(info.value))
         if label == "over budget":
             assert isinstance(info.value, BudgetExceededError)
             assert "is left" in str(info.value)

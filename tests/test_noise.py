@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dpdask.errors import NoiseKeyError, PlanError
 from dpdask.linalg import Dense, Identity, Kron, Prefix
 from dpdask.noise import (
     KeyedRNG,
@@ -396,3 +397,48 @@ def test_discrete_gaussian_throughput():
         rng.discrete_gaussian(10.0, 1_000_000)
         best = min(best, time.perf_counter() - t0)
     assert 1_000_000 / best > 2e6
+
+
+# -- error classes (dpdask.errors; each still a ValueError) ------------------------
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: SecretKey(b"short"), id="short key"),
+        pytest.param(
+            lambda: KeyedRNG(SecretKey.for_testing(1).stream_key("a"), "b"), id="other stream"
+        ),
+    ],
+)
+def test_key_problems_are_noise_key_errors(make):
+    with pytest.raises(NoiseKeyError):
+        make()
+
+
+def test_a_test_key_is_never_persisted(tmp_path):
+    with pytest.raises(NoiseKeyError, match="refusing to persist a test-only key"):
+        KeyFile.create(tmp_path / "release.key", SecretKey.for_testing(1))
+    assert not (tmp_path / "release.key").exists()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: _rng("e").sample("cauchy", 1.0, 3), id="unknown mechanism"),
+        pytest.param(lambda: _rng("e").discrete_laplace(-1.0, 3), id="negative scale"),
+        pytest.param(lambda: _rng("e").discrete_gaussian(2.0**31, 3), id="scale too large"),
+        pytest.param(lambda: _rng("e").gaussian(1.0, 3), id="float without unsafe_float"),
+    ],
+)
+def test_bad_noise_parameters_are_plan_errors(make):
+    with pytest.raises(PlanError):
+        make()
+
+
+def test_public_names_of_the_noise_package():
+    from dpdask import noise
+
+    assert noise.as_secret_key(bytes(noise.KEY_BYTES)) == SecretKey(bytes(32))
+    assert noise.MAX_TABLE_SCALE == 2.0**30
+    rng = np.random.default_rng(0)
+    assert noise.discrete_laplace_cks(rng, 3, 5).dtype == np.int64
+    assert noise.discrete_gaussian_cks(rng, 4, 5).dtype == np.int64

@@ -18,15 +18,21 @@ from hypothesis import strategies as st
 from scipy import integrate, stats
 from scipy.optimize import brentq
 
+from dpdask.errors import NoiseKeyError, PlanError
 from dpdask.privacy import (
+    MECHANISM_NORM,
     ApproxDP,
     Budget,
+    Charge,
     PureDP,
     as_fraction,
     check_calibration,
+    check_name,
     gaussian_delta,
     mechanism_guarantee,
+    noise_scale,
     parallel,
+    split_levels,
     zCDP,
     zcdp_delta,
     zcdp_epsilon,
@@ -290,3 +296,36 @@ def test_check_calibration(mechanism, sens, scale, privacy, ok):
     else:
         with pytest.raises(ValueError):
             check_calibration(mechanism, sens, scale, privacy)
+
+
+# -- error classes (dpdask.errors; each still a ValueError) ------------------------
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: PureDP(-1), id="negative epsilon"),
+        pytest.param(lambda: ApproxDP(1, 1), id="delta 1"),
+        pytest.param(lambda: zCDP("one"), id="unparsable"),
+        pytest.param(lambda: zCDP(1) - zCDP(2), id="overspent"),
+        pytest.param(lambda: zCDP(1).split([0, 0]), id="no weight"),
+        pytest.param(lambda: parallel([]), id="empty parallel"),
+        pytest.param(lambda: PureDP(0).laplace_scale(1.0), id="zero epsilon"),
+        pytest.param(lambda: check_calibration("gaussian", 1.0, 0.1, zCDP(1)), id="noise small"),
+        pytest.param(lambda: check_calibration("cauchy", 1.0, 1.0, zCDP(1)), id="mechanism"),
+        pytest.param(lambda: split_levels(zCDP(1), ["a", "a"]), id="repeated level"),
+        pytest.param(lambda: noise_scale("laplace", 1.0, zCDP(1)), id="laplace in zCDP"),
+    ],
+)
+def test_bad_privacy_parameters_are_plan_errors(make):
+    with pytest.raises(PlanError):
+        make()
+
+
+def test_check_name_is_the_one_name_check():
+    assert check_name("county", "level") == "county"
+    with pytest.raises(ValueError, match="level must be a non-empty string, got ''"):
+        check_name("", "level")
+    c = Charge("r", "run1", "county", "A", "gaussian", 1.0, 2.0, zCDP("0.125"), "k1")
+    assert c.same_as(c) and c._same_as(c)
+    with pytest.raises(NoiseKeyError):
+        Charge("r", "run1", "county", "A", "gaussian", 1.0, 2.0, zCDP("0.125"), "")
+    assert MECHANISM_NORM["discrete_gaussian"] == 2

@@ -12,8 +12,7 @@ import pytest
 import zarr
 
 from dpdask.cli import main
-from dpdask.privacy import Ledger
-from dpdask.privacy._chain import Head
+from dpdask.privacy import Head, Ledger
 
 COUNTIES = ["c01", "c02", "c03", "c04"]
 HIGH, WIDTH = 2000, 20  # 100 bins

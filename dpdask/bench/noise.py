@@ -2,7 +2,7 @@
 
 Rows: the exact production samplers (``table``: :mod:`dpdask.noise._table`, the
 discrete Gaussian at sigma 1, 10, 100 and 1e4 and the discrete Laplace at 10 and
-1e4), CKS's Bernoulli-factory samplers (``cks``: :mod:`dpdask.noise._exact`, the
+1e4), CKS's Bernoulli-factory samplers (``cks``: :meth:`dpdask.noise.KeyedRNG.reference_cks`, the
 reference, on ``--n / 4`` values), and the unsafe floating-point samplers
 (``unsafe_float=True``) for comparison.
 
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from dpdask.bench._common import median_time
-from dpdask.noise import KeyedRNG, MeasurementId, _exact, new_key
+from dpdask.noise import KeyedRNG, MeasurementId, new_key
 
 __all__ = ["add_arguments", "run"]
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict:
             "cks",
             10.0,
             n_cks,
-            lambda r: _exact.discrete_laplace_cks(r._gen, 10, n_cks),
+            lambda r: r.reference_cks("discrete_laplace", 10, n_cks),
         ),
     ]
     for sigma in (1, 10, 100, 10_000):
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> dict:
                 "cks",
                 float(sigma),
                 n_cks,
-                lambda r, s=sigma: _exact.discrete_gaussian_cks(r._gen, s * s, n_cks),
+                lambda r, s=sigma: r.reference_cks("discrete_gaussian", s * s, n_cks),
             )
         )
     cases.append(

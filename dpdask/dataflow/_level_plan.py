@@ -14,8 +14,7 @@ from threadpoolctl import threadpool_limits
 
 from dpdask.domain import Domain
 from dpdask.linalg import Kron, LinearQuery, gram_root
-from dpdask.privacy import Budget, noise_scale
-from dpdask.privacy._mechanisms import MECHANISM_NORM
+from dpdask.privacy import MECHANISM_NORM, Budget, noise_scale
 from dpdask.reconstruct.structured import full_column_rank, structured_pinv
 
 __all__ = ["LevelPlan", "mean_cell_variance", "noise_variance"]

@@ -9,25 +9,38 @@ on the integers (Canonne, Kamath and Steinke 2020; fast exact inversion tables,
 :mod:`dpdask.noise._table`, with CKS's Bernoulli factories as the reference,
 :mod:`dpdask.noise._exact`); floating-point Laplace, Gaussian and correlated
 Gaussian noise only with ``unsafe_float=True`` (see :mod:`dpdask.noise._samplers`).
+:func:`discrete_laplace_cks` and :func:`discrete_gaussian_cks` are CKS's samplers
+themselves (the reference the tables are checked and benchmarked against).
 """
 
+from dpdask.noise._exact import discrete_gaussian_cks, discrete_laplace_cks
+from dpdask.noise._keyfile import KeyFile
 from dpdask.noise._keys import (
-    KeyFile,
+    KEY_BYTES,
+    IdentityLike,
     MeasurementId,
     SecretKey,
     StreamKey,
+    as_secret_key,
     encode_identity,
     new_key,
 )
 from dpdask.noise._rng import MECHANISMS, KeyedRNG
+from dpdask.noise._table import MAX_TABLE_SCALE
 
 __all__ = [
+    "KEY_BYTES",
+    "MAX_TABLE_SCALE",
     "MECHANISMS",
+    "IdentityLike",
     "KeyFile",
     "KeyedRNG",
     "MeasurementId",
     "SecretKey",
     "StreamKey",
+    "as_secret_key",
+    "discrete_gaussian_cks",
+    "discrete_laplace_cks",
     "encode_identity",
     "new_key",
 ]

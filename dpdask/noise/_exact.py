@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
+
+from dpdask.errors import PlanError
 
 __all__ = [
     "as_rational",
@@ -48,18 +49,19 @@ __all__ = [
 _LIMIT = 1 << 62
 
 
-def as_rational(value: Any, name: str = "scale") -> Fraction:
+def as_rational(value: object, name: str = "scale") -> Fraction:
     """``value`` as an exact positive :class:`~fractions.Fraction` (floats converted exactly)."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a number, not a boolean")
     if isinstance(value, float | np.floating) and not math.isfinite(float(value)):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise PlanError(f"{name} must be finite, got {value!r}")
     try:
-        r = Fraction(value) if not isinstance(value, np.floating) else Fraction(float(value))
+        # any other type is Fraction's to refuse (TypeError, re-raised below)
+        r = Fraction(value) if not isinstance(value, np.floating) else Fraction(float(value))  # type: ignore[call-overload]
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be a rational number, got {value!r}") from exc
     if r <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
+        raise PlanError(f"{name} must be positive, got {value!r}")
     return r
 
 
@@ -162,10 +164,13 @@ def _dlap_batch(gen: np.random.Generator, t: int, s: int, size: int) -> np.ndarr
     b = _uniform_below(gen, 2, y.size) == 1
     ok = ~(b & (y == 0))
     y, b = y[ok], b[ok]
-    return np.where(b, -y, y)
+    out: np.ndarray = np.where(b, -y, y)
+    return out
 
 
-def discrete_laplace_cks(gen: np.random.Generator, scale: Any, size: int) -> np.ndarray:
+def discrete_laplace_cks(
+    gen: np.random.Generator, scale: float | Fraction, size: int
+) -> np.ndarray:
     """Exact discrete Laplace, ``P(y) ∝ exp(-|y| / scale)`` (CKS Algorithm 2), int64.
 
     ``scale = t / s`` in lowest terms; needs ``t < 2**62`` and ``t * 64 < 2**62``.
@@ -173,7 +178,7 @@ def discrete_laplace_cks(gen: np.random.Generator, scale: Any, size: int) -> np.
     r = as_rational(scale, "discrete Laplace scale")
     t, s = r.numerator, r.denominator
     if t * 64 >= _LIMIT:
-        raise ValueError(f"scale {r} is too large for the exact int64 sampler")
+        raise PlanError(f"scale {r} is too large for the exact int64 sampler")
     size = int(size)
     out = np.empty(size, dtype=np.int64)
     have = 0
@@ -186,7 +191,9 @@ def discrete_laplace_cks(gen: np.random.Generator, scale: Any, size: int) -> np.
     return out
 
 
-def discrete_gaussian_cks(gen: np.random.Generator, sigma2: Any, size: int) -> np.ndarray:
+def discrete_gaussian_cks(
+    gen: np.random.Generator, sigma2: float | Fraction, size: int
+) -> np.ndarray:
     """Exact discrete Gaussian ``N_Z(0, sigma2)`` (CKS Algorithm 3), int64.
 
     ``sigma2`` is the *variance parameter* ``sigma**2 = p / q`` (exact rational).
@@ -197,7 +204,7 @@ def discrete_gaussian_cks(gen: np.random.Generator, sigma2: Any, size: int) -> n
     T = math.isqrt(p // q) + 1  # floor(sigma) + 1
     d = 2 * p * q * T * T
     if d >= _LIMIT or p * 64 >= _LIMIT:
-        raise ValueError(f"sigma**2 = {s2} is too large for the exact int64 sampler")
+        raise PlanError(f"sigma**2 = {s2} is too large for the exact int64 sampler")
     size = int(size)
     out = np.empty(size, dtype=np.int64)
     have = 0

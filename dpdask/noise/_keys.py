@@ -25,27 +25,35 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
-import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
+from dpdask.errors import NoiseKeyError
+
 __all__ = [
     "KEY_BYTES",
-    "KeyFile",
+    "IdentityLike",
     "MeasurementId",
     "SecretKey",
     "StreamKey",
+    "as_secret_key",
     "encode_identity",
     "new_key",
 ]
 
 KEY_BYTES = 32
+
+#: What may identify a noise stream (:func:`encode_identity`): ``str``, ``int``,
+#: ``bytes``, ``None``, a :class:`MeasurementId`, and tuples, lists and string-keyed
+#: mappings of these (floats and booleans are refused at run time).
+IdentityLike: TypeAlias = (
+    "MeasurementId | str | int | np.integer[Any] | bytes "
+    "| Sequence[IdentityLike] | Mapping[str, IdentityLike] | None"
+)
 _PERSON_STREAM = b"dpdask-noise-v1"
 _PERSON_TEST = b"dpdask-testseed"
 _PERSON_PRINT = b"dpdask-keyprint"
@@ -70,20 +78,25 @@ class SecretKey:
     ------
     TypeError
         If ``raw`` is not bytes.
-    ValueError
-        If ``raw`` is not 32 bytes long.
+    dpdask.errors.NoiseKeyError
+        If ``raw`` is not 32 bytes long (a ``ValueError``).
     """
 
     __slots__ = ("_raw", "test_only")
+    _raw: bytes
+    test_only: bool
 
-    def __init__(self, raw: bytes, *, _test_only: bool = False):
+    def __init__(
+        self, raw: bytes | bytearray | memoryview | SecretKey, *, _test_only: bool = False
+    ):
         if isinstance(raw, SecretKey):
-            raw, _test_only = raw._raw, raw.test_only
+            _test_only = raw.test_only
+            raw = raw._raw
         if not isinstance(raw, bytes | bytearray | memoryview):
             raise TypeError(f"a secret key is {KEY_BYTES} bytes, got {type(raw).__name__}")
         raw = bytes(raw)
         if len(raw) != KEY_BYTES:
-            raise ValueError(f"a secret key is {KEY_BYTES} bytes, got {len(raw)}")
+            raise NoiseKeyError(f"a secret key is {KEY_BYTES} bytes, got {len(raw)}")
         self._raw = raw
         self.test_only = bool(_test_only)
 
@@ -107,14 +120,14 @@ class SecretKey:
             b"", key=self._raw, digest_size=FINGERPRINT_BYTES, person=_PERSON_PRINT
         ).hexdigest()
 
-    def derive(self, identity: Any) -> int:
+    def derive(self, identity: IdentityLike) -> int:
         """The 128-bit Philox key of ``identity``: keyed BLAKE2b of its canonical encoding."""
         digest = hashlib.blake2b(
             encode_identity(identity), key=self._raw, digest_size=16, person=_PERSON_STREAM
         ).digest()
         return int.from_bytes(digest, "little")
 
-    def stream_key(self, identity: Any) -> StreamKey:
+    def stream_key(self, identity: IdentityLike) -> StreamKey:
         """The key of the one noise stream of ``identity``, to send to a task.
 
         Parameters
@@ -157,7 +170,7 @@ class SecretKey:
 
     __str__ = __repr__
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Callable[[bytes, bool], SecretKey], tuple[bytes, bool]]:
         # picklable so that measurement tasks can run on Dask workers
         return (_restore_key, (self._raw, self.test_only))
 
@@ -190,21 +203,25 @@ class StreamKey:
     >>> a = KeyedRNG(sk, "chunk-0").discrete_gaussian(1.0, 3)
     >>> bool((a == KeyedRNG(key, "chunk-0").discrete_gaussian(1.0, 3)).all())
     True
-    >>> KeyedRNG(sk, "chunk-1")
+    >>> KeyedRNG(sk, "chunk-1")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: this stream key was derived for another identity; it can only draw its own stream
+    dpdask.errors.NoiseKeyError: this stream key was derived for another identity; ...
     """
 
     __slots__ = ("_fingerprint", "_identity", "_philox", "test_only")
+    _philox: int
+    _identity: bytes
+    _fingerprint: str
+    test_only: bool
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: object, **kwargs: object):
         raise TypeError("make a StreamKey on the client with SecretKey.stream_key(identity)")
 
     @classmethod
     def _make(cls, philox: int, identity: bytes, fingerprint: str, test_only: bool) -> StreamKey:
         if isinstance(philox, bool) or not isinstance(philox, int) or not 0 <= philox < 2**128:
-            raise ValueError("a stream key is a 128-bit integer")
+            raise NoiseKeyError("a stream key is a 128-bit integer")
         if not isinstance(identity, bytes) or not isinstance(fingerprint, str):
             raise TypeError("a stream key needs the identity's encoding and a fingerprint")
         self = object.__new__(cls)
@@ -218,20 +235,20 @@ class StreamKey:
         """The fingerprint of the secret key this stream key was derived from."""
         return self._fingerprint
 
-    def is_for(self, identity: Any) -> bool:
+    def is_for(self, identity: IdentityLike) -> bool:
         """Whether this stream key was derived for ``identity``."""
         return hmac.compare_digest(encode_identity(identity), self._identity)
 
-    def philox_key(self, identity: Any) -> int:
+    def philox_key(self, identity: IdentityLike) -> int:
         """The stream's 128-bit Philox key, given the identity it was derived for.
 
         Raises
         ------
-        ValueError
-            If ``identity`` is not the one this stream key was derived for.
+        dpdask.errors.NoiseKeyError
+            If ``identity`` is not the one this stream key was derived for (a ``ValueError``).
         """
         if not self.is_for(identity):
-            raise ValueError(
+            raise NoiseKeyError(
                 "this stream key was derived for another identity; it can only draw its own stream"
             )
         return self._philox
@@ -258,11 +275,13 @@ class StreamKey:
 
     __str__ = __repr__
 
-    def __dask_tokenize__(self) -> tuple:
+    def __dask_tokenize__(self) -> tuple[str, str, bytes, bool]:
         # deterministic and free of the Philox key
         return ("dpdask.StreamKey", self._fingerprint, self._identity, self.test_only)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[[int, bytes, str, bool], StreamKey], tuple[int, bytes, str, bool]]:
         return (_restore_stream, (self._philox, self._identity, self._fingerprint, self.test_only))
 
 
@@ -284,7 +303,7 @@ def new_key() -> SecretKey:
     return SecretKey(secrets.token_bytes(KEY_BYTES))
 
 
-def as_secret_key(key: Any) -> SecretKey:
+def as_secret_key(key: SecretKey | bytes) -> SecretKey:
     """Accept a :class:`SecretKey` or 32 raw bytes."""
     return key if isinstance(key, SecretKey) else SecretKey(key)
 
@@ -330,7 +349,7 @@ class MeasurementId:
         }
 
 
-def encode_identity(identity: Any) -> bytes:
+def encode_identity(identity: IdentityLike) -> bytes:
     """The canonical byte encoding of an identity.
 
     Accepted: ``str``, ``int``, ``bytes``, ``None``, tuples and lists of these,
@@ -353,7 +372,7 @@ def _put(out: bytearray, tag: bytes, payload: bytes) -> None:
     out += tag + len(payload).to_bytes(8, "big") + payload
 
 
-def _encode(value: Any, out: bytearray) -> None:
+def _encode(value: object, out: bytearray) -> None:
     if isinstance(value, MeasurementId):
         value = value.as_dict()
     if value is None:
@@ -384,95 +403,3 @@ def _encode(value: Any, out: bytearray) -> None:
             f"cannot use a {type(value).__name__} in a measurement identity "
             "(use str, int, bytes, None, tuples or mappings)"
         )
-
-
-class KeyFile:
-    """A secret key persisted for resuming a release, readable only by its owner.
-
-    The file holds the 32 raw bytes, is created with mode ``0600`` (refusing to
-    overwrite), and :meth:`load` refuses a file that others can read or that
-    another user owns. Call :meth:`delete` when the release is published: it
-    overwrites the bytes, syncs and removes the file.
-
-    Parameters
-    ----------
-    path : str or Path
-        Where the key lives.
-
-    Examples
-    --------
-    >>> import tempfile, pathlib
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> kf = KeyFile.create(d / "release.key")
-    >>> oct(kf.path.stat().st_mode & 0o777)
-    '0o600'
-    >>> key = kf.load()
-    >>> kf.delete()
-    >>> kf.path.exists()
-    False
-    """
-
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = Path(path)
-
-    @classmethod
-    def create(cls, path: str | os.PathLike[str], key: SecretKey | None = None) -> KeyFile:
-        """Write ``key`` (a new one by default) to a new owner-only file."""
-        key = new_key() if key is None else as_secret_key(key)
-        if key.test_only:
-            raise ValueError("refusing to persist a test-only key")
-        kf = cls(path)
-        if kf.path.exists() or kf.path.is_symlink():
-            raise FileExistsError(f"{kf.path} exists; a key file is never overwritten")
-        # written whole under a temporary name, then linked into place: a crash leaves
-        # either no key file or a complete one, never an empty one
-        tmp = kf.path.with_name(f".{kf.path.name}.{os.getpid()}-{secrets.token_hex(4)}")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(tmp, flags, 0o600)
-        try:
-            try:
-                os.fchmod(fd, 0o600)  # in case the umask was unusual
-                os.write(fd, bytes(key))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.link(tmp, kf.path)  # fails if the key file appeared meanwhile
-        finally:
-            os.unlink(tmp)
-        return kf
-
-    def load(self) -> SecretKey:
-        """Read the key back, refusing files that are not private to this user."""
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise PermissionError(f"{self.path} is not a regular file")
-            if st.st_mode & 0o077:
-                raise PermissionError(
-                    f"{self.path} is readable by others (mode {oct(st.st_mode & 0o777)}); "
-                    "a key file must be 0600"
-                )
-            if hasattr(os, "getuid") and st.st_uid != os.getuid():
-                raise PermissionError(f"{self.path} is owned by another user")
-            raw = os.read(fd, KEY_BYTES + 1)
-        finally:
-            os.close(fd)
-        return SecretKey(raw)
-
-    def delete(self) -> None:
-        """Overwrite, sync and remove the key file (call on publication)."""
-        try:
-            fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
-            return
-        try:
-            size = os.fstat(fd).st_size
-            os.write(fd, b"\0" * size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.path.unlink()
-
-    def __repr__(self) -> str:
-        return f"KeyFile({str(self.path)!r})"

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import NoReturn
 
 import numpy as np
+import numpy.typing as npt
 
+from dpdask.errors import PlanError
+from dpdask.linalg import LinearQuery
 from dpdask.noise import _samplers
-from dpdask.noise._keys import SecretKey, StreamKey, as_secret_key, encode_identity
+from dpdask.noise._keys import IdentityLike, SecretKey, StreamKey, as_secret_key, encode_identity
 
 __all__ = ["KeyedRNG"]
 
@@ -33,8 +37,8 @@ class KeyedRNG:
 
     Raises
     ------
-    ValueError
-        If ``key`` is a stream key derived for another identity.
+    dpdask.errors.NoiseKeyError
+        If ``key`` is a stream key derived for another identity (a ``ValueError``).
 
     Attributes
     ----------
@@ -53,7 +57,7 @@ class KeyedRNG:
 
     __slots__ = ("_gen", "identity", "test_only")
 
-    def __init__(self, key: SecretKey | bytes | StreamKey, identity: Any):
+    def __init__(self, key: SecretKey | bytes | StreamKey, identity: IdentityLike):
         encode_identity(identity)  # validate before deriving
         if isinstance(key, StreamKey):
             philox = key.philox_key(identity)
@@ -67,7 +71,7 @@ class KeyedRNG:
         self._gen = np.random.Generator(np.random.Philox(key=philox))
 
     @classmethod
-    def for_testing(cls, seed: int, identity: Any = ()) -> KeyedRNG:
+    def for_testing(cls, seed: int, identity: IdentityLike = ()) -> KeyedRNG:
         """A stream from a fixed seed, flagged ``test_only`` (refused by production code)."""
         return cls(SecretKey.for_testing(seed), identity)
 
@@ -75,7 +79,7 @@ class KeyedRNG:
         flag = ", test_only=True" if self.test_only else ""
         return f"KeyedRNG(identity={self.identity!r}{flag})"
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> NoReturn:
         raise TypeError(
             "a KeyedRNG is not picklable: send the key and identity and rebuild it, "
             "so that the stream always starts at its beginning"
@@ -94,16 +98,33 @@ class KeyedRNG:
         """Gaussian noise ``N(0, sigma**2)`` (float64); needs ``unsafe_float=True``."""
         return _samplers.gaussian(self._gen, sigma, shape, unsafe_float=unsafe_float)
 
-    def discrete_laplace(self, scale: Any, shape: int | Sequence[int]) -> np.ndarray:
+    def discrete_laplace(self, scale: float | Fraction, shape: int | Sequence[int]) -> np.ndarray:
         """Exact discrete Laplace noise, ``P(y) ∝ exp(-|y| / scale)`` (int64)."""
         return _samplers.discrete_laplace(self._gen, scale, shape)
 
-    def discrete_gaussian(self, sigma: Any, shape: int | Sequence[int]) -> np.ndarray:
+    def discrete_gaussian(self, sigma: float | Fraction, shape: int | Sequence[int]) -> np.ndarray:
         """Exact discrete Gaussian noise, ``P(y) ∝ exp(-y**2 / (2 sigma**2))`` (int64)."""
         return _samplers.discrete_gaussian(self._gen, sigma, shape)
 
+    def reference_cks(self, mechanism: str, scale: float | Fraction, size: int) -> np.ndarray:
+        """Draws of CKS's Bernoulli-factory samplers (the reference the tables are checked
+        against, and benchmarked with): ``mechanism`` is ``"discrete_laplace"`` (``scale``)
+        or ``"discrete_gaussian"`` (``scale`` is ``sigma**2``). Exact, and slower than
+        :meth:`discrete_laplace` / :meth:`discrete_gaussian`."""
+        from dpdask.noise._exact import discrete_gaussian_cks, discrete_laplace_cks
+
+        if mechanism == "discrete_laplace":
+            return discrete_laplace_cks(self._gen, scale, size)
+        if mechanism == "discrete_gaussian":
+            return discrete_gaussian_cks(self._gen, scale, size)
+        raise PlanError(f"no CKS reference sampler for {mechanism!r}")
+
     def correlated_gaussian(
-        self, factor: Any, shape: int | Sequence[int], *, unsafe_float: bool = False
+        self,
+        factor: LinearQuery | npt.ArrayLike,
+        shape: int | Sequence[int],
+        *,
+        unsafe_float: bool = False,
     ) -> np.ndarray:
         """``N(0, F F^T)`` noise for an ``m x k`` factor ``F``; result shape ``(*shape, m)``;
         needs ``unsafe_float=True``."""
@@ -112,7 +133,7 @@ class KeyedRNG:
     def sample(
         self,
         mechanism: str,
-        scale: Any,
+        scale: float | Fraction,
         shape: int | Sequence[int],
         *,
         unsafe_float: bool = False,
@@ -120,10 +141,11 @@ class KeyedRNG:
         """Dispatch by mechanism name (``discrete_laplace``, ``discrete_gaussian``; the
         floating-point ``laplace`` and ``gaussian`` only with ``unsafe_float=True``)."""
         if mechanism not in MECHANISMS:
-            raise ValueError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
+            raise PlanError(f"unknown mechanism {mechanism!r}; expected one of {MECHANISMS}")
+        sampler: Callable[..., np.ndarray] = getattr(self, mechanism)
         if mechanism.startswith("discrete"):
-            return getattr(self, mechanism)(scale, shape)
-        return getattr(self, mechanism)(scale, shape, unsafe_float=unsafe_float)
+            return sampler(scale, shape)
+        return sampler(scale, shape, unsafe_float=unsafe_float)
 
 
 MECHANISMS = ("laplace", "gaussian", "discrete_laplace", "discrete_gaussian")

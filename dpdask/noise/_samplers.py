@@ -35,10 +35,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
+from typing import SupportsFloat
 
 import numpy as np
+import numpy.typing as npt
 
+from dpdask.errors import PlanError
 from dpdask.linalg import LinearQuery, aslinearquery
 from dpdask.noise import _exact, _table
 
@@ -67,13 +69,13 @@ def as_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     return out
 
 
-def check_scale(scale: Any, name: str, upper: float = math.inf) -> float:
+def check_scale(scale: SupportsFloat, name: str, upper: float = math.inf) -> float:
     """A positive, finite noise scale (below ``upper``) as a float, else ``ValueError``."""
     if isinstance(scale, bool):
         raise TypeError(f"{name} must be a number, not a boolean")
     value = float(scale)
     if not (math.isfinite(value) and 0.0 < value <= upper):
-        raise ValueError(f"{name} must be positive and finite (at most {upper:g}), got {scale!r}")
+        raise PlanError(f"{name} must be positive and finite (at most {upper:g}), got {scale!r}")
     return value
 
 
@@ -105,7 +107,7 @@ def gaussian(
 
 def _check_unsafe(unsafe_float: bool, what: str) -> None:
     if unsafe_float is not True:
-        raise ValueError(
+        raise PlanError(
             f"{what} is a floating-point sampler, not private as floating point (Mironov "
             "2012); pass unsafe_float=True to use it outside a release (benchmarks only)"
         )
@@ -123,7 +125,7 @@ def _round_up(q: Fraction, bits: int) -> Fraction:
 
 
 def discrete_laplace(
-    gen: np.random.Generator, scale: Any, shape: int | Sequence[int]
+    gen: np.random.Generator, scale: float | Fraction, shape: int | Sequence[int]
 ) -> np.ndarray:
     """Exact discrete Laplace noise: ``P(y) ∝ exp(-|y| / scale)`` on the integers (int64).
 
@@ -139,7 +141,7 @@ def discrete_laplace(
 
 
 def discrete_gaussian(
-    gen: np.random.Generator, sigma: Any, shape: int | Sequence[int]
+    gen: np.random.Generator, sigma: float | Fraction, shape: int | Sequence[int]
 ) -> np.ndarray:
     """Exact discrete Gaussian noise ``N_Z(0, sigma**2)`` on the integers (int64).
 
@@ -157,7 +159,7 @@ def discrete_gaussian(
 
 def correlated_gaussian(
     gen: np.random.Generator,
-    factor: Any,
+    factor: LinearQuery | npt.ArrayLike,
     shape: int | Sequence[int],
     *,
     unsafe_float: bool = False,

@@ -75,10 +75,11 @@ import functools
 import math
 from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from fractions import Fraction
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
 
+from dpdask.errors import PlanError
 from dpdask.noise._exact import as_rational, bernoulli_exp, bernoulli_exp_scalar
 
 __all__ = [
@@ -98,6 +99,9 @@ MAX_TABLE_SCALE = 2.0**30  # largest parameter accepted (the block Bernoulli's i
 _BLOCK = 1 << 16
 _GUIDE_BITS = 12  # buckets of the guide table
 _GUIDE_STEPS = 3  # linear steps in a bucket before falling back to binary search
+
+# the cumulative bounds N_lo, N_hi and the total's bounds S_lo, S_hi (MagnitudeTable._chains)
+_Chains: TypeAlias = tuple[list[Decimal], list[Decimal], Decimal, Decimal]
 
 
 def _contexts(prec: int) -> tuple[Context, Context]:
@@ -142,7 +146,7 @@ class MagnitudeTable:
         starts = np.arange(2 ** min(bits, _GUIDE_BITS) + 1, dtype=np.uint64) << self._shift
         starts[-1] = np.uint64(2**64 - 1) if bits == 64 else np.uint64(2**bits)
         self._guide = np.searchsorted(table, starts, side="left").astype(np.int64)
-        self._precise: dict[int, tuple[list, list, Decimal, Decimal]] = {}
+        self._precise: dict[int, _Chains] = {}
 
     # -- interval arithmetic -------------------------------------------------
     def _factors(self, prec: int) -> tuple[tuple[Decimal, Decimal], tuple[Decimal, Decimal]]:
@@ -158,7 +162,7 @@ class MagnitudeTable:
             return (g_lo, g_hi), (lo.multiply(g_lo, g_lo), hi.multiply(g_hi, g_hi))
         return (g_lo, g_hi), (Decimal(1), Decimal(1))
 
-    def _chains(self, prec: int, tail_digits: float, min_len: int = 0):
+    def _chains(self, prec: int, tail_digits: float, min_len: int = 0) -> _Chains:
         """Cumulative weight bounds ``N_lo[k] <= v(0) + ... + v(k) <= N_hi[k]`` up to the
         first ``K >= min_len`` whose tail is below ``10**-tail_digits`` of the mass, and
         bounds ``S_lo <= S <= S_hi`` on the total."""
@@ -279,7 +283,7 @@ def _fit(value: Fraction, square: bool) -> Fraction:
     raise ValueError(f"parameter {value} is too large")  # pragma: no cover
 
 
-def block_parameter(family: str, scale: Any) -> tuple[Fraction, int]:
+def block_parameter(family: str, scale: float | Fraction) -> tuple[Fraction, int]:
     """The exact parameter sampled for ``scale`` (``sigma`` or ``t``) and the block size ``c``.
 
     ``c = 1`` (a direct table, the parameter unchanged) up to ``GAUSS_DIRECT`` /
@@ -288,7 +292,7 @@ def block_parameter(family: str, scale: Any) -> tuple[Fraction, int]:
     """
     s = as_rational(scale, "noise scale")
     if s > MAX_TABLE_SCALE:
-        raise ValueError(f"noise scale {float(s):g} exceeds {MAX_TABLE_SCALE:g}")
+        raise PlanError(f"noise scale {float(s):g} exceeds {MAX_TABLE_SCALE:g}")
     limit = GAUSS_DIRECT if family == "gauss" else LAPLACE_DIRECT
     if s <= limit:
         return s, 1
@@ -328,7 +332,7 @@ def _block_draw(gen: np.random.Generator, family: str, s: Fraction, c: int, n: i
     return _signed(mag[keep], neg[keep])
 
 
-def _sample(gen: np.random.Generator, family: str, scale: Any, n: int) -> np.ndarray:
+def _sample(gen: np.random.Generator, family: str, scale: float | Fraction, n: int) -> np.ndarray:
     s, c = block_parameter(family, scale)
     out = np.empty(n, dtype=np.int64)
     if c == 1:
@@ -349,7 +353,9 @@ def _sample(gen: np.random.Generator, family: str, scale: Any, n: int) -> np.nda
     return out
 
 
-def discrete_gaussian_table(gen: np.random.Generator, sigma: Any, n: int) -> np.ndarray:
+def discrete_gaussian_table(
+    gen: np.random.Generator, sigma: float | Fraction, n: int
+) -> np.ndarray:
     """``n`` exact draws of ``N_Z(0, sigma**2)``, ``P(y) ∝ exp(-y**2 / (2 sigma**2))`` (int64).
 
     ``sigma`` is an exact rational (a float is converted exactly); above
@@ -358,6 +364,6 @@ def discrete_gaussian_table(gen: np.random.Generator, sigma: Any, n: int) -> np.
     return _sample(gen, "gauss", sigma, int(n))
 
 
-def discrete_laplace_table(gen: np.random.Generator, scale: Any, n: int) -> np.ndarray:
+def discrete_laplace_table(gen: np.random.Generator, scale: float | Fraction, n: int) -> np.ndarray:
     """``n`` exact draws of the discrete Laplace law ``P(y) ∝ exp(-|y| / scale)`` (int64)."""
     return _sample(gen, "laplace", scale, int(n))

@@ -29,12 +29,14 @@ from dpdask.privacy._ledger import (
     LedgerTamperedError,
     Run,
     RunStateError,
+    check_name,
     check_run_id,
 )
 from dpdask.privacy._levels import noise_scale, split_levels
-from dpdask.privacy._mechanisms import check_calibration, mechanism_guarantee
+from dpdask.privacy._mechanisms import MECHANISM_NORM, check_calibration, mechanism_guarantee
 
 __all__ = [
+    "MECHANISM_NORM",
     "RUN_STATES",
     "ApproxDP",
     "Budget",
@@ -51,6 +53,7 @@ __all__ = [
     "RunStateError",
     "as_fraction",
     "check_calibration",
+    "check_name",
     "check_run_id",
     "gaussian_delta",
     "gaussian_max_privacy_cost",

@@ -27,10 +27,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import numpy as np
 
+from dpdask.errors import PlanError
 from dpdask.privacy._convert import (
     _check_sensitivity,
     gaussian_delta,
@@ -45,7 +46,7 @@ ExactNumber = int | Fraction | float | str | Decimal
 B = TypeVar("B", bound="Budget")
 
 
-def as_fraction(value: Any, name: str = "value") -> Fraction:
+def as_fraction(value: object, name: str = "value") -> Fraction:
     """Convert a number to an exact :class:`~fractions.Fraction`.
 
     Integers, fractions, decimals and decimal strings convert exactly; floats
@@ -66,17 +67,17 @@ def as_fraction(value: Any, name: str = "value") -> Fraction:
     if isinstance(value, float | np.floating):
         value = float(value)
         if not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {value!r}")
+            raise PlanError(f"{name} must be finite, got {value!r}")
         return Fraction(repr(value))
     if isinstance(value, Decimal):
         if not value.is_finite():
-            raise ValueError(f"{name} must be finite, got {value!r}")
+            raise PlanError(f"{name} must be finite, got {value!r}")
         return Fraction(value)
     if isinstance(value, str):
         try:
             return Fraction(value.strip())
         except (ValueError, ZeroDivisionError) as exc:
-            raise ValueError(f"{name}: cannot parse {value!r} as an exact number") from exc
+            raise PlanError(f"{name}: cannot parse {value!r} as an exact number") from exc
     raise TypeError(f"{name} must be a number, got {type(value).__name__}")
 
 
@@ -117,7 +118,7 @@ class Budget:
             "convert explicitly (e.g. zCDP.to_approx(delta))"
         )
 
-    def __add__(self, other: Any) -> Budget:
+    def __add__(self, other: object) -> Budget:
         if isinstance(other, int) and not isinstance(other, bool) and other == 0:
             return self
         if not isinstance(other, Budget):
@@ -129,7 +130,7 @@ class Budget:
             return other._new(a + b for a, b in zip(s._values(), other._values(), strict=True))
         return self._new(a + b for a, b in zip(self._values(), o._values(), strict=True))
 
-    def __radd__(self, other: Any) -> Budget:
+    def __radd__(self, other: object) -> Budget:
         if isinstance(other, int) and not isinstance(other, bool) and other == 0:
             return self  # so that sum(parts) works
         return NotImplemented
@@ -141,33 +142,33 @@ class Budget:
         o = self._coerce(other)
         diff = [a - b for a, b in zip(self._values(), o._values(), strict=True)]
         if any(d < 0 for d in diff):
-            raise ValueError(f"{other!r} exceeds {self!r}")
+            raise PlanError(f"{other!r} exceeds {self!r}")
         return self._new(diff)
 
-    def __mul__(self: B, k: Any) -> B:
+    def __mul__(self: B, k: object) -> B:
         if isinstance(k, Budget):
             return NotImplemented
         f = as_fraction(k, "multiplier")
         if f < 0:
-            raise ValueError("a budget can only be scaled by a non-negative number")
+            raise PlanError("a budget can only be scaled by a non-negative number")
         return self._new(v * f for v in self._values())
 
     __rmul__ = __mul__
 
-    def __truediv__(self: B, k: Any) -> B:
+    def __truediv__(self: B, k: object) -> B:
         f = as_fraction(k, "divisor")
         if f <= 0:
-            raise ValueError("a budget can only be divided by a positive number")
+            raise PlanError("a budget can only be divided by a positive number")
         return self._new(v / f for v in self._values())
 
-    def __le__(self, other: Any) -> bool:
+    def __le__(self, other: object) -> bool:
         """``a <= b``: spending ``a`` fits within ``b``."""
         if not isinstance(other, Budget):
             return NotImplemented
         mine = other._coerce(self)
         return all(a <= b for a, b in zip(mine._values(), other._values(), strict=True))
 
-    def __ge__(self, other: Any) -> bool:
+    def __ge__(self, other: object) -> bool:
         if not isinstance(other, Budget):
             return NotImplemented
         return other.__le__(self)
@@ -193,12 +194,12 @@ class Budget:
         """
         if isinstance(weights, int | np.integer) and not isinstance(weights, bool):
             if weights < 1:
-                raise ValueError("split into at least one part")
+                raise PlanError("split into at least one part")
             w = [Fraction(1)] * int(weights)
-        else:
-            w = [as_fraction(x, "weight") for x in weights]
+        else:  # a sequence (a bool is not one: iterating it raises TypeError)
+            w = [as_fraction(x, "weight") for x in cast("Sequence[ExactNumber]", weights)]
         if not w or any(x < 0 for x in w) or sum(w) == 0:
-            raise ValueError("weights must be non-negative with a positive sum")
+            raise PlanError("weights must be non-negative with a positive sum")
         total = sum(w)
         return [self._new(v * x / total for v in self._values()) for x in w]
 
@@ -224,7 +225,7 @@ class Budget:
         kinds = {c.__name__: c for c in (PureDP, ApproxDP, zCDP)}
         kind = d.get("type")
         if kind not in kinds:
-            raise ValueError(f"unknown budget type {kind!r}")
+            raise PlanError(f"unknown budget type {kind!r}")
         cls = kinds[kind]
         return cls(*(d[f] for f in cls._fields))
 
@@ -249,7 +250,7 @@ def parallel(budgets: Iterable[Budget]) -> Budget:
     """
     items = list(budgets)
     if not items:
-        raise ValueError("parallel composition of no budgets")
+        raise PlanError("parallel composition of no budgets")
     for b in items:
         if not isinstance(b, Budget):
             raise TypeError(f"expected budgets, got {b!r}")
@@ -265,10 +266,10 @@ def _show(v: Fraction) -> str:
     return repr(f) if Fraction(repr(f)) == v else f"Fraction('{v}')"
 
 
-def _nonneg(value: Any, name: str) -> Fraction:
+def _nonneg(value: object, name: str) -> Fraction:
     f = as_fraction(value, name)
     if f < 0:
-        raise ValueError(f"{name} must be non-negative, got {value!r}")
+        raise PlanError(f"{name} must be non-negative, got {value!r}")
     return f
 
 
@@ -292,6 +293,10 @@ class PureDP(Budget):
     epsilon: Fraction
     _fields: ClassVar[tuple[str, ...]] = ("epsilon",)
 
+    if TYPE_CHECKING:  # the dataclass's __init__ takes any exact number (__post_init__)
+
+        def __init__(self, epsilon: ExactNumber) -> None: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", _nonneg(self.epsilon, "epsilon"))
 
@@ -303,7 +308,7 @@ class PureDP(Budget):
         """
         d1 = _check_sensitivity(l1_sensitivity, "L1")
         if self.epsilon == 0:
-            raise ValueError("cannot calibrate noise to a zero epsilon")
+            raise PlanError("cannot calibrate noise to a zero epsilon")
         return _float_up(Fraction(d1) / self.epsilon)
 
     def to_zcdp(self) -> zCDP:
@@ -312,7 +317,7 @@ class PureDP(Budget):
 
     def to_approx(self) -> ApproxDP:
         """The same guarantee as ``(epsilon, 0)``-DP."""
-        return ApproxDP(self.epsilon, 0)
+        return ApproxDP(self.epsilon, Fraction(0))
 
 
 @dataclass(frozen=True, eq=True, repr=False)
@@ -333,11 +338,15 @@ class ApproxDP(Budget):
     delta: Fraction
     _fields: ClassVar[tuple[str, ...]] = ("epsilon", "delta")
 
+    if TYPE_CHECKING:  # the dataclass's __init__ takes any exact number (__post_init__)
+
+        def __init__(self, epsilon: ExactNumber, delta: ExactNumber) -> None: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", _nonneg(self.epsilon, "epsilon"))
         object.__setattr__(self, "delta", _nonneg(self.delta, "delta"))
         if self.delta >= 1:
-            raise ValueError(f"delta must be below 1, got {self.delta}")
+            raise PlanError(f"delta must be below 1, got {self.delta}")
 
     def _coerce(self, other: Budget) -> Budget:
         if isinstance(other, PureDP):
@@ -351,7 +360,7 @@ class ApproxDP(Budget):
         ``max_j sqrt(b_j^T Sigma^{-1} b_j)``; for i.i.d. noise it is ``Delta_2 / sigma``.
         """
         if self.delta == 0:
-            raise ValueError("a Gaussian mechanism needs delta > 0")
+            raise PlanError("a Gaussian mechanism needs delta > 0")
         return gaussian_max_privacy_cost(_float_down(self.epsilon), _float_down(self.delta))
 
     def gaussian_sigma(self, l2_sensitivity: float) -> float:
@@ -395,6 +404,10 @@ class zCDP(Budget):
     rho: Fraction
     _fields: ClassVar[tuple[str, ...]] = ("rho",)
 
+    if TYPE_CHECKING:  # the dataclass's __init__ takes any exact number (__post_init__)
+
+        def __init__(self, rho: ExactNumber) -> None: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "rho", _nonneg(self.rho, "rho"))
 
@@ -411,7 +424,7 @@ class zCDP(Budget):
         """
         d2 = _check_sensitivity(l2_sensitivity, "L2")
         if self.rho == 0:
-            raise ValueError("cannot calibrate noise to a zero rho")
+            raise PlanError("cannot calibrate noise to a zero rho")
         sigma = d2 / math.sqrt(2 * float(self.rho))
         while sigma > 0 and Fraction(d2) ** 2 / (2 * Fraction(sigma) ** 2) > self.rho:
             sigma = math.nextafter(sigma, math.inf)

@@ -233,7 +233,8 @@ class Chain:
                 f"{self.path} has ledger schema {meta.get('schema')!r}; this dpdask reads "
                 f"schema {SCHEMA_VERSION}"
             )
-        return meta["ledger"]
+        ledger_id: str = meta["ledger"]
+        return ledger_id
 
     def read(
         self, con: sqlite3.Connection | None = None, *, check_head: bool = True

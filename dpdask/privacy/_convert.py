@@ -40,13 +40,15 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import log_ndtr
 
+from dpdask.errors import PlanError
+
 __all__ = ["gaussian_delta", "gaussian_max_privacy_cost", "zcdp_delta", "zcdp_epsilon"]
 
 
 def _check_delta(delta: float) -> float:
     delta = float(delta)
     if not (0.0 < delta < 1.0):
-        raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
+        raise PlanError(f"delta must lie strictly between 0 and 1, got {delta!r}")
     return delta
 
 
@@ -83,7 +85,7 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     rho = float(rho)
     delta = _check_delta(delta)
     if not (rho >= 0.0 and math.isfinite(rho)):
-        raise ValueError(f"rho must be finite and non-negative, got {rho!r}")
+        raise PlanError(f"rho must be finite and non-negative, got {rho!r}")
     if rho == 0.0:
         return 0.0
     log_inv = -math.log(delta)
@@ -130,7 +132,7 @@ def gaussian_delta(privacy_cost: float, epsilon: float) -> float:
     """
     c, eps = float(privacy_cost), float(epsilon)
     if c < 0 or eps < 0 or not (math.isfinite(c) and math.isfinite(eps)):
-        raise ValueError(f"need finite privacy_cost >= 0 and epsilon >= 0, got {c!r}, {eps!r}")
+        raise PlanError(f"need finite privacy_cost >= 0 and epsilon >= 0, got {c!r}, {eps!r}")
     if c == 0.0:
         return 0.0
     la = float(log_ndtr(c / 2 - eps / c))
@@ -153,12 +155,12 @@ def gaussian_max_privacy_cost(epsilon: float, delta: float) -> float:
     eps = float(epsilon)
     delta = _check_delta(delta)
     if eps < 0 or not math.isfinite(eps):
-        raise ValueError(f"epsilon must be finite and non-negative, got {epsilon!r}")
+        raise PlanError(f"epsilon must be finite and non-negative, got {epsilon!r}")
     lo, hi = 0.0, 1.0
     while gaussian_delta(hi, eps) <= delta:
         lo, hi = hi, 2.0 * hi
         if hi > 1e8:  # pragma: no cover - absurd budgets
-            raise ValueError("budget too large to calibrate a Gaussian mechanism")
+            raise PlanError("budget too large to calibrate a Gaussian mechanism")
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if mid in (lo, hi):
@@ -174,7 +176,7 @@ def gaussian_sigma_for_cost(l2_sensitivity: float, privacy_cost: float) -> float
     """``sigma = Delta_2 / c``, rounded up so the realised cost never exceeds ``c``."""
     d2 = _check_sensitivity(l2_sensitivity, "L2")
     if privacy_cost <= 0:
-        raise ValueError("privacy cost must be positive to calibrate noise")
+        raise PlanError("privacy cost must be positive to calibrate noise")
     sigma = d2 / privacy_cost
     while sigma > 0 and d2 / sigma > privacy_cost:
         sigma = math.nextafter(sigma, math.inf)
@@ -184,5 +186,5 @@ def gaussian_sigma_for_cost(l2_sensitivity: float, privacy_cost: float) -> float
 def _check_sensitivity(value: float, name: str) -> float:
     value = float(np.asarray(value))
     if not (math.isfinite(value) and value >= 0.0):
-        raise ValueError(f"{name} sensitivity must be finite and non-negative, got {value!r}")
+        raise PlanError(f"{name} sensitivity must be finite and non-negative, got {value!r}")
     return value

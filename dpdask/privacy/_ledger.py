@@ -38,6 +38,7 @@ from typing import Any
 from dpdask.privacy._budget import Budget
 from dpdask.privacy._chain import (
     Chain,
+    Entry,
     Head,
     LedgerError,
     LedgerMissingError,
@@ -53,11 +54,11 @@ from dpdask.privacy._records import (
     RunStateError,
     _check_budget,
     _check_fits,
-    _check_name,
     _check_run,
     _left,
     _State,
     _total,
+    check_name,
     check_run_id,
 )
 
@@ -72,6 +73,7 @@ __all__ = [
     "LedgerTamperedError",
     "Run",
     "RunStateError",
+    "check_name",
     "check_run_id",
 ]
 
@@ -136,7 +138,7 @@ class Ledger:
         """The ledger's random identity, fixed when it was created."""
         return self._chain.ledger_id
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[Ledger], tuple[str]]:
         return (Ledger, (str(self.path),))
 
     def __repr__(self) -> str:
@@ -145,6 +147,10 @@ class Ledger:
     # -- reading ---------------------------------------------------------------
     def _state(self) -> _State:
         return _State.fold(self._chain.read())
+
+    def entries(self) -> list[Entry]:
+        """Every entry of the chain, oldest first (read-only; verified on open)."""
+        return self._chain.read()
 
     def head(self) -> Head:
         """The current head: entry count and hash of the last entry."""
@@ -263,7 +269,7 @@ class Ledger:
         Set once; setting the same total again is a no-op, a different one raises
         :class:`LedgerConflictError` (the ledger is append-only).
         """
-        _check_name(dataset, "dataset")
+        check_name(dataset, "dataset")
         _check_budget(total, "dataset total")
         with self._chain.transaction() as (entries, append):
             st = _State.fold(entries)
@@ -283,10 +289,10 @@ class Ledger:
         Re-opening with the same budget and dataset is a no-op (resuming); a
         different one raises :class:`LedgerConflictError`.
         """
-        _check_name(release, "release")
+        check_name(release, "release")
         _check_budget(budget, "release budget")
         if dataset is not None:
-            _check_name(dataset, "dataset")
+            check_name(dataset, "dataset")
         with self._chain.transaction() as (entries, append):
             st = _State.fold(entries)
             if release in st.releases:
@@ -309,7 +315,7 @@ class Ledger:
             was opened with another key.
         """
         check_run_id(run_id)
-        _check_name(key_fingerprint, "key fingerprint")
+        check_name(key_fingerprint, "key fingerprint")
         with self._chain.transaction() as (entries, append):
             st = _State.fold(entries)
             st.release(release)
@@ -395,12 +401,12 @@ class Ledger:
     @staticmethod
     def _dedupe(charges: Charge | Iterable[Charge]) -> list[Charge]:
         items = [charges] if isinstance(charges, Charge) else list(charges)
-        seen: dict[tuple, Charge] = {}
+        seen: dict[tuple[str, str, str, str], Charge] = {}
         for c in items:
             if not isinstance(c, Charge):
                 raise TypeError(f"expected a Charge, got {type(c).__name__}")
             if c.key in seen and not (
-                seen[c.key]._same_as(c) and seen[c.key].key_fingerprint == c.key_fingerprint
+                seen[c.key].same_as(c) and seen[c.key].key_fingerprint == c.key_fingerprint
             ):
                 raise LedgerConflictError(f"two different charges share the identity {c.key}")
             seen[c.key] = c
@@ -434,7 +440,7 @@ class Ledger:
             old = st.charges.get(c.key)
             if old is None:
                 todo.append(c)
-            elif not old._same_as(c):
+            elif not old.same_as(c):
                 raise LedgerConflictError(
                     f"{c.key} was already charged as {old.mechanism} scale {old.noise_scale!r} "
                     f"costing {old.privacy!r}; refusing a different charge under the same "

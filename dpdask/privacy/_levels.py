@@ -14,27 +14,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Any
 
+from dpdask.errors import PlanError
 from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, zCDP
 
 __all__ = ["noise_scale", "split_levels"]
 
 
-def _share(value: Any, level: str) -> Fraction:
+def _share(value: object, level: str) -> Fraction:
     try:
         share = as_fraction(value, f"the share of level {level!r}")
     except TypeError as exc:
-        raise ValueError(str(exc)) from None
+        raise PlanError(str(exc)) from None
     if share <= 0:
-        raise ValueError(f"the share of level {level!r} must be positive, got {value!r}")
+        raise PlanError(f"the share of level {level!r} must be positive, got {value!r}")
     return share
 
 
 def split_levels(
     total: Budget,
     levels: Sequence[str],
-    shares: Mapping[str, Any] | Sequence[Any] | None = None,
+    shares: Mapping[str, object] | Sequence[object] | None = None,
 ) -> dict[str, Budget]:
     """Split a release budget over its geography levels, exactly.
 
@@ -71,30 +71,28 @@ def split_levels(
     if not isinstance(total, Budget):
         raise TypeError(f"total must be a PureDP, zCDP or ApproxDP budget, got {total!r}")
     if isinstance(levels, str):
-        raise ValueError(f"levels must be a sequence of level names, not the string {levels!r}")
+        raise PlanError(f"levels must be a sequence of level names, not the string {levels!r}")
     levels = tuple(levels)
     if not levels:
-        raise ValueError("no levels to split the budget over")
+        raise PlanError("no levels to split the budget over")
     repeated = sorted({lv for lv in levels if levels.count(lv) > 1})
     if repeated:
-        raise ValueError(f"level(s) {repeated} are repeated")
+        raise PlanError(f"level(s) {repeated} are repeated")
     if shares is None:
         weights = [Fraction(1)] * len(levels)
     elif isinstance(shares, Mapping):
         missing = [lv for lv in levels if lv not in shares]
         if missing:
-            raise ValueError(f"no share for level(s) {missing}")
+            raise PlanError(f"no share for level(s) {missing}")
         extra = sorted(str(k) for k in set(shares) - set(levels))
         if extra:
-            raise ValueError(f"level(s) {extra} have a share but are not released {list(levels)}")
+            raise PlanError(f"level(s) {extra} have a share but are not released {list(levels)}")
         weights = [_share(shares[lv], lv) for lv in levels]
     elif isinstance(shares, str | bytes) or not isinstance(shares, Sequence):
-        raise ValueError(
-            f"shares must be a mapping of level to share or a sequence, got {shares!r}"
-        )
+        raise PlanError(f"shares must be a mapping of level to share or a sequence, got {shares!r}")
     else:
         if len(shares) != len(levels):
-            raise ValueError(f"{len(shares)} budget shares for {len(levels)} levels {list(levels)}")
+            raise PlanError(f"{len(shares)} budget shares for {len(levels)} levels {list(levels)}")
         weights = [_share(s, lv) for s, lv in zip(shares, levels, strict=True)]
     return dict(zip(levels, total.split(weights), strict=True))
 
@@ -139,14 +137,14 @@ def noise_scale(mechanism: str, sensitivity: float, budget: Budget) -> float:
     if not isinstance(budget, Budget):
         raise TypeError(f"budget must be a PureDP, zCDP or ApproxDP budget, got {budget!r}")
     if mechanism not in ("laplace", "gaussian"):
-        raise ValueError(f"unknown mechanism {mechanism!r}; expected 'laplace' or 'gaussian'")
+        raise PlanError(f"unknown mechanism {mechanism!r}; expected 'laplace' or 'gaussian'")
     if isinstance(budget, PureDP):
         if mechanism != "laplace":
-            raise ValueError(f"a pure-DP budget needs Laplace noise, not {mechanism}")
+            raise PlanError(f"a pure-DP budget needs Laplace noise, not {mechanism}")
         return float(budget.laplace_scale(sensitivity))
     if isinstance(budget, zCDP | ApproxDP):
         if mechanism != "gaussian":
-            raise ValueError(
+            raise PlanError(
                 f"a {type(budget).__name__} budget needs Gaussian noise, not {mechanism}"
             )
         return float(budget.gaussian_sigma(sensitivity))

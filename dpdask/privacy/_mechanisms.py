@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from dpdask.errors import PlanError
 from dpdask.privacy._budget import ApproxDP, Budget, PureDP, zCDP
 from dpdask.privacy._convert import _check_sensitivity, zcdp_delta
 
@@ -50,13 +51,13 @@ MECHANISM_NORM = {"laplace": 1, "discrete_laplace": 1, "gaussian": 2, "discrete_
 
 def _check_mechanism(mechanism: str) -> int:
     if mechanism not in MECHANISM_NORM:
-        raise ValueError(
+        raise PlanError(
             f"unknown mechanism {mechanism!r}; expected one of {sorted(MECHANISM_NORM)}"
         )
     return MECHANISM_NORM[mechanism]
 
 
-def mechanism_guarantee(mechanism: str, sensitivity: float, noise_scale: float) -> Budget:
+def mechanism_guarantee(mechanism: str, sensitivity: float, noise_scale: float) -> PureDP | zCDP:
     """The natural guarantee of one measurement (see the module table), exact.
 
     Parameters
@@ -83,7 +84,7 @@ def mechanism_guarantee(mechanism: str, sensitivity: float, noise_scale: float) 
     d = Fraction(_check_sensitivity(sensitivity, f"L{norm}"))
     scale = float(noise_scale)
     if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"noise scale must be positive and finite, got {noise_scale!r}")
+        raise PlanError(f"noise scale must be positive and finite, got {noise_scale!r}")
     s = Fraction(scale)
     if norm == 1:
         return PureDP(d / s)
@@ -113,7 +114,7 @@ def check_calibration(
         try:
             ok = natural <= privacy
         except TypeError:
-            raise ValueError(
+            raise PlanError(
                 f"a {mechanism} measurement gives {natural!r}, which cannot be charged "
                 f"to a {type(privacy).__name__} budget"
             ) from None
@@ -129,7 +130,7 @@ def check_calibration(
     else:  # pragma: no cover - no other budget classes
         raise TypeError(f"unsupported budget {privacy!r}")
     if not ok:
-        raise ValueError(
+        raise PlanError(
             f"{mechanism} noise of scale {noise_scale!r} on a strategy of "
             f"L{MECHANISM_NORM[mechanism]} sensitivity {sensitivity!r} gives {natural!r}, "
             f"which exceeds the plan's privacy {privacy!r}"

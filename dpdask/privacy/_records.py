@@ -7,9 +7,16 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
-from dpdask.errors import BudgetExceededError, LedgerConflictError, RunStateError
+from dpdask.errors import (
+    BudgetExceededError,
+    LedgerConflictError,
+    NoiseKeyError,
+    PlanError,
+    RunStateError,
+)
 from dpdask.privacy._budget import Budget
 from dpdask.privacy._chain import Entry
 from dpdask.privacy._mechanisms import MECHANISM_NORM
@@ -21,6 +28,7 @@ __all__ = [
     "LedgerConflictError",
     "Run",
     "RunStateError",
+    "check_name",
     "check_run_id",
 ]
 
@@ -29,7 +37,7 @@ _LIVE = ("open", "measuring")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
-def check_run_id(run_id: Any) -> str:
+def check_run_id(run_id: object) -> str:
     """A run id: 1-128 characters of ``[A-Za-z0-9_.-]``, starting with a letter or digit.
 
     Raises
@@ -83,18 +91,18 @@ class Charge:
             if not isinstance(value, str) or not value:
                 raise ValueError(f"charge {name} must be a non-empty string, got {value!r}")
         if self.mechanism not in MECHANISM_NORM:
-            raise ValueError(f"unknown mechanism {self.mechanism!r}")
+            raise PlanError(f"unknown mechanism {self.mechanism!r}")
         for name in ("sensitivity", "noise_scale"):
             value = float(getattr(self, name))
             if not math.isfinite(value) or value < 0 or (name == "noise_scale" and value == 0):
-                raise ValueError(f"charge {name} must be finite and positive, got {value!r}")
+                raise PlanError(f"charge {name} must be finite and positive, got {value!r}")
             object.__setattr__(self, name, value)
         if not isinstance(self.privacy, Budget):
             raise TypeError(f"charge privacy must be a Budget, got {self.privacy!r}")
         if self.key_fingerprint is not None and not (
             isinstance(self.key_fingerprint, str) and self.key_fingerprint
         ):
-            raise ValueError(
+            raise NoiseKeyError(
                 f"charge key_fingerprint must be a string, got {self.key_fingerprint!r}"
             )
 
@@ -102,13 +110,17 @@ class Charge:
     def key(self) -> tuple[str, str, str, str]:
         return (self.release, self.run_id, self.level, self.measurement)
 
-    def _same_as(self, other: Charge) -> bool:
+    def same_as(self, other: Charge) -> bool:
+        """Whether ``other`` charges the same: mechanism, sensitivity, noise scale and
+        privacy (the identity and the key fingerprint are compared separately)."""
         return (
             self.mechanism == other.mechanism
             and self.sensitivity == other.sensitivity
             and self.noise_scale == other.noise_scale
             and self.privacy == other.privacy
         )
+
+    _same_as = same_as  # the name before it was public
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe record of the charge."""
@@ -223,12 +235,15 @@ def _check_fits(st: _State, todo: Sequence[Charge]) -> None:
         _require_fits(total, spent, [c.privacy for c in cs], f"dataset {dataset!r}")
 
 
-def _check_name(value: Any, what: str) -> None:
+def check_name(value: object, what: str) -> str:
+    """``value`` if it is a non-empty string (a release, run, level, measurement or
+    dataset name); raises ``ValueError`` naming ``what`` otherwise."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    return value
 
 
-def _check_budget(value: Any, what: str) -> None:
+def _check_budget(value: object, what: str) -> None:
     if not isinstance(value, Budget):
         raise TypeError(f"{what} must be a PureDP, ApproxDP or zCDP budget, got {value!r}")
 
@@ -251,7 +266,9 @@ def _total(budget: Budget, charges: Iterable[Budget]) -> Budget:
 
 
 def _left(budget: Budget, spent: Budget) -> Budget:
-    values = [max(a - b, 0) for a, b in zip(budget._values(), spent._values(), strict=True)]
+    values = [
+        max(a - b, Fraction(0)) for a, b in zip(budget._values(), spent._values(), strict=True)
+    ]
     return budget._new(values)
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpdask.noise import SecretKey
-from dpdask.noise._keys import as_secret_key
+from dpdask.noise import SecretKey, as_secret_key
 from dpdask.privacy import Charge, PureDP, as_fraction
 from dpdask.sums.thresholds import ThresholdResult
 

@@ -1,0 +1,216 @@
+"""Checks of the measure step's inputs: the plan, the data, integer strategies.
+
+Everything here reads only metadata and public structure, except
+:func:`check_data`, which inspects the chunk's counts (dtype, shape, attribute
+names, NaN/inf, negative counts) before anything is charged. Whether a strategy
+has integer entries is decided from the operator's structure
+(:func:`has_integer_entries`), never by materialising it; the strategy's
+sensitivities are cached per operator (:func:`cached_sensitivity`).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from dpdask.domain import Domain
+from dpdask.errors import DataError, DataTypeError, PlanError
+from dpdask.linalg import (
+    Dense,
+    Diagonal,
+    Identity,
+    Kron,
+    LinearQuery,
+    Ones,
+    Prefix,
+    Product,
+    RangeQueries,
+    Scaled,
+    Sparse,
+    Sum,
+    Transpose,
+    VStack,
+)
+from dpdask.privacy import MECHANISM_NORM, Budget
+
+__all__ = [
+    "MeasurePlan",
+    "cached_sensitivity",
+    "check_data",
+    "check_plan",
+    "has_integer_entries",
+]
+
+
+class MeasurePlan(Protocol):
+    """What :func:`measure` needs from a plan (``dpdask.Plan`` satisfies it).
+
+    Read-only attributes: ``strategy`` (the implicit matrix ``A``), ``mechanism``,
+    ``noise_scale``, ``privacy`` (what one measurement charges) and ``domain`` (or
+    ``None``). :func:`check_plan` checks them at run time, whatever the plan's class.
+    """
+
+    @property
+    def strategy(self) -> LinearQuery: ...
+
+    @property
+    def mechanism(self) -> str: ...
+
+    @property
+    def noise_scale(self) -> float: ...
+
+    @property
+    def privacy(self) -> Budget: ...
+
+    @property
+    def domain(self) -> Domain | None: ...
+
+
+# -- integer strategies -----------------------------------------------------
+def _integral(values: np.ndarray) -> bool:
+    values = np.asarray(values, dtype=float)
+    return bool(np.isfinite(values).all() and (values == np.floor(values)).all())
+
+
+def has_integer_entries(op: LinearQuery) -> bool:
+    """Whether every entry of ``op`` is an integer, decided from its structure.
+
+    Primitive counting operators (identity, ones, prefix, ranges) are integral;
+    diagonal, dense and sparse operators are checked entry by entry; products,
+    sums, unions (with their weights), Kronecker products, scalings and
+    transposes are integral when all their parts are. Operators of unknown type
+    count as non-integral (so they get float noise), unless they define a
+    ``has_integer_entries()`` method.
+
+    Examples
+    --------
+    >>> from dpdask.linalg import Identity, Kron, Ones, Prefix
+    >>> has_integer_entries(Kron([Prefix(3), Ones(2)]))
+    True
+    >>> has_integer_entries(0.5 * Identity(3))
+    False
+    """
+    own = getattr(op, "has_integer_entries", None)
+    if callable(own):
+        return bool(own())
+    if isinstance(op, Identity | Ones | Prefix | RangeQueries):
+        return True
+    if isinstance(op, Diagonal):
+        return _integral(op.d)
+    if isinstance(op, Dense):
+        return _integral(op.matrix)
+    if isinstance(op, Sparse):
+        return _integral(op.matrix.data)
+    if isinstance(op, Scaled):
+        return _integral(np.array([op.c])) and has_integer_entries(op.A)
+    if isinstance(op, Transpose):
+        return has_integer_entries(op.base)
+    if isinstance(op, Product):
+        return has_integer_entries(op.A) and has_integer_entries(op.B)
+    if isinstance(op, Sum):
+        return all(has_integer_entries(t) for t in op.terms)
+    if isinstance(op, Kron):
+        return all(has_integer_entries(f) for f in op.factors)
+    if isinstance(op, VStack):
+        return _integral(op.weights) and all(has_integer_entries(p) for p in op.parts)
+    return False
+
+
+_SENSITIVITY: weakref.WeakKeyDictionary[LinearQuery, dict[int, float]] = weakref.WeakKeyDictionary()
+
+
+def cached_sensitivity(op: LinearQuery, p: int) -> float:
+    """``op.sensitivity(p)`` as a float, computed once per operator (weakly cached)."""
+    try:
+        cache = _SENSITIVITY.setdefault(op, {})
+    except TypeError:  # not weak-referenceable
+        return float(op.sensitivity(p))
+    if p not in cache:
+        cache[p] = float(op.sensitivity(p))
+    return cache[p]
+
+
+# -- plan checks ---------------------------------------------------------------
+def check_plan(plan: MeasurePlan) -> tuple[LinearQuery, str, float, Budget, Domain | None]:
+    """The plan's ``(strategy, mechanism, noise scale, privacy, domain)``, checked (fail
+    closed: any object may arrive here, so every attribute is checked at run time)."""
+    for attr in ("strategy", "mechanism", "noise_scale", "privacy", "domain"):
+        if not hasattr(plan, attr):
+            raise TypeError(f"the plan has no {attr!r} attribute")
+    A, mech, scale, privacy, domain = (
+        plan.strategy,
+        plan.mechanism,
+        plan.noise_scale,
+        plan.privacy,
+        plan.domain,
+    )
+    if not isinstance(A, LinearQuery):
+        raise TypeError(f"plan.strategy must be a LinearQuery, got {type(A).__name__}")
+    if mech not in MECHANISM_NORM:
+        raise PlanError(f"plan.mechanism {mech!r} is not one of {sorted(MECHANISM_NORM)}")
+    if isinstance(scale, bool) or not isinstance(scale, int | float | np.integer | np.floating):
+        raise TypeError(f"plan.noise_scale must be a number, got {scale!r}")
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise PlanError(f"plan.noise_scale must be positive and finite, got {scale!r}")
+    if not isinstance(privacy, Budget):
+        raise TypeError(f"plan.privacy must be a PureDP, ApproxDP or zCDP, got {privacy!r}")
+    if domain is not None:
+        if not isinstance(domain, Domain):
+            raise TypeError(f"plan.domain must be a Domain or None, got {type(domain).__name__}")
+        if domain.size != A.shape[1]:
+            raise PlanError(
+                f"plan.domain has {domain.size} cells but the strategy has {A.shape[1]} columns"
+            )
+    return A, mech, scale, privacy, domain
+
+
+# -- data checks -------------------------------------------------------------------
+def check_data(
+    x: object, A: LinearQuery, domain: Domain | None, dims: Sequence[str] | None
+) -> tuple[np.ndarray, bool]:
+    """The data as a ``(g, *cells)`` array in domain order, and whether it was one geography."""
+    if not isinstance(x, np.ndarray):
+        raise DataTypeError(
+            f"x must be a numpy array of counts, got {type(x).__name__} "
+            "(compute a dask chunk before measuring it)"
+        )
+    if x.dtype == np.bool_ or not (
+        np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)
+    ):
+        raise DataTypeError(f"x must hold integer (or float) counts, got dtype {x.dtype}")
+    cell_shape: tuple[int, ...] = domain.shape if domain is not None else (A.shape[1],)
+    if dims is not None:
+        if domain is None:
+            raise DataError("dims names the data's attributes, so the plan needs a domain")
+        dims = list(dims)
+        for name in dims:
+            domain[name]  # raises ValueError naming an unknown attribute
+        if sorted(dims) != sorted(domain.attrs) or len(set(dims)) != len(dims):
+            raise DataError(f"dims {dims} must name each attribute of {domain.attrs} exactly once")
+        lead = x.ndim - len(dims)
+        if lead not in (0, 1):
+            raise DataError(f"x has {x.ndim} axes but dims names {len(dims)} attributes")
+        order = [dims.index(a) + lead for a in domain.attrs]
+        x = np.transpose(x, list(range(lead)) + order)
+    if x.shape == cell_shape:
+        single = True
+        x = x[None]
+    elif x.ndim == len(cell_shape) + 1 and x.shape[1:] == cell_shape:
+        single = False
+    elif domain is None and x.ndim >= 2 and math.prod(x.shape[1:]) == A.shape[1]:
+        single = False
+    else:
+        raise DataError(
+            f"x has shape {x.shape}; expected (geographies, *{cell_shape}) "
+            f"or {cell_shape} for one geography"
+        )
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        raise DataError("x contains NaN or infinite counts")
+    if x.size and x.min() < 0:
+        raise DataError("x contains negative counts")
+    return x, single
