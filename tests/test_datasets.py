@@ -20,6 +20,7 @@ import zarr
 from scipy import stats
 
 from dpdask import Domain
+from dpdask.census import RELATIONSHIPS, race_index
 from dpdask.datasets import (
     GROUPS,
     PersonModel,
@@ -29,7 +30,6 @@ from dpdask.datasets import (
 )
 from dpdask.datasets import _constants as C
 from dpdask.datasets import _model as M
-from dpdask.workloads.census import RELATIONSHIPS, race_index
 
 from . import requires_shared_data, shared_data
 

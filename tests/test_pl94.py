@@ -9,8 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
+from dpdask.census import pl94_domain, race_label
 from dpdask.dataflow import P1_RACE_COLUMNS, aggregate, read_pl94, read_store, write_store
-from dpdask.workloads.census import pl94_domain, race_label
 from tests import ROOT, requires_shared_data, shared_data
 
 EXAMPLE = ROOT / "examples" / "data" / "pl94_providence"

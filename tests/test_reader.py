@@ -14,7 +14,7 @@ import yaml
 import zarr
 
 import dpdask
-from dpdask import Domain, Geography
+from dpdask import Domain, Geography, census
 from dpdask.cli import main
 from dpdask.dataflow import write_store
 from dpdask.dataflow.release import release
@@ -28,7 +28,7 @@ from dpdask.publish import (
     query_labels,
 )
 from dpdask.publish.reader import COLUMNS, open_release, release_table
-from dpdask.workloads import census, pl94, sf1_persons
+from dpdask.workloads import pl94, sf1_persons
 
 from . import ROOT
 from .test_release import DensePlan

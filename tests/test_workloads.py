@@ -19,13 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpdask import Domain
+from dpdask import Domain, census
 from dpdask.linalg import Identity, Kron, Prefix
 from dpdask.testing.strategies import domains
 from dpdask.workloads import (
     age_pyramid,
     all_range,
-    census,
     identity,
     indicator,
     marginal,
@@ -575,11 +574,11 @@ def test_plan_accepts_every_workload_name_the_spec_accepts(name, extra, domain, 
     import json
 
     from dpdask.cli import main
-    from dpdask.pipeline.spec import _domain
+    from dpdask.pipeline.spec import parse_domain
     from dpdask.workloads.named import named
 
     args = ["plan", "--workload", name, "--rho", "1", "--strategy", "identity", "--json"]
     assert main(args + extra) == 0
     shown = json.loads(capsys.readouterr().out)
-    W = named(name, None if domain is None else _domain(domain), **options)
+    W = named(name, None if domain is None else parse_domain(domain), **options)
     assert shown["queries"] == W.shape[0]

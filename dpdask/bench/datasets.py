@@ -22,8 +22,8 @@ import time
 from typing import Any
 
 from dpdask.bench._common import PeakRSS
+from dpdask.census import cph_domain
 from dpdask.datasets import synthetic_block, synthetic_persons
-from dpdask.workloads.census import cph_domain
 
 __all__ = ["add_arguments", "run"]
 

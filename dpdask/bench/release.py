@@ -118,9 +118,9 @@ def _cluster(workers: int, memory_limit: str) -> Iterator[tuple[Any, list[int]]]
 
 
 def _make_data(root: pathlib.Path, n: int, n_states: int) -> tuple[Any, float]:
+    from dpdask.census import cph_domain
     from dpdask.dataflow import adopt_array
     from dpdask.datasets import synthetic_persons
-    from dpdask.workloads.census import cph_domain
 
     domain = cph_domain()
     store_path = root / f"cph-{n}.zarr"
@@ -141,9 +141,9 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
     from dpdask.bench._common import median_time
     from dpdask.dataflow.release import LevelPlan, release
     from dpdask.noise import SecretKey
-    from dpdask.pipeline.run import build_workload
     from dpdask.privacy import zCDP
     from dpdask.strategy import select
+    from dpdask.workloads.named import build_workload
 
     n = int(args.union_geographies)
     store, _ = _make_data(root, n, 1)
@@ -189,9 +189,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from dpdask.dataflow.release import release
     from dpdask.noise import SecretKey
-    from dpdask.pipeline.run import build_workload
     from dpdask.privacy import zCDP
     from dpdask.strategy import select
+    from dpdask.workloads.named import build_workload
 
     n = int(args.geographies)
     n_states = args.states or max(1, round(n / 60))

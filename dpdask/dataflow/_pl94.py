@@ -5,7 +5,7 @@ data segments (``<st>00001<year>.pl`` ...), one row per geographic unit, joined 
 logical record number LOGRECNO. Segment 1 holds tables P1 (race, all ages) and P2
 (Hispanic or Latino, and not Hispanic by race); segment 2 holds P3 and P4 (the same
 for the population 18 years and over) and H1. This module reads the blocks (summary
-level 750) into the PL94 domain of :func:`dpdask.workloads.census.pl94_domain`::
+level 750) into the PL94 domain of :func:`dpdask.census.pl94_domain`::
 
     votingage (0 under 18, 1 18 and over) x hisp (0 not Hispanic, 1 Hispanic) x race (63)
 
@@ -30,8 +30,8 @@ import pathlib
 import numpy as np
 import pandas as pd
 
+from dpdask.census import pl94_domain, race_combinations
 from dpdask.domain import Domain, Geography
-from dpdask.workloads.census import pl94_domain, race_combinations
 
 __all__ = ["P1_RACE_COLUMNS", "PL94_LEVELS", "read_pl94"]
 
@@ -49,7 +49,7 @@ Table P1 lists the combinations by number of races, each group after a subtotal 
 and, within a group, in the Census order of the races (White; Black or African
 American; American Indian and Alaska Native; Asian; Native Hawaiian and Other Pacific
 Islander; Some Other Race), which is the order of
-:func:`dpdask.workloads.census.race_combinations`.
+:func:`dpdask.census.race_combinations`.
 """
 
 _P1_SUBTOTALS = {2: 1, 10: 2, 26: 3, 47: 4, 63: 5, 70: 6}  # subtotal line -> number of races

@@ -27,7 +27,7 @@ Race detail within a group: Providence County, 2018 End-to-End Census Test
     Census data in the public domain, distributed with the PL94171 R package (MIT).
     :data:`PROVIDENCE_2018_NOT_HISPANIC_RACE` is P2's non-Hispanic block and
     :data:`PROVIDENCE_2018_HISPANIC_RACE` is P1 minus it, both over the 63
-    combinations in Census order (:func:`dpdask.workloads.census.race_combinations`).
+    combinations in Census order (:func:`dpdask.census.race_combinations`).
     The test's published counts carry disclosure-avoidance noise, so small cells
     are unreliable; the model adds :data:`RACE_PSEUDO_COUNT` to every cell so that
     every combination has positive probability.
@@ -111,7 +111,7 @@ RELATION_SHARES: tuple[float, ...] = (
     0.013,  # 15 other nonrelative
     0.026,  # 16 in group quarters
 )
-"""ASSUMED share of each relationship category (coding of :mod:`dpdask.workloads.census`).
+"""ASSUMED share of each relationship category (coding of :mod:`dpdask.census`).
 
 Rounded to resemble the 2010 Census household-relationship shares of the US
 population (householders 37.8 %, spouses 18.3 %, children of the householder about

@@ -13,7 +13,7 @@ group, the model is
   multi-race combinations and "Hispanic" over all 63 (with ``hisp = 1``) in the
   proportions of the Providence 2018 test (see :mod:`dpdask.datasets._constants`).
   This is the one place where the RI groups are mapped onto the race coding of
-  :mod:`dpdask.workloads.census`.
+  :mod:`dpdask.census`.
 * ``P(age | group)`` (:func:`age_given_group`): the assumed pyramid shape
   (:func:`age_shape`), rescaled so that the share under 18 is the group's
   ``1 - vap / pop`` in the RI file.
@@ -42,9 +42,9 @@ from functools import cache
 
 import numpy as np
 
+from dpdask.census import RELATIONSHIPS, n_races, race_combinations, race_index
 from dpdask.datasets import _constants as C
 from dpdask.domain import Domain
-from dpdask.workloads.census import RELATIONSHIPS, n_races, race_combinations, race_index
 
 __all__ = [
     "GROUPS",

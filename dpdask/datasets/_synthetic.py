@@ -288,7 +288,7 @@ def synthetic_persons(
     population over the synthetic person model of :mod:`dpdask.datasets._model`:
     an age pyramid over single years 0..114, a sex ratio by age, Hispanic origin
     and race from Rhode Island 2010 (the 63 race combinations coded as in
-    :mod:`dpdask.workloads.census`), the 17 relationship categories fitted to age,
+    :mod:`dpdask.census`), the 17 relationship categories fitted to age,
     and a race/ethnicity mix that varies between geographies. Attributes are
     matched by name (``sex``, ``hisp``, ``race``, ``relation``, ``age``,
     ``votingage``); other attributes are uniform, known ones of another size are

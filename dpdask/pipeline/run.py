@@ -11,21 +11,22 @@ import logging
 import math
 import pathlib
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dpdask.dataflow import DataStore, open_store, read_pl94, write_store
-from dpdask.dataflow._source import (
+from dpdask.dataflow import (
+    DataStore,
     SourcePrint,
     fingerprint_options,
     fingerprint_path,
+    open_store,
     private_dir,
+    read_pl94,
+    write_store,
 )
-from dpdask.domain import Domain, Geography
-from dpdask.linalg import LinearQuery
+from dpdask.domain import Geography
 from dpdask.noise import KeyFile
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.privacy import (
@@ -41,22 +42,11 @@ from dpdask.privacy import (
     split_levels,
 )
 from dpdask.publish import check_output, new_run_id, release_attributes, remove_work, work_dir
+from dpdask.workloads.named import build_workload
 
 log = logging.getLogger("dpdask")
 
 __all__ = ["build_workload", "load_data", "plan_spec", "run_spec", "validate_spec"]
-
-
-# -- workloads by name ----------------------------------------------------------------------
-def build_workload(workload: Mapping[str, Any], domain: Domain) -> LinearQuery:
-    """The workload a spec names, on ``domain`` (names: :func:`dpdask.workloads.named.named`)."""
-    from dpdask.workloads.named import named
-
-    opts = {k: v for k, v in workload.items() if k != "name"}
-    try:
-        return named(workload["name"], domain, **opts)
-    except ValueError as exc:
-        raise SpecError(f"workload: {exc}") from None
 
 
 # -- data -----------------------------------------------------------------------------------

@@ -54,11 +54,10 @@ The keys allowed in each mapping:
 from __future__ import annotations
 
 import datetime
-import inspect
 import os
 import pathlib
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -67,26 +66,21 @@ import yaml
 
 from dpdask.domain import Domain
 from dpdask.errors import SpecError
-from dpdask.privacy import ApproxDP, Budget, PureDP, as_fraction, split_levels, zCDP
+from dpdask.pipeline._spec_cluster import parse_cluster
+from dpdask.pipeline._spec_fields import as_bool, as_mapping, as_path, check_keys, keywords, require
+from dpdask.pipeline._spec_privacy import PRIVACY_KEYS, parse_budget, parse_split
+from dpdask.privacy import Budget, split_levels
 
-__all__ = ["DataSpec", "ReleaseSpec", "SpecError", "load_spec", "parse_spec"]
+__all__ = ["DataSpec", "ReleaseSpec", "SpecError", "load_spec", "parse_domain", "parse_spec"]
+
 
 _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 DATA_FORMATS = ("pl94", "store", "records", "synthetic")
 STRATEGIES = ("hdmm", "identity", "workload", "hierarchical", "wavelet", "convex", "fitness")
 RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet")
-
 _DATA_KEYS = ("format", "path", "id")
 _SYNTHETIC_KEYS = ("geographies", "states", "seed", "population")
-_BUDGET_FORMS = ("zcdp", "rho", "epsilon")
-_BUDGET_KEYS = (*_BUDGET_FORMS, "delta")
-_PRIVACY_KEYS = (*_BUDGET_KEYS, "split", "dataset")
 _LEDGER_KEYS = ("path", "create")
-_REMOTE_KEYS = ("address", "insecure", "tls")
-_LOCAL_KEYS = (
-    "n_workers", "threads_per_worker", "processes", "memory_limit", "dashboard_address",
-)  # fmt: skip
-_TLS_KEYS = ("ca_file", "cert", "key")
 
 
 @dataclass(frozen=True)
@@ -157,63 +151,21 @@ class ReleaseSpec:
             raise SpecError(f"privacy.split: {exc}") from None
 
 
-# -- helpers --------------------------------------------------------------------------------
-def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in d or d[key] is None:
-        raise SpecError(f"{where}: missing required field {key!r}")
-    return d[key]
-
-
-def _check_keys(d: Mapping[Any, Any], allowed: Iterable[str], where: str) -> None:
-    """Raise naming the first unknown key of ``d`` and the keys allowed there."""
-    allowed = list(allowed)
-    unknown = sorted((k for k in d if k not in allowed), key=str)
-    if unknown:
-        raise SpecError(f"{where}: unknown key {unknown[0]!r}; allowed: {allowed}")
-
-
-def _mapping(value: Any, where: str, what: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise SpecError(f"{where}: expected {what}, got {value!r}")
-    return value
-
-
-def _bool(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise SpecError(f"{where}: expected true or false, got {value!r}")
-    return value
-
-
-def _path(value: Any, base: pathlib.Path, where: str) -> pathlib.Path:
-    if not isinstance(value, str | os.PathLike) or not str(value):
-        raise SpecError(f"{where}: expected a path, got {value!r}")
-    p = pathlib.Path(os.path.expandvars(os.path.expanduser(str(value))))
-    return p if p.is_absolute() else (base / p).resolve()
-
-
-def _keywords(fn: Callable[..., Any], skip: Iterable[str]) -> list[str]:
-    """The parameters of ``fn`` that can be given by keyword, less ``skip``."""
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    skip = set(skip)
-    params = inspect.signature(fn).parameters.values()
-    return [p.name for p in params if p.kind in kinds and p.name not in skip]
-
-
 # -- data -----------------------------------------------------------------------------------
 def _records_keys() -> list[str]:
-    from dpdask.dataflow._ingest import ingest_records
+    from dpdask.dataflow import ingest_records
 
-    return _keywords(ingest_records, ("source", "domain", "store"))
+    return keywords(ingest_records, ("source", "domain", "store"))
 
 
 def _data(raw: Any, base: pathlib.Path) -> DataSpec:
-    d = _mapping(raw, "data", "a mapping with 'format' and 'path'")
-    fmt = _require(d, "format", "data")
+    d = as_mapping(raw, "data", "a mapping with 'format' and 'path'")
+    fmt = require(d, "format", "data")
     if fmt not in DATA_FORMATS:
         raise SpecError(f"data.format: {fmt!r} is not one of {DATA_FORMATS}")
     extra = {"synthetic": _SYNTHETIC_KEYS, "records": None}.get(fmt, ())
-    _check_keys(d, [*_DATA_KEYS, *(_records_keys() if extra is None else extra)], "data")
-    dpath = _path(d["path"], base, "data.path") if d.get("path") else None
+    check_keys(d, [*_DATA_KEYS, *(_records_keys() if extra is None else extra)], "data")
+    dpath = as_path(d["path"], base, "data.path") if d.get("path") else None
     if fmt != "synthetic" and dpath is None:
         raise SpecError(f"data.path: required for format {fmt!r}")
     if fmt == "records" and d.get("geography_column") is None:
@@ -223,71 +175,6 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
         raise SpecError(f"data.id: {data_id!r} must start with a letter and use [A-Za-z0-9_.-]")
     options = {k: v for k, v in d.items() if k not in _DATA_KEYS}
     return DataSpec(fmt, dpath, options, data_id)
-
-
-# -- privacy --------------------------------------------------------------------------------
-# budgets outside this range give noise scales that overflow a float (or none at all)
-_BUDGET_RANGE = (Fraction(1, 10**12), Fraction(10**6))
-
-
-def _approx(q: Fraction) -> str:
-    """An exact value, shortly, even where it is beyond a float."""
-    if q > 10**300:
-        return "above 1e300"
-    if 0 < q < Fraction(1, 10**300):
-        return "below 1e-300"
-    return f"{float(q):.3g}"
-
-
-def _budget(raw: Any, where: str, allowed: tuple[str, ...] = _BUDGET_KEYS) -> Budget:
-    """One budget of exactly one form: ``zcdp``, ``rho``, or ``epsilon`` (with ``delta``)."""
-    d = _mapping(raw, where, "a mapping like {zcdp: 1} or {epsilon: 1}")
-    _check_keys(d, allowed, where)
-    forms = [k for k in _BUDGET_FORMS if k in d]
-    if len(forms) > 1:
-        raise SpecError(f"{where}: give exactly one budget form, not {forms}")
-    if not forms:
-        if "delta" in d:
-            raise SpecError(f"{where}.delta: goes with epsilon; give epsilon too")
-        raise SpecError(f"{where}: give one of zcdp, rho, epsilon, or epsilon with delta")
-    form = forms[0]
-    if "delta" in d and form != "epsilon":
-        raise SpecError(f"{where}.delta: goes with epsilon, not with {form}")
-    try:
-        if form in ("zcdp", "rho"):
-            budget: Budget = zCDP(d[form])
-        else:
-            delta = d.get("delta")
-            if delta is None or as_fraction(delta, "delta") == 0:
-                budget = PureDP(d["epsilon"])
-            else:
-                budget = ApproxDP(d["epsilon"], delta)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise SpecError(f"{where}: {exc}") from None
-    value = budget._values()[0]
-    if not _BUDGET_RANGE[0] <= value <= _BUDGET_RANGE[1]:
-        raise SpecError(
-            f"{where}.{form}: {_approx(value)} is outside [{float(_BUDGET_RANGE[0]):g}, "
-            f"{float(_BUDGET_RANGE[1]):g}]: the noise would be "
-            + ("infinite" if value < _BUDGET_RANGE[0] else "meaningless")
-        )
-    return budget
-
-
-def _split(raw: Any, levels: tuple[str, ...] | None, total: Budget) -> dict[str, Fraction]:
-    d = _mapping(raw, "privacy.split", "a mapping of level to share")
-    try:
-        split = {str(k): as_fraction(v, f"share of {k}") for k, v in d.items()}
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"privacy.split: {exc}") from None
-    if any(v <= 0 for v in split.values()):
-        raise SpecError("privacy.split: shares must be positive")
-    if levels is not None:
-        try:
-            split_levels(total, levels, split)
-        except ValueError as exc:
-            raise SpecError(f"privacy.split: {exc}") from None
-    return split
 
 
 # -- workload and strategy ------------------------------------------------------------------
@@ -308,16 +195,15 @@ def _workload(raw: Any) -> dict[str, Any]:
     except ValueError as exc:
         raise SpecError(f"workload.name: {exc}") from None
     if allowed is not None:
-        _check_keys(workload, ["name", *allowed], "workload")
+        check_keys(workload, ["name", *allowed], "workload")
     return workload
 
 
 def _strategy_keys(name: str) -> list[str]:
     """The options :func:`dpdask.strategy.select` uses for strategy ``name``."""
     from dpdask.strategy import baselines, select
-    from dpdask.strategy._fitness_plan import fitness_plan
     from dpdask.strategy.convex import ca_solve
-    from dpdask.strategy.fitness import solve
+    from dpdask.strategy.fitness import fitness_plan, solve
 
     given = ("workload", "privacy", "strategy", "domain", "client")  # plan_spec passes these
     used: dict[str, list[tuple[Callable[..., Any], tuple[str, ...]]]] = {
@@ -326,7 +212,7 @@ def _strategy_keys(name: str) -> list[str]:
         "convex": [(baselines.convex_ca, ("W",)), (ca_solve, ("W", "weights"))],
         "fitness": [(fitness_plan, given), (solve, ("W", "targets", "basis", "budget"))],
     }
-    return [k for fn, skip in used.get(name, []) for k in _keywords(fn, skip)]
+    return [k for fn, skip in used.get(name, []) for k in keywords(fn, skip)]
 
 
 def _strategy(raw: Any) -> tuple[str, dict[str, Any]]:
@@ -338,86 +224,28 @@ def _strategy(raw: Any) -> tuple[str, dict[str, Any]]:
     if name not in STRATEGIES:
         raise SpecError(f"strategy: {name!r} is not one of {STRATEGIES}")
     if options:
-        _check_keys(raw, ["name", *_strategy_keys(name)], "strategy")
+        check_keys(raw, ["name", *_strategy_keys(name)], "strategy")
     return name, options
 
 
-# -- ledger and cluster ---------------------------------------------------------------------
+# -- ledger -----------------------------------------------------------------------------------
 def _ledger(raw: Any, output: pathlib.Path, base: pathlib.Path) -> tuple[pathlib.Path, bool]:
     if raw is None:
-        return _path(str(output) + ".ledger.sqlite", base, "ledger"), False
+        return as_path(str(output) + ".ledger.sqlite", base, "ledger"), False
     if isinstance(raw, Mapping):
-        _check_keys(raw, _LEDGER_KEYS, "ledger")
-        path = _path(_require(raw, "path", "ledger"), base, "ledger.path")
-        return path, _bool(raw.get("create", False), "ledger.create")
+        check_keys(raw, _LEDGER_KEYS, "ledger")
+        path = as_path(require(raw, "path", "ledger"), base, "ledger.path")
+        return path, as_bool(raw.get("create", False), "ledger.create")
     if not isinstance(raw, str | os.PathLike):
         raise SpecError(f"ledger: expected a path or {{path: ..., create: true}}, got {raw!r}")
-    return _path(raw, base, "ledger"), False
-
-
-def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(f"{where}: expected a positive integer, got {value!r}")
-    return value
-
-
-def _cluster(raw: Any, base: pathlib.Path) -> str | dict[str, Any] | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        if not raw:
-            raise SpecError("cluster: expected a scheduler address, got ''")
-        return raw
-    c = dict(_mapping(raw, "cluster", "a scheduler address or a mapping"))
-    _check_keys(c, [*_REMOTE_KEYS, "slurm", *_LOCAL_KEYS], "cluster")
-    remote = [k for k in _REMOTE_KEYS if k in c]
-    local = [k for k in _LOCAL_KEYS if k in c]
-    if remote and local:
-        raise SpecError(
-            f"cluster: {remote[0]} is for a scheduler address; LocalCluster options {local} "
-            "do not apply"
-        )
-    if "slurm" in c:  # SLURMCluster options (dask-jobqueue), passed through
-        if local or "address" in c or "tls" in c:
-            raise SpecError("cluster.slurm: goes with cluster.insecure only")
-        slurm = _mapping(c["slurm"], "cluster.slurm", "a mapping of SLURMCluster options")
-        if not all(isinstance(k, str) for k in slurm):
-            raise SpecError(f"cluster.slurm: option names are strings, got {list(slurm)!r}")
-        c["slurm"] = dict(slurm)
-    if remote:  # insecure and tls without an address apply to --scheduler's or the env's
-        if "address" in c and (not isinstance(c["address"], str) or not c["address"]):
-            raise SpecError(f"cluster.address: expected a scheduler address, got {c['address']!r}")
-        if "insecure" in c:
-            _bool(c["insecure"], "cluster.insecure")
-        if "tls" in c:
-            if c.get("insecure"):
-                raise SpecError("cluster.tls: not with insecure: true")
-            tls = _mapping(c["tls"], "cluster.tls", "a mapping with ca_file, cert and key")
-            _check_keys(tls, _TLS_KEYS, "cluster.tls")
-            if missing := [k for k in _TLS_KEYS if k not in tls]:
-                raise SpecError(f"cluster.tls: missing {missing}")
-            c["tls"] = {k: str(_path(v, base, f"cluster.tls.{k}")) for k, v in tls.items()}
-        return c
-    for k in ("n_workers", "threads_per_worker"):
-        if k in c:
-            _positive_int(c[k], f"cluster.{k}")
-    if "processes" in c:
-        _bool(c["processes"], "cluster.processes")
-    if "memory_limit" in c and (
-        isinstance(c["memory_limit"], bool) or not isinstance(c["memory_limit"], str | int | float)
-    ):
-        raise SpecError(
-            f"cluster.memory_limit: expected bytes or '4GiB', got {c['memory_limit']!r}"
-        )
-    da = c.get("dashboard_address")
-    if da is not None and not isinstance(da, str):
-        raise SpecError(f"cluster.dashboard_address: expected an address like ':8787', got {da!r}")
-    return c
+    return as_path(raw, base, "ledger"), False
 
 
 # -- the spec -------------------------------------------------------------------------------
-def _domain(value: Any) -> Domain:
-    from dpdask.workloads import census
+def parse_domain(value: Any) -> Domain:
+    """The domain a spec (or ``dpdask plan --domain``) names: ``pl94``, ``cph`` or a
+    mapping of attribute sizes; a :class:`SpecError` naming ``domain`` otherwise."""
+    from dpdask import census
 
     if value == "pl94":
         return census.pl94_domain()
@@ -512,31 +340,31 @@ def parse_spec(
     unknown = sorted(set(raw) - known, key=str)
     if unknown:
         raise SpecError(f"unknown field(s) {unknown}; known fields are {sorted(known)}")
-    release = str(_require(raw, "release", "spec"))
-    raw_output = _require(raw, "output", "spec")
+    release = str(require(raw, "release", "spec"))
+    raw_output = require(raw, "output", "spec")
     release, output_text, period = _with_period(release, raw_output, period)
     if not _ID.match(release):
         raise SpecError(f"release: {release!r} must start with a letter and use [A-Za-z0-9_.-]")
 
-    data = _data(_require(raw, "data", "spec"), base)
-    domain = _domain(_require(raw, "domain", "spec"))
+    data = _data(require(raw, "data", "spec"), base)
+    domain = parse_domain(require(raw, "domain", "spec"))
     levels = _levels(raw.get("levels"))
-    workload = _workload(_require(raw, "workload", "spec"))
+    workload = _workload(require(raw, "workload", "spec"))
 
-    pr = _require(raw, "privacy", "spec")
-    privacy = _budget(pr, "privacy", _PRIVACY_KEYS)
-    split = _split(pr["split"], levels, privacy) if pr.get("split") is not None else None
+    pr = require(raw, "privacy", "spec")
+    privacy = parse_budget(pr, "privacy", PRIVACY_KEYS)
+    split = parse_split(pr["split"], levels, privacy) if pr.get("split") is not None else None
     dataset_budget = None
     if pr.get("dataset") is not None:
-        dataset_budget = _budget(pr["dataset"], "privacy.dataset")
+        dataset_budget = parse_budget(pr["dataset"], "privacy.dataset")
 
     strategy, strategy_options = _strategy(raw.get("strategy", "hdmm"))
     rec = raw.get("reconstruct", "ls")
     if rec not in RECONSTRUCTIONS:
         raise SpecError(f"reconstruct: {rec!r} is not one of {RECONSTRUCTIONS}")
-    output = _path(output_text, base, "output")
+    output = as_path(output_text, base, "output")
     ledger, ledger_create = _ledger(raw.get("ledger"), output, base)
-    cluster = _cluster(raw.get("cluster"), base)
+    cluster = parse_cluster(raw.get("cluster"), base)
     return ReleaseSpec(
         release=release, data=data, domain=domain, levels=levels, workload=workload,
         privacy=privacy, split=split, strategy=strategy, strategy_options=strategy_options,

@@ -40,7 +40,7 @@ P.L. 94-171 tables (the ``table_query`` coordinate of ``table_answers``, ``table
 
 Cell labels (the coordinates of ``estimate``'s attribute axes)
     The category values ``0 .. n-1`` of each attribute, and readable names where the
-    Census coding is known (:mod:`dpdask.workloads.census`): race combinations such as
+    Census coding is known (:mod:`dpdask.census`): race combinations such as
     ``"White; Asian"``, Hispanic origin, sex, voting age and relationship.
 """
 
@@ -52,9 +52,9 @@ from typing import Any
 
 import numpy as np
 
+from dpdask import census
 from dpdask.domain import Domain
 from dpdask.linalg import Kron, LinearQuery, VStack
-from dpdask.workloads import census
 from dpdask.workloads.products import indicator, product
 
 __all__ = [

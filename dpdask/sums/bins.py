@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpdask.errors import DataError
 from dpdask.linalg import Diagonal, LinearQuery, RangeQueries
 
 __all__ = ["NumericBins"]
@@ -79,14 +80,15 @@ class NumericBins:
 
         Raises
         ------
-        ValueError
-            If a value is not finite or lies outside ``[edges[0], edges[-1]]``.
+        DataError
+            If a value is not finite or lies outside ``[edges[0], edges[-1]]`` (a
+            :class:`ValueError`).
         """
         v = np.asarray(data, dtype=float).ravel()
         if not np.isfinite(v).all():
-            raise ValueError("the values contain NaN or infinite entries")
+            raise DataError("the values contain NaN or infinite entries")
         if v.size and (v.min() < self.edges[0] or v.max() > self.edges[-1]):
-            raise ValueError(
+            raise DataError(
                 f"values must lie in [{self.edges[0]}, {self.edges[-1]}]; got "
                 f"[{v.min()}, {v.max()}] (widen the bins or clip the values first)"
             )

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import DataError
 from dpdask.noise import KeyedRNG
 from dpdask.privacy import PureDP, as_fraction
 
@@ -133,14 +134,14 @@ def _check_hist(counts: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(counts)
     u = np.asarray(values, dtype=float).ravel()
     if x.ndim != 1 or x.shape != u.shape:
-        raise ValueError(f"counts {x.shape} and values {u.shape} must be 1-D of the same length")
+        raise DataError(f"counts {x.shape} and values {u.shape} must be 1-D of the same length")
     if not np.issubdtype(x.dtype, np.integer):
         xf = np.asarray(x, dtype=float)
         if not (np.isfinite(xf).all() and (xf == np.round(xf)).all()):
-            raise ValueError("counts must be integers")
+            raise DataError("counts must be integers")
         x = xf.astype(np.int64)
     if (x < 0).any():
-        raise ValueError("counts must be non-negative")
+        raise DataError("counts must be non-negative")
     if not np.isfinite(u).all() or (u <= 0).any():
         raise ValueError("representative values must be positive and finite")
     return x.astype(np.int64), u

@@ -23,10 +23,9 @@ builder                     workload
 ==========================  =====================================================
 
 The Census codings (race combinations, relationship categories) are in
-:mod:`dpdask.workloads.census`.
+:mod:`dpdask.census`.
 """
 
-from dpdask.workloads import census
 from dpdask.workloads.marginals import identity, marginal, marginal_name, marginals
 from dpdask.workloads.pl94 import pl94
 from dpdask.workloads.products import indicator, product
@@ -40,7 +39,6 @@ __all__ = [
     "age_pyramid",
     "age_ranges",
     "all_range",
-    "census",
     "identity",
     "indicator",
     "marginal",

@@ -7,12 +7,13 @@ benchmarks), so that a name means the same workload everywhere.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from dpdask import census
 from dpdask.domain import Domain
+from dpdask.errors import SpecError
 from dpdask.linalg import LinearQuery
-from dpdask.workloads import census
 from dpdask.workloads.marginals import identity, marginal, marginals
 from dpdask.workloads.pl94 import pl94
 from dpdask.workloads.pyramid import age_pyramid
@@ -23,6 +24,7 @@ from dpdask.workloads.sf1_reference import hdmm_reference_domain, sf1_hdmm_refer
 __all__ = [
     "WORKLOAD_ALIASES",
     "WORKLOAD_NAMES",
+    "build_workload",
     "canonical_name",
     "default_domain",
     "named",
@@ -166,3 +168,18 @@ def named(name: str, domain: Domain | None = None, **options: Any) -> LinearQuer
         raise ValueError(f"workload {name!r}: bad options {sorted(options)}: {exc}") from None
     except KeyError as exc:
         raise ValueError(f"workload {name!r}: {exc} is not in the domain {domain}") from None
+
+
+def build_workload(workload: Mapping[str, Any], domain: Domain) -> LinearQuery:
+    """The workload a release spec names (``{"name": NAME, **options}``) on ``domain``.
+
+    Raises
+    ------
+    SpecError
+        ``workload: ...`` for whatever :func:`named` refuses.
+    """
+    opts = {k: v for k, v in workload.items() if k != "name"}
+    try:
+        return named(workload["name"], domain, **opts)
+    except ValueError as exc:
+        raise SpecError(f"workload: {exc}") from None

@@ -9,7 +9,7 @@ c) each single race (6: the people who reported exactly that one race),
 d) each combination of two or more races (57),
 e) the identity (252),
 
-319 queries in all. Race values follow :mod:`dpdask.workloads.census`.
+319 queries in all. Race values follow :mod:`dpdask.census`.
 (The HDMM tutorial, paper 003, quotes 288 PL94 queries for its own variant.)
 """
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpdask import census
 from dpdask.domain import Domain
 from dpdask.linalg import Identity, LinearQuery, VStack
-from dpdask.workloads import census
 from dpdask.workloads.products import indicator, product
 
 __all__ = ["VOTING_AGE", "pl94", "voting_age_factor"]
@@ -62,7 +62,7 @@ def pl94(domain: Domain | None = None) -> VStack:
     Parameters
     ----------
     domain : Domain, optional
-        Default :func:`dpdask.workloads.census.pl94_domain` (votingage 2, hisp 2,
+        Default :func:`dpdask.census.pl94_domain` (votingage 2, hisp 2,
         race 63). Any domain with ``hisp`` (2), ``race`` (63) and either
         ``votingage`` (2) or ``age`` (single years) works; other attributes are
         summed over, so on the CPH domain the same 319 queries are asked.

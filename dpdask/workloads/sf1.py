@@ -2,7 +2,7 @@
 
 Every table below is encoded as a union of product workloads on the domain
 ``sex 2 x hisp 2 x race 63 x relation 17 x age 115`` (492,660 cells; codings in
-:mod:`dpdask.workloads.census`), one :class:`~dpdask.linalg.Kron` per block of
+:mod:`dpdask.census`), one :class:`~dpdask.linalg.Kron` per block of
 lines that is a product, with small per-attribute factors. A table's rows are
 *all its published lines*, subtotals and the table's own total included, so a
 table encodes as many queries as the Census publishes cells (the ``[n]`` of the
@@ -75,9 +75,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from dpdask import census
 from dpdask.domain import Domain
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, VStack
-from dpdask.workloads import census
 from dpdask.workloads.products import indicator, product
 
 __all__ = [
@@ -104,7 +104,8 @@ _MIN_AGE = 111  # PCT12 needs 110 and one more value
 
 
 # -- per-attribute predicate groups -------------------------------------------
-def _bands(lowers: Sequence[int], stop: int) -> list[range]:
+def age_bands(lowers: Sequence[int], stop: int) -> list[range]:
+    """Consecutive age ranges from their lower ends, the last one ending at ``stop``."""
     ends = [*lowers[1:], stop]
     return [range(lo, hi) for lo, hi in zip(lowers, ends, strict=True)]
 
@@ -181,10 +182,10 @@ class _Codes:
         return range(lo, self.n_age)
 
     def p12_age(self) -> LinearQuery:
-        return self.age([range(self.n_age), *_bands(P12_AGE_BANDS, self.n_age)])
+        return self.age([range(self.n_age), *age_bands(P12_AGE_BANDS, self.n_age)])
 
     def pct12_age(self) -> LinearQuery:
-        return self.age([range(self.n_age), *_bands(PCT12_AGE_BANDS, self.n_age)])
+        return self.age([range(self.n_age), *age_bands(PCT12_AGE_BANDS, self.n_age)])
 
 
 # -- tables -------------------------------------------------------------------
@@ -277,7 +278,7 @@ def _tables(c: _Codes) -> dict[str, Callable[[], Products]]:
         banded = [c.own_child, c.other_relatives_u18, c.nonrelatives]
         return [
             {"relation": indicator(_N_REL, rows), "age": under18},
-            {"relation": indicator(_N_REL, banded), "age": c.age(_bands(P32_AGE_BANDS, 18))},
+            {"relation": indicator(_N_REL, banded), "age": c.age(age_bands(P32_AGE_BANDS, 18))},
         ]
 
     def p34() -> Products:
@@ -332,15 +333,32 @@ TABLES: tuple[str, ...] = tuple(_tables(_Codes(115)))
 """Names of the encoded tables, in the order of :func:`sf1_persons`."""
 
 
-def _check_domain(domain: Domain) -> None:
-    sizes = {"sex": 2, "hisp": 2, "race": _N_RACE, "relation": _N_REL}
-    for attr, size in sizes.items():
-        if domain[attr] != size:
-            raise ValueError(f"SF1 needs attribute {attr!r} with {size} values, not {domain[attr]}")
-    if domain["age"] < _MIN_AGE:
+def check_person_domain(
+    domain: Domain, what: str, sizes: dict[str, int], min_age: int, *, missing: str | None = None
+) -> None:
+    """Refuse a domain without the attribute ``sizes`` and ``age`` of ``min_age`` single years.
+
+    The messages start with ``what`` (the workload's name). A missing attribute is
+    reported as having the size ``missing``, or, when ``missing`` is None, by the
+    domain's own unknown-attribute error.
+
+    Raises
+    ------
+    ValueError
+        Naming the first attribute that is missing or has the wrong size.
+    """
+
+    def size(attr: str) -> int | str:
+        return domain[attr] if missing is None or attr in domain else missing
+
+    for attr, n in sizes.items():
+        if (got := size(attr)) != n:
+            raise ValueError(f"{what} needs attribute {attr!r} with {n} values, not {got}")
+    got = size("age")
+    if isinstance(got, str) or got < min_age:
         raise ValueError(
-            f"SF1 needs single years of age up to at least 110 (attribute 'age' with "
-            f">= {_MIN_AGE} values), not {domain['age']}"
+            f"{what} needs single years of age up to at least {min_age - 1} (attribute 'age' "
+            f"with >= {min_age} values), not {got}"
         )
 
 
@@ -361,7 +379,7 @@ def sf1_tables(
     Parameters
     ----------
     domain : Domain, optional
-        Default :func:`dpdask.workloads.census.cph_domain`. It needs ``sex`` (2),
+        Default :func:`dpdask.census.cph_domain`. It needs ``sex`` (2),
         ``hisp`` (2), ``race`` (63), ``relation`` (17) and ``age`` (at least 111
         single years) in any order; other attributes are summed over.
     tables : sequence of str, optional
@@ -378,7 +396,9 @@ def sf1_tables(
         If the domain lacks an attribute or has a wrong size, or a table is unknown.
     """
     domain = census.cph_domain() if domain is None else domain
-    _check_domain(domain)
+    check_person_domain(
+        domain, "SF1", {"sex": 2, "hisp": 2, "race": _N_RACE, "relation": _N_REL}, _MIN_AGE
+    )
     builders = _tables(_Codes(domain["age"]))
     return {t: [product(domain, f) for f in builders[t]()] for t in _select(tables)}
 

@@ -11,9 +11,9 @@ held against the reference's figures.
 
 Domain: ``sex 2 x hisp 2 x race 64 x relation 17 x age 115``
 (500,480 cells). Sex and Hispanic origin follow
-:mod:`dpdask.workloads.census` (0 = male, 1 = female; 0 = not Hispanic,
+:mod:`dpdask.census` (0 = male, 1 = female; 0 = not Hispanic,
 1 = Hispanic). Race is a 6-bit code: bit ``i`` is set when race
-:data:`~dpdask.workloads.census.RACES` ``[i]`` is checked (bit 0 White, 1 Black,
+:data:`~dpdask.census.RACES` ``[i]`` is checked (bit 0 White, 1 Black,
 2 AIAN, 3 Asian, 4 NHPI, 5 Some Other Race), so value 0 means *no race checked*,
 a cell no real person occupies. No query of this workload looks at the
 relationship, which is summed over everywhere; on a domain without a
@@ -70,7 +70,7 @@ import numpy as np
 from dpdask.domain import Domain
 from dpdask.linalg import Identity, Kron, LinearQuery, VStack
 from dpdask.workloads.products import indicator, product
-from dpdask.workloads.sf1 import P12_AGE_BANDS, PCT12_AGE_BANDS
+from dpdask.workloads.sf1 import P12_AGE_BANDS, PCT12_AGE_BANDS, age_bands, check_person_domain
 
 __all__ = [
     "REFERENCE_TABLES",
@@ -128,11 +128,6 @@ def _race2() -> LinearQuery:
     return indicator(_N_RACE, [*combos, *counts, np.flatnonzero(k >= 2)])
 
 
-def _bands(lowers: tuple[int, ...], n_age: int) -> list[range]:
-    ends = [*lowers[1:], n_age]
-    return [range(lo, hi) for lo, hi in zip(lowers, ends, strict=True)]
-
-
 def _products(n_age: int) -> dict[str, list[dict[str, LinearQuery]]]:
     race1, race2 = _race1(), _race2()
     white = indicator(_N_RACE, [[1]])
@@ -140,8 +135,8 @@ def _products(n_age: int) -> dict[str, list[dict[str, LinearQuery]]]:
     hisp, hisp_t = Identity(2), indicator(2, [[0], [1], range(2)])
     yes, no = indicator(2, [[1]]), indicator(2, [[0]])
     adult = indicator(n_age, [range(18, n_age)])
-    age1 = indicator(n_age, _bands(P12_AGE_BANDS, n_age))
-    age3 = indicator(n_age, _bands(PCT12_AGE_BANDS, n_age))
+    age1 = indicator(n_age, age_bands(P12_AGE_BANDS, n_age))
+    age3 = indicator(n_age, age_bands(PCT12_AGE_BANDS, n_age))
     total: dict[str, LinearQuery] = {}
 
     def iterations(age: LinearQuery, last_race: LinearQuery) -> list[dict[str, LinearQuery]]:
@@ -171,21 +166,6 @@ def _products(n_age: int) -> dict[str, list[dict[str, LinearQuery]]]:
     }  # fmt: skip
 
 
-def _check_domain(domain: Domain) -> None:
-    for attr, size in {"sex": 2, "hisp": 2, "race": _N_RACE}.items():
-        if attr not in domain or domain[attr] != size:
-            got = domain[attr] if attr in domain else "none"
-            raise ValueError(
-                f"the HDMM reference SF1 needs attribute {attr!r} with {size} values, not {got}"
-            )
-    if "age" not in domain or domain["age"] < _MIN_AGE:
-        got = domain["age"] if "age" in domain else "none"
-        raise ValueError(
-            f"the HDMM reference SF1 needs single years of age up to at least 110 "
-            f"(attribute 'age' with >= {_MIN_AGE} values), not {got}"
-        )
-
-
 def sf1_hdmm_reference_tables(domain: Domain | None = None) -> dict[str, list[Kron]]:
     """The reference's SF1 person tables, each as its list of product workloads.
 
@@ -207,7 +187,10 @@ def sf1_hdmm_reference_tables(domain: Domain | None = None) -> dict[str, list[Kr
         If an attribute is missing or has the wrong size.
     """
     domain = hdmm_reference_domain() if domain is None else domain
-    _check_domain(domain)
+    check_person_domain(
+        domain, "the HDMM reference SF1", {"sex": 2, "hisp": 2, "race": _N_RACE}, _MIN_AGE,
+        missing="none",
+    )  # fmt: skip
     return {t: [product(domain, f) for f in fs] for t, fs in _products(domain["age"]).items()}
 
 

@@ -1,7 +1,9 @@
-"""Census codings shared by the workloads, the ingestion code and the synthetic data.
+"""Census codings shared by the workloads, the ingestion code, the labels and the
+synthetic data.
 
 One place fixes how the categorical Census attributes are numbered, so that a
-workload row, an ingested summary-file column and a synthetic record agree.
+workload row, an ingested summary-file column, a published label and a synthetic
+record agree. A low-level module: it depends only on :mod:`dpdask.domain`.
 
 Race (``race``, 63 values)
     The six OMB race categories of the 2010 Census, in the Census's own order,

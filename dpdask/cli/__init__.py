@@ -1,0 +1,105 @@
+"""The ``dpdask`` command line: plan, run, validate and benchmark releases.
+
+One module per group of verbs: :mod:`dpdask.cli._release` (``run``, ``validate``,
+``plan``), :mod:`dpdask.cli._ledger` (``ledger``), :mod:`dpdask.cli._checks`
+(``bench``, ``audit``, ``faults``) and :mod:`dpdask.cli._export` (``export``,
+``report``); :func:`main` dispatches to them. ``python -m dpdask.cli`` runs it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from dpdask import __version__
+from dpdask.cli._checks import cmd_audit, cmd_bench, cmd_faults
+from dpdask.cli._common import QUIET, log
+from dpdask.cli._export import cmd_export, cmd_report
+from dpdask.cli._ledger import cmd_ledger
+from dpdask.cli._release import cmd_plan, cmd_run, cmd_validate
+
+__all__ = ["main"]
+
+
+COMMANDS = {
+    "bench": (cmd_bench, "run a benchmark: dpdask bench NAME [--json] [options]"),
+    "run": (cmd_run, "run a release spec: dpdask run SPEC [--run-id ID] [--json]"),
+    "ledger": (
+        cmd_ledger,
+        "the privacy ledger: dpdask ledger init|show|verify|abandon|anchor PATH",
+    ),
+    "export": (
+        cmd_export,
+        "write a level of a release as a table: dpdask export OUT.zarr --level LEVEL "
+        "--format parquet|csv [--out FILE] [--query LABEL ...] [--geography ID ...]",
+    ),
+    "report": (
+        cmd_report,
+        "write a release's HTML report: dpdask report OUT.zarr [--out FILE.html] [--truth STORE]",
+    ),
+    "validate": (cmd_validate, "check a spec and its data, spending nothing: dpdask validate SPEC"),
+    "audit": (cmd_audit, "bound a release's epsilon from below: dpdask audit SPEC --trials N"),
+    "faults": (
+        cmd_faults,
+        "kill workers and the client mid-release, then check: dpdask faults SPEC",
+    ),
+    "plan": (
+        lambda a: cmd_plan(a),
+        "plan a release before touching data: dpdask plan SPEC [--json] "
+        "(or --workload NAME --epsilon E | --rho R)",
+    ),
+}
+
+
+def _verbosity(argv: list[str]) -> tuple[list[str], int]:
+    """Take ``-q/--quiet`` and ``-v/--verbose`` from anywhere in ``argv``."""
+    quiet = sum(a in ("-q", "--quiet") for a in argv)
+    verbose = sum(a in ("-v", "--verbose") for a in argv)
+    rest = [a for a in argv if a not in ("-q", "--quiet", "-v", "--verbose")]
+    level = logging.ERROR if quiet else logging.DEBUG if verbose > 1 else (
+        logging.INFO if verbose else logging.WARNING
+    )  # fmt: skip
+    QUIET[0] = bool(quiet)
+    return rest, level
+
+
+def _logging(level: int) -> None:
+    """Messages go to standard error through :mod:`logging` (``dpdask``'s and Dask's)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+    # Dask's own warnings with -v, its chatter with -vv, its errors always
+    dask_level = {logging.INFO: logging.WARNING, logging.DEBUG: logging.INFO}
+    logging.getLogger("distributed").setLevel(dask_level.get(level, logging.ERROR))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dpdask`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="dpdask",
+        description="Differentially private release of linear counting queries on Dask.",
+        epilog="\n".join(f"  {k:<10} {v[1]}" for k, v in COMMANDS.items())
+        + "\n\n-q/--quiet (errors only) and -v/--verbose (more, twice for Dask's own) go "
+        "anywhere on the line.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"dpdask {__version__}")
+    parser.add_argument("command", choices=sorted(COMMANDS), help="what to do")
+    if not argv or argv[0] in ("-h", "--help", "--version"):
+        parser.parse_args(argv)
+        return 0
+    argv, level = _verbosity(argv)
+    _logging(level)
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        parser.parse_args([command])  # prints the error and exits 2
+    try:
+        return COMMANDS[command][0](rest)
+    except (ValueError, FileNotFoundError, PermissionError, MemoryError, TypeError) as exc:
+        print(f"dpdask {command}: error: {exc}", file=sys.stderr)
+        return 2

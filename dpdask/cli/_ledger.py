@@ -1,0 +1,118 @@
+"""The ledger verbs: ``dpdask ledger init|show|verify|abandon|anchor``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from dpdask.cli._common import print_result
+
+__all__ = ["cmd_ledger"]
+
+
+def cmd_ledger(argv: Sequence[str]) -> int:
+    from dpdask.privacy import Head, Ledger, LedgerTamperedError
+    from dpdask.publish import release_attributes
+
+    parser = argparse.ArgumentParser(
+        prog="dpdask ledger",
+        description="Create, inspect and verify a privacy ledger.",
+    )
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    p = verbs.add_parser("init", help="create a new, empty ledger (never over an old one)")
+    p.add_argument("path")
+    p = verbs.add_parser("show", help="spent and remaining budget per dataset and release")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p = verbs.add_parser(
+        "verify", help="check the hash chain, and that each release's recorded head is in it"
+    )
+    p.add_argument("path")
+    p.add_argument(
+        "--release",
+        action="append",
+        default=[],
+        metavar="OUT.zarr",
+        help="a published release whose ledger head must be in this ledger",
+    )
+    p.add_argument(
+        "--head",
+        action="append",
+        default=[],
+        metavar="COUNT:HASH",
+        help="a head copied elsewhere earlier (dpdask ledger show) to check",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p = verbs.add_parser(
+        "abandon", help="give up a run (its key is lost): it can never charge or publish again"
+    )
+    p.add_argument("path")
+    p.add_argument("release")
+    p.add_argument("run_id")
+    p = verbs.add_parser(
+        "anchor", help="rewrite the head file from the chain, once you have checked the chain"
+    )
+    p.add_argument("path")
+    args = parser.parse_args(argv)  # fmt: skip
+    if args.verb == "init":
+        ledger = Ledger.init(args.path)
+        print(f"created ledger {ledger.path} (head {ledger.head()})")
+        return 0
+    ledger = Ledger(args.path)  # verifies the chain and the head file
+    if args.verb == "show":
+        print_result(ledger.report(), args.json, _ledger_table)
+    elif args.verb == "verify":
+        heads = [(f"--head {h}", Head.parse(h)) for h in args.head]
+        for out in args.release:
+            attrs = release_attributes(out)
+            recorded = (attrs or {}).get("ledger") or {}
+            if not recorded.get("head"):
+                raise ValueError(f"{out} is not a dpdask release that records a ledger head")
+            if recorded.get("id") != ledger.ledger_id:
+                raise LedgerTamperedError(
+                    f"{out} was charged to another ledger (id {recorded.get('id')}), not "
+                    f"{ledger.path} (id {ledger.ledger_id})"
+                )
+            heads.append((out, Head.parse(recorded["head"])))
+        for what, head in heads:
+            if not ledger.contains(head):
+                raise LedgerTamperedError(
+                    f"{what}: head {head} is not in {ledger.path}: the ledger was rewritten or "
+                    "rolled back since"
+                )
+        result = {"ok": True, "ledger": str(ledger.path), "head": str(ledger.head()),
+                  "checked": [w for w, _ in heads]}  # fmt: skip
+        print_result(result, args.json, lambda r: f"ok: {r['ledger']} verifies (head {r['head']})"
+               + "".join(f"\n  {w}: in the ledger" for w in r["checked"]))  # fmt: skip
+    elif args.verb == "abandon":
+        ledger.abandon(args.release, args.run_id)
+        print(f"run {args.run_id} of {args.release} abandoned; what it charged stays spent")
+    else:
+        print(f"head file rewritten: {ledger.anchor()}")
+    return 0
+
+
+def _ledger_table(report: dict) -> str:
+    def show(b: dict) -> str:
+        return ", ".join(f"{k}={v}" for k, v in b.items() if k != "type")
+
+    lines = [f"ledger {report['ledger']}", f"head {report['head']}", ""]
+    if report["datasets"]:
+        lines.append(f"{'dataset':<28}{'total':>16}{'spent':>16}{'remaining':>16}")
+        for d, r in report["datasets"].items():
+            lines.append(
+                f"{d:<28}{show(r['total']):>16}{show(r['spent']):>16}{show(r['remaining']):>16}"
+            )
+        lines.append("")
+    lines.append(f"{'release':<28}{'budget':>16}{'spent':>16}{'remaining':>16}  dataset")
+    for name, r in report["releases"].items():
+        lines.append(
+            f"{name:<28}{show(r['budget']):>16}{show(r['spent']):>16}"
+            f"{show(r['remaining']):>16}  {r['dataset']}"
+        )
+        for run in r["runs"]:
+            where = f" -> {run['output']}" if run["output"] else ""
+            lines.append(
+                f"    run {run['run_id']}: {run['state']}, {run['charges']} charges{where}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,190 @@
+"""The release verbs: ``dpdask run``, ``dpdask validate`` and ``dpdask plan``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from dpdask.cli._common import QUIET, log, print_result, spec_model, spec_parser
+
+__all__ = ["cmd_plan", "cmd_run", "cmd_validate"]
+
+
+def cmd_run(argv: Sequence[str]) -> int:
+    from dpdask.pipeline.cluster import connect
+    from dpdask.pipeline.run import run_spec
+    from dpdask.pipeline.spec import load_spec
+
+    parser = spec_parser("run", "Run a release: select, measure, reconstruct, publish.")
+    parser.add_argument(
+        "--run-id",
+        help="name the run; the same id resumes an interrupted run (same key and noise, no new "
+        "charge); a published or abandoned id is refused",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier dpdask release at the output, once the new one is complete",
+    )
+    parser.add_argument("--scheduler", help="scheduler address (over the spec's cluster and env)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    model = spec_model(args.spec)
+    if model == "local":  # aggregate people's randomised responses
+        from dpdask.ldp.spec import run_spec as run_local
+
+        print_result(run_local(args.spec), args.json, lambda r: json.dumps(r, indent=2))
+        return 0
+    if model == "sums":  # sums of a numeric attribute per geography
+        from dpdask.sums.release import run_spec as run_sums
+
+        summary = run_sums(args.spec, overwrite=args.overwrite, run_id=args.run_id)
+        print_result(summary, args.json, lambda r: json.dumps(r, indent=2))
+        return 0
+    spec = load_spec(args.spec, period=args.period)
+    with connect(spec.cluster, scheduler=args.scheduler) as client:
+        log.warning("run %s: dashboard at %s", spec.release, client.dashboard_link)
+        summary = run_spec(
+            spec, client=client, run_id=args.run_id, overwrite=args.overwrite,
+            progress=not (args.no_progress or args.json or QUIET[0]),
+        )  # fmt: skip
+    print_result(summary, args.json, _release_table)
+    return 0
+
+
+def cmd_validate(argv: Sequence[str]) -> int:
+    from dpdask.pipeline.run import validate_spec
+    from dpdask.pipeline.spec import load_spec
+
+    parser = spec_parser("validate", "Check a spec and its data; spends no budget.")
+    parser.add_argument("--run-id", help="check that this run id may be run (or resumed)")
+    parser.add_argument("--overwrite", action="store_true", help="as dpdask run --overwrite")
+    args = parser.parse_args(argv)
+    spec = load_spec(args.spec, period=args.period)
+    report = validate_spec(spec, run_id=args.run_id, overwrite=args.overwrite)
+    print_result(report, args.json, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+    return 0
+
+
+def cmd_plan(argv: Sequence[str]) -> int:
+    from dpdask.workloads.named import WORKLOAD_ALIASES, WORKLOAD_NAMES
+
+    parser = spec_parser(
+        "plan",
+        "Select the strategy and show the expected error before any data is read: per "
+        "level for a release spec, or for a named workload (--workload, without a spec).",
+    )
+    parser.set_defaults(spec=None)
+    parser._actions[1].nargs = "?"  # the spec is optional when --workload is given
+    parser.add_argument("--save", metavar="PATH", help="also write the plan to PATH (.npz)")
+    named = parser.add_argument_group("a named workload instead of a spec")
+    named.add_argument(
+        "--workload", choices=(*WORKLOAD_NAMES, *WORKLOAD_ALIASES), help="the workload's name"
+    )
+    named.add_argument("--domain", help="pl94, cph, or sizes like sex=2,age=115")
+    budget = named.add_mutually_exclusive_group()
+    budget.add_argument("--epsilon", help="pure DP budget (Laplace noise)")
+    budget.add_argument("--rho", help="zCDP budget (Gaussian noise)")
+    named.add_argument("--strategy", default="hdmm", help="hdmm (default) or a baseline name")
+    named.add_argument("--n", type=int, help="domain size of prefix and allrange")
+    named.add_argument("--k", type=int, help="marginal order of marginals")
+    named.add_argument("--attrs", help="attributes of marginal, comma-separated")
+    named.add_argument("--restarts", type=int, default=3, help="random starts per template")
+    named.add_argument("--seed", type=int, default=0, help="seed of the random starts")
+    args = parser.parse_args(argv)
+    if (args.spec is None) == (args.workload is None):
+        parser.error("give a release spec or --workload NAME (not both)")
+    if args.spec is not None and spec_model(args.spec) == "local":
+        from dpdask.ldp.spec import plan_spec as plan_local
+
+        plan = plan_local(args.spec)  # writes the devices' strategy file
+        print_result(plan.summary(as_dict=True), args.json, lambda r: plan.summary())
+        return 0
+    if args.spec is not None:
+        from dpdask.pipeline.run import plan_spec
+        from dpdask.pipeline.spec import load_spec
+
+        plan, report = plan_spec(load_spec(args.spec, period=args.period))
+        if args.save:
+            plan.save(args.save)
+        print_result(report, args.json, lambda r: plan.summary() + "\n\n" + _levels_table(r))
+        return 0
+    plan = _plan_workload(args, parser)
+    if args.save:
+        plan.save(args.save)
+    print_result(plan.summary(as_dict=True), args.json, lambda r: plan.summary())
+    return 0
+
+
+def _plan_workload(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """``dpdask plan --workload NAME``: the plan of a named workload (no spec, no data)."""
+    from dpdask.domain import Domain
+    from dpdask.pipeline.spec import SpecError, parse_domain
+    from dpdask.privacy import PureDP, zCDP
+    from dpdask.strategy import select
+    from dpdask.workloads.named import canonical_name, default_domain, named
+
+    args.workload = canonical_name(args.workload)
+    if args.epsilon is None and args.rho is None:
+        parser.error("--workload needs a budget: --epsilon E or --rho R")
+    privacy = PureDP(args.epsilon) if args.epsilon is not None else zCDP(args.rho)
+    domain = default_domain(args.workload)
+    if args.domain is not None:
+        text = args.domain
+        if text not in ("pl94", "cph"):
+            try:
+                text = {k: int(v) for k, v in (p.split("=") for p in args.domain.split(","))}
+            except ValueError:
+                parser.error(f"--domain {args.domain!r}: use pl94, cph or sizes like sex=2,age=5")
+        try:
+            domain = parse_domain(text)
+        except SpecError as exc:
+            parser.error(f"--domain: {exc}")
+    options = {}
+    if args.n is not None:
+        options["n"] = args.n
+    if args.k is not None:
+        options["k"] = args.k
+    if args.attrs is not None:
+        options["attrs"] = args.attrs.split(",")
+    if domain is None and args.workload in ("prefix", "allrange") and args.n is None:
+        parser.error(f"--workload {args.workload} needs --n (or --domain)")
+    if domain is None and args.workload not in ("prefix", "allrange"):
+        parser.error(f"--workload {args.workload} needs --domain")
+    W = named(args.workload, domain, **options)
+    if domain is None:
+        domain = Domain(x=W.shape[1])
+    return select(W, privacy, args.strategy, domain=domain, restarts=args.restarts,
+                  seed=args.seed)  # fmt: skip
+
+
+def _levels_table(report: dict) -> str:
+    lines = [f"{'level':<14}{'budget':>22}{'noise':>12}{'rmse/query':>14}{'max sd':>10}"]
+    for lv in report["levels"]:
+        budget = ", ".join(f"{k}={v}" for k, v in lv["budget"].items() if k != "type")
+        lines.append(
+            f"{lv['level']:<14}{budget:>22}{lv['noise_scale']:>12.4g}"
+            f"{lv['rmse_per_query']:>14.4g}{lv['max_query_stddev']:>10.4g}"
+        )
+    return "\n".join(lines)
+
+
+def _release_table(summary: dict) -> str:
+    lines = [
+        f"published {summary['release']} (run {summary['run_id']}) to {summary['output']}",
+        f"ledger: {summary['ledger']}",
+        f"{'level':<14}{'units':>8}{'chunks':>8}{'noise':>12}{'rmse/query':>14}",
+    ]
+    expected = {e["level"]: e for e in summary.get("expected", [])}
+    for lv in summary["levels"]:
+        e = expected.get(lv["level"], {})
+        lines.append(
+            f"{lv['level']:<14}{lv['units']:>8}{lv['chunks']:>8}{lv['noise_scale']:>12.4g}"
+            f"{e.get('rmse_per_query', float('nan')):>14.4g}"
+        )
+    bad = summary.get("not_converged") or []
+    if bad:
+        lines.append(f"WARNING: {len(bad)} chunk(s) did not converge ({summary['reconstruct']}):")
+        lines.extend(f"  {r['level']} chunk {r['chunk']}: {r}" for r in bad)
+    return "\n".join(lines)

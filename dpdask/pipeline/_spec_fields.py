@@ -1,0 +1,69 @@
+"""The checks every part of a release spec is read with; each raises a one-line
+:class:`~dpdask.errors.SpecError` naming the (dotted) field."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pathlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from dpdask.errors import SpecError
+
+__all__ = [
+    "as_bool",
+    "as_mapping",
+    "as_path",
+    "check_keys",
+    "keywords",
+    "positive_int",
+    "require",
+]
+
+
+def require(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d or d[key] is None:
+        raise SpecError(f"{where}: missing required field {key!r}")
+    return d[key]
+
+
+def check_keys(d: Mapping[Any, Any], allowed: Iterable[str], where: str) -> None:
+    """Raise naming the first unknown key of ``d`` and the keys allowed there."""
+    allowed = list(allowed)
+    unknown = sorted((k for k in d if k not in allowed), key=str)
+    if unknown:
+        raise SpecError(f"{where}: unknown key {unknown[0]!r}; allowed: {allowed}")
+
+
+def as_mapping(value: Any, where: str, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}: expected {what}, got {value!r}")
+    return value
+
+
+def as_bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def as_path(value: Any, base: pathlib.Path, where: str) -> pathlib.Path:
+    if not isinstance(value, str | os.PathLike) or not str(value):
+        raise SpecError(f"{where}: expected a path, got {value!r}")
+    p = pathlib.Path(os.path.expandvars(os.path.expanduser(str(value))))
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def keywords(fn: Callable[..., Any], skip: Iterable[str]) -> list[str]:
+    """The parameters of ``fn`` that can be given by keyword, less ``skip``."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    skip = set(skip)
+    params = inspect.signature(fn).parameters.values()
+    return [p.name for p in params if p.kind in kinds and p.name not in skip]
+
+
+def positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"{where}: expected a positive integer, got {value!r}")
+    return value
