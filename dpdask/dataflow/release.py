@@ -76,7 +76,7 @@ from dpdask.dataflow._release_graph import MeasureGraph
 from dpdask.dataflow._release_run import RunKeys
 from dpdask.dataflow._source import private_dir
 from dpdask.dataflow.store import DataStore, open_store
-from dpdask.measure import _level_charge
+from dpdask.measure import level_charge
 from dpdask.noise import KeyFile, SecretKey
 from dpdask.privacy import Budget, Charge, Ledger, check_run_id
 from dpdask.publish import (
@@ -135,7 +135,7 @@ class Release(RunKeys, MeasureGraph, Finish):
         self.domain = store.domain
         self.lc: LevelChunks = level_chunks(store.geography, levels, store.domain.size, chunk_bytes)
         charges = {
-            lv: _level_charge(plans[lv], release_id, run_id, lv, "strategy")[0] for lv in levels
+            lv: level_charge(plans[lv], release_id, run_id, lv, "strategy")[0] for lv in levels
         }
         same = len({tokenize(p.strategy) for p in plans.values()}) == 1
         self._levels = [
