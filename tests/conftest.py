@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import pathlib
 
 import numpy as np
 import pytest
 from hypothesis import settings
 
-from dpdask import Domain
+from dpdask import Domain, Geography
+from dpdask.dataflow import write_store
+from tests.helpers import DOMAIN
 
 # Property tests draw the same examples on every run, so that CI is reproducible (a
 # random draw once found a case outside what the oracles can check).
@@ -33,3 +36,17 @@ def cph_domain() -> Domain:
 @pytest.fixture
 def small_domain() -> Domain:
     return Domain(a=2, b=3, c=4)
+
+
+@pytest.fixture
+def store(tmp_path: pathlib.Path, rng: np.random.Generator):
+    """A three-level data store (state, county, tract) of the 2 x 3 domain, and its counts."""
+    parents_county = np.zeros(3, dtype=int)
+    parents_tract = np.array([0, 0, 1, 2, 2, 2, 2])
+    geo = Geography(
+        levels=("state", "county", "tract"),
+        ids=(("s",), ("c0", "c1", "c2"), tuple(f"t{i}" for i in range(7))),
+        parents=(parents_county, parents_tract),
+    )
+    counts = rng.integers(0, 50, size=(7, 2, 3))
+    return write_store(tmp_path / "in.zarr", counts, DOMAIN, geo, geo_chunk=2), counts

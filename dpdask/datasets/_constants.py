@@ -1,7 +1,7 @@
 """Numbers behind the synthetic person model: counts read once from public data, and assumptions.
 
 Nothing here is read at run time; the counts were copied once from the files named
-below (``tests/test_datasets.py`` recomputes them from ``../shared/data`` when it is
+below (``tests/system/test_datasets.py`` recomputes them from ``../shared/data`` when it is
 present). Everything that is *not* read from a file is marked ASSUMED and is a
 rounded, documented modelling choice.
 

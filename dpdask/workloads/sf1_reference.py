@@ -60,7 +60,7 @@ In all **4,151 queries in 33 products**: the reference's module lists 33
 Kronecker products (the total P1 appears five times, P10's "adult" and P12's
 "sex+" twice each); the slides' "32" is one fewer. Its L1 sensitivity is 41 (a
 non-Hispanic adult of two or more races enters 41 queries; see
-``tests/test_sf1_reference.py``); the slides quote "sensitivity = 50".
+``tests/unit/test_sf1_reference.py``); the slides quote "sensitivity = 50".
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ branching ``k = floor(sqrt(n))``:
 cell lies in at most 3 rows and the L2 sensitivity is ``sqrt(3)``. (A full
 Qardaji tree, :func:`dpdask.strategy.baselines.hb`, gives other ratios: 2.62 needs this
 shallow tree.) The construction is derived from the printed ratios and the paper's
-description; it is checked against them in ``tests/test_fitness.py``.
+description; it is checked against them in ``tests/unit/test_fitness.py``.
 """
 
 from __future__ import annotations

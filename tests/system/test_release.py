@@ -2,61 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import pathlib
-
 import dask
 import numpy as np
 import pytest
 import zarr
 
-from dpdask import Domain, Geography
-from dpdask.dataflow import write_store
 from dpdask.dataflow.release import release
 from dpdask.linalg import Identity, Kron, LinearQuery, Prefix, Total, VStack
 from dpdask.measure import lattice
 from dpdask.noise import SecretKey
 from dpdask.privacy import BudgetExceededError, Ledger, PureDP, zCDP
-
-
-@dataclasses.dataclass
-class DensePlan:
-    """A plan computed densely, independently of dpdask.strategy (the oracle)."""
-
-    strategy: LinearQuery
-    workload: LinearQuery
-    domain: Domain
-    mechanism: str
-    noise_scale: float
-    privacy: object
-
-    def query_variances(self) -> np.ndarray:
-        A, W = self.strategy.dense(), self.workload.dense()
-        cov = np.linalg.pinv(A.T @ A)
-        return self.noise_scale**2 * np.einsum("ij,jk,ik->i", W, cov, W)
-
-
-DOMAIN = Domain(a=2, b=3)
-
-
-def make_plan(rho=1, strategy=None) -> DensePlan:
-    A = strategy or VStack([Kron([Identity(2), Identity(3)]), Kron([Total(2), Prefix(3)])])
-    W = VStack([Kron([Identity(2), Total(3)]), Kron([Total(2), Prefix(3)]), Identity(6)])
-    budget = zCDP(rho)
-    return DensePlan(A, W, DOMAIN, "gaussian", budget.gaussian_sigma(A.sensitivity(2)), budget)
-
-
-@pytest.fixture
-def store(tmp_path: pathlib.Path, rng: np.random.Generator):
-    parents_county = np.zeros(3, dtype=int)
-    parents_tract = np.array([0, 0, 1, 2, 2, 2, 2])
-    geo = Geography(
-        levels=("state", "county", "tract"),
-        ids=(("s",), ("c0", "c1", "c2"), tuple(f"t{i}" for i in range(7))),
-        parents=(parents_county, parents_tract),
-    )
-    counts = rng.integers(0, 50, size=(7, 2, 3))
-    return write_store(tmp_path / "in.zarr", counts, DOMAIN, geo, geo_chunk=2), counts
+from tests.helpers import DOMAIN, DensePlan, make_plan
 
 
 def _level_truth(counts, store):

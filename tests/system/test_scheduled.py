@@ -12,8 +12,7 @@ import yaml
 from dpdask.cli import main
 from dpdask.pipeline.spec import SpecError, load_spec
 from dpdask.privacy import Ledger
-
-from . import ROOT
+from tests import ROOT
 
 MONTHLY = ROOT / "pipelines" / "pl94-monthly.yaml"
 

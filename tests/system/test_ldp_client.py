@@ -21,7 +21,7 @@ from dpdask.linalg import Identity, Prefix
 from dpdask.noise import SecretKey
 from dpdask.privacy import PureDP, zCDP
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "ldp"
 
 

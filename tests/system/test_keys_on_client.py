@@ -25,8 +25,7 @@ from dpdask.dataflow._level_plan import LevelPlan
 from dpdask.dataflow.release import release
 from dpdask.measure import lattice, noise_mechanism, stream_identity, stream_key
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey, new_key
-
-from .test_release import make_plan, store  # noqa: F401  (the fixture)
+from tests.helpers import make_plan
 
 
 def _walk(obj: Any, seen: set[int] | None = None) -> Iterator[Any]:
@@ -75,7 +74,7 @@ def _level_estimates(r, key: SecretKey, tmp_path: pathlib.Path) -> list[tuple[An
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "general"])
 @pytest.mark.parametrize("test_key", [False, True], ids=["secret", "test-only"])
-def test_no_task_holds_the_secret_key(store, tmp_path, monkeypatch, fused, test_key):  # noqa: F811
+def test_no_task_holds_the_secret_key(store, tmp_path, monkeypatch, fused, test_key):
     st, _ = store
     if not fused:
         monkeypatch.setattr(LevelPlan, "fused", lambda self, method: False)
@@ -113,7 +112,7 @@ def _measure_layer(est: da.Array, x: da.Array, m: int) -> da.Array:
     return da.Array(est.dask, name, chunks=(x.chunks[0], (m,)), dtype=np.float64)
 
 
-def test_each_chunk_draws_its_own_stream_bit_for_bit(store, tmp_path, monkeypatch):  # noqa: F811
+def test_each_chunk_draws_its_own_stream_bit_for_bit(store, tmp_path, monkeypatch):
     """The general path's measurements are ``A x + KeyedRNG(master, identity of chunk k)``
     for every chunk ``k``: the key blocks are paired with the right data blocks."""
     st, _ = store
@@ -147,7 +146,7 @@ def test_each_chunk_draws_its_own_stream_bit_for_bit(store, tmp_path, monkeypatc
             start += g
 
 
-def test_a_chunk_key_refuses_another_chunks_stream(store, tmp_path):  # noqa: F811
+def test_a_chunk_key_refuses_another_chunks_stream(store, tmp_path):
     st, counts = store
     master = SecretKey.for_testing(5)
     plan = make_plan()
@@ -184,7 +183,7 @@ def test_a_chunk_key_refuses_another_chunks_stream(store, tmp_path):  # noqa: F8
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "general"])
-def test_a_misplaced_chunk_key_fails_the_task(store, tmp_path, monkeypatch, fused):  # noqa: F811
+def test_a_misplaced_chunk_key_fails_the_task(store, tmp_path, monkeypatch, fused):
     """Swap two chunks' key blocks in the graph: the tasks refuse to draw noise."""
     st, _ = store
     if not fused:

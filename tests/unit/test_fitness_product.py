@@ -20,7 +20,7 @@ from dpdask import workloads as wl
 from dpdask.linalg import AllRange, Dense, Identity, Kron, Ones, Prefix, VStack
 from dpdask.strategy.fitness import solve
 from dpdask.strategy.fitness._product import factor_targets
-from tests.test_fitness import dense_profile
+from tests.helpers import dense_profile
 
 
 def check_product(sol, W: Kron) -> None:

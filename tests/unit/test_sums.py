@@ -31,7 +31,7 @@ from dpdask.sums import (
 )
 from dpdask.workloads import sum_query
 
-DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cps"
+DATA = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cps"
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ from dpdask.workloads import (
     sf1_tables,
     sum_query,
 )
+from tests.helpers import P12_BANDS, PCT12_BANDS
 
 # -- the codings, restated here as the contract other modules rely on ------------
 COMBOS = [c for k in range(1, 7) for c in itertools.combinations(range(6), k)]
@@ -280,12 +281,6 @@ def test_sum_query_rejects_bad_input():
 
 
 # -- SF1: a record-level oracle written from the table shells ---------------------
-P12_BANDS = [
-    (0, 4), (5, 9), (10, 14), (15, 17), (18, 19), (20, 20), (21, 21), (22, 24), (25, 29),
-    (30, 34), (35, 39), (40, 44), (45, 49), (50, 54), (55, 59), (60, 61), (62, 64), (65, 66),
-    (67, 69), (70, 74), (75, 79), (80, 84), (85, 999),
-]  # fmt: skip
-PCT12_BANDS = [(a, a) for a in range(100)] + [(100, 104), (105, 109), (110, 999)]
 P32_BANDS = [(0, 2), (3, 4), (5, 5), (6, 11), (12, 13), (14, 14), (15, 17)]
 PUBLISHED_SIZES = {  # the [n] of each table in the SF1 technical documentation
     "P1": 1, "P3": 8, "P4": 3, "P5": 17, "P6": 7, "P7": 15, "P8": 71, "P9": 73, "P10": 71,

@@ -18,7 +18,7 @@ from dpdask.publish import pl94_tables
 from dpdask.report import default_output, report_data, write_report
 from dpdask.workloads import pl94
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "examples" / "data" / "pl94_providence"
 LEVELS = ["state", "county", "tract", "block_group", "block"]
 

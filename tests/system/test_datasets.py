@@ -30,8 +30,7 @@ from dpdask.datasets import (
 )
 from dpdask.datasets import _constants as C
 from dpdask.datasets import _model as M
-
-from . import requires_shared_data, shared_data
+from tests import requires_shared_data, shared_data
 
 CPH = Domain(sex=2, hisp=2, race=63, relation=17, age=115)
 SMALL = Domain(sex=2, age=115)  # 230 cells: groups of 230+ persons use the multinomial

@@ -26,7 +26,7 @@ from dpdask.testing.audit import (
     tail_counts,
 )
 
-PL94 = pathlib.Path(__file__).resolve().parents[1] / "examples" / "data" / "pl94_providence"
+PL94 = pathlib.Path(__file__).resolve().parents[2] / "examples" / "data" / "pl94_providence"
 
 
 # -- Clopper-Pearson ----------------------------------------------------------------------------

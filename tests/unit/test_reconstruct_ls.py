@@ -8,8 +8,7 @@ import pytest
 from dpdask.errors import ConvergenceWarning
 from dpdask.linalg import AllRange, Dense, Identity, Kron, Prefix, Total, VStack
 from dpdask.reconstruct import least_squares, tree_consistent
-
-from . import requires_cvxpy
+from tests import requires_cvxpy
 
 
 def _strategies(rng: np.random.Generator):

@@ -37,8 +37,7 @@ from dpdask.linalg import (
 from dpdask.measure import lattice, measure
 from dpdask.noise import KeyedRNG, MeasurementId, _samplers, new_key
 from dpdask.privacy import ApproxDP, Ledger, PureDP, check_calibration, zCDP
-
-from .test_release import DensePlan as Plan
+from tests.helpers import DensePlan as Plan
 
 DOMAIN = Domain(a=2, b=3)
 INTEGRAL = VStack([Kron([Identity(2), Identity(3)]), Kron([Total(2), Prefix(3)])])

@@ -11,8 +11,7 @@ import yaml
 import zarr
 
 from dpdask.cli import main
-
-from . import ROOT
+from tests import ROOT
 
 SPEC = ROOT / "pipelines" / "pl94-providence.yaml"
 

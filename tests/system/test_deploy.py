@@ -25,7 +25,7 @@ import yaml
 from dpdask.pipeline.cluster import choose_cluster
 from dpdask.pipeline.spec import load_spec
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 BIN = pathlib.Path(sys.executable).parent
 HAVE_DASHBOARD = (ROOT / "dpdask" / "dashboard" / "__init__.py").exists()

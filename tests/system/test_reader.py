@@ -29,9 +29,8 @@ from dpdask.publish import (
 )
 from dpdask.publish.reader import COLUMNS, open_release, release_table
 from dpdask.workloads import pl94, sf1_persons
-
-from . import ROOT
-from .test_release import DensePlan
+from tests import ROOT
+from tests.helpers import DensePlan
 
 DOMAIN = Domain(a=2, b=3)
 LEVELS = ("state", "county", "tract")

@@ -27,7 +27,7 @@ from dpdask.workloads.sf1_reference import (
     sf1_hdmm_reference,
     sf1_hdmm_reference_tables,
 )
-from tests.test_workloads import P12_BANDS, PCT12_BANDS  # the SF1 age bands, as published
+from tests.helpers import P12_BANDS, PCT12_BANDS  # the SF1 age bands, as published
 
 # -- the oracle ------------------------------------------------------------------
 PUBLISHED_SIZES = {  # the [n] of each table in the SF1 technical documentation

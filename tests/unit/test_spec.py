@@ -11,8 +11,7 @@ import yaml
 
 from dpdask.pipeline.spec import SpecError, load_spec, parse_spec
 from dpdask.privacy import ApproxDP, PureDP, zCDP
-
-from . import ROOT
+from tests import ROOT
 
 GOOD = {
     "release": "demo",

@@ -26,11 +26,7 @@ from dpdask.strategy.fitness import FitnessSolution, SMIIOptions, solve
 from dpdask.strategy.fitness import _newton as newton_module
 from dpdask.strategy.fitness._smii import _Objective
 from dpdask.strategy.fitness._terms import canonical_problem, merge_columns, row_term
-
-
-def dense_profile(B: np.ndarray, Sigma: np.ndarray) -> np.ndarray:
-    """``sqrt(diag(B^T Sigma^-1 B))`` by a dense solve."""
-    return np.sqrt(np.einsum("ij,ij->j", B, np.linalg.solve(Sigma, B)))
+from tests.helpers import dense_profile
 
 
 def dual_bound(W: np.ndarray, c: np.ndarray, u: np.ndarray, v: np.ndarray) -> float:

@@ -12,8 +12,7 @@ import pandas as pd
 from dpdask.cli import main
 from dpdask.ldp.strategy import LocalStrategy
 from dpdask.linalg import Prefix
-
-from . import ROOT
+from tests import ROOT
 
 
 def test_plan_then_run_a_local_collection(tmp_path: pathlib.Path, capsys) -> None:

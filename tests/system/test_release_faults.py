@@ -30,12 +30,11 @@ from dpdask.privacy import Ledger
 from dpdask.publish import work_dir
 from dpdask.testing.fault_injection import place_key
 from dpdask.testing.faults import SlowOperator
-
-from .test_release import make_plan, store  # noqa: F401  (fixture)
+from tests.helpers import make_plan
 
 distributed = pytest.importorskip("distributed")
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PL94 = ROOT / "examples" / "data" / "pl94_providence"
 PL94_LEVELS = ("state", "county", "tract", "block_group", "block")
 
@@ -59,7 +58,7 @@ def _wait(predicate, timeout: float, what: str, interval: float = 0.005) -> None
 
 # -- a worker killed --------------------------------------------------------------------------
 @pytest.mark.slow
-def test_killed_worker_real_key_is_bit_identical_and_charged_once(store, tmp_path) -> None:  # noqa: F811
+def test_killed_worker_real_key_is_bit_identical_and_charged_once(store, tmp_path) -> None:
     st, _ = store
     levels = st.geography.levels
     # one geography per chunk (11 chunks), each measured for at least 0.4 s

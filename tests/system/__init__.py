@@ -1,0 +1,1 @@
+"""System tests: whole releases, clusters, the CLI with real key files, real data."""

@@ -1,0 +1,1 @@
+"""Unit tests: functions against oracles (dense matrices, closed forms, properties)."""
