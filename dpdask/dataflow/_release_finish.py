@@ -13,7 +13,7 @@ import json
 import pathlib
 import shutil
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -27,7 +27,6 @@ from dpdask.dataflow._blocks import (
     NONNEGATIVE,
 )
 from dpdask.dataflow._levels import (
-    LevelChunks,
     bottom_up,
     nonneg_down,
     nonneg_fit_up,
@@ -35,35 +34,12 @@ from dpdask.dataflow._levels import (
     top_down,
 )
 from dpdask.dataflow._output import level_outputs
-from dpdask.noise import SecretKey
-from dpdask.privacy import Budget, Ledger
-
-if TYPE_CHECKING:
-    from dpdask.dataflow.release import _Level
-    from dpdask.dataflow.store import DataStore
-
 from dpdask.dataflow._release_graph import compute_items
+from dpdask.dataflow._release_state import ReleaseState
 
 
-class Finish:
+class Finish(ReleaseState):
     """The finishing steps of a :class:`~dpdask.dataflow.release.Release`."""
-
-    # set by Release.__init__ (dpdask.dataflow.release)
-    store: DataStore
-    levels: tuple[str, ...]
-    release_id: str
-    run_id: str
-    total: Budget
-    reconstruct: str
-    ledger: Ledger | None
-    dataset: str | None
-    key: SecretKey | None
-    noise: bool
-    test_mode: bool
-    lc: LevelChunks
-    _levels: list[_Level]
-    _head: Any
-    _reports: list
 
     def _finish(
         self, work: pathlib.Path, raw: Sequence[zarr.Array], client: Any, progress: bool
@@ -166,17 +142,7 @@ class Finish:
                 "strategy": strategy_record([L.plan for L in self._levels], self.levels),
                 "test_mode": self.test_mode,
                 "noise": self.noise,
-                "charges": [
-                    {
-                        "level": c.level,
-                        "measurement": c.measurement,
-                        "mechanism": c.mechanism,
-                        "sensitivity": c.sensitivity,
-                        "noise_scale": c.noise_scale,
-                        "privacy": c.privacy.to_dict(),
-                    }
-                    for c in self.charges()
-                ],
+                "charges": [c.published() for c in self.charges()],
             }
         )
         if self.ledger is not None and self.noise:

@@ -10,7 +10,7 @@ level (``aggregate-<level>``), the per-chunk measurement and reconstruction task
 from __future__ import annotations
 
 import pathlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dask
 import dask.array as da
@@ -28,37 +28,14 @@ from dpdask.dataflow._blocks import (
 )
 from dpdask.dataflow._checkpoint import write_region
 from dpdask.dataflow._levels import (
-    LevelChunks,
     aggregate_level,
 )
-from dpdask.noise import SecretKey
-from dpdask.privacy import Budget, Ledger
+from dpdask.dataflow._release_state import LevelState, ReleaseState
 from dpdask.publish import float_array, marker
 
-if TYPE_CHECKING:
-    from dpdask.dataflow.release import _Level
-    from dpdask.dataflow.store import DataStore
 
-
-class MeasureGraph:
+class MeasureGraph(ReleaseState):
     """The measuring steps of a :class:`~dpdask.dataflow.release.Release`."""
-
-    # set by Release.__init__ (dpdask.dataflow.release)
-    store: DataStore
-    levels: tuple[str, ...]
-    release_id: str
-    run_id: str
-    total: Budget
-    reconstruct: str
-    ledger: Ledger | None
-    dataset: str | None
-    key: SecretKey | None
-    noise: bool
-    test_mode: bool
-    lc: LevelChunks
-    _levels: list[_Level]
-    _head: Any
-    _reports: list
 
     def _level_data(self) -> list[da.Array]:
         """Counts of every released level, lazily, chunked as the level chunks."""
@@ -119,7 +96,7 @@ class MeasureGraph:
             compute_items(pending, client, progress)
         return arrays
 
-    def _estimates(self, L: _Level, x: da.Array, key: Any, reports: str) -> da.Array:
+    def _estimates(self, L: LevelState, x: da.Array, key: Any, reports: str) -> da.Array:
         """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
         the strategy allows (:meth:`LevelPlan.fused`), else ``measure-<level>`` then
         ``reconstruct-<level>``.

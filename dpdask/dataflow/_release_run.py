@@ -10,39 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import TYPE_CHECKING, Any
 
-from dpdask.dataflow._levels import (
-    LevelChunks,
-)
+from dpdask.dataflow._release_state import ReleaseState
 from dpdask.dataflow._source import private_dir
 from dpdask.noise import KeyFile, SecretKey, new_key
-from dpdask.privacy import Budget, Charge, Ledger, Run, RunStateError
-
-if TYPE_CHECKING:
-    from dpdask.dataflow.release import _Level
-    from dpdask.dataflow.store import DataStore
+from dpdask.privacy import Charge, Run, RunStateError
 
 
-class RunKeys:
+class RunKeys(ReleaseState):
     """The key and charge steps of a :class:`~dpdask.dataflow.release.Release`."""
-
-    # set by Release.__init__ (dpdask.dataflow.release)
-    store: DataStore
-    levels: tuple[str, ...]
-    release_id: str
-    run_id: str
-    total: Budget
-    reconstruct: str
-    ledger: Ledger | None
-    dataset: str | None
-    key: SecretKey | None
-    noise: bool
-    test_mode: bool
-    lc: LevelChunks
-    _levels: list[_Level]
-    _head: Any
-    _reports: list
 
     def _ledger_run(self) -> Run | None:
         if self.ledger is None:

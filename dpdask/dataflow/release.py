@@ -58,7 +58,6 @@ from __future__ import annotations
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from dask.base import tokenize
@@ -74,11 +73,12 @@ from dpdask.dataflow._levels import (
 from dpdask.dataflow._release_finish import Finish
 from dpdask.dataflow._release_graph import MeasureGraph
 from dpdask.dataflow._release_run import RunKeys
+from dpdask.dataflow._release_state import LevelState
 from dpdask.dataflow._source import private_dir
 from dpdask.dataflow.store import DataStore, open_store
 from dpdask.measure import level_charge
 from dpdask.noise import KeyFile, SecretKey
-from dpdask.privacy import Budget, Charge, Ledger, check_run_id
+from dpdask.privacy import Budget, Ledger, check_run_id
 from dpdask.publish import (
     check_output,
     move_into_place,
@@ -89,15 +89,6 @@ from dpdask.publish import (
 )
 
 __all__ = ["LevelPlan", "Release", "release"]
-
-
-@dataclass
-class _Level:
-    name: str
-    plan: LevelPlan
-    charge: Charge
-    chunks: tuple[int, ...]
-    unit_variance: float  # variance scalar of one unit's estimate in the tree model
 
 
 class Release(RunKeys, MeasureGraph, Finish):
@@ -139,7 +130,7 @@ class Release(RunKeys, MeasureGraph, Finish):
         }
         same = len({tokenize(p.strategy) for p in plans.values()}) == 1
         self._levels = [
-            _Level(
+            LevelState(
                 lv,
                 plans[lv],
                 charges[lv],

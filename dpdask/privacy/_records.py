@@ -53,6 +53,9 @@ def check_run_id(run_id: object) -> str:
     return run_id
 
 
+_PUBLISHED = ("level", "measurement", "mechanism", "sensitivity", "noise_scale", "privacy")
+
+
 @dataclass(frozen=True)
 class Charge:
     """One measurement's privacy charge.
@@ -135,6 +138,11 @@ class Charge:
             "privacy": self.privacy.to_dict(),
             "key_fingerprint": self.key_fingerprint,
         }
+
+    def published(self) -> dict[str, Any]:
+        """The part of the record a published release states (no run or key)."""
+        d = self.to_dict()
+        return {k: d[k] for k in _PUBLISHED}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Charge:

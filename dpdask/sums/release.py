@@ -210,18 +210,7 @@ def run_spec(
             "by truncation only (bias_bound)"
         ),
         "bias_bound": _bias_record(spec, result, mech, None if eps_t is None else eps_t.epsilon),
-        "charges": [
-            {
-                "level": c.level,
-                "measurement": c.measurement,
-                "mechanism": c.mechanism,
-                "sensitivity": c.sensitivity,
-                "noise_scale": c.noise_scale,
-                "privacy": c.privacy.to_dict(),
-            }
-            for c in ledger.charges(release)
-            if c.run_id == run_id
-        ],
+        "charges": [c.published() for c in ledger.charges(release) if c.run_id == run_id],
         "ledger": {
             "path": str(ledger.path),
             "id": ledger.ledger_id,
