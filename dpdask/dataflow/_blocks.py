@@ -42,6 +42,7 @@ from dpdask.reconstruct.nnls import nonnegative_fitter
 
 __all__ = [
     "ESTIMATORS",
+    "LS_FIRST",
     "NONNEGATIVE",
     "ChunkContext",
     "answer_block",
@@ -213,9 +214,11 @@ def estimate_block(
 
 
 NONNEGATIVE = ("nnls", "wnnls", "admm-l1", "admm-enet")
-ESTIMATORS = ("ls", "wls", *NONNEGATIVE)
+ESTIMATORS = ("ls", "wls", *NONNEGATIVE, "topdown")
 # quadratic fits computed from consistent least-squares estimates, at the finest level
 FIT_AFTER_CONSISTENCY = ("nnls", "wnnls")
+# estimators that start from every level's least-squares estimates
+LS_FIRST = (*FIT_AFTER_CONSISTENCY, "topdown")
 
 
 def reconstruct_block(

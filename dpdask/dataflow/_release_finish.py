@@ -36,6 +36,7 @@ from dpdask.dataflow._levels import (
 from dpdask.dataflow._output import level_outputs
 from dpdask.dataflow._release_graph import compute_items
 from dpdask.dataflow._release_state import ReleaseState
+from dpdask.dataflow._topdown import topdown_levels
 
 
 class Finish(ReleaseState):
@@ -55,7 +56,12 @@ class Finish(ReleaseState):
         variances = [
             np.full(self.store.geography.n_units(L.name), L.unit_variance) for L in self._levels
         ]
-        if len(self._levels) > 1:
+        if self.reconstruct == "topdown":
+            plans = [L.plan for L in self._levels]
+            reports = str(work / "reports")
+            final = topdown_levels(estimates, self.lc, plans, reports, self.integer)
+            fvar = variances  # each level's own least-squares variance (see release())
+        elif len(self._levels) > 1:
             last = len(self._levels) - 1
             psum = zarr.open_array(str(work / "raw.zarr" / f"{self.levels[last]}-sums"), mode="r")
             partial = da.from_zarr(

@@ -20,7 +20,7 @@ from dask.base import tokenize
 
 from dpdask.dataflow._aggregate import level_key
 from dpdask.dataflow._blocks import (
-    FIT_AFTER_CONSISTENCY,
+    LS_FIRST,
     ChunkContext,
     estimate_block,
     measure_block,
@@ -140,7 +140,7 @@ class MeasureGraph(ReleaseState):
             self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode
         )
         # NNLS and WNNLS start from least squares and are fitted after consistency
-        method = "ls" if self.reconstruct in FIT_AFTER_CONSISTENCY else self.reconstruct
+        method = "ls" if self.reconstruct in LS_FIRST else self.reconstruct
         if L.plan.fused(method):
             return x.map_blocks(
                 estimate_block, L.plan, L.plan.pinv(), keys, ctx,

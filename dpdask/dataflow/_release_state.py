@@ -46,6 +46,7 @@ class ReleaseState:
     key: SecretKey | None
     noise: bool
     test_mode: bool
+    integer: bool
     lc: LevelChunks
     _levels: list[LevelState]
     _head: Any

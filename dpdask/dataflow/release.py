@@ -110,6 +110,7 @@ class Release(RunKeys, MeasureGraph, Finish):
         noise: bool,
         test_mode: bool,
         chunk_bytes: int,
+        integer: bool = False,
     ):
         self.store = store
         self.levels = levels
@@ -123,6 +124,7 @@ class Release(RunKeys, MeasureGraph, Finish):
         self.key = key
         self.noise = noise
         self.test_mode = test_mode
+        self.integer = integer
         self.domain = store.domain
         self.lc: LevelChunks = level_chunks(store.geography, levels, store.domain.size, chunk_bytes)
         charges = {
@@ -149,6 +151,7 @@ class Release(RunKeys, MeasureGraph, Finish):
             "budget": self.total.to_dict(),
             "domain": self.domain.to_dict(),
             "reconstruct": self.reconstruct,
+            "integer": self.integer,
             "not_converged": getattr(self, "_reports", []),
             "levels": [],
         }
@@ -266,6 +269,7 @@ def release(
     noise: bool = True,
     test_mode: bool = False,
     chunk_bytes: int = 32 * 2**20,
+    integer: bool = False,
 ) -> Release:
     """Build a release of a data store: a lazy Dask graph, run by :meth:`Release.to_zarr`.
 
@@ -281,11 +285,14 @@ def release(
         finest must be the store's finest.
     budget_split : mapping of level to share, or sequence, optional
         With a single plan: each level's share of its budget (default even).
-    reconstruct : {"ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet"}
+    reconstruct : {"ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown"}
         The estimator (see :func:`~dpdask.dataflow._blocks.reconstruct_block`). Least
         squares is fused with the measurement when the strategy has full column rank;
         NNLS and WNNLS are fitted to the finest level's consistent least-squares
-        estimates, the coarser levels being their sums (module notes).
+        estimates, the coarser levels being their sums (module notes). ``"topdown"``
+        fits the top level non-negative and then each parent's children inside it
+        (:mod:`dpdask.dataflow._topdown`); its published variances are each level's own
+        least-squares variances, not those of the (biased) non-negative estimates.
     release_id, run_id : str
         Identify the release in the ledger and the noise; the same run id resumes.
     ledger : Ledger or path
@@ -298,6 +305,9 @@ def release(
     noise, test_mode : bool
         ``noise=False`` (allowed only with ``test_mode=True``) publishes exact
         counts: the oracle for tests. ``test_mode`` also admits test-only keys.
+    integer : bool
+        With ``reconstruct="topdown"``: integer estimates that add up exactly at every
+        level (controlled rounding, :func:`dpdask.reconstruct.topdown.round_children`).
     chunk_bytes : int
         Largest size of one chunk of estimates (a unit is never split). The default,
         32 MiB, keeps a chunk's arrays within glibc's heap (see
@@ -319,6 +329,8 @@ def release(
         raise ValueError("noise=False is only allowed in test mode")
     if reconstruct not in ESTIMATORS:
         raise ValueError(f"reconstruct={reconstruct!r} is not one of {ESTIMATORS}")
+    if integer and reconstruct != "topdown":
+        raise ValueError("integer=True goes with reconstruct='topdown'")
     if isinstance(plans, Mapping):
         missing = [lv for lv in levels if lv not in plans]
         if missing:
@@ -358,5 +370,5 @@ def release(
         store, levels, level_plans, release_id=release_id,
         run_id=new_run_id() if run_id is None else check_run_id(run_id),
         total=total, reconstruct=reconstruct, ledger=ledger, dataset=dataset, key=key,
-        noise=noise, test_mode=test_mode, chunk_bytes=chunk_bytes,
+        noise=noise, test_mode=test_mode, chunk_bytes=chunk_bytes, integer=integer,
     )  # fmt: skip
