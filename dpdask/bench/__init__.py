@@ -29,4 +29,5 @@ BENCHES: dict[str, str] = {
     "reconstruct": "dpdask.bench.reconstruct",
     "sums": "dpdask.bench.sums",
     "ldp": "dpdask.bench.ldp",
+    "topdown": "dpdask.bench.topdown",
 }
