@@ -34,7 +34,7 @@ import numpy as np
 
 from dpdask.dataflow._blas import task_blas
 from dpdask.linalg import LinearQuery
-from dpdask.measure import lattice, measure, measurement_noise
+from dpdask.measure import DEFAULT_MAX_TOTAL, lattice, measure, measurement_noise
 from dpdask.noise import StreamKey
 from dpdask.privacy import Charge
 from dpdask.reconstruct import admm, least_squares
@@ -113,6 +113,9 @@ class ChunkContext:
         without a ledger); :func:`~dpdask.measure.measure` checks it.
     noise, test_mode : bool
         ``noise=False`` (test mode only) measures exactly: the tests' oracle.
+    max_total : int
+        The public bound on one geography's total the lattice is sized for
+        (:func:`~dpdask.measure.lattice`).
     """
 
     release: str
@@ -121,6 +124,7 @@ class ChunkContext:
     receipt: Charge | None = None
     noise: bool = True
     test_mode: bool = False
+    max_total: int = DEFAULT_MAX_TOTAL
 
     def identity(self, chunk: int) -> tuple[str, str, int, str]:
         """The measurement identity of chunk ``chunk`` of this level."""
@@ -157,8 +161,8 @@ def measure_block(
         if key is None:
             raise ValueError("a noisy measurement needs its chunk's stream key")
         y = measure(
-            plan, x, key, ctx.identity(chunk),
-            ledger=ctx.receipt, run_id=ctx.run_id, test_mode=ctx.test_mode,
+            plan, x, key, ctx.identity(chunk), ledger=ctx.receipt, run_id=ctx.run_id,
+            test_mode=ctx.test_mode, max_total=ctx.max_total,
         )  # fmt: skip
     return np.asarray(y, dtype=np.float64)
 
@@ -200,8 +204,11 @@ def estimate_block(
         if key is None:
             raise ValueError("a noisy measurement needs its chunk's stream key")
         identity = ctx.identity(_chunk_index(block_info))
-        kw = {"ledger": ctx.receipt, "run_id": ctx.run_id, "test_mode": ctx.test_mode}
-        if not lattice(plan, x.dtype).exact:
+        kw = {
+            "ledger": ctx.receipt, "run_id": ctx.run_id, "test_mode": ctx.test_mode,
+            "max_total": ctx.max_total,
+        }  # fmt: skip
+        if not lattice(plan, x.dtype, ctx.max_total).exact:
             # on the lattice the measurement is round(A x / h) h + noise: form it and
             # publish its least-squares post-processing A^+ y (never x + A^+ z)
             y = measure(plan, x, key, identity, **kw)

@@ -137,8 +137,9 @@ class MeasureGraph(ReleaseState):
                 dtype=object,
             )
         ctx = ChunkContext(
-            self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode
-        )
+            self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode,
+            self.max_total,
+        )  # fmt: skip
         # NNLS and WNNLS start from least squares and are fitted after consistency
         method = "ls" if self.reconstruct in LS_FIRST else self.reconstruct
         if L.plan.fused(method):

@@ -10,15 +10,48 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Any
+
+import numpy as np
 
 from dpdask.dataflow._release_state import ReleaseState
 from dpdask.dataflow._source import private_dir
+from dpdask.errors import DataError
 from dpdask.noise import KeyFile, SecretKey, new_key
 from dpdask.privacy import Charge, Run, RunStateError
 
 
 class RunKeys(ReleaseState):
     """The key and charge steps of a :class:`~dpdask.dataflow.release.Release`."""
+
+    def _check_totals(self, client: Any) -> None:
+        """Refuse data above the public bound ``max_total`` before anything is charged.
+
+        Only levels measured on the lattice (:func:`dpdask.measure.lattice`) depend on
+        the bound; the top level's units hold every person, so their totals bound every
+        geography's. Nothing is read when every level is measured exactly."""
+        from dpdask.measure import lattice
+
+        dtype = self.store.to_dask().dtype
+        if not self.noise or all(
+            lattice(L.plan, dtype, self.max_total).exact for L in self._levels
+        ):
+            return
+        x = self.store.to_dask()
+        geo = self.store.geography
+        if self.levels[0] == geo.levels[-1]:
+            top = np.arange(geo.n_units(self.levels[0]))
+        else:
+            top = geo.ancestor_index(self.levels[0])
+        per_unit = x.reshape(x.shape[0], -1).sum(axis=1, dtype=np.int64)
+        totals = per_unit.compute() if client is None else client.compute(per_unit).result()
+        biggest = int(np.bincount(top, weights=totals).max(initial=0)) if totals.size else 0
+        if biggest > self.max_total:
+            raise DataError(
+                f"a {self.levels[0]} of the data holds {biggest} people, above the public "
+                f"bound max_total = {self.max_total} the measurement is sized for; raise "
+                "max_total (nothing was charged)"
+            )
 
     def _ledger_run(self) -> Run | None:
         if self.ledger is None:

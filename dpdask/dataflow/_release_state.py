@@ -47,6 +47,7 @@ class ReleaseState:
     noise: bool
     test_mode: bool
     integer: bool
+    max_total: int
     lc: LevelChunks
     _levels: list[LevelState]
     _head: Any

@@ -76,7 +76,7 @@ from dpdask.dataflow._release_run import RunKeys
 from dpdask.dataflow._release_state import LevelState
 from dpdask.dataflow._source import private_dir
 from dpdask.dataflow.store import DataStore, open_store
-from dpdask.measure import level_charge
+from dpdask.measure import DEFAULT_MAX_TOTAL, level_charge
 from dpdask.noise import KeyFile, SecretKey
 from dpdask.privacy import Budget, Ledger, check_run_id
 from dpdask.publish import (
@@ -111,6 +111,7 @@ class Release(RunKeys, MeasureGraph, Finish):
         test_mode: bool,
         chunk_bytes: int,
         integer: bool = False,
+        max_total: int = DEFAULT_MAX_TOTAL,
     ):
         self.store = store
         self.levels = levels
@@ -125,6 +126,7 @@ class Release(RunKeys, MeasureGraph, Finish):
         self.noise = noise
         self.test_mode = test_mode
         self.integer = integer
+        self.max_total = max_total
         self.domain = store.domain
         self.lc: LevelChunks = level_chunks(store.geography, levels, store.domain.size, chunk_bytes)
         charges = {
@@ -152,6 +154,7 @@ class Release(RunKeys, MeasureGraph, Finish):
             "domain": self.domain.to_dict(),
             "reconstruct": self.reconstruct,
             "integer": self.integer,
+            "max_total": self.max_total,
             "not_converged": getattr(self, "_reports", []),
             "levels": [],
         }
@@ -240,6 +243,7 @@ class Release(RunKeys, MeasureGraph, Finish):
         if self.ledger is not None:
             guard += [("ledger", self.ledger.path), ("ledger head file", self.ledger.head_file)]
         path = check_output(path, overwrite, guard)
+        self._check_totals(client)
         key = self._charge_and_key(work, run)
         private_dir(work)
         raw = self._checkpoint(work, key, client, progress)
@@ -270,6 +274,7 @@ def release(
     test_mode: bool = False,
     chunk_bytes: int = 32 * 2**20,
     integer: bool = False,
+    max_total: int = DEFAULT_MAX_TOTAL,
 ) -> Release:
     """Build a release of a data store: a lazy Dask graph, run by :meth:`Release.to_zarr`.
 
@@ -308,6 +313,11 @@ def release(
     integer : bool
         With ``reconstruct="topdown"``: integer estimates that add up exactly at every
         level (controlled rounding, :func:`dpdask.reconstruct.topdown.round_children`).
+    max_total : int
+        The public bound on one geography's total (at any level) for which float data
+        or a non-integer strategy is measured on the lattice
+        (:func:`dpdask.measure.lattice`): a smaller bound gives a finer grid and less
+        added noise; a geography above it is refused before anything is charged.
     chunk_bytes : int
         Largest size of one chunk of estimates (a unit is never split). The default,
         32 MiB, keeps a chunk's arrays within glibc's heap (see
@@ -371,4 +381,5 @@ def release(
         run_id=new_run_id() if run_id is None else check_run_id(run_id),
         total=total, reconstruct=reconstruct, ledger=ledger, dataset=dataset, key=key,
         noise=noise, test_mode=test_mode, chunk_bytes=chunk_bytes, integer=integer,
+        max_total=max_total,
     )  # fmt: skip

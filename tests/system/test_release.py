@@ -438,3 +438,28 @@ def test_pair_inverse_matches_dense_least_squares(seed: int, deficient: bool) ->
     np.testing.assert_allclose(Ad @ P.dense(), Ad @ np.linalg.pinv(Ad), atol=1e-9)
     if not deficient:
         np.testing.assert_allclose(P.dense(), np.linalg.pinv(Ad), atol=1e-10)
+
+
+def test_data_above_max_total_refused_before_any_charge(store, tmp_path):
+    """On the lattice (a non-integer strategy), a geography above the public bound on
+    totals is refused before the ledger is charged; at the bound the release runs."""
+    from dpdask.errors import DataError
+    from dpdask.linalg import Dense
+
+    st, counts = store
+    frac = Kron([Dense(np.array([[1.0, 0.5], [0.25, 1.0]])), Prefix(3)])
+    ledger = Ledger.init(tmp_path / "ledger.sqlite")
+    total = int(counts.sum())
+
+    def run(max_total, run_id):
+        rel = release(
+            make_plan(strategy=frac), st, release_id="mt", run_id=run_id, ledger=ledger,
+            max_total=max_total,
+        )  # fmt: skip
+        return rel.to_zarr(tmp_path / f"{run_id}.zarr")
+
+    with pytest.raises(DataError, match="max_total"):
+        run(total - 1, "low")
+    assert ledger.charges("mt") == []
+    assert run(total, "ok").exists()
+    assert len(ledger.charges("mt")) == len(st.geography.levels)
