@@ -13,7 +13,7 @@ __all__ = ["cmd_plan", "cmd_run", "cmd_validate"]
 
 def cmd_run(argv: Sequence[str]) -> int:
     from dpdask.pipeline.cluster import connect
-    from dpdask.pipeline.run import run_spec
+    from dpdask.pipeline.run import check_input, run_spec
     from dpdask.pipeline.spec import load_spec
 
     parser = spec_parser("run", "Run a release: select, measure, reconstruct, publish.")
@@ -43,6 +43,7 @@ def cmd_run(argv: Sequence[str]) -> int:
         print_result(summary, args.json, lambda r: json.dumps(r, indent=2))
         return 0
     spec = load_spec(args.spec, period=args.period)
+    check_input(spec)  # before a cluster starts
     with connect(spec.cluster, scheduler=args.scheduler) as client:
         log.warning("run %s: dashboard at %s", spec.release, client.dashboard_link)
         summary = run_spec(

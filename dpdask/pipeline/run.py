@@ -24,6 +24,7 @@ from dpdask.dataflow import (
     open_store,
     private_dir,
     read_pl94,
+    read_ri2010,
     write_store,
 )
 from dpdask.domain import Geography
@@ -46,7 +47,7 @@ from dpdask.workloads.named import build_workload
 
 log = logging.getLogger("dpdask")
 
-__all__ = ["build_workload", "load_data", "plan_spec", "run_spec", "validate_spec"]
+__all__ = ["build_workload", "check_input", "load_data", "plan_spec", "run_spec", "validate_spec"]
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -71,6 +72,12 @@ def source_print(spec: ReleaseSpec) -> SourcePrint:
     return fingerprint_path(spec.data.path)
 
 
+def check_input(spec: ReleaseSpec) -> None:
+    """Refuse a spec whose input is missing, before a cluster starts or a ledger opens."""
+    if spec.data.format != "synthetic" and (spec.data.path is None or not spec.data.path.exists()):
+        raise SpecError(f"data.path: {spec.data.path} does not exist")
+
+
 def dataset_id(spec: ReleaseSpec, source: SourcePrint | None = None) -> str:
     """The dataset a spec's releases are charged to: ``data.id``, or the content
     fingerprint of the input."""
@@ -81,8 +88,9 @@ def load_data(
     spec: ReleaseSpec, work: pathlib.Path, source: SourcePrint | None = None
 ) -> DataStore:
     """Open the spec's data as a store; inputs that need converting (P.L. 94-171 files,
-    records, synthetic data) are converted into the private folder ``work``, under a name
-    keyed to the source's fingerprint (a changed source is converted again).
+    the Rhode Island 2010 block file, records, synthetic data) are converted into the
+    private folder ``work``, under a name keyed to the source's fingerprint (a changed
+    source is converted again).
     """
     fmt = spec.data.format
     if fmt == "store":
@@ -95,6 +103,10 @@ def load_data(
         elif fmt == "pl94":
             counts, domain, geo = read_pl94(spec.data.path)
             store = write_store(cached, counts, domain, geo, source=f"P.L. 94-171 {spec.data.path}")
+        elif fmt == "ri2010":
+            counts, domain, geo = read_ri2010(spec.data.path)
+            origin = f"RI 2010 blocks (ALARM Project, CC BY-SA 4.0) {spec.data.path}"
+            store = write_store(cached, counts, domain, geo, source=origin)
         elif fmt == "synthetic":
             store = _synthetic_store(spec, cached)
         elif fmt == "records":
@@ -206,6 +218,7 @@ def _open_ledger(spec: ReleaseSpec) -> Ledger:
 def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create: bool) -> _Checked:
     """Every check ``run`` makes before it reads data or charges, in that order: the
     output path, the ledger (verified), the dataset's and release's budgets, the run id."""
+    check_input(spec)
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
     output = spec.output.absolute()
     work = work_dir(output, run_id)
@@ -253,8 +266,6 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
         _check_run_key(run, work)
     if ledger is not None:
         _check_budgets(spec, ledger, dataset, resuming)
-    if spec.data.path is not None and not spec.data.path.exists():
-        raise SpecError(f"data.path: {spec.data.path} does not exist")
     source = source or source_print(spec)
     return _Checked(ledger, dataset, source, output, run_id, work, resuming)
 
@@ -411,7 +422,8 @@ def run_spec(
     rel = release(
         plan, store, levels=levels,
         budget_split={lv: spec.split[lv] for lv in levels} if spec.split else None,
-        reconstruct=spec.reconstruct, release_id=spec.release, run_id=checked.run_id,
+        reconstruct=spec.reconstruct, integer=spec.integer, release_id=spec.release,
+        run_id=checked.run_id,
         ledger=ledger, dataset=checked.dataset,
     )  # fmt: skip
     from dpdask.dashboard import track  # registers the plugin; shows the run at /dpdask

@@ -12,10 +12,10 @@ Example (``pipelines/pl94-providence.yaml``)::
 
     release: pl94-providence
     data:
-      format: pl94                 # pl94 | store | records | synthetic
+      format: pl94                 # pl94 | ri2010 | store | records | synthetic
       path: ../examples/data/pl94_providence
       id: ri-2018-e2e-providence   # optional: names the dataset
-    domain: pl94                   # pl94 | cph | {attr: size, ...}
+    domain: pl94                   # pl94 | ri2010 | cph | {attr: size, ...}
     levels: [state, county, tract, block_group, block]   # a list: order matters
     workload: pl94                 # or {name: marginals, k: 2}
     privacy:
@@ -32,7 +32,8 @@ Example (``pipelines/pl94-providence.yaml``)::
 The keys allowed in each mapping:
 
 ============  ====================================================================
-``data``      ``format``, ``path``, ``id``; for ``synthetic`` also ``geographies``,
+``data``      ``format``, ``path``, ``id`` (for ``ri2010`` the CSV file or its folder,
+              :func:`dpdask.dataflow.read_ri2010`); for ``synthetic`` also ``geographies``,
               ``states``, ``seed``, ``population``; for ``records`` the options of
               :func:`dpdask.dataflow.ingest_records` (``geography_column`` required)
 ``privacy``   one of ``zcdp``, ``rho``, ``epsilon`` (``delta`` only with
@@ -75,9 +76,9 @@ __all__ = ["DataSpec", "ReleaseSpec", "SpecError", "load_spec", "parse_domain", 
 
 
 _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
-DATA_FORMATS = ("pl94", "store", "records", "synthetic")
+DATA_FORMATS = ("pl94", "ri2010", "store", "records", "synthetic")
 STRATEGIES = ("hdmm", "identity", "workload", "hierarchical", "wavelet", "convex", "fitness")
-RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet")
+RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown")
 _DATA_KEYS = ("format", "path", "id")
 _SYNTHETIC_KEYS = ("geographies", "states", "seed", "population")
 _LEDGER_KEYS = ("path", "create")
@@ -126,6 +127,7 @@ class ReleaseSpec:
     source: pathlib.Path | None = None
     ledger_create: bool = False
     period: str | None = None
+    integer: bool = False  # reconstruct: {method: topdown, integer: true}
 
     def level_budgets(self, levels: tuple[str, ...]) -> dict[str, Budget]:
         """The budget of each released level: the exact split of the total.
@@ -168,6 +170,10 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
     dpath = as_path(d["path"], base, "data.path") if d.get("path") else None
     if fmt != "synthetic" and dpath is None:
         raise SpecError(f"data.path: required for format {fmt!r}")
+    if fmt == "ri2010" and dpath is not None:
+        from dpdask.dataflow import ri2010_csv
+
+        dpath = ri2010_csv(dpath)  # a folder names its block file: only that file is read
     if fmt == "records" and d.get("geography_column") is None:
         raise SpecError("data.geography_column: required for format 'records'")
     data_id = d.get("id")
@@ -243,12 +249,16 @@ def _ledger(raw: Any, output: pathlib.Path, base: pathlib.Path) -> tuple[pathlib
 
 # -- the spec -------------------------------------------------------------------------------
 def parse_domain(value: Any) -> Domain:
-    """The domain a spec (or ``dpdask plan --domain``) names: ``pl94``, ``cph`` or a
-    mapping of attribute sizes; a :class:`SpecError` naming ``domain`` otherwise."""
+    """The domain a spec (or ``dpdask plan --domain``) names: ``pl94``, ``ri2010``,
+    ``cph`` or a mapping of attribute sizes; a :class:`SpecError` naming ``domain``
+    otherwise."""
     from dpdask import census
+    from dpdask.workloads import ri2010_domain
 
     if value == "pl94":
         return census.pl94_domain()
+    if value == "ri2010":
+        return ri2010_domain()
     if value == "cph":
         return census.cph_domain()
     if isinstance(value, Mapping):
@@ -257,7 +267,7 @@ def parse_domain(value: Any) -> Domain:
         except ValueError as exc:
             raise SpecError(f"domain: {exc}") from None
     raise SpecError(
-        f"domain: expected 'pl94', 'cph' or a mapping of attribute sizes, got {value!r}"
+        f"domain: expected 'pl94', 'ri2010', 'cph' or a mapping of attribute sizes, got {value!r}"
     )
 
 
@@ -359,17 +369,16 @@ def parse_spec(
         dataset_budget = parse_budget(pr["dataset"], "privacy.dataset")
 
     strategy, strategy_options = _strategy(raw.get("strategy", "hdmm"))
-    rec = raw.get("reconstruct", "ls")
-    if rec not in RECONSTRUCTIONS:
-        raise SpecError(f"reconstruct: {rec!r} is not one of {RECONSTRUCTIONS}")
+    rec, integer = _reconstruct(raw.get("reconstruct", "ls"))
     output = as_path(output_text, base, "output")
     ledger, ledger_create = _ledger(raw.get("ledger"), output, base)
     cluster = parse_cluster(raw.get("cluster"), base)
     return ReleaseSpec(
         release=release, data=data, domain=domain, levels=levels, workload=workload,
         privacy=privacy, split=split, strategy=strategy, strategy_options=strategy_options,
-        reconstruct=rec, output=output, ledger=ledger, dataset_budget=dataset_budget,
-        cluster=cluster, ledger_create=ledger_create, period=period,
+        reconstruct=rec, integer=integer, output=output, ledger=ledger,
+        dataset_budget=dataset_budget, cluster=cluster, ledger_create=ledger_create,
+        period=period,
     )  # fmt: skip
 
 
@@ -395,3 +404,21 @@ def load_spec(path: str | os.PathLike, period: str | None = None) -> ReleaseSpec
         raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
     spec = parse_spec(raw, base=path.parent, period=period)
     return ReleaseSpec(**{**spec.__dict__, "source": path.resolve()})
+
+
+def _reconstruct(raw: Any) -> tuple[str, bool]:
+    """``reconstruct: ls`` or ``reconstruct: {method: topdown, integer: true}``."""
+    if isinstance(raw, Mapping):
+        unknown = sorted(set(raw) - {"method", "integer"}, key=str)
+        if unknown:
+            raise SpecError(f"reconstruct: unknown key(s) {unknown}; known: ['integer', 'method']")
+        method, integer = raw.get("method", "ls"), raw.get("integer", False)
+    else:
+        method, integer = raw, False
+    if method not in RECONSTRUCTIONS:
+        raise SpecError(f"reconstruct: {method!r} is not one of {RECONSTRUCTIONS}")
+    if not isinstance(integer, bool):
+        raise SpecError(f"reconstruct.integer: must be true or false, got {integer!r}")
+    if integer and method != "topdown":
+        raise SpecError("reconstruct.integer: integer estimates need method: topdown")
+    return method, integer

@@ -56,6 +56,7 @@ from dpdask import census
 from dpdask.domain import Domain
 from dpdask.linalg import Kron, LinearQuery, VStack
 from dpdask.workloads.products import indicator, product
+from dpdask.workloads.ri2010 import RACEETH_LABELS
 
 __all__ = [
     "PL94_PARTS",
@@ -80,6 +81,7 @@ _CATEGORIES: dict[str, tuple[str, ...]] = {
     "sex": ("Male", "Female"),
     "votingage": ("Under 18 years", "18 years and over"),
     "relation": census.RELATIONSHIPS,
+    "raceeth": RACEETH_LABELS,
 }
 
 

@@ -17,6 +17,7 @@ builder                     workload
 :func:`product`             any product workload from per-attribute predicate matrices
 :func:`age_pyramid`         age ranges by sex and for all (paper 000, section 7.6)
 :func:`pl94`                the PL 94-171 workload (paper 000, section 7.3), 319 queries
+:func:`ri2010`              the RI 2010 blocks' workload (total, marginals, identity), 27
 :func:`sf1_persons`         Census 2010 SF1 person tables on the CPH domain
 :func:`sf1_hdmm_reference`  the HDMM reference's SF1 encoding (4,151 queries, race 64)
 :func:`sum_query`           sums of a numeric attribute, ``W D`` (paper 004)
@@ -31,6 +32,7 @@ from dpdask.workloads.pl94 import pl94
 from dpdask.workloads.products import indicator, product
 from dpdask.workloads.pyramid import age_pyramid, age_ranges
 from dpdask.workloads.ranges import all_range, prefix, random_ranges
+from dpdask.workloads.ri2010 import ri2010, ri2010_domain
 from dpdask.workloads.sf1 import sf1_persons, sf1_tables
 from dpdask.workloads.sf1_reference import sf1_hdmm_reference
 from dpdask.workloads.sums import sum_query
@@ -48,6 +50,8 @@ __all__ = [
     "prefix",
     "product",
     "random_ranges",
+    "ri2010",
+    "ri2010_domain",
     "sf1_hdmm_reference",
     "sf1_persons",
     "sf1_tables",

@@ -18,6 +18,7 @@ from dpdask.workloads.marginals import identity, marginal, marginals
 from dpdask.workloads.pl94 import pl94
 from dpdask.workloads.pyramid import age_pyramid
 from dpdask.workloads.ranges import all_range, prefix
+from dpdask.workloads.ri2010 import ri2010, ri2010_domain
 from dpdask.workloads.sf1 import sf1_persons
 from dpdask.workloads.sf1_reference import hdmm_reference_domain, sf1_hdmm_reference
 
@@ -53,6 +54,7 @@ def _needs(domain: Domain | None) -> Domain:
 
 _BUILDERS: dict[str, Callable[..., LinearQuery]] = {
     "pl94": lambda d: pl94(_needs(d)),
+    "ri2010": lambda d: ri2010(_needs(d)),
     "sf1-persons": lambda d, **o: sf1_persons(_needs(d), **o),
     "sf1-hdmm": lambda d: sf1_hdmm_reference(_needs(d)),
     "age-pyramid": lambda d, **o: age_pyramid(_needs(d), **o),
@@ -73,6 +75,7 @@ WORKLOAD_ALIASES: tuple[str, ...] = tuple(_ALIASES)
 
 _DEFAULT_DOMAINS: dict[str, Callable[[], Domain]] = {
     "pl94": census.pl94_domain,
+    "ri2010": ri2010_domain,
     "sf1-persons": census.cph_domain,
     "sf1-hdmm": hdmm_reference_domain,
 }
@@ -140,7 +143,9 @@ def named(name: str, domain: Domain | None = None, **options: Any) -> LinearQuer
     Parameters
     ----------
     name : str
-        One of ``pl94``, ``sf1-persons`` (alias ``sf1``; option ``tables``),
+        One of ``pl94``, ``ri2010`` (the Rhode Island 2010 blocks' domain: total,
+        voting-age and race/ethnicity marginals, identity), ``sf1-persons`` (alias
+        ``sf1``; option ``tables``),
         ``sf1-hdmm`` (the HDMM reference's SF1 encoding, race 64),
         ``age-pyramid`` (options ``kind``, ``voting_age``), ``identity``,
         ``marginals`` (option ``k``, default 1), ``marginal`` (option ``attrs``),

@@ -222,6 +222,31 @@ def test_pl94_on_a_domain_with_single_years_of_age(rng):
     np.testing.assert_array_equal(pl94(d) @ x.ravel(), _pl94_oracle() @ va.ravel())
 
 
+def test_ri2010_equals_the_hand_built_matrix():
+    from dpdask.workloads import ri2010, ri2010_domain
+    from dpdask.workloads.ri2010 import RACEETH, RACEETH_LABELS
+
+    domain = ri2010_domain()
+    assert domain == Domain(votingage=2, raceeth=8) and len(RACEETH_LABELS) == 8
+    assert RACEETH == ("white", "black", "hisp", "aian", "asian", "nhpi", "other", "two")
+    cells = list(itertools.product(range(2), range(8)))  # C order: votingage, raceeth
+    rows = [[1] * 16]
+    rows += [[int(v == a) for v, _ in cells] for a in range(2)]
+    rows += [[int(r == g) for _, r in cells] for g in range(8)]
+    rows += [[int(c == cell) for c in cells] for cell in cells]
+    W = ri2010()
+    assert W.names == ("total", "votingage", "raceeth", "identity")
+    np.testing.assert_array_equal(W.dense(), np.array(rows))
+    np.testing.assert_array_equal(ri2010(Domain(raceeth=8, sex=2, votingage=2)).shape, (27, 32))
+    for bad in (
+        Domain(votingage=2),
+        Domain(votingage=2, raceeth=7),
+        Domain(votingage=3, raceeth=8),
+    ):
+        with pytest.raises(ValueError, match=r"votingage|raceeth"):
+            ri2010(bad)
+
+
 def test_pl94_rejects_wrong_domains():
     with pytest.raises(ValueError, match="'race' must have 63"):
         pl94(Domain(votingage=2, hisp=2, race=62))
@@ -549,21 +574,31 @@ def test_named_workloads_reject_bad_names_and_options(name, kwargs, match):
         named(name, domain, **kwargs)
 
 
-@pytest.mark.parametrize(
-    ("name", "extra", "domain", "options"),
-    [
-        ("pl94", [], "pl94", {}),
-        ("sf1", [], "cph", {}),
-        ("sf1-persons", [], "cph", {}),
-        ("age-pyramid", ["--domain", "cph"], "cph", {}),
-        ("identity", ["--domain", "a=3,b=2"], {"a": 3, "b": 2}, {}),
-        ("marginals", ["--domain", "a=3,b=2,c=2", "--k", "2"], {"a": 3, "b": 2, "c": 2}, {"k": 2}),
-        ("marginal", ["--domain", "a=3,b=2", "--attrs", "b"], {"a": 3, "b": 2}, {"attrs": ["b"]}),
-        ("prefix", ["--n", "16"], None, {"n": 16}),
-        ("allrange", ["--n", "16"], None, {"n": 16}),
-        ("all-range", ["--n", "16"], None, {"n": 16}),
-    ],
-)
+PLANNED = [
+    ("pl94", [], "pl94", {}),
+    ("ri2010", [], "ri2010", {}),
+    ("sf1", [], "cph", {}),
+    ("sf1-persons", [], "cph", {}),
+    ("age-pyramid", ["--domain", "cph"], "cph", {}),
+    ("identity", ["--domain", "a=3,b=2"], {"a": 3, "b": 2}, {}),
+    ("marginals", ["--domain", "a=3,b=2,c=2", "--k", "2"], {"a": 3, "b": 2, "c": 2}, {"k": 2}),
+    ("marginal", ["--domain", "a=3,b=2", "--attrs", "b"], {"a": 3, "b": 2}, {"attrs": ["b"]}),
+    ("prefix", ["--n", "16"], None, {"n": 16}),
+    ("allrange", ["--n", "16"], None, {"n": 16}),
+    ("all-range", ["--n", "16"], None, {"n": 16}),
+]
+
+
+def test_every_workload_name_is_planned_below():
+    """A name added to ``workloads/named.py`` gets a row in PLANNED (``sf1-hdmm``, the
+    HDMM reference's encoding, is checked against its reference in test_sf1_reference)."""
+    from dpdask.workloads.named import WORKLOAD_ALIASES, WORKLOAD_NAMES
+
+    names = (set(WORKLOAD_NAMES) - {"sf1-hdmm"}) | set(WORKLOAD_ALIASES)
+    assert names <= {row[0] for row in PLANNED}
+
+
+@pytest.mark.parametrize(("name", "extra", "domain", "options"), PLANNED)
 def test_plan_accepts_every_workload_name_the_spec_accepts(name, extra, domain, options, capsys):
     """``dpdask plan --workload NAME`` asks the queries of the spec's ``workload: NAME``."""
     import json
