@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 from collections.abc import Sequence
 
 from dpdask.cli._common import QUIET, log, print_result, spec_model, spec_parser
@@ -107,9 +108,16 @@ def cmd_plan(argv: Sequence[str]) -> int:
         from dpdask.pipeline.spec import load_spec
 
         plan, report = plan_spec(load_spec(args.spec, period=args.period))
+        per_level = plan if isinstance(plan, dict) else None
         if args.save:
-            plan.save(args.save)
-        print_result(report, args.json, lambda r: plan.summary() + "\n\n" + _levels_table(r))
+            if per_level is None:
+                plan.save(args.save)
+            else:  # one file per level: PATH-<level>.npz
+                base = pathlib.Path(args.save)
+                for lv, p in per_level.items():
+                    p.save(base.with_name(f"{base.stem}-{lv}{base.suffix or '.npz'}"))
+        first = plan if per_level is None else next(iter(per_level.values()))
+        print_result(report, args.json, lambda r: first.summary() + "\n\n" + _levels_table(r))
         return 0
     plan = _plan_workload(args, parser)
     if args.save:
@@ -164,9 +172,10 @@ def _levels_table(report: dict) -> str:
     lines = [f"{'level':<14}{'budget':>22}{'noise':>12}{'rmse/query':>14}{'max sd':>10}"]
     for lv in report["levels"]:
         budget = ", ".join(f"{k}={v}" for k, v in lv["budget"].items() if k != "type")
+        workload = f"  {lv['workload']}" if "workload" in lv else ""
         lines.append(
             f"{lv['level']:<14}{budget:>22}{lv['noise_scale']:>12.4g}"
-            f"{lv['rmse_per_query']:>14.4g}{lv['max_query_stddev']:>10.4g}"
+            f"{lv['rmse_per_query']:>14.4g}{lv['max_query_stddev']:>10.4g}{workload}"
         )
     return "\n".join(lines)
 

@@ -152,44 +152,67 @@ def _levels(spec: ReleaseSpec, store: DataStore) -> tuple[str, ...]:
 
 
 def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any]]:
-    """Select the strategy (no data read) and report the expected error per level."""
+    """Select the strategy (no data read) and report the expected error per level.
+
+    Returns one plan whose budget the levels split, or, for a spec with one workload per
+    level (``workload: {levels: ...}``), a mapping of level to the plan selected for that
+    level's workload with that level's share of the budget.
+    """
+    from dpdask.dataflow.release import LevelPlan
     from dpdask.strategy import select
 
-    W = build_workload(spec.workload, spec.domain)
-    plan = select(
-        W,
-        spec.privacy,
-        strategy=spec.strategy,
-        domain=spec.domain,
-        client=client,
-        **spec.strategy_options,
-    )
     levels = spec.levels or ()
     shares = spec.level_budgets(levels) if levels else {}
+
+    def choose(W: Any, budget: Any) -> Any:
+        return select(
+            W, budget, strategy=spec.strategy, domain=spec.domain, client=client,
+            **spec.strategy_options,
+        )  # fmt: skip
+
     report: dict[str, Any] = {
         "release": spec.release,
         "workload": spec.workload,
-        "queries": int(W.shape[0]),
         "cells": int(spec.domain.size),
         "strategy": spec.strategy,
         "budget": spec.privacy.to_dict(),
         "levels": [],
     }
-    from dpdask.dataflow.release import LevelPlan
-
+    plans: dict[str, Any] = {}
+    if spec.per_level:
+        for lv, b in shares.items():
+            W = build_workload(spec.level_workload(lv), spec.domain)
+            plans[lv] = choose(W, b)
+        report["queries"] = {lv: int(p.workload.shape[0]) for lv, p in plans.items()}
+    else:
+        W = build_workload(spec.workload, spec.domain)
+        plan = choose(W, spec.privacy)
+        report["queries"] = int(W.shape[0])
     for lv, b in shares.items():
-        lp = LevelPlan(plan, b)
+        lp = LevelPlan(plans[lv], b) if spec.per_level else LevelPlan(plan, b)
         qv = lp.query_variances()
-        report["levels"].append(
-            {
-                "level": lv,
-                "budget": b.to_dict(),
-                "noise_scale": lp.noise_scale,
-                "rmse_per_query": float(math.sqrt(qv.mean())),
-                "max_query_stddev": float(math.sqrt(qv.max())),
-            }
-        )
-    return plan, report
+        row = {
+            "level": lv,
+            "budget": b.to_dict(),
+            "noise_scale": lp.noise_scale,
+            "rmse_per_query": float(math.sqrt(qv.mean())),
+            "max_query_stddev": float(math.sqrt(qv.max())),
+        }
+        if spec.per_level:
+            row["workload"] = spec.level_workload(lv)["name"]
+        report["levels"].append(row)
+    return (plans if spec.per_level else plan), report
+
+
+def _check_workloads(spec: ReleaseSpec) -> int:
+    """Build every workload the spec names; the largest number of queries."""
+    queries = 0
+    for w in spec.workloads():
+        W = build_workload(w, spec.domain)
+        if W.shape[1] != spec.domain.size:
+            raise SpecError(f"workload: has {W.shape[1]} columns for {spec.domain.size} cells")
+        queries = max(queries, int(W.shape[0]))
+    return queries
 
 
 @dataclass(frozen=True)
@@ -362,16 +385,14 @@ def validate_spec(
     Returns a report; raises :class:`SpecError`, a :class:`~dpdask.privacy.LedgerError`
     or the data reader's error, naming the problem.
     """
-    W = build_workload(spec.workload, spec.domain)
-    if W.shape[1] != spec.domain.size:
-        raise SpecError(f"workload: has {W.shape[1]} columns for {spec.domain.size} cells")
+    queries = _check_workloads(spec)
     if not spec.ledger.exists() and not spec.ledger_create:
         _open_ledger(spec)  # raises, naming the fix
     checked = _preflight(spec, run_id, overwrite, create=False)
     report: dict[str, Any] = {
         "release": spec.release,
         "dataset": checked.dataset,
-        "workload_queries": int(W.shape[0]),
+        "workload_queries": queries,
         "units": _check_data(spec, checked),
     }
     if checked.ledger is not None:
@@ -404,9 +425,7 @@ def run_spec(
     """
     from dpdask.dataflow.release import release
 
-    W = build_workload(spec.workload, spec.domain)
-    if W.shape[1] != spec.domain.size:
-        raise SpecError(f"workload: has {W.shape[1]} columns for {spec.domain.size} cells")
+    _check_workloads(spec)
     checked = _preflight(spec, run_id, overwrite, create=True)
     plan, report = plan_spec(spec, client=client)
     ledger = checked.ledger
@@ -421,7 +440,9 @@ def run_spec(
     levels = _levels(spec, store)
     rel = release(
         plan, store, levels=levels,
-        budget_split={lv: spec.split[lv] for lv in levels} if spec.split else None,
+        budget_split=(
+            {lv: spec.split[lv] for lv in levels} if spec.split and not spec.per_level else None
+        ),
         reconstruct=spec.reconstruct, integer=spec.integer, release_id=spec.release,
         run_id=checked.run_id,
         ledger=ledger, dataset=checked.dataset,

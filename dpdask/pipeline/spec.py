@@ -129,6 +129,23 @@ class ReleaseSpec:
     period: str | None = None
     integer: bool = False  # reconstruct: {method: topdown, integer: true}
 
+    @property
+    def per_level(self) -> bool:
+        """Whether each level has its own workload (``workload: {levels: ...}``)."""
+        return "levels" in self.workload
+
+    def level_workload(self, level: str | None = None) -> dict[str, Any]:
+        """The workload of ``level`` (the one workload of a spec without per-level ones)."""
+        if not self.per_level:
+            return self.workload
+        if level is None:
+            raise SpecError("workload: this spec has one workload per level; name the level")
+        return dict(self.workload["levels"][level])
+
+    def workloads(self) -> list[dict[str, Any]]:
+        """Every workload the spec names (one, or one per level)."""
+        return list(self.workload["levels"].values()) if self.per_level else [self.workload]
+
     def level_budgets(self, levels: tuple[str, ...]) -> dict[str, Budget]:
         """The budget of each released level: the exact split of the total.
 
@@ -184,6 +201,25 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
 
 
 # -- workload and strategy ------------------------------------------------------------------
+def _workloads(raw: Any, levels: tuple[str, ...] | None) -> dict[str, Any]:
+    """One workload for every level, or ``{levels: {level: workload, ...}}``: one per
+    released level, each selected and measured with the level's share of the budget."""
+    if not (isinstance(raw, Mapping) and "levels" in raw):
+        return _workload(raw)
+    check_keys(raw, ["levels"], "workload")
+    per_level = raw["levels"]
+    if not isinstance(per_level, Mapping) or not per_level:
+        raise SpecError("workload.levels: expected a mapping of level to workload")
+    if levels is None:
+        raise SpecError("workload.levels: per-level workloads need the spec's levels: list")
+    if set(per_level) != set(levels):
+        raise SpecError(
+            f"workload.levels: give one workload per released level {list(levels)}; "
+            f"got {sorted(per_level, key=str)}"
+        )
+    return {"levels": {lv: _workload(per_level[lv]) for lv in levels}}  # in levels' order
+
+
 def _workload(raw: Any) -> dict[str, Any]:
     from dpdask.workloads.named import workload_options
 
@@ -359,7 +395,7 @@ def parse_spec(
     data = _data(require(raw, "data", "spec"), base)
     domain = parse_domain(require(raw, "domain", "spec"))
     levels = _levels(raw.get("levels"))
-    workload = _workload(require(raw, "workload", "spec"))
+    workload = _workloads(require(raw, "workload", "spec"), levels)
 
     pr = require(raw, "privacy", "spec")
     privacy = parse_budget(pr, "privacy", PRIVACY_KEYS)
