@@ -63,6 +63,12 @@ def cmd_validate(argv: Sequence[str]) -> int:
     parser.add_argument("--run-id", help="check that this run id may be run (or resumed)")
     parser.add_argument("--overwrite", action="store_true", help="as dpdask run --overwrite")
     args = parser.parse_args(argv)
+    if spec_model(args.spec) == "sums":  # sums of a numeric attribute per geography
+        from dpdask.sums.plan import validate_spec as validate_sums
+
+        report = validate_sums(args.spec, run_id=args.run_id, overwrite=args.overwrite)
+        print_result(report, args.json, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+        return 0
     spec = load_spec(args.spec, period=args.period)
     report = validate_spec(spec, run_id=args.run_id, overwrite=args.overwrite)
     print_result(report, args.json, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
@@ -102,6 +108,14 @@ def cmd_plan(argv: Sequence[str]) -> int:
 
         plan = plan_local(args.spec)  # writes the devices' strategy file
         print_result(plan.summary(as_dict=True), args.json, lambda r: plan.summary())
+        return 0
+    if args.spec is not None and spec_model(args.spec) == "sums":
+        from dpdask.sums.plan import format_plan
+        from dpdask.sums.plan import plan_spec as plan_sums
+
+        if args.save:
+            parser.error("--save: a sum spec's plan depends on the threshold; not saved")
+        print_result(plan_sums(args.spec), args.json, format_plan)
         return 0
     if args.spec is not None:
         from dpdask.pipeline.run import plan_spec

@@ -8,6 +8,8 @@ name                                     what
 :func:`svt_threshold`                    theta by the sparse vector technique
 :func:`recursive_threshold`              theta by the recursive mechanism's first stage
 :func:`sum_mechanism`                    SQM, Identity, Workload, TiMM, TaMM
+:func:`select_strategy`                  TiMM's / TaMM's ``A`` by an objective
+:func:`relative_weights`                 the public proxy of the relative error
 :func:`split_budget`                     rho between threshold and measurement
 :func:`threshold_charge`                 the threshold's ledger charge
 :func:`relative_error`                   ``|y~ - y| / max(y, delta)``
@@ -17,7 +19,16 @@ name                                     what
 from dpdask.sums.accounting import split_budget, threshold_charge
 from dpdask.sums.bins import NumericBins
 from dpdask.sums.error import monotone, relative_error
-from dpdask.sums.mechanisms import MECHANISMS, SQMechanism, SumMechanism, sum_mechanism
+from dpdask.sums.mechanisms import (
+    DEFAULT_OBJECTIVE,
+    MECHANISMS,
+    OBJECTIVES,
+    SQMechanism,
+    SumMechanism,
+    relative_weights,
+    select_strategy,
+    sum_mechanism,
+)
 from dpdask.sums.thresholds import (
     ThresholdResult,
     exponential_grid,
@@ -25,11 +36,14 @@ from dpdask.sums.thresholds import (
     recursive_sum,
     recursive_threshold,
     svt_threshold,
+    svt_truncation_bound,
 )
 from dpdask.workloads.sums import SumWorkload
 
 __all__ = [
+    "DEFAULT_OBJECTIVE",
     "MECHANISMS",
+    "OBJECTIVES",
     "NumericBins",
     "SQMechanism",
     "SumMechanism",
@@ -41,8 +55,11 @@ __all__ = [
     "recursive_sum",
     "recursive_threshold",
     "relative_error",
+    "relative_weights",
+    "select_strategy",
     "split_budget",
     "sum_mechanism",
     "svt_threshold",
+    "svt_truncation_bound",
     "threshold_charge",
 ]

@@ -13,7 +13,10 @@ __all__ = ["read_records"]
 
 
 def read_records(spec: dict[str, Any], bins: Any) -> np.ndarray:
-    """The histogram of every listed geography over the bins (int64, ``(g, k)``).
+    """The histogram of every listed geography over the ``by`` cells and the bins.
+
+    int64, shape ``(g, c_1 * ... * c_b * k)``: the ``by`` columns in the spec's order, the
+    bins last (the order of :class:`~dpdask.domain.Domain` ``(*by, value)``).
 
     Raises
     ------
@@ -21,11 +24,12 @@ def read_records(spec: dict[str, Any], bins: Any) -> np.ndarray:
         Listing every problem found, before anything is charged.
     """
     gcol, vcol = spec["geography_column"], spec["value_column"]
+    by: dict[str, list[str]] = spec.get("by", {})
     path = spec["data"]
     if not path.exists():
         raise SpecError(f"data.path: {path} does not exist")
-    df = pd.read_csv(path, dtype={gcol: str}, keep_default_na=True)
-    cols = [c for c in (gcol, vcol) if c not in df]
+    df = pd.read_csv(path, dtype={gcol: str, **{b: str for b in by}}, keep_default_na=True)
+    cols = [c for c in (gcol, vcol, *by) if c not in df]
     if cols:
         raise SpecError(f"{path}: no column(s) {cols} (columns: {list(df.columns)})")
     problems = []
@@ -37,6 +41,13 @@ def read_records(spec: dict[str, Any], bins: Any) -> np.ndarray:
     unknown = sorted(set(geo[geo.notna() & ~known]))
     if unknown:
         problems.append(f"{gcol} value(s) not in geographies: {unknown[:10]}")
+    for col, cats in by.items():
+        v = df[col]
+        if v.isna().any():
+            problems.append(f"{int(v.isna().sum())} record(s) without a {col}")
+        bad_cat = sorted(set(v[v.notna() & ~v.isin(cats)]))
+        if bad_cat:
+            problems.append(f"{col} value(s) not in by.{col}: {bad_cat[:10]}")
     raw = df[vcol]
     vals = pd.to_numeric(raw, errors="coerce").astype(float)
     if raw.isna().any():
@@ -53,8 +64,10 @@ def read_records(spec: dict[str, Any], bins: Any) -> np.ndarray:
         problems.append(f"{int(out.sum())} record(s) with {vcol} outside the bins [{lo}, {hi}]")
     if problems:
         raise SpecError(f"{path}: invalid records, nothing was charged: " + "; ".join(problems))
-    g = pd.Categorical(geo, categories=ids).codes.astype(np.int64)
-    j = bins.index(vals.to_numpy())
+    cell = pd.Categorical(geo, categories=ids).codes.astype(np.int64)
+    for col, cats in by.items():
+        cell = cell * len(cats) + pd.Categorical(df[col], categories=cats).codes.astype(np.int64)
     k = bins.size
-    flat = np.bincount(g * k + j, minlength=len(ids) * k)
-    return flat.reshape(len(ids), k).astype(np.int64)
+    cells = int(np.prod([len(c) for c in by.values()], dtype=np.int64)) * k
+    flat = np.bincount(cell * k + bins.index(vals.to_numpy()), minlength=len(ids) * cells)
+    return flat.reshape(len(ids), cells).astype(np.int64)

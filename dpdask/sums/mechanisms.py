@@ -16,7 +16,26 @@ TaMM          ``A``           ``W T (x + ||A||_1 / eps A^+ z)``, ``A`` chosen fo
 
 (TiMM: ``W T (A T)^+ = W A^+``, ``T`` being invertible, so measuring ``A T`` on ``x`` is
 the paper's ``A`` on ``T x``.) The strategies ``A`` come from :func:`dpdask.select`
-(``"hdmm"``, ``"hierarchical"``, ...), not fixed.
+(``"hdmm"``, ``"hierarchical"``, ...), not fixed, for a selection workload set by the
+*objective* (:func:`select_strategy`):
+
+``"total"``
+    the workload itself (``W`` for TiMM, ``W T`` for TaMM): :func:`dpdask.select` then
+    minimises the total squared error, the objective of the paper's GreedyH;
+``"relative"``
+    its rows scaled by ``1 / sqrt(y'_i)``, ``y' = |W| v`` with ``v`` the representative
+    values (truncated at ``theta`` for TaMM, untruncated for TiMM, which must not depend
+    on ``T``): ``y'`` is the answers on a histogram of one record per bin, a public proxy
+    of the answers (never the data). :func:`dpdask.select` then minimises
+    ``sum_i var_i / y'_i``, and by Cauchy-Schwarz the sum of the relative standard
+    deviations ``sum_i sd_i / y'_i <= sqrt(sum_i var_i / y'_i) sqrt(sum_i 1 / y'_i)``,
+    the second factor being fixed: the paper's metric ``|y~ - y| / max(y, delta)`` with
+    ``y'`` for ``y``. (Scaling by ``1 / y'_i`` instead, the squared relative error, trusts
+    the proxy's uniform distribution more and does worse when every query is large.) The
+    selected ``A`` still answers the unscaled ``W T`` by least squares.
+
+The defaults (:data:`DEFAULT_OBJECTIVE`) are ``"relative"`` for TaMM and ``"total"`` for
+TiMM (the paper's ``A`` chosen for ``W``).
 
 Error (paper 004, appendix A.3 and A.4, and the analogues). For a fixed threshold the
 answers are biased by ``W (T - D) x`` (never positive) and have variance
@@ -47,11 +66,23 @@ from dpdask.linalg import Dense, Diagonal, Identity, LinearQuery
 from dpdask.noise import KeyedRNG
 from dpdask.privacy import PureDP
 from dpdask.strategy.plan import Plan
-from dpdask.workloads.sums import SumWorkload
+from dpdask.sums.sqm import SQMechanism
+from dpdask.workloads.sums import SumWorkload, sum_query
 
-__all__ = ["MECHANISMS", "SQMechanism", "SumMechanism", "sum_mechanism"]
+__all__ = [
+    "DEFAULT_OBJECTIVE",
+    "MECHANISMS",
+    "OBJECTIVES",
+    "SQMechanism",
+    "SumMechanism",
+    "relative_weights",
+    "select_strategy",
+    "sum_mechanism",
+]
 
 MECHANISMS = ("SQM", "Identity", "Workload", "TiMM", "TaMM")
+OBJECTIVES = ("relative", "total")
+DEFAULT_OBJECTIVE = {"TiMM": "total", "TaMM": "relative"}
 _DENSE_LIMIT = 25_000_000  # entries of a dense strategy / reconstruction matrix
 
 
@@ -140,6 +171,10 @@ class SumMechanism:
             return np.asarray(self.plan().query_variances(), dtype=float)
         return 2.0 * self.noise_scale**2 * np.einsum("ij,ij->i", R, R)
 
+    def variances_at(self, noise_scale: float) -> np.ndarray:
+        """The variance of every answer when the rows of ``M`` get Laplace scale ``noise_scale``."""
+        return self.query_variances() * (float(noise_scale) / self.noise_scale) ** 2
+
     def true_answers(self, x: np.ndarray) -> np.ndarray:
         """``W D x``, the untruncated sums."""
         return self.sums.weighted() @ np.asarray(x, dtype=float)
@@ -191,60 +226,87 @@ class SumMechanism:
         return exact[None, :] + self.answer(noise)
 
 
-@dataclass
-class SQMechanism:
-    """SQM: every query alone, budget ``eps / m`` each, with its own threshold ``theta_i``."""
+def relative_weights(sums: SumWorkload, theta: float | None = None) -> np.ndarray:
+    """``1 / sqrt(|W| v)`` per query on ``attr``, ``v`` the values truncated at ``theta``.
 
-    sums: SumWorkload
-    thetas: np.ndarray
-    privacy: PureDP
-    name: str = "SQM"
+    ``|W| v`` is every query's answer on a histogram of one record per bin, a public
+    proxy of the answers (the module notes), computed from the bins and the threshold
+    alone.
 
-    def __post_init__(self) -> None:
-        m = self.sums.shape[0]
-        th = np.broadcast_to(np.asarray(self.thetas, dtype=float), (m,)).copy()
-        if not (th > 0).all():
-            raise ValueError("thresholds must be positive (inf: no truncation)")
-        self.thetas = th
-        W = _dense(self.sums.counting)
-        if W is None:
-            raise ValueError("SQM needs a dense workload")
-        self._W = W
-        self._T = np.minimum(self.sums.weights[None, :], th[:, None])  # t_ij = min(d_j, theta_i)
-        sens = np.abs(W * self._T).max(axis=1)
-        self.noise_scales = sens * m / float(self.privacy.epsilon)
+    Raises
+    ------
+    ValueError
+        If a query's proxy is not positive (a query that covers no bin).
+    """
+    W = sums.attr_workload
+    v = sums.truncated_values(theta)
+    if W.shape[0] * W.shape[1] <= _DENSE_LIMIT:
+        proxy = np.abs(np.asarray(W.dense(), dtype=float)) @ v
+    else:  # large implicit workloads: 0/1 predicates (prefixes, ranges) are non-negative
+        proxy = np.asarray(W @ v, dtype=float)
+    if not (np.isfinite(proxy).all() and (proxy > 0).all()):
+        raise ValueError("the relative objective needs every query to cover a bin")
+    return 1.0 / np.sqrt(proxy)
 
-    def query_variances(self) -> np.ndarray:
-        """``2 (m s_i / eps)^2``."""
-        return 2.0 * self.noise_scales**2
 
-    def true_answers(self, x: np.ndarray) -> np.ndarray:
-        return self._W @ (self.sums.weights * np.asarray(x, dtype=float))
+def _objective(name: str, objective: str | None) -> str:
+    obj = DEFAULT_OBJECTIVE.get(name, "total") if objective is None else objective
+    if obj not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
+    return obj
 
-    def truncated_answers(self, x: np.ndarray) -> np.ndarray:
-        """``Trunc_theta_i(q_i)(x)`` for every query."""
-        return (self._W * self._T) @ np.asarray(x, dtype=float)
 
-    def bias(self, x: np.ndarray) -> np.ndarray:
-        return self.truncated_answers(x) - self.true_answers(x)
+def select_strategy(
+    name: str,
+    sums: SumWorkload,
+    theta: float | None,
+    privacy: PureDP,
+    strategy: str = "hdmm",
+    objective: str | None = None,
+    **select_options: Any,
+) -> Plan:
+    """:func:`dpdask.select`'s plan for TiMM's ``W`` or TaMM's ``W T``, rows per ``objective``.
 
-    def expected_squared_error(self, x: np.ndarray) -> np.ndarray:
-        return self.bias(x) ** 2 + self.query_variances()
+    Parameters
+    ----------
+    name : {"TiMM", "TaMM"}
+        TiMM's ``A`` is chosen for ``W`` (``theta`` is ignored), TaMM's for ``W T``.
+    sums : SumWorkload
+    theta : float or None
+        TaMM's truncation threshold (``None`` / ``inf``: none).
+    privacy : PureDP
+    strategy : str
+        :func:`dpdask.select`'s strategy (``"hdmm"``, ``"hierarchical"``, ...).
+    objective : {"relative", "total"}, optional
+        See the module notes; default :data:`DEFAULT_OBJECTIVE`.
+    **select_options
+        Passed to :func:`dpdask.select`.
 
-    def bias_per_record(self) -> np.ndarray:
-        return np.abs(self._W * (self.sums.weights[None, :] - self._T)).max(axis=1)
+    Returns
+    -------
+    Plan
+        Its ``strategy`` is ``A``; its workload is the selection workload.
+    """
+    from dpdask.strategy.select import select
 
-    def bias_bound(self, n_truncated: float) -> np.ndarray:
-        n = float(n_truncated)
-        if not (n >= 0 and math.isfinite(n)):
-            raise ValueError(f"n_truncated must be non-negative, got {n_truncated!r}")
-        return n * self.bias_per_record()
+    if name not in DEFAULT_OBJECTIVE:
+        raise ValueError(f"only TiMM and TaMM select a strategy, not {name!r}")
+    obj = _objective(name, objective)
+    t = None if theta is None or math.isinf(float(theta)) else float(theta)
+    values = sums.truncated_values(t if name == "TaMM" else None)
+    W = sums.attr_workload
+    if obj == "relative":
+        W = Diagonal(relative_weights(sums, t if name == "TaMM" else None)) @ W
+    if name == "TiMM" and obj == "total":
+        target: LinearQuery = sums.counting
+    elif name == "TiMM":
+        from dpdask.workloads.products import product
 
-    def sample(self, x: np.ndarray, rng: KeyedRNG, size: int = 1) -> np.ndarray:
-        """``size`` independent noisy answers (float Laplace), shape ``(size, m)``."""
-        m = self.sums.shape[0]
-        z = rng.laplace(1.0, (int(size), m), unsafe_float=True)
-        return self.truncated_answers(x)[None, :] + z * self.noise_scales[None, :]
+        by = {b: Identity(sums.domain[b]) for b in sums.by}
+        target = product(sums.domain, {sums.attr: W, **by})
+    else:
+        target = sum_query(sums.domain, sums.attr, values, W, sums.by)
+    return select(target, privacy, strategy, domain=sums.domain, **select_options)
 
 
 def sum_mechanism(
@@ -254,6 +316,7 @@ def sum_mechanism(
     privacy: PureDP,
     *,
     strategy: str = "hdmm",
+    objective: str | None = None,
     base: LinearQuery | None = None,
     **select_options: Any,
 ) -> SumMechanism | SQMechanism:
@@ -273,6 +336,9 @@ def sum_mechanism(
     strategy : str
         How :func:`dpdask.select` chooses ``A`` for TiMM and TaMM (``"hdmm"``,
         ``"hierarchical"``, ...).
+    objective : {"relative", "total"}, optional
+        What TiMM's and TaMM's selection minimises (:func:`select_strategy`; default
+        :data:`DEFAULT_OBJECTIVE`); ignored by the other mechanisms.
     base : LinearQuery, optional
         TiMM's ``A`` if already chosen for ``W`` (it does not depend on theta).
     **select_options
@@ -289,8 +355,6 @@ def sum_mechanism(
     TypeError
         If ``privacy`` is not pure DP.
     """
-    from dpdask.strategy.select import select
-
     privacy = _check_privacy(privacy)
     if name not in MECHANISMS:
         raise ValueError(f"unknown sum mechanism {name!r}; choose one of {MECHANISMS}")
@@ -301,20 +365,22 @@ def sum_mechanism(
     tt = None if math.isinf(t) else t
     n = sums.shape[1]
     template, info = name.lower(), {}
+    if name in DEFAULT_OBJECTIVE:
+        info["objective"] = _objective(name, objective)
     if name == "Identity":
         M: LinearQuery = Identity(n)
     elif name == "Workload":
         M = sums.weighted(tt)
     elif name == "TiMM":
         if base is None:
-            p = select(sums.counting, privacy, strategy, domain=sums.domain, **select_options)
-            base, template, info = p.strategy, p.template, dict(p.info)
+            p = select_strategy(name, sums, None, privacy, strategy, objective, **select_options)
+            base, template, info = p.strategy, p.template, {**p.info, **info}
         else:
             template = "given"
         M = base @ Diagonal(sums.cell_weights(tt))
     else:  # TaMM
-        p = select(sums.weighted(tt), privacy, strategy, domain=sums.domain, **select_options)
-        M, template, info = p.strategy, p.template, dict(p.info)
+        p = select_strategy(name, sums, tt, privacy, strategy, objective, **select_options)
+        M, template, info = p.strategy, p.template, {**p.info, **info}
     Md = _dense(M)
     if Md is not None:
         sens = float(np.abs(Md).sum(axis=0).max())

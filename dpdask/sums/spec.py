@@ -1,18 +1,25 @@
 """Sum-release specs: sums of a numeric attribute per geography, with a private threshold.
 
-A sum spec is a YAML mapping with ``model: sums``, read by :func:`load_spec`; ``dpdask run
-SPEC`` runs such a spec with :func:`dpdask.sums.release.run_spec` (also ``python -m
-dpdask.sums.spec run SPEC``). Example::
+A sum spec is a YAML mapping with ``model: sums``, read by :func:`load_spec`. ``dpdask
+validate SPEC`` makes every check a run makes, charging nothing
+(:func:`dpdask.sums.plan.validate_spec`); ``dpdask plan SPEC`` shows the mechanism's
+variance at every threshold it may use, before any data is read
+(:func:`dpdask.sums.plan.plan_spec`); ``dpdask run SPEC`` runs it
+(:func:`dpdask.sums.release.run_spec`; also ``python -m dpdask.sums.spec
+{run,validate,plan} SPEC``). Example::
 
     model: sums
     release: wages-by-county
     data: {format: records, path: people.csv, geography_column: county, value_column: wage}
     geographies: [c01, c02, c03]     # every geography published (or {path: f.csv, column: id})
+    by: {sex: [F, M]}                # optional: sums by these columns' public categories
     bins: {low: 0, high: 20000, width: 20}
-    workload: prefix                 # prefix sums over the bins, or {name: prefix, every: 10}
+    workload: prefix                 # prefix sums over the bins, or {name: prefix, every: 10},
+                                     # total, or {name: range, ranges: [[0, 500], [500, 2000]]}
     threshold: svt                   # svt | recursive | none, or {name: svt, r: 0.998, s: 20}
-    mechanism: TaMM                  # Identity | Workload | TiMM | TaMM
-    strategy: hdmm                   # how TiMM / TaMM choose A, or {name: hdmm, restarts: 1}
+    mechanism: TaMM                  # SQM | Identity | Workload | TiMM | TaMM
+    strategy: hdmm                   # how TiMM / TaMM choose A, or
+                                     # {name: hdmm, restarts: 1, objective: relative}
     privacy: {epsilon: 1, threshold_share: 0.1}
     output: out/wages.zarr
     ledger: {path: out/ledger.sqlite, create: true}
@@ -45,11 +52,23 @@ Both charges belong to one run id bound to a fresh :func:`~dpdask.noise.new_key`
 noise comes from that key. The key is never written down, so an interrupted run cannot be
 resumed: abandon it (``dpdask ledger abandon``) and run again (charged again).
 ``threshold: none`` spends the whole budget on the sums (one charge, no truncation).
-SQM (one threshold and budget share per query) is not offered by specs.
 
-The published group holds ``answers`` (geography x query), ``variance`` (query; the
-variance of every answer, the same for every geography), ``ids`` (geography),
-``query_upper`` (the upper value of every prefix), ``bias_per_record`` (query) and, in
+Workloads: ``prefix`` sums (every ``every``-th prefix), ``range`` sums over ``(low, high]``
+in the attribute's units (snapped to the bins: a bin counts when its upper end lies in
+the range) and the ``total``. ``by`` crosses the sums with public categories of other
+columns (e.g. wages by county and sex): every category listed is published, a record
+with an unlisted one is an error, as for geographies.
+
+SQM answers each of the ``m`` queries on the attribute with its own threshold: ``m``
+threshold runs of ``threshold_share * epsilon / m`` each (one charge, ``m`` runs; shared
+by the groups of ``by``), and the queries measured together with the Laplace mechanism
+on their joint sensitivity (at most the paper's ``m``; :mod:`dpdask.sums.sqm`).
+
+The published group holds ``answers`` (geography x the ``by`` columns x query),
+``variance`` (the ``by`` columns x query; the variance of every answer, the same for
+every geography), ``ids`` (geography), ``query_lower`` and ``query_upper`` (the values
+``(lower, upper]`` every query covers), ``bias_per_record`` (as ``variance``), for every
+``by`` column ``C`` an array ``by_C`` of its categories and, in
 ``attributes["dpdask"]``, the threshold (value, method, parameters, privacy), the
 mechanism and its noise, the budget split, the bias bound, the charges, the ledger head
 and the run id.
@@ -63,9 +82,11 @@ number of records of all geographies, ``r = p / q`` and
 ``alpha = (8 Delta / eps_t) ln(4 K / beta)`` (``K`` candidates, ``Delta = max(p, q - p)``):
 if the threshold noise and every query noise are below ``alpha / 2`` in absolute value
 (the discrete Laplace tail ``P(|X| >= t) <= 2 exp(-t / s)`` and a union bound), the chosen
-candidate's ``q F - p N`` is at least ``-alpha`` (Dwork and Roth, Theorem 3.24). A
-geography's own truncated records are at most that many. The attribute records this bound
-as a formula in ``N``; it does not invent a number. For the recursive threshold no
+candidate's ``q F - p N`` is at least ``-alpha`` (Dwork and Roth, Theorem 3.24;
+:func:`~dpdask.sums.svt_truncation_bound`). A geography's own truncated records are at
+most that many. For SQM the bound holds for all ``m`` thresholds at once (``beta / m``
+each). The attribute records this bound as a formula in ``N``; it does not invent a
+number. For the recursive threshold no
 bound on ``n_trunc`` is derived here and the attribute says so (only ``bias_per_record``
 is published). With no threshold the bias is zero.
 """
@@ -83,6 +104,7 @@ from typing import Any
 import pandas as pd
 
 from dpdask.errors import SpecError
+from dpdask.sums.mechanisms import OBJECTIVES
 
 __all__ = ["SPEC_KEYS", "SpecError", "load_spec", "main", "run_spec"]  # noqa: F822
 
@@ -92,6 +114,7 @@ SPEC_KEYS = (
     "release",
     "data",
     "geographies",
+    "by",
     "bins",
     "workload",
     "threshold",
@@ -103,7 +126,7 @@ SPEC_KEYS = (
 )
 _REQUIRED = ("release", "data", "geographies", "bins", "privacy", "output", "ledger")
 _DATA_KEYS = {"format", "path", "geography_column", "value_column"}
-_MECHANISMS = ("Identity", "Workload", "TiMM", "TaMM")
+_MECHANISMS = ("SQM", "Identity", "Workload", "TiMM", "TaMM")
 _THRESHOLD_KEYS = {"svt": {"name", "r", "s", "c"}, "recursive": {"name", "theta0", "beta", "mu"}}
 
 
@@ -134,6 +157,64 @@ def _number(value: Any, what: str) -> Fraction:
     except (ValueError, ZeroDivisionError) as err:
         raise SpecError(f"{what}: expected a number, got {value!r}") from err
     return f
+
+
+def _workload(w: Any, low: float, high: float, k: int) -> dict[str, Any]:
+    """``{"name": "prefix", "every": e}``, ``{"name": "range", "low": [...], "high": [...]}``."""
+    if w == "total":
+        return {"name": "range", "low": [low], "high": [high], "total": True}
+    opts: dict[str, Any] = {}
+    if isinstance(w, dict):
+        name = w.get("name")
+        allowed = {"prefix": {"name", "every"}, "range": {"name", "ranges"}, "total": {"name"}}
+        if name not in allowed:
+            raise SpecError(f"workload.name: prefix, range or total, got {name!r}")
+        required = {"name", "ranges"} if name == "range" else {"name"}
+        opts = dict(_mapping(w, "workload", allowed[name], required))
+        w = name
+    if w == "total":
+        return _workload("total", low, high, k)
+    if w == "prefix":
+        every = opts.get("every", 1)
+        if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= k:
+            raise SpecError(f"workload.every: an integer in [1, {k}], got {every!r}")
+        return {"name": "prefix", "every": every}
+    if w != "range":
+        raise SpecError(f"workload: prefix, total or {{name: range, ranges: ...}}, got {w!r}")
+    ranges = opts["ranges"]
+    if not isinstance(ranges, list) or not ranges:
+        raise SpecError("workload.ranges: a non-empty list of [low, high] pairs")
+    lo, hi = [], []
+    for i, pair in enumerate(ranges):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise SpecError(f"workload.ranges[{i}]: a pair [low, high], got {pair!r}")
+        a, b = (float(_number(v, f"workload.ranges[{i}]")) for v in pair)
+        if not (low <= a < b <= high):
+            raise SpecError(f"workload.ranges[{i}]: need {low:g} <= low < high <= {high:g}")
+        lo.append(a)
+        hi.append(b)
+    return {"name": "range", "low": lo, "high": hi}
+
+
+def _by(by: Any, data: dict[str, Any]) -> dict[str, list[str]]:
+    """``{column: [categories]}``: public categories of the columns the sums are split by."""
+    if not isinstance(by, dict):
+        raise SpecError(f"by: a mapping of column -> [categories], got {by!r}")
+    out: dict[str, list[str]] = {}
+    taken = {data["geography_column"], data["value_column"]}
+    for col, cats in by.items():
+        if not isinstance(col, str) or not col.isidentifier() or col in taken:
+            raise SpecError(
+                f"by: {col!r} must be a column name (an identifier) other than the geography "
+                "and value columns"
+            )
+        if not isinstance(cats, list) or not cats:
+            raise SpecError(f"by.{col}: a non-empty list of categories")
+        labels = [str(c) for c in cats]
+        if any(c in ("", "nan") for c in labels) or len(set(labels)) != len(labels):
+            raise SpecError(f"by.{col}: categories must be distinct and non-empty")
+        out[col] = labels
+    return out
 
 
 def load_spec(path: str | os.PathLike) -> dict[str, Any]:
@@ -192,16 +273,8 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     if k.denominator != 1 or k > 100_000:
         raise SpecError("bins: (high - low) / width must be a whole number of bins (<= 100,000)")
 
-    w = doc.get("workload", "prefix")
-    every = 1
-    if isinstance(w, dict):
-        w = _mapping(w, "workload", {"name", "every"}, {"name"})
-        every = w.get("every", 1)
-        w = w["name"]
-    if w != "prefix":
-        raise SpecError(f"workload: only prefix sums are offered (prefix), got {w!r}")
-    if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= int(k):
-        raise SpecError(f"workload.every: an integer in [1, {int(k)}], got {every!r}")
+    workload = _workload(doc.get("workload", "prefix"), float(low), float(high), int(k))
+    by = _by(doc.get("by", {}), data)
 
     t = doc.get("threshold", "svt")
     topts: dict[str, Any] = {}
@@ -219,8 +292,6 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         raise SpecError(f"threshold: svt, recursive or none, got {t!r}")
 
     mech = doc.get("mechanism", "TaMM")
-    if mech == "SQM":
-        raise SpecError("mechanism: SQM (a threshold per query) is not offered by specs")
     if mech not in _MECHANISMS:
         raise SpecError(f"mechanism: one of {', '.join(_MECHANISMS)}, got {mech!r}")
 
@@ -233,6 +304,9 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         s = s["name"]
     if not isinstance(s, str):
         raise SpecError(f"strategy: a name (hdmm, hierarchical, ...), got {s!r}")
+    objective = sopts.pop("objective", None)
+    if objective is not None and objective not in OBJECTIVES:
+        raise SpecError(f"strategy.objective: one of {', '.join(OBJECTIVES)}, got {objective!r}")
 
     pr = _mapping(doc["privacy"], "privacy", {"epsilon", "threshold_share"}, {"epsilon"})
     eps = _number(pr["epsilon"], "privacy.epsilon")
@@ -257,12 +331,14 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         "value_column": data["value_column"],
         "geographies": ids,
         "bins": (low, high, int(k)),
-        "every": int(every),
+        "workload": workload,
+        "by": by,
         "threshold": t,
         "threshold_options": topts,
         "mechanism": mech,
         "strategy": s,
         "strategy_options": sopts,
+        "objective": objective,
         "epsilon": eps,
         "rho": rho,
         "output": _path(base, doc["output"], "output"),
@@ -272,18 +348,23 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dpdask.sums.spec run SPEC [--json] [--overwrite]``."""
+    """``python -m dpdask.sums.spec {run,validate,plan} SPEC [--json] [--overwrite]``."""
+    from dpdask.sums.plan import plan_spec, validate_spec
     from dpdask.sums.release import run_spec
 
     ap = argparse.ArgumentParser(prog="dpdask.sums.spec")
-    ap.add_argument("command", choices=["run"])
+    ap.add_argument("command", choices=["run", "validate", "plan"])
     ap.add_argument("spec")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
     args = ap.parse_args(argv)
-    print(
-        json.dumps(run_spec(args.spec, overwrite=args.overwrite), indent=None if args.json else 2)
-    )
+    if args.command == "plan":
+        out = plan_spec(args.spec)
+    elif args.command == "validate":
+        out = validate_spec(args.spec, overwrite=args.overwrite)
+    else:
+        out = run_spec(args.spec, overwrite=args.overwrite)
+    print(json.dumps(out, indent=None if args.json else 2))
     return 0
 
 

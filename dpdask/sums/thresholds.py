@@ -56,6 +56,7 @@ __all__ = [
     "recursive_sum",
     "recursive_threshold",
     "svt_threshold",
+    "svt_truncation_bound",
 ]
 
 
@@ -236,6 +237,37 @@ def svt_threshold(
         noise_scale=float(2 * sens / eps),
         params={"r": str(rf), "s": float(s), "c": float(c), "candidates": int(grid.size)},
     )
+
+
+def svt_truncation_bound(result: ThresholdResult, beta: float = 0.05) -> tuple[float, float]:
+    """``(1 - r, alpha / q)``: with probability ``>= 1 - beta`` at most
+    ``(1 - r) N + alpha / q`` of the ``N`` records lie above an SVT threshold.
+
+    ``r = p / q`` and ``alpha = (8 Delta / eps) ln(4 K / beta)`` (``K`` candidates,
+    ``Delta = max(p, q - p)``, ``eps`` one run's budget): if the threshold noise and every
+    query noise are below ``alpha / 2`` in absolute value (the tail ``P(|X| >= t) <=
+    2 exp(-t / s)`` of a Laplace or discrete Laplace of scale ``s``, a union bound over the
+    ``K + 1`` draws: failure probability ``<= beta (K + 1) / (2 K) <= beta``), the chosen
+    candidate's ``q F - p N`` is at least ``-alpha`` (Dwork and Roth 2014, Theorem 3.24),
+    so ``N - F <= (1 - r) N + alpha / q``. With no candidate chosen nothing is truncated.
+    For the integer statistic ``q F - p N`` (the default, exact noise); a run with
+    ``unsafe_float`` measured ``F - r N`` with ``Delta / q``, the same bound.
+
+    Raises
+    ------
+    ValueError
+        If ``result`` is not an SVT threshold or ``beta`` is not in ``(0, 1)``.
+    """
+    if result.method != "svt":
+        raise ValueError(f"the bound holds for SVT thresholds, not {result.method!r}")
+    b = float(beta)
+    if not 0 < b < 1:
+        raise ValueError(f"beta must lie in (0, 1), got {beta!r}")
+    r = Fraction(result.params["r"])
+    p, q = r.numerator, r.denominator
+    k = int(result.params["candidates"])
+    alpha = 8 * max(p, q - p) / float(result.privacy.epsilon) * math.log(4 * k / b)
+    return float(1 - r), alpha / q
 
 
 def recursive_statistic(counts: Any, values: Any, beta: float, theta0: float) -> int:

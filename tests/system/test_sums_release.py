@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 from fractions import Fraction
@@ -170,3 +171,180 @@ def test_unknown_spec_key(tmp_path, capsys):
     _records(tmp_path / "people.csv")
     assert main(["run", _spec(tmp_path, colour="blue")]) == 2
     assert "unknown key" in capsys.readouterr().err
+
+
+# -- validate, plan, SQM, ranges, sums by group (model: sums) ------------------------------
+def _records_by_sex(path: pathlib.Path, seed: int = 2) -> pd.DataFrame:
+    df = _records(path, seed)
+    rng = np.random.default_rng(seed + 100)  # the data only
+    df["sex"] = rng.choice(["F", "M"], len(df))
+    df.to_csv(path, index=False)
+    return df
+
+
+def test_validate_and_plan_charge_nothing_and_match_the_run(tmp_path, capsys):
+    _records(tmp_path / "people.csv")
+    spec = _spec(tmp_path, strategy="{name: hdmm, restarts: 1, seed: 3}")
+    ledger_path = tmp_path / "out" / "ledger.sqlite"
+    assert main(["validate", spec, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["geographies"] == 4 and report["cells"] == 100
+    assert [c["measurement"] for c in report["charges"]] == ["sums", "threshold"]
+    assert sum(Fraction(c["epsilon"]) for c in report["charges"]) == 1
+    assert not ledger_path.exists() and not (tmp_path / "out" / "wages.zarr").exists()
+
+    assert main(["plan", spec, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert not ledger_path.exists()
+    rows = {r["theta"]: r for r in plan["thresholds"]}
+    assert None in rows and plan["threshold"]["method"] == "svt"
+    assert plan["bias_bound"]["kind"] == "high_probability"
+    assert main(["plan", spec]) == 0 and "rmse/query" in capsys.readouterr().out
+
+    assert main(["run", spec, "--json"]) == 0
+    capsys.readouterr()
+    root = zarr.open_group(str(tmp_path / "out" / "wages.zarr"), mode="r")
+    theta = root.attrs["dpdask"]["threshold"]["theta"]
+    # the plan's row at the drawn threshold is what the release publishes
+    row = rows[theta] if theta in rows else rows[None]
+    published = root["variance"][:]
+    assert row["rmse_per_query"] == pytest.approx(float(np.sqrt(published.mean())), rel=1e-9)
+    assert row["max_bias_per_record"] == pytest.approx(float(root["bias_per_record"][:].max()))
+
+    # after the run: validate refuses the taken output, and the spent budget elsewhere
+    assert main(["validate", spec]) == 2
+    assert "already holds a release" in capsys.readouterr().err
+    spec2 = _spec(tmp_path, "spec2.yaml", output="out/other.zarr")
+    assert main(["validate", spec2]) == 2
+    assert "is left" in capsys.readouterr().err
+    assert len(Ledger(ledger_path).charges()) == 2
+
+
+def test_validate_refuses_bad_records_and_missing_ledger(tmp_path, capsys):
+    df = _records(tmp_path / "people.csv").astype(str)
+    df.loc[3, "wage"] = "-1"
+    df.to_csv(tmp_path / "people.csv", index=False)
+    assert main(["validate", _spec(tmp_path)]) == 2
+    assert "negative" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    spec = _spec(tmp_path, ledger="{path: out/ledger.sqlite}")
+    assert main(["validate", spec]) == 2
+    assert "no ledger" in capsys.readouterr().err
+
+
+def test_identity_plan_variance_grows_with_theta(tmp_path, capsys):
+    spec = _spec(tmp_path, mechanism="Identity", threshold="{name: svt, s: 50, c: 1.5}")
+    assert main(["plan", spec, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["thresholds"]
+    assert rows[-1]["theta"] is None and rows[-1]["max_bias_per_record"] == 0
+    rmse = [r["rmse_per_query"] for r in rows]
+    assert all(a <= b * (1 + 1e-12) for a, b in itertools.pairwise(rmse))
+    # Identity: variance_i = 2 b^2 sum_{j <= i} min(u_j, theta)^2 with b = 1 / eps_sums
+    u = np.linspace(0, HIGH, HIGH // WIDTH + 1)[1:]
+    for r in rows:
+        t = u if r["theta"] is None else np.minimum(u, r["theta"])
+        var = 2 * r["noise_scale"] ** 2 * np.cumsum(t**2)
+        assert r["rmse_per_query"] == pytest.approx(float(np.sqrt(var.mean())), rel=1e-9)
+        assert r["noise_scale"] >= 1 / 0.9 - 1e-12
+
+
+def test_sqm_spec_release(tmp_path, capsys):
+    df = _records(tmp_path / "people.csv")
+    spec = _spec(
+        tmp_path, mechanism="SQM", workload="{name: prefix, every: 10}",
+        threshold="{name: svt, r: 0.95}", privacy="{epsilon: 2, threshold_share: 0.5}",
+    )  # fmt: skip
+    assert main(["run", spec, "--json"]) == 0
+    capsys.readouterr()
+    root = zarr.open_group(str(tmp_path / "out" / "wages.zarr"), mode="r")
+    info = root.attrs["dpdask"]
+    th = info["threshold"]
+    assert th["runs"] == 10 and Fraction(th["privacy"]["epsilon"]) == 1
+    thetas = np.array([np.inf if t is None else t for t in th["theta"]])
+    charges = Ledger(tmp_path / "out" / "ledger.sqlite").charges("wages-by-county")
+    assert {c.measurement: Fraction(c.privacy.epsilon) for c in charges} == {
+        "threshold": 1, "sums": 1}  # fmt: skip
+    # the queries measured together: noise at most the paper's m s_i / eps
+    b = info["mechanism"]["noise_scale"]
+    assert b <= 10 / 1.0 * (1 + 1e-9)
+    upper = root["query_upper"][:]
+    s = np.minimum(upper, thetas)  # a prefix's sensitivity: its largest truncated value
+    variance = root["variance"][:]
+    np.testing.assert_allclose(variance, 2 * (s * b) ** 2, rtol=1e-9)
+    answers = root["answers"][:]
+    edges = np.linspace(0, HIGH, HIGH // WIDTH + 1)
+    u = edges[1:]
+    for g, county in enumerate(COUNTIES):
+        w = df.loc[df.county == county, "wage"].to_numpy()
+        x = np.bincount(np.clip(np.searchsorted(edges, w, side="left") - 1, 0, u.size - 1),
+                        minlength=u.size)  # fmt: skip
+        hi = np.arange(9, 100, 10)
+        truth = np.array(
+            [np.sum((x * np.minimum(u, t))[: h + 1]) for h, t in zip(hi, thetas, strict=True)]
+        )
+        assert np.all(np.abs(answers[g] - truth) <= 10 * np.sqrt(variance) + 1e-6)
+
+
+def test_ranges_by_sex_release(tmp_path, capsys):
+    df = _records_by_sex(tmp_path / "people.csv")
+    spec = _spec(
+        tmp_path, by="{sex: [F, M]}", mechanism="TaMM", threshold="{name: svt, r: 0.95}",
+        workload="{name: range, ranges: [[0, 400], [400, 1000], [1000, 2000], [0, 2000]]}",
+    )  # fmt: skip
+    assert main(["run", spec, "--json"]) == 0
+    capsys.readouterr()
+    root = zarr.open_group(str(tmp_path / "out" / "wages.zarr"), mode="r")
+    info = root.attrs["dpdask"]
+    answers, variance = root["answers"][:], root["variance"][:]
+    assert answers.shape == (4, 2, 4) and variance.shape == (2, 4)
+    assert list(root["by_sex"][:]) == ["F", "M"] and info["by"] == {"sex": ["F", "M"]}
+    np.testing.assert_allclose(root["query_lower"][:], [0, 400, 1000, 0])
+    np.testing.assert_allclose(root["query_upper"][:], [400, 1000, 2000, 2000])
+    assert info["mechanism"]["objective"] == "relative"
+    theta = info["threshold"]["theta"]
+    theta = np.inf if theta is None else theta
+    edges = np.linspace(0, HIGH, HIGH // WIDTH + 1)
+    u = edges[1:]
+    per_record = root["bias_per_record"][:]
+    bias = info["bias_bound"]
+    for g, county in enumerate(COUNTIES):
+        for s_, sex in enumerate(["F", "M"]):
+            w = df.loc[(df.county == county) & (df.sex == sex), "wage"].to_numpy()
+            j = np.clip(np.searchsorted(edges, w, side="left") - 1, 0, u.size - 1)
+            for q, (lo, hi) in enumerate([(0, 400), (400, 1000), (1000, 2000), (0, 2000)]):
+                inside = (u[j] > lo) & (u[j] <= hi)
+                truth = np.minimum(u[j][inside], theta).sum()
+                full = u[j][inside].sum()
+                assert abs(answers[g, s_, q] - truth) <= 10 * np.sqrt(variance[s_, q]) + 1e-6
+                assert truth <= full + 1e-9
+                if bias["kind"] == "high_probability":
+                    n = bias["truncated_records_fraction_of_N"] * len(df)
+                    n += bias["truncated_records_additive"]
+                    assert full - truth <= n * per_record[s_, q] + 1e-6
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"by": "{sex: [F, M]}"}, "no column"),
+        ({"by": "{county: [a]}"}, "other than the geography"),
+        ({"workload": "{name: range, ranges: [[0, 5000]]}"}, "workload.ranges[0]"),
+        ({"workload": "{name: range, ranges: [[3, 7]]}"}, "holds no bin"),
+        ({"strategy": "{name: hdmm, objective: max}"}, "strategy.objective"),
+    ],
+)
+def test_bad_sum_specs_refused(tmp_path, capsys, kw, message):
+    _records(tmp_path / "people.csv")
+    assert main(["validate", _spec(tmp_path, **kw)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unlisted_category_refused_before_charging(tmp_path, capsys):
+    df = _records_by_sex(tmp_path / "people.csv").astype(str)
+    df.loc[7, "sex"] = "X"
+    df.to_csv(tmp_path / "people.csv", index=False)
+    assert main(["run", _spec(tmp_path, by="{sex: [F, M]}")]) == 2
+    err = capsys.readouterr().err
+    assert "not in by.sex" in err and "nothing was charged" in err
+    assert len(Ledger(tmp_path / "out" / "ledger.sqlite").charges()) == 0

@@ -220,7 +220,8 @@ def test_no_truncation_is_unbiased(small):
 
 def test_strategy_chosen_by_select(small):
     _, _, sums = small
-    tamm = sum_mechanism("TaMM", sums, 60.0, PureDP(1), strategy="hdmm", restarts=1)
+    tamm = sum_mechanism("TaMM", sums, 60.0, PureDP(1), strategy="hdmm", restarts=1,
+                         objective="total")  # fmt: skip
     assert tamm.template.startswith("hdmm")
     hier = sum_mechanism("TaMM", sums, 60.0, PureDP(1), strategy="hierarchical")
     assert hier.template == "hierarchical"

@@ -1,0 +1,236 @@
+"""What a sum spec's run, validation and plan share: the workload, the threshold, the checks."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from dpdask.domain import Domain
+from dpdask.errors import SpecError
+from dpdask.linalg import RangeQueries
+from dpdask.sums.bins import NumericBins
+from dpdask.sums.thresholds import ThresholdResult, svt_truncation_bound
+from dpdask.workloads.sums import SumWorkload
+
+__all__ = [
+    "BETA",
+    "THRESHOLD_LEVEL",
+    "Setup",
+    "bias_record",
+    "check_budget",
+    "finite",
+    "preflight",
+    "probe",
+    "setup",
+    "threshold",
+]
+
+BETA = 0.05  # failure probability of the published SVT bound on truncated records
+THRESHOLD_LEVEL = "all"
+
+
+@dataclass
+class Setup:
+    """The bins, the domain ``(*by, value)``, the sums and every query's value range."""
+
+    bins: NumericBins
+    domain: Domain
+    sums: SumWorkload
+    queries: RangeQueries  # the workload on the value attribute
+    lower: np.ndarray  # every query covers the values (lower, upper]
+    upper: np.ndarray
+    by: dict[str, list[str]]
+
+    @property
+    def group_shape(self) -> tuple[int, ...]:
+        return tuple(len(c) for c in self.by.values())
+
+    @property
+    def m(self) -> int:
+        """Queries on the value attribute (per group)."""
+        return int(self.queries.shape[0])
+
+    def threshold_runs(self, mechanism: str) -> int:
+        """SQM draws one threshold per query on the attribute; the others one."""
+        return self.m if mechanism == "SQM" else 1
+
+    def per_bin(self, x: np.ndarray) -> np.ndarray:
+        """The counts of all records over the bins (the thresholds' histogram)."""
+        k = self.bins.size
+        return np.asarray(x).reshape(-1, k).sum(axis=0)
+
+    def thetas(self, result: ThresholdResult | None, mechanism: str) -> Any:
+        """The threshold(s) a mechanism is built with (SQM: one per row, tiled over groups)."""
+        if result is None:
+            return None
+        if mechanism == "SQM":
+            return np.tile(result.theta, int(np.prod(self.group_shape, dtype=np.int64)))
+        return result.value
+
+
+def setup(spec: dict[str, Any]) -> Setup:
+    """The :class:`Setup` of a parsed spec (no data)."""
+    low, high, k = spec["bins"]
+    bins = NumericBins.uniform(float(low), float(high), k)
+    w = spec["workload"]
+    if w["name"] == "prefix":
+        queries = bins.prefixes(w["every"])
+    else:
+        try:
+            queries = bins.ranges(w["low"], w["high"])
+        except ValueError as err:
+            raise SpecError(f"workload.ranges: {err}") from err
+    attr = spec["value_column"]
+    by = dict(spec.get("by", {}))
+    try:
+        domain = Domain(**{b: len(c) for b, c in by.items()}, **{attr: k})
+    except ValueError as err:
+        raise SpecError(f"by / data.value_column: {err}") from err
+    sums = SumWorkload(domain, attr, bins.values, queries, by=list(by))
+    lo = np.asarray(queries.lo)
+    lower = bins.edges[lo]
+    upper = bins.values[np.asarray(queries.hi)]
+    return Setup(bins, domain, sums, queries, lower, upper, by)
+
+
+def threshold(
+    spec: dict[str, Any], counts: np.ndarray, values: np.ndarray, eps: Any, rng: Any, runs: int
+) -> ThresholdResult:
+    """The spec's threshold mechanism (``runs`` independent runs of ``eps`` each)."""
+    from dpdask.sums.thresholds import recursive_threshold, svt_threshold
+
+    opts = dict(spec["threshold_options"])
+    width = float(values[0])  # the first representative value: the smallest candidate
+    if spec["threshold"] == "svt":
+        opts.setdefault("s", width)
+        return svt_threshold(counts, values, eps, rng, size=runs, **opts)
+    opts.setdefault("theta0", width)
+    return recursive_threshold(counts, values, eps, rng, size=runs, **opts)
+
+
+def bias_record(result: ThresholdResult | None) -> dict[str, Any]:
+    """The published statement on the truncation bias (module notes of :mod:`.spec`)."""
+    if result is None:
+        return {"kind": "exact", "bound": 0.0, "text": "no truncation: the sums are unbiased"}
+    if not np.isfinite(result.theta).any():
+        return {"kind": "exact", "bound": 0.0, "text": "SVT chose no threshold: unbiased"}
+    if result.method != "svt":
+        return {
+            "kind": "unavailable",
+            "text": (
+                "no valid bound on the number of truncated records is derived for the "
+                "recursive threshold; |bias_i| <= n_trunc * bias_per_record_i with n_trunc "
+                "(the records above theta) not released"
+            ),
+        }
+    runs = int(result.theta.size)
+    frac, additive = svt_truncation_bound(result, BETA / runs)
+    r = Fraction(result.params["r"])
+    alpha = additive * r.denominator
+    each = "" if runs == 1 else f" (for all {runs} thresholds at once: beta / {runs} each)"
+    return {
+        "kind": "high_probability",
+        "probability": 1 - BETA,
+        "truncated_records_fraction_of_N": frac,
+        "truncated_records_additive": additive,
+        "text": (
+            f"with probability >= {1 - BETA}{each}, -bias_i <= ((1 - r) N + alpha / q) * "
+            "bias_per_record_i, N the (unreleased) number of records, r = p / q = "
+            f"{r}, alpha = 8 max(p, q - p) / eps_threshold * ln(4 K / beta) = {alpha:.6g}; "
+            "the bias is never positive (see dpdask.sums.spec)"
+        ),
+    }
+
+
+def preflight(
+    spec: dict[str, Any], overwrite: bool, run_id: str | None, *, create: bool
+) -> tuple[pathlib.Path, Any, str]:
+    """The output path, the ledger (verified; created only if ``create``) and the run id.
+
+    Raises as a run would, before any data is read: an unsafe or taken output, a missing
+    ledger without ``ledger.create``, a run id the ledger has seen. With ``create=False``
+    and no ledger yet (``ledger.create: true``) the ledger is ``None``.
+    """
+    from dpdask.privacy import Ledger, LedgerMissingError, RunStateError, check_run_id
+    from dpdask.publish import check_output, new_run_id
+
+    ledger_path = spec["ledger"]
+    output = check_output(
+        spec["output"],
+        overwrite,
+        [
+            ("input data", spec["data"]),
+            ("ledger", ledger_path),
+            ("ledger head file", ledger_path.with_name(ledger_path.name + ".head")),
+            ("release spec", spec["source"]),
+        ],
+    )
+    if not ledger_path.exists() and not spec["ledger_create"]:
+        raise LedgerMissingError(
+            f"ledger: there is no ledger at {ledger_path}; create it with `dpdask ledger init` "
+            "or write `ledger: {path: ..., create: true}`"
+        )
+    ledger = None
+    if ledger_path.exists() or create:
+        if create:
+            ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        ledger = Ledger(ledger_path, create=spec["ledger_create"] and create)
+    rid = check_run_id(run_id) if run_id is not None else new_run_id()
+    if ledger is not None and ledger.run(spec["release"], rid) is not None:
+        raise RunStateError(
+            f"run {rid!r} of release {spec['release']!r} is in the ledger; sum runs cannot "
+            "resume (their key is not kept): abandon it and start a new run id"
+        )
+    return output, ledger, rid
+
+
+def probe(
+    spec: dict[str, Any], st: Setup, run_id: str, key: Any, eps_t: Any, eps_m: Any
+) -> tuple[list[Any], ThresholdResult | None]:
+    """The charges a run will make (data-free), and the threshold's dry run that prices them."""
+    from dpdask.noise import KeyedRNG
+    from dpdask.privacy import Charge
+    from dpdask.sums.accounting import threshold_charge
+
+    release, level = spec["release"], spec["geography_column"]
+    charges = [
+        Charge(release, run_id, level, "sums", "laplace", 1.0, 1.0, eps_m, key.fingerprint())
+    ]
+    dry = None
+    if spec["threshold"] != "none":
+        runs = st.threshold_runs(spec["mechanism"])
+        test_rng = KeyedRNG.for_testing(0, identity="dry")  # parameters only, no data
+        zeros = np.zeros(st.bins.size, np.int64)
+        dry = threshold(spec, zeros, st.bins.values, eps_t.epsilon / runs, test_rng, runs)
+        charges.append(threshold_charge(dry, release, run_id, THRESHOLD_LEVEL, "threshold", key))
+    return charges, dry
+
+
+def check_budget(spec: dict[str, Any], ledger: Any, charges: list[Any]) -> Any:
+    """What the release has left, raising as a run would if the charges do not fit."""
+    from dpdask.privacy import LedgerConflictError, PureDP
+
+    budget = PureDP(spec["epsilon"])
+    if ledger is None:
+        return budget
+    try:
+        opened = ledger.budget(spec["release"])
+    except LedgerConflictError:  # not open yet: the spec's budget is all there
+        return budget
+    if opened != budget:
+        raise LedgerConflictError(
+            f"release {spec['release']!r} is already open with budget {opened!r}; "
+            "a different budget needs a new release id"
+        )
+    ledger.check(charges)
+    return ledger.remaining(spec["release"])
+
+
+def finite(theta: Any) -> Any:
+    """``None`` for no truncation, else the threshold (JSON-safe)."""
+    return None if theta is None or not math.isfinite(float(theta)) else float(theta)
