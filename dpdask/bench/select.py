@@ -20,6 +20,11 @@ Cases (``--cases``, comma-separated; default all):
 ``sf1``
     Census SF1 persons on the CPH domain, ``--restarts`` starts (default 25),
     best template, pure DP at epsilon = 1; against Identity and HB per attribute.
+    One row per entry of ``--sf1-workers`` (default ``0,2``): 0 runs the tasks in
+    this process (no cluster), ``w > 0`` on a local cluster of ``w`` single-threaded
+    worker processes (:func:`dpdask.pipeline.cluster.connect`, started before the
+    timing); each row gives its wall time over the in-process row's and whether the
+    errors agree.
 ``sf1-reference``
     The HDMM reference's own SF1 person workload (:mod:`dpdask.workloads.sf1_reference`,
     4,151 queries on 2 x 2 x 64 x 17 x 115), ``--restarts`` starts, best template,
@@ -41,10 +46,12 @@ Wall times are medians of ``--repeats`` runs (default 3) of the whole
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from dpdask.bench._common import median_time
@@ -66,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gaussian-sizes", default="256,1024", help="sizes of the Gaussian OPT_0 case"
+    )
+    parser.add_argument(
+        "--sf1-workers",
+        default="0,2",
+        help="worker processes of the SF1 case's runs (0: in this process, no cluster)",
     )
 
 
@@ -207,35 +219,62 @@ def _small(repeats: int) -> list[dict]:
     return rows
 
 
-def _sf1(restarts: int, repeats: int) -> list[dict]:
+def _sf1(restarts: int, repeats: int, workers: list[int]) -> list[dict]:
     from dpdask import census
     from dpdask.strategy import select
     from dpdask.workloads import sf1_persons
 
     domain = census.cph_domain()
     W = sf1_persons(domain)
-    t, times, cpu, plan = _timed(
-        lambda: select(W, PureDP(1), domain=domain, restarts=restarts), repeats
-    )
-    err = plan.expected_error()
     base = _baseline_errors(W, PureDP(1), ["identity", "hb"], domain=domain)
     best = min(base, key=base.get)
-    return [
-        {
-            "case": f"SF1 persons {'x'.join(map(str, domain.shape))}, {restarts} restarts",
-            "wall_s": t,
-            "times_s": [round(x, 3) for x in times],
-            "cpu_s": cpu,
-            "template": plan.template,
-            "templates": plan.info.get("templates"),
-            "expected_error_eps1": err,
-            "error_is_upper_bound": plan.groups is not None,
-            "identity_rmse_ratio": _ratio(base["identity"], err),
-            "best_baseline": best,
-            "best_baseline_rmse_ratio": _ratio(base[best], err),
-            "svd_bound_ratio": _ratio(err, plan.svd_bound()),
-        }
-    ]
+    rows: list[dict] = []
+    for w in workers:
+        with _client(w) as client:
+            t, times, cpu, plan = _timed(
+                lambda client=client: select(
+                    W, PureDP(1), domain=domain, restarts=restarts, client=client
+                ),
+                repeats,
+            )
+        err = plan.expected_error()
+        first = rows[0] if rows else None
+        rows.append(
+            {
+                "case": f"SF1 persons {'x'.join(map(str, domain.shape))}, {restarts} restarts, "
+                + (f"{w} workers" if w else "in process"),
+                "workers": w,
+                "wall_s": t,
+                "times_s": [round(x, 3) for x in times],
+                "cpu_s": cpu,
+                "wall_over_first": t / first["wall_s"] if first else None,
+                "same_error_as_first": (
+                    math.isclose(err, first["expected_error_eps1"], rel_tol=1e-9) if first else None
+                ),
+                "template": plan.template,
+                "templates": plan.info.get("templates"),
+                "expected_error_eps1": err,
+                "error_is_upper_bound": plan.groups is not None,
+                "identity_rmse_ratio": _ratio(base["identity"], err),
+                "best_baseline": best,
+                "best_baseline_rmse_ratio": _ratio(base[best], err),
+                "svd_bound_ratio": _ratio(err, plan.svd_bound()),
+            }
+        )
+    return rows
+
+
+@contextlib.contextmanager
+def _client(workers: int) -> Iterator[Any]:
+    """``None`` for 0 workers, else a client of a local cluster of single-threaded workers."""
+    if workers <= 0:
+        yield None
+        return
+    from dpdask.pipeline.cluster import connect
+
+    with connect({"n_workers": workers, "threads_per_worker": 1}) as client:
+        client.wait_for_workers(workers)
+        yield client
 
 
 def _sf1_reference(restarts: int, repeats: int) -> list[dict]:
@@ -324,7 +363,8 @@ def run(args: argparse.Namespace) -> dict:
     if "small" in cases:
         out["small"] = _small(args.repeats)
     if "sf1" in cases:
-        out["sf1"] = _sf1(args.restarts, args.repeats)
+        workers = [int(w) for w in str(args.sf1_workers).split(",")]
+        out["sf1"] = _sf1(args.restarts, args.repeats, workers)
     if "sf1-reference" in cases:
         out["sf1-reference"] = _sf1_reference(args.restarts, args.repeats)
     if "marginals" in cases:

@@ -69,7 +69,7 @@ from dpdask.strategy._pieces import (
     KronPiece,
     MarginalsPiece,
     Piece,
-    drive,
+    drive_all,
     lockstep,
     opt0_piece,
     opt0_strategy,
@@ -263,7 +263,9 @@ def optimize(
     inline = math.prod(terms.sizes) < INLINE_MAX_CELLS
     ctx = Context(terms, norm, seeds, list(names), p, ftol, client, inline)
     t0 = time.perf_counter()
-    cands = drive(lockstep([_template(tpl, ctx) for tpl in templates]), client, inline)
+    gens = [_template(tpl, ctx) for tpl in templates]
+    # OPT_+ has two stages of successive halving (screening, then restarts): first
+    cands = drive_all(gens, client, inline, [int(t == "union") for t in templates])
     out = [c for c in cands if c is not None]
     _never_worse_than_closed_form(ctx, out)
     elapsed = time.perf_counter() - t0

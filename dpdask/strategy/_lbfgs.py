@@ -11,6 +11,7 @@ enforcing the Armijo condition, and non-negativity by the reparametrisation
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,7 +66,8 @@ def lbfgs(
         gf = g
         if nonneg:
             gf = np.where((x <= 0) & (g > 0), 0.0, g)  # free part of the gradient
-        if np.max(np.abs(gf)) <= gtol:
+        gmax = float(np.abs(gf).max())
+        if gmax <= gtol:
             message = "gradient below gtol"
             break
         d = _two_loop(gf, S, Yq, rho)
@@ -76,10 +78,10 @@ def lbfgs(
             S.clear(), Yq.clear(), rho.clear()
             d = -gf
             slope = float(gf @ d)
-        step = 1.0 if S else min(1.0, 1.0 / max(np.max(np.abs(gf)), 1e-300))
+        step = 1.0 if S else min(1.0, 1.0 / max(gmax, 1e-300))
         # never jump more than ten times the current scale of x in one step
-        reach = step * float(np.max(np.abs(d)))
-        limit = 10.0 * max(1.0, float(np.max(np.abs(x))))
+        reach = step * float(np.abs(d).max())
+        limit = 10.0 * max(1.0, float(np.abs(x).max()))
         if reach > limit:
             step *= limit / reach
         while True:
@@ -98,7 +100,7 @@ def lbfgs(
                 return LBFGSResult(x, f, nit, nfev, "line search failed")
         s, y = x_new - x, g_new - g
         sy = float(s @ y)
-        if sy > 1e-12 * float(np.sqrt((s @ s) * (y @ y))):
+        if sy > 1e-12 * math.sqrt(float(s @ s) * float(y @ y)):
             S.append(s), Yq.append(y), rho.append(1.0 / sy)
         decrease = (f - f_new) / max(abs(f), abs(f_new), 1.0)
         x, f, g = x_new, f_new, g_new

@@ -23,7 +23,7 @@ import numpy as np
 from dpdask.linalg import Identity, Kron, LinearQuery, Ones
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
-from dpdask.strategy._optimize import default_p, opt_0
+from dpdask.strategy._optimize import default_p, fit_0, opt_0
 from dpdask.strategy._pidentity import PIdentity
 from dpdask.strategy._terms import KronTerms
 
@@ -32,6 +32,15 @@ __all__ = ["FactorResult", "KronResult", "factor_kind", "fixed_factor", "opt_kro
 
 def factor_kind(terms: KronTerms, i: int) -> str:
     """``"total"``, ``"identity"`` or ``"pidentity"``: the factor template of attribute ``i``."""
+    known = terms.kinds.get(i)
+    if known is not None:
+        return known
+    kind = _factor_kind(terms, i)
+    terms.kinds[i] = kind
+    return kind
+
+
+def _factor_kind(terms: KronTerms, i: int) -> str:
     kinds = set()
     for j in range(terms.k):
         G = terms.gram(j, i)
@@ -170,7 +179,7 @@ def _sweeps(
             if scale <= 0:
                 continue
             G = _combined_gram(terms, i, others / scale)
-            theta, _, _ = opt_0(
+            theta, _, _ = fit_0(
                 G, norm=norm, theta0=facs[i].theta, ftol=ftol, maxiter=inner_maxiter
             )
             facs[i] = FactorResult("pidentity", terms.sizes[i], theta, norm)

@@ -47,6 +47,7 @@ __all__ = [
     "CONVEX_TOL",
     "budget_split",
     "default_p",
+    "fit_0",
     "minimize",
     "opt_0",
     "opt_0_l2",
@@ -135,6 +136,25 @@ def opt_0(
     nit : int
         Iterations used.
     """
+    theta, f, nit = fit_0(
+        G, p, norm=norm, seed=seed, theta0=theta0, ftol=ftol, maxiter=maxiter, method=method
+    )
+    return theta, _checked_loss(theta, norm, G, f), nit
+
+
+def fit_0(
+    G: Gram,
+    p: int | None = None,
+    *,
+    norm: int = 1,
+    seed: int = 0,
+    theta0: np.ndarray | None = None,
+    ftol: float = 1e-5,
+    maxiter: int = 5000,
+    method: str | None = None,
+) -> tuple[np.ndarray, float, int]:
+    """:func:`opt_0` without the independent check of the loss (for callers that
+    recompute the error of ``theta`` themselves, as OPT_x's sweeps do)."""
     n = G.n
     if theta0 is None:
         p = default_p(n, norm) if p is None else int(p)
@@ -148,8 +168,7 @@ def opt_0(
         return pidentity_loss(x, p, G, gdiag, norm)
 
     x, f, nit = minimize(fun, x0, norm == 1, ftol, maxiter, method)
-    theta = x.reshape(p, n)
-    return theta, _checked_loss(theta, norm, G, f), nit
+    return x.reshape(p, n), f, nit
 
 
 CONVEX_MAX_N = 2048

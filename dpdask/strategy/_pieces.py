@@ -1,7 +1,11 @@
 """HDMM's optimisation tasks: pieces, restarts with successive halving, batches.
 
-All templates run together: each is a generator of task batches, and every
-round's batches from all templates go to the scheduler as one graph.
+All templates run together: each is a generator of task batches. In process (and
+on Dask's local schedulers) every round's batches from all templates go to the
+scheduler as one graph (:func:`lockstep`); on a distributed client each template
+moves on as soon as its own batch is done (:func:`drive_all`), so that the workers
+are not left waiting on another template's slowest task. A task run once (the key
+hashes the problem) is not run again in a later round.
 
 Pieces and restarts. A template is made of independent *pieces*: an OPT_0
 problem, an OPT_x problem on several terms, an OPT_M problem; for a single
@@ -28,7 +32,7 @@ from dpdask.strategy._opt_kron import KronResult, opt_kron
 from dpdask.strategy._opt_marginals import fit_marginals
 from dpdask.strategy._optimize import CONVEX_MAX_N, default_p, opt_0, opt_0_l2
 from dpdask.strategy._pidentity import PIdentity
-from dpdask.strategy._tasks import Task, run_tasks
+from dpdask.strategy._tasks import Task, distributed_client, run_tasks, submit_tasks
 from dpdask.strategy._terms import KronTerms
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "Opt0Piece",
     "Piece",
     "drive",
+    "drive_all",
     "lockstep",
     "opt0_piece",
     "opt0_strategy",
@@ -254,15 +259,82 @@ def lockstep(gens: Sequence[Generator]) -> Generator:
     return out
 
 
+def drive_all(
+    gens: Sequence[Generator],
+    client: Any,
+    inline: bool = False,
+    priorities: Sequence[int] | None = None,
+) -> list[Any]:
+    """Run several task generators to completion; their results in order.
+
+    In process, or on a scheduler other than a distributed client, in
+    :func:`lockstep`. On a distributed client each generator moves on as soon as its
+    own tasks are done, with the others' still running: no round waits for the
+    slowest task of another template, and the work between a generator's rounds
+    (analyses in this process) overlaps the tasks on the workers. A round's tasks
+    get the generator's priority (``priorities``, default 0) plus the number of
+    its rounds before: the longest chains of rounds are kept moving, and the other
+    generators' tasks fill the gaps.
+    """
+    remote = None if inline else distributed_client(client)
+    if remote is None:
+        return drive(lockstep(gens), client, inline)
+    from distributed import as_completed
+
+    out: list[Any] = [None] * len(gens)
+    done: dict[str, Any] = {}  # results by key, as in :func:`drive`
+    waiting: dict[int, tuple[list[Task], dict[str, Any]]] = {}
+    owner: dict[Any, int] = {}
+    rounds = [0] * len(gens) if priorities is None else [int(p) for p in priorities]
+    flow = as_completed()
+
+    def advance(k: int, sent: list[Any] | None) -> None:
+        try:
+            tasks = next(gens[k]) if sent is None else gens[k].send(sent)
+        except StopIteration as stop:
+            out[k] = stop.value
+            return
+        todo = list({t.key: t for t in tasks if t.key not in done}.values())
+        futures = dict(
+            zip((t.key for t in todo), submit_tasks(todo, remote, rounds[k]), strict=True)
+        )
+        rounds[k] += 1
+        if not futures:
+            advance(k, [done[t.key] for t in tasks])
+            return
+        waiting[k] = (tasks, futures)
+        for f in futures.values():
+            owner[f] = k
+            flow.add(f)
+
+    for k in range(len(gens)):
+        advance(k, None)
+    for f in flow:
+        k = owner.pop(f)
+        tasks, futures = waiting[k]
+        if any(g in owner for g in futures.values()):
+            continue
+        del waiting[k]
+        done.update(zip(futures, remote.gather(list(futures.values())), strict=True))
+        advance(k, [done[t.key] for t in tasks])
+    return out
+
+
 def drive(gen: Generator, client: Any, inline: bool = False) -> Any:
-    """Run a task generator to completion, one :func:`run_tasks` call per batch."""
+    """Run a task generator to completion, one :func:`run_tasks` call per batch.
+
+    A task whose key was run before (the key hashes the problem: a union's screening
+    run is also the first of its restarts) is not run again.
+    """
+    done: dict[str, Any] = {}
     try:
         tasks = next(gen)
     except StopIteration as stop:
         return stop.value
     while True:
-        results = run_tasks(tasks, client, inline=inline)
+        todo = list({t.key: t for t in tasks if t.key not in done}.values())
+        done.update(zip((t.key for t in todo), run_tasks(todo, client, inline=inline), strict=True))
         try:
-            tasks = gen.send(results)
+            tasks = gen.send([done[t.key] for t in tasks])
         except StopIteration as stop:
             return stop.value

@@ -14,6 +14,9 @@ problems costs more than it saves, while a large OPT_0 gains from it. Keys read
 ``optimize-restart-marginals-<token>``; the token hashes the problem, so two
 identical problems (the same factor Gram, ``p`` and seed) are solved once.
 
+Without waiting. :func:`submit_tasks` hands tasks to a distributed client and
+returns their futures (for :func:`dpdask.strategy._pieces.drive_all`).
+
 In process. ``run_tasks(..., inline=True)`` runs the tasks one after the other in
 the calling thread, with no graph, no keys and no scheduler: HDMM does that for
 problems under :data:`dpdask.strategy._hdmm.INLINE_MAX_CELLS` cells, whose tasks
@@ -22,8 +25,10 @@ take milliseconds and would spend most of their time being scheduled.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +36,7 @@ import dask.local
 from dask.base import get_scheduler, tokenize
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["Task", "key_word", "run_tasks"]
+__all__ = ["Task", "blas_limit", "distributed_client", "key_word", "run_tasks", "submit_tasks"]
 
 _NOT_LETTERS = re.compile(r"[^A-Za-z]+")
 
@@ -52,8 +57,10 @@ class Task:
     kwargs: dict = field(default_factory=dict)
     blas_threads: int | None = 1
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
+        """``optimize-<words>-<token>``, the token hashing the function and its inputs
+        (computed once: the inputs must not change after it is read)."""
         prefix = "-".join(["optimize", *(key_word(w) for w in self.words)])
         return (
             f"{prefix}-{tokenize(self.fn.__module__, self.fn.__qualname__, self.args, self.kwargs)}"
@@ -82,14 +89,24 @@ class _Call:
 _CONTROLLER: ThreadpoolController | None = None
 
 
-def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, blas_threads: int | None) -> Any:
-    """``fn(*args, **kwargs)`` with at most ``blas_threads`` BLAS threads (``None``: all)."""
+@contextlib.contextmanager
+def blas_limit(threads: int | None) -> Iterator[None]:
+    """At most ``threads`` BLAS threads in the block (``None``: leave them as they are)."""
     global _CONTROLLER
-    if blas_threads is None:
-        return fn(*args, **kwargs)
+    if threads is None:
+        yield
+        return
     if _CONTROLLER is None:  # scanning the loaded libraries costs milliseconds: once
         _CONTROLLER = ThreadpoolController()
-    with _CONTROLLER.limit(limits=blas_threads, user_api="blas"):
+    with _CONTROLLER.limit(limits=threads, user_api="blas"):
+        yield
+
+
+def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, blas_threads: int | None) -> Any:
+    """``fn(*args, **kwargs)`` with at most ``blas_threads`` BLAS threads (``None``: all)."""
+    if blas_threads is None:
+        return fn(*args, **kwargs)
+    with blas_limit(blas_threads):
         return fn(*args, **kwargs)
 
 
@@ -136,6 +153,28 @@ def _scheduler(client: Any) -> Callable[..., Any]:
         return client.get
     get = get_scheduler()  # dask.config's scheduler, or the active distributed client
     return get if get is not None else dask.local.get_sync
+
+
+def distributed_client(client: Any = None) -> Any:
+    """The :class:`distributed.Client` that :func:`run_tasks` would use, else ``None``.
+
+    ``client`` itself when it is one; without it, the active distributed client when
+    it is Dask's default scheduler.
+    """
+    get = _scheduler(client)
+    owner = getattr(get, "__self__", None)
+    if owner is None or not type(owner).__module__.startswith("distributed"):
+        return None
+    return owner if hasattr(owner, "gather") else None
+
+
+def submit_tasks(tasks: Sequence[Task], client: Any, priority: int = 0) -> list[Any]:
+    """Submit the tasks to a distributed client without waiting: one future per task
+    (``priority``: Dask's; higher runs first)."""
+    dsk = _graph(tasks)
+    keys = list(dict.fromkeys(t.key for t in tasks))
+    futures = dict(zip(keys, client.get(dsk, keys, sync=False, priority=priority), strict=True))
+    return [futures[t.key] for t in tasks]
 
 
 def run_tasks(tasks: Sequence[Task], client: Any = None, inline: bool = False) -> list[Any]:

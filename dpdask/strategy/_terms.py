@@ -48,7 +48,15 @@ class KronTerms:
     def __post_init__(self) -> None:
         self._grams: dict[tuple[int, int], Gram] = {}
         self._stacks: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
+        self.kinds: dict[int, str] = {}
+        """Factor templates per attribute (:func:`._opt_kron.factor_kind`), cached."""
         self._token: str | None = None
+
+    def __getstate__(self) -> dict:
+        """Pickled without the Gram caches (megabytes on the Census domains; rebuilt on use)."""
+        state = dict(self.__dict__)
+        state["_grams"], state["_stacks"] = {}, {}
+        return state
 
     def __dask_tokenize__(self) -> str:
         if self._token is None:
@@ -120,6 +128,9 @@ class KronTerms:
             [self.factors[j] for j in index],
             [self.names[j] for j in index],
         )
+        # the token of a subset, from its parent's (hashing every factor again costs
+        # milliseconds per subset on the Census workloads)
+        out._token = tokenize("dpdask.KronTerms.subset", self.__dask_tokenize__(), index)
         for new, old in enumerate(index):
             for i in range(self.d):
                 if (old, i) in self._grams:

@@ -16,6 +16,7 @@ from dpdask.errors import PlanError
 from dpdask.linalg import LinearQuery
 from dpdask.privacy import Budget
 from dpdask.strategy._hdmm import TEMPLATES, Candidate, default_templates, optimize
+from dpdask.strategy._tasks import blas_limit
 from dpdask.strategy._terms import KronTerms, kron_terms
 from dpdask.strategy.error import ErrorAnalysis
 from dpdask.strategy.plan import Plan, mechanism_of
@@ -31,6 +32,12 @@ __all__ = [
 ]
 
 BASELINES = ("identity", "workload", "hierarchical", "hb", "wavelet", "convex")
+
+SERIAL_BLAS_MAX_N = 256
+"""When every attribute has fewer values, HDMM's work in this process (the analyses
+between task rounds, in-process tasks, the final check) uses one BLAS thread: its
+matrices are small, and threads on them cost more than they save, most of all when
+the cores are busy (with the cluster's workers or anything else)."""
 
 
 def sensitivity_norm(privacy: Budget) -> int:
@@ -172,21 +179,22 @@ def select(
     terms = kron_terms(workload, sizes)
     names = _attr_names(terms, domain)
     if strategy == "hdmm":
-        cands = optimize(
-            terms,
-            norm,
-            templates=templates,
-            restarts=restarts,
-            seed=seed,
-            client=client,
-            names=names,
-            p=p,
-            ftol=ftol,
-        )
-        if not cands:
-            raise PlanError("no template applies to this workload")
-        # rank by an independent evaluation, not by the optimisers' own bookkeeping
-        checked = {c.name: verified_loss(terms, c, norm) for c in cands}
+        with blas_limit(1 if max(terms.sizes) < SERIAL_BLAS_MAX_N else None):
+            cands = optimize(
+                terms,
+                norm,
+                templates=templates,
+                restarts=restarts,
+                seed=seed,
+                client=client,
+                names=names,
+                p=p,
+                ftol=ftol,
+            )
+            if not cands:
+                raise PlanError("no template applies to this workload")
+            # rank by an independent evaluation, not by the optimisers' own bookkeeping
+            checked = {c.name: verified_loss(terms, c, norm) for c in cands}
         cands = [c for c in cands if math.isfinite(checked[c.name])]
         if not cands:
             raise PlanError("no template found a strategy that supports the workload")
