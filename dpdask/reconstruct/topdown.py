@@ -47,25 +47,148 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from dpdask.linalg import LinearQuery
-from dpdask.reconstruct._inputs import as_batch
+from dpdask.reconstruct._inputs import as_batch, row_weighted
+from dpdask.reconstruct._kron_gram import scaled_kron_gram
 from dpdask.reconstruct._report import ConvergenceReport, Estimate, warn_at_limit
-from dpdask.reconstruct._topdown_fista import L_MARGIN, fista, lipschitz, project
-from dpdask.reconstruct._topdown_level import Level
-from dpdask.reconstruct._topdown_newton import simplex_newton
 from dpdask.reconstruct._topdown_rounding import round_children, round_top
 from dpdask.reconstruct.nnls import nnls
 
 __all__ = ["children_fitter", "fit_children", "round_children", "round_top", "topdown_tree"]
 
-_METHODS = ("auto", "newton", "fista")
-import os
-_START = os.environ.get("TD_START", "all")
+_DENSE_GRAM = 2048
+"""Levels with at most this many cells keep their scaled Gram dense (at most 32 MB)."""
+_POWER_ITERATIONS = 50
+_POWER_RTOL = 1e-3
+_L_MARGIN = 1.02  # the step's L over the power iteration's estimate (from below)
+_GRAMS = ("auto", "dense", "kron", "full")
+
+RowsOp = Callable[[np.ndarray], np.ndarray]
+
+
+def _project(V: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Each column ``V[:, j]`` projected onto ``{v >= 0, sum v = t_j}`` (``t > 0``), all at
+    once: sort descending, ``tau_j`` from the largest ``rho`` with ``u_rho > (sum_{i <=
+    rho} u_i - t_j) / rho``, then ``max(v - tau, 0)``."""
+    K = V.shape[0]
+    if K == 1:
+        return np.broadcast_to(t, V.shape).copy()
+    u = -np.sort(-V, axis=0)
+    css = np.cumsum(u, axis=0)
+    css -= t
+    cond = u * np.arange(1, K + 1)[:, None] > css
+    rho = K - np.argmax(cond[::-1], axis=0)  # the last index where it holds (1-based)
+    tau = np.take_along_axis(css, (rho - 1)[None], axis=0)[0] / rho
+    return np.maximum(V - tau, 0.0)
+
+
+class _Level:
+    """What every fit of one level shares: the row-weighted operator, the Jacobi scale,
+    and the scaled Gram (dense when small, Kronecker factors when structured)."""
+
+    def __init__(self, A: LinearQuery, weights: np.ndarray | float | None, gram: str):
+        if gram not in _GRAMS:
+            raise ValueError(f"unknown gram {gram!r}; use one of {', '.join(_GRAMS)}")
+        self.A, self.weights = A, weights
+        self.Aw = row_weighted(A, weights)
+        self.n = A.shape[1]
+        d = self.Aw.column_norms(2) ** 2
+        self.scale = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 1.0)
+        self.G = self.Aw.gram()
+        if gram == "auto":
+            gram = "dense" if self.n <= _DENSE_GRAM else "kron"
+        self.kron = scaled_kron_gram(self.Aw, np.float64) if gram == "kron" else None
+        if gram == "kron" and self.kron is None:
+            gram = "full"
+        self.kind = gram
+        self.dense: np.ndarray | None = None
+        if gram == "dense":
+            Gd = self.G.dense()
+            Gd = 0.5 * (Gd + Gd.T)
+            self.dense = self.scale[:, None] * Gd * self.scale[None, :]
+
+    def restricted(self, idx: np.ndarray) -> RowsOp:
+        """``U -> U G~[S, S]`` for rows ``U`` ``(k, |S|)``, ``G~`` the scaled Gram."""
+        if self.dense is not None:
+            sub = np.ascontiguousarray(self.dense[np.ix_(idx, idx)])
+            return lambda U: U @ sub
+        if self.kron is not None:
+            op = self.kron.restricted(idx, np.float64)
+            return lambda U: np.stack([op(u) for u in U])
+        s = self.scale[idx]
+        n, G = self.n, self.G
+
+        def full(U: np.ndarray) -> np.ndarray:
+            Z = np.zeros((U.shape[0], n))
+            Z[:, idx] = U * s
+            return G.apply(Z)[:, idx] * s
+
+        return full
 
 
 @functools.cache
 def _blas() -> ThreadpoolController:
     """The process's BLAS pools, found once (a limit on them is then cheap, ~10 us)."""
     return ThreadpoolController()
+
+
+def _lipschitz(rows: RowsOp, size: int) -> tuple[float, int]:
+    """Power iteration for the largest eigenvalue of the PSD ``G~[S, S]`` (from ones:
+    the Perron vector of a non-negative Gram), and the products it took."""
+    v = np.full((1, size), 1.0 / np.sqrt(size))
+    lam = 0.0
+    for it in range(1, _POWER_ITERATIONS + 1):
+        w = rows(v)
+        new = float(np.linalg.norm(w))
+        if new == 0.0:
+            return 1.0, it  # G[S, S] = 0: any step is exact
+        v = w / new
+        if abs(new - lam) <= _POWER_RTOL * new:
+            return new, it
+        lam = new
+    return lam, _POWER_ITERATIONS
+
+
+def _fista(
+    rows: RowsOp, C: np.ndarray, t: np.ndarray, U0: np.ndarray, GU0: np.ndarray,
+    L: float, tol: float, maxiter: int,
+) -> tuple[np.ndarray, np.ndarray, dict]:  # fmt: skip
+    """FISTA with adaptive restart on ``1/2 <U, U G~> - <C, U>`` over the product of
+    simplices (module notes). Returns the last iterate, ``U G~`` there, and counters."""
+    N = U0.size
+
+    def kkt(U: np.ndarray, GU: np.ndarray) -> float:
+        return float(np.linalg.norm(U - _project(U - (GU - C), t)) / np.sqrt(N))
+
+    U, GU = U0, GU0
+    V, GV = U, GU
+    theta, restarts, raised = 1.0, 0, 0
+    res = kkt(U, GU)
+    it = 0
+    while res > tol and it < maxiter:
+        it += 1
+        U_new = _project(V - (GV - C) / L, t)
+        GU_new = rows(U_new)
+        D = U_new - V
+        dd = float(np.vdot(D, D))
+        restart = False
+        if dd > 0.0:
+            curv = float(np.vdot(D, GU_new - GV)) / dd
+            if curv > L:  # the estimate of L was low: raise it, drop the momentum
+                L, raised, restart = _L_MARGIN * curv, raised + 1, True
+        res = kkt(U_new, GU_new)
+        if restart or float(np.vdot(V - U_new, U_new - U)) > 0.0:
+            theta, restarts = 1.0, restarts + 1
+            V, GV = U_new, GU_new
+        else:
+            theta_new = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * theta * theta))
+            beta = (theta - 1.0) / theta_new
+            V = U_new + beta * (U_new - U)
+            GV = GU_new + beta * (GU_new - GU)
+            theta = theta_new
+        U, GU = U_new, GU_new
+    info = {"iterations": it, "residual": res, "restarts": restarts, "lipschitz": L}
+    info["lipschitz_raised"] = raised
+    return U, GU, info
 
 
 def _exact_sums(X: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -84,7 +207,6 @@ def children_fitter(
     tol: float = 1e-2,
     maxiter: int = 5000,
     gram: str = "auto",
-    method: str = "auto",
 ) -> Callable[[np.ndarray, np.ndarray], Estimate]:
     """:func:`fit_children` with the level's strategy and options fixed, for many parents.
 
@@ -94,7 +216,7 @@ def children_fitter(
 
     Parameters
     ----------
-    A, weights, tol, maxiter, method
+    A, weights, tol, maxiter
         As for :func:`fit_children`.
     gram : {"auto", "dense", "kron", "full"}
         How ``G[S, S]`` is applied: a dense submatrix of the level's scaled Gram, a
@@ -111,11 +233,7 @@ def children_fitter(
     """
     if not tol > 0:
         raise ValueError(f"tol must be positive, got {tol}")
-    if method not in _METHODS:
-        raise ValueError(f"unknown method {method!r}; use one of {', '.join(_METHODS)}")
-    level = Level(A, weights, gram)
-    if method == "auto":
-        method = "fista" if level.kind == "dense" else "newton"
+    level = _Level(A, weights, gram)
     m, n = A.shape
     w = None if weights is None else np.broadcast_to(np.asarray(weights, dtype=float), (m,))
 
@@ -129,70 +247,53 @@ def children_fitter(
         # one BLAS thread: the products are small, and a second thread that is not
         # scheduled (a busy core) stalls each of them by milliseconds
         with _blas().limit(limits=1, user_api="blas"):
-            Yw = Yb if w is None else Yb * np.sqrt(w)
-            return _fit(level, Yw, p, tol, maxiter, method)
+            return _fit(level, Yb if w is None else Yb * np.sqrt(w), p, tol, maxiter)
 
     return fit
 
 
-def _objective(U: np.ndarray, GU: np.ndarray, C: np.ndarray) -> float:
-    return float(0.5 * np.vdot(U, GU) - np.vdot(C, U))
-
-
-def _fit(
-    level: Level, Yw: np.ndarray, p: np.ndarray, tol: float, maxiter: int, method: str
-) -> Estimate:
+def _fit(level: _Level, Yw: np.ndarray, p: np.ndarray, tol: float, maxiter: int) -> Estimate:
     K, n = Yw.shape[0], level.n
     idx = np.flatnonzero(p > 0)
     S = idx.size
     details: dict = {"children": K, "cells": n, "support": S, "variables": K * S}
     details["gram"] = level.kind
     X = np.zeros((K, n))
-    name = f"topdown-{method}"
     if K == 1 or S == 0:  # the parent itself (or nothing to split)
         X[:, idx] = p[idx]
         details.update(gap=0.0, products=0)
-        return Estimate(X, ConvergenceReport(name, True, 0, 0.0, tol, details))
+        report = ConvergenceReport("topdown-fista", True, 0, 0.0, tol, details)
+        return Estimate(X, report)
     s = level.scale[idx]
     t = p[idx] / s
-    import time as _time
-    _t0 = _time.perf_counter()
-    Cfull = level.Aw.T.apply(Yw) * level.scale
-    details["t_linear"] = _time.perf_counter() - _t0
-    C = Cfull[:, idx]
-    gram = level.support(idx)
+    C = level.Aw.T.apply(Yw)[:, idx] * s
+    rows = level.restricted(idx)
+    L, power = _lipschitz(rows, S)
+    L *= _L_MARGIN
     # start: the better of the even split and one Jacobi step from zero, projected
-    starts = [np.broadcast_to(t / K, (K, S)).copy(), project(C, t)]
-    names = ["even", "jacobi"]
-    if method == "newton" and level.admm is not None and _START in ("admm", "all"):
-        _t0 = _time.perf_counter()
-        Z, details["admm"] = level.admm(Cfull, idx, t)
-        details["t_admm"] = _time.perf_counter() - _t0
-        starts.append(Z)
-        names.append("admm")
-    if _START == "admm":
-        starts, names = starts[2:], names[2:]
-    G0 = [gram.rows(U) for U in starts]
-    b = int(np.argmin([_objective(U, GU, C) for U, GU in zip(starts, G0, strict=True)]))
-    details["start"] = names[b]
-    _t0 = _time.perf_counter()
-    if method == "newton":
-        U, GU, info = simplex_newton(gram, C, t, starts[b], tol, maxiter)
-        details.update(products=info["products"] + 2, inner=info["inner"])
-        details["fallbacks"] = info["fallbacks"]
-    else:
-        L, power = lipschitz(gram.rows, S)
-        U, GU, info = fista(gram.rows, C, t, starts[b], G0[b], L * L_MARGIN, tol, maxiter)
-        details.update(products=info["iterations"] + 2 + power, power_iterations=power)
-        details.update({k: info[k] for k in ("lipschitz", "lipschitz_raised", "restarts")})
-    details["t_solve"] = _time.perf_counter() - _t0
+    starts = [np.broadcast_to(t / K, (K, S)).copy(), _project(C, t)]
+    G0 = [rows(U) for U in starts]
+    vals = [0.5 * np.vdot(U, GU) - np.vdot(C, U) for U, GU in zip(starts, G0, strict=True)]
+    b = int(np.argmin(vals))
+    U, GU, info = _fista(rows, C, t, starts[b], G0[b], L, tol, maxiter)
     grad = GU - C
     gap = float(np.vdot(grad, U) - np.dot(t, grad.min(axis=0)))
     const = 0.5 * float(np.vdot(Yw, Yw))
-    details.update(objective=_objective(U, GU, C) + const, gap=max(gap, 0.0))
+    details.update(
+        start=("even", "jacobi")[b],
+        lipschitz=info["lipschitz"],
+        lipschitz_raised=info["lipschitz_raised"],
+        restarts=info["restarts"],
+        power_iterations=power,
+        products=info["iterations"] + 2 + power,
+        objective=float(0.5 * np.vdot(U, GU) - np.vdot(C, U)) + const,
+        gap=max(gap, 0.0),
+    )
     X[:, idx] = _exact_sums(U * s, p[idx])
     converged = info["residual"] <= tol
-    report = ConvergenceReport(name, converged, info["iterations"], info["residual"], tol, details)
+    report = ConvergenceReport(
+        "topdown-fista", converged, info["iterations"], info["residual"], tol, details
+    )
     warn_at_limit(report, maxiter, stacklevel=4)
     return Estimate(X, report)
 
@@ -206,13 +307,12 @@ def fit_children(
     tol: float = 1e-2,
     maxiter: int = 5000,
     gram: str = "auto",
-    method: str = "auto",
 ) -> Estimate:
     """The children of one parent, fitted jointly, adding up to the parent.
 
     Minimises ``sum_c ||W^1/2 (A x_c - y_c)||^2`` over ``X >= 0`` with
     ``X.sum(axis=0) == parent`` and ``X[:, j] == 0`` wherever ``parent[j] == 0``; only
-    the parent's support is a variable (the module notes give the algorithms and the
+    the parent's support is a variable (the module notes give the algorithm and the
     stopping rule). With one child the answer is the parent.
 
     Parameters
@@ -229,26 +329,19 @@ def fit_children(
         Stop when the root-mean-square KKT residual (projected gradient) of the
         Jacobi-scaled problem is at most ``tol``.
     maxiter : int
-        Iterations (FISTA: one product with ``G[S, S]`` each; projected Newton: a few
-        products and a few dozen restricted ones) before giving up with a
+        FISTA iterations (one product with ``G[S, S]`` each) before giving up with a
         :class:`~dpdask.errors.ConvergenceWarning`.
     gram : {"auto", "dense", "kron", "full"}
         How ``G[S, S]`` is applied (:func:`children_fitter`).
-    method : {"auto", "newton", "fista"}
-        Projected Newton or FISTA (module notes); ``"auto"``: FISTA for a dense Gram
-        (a small domain), projected Newton otherwise.
 
     Returns
     -------
     Estimate
         ``x`` of shape ``(K, n)``, non-negative, zero off the parent's support, columns
         summing to ``parent`` (up to one rounding); the report (``method``
-        ``"topdown-newton"`` or ``"topdown-fista"``; ``details``: ``support`` (cells
-        solved), ``variables``, ``gap`` (the duality gap, ``>= f(X) - f*``),
-        ``objective``, ``products`` (of ``K`` rows with ``G[S, S]``), ``gram``,
-        ``start``; projected Newton: ``inner`` (iterations of its inner solves, ``K``
-        products restricted to the free children each) and ``fallbacks`` (projected
-        gradient steps); FISTA: ``lipschitz``, ``restarts``).
+        ``"topdown-fista"``; ``details``: ``support`` (cells solved), ``variables``,
+        ``gap`` (the duality gap, ``>= f(X) - f*``), ``objective``, ``lipschitz``,
+        ``restarts``, ``products``, ``gram``, ``start``).
 
     Raises
     ------
@@ -265,8 +358,7 @@ def fit_children(
     >>> np.round(x, 6).tolist(), report.details["support"]
     ([[1.5, 1.5, 0.0], [0.5, 2.5, 0.0]], 2)
     """
-    fit = children_fitter(A, weights, tol=tol, maxiter=maxiter, gram=gram, method=method)
-    return fit(Y, parent)
+    return children_fitter(A, weights, tol=tol, maxiter=maxiter, gram=gram)(Y, parent)
 
 
 def _group(parent: np.ndarray, n_parents: int, n_children: int, lvl: int) -> list[np.ndarray]:
