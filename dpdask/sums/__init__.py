@@ -32,9 +32,11 @@ from dpdask.sums.mechanisms import (
 from dpdask.sums.thresholds import (
     ThresholdResult,
     exponential_grid,
+    recursive_margin,
     recursive_statistic,
     recursive_sum,
     recursive_threshold,
+    recursive_truncation_bound,
     svt_threshold,
     svt_truncation_bound,
 )
@@ -51,9 +53,11 @@ __all__ = [
     "ThresholdResult",
     "exponential_grid",
     "monotone",
+    "recursive_margin",
     "recursive_statistic",
     "recursive_sum",
     "recursive_threshold",
+    "recursive_truncation_bound",
     "relative_error",
     "relative_weights",
     "select_strategy",

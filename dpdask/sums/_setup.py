@@ -120,14 +120,7 @@ def bias_record(result: ThresholdResult | None) -> dict[str, Any]:
     if not np.isfinite(result.theta).any():
         return {"kind": "exact", "bound": 0.0, "text": "SVT chose no threshold: unbiased"}
     if result.method != "svt":
-        return {
-            "kind": "unavailable",
-            "text": (
-                "no valid bound on the number of truncated records is derived for the "
-                "recursive threshold; |bias_i| <= n_trunc * bias_per_record_i with n_trunc "
-                "(the records above theta) not released"
-            ),
-        }
+        return _recursive_record(result)
     runs = int(result.theta.size)
     frac, additive = svt_truncation_bound(result, BETA / runs)
     r = Fraction(result.params["r"])
@@ -143,6 +136,38 @@ def bias_record(result: ThresholdResult | None) -> dict[str, Any]:
             "bias_per_record_i, N the (unreleased) number of records, r = p / q = "
             f"{r}, alpha = 8 max(p, q - p) / eps_threshold * ln(4 K / beta) = {alpha:.6g}; "
             "the bias is never positive (see dpdask.sums.spec)"
+        ),
+    }
+
+
+def _recursive_record(result: ThresholdResult) -> dict[str, Any]:
+    """The published bound for recursive thresholds (:func:`recursive_truncation_bound`)."""
+    from dpdask.sums.thresholds import recursive_truncation_bound
+
+    runs = int(result.theta.size)
+    bounds, fail = recursive_truncation_bound(result, BETA / runs)
+    total = min(1.0, fail * runs)
+    each = "" if runs == 1 else f" (for all {runs} thresholds at once: a union bound)"
+    if total >= 1:
+        return {
+            "kind": "unavailable",
+            "text": (
+                f"the recursive threshold's bound on truncated records fails with probability "
+                f"{fail:.3g} per threshold, {runs} thresholds: no useful joint bound (raise "
+                "threshold.mu); |bias_i| <= n_trunc * bias_per_record_i, n_trunc not released"
+            ),
+        }
+    listed = [int(b) for b in bounds.tolist()]
+    return {
+        "kind": "high_probability",
+        "probability": 1 - total,
+        "truncated_records": listed[0] if runs == 1 else listed,
+        "text": (
+            f"with probability >= {1 - total:.6g}{each}, at most truncated_records records "
+            "lie above the threshold and -bias_i <= truncated_records * bias_per_record_i; "
+            "truncated_records = floor((ln(theta / theta0) - mu) / beta + shift) from the "
+            "published threshold (see dpdask.sums.recursive_truncation_bound); the bias is "
+            "never positive"
         ),
     }
 

@@ -28,7 +28,7 @@ from dpdask.sums._setup import (
     setup,
 )
 from dpdask.sums.spec import load_spec
-from dpdask.sums.thresholds import exponential_grid, svt_truncation_bound
+from dpdask.sums.thresholds import exponential_grid, recursive_margin, svt_truncation_bound
 
 __all__ = ["format_plan", "plan_spec", "validate_spec"]
 
@@ -112,6 +112,29 @@ def _row(mech: Any, theta: float | None) -> dict[str, Any]:
     }
 
 
+def _recursive_plan(dry: Any) -> dict[str, Any]:
+    """The recursive threshold's bias bound as the plan can state it (before the draw)."""
+    runs, pr = int(dry.theta.size), dry.params
+    shift, fail = recursive_margin(
+        float(dry.privacy.epsilon), pr["beta"], pr["mu"], BETA / runs,
+        discrete=pr["noise"] == "discrete",
+    )  # fmt: skip
+    total = fail * runs
+    if total >= 1:
+        return {
+            "kind": "unavailable",
+            "text": f"the bound fails with probability {fail:.3g} per threshold: raise mu",
+        }
+    return {
+        "kind": "high_probability",
+        "probability": 1 - total,
+        "text": (
+            f"-bias_i <= floor((ln(theta / {pr['theta0']:g}) - {pr['mu']:g}) / "
+            f"{pr['beta']:.6g} + {shift:.6g}) * bias_per_record_i at the drawn threshold"
+        ),
+    }
+
+
 def plan_spec(path: str | os.PathLike) -> dict[str, Any]:
     """The data-free plan of a sum spec (module notes); reads no records, charges nothing.
 
@@ -162,13 +185,14 @@ def plan_spec(path: str | os.PathLike) -> dict[str, Any]:
             ),
         }
     elif dry is not None:
-        bias = {"kind": "unavailable", "text": "no bound is derived for the recursive threshold"}
+        bias = _recursive_plan(dry)
     return {
         "release": spec["release"],
         "model": "sums",
         "mechanism": name,
         "strategy": spec["strategy"],
         "objective": spec["objective"],
+        "postprocess": spec["postprocess"],
         "workload": {**spec["workload"], "queries": st.m},
         "by": st.by,
         "budget": {

@@ -91,6 +91,13 @@ def run_spec(
     lat = lattice(plan, np.int64)
     variance = np.asarray(mech.variances_at(float(lat.noise_scale)), dtype=float).reshape(shape)
     per_record = np.asarray(mech.bias_per_record(), dtype=float).reshape(shape)
+    raw = answers
+    if spec["postprocess"] == "isotonic":
+        from dpdask.sums.error import monotone
+
+        rows = answers.reshape(-1, st.m)
+        weights = np.broadcast_to(1.0 / variance, answers.shape).reshape(rows.shape)
+        answers = monotone(rows, weights).reshape(answers.shape)
     mech_info = {
         "name": mech.name,
         "template": getattr(mech, "template", "sum-SQM"),
@@ -139,6 +146,15 @@ def run_spec(
             "by truncation only (bias_bound)"
         ),
         "bias_bound": bias_record(result),
+        "postprocess": (
+            {"method": "none"}
+            if raw is answers
+            else {
+                "method": "isotonic",
+                "text": "answers: weighted isotonic fit per row (weights 1 / variance) of "
+                "answers_raw; variance is the raw answers'",
+            }
+        ),
         "charges": [c.published() for c in ledger.charges(release) if c.run_id == run_id],
         "ledger": {
             "path": str(ledger.path),
@@ -155,6 +171,7 @@ def run_spec(
         dims = (*st.by, "query")
         arrays = {
             "answers": (answers, ("geography", *dims)),
+            **({} if raw is answers else {"answers_raw": (raw, ("geography", *dims))}),
             "variance": (variance, dims),
             "bias_per_record": (per_record, dims),
             "query_lower": (np.asarray(st.lower, dtype=float), ("query",)),

@@ -20,6 +20,7 @@ variance at every threshold it may use, before any data is read
     mechanism: TaMM                  # SQM | Identity | Workload | TiMM | TaMM
     strategy: hdmm                   # how TiMM / TaMM choose A, or
                                      # {name: hdmm, restarts: 1, objective: relative}
+    postprocess: none                # or isotonic (prefix workloads): non-decreasing answers
     privacy: {epsilon: 1, threshold_share: 0.1}
     output: out/wages.zarr
     ledger: {path: out/ledger.sqlite, create: true}
@@ -59,6 +60,13 @@ the range) and the ``total``. ``by`` crosses the sums with public categories of 
 columns (e.g. wages by county and sex): every category listed is published, a record
 with an unlisted one is an error, as for geographies.
 
+``postprocess: isotonic`` (prefix workloads only) replaces every row of answers (a
+geography and ``by`` group) by its weighted isotonic fit, weights ``1 / variance``
+(:func:`dpdask.sums.monotone`): post-processing, free of budget. The true (truncated)
+prefix sums are non-decreasing, so the fit is the projection onto a convex set that holds
+them and its weighted squared error is never larger than the raw answers'; ``variance``
+stays that of the raw answers, published as ``answers_raw``.
+
 SQM answers each of the ``m`` queries on the attribute with its own threshold: ``m``
 threshold runs of ``threshold_share * epsilon / m`` each (one charge, ``m`` runs; shared
 by the groups of ``by``), and the queries measured together with the Laplace mechanism
@@ -86,9 +94,13 @@ candidate's ``q F - p N`` is at least ``-alpha`` (Dwork and Roth, Theorem 3.24;
 :func:`~dpdask.sums.svt_truncation_bound`). A geography's own truncated records are at
 most that many. For SQM the bound holds for all ``m`` thresholds at once (``beta / m``
 each). The attribute records this bound as a formula in ``N``; it does not invent a
-number. For the recursive threshold no
-bound on ``n_trunc`` is derived here and the attribute says so (only ``bias_per_record``
-is published). With no threshold the bias is zero.
+number. For the recursive threshold the bound is a number computed from the published
+threshold, ``floor((ln(theta / theta0) - mu) / beta + shift)``
+(:func:`~dpdask.sums.recursive_truncation_bound`), with the probability it holds: that
+is ``1 - beta`` only when ``mu`` is large enough, since a threshold noise below
+``-mu / beta`` can truncate every record; the attribute states the probability reached
+(for SQM's ``m`` thresholds, a union bound) or, when it is useless, that no bound is
+available. With no threshold the bias is zero.
 """
 
 from __future__ import annotations
@@ -120,6 +132,7 @@ SPEC_KEYS = (
     "threshold",
     "mechanism",
     "strategy",
+    "postprocess",
     "privacy",
     "output",
     "ledger",
@@ -308,6 +321,15 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     if objective is not None and objective not in OBJECTIVES:
         raise SpecError(f"strategy.objective: one of {', '.join(OBJECTIVES)}, got {objective!r}")
 
+    post = doc.get("postprocess", "none")
+    if post not in ("none", "isotonic"):
+        raise SpecError(f"postprocess: none or isotonic, got {post!r}")
+    if post == "isotonic" and workload["name"] != "prefix":
+        raise SpecError(
+            "postprocess: isotonic needs a prefix workload (its answers are non-decreasing); "
+            f"this one is {workload['name']!r}"
+        )
+
     pr = _mapping(doc["privacy"], "privacy", {"epsilon", "threshold_share"}, {"epsilon"})
     eps = _number(pr["epsilon"], "privacy.epsilon")
     if eps <= 0:
@@ -339,6 +361,7 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         "strategy": s,
         "strategy_options": sopts,
         "objective": objective,
+        "postprocess": post,
         "epsilon": eps,
         "rho": rho,
         "output": _path(base, doc["output"], "output"),

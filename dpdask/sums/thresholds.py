@@ -52,9 +52,11 @@ from dpdask.privacy import PureDP, as_fraction
 __all__ = [
     "ThresholdResult",
     "exponential_grid",
+    "recursive_margin",
     "recursive_statistic",
     "recursive_sum",
     "recursive_threshold",
+    "recursive_truncation_bound",
     "svt_threshold",
     "svt_truncation_bound",
 ]
@@ -350,8 +352,100 @@ def recursive_threshold(
         privacy=PureDP(eps),
         sensitivity=1.0,
         noise_scale=float(1 / eps),
-        params={"beta": b, "theta0": float(theta0), "mu": float(mu)},
+        params={
+            "beta": b,
+            "theta0": float(theta0),
+            "mu": float(mu),
+            "noise": "float" if unsafe_float else "discrete",
+            "grid": grid is not None,
+        },
     )
+
+
+_SLACK = 1e-6  # covers the 1e-9 guard in g and the rounding of theta's logarithm
+
+
+def _lower_tail(y: float, eps: float, discrete: bool) -> float:
+    """``P(Y <= y)`` for ``Y`` Laplace of scale ``1 / eps`` (integer-valued if ``discrete``)."""
+    if discrete:
+        k, p = math.floor(y), math.exp(-eps)
+        return p ** (-k) / (1 + p) if k <= 0 else 1 - p ** (k + 1) / (1 + p)
+    return 0.5 * math.exp(eps * y) if y <= 0 else 1 - 0.5 * math.exp(-eps * y)
+
+
+def recursive_margin(
+    epsilon: float, beta: float, mu: float, failure: float, *, discrete: bool = True
+) -> tuple[float, float]:
+    """``(shift, fail)``: ``n_trunc <= (ln(theta / theta0) - mu) / beta + shift`` except
+    with probability at most ``fail`` (see :func:`recursive_truncation_bound`).
+
+    ``fail`` is ``failure`` when the event ``Y > -mu / beta`` can be afforded, else the
+    larger ``P(Y <= -mu / beta)`` the bound cannot do without.
+    """
+    eps, b, mu, failure = float(epsilon), float(beta), float(mu), float(failure)
+    if not (eps > 0 and b > 0 and 0 < failure < 1):
+        raise ValueError("epsilon and beta must be positive and the failure in (0, 1)")
+    a = mu / b - _SLACK  # the bound needs Y > -a
+    if discrete:
+        p = math.exp(-eps)  # P(Y <= -k) = p^k / (1 + p): the least t with P(Y < -t) <= failure
+        t = max(0.0, math.ceil(math.log(1 / (failure * (1 + p))) / eps - 1e-12) - 1.0)
+        y_lo = max(-t, math.floor(-a) + 1.0)  # Y >= y_lo: integers above -a and from -t
+        return -y_lo, _lower_tail(y_lo - 1, eps, True)
+    t = max(0.0, math.log(1 / (2 * failure)) / eps)
+    if t < a:
+        return t, failure
+    return a, _lower_tail(-a, eps, False)
+
+
+def recursive_truncation_bound(
+    result: ThresholdResult, beta: float = 0.05
+) -> tuple[np.ndarray, float]:
+    """Per run, a bound on the records above a recursive threshold, and its failure chance.
+
+    With ``a = mu / beta_r`` (``beta_r`` the mechanism's own ``beta``): if the threshold
+    noise has ``Y > -a``, no more than ``L`` records lie above ``theta`` (had ``j > L``
+    records values above ``theta``, every term of ``L`` with ``k < j`` would be at least
+    ``g(v_(1)) >= ln(theta / theta0) / beta_r = L + Y + a``, and every other term at least
+    ``j``), and ``L = (ln(theta / theta0) - mu) / beta_r - Y``. So on ``{Y >= -t} and
+    {Y > -a}``, ``n_trunc <= (ln(theta / theta0) - mu) / beta_r + t``: a public number,
+    computed from the published threshold. ``t`` is the least with ``P(Y < -t) <= beta``
+    if that ``t`` is below ``a``; otherwise the bound holds only with probability
+    ``1 - P(Y <= -a)`` (raise ``mu`` to afford more), and that is what is returned. The
+    event ``Y <= -a`` cannot be excluded: when every record has one value, it truncates
+    them all.
+
+    Parameters
+    ----------
+    result : ThresholdResult
+        A recursive threshold (not rounded to a grid).
+    beta : float
+        The failure probability wanted for each run.
+
+    Returns
+    -------
+    bounds : numpy.ndarray
+        Per run, the largest number of records that may lie above its threshold.
+    failure : float
+        An upper bound on the probability, per run, that its bound fails: at most
+        ``beta`` when ``mu`` affords it, else ``P(Y <= -mu / beta_r)``.
+
+    Raises
+    ------
+    ValueError
+        For an SVT or grid-rounded threshold, or ``beta`` outside ``(0, 1)``.
+    """
+    if result.method != "recursive":
+        raise ValueError(f"the bound holds for recursive thresholds, not {result.method!r}")
+    if result.params.get("grid", True):
+        raise ValueError("no bound is derived for a threshold rounded down to a grid")
+    pr = result.params
+    shift, fail = recursive_margin(
+        float(result.privacy.epsilon), pr["beta"], pr["mu"], beta,
+        discrete=pr.get("noise") == "discrete",
+    )  # fmt: skip
+    log_ratio = np.log(np.asarray(result.theta, dtype=float) / pr["theta0"])
+    bounds = np.floor((log_ratio - pr["mu"]) / pr["beta"] + shift + _SLACK)
+    return np.maximum(bounds, 0.0), fail
 
 
 def recursive_sum(data: Any, delta_hat: float) -> float:

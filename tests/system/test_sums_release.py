@@ -64,7 +64,9 @@ def _true_truncated_prefix(df: pd.DataFrame, theta: float) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("threshold", ["svt", "{name: svt, r: 0.95}"])
+@pytest.mark.parametrize(
+    "threshold", ["svt", "{name: svt, r: 0.95}", "recursive", "{name: recursive, mu: 3}"]
+)
 def test_wages_by_county_release(tmp_path, capsys, threshold):
     df = _records(tmp_path / "people.csv")
     spec = _spec(tmp_path, threshold=threshold)
@@ -84,9 +86,10 @@ def test_wages_by_county_release(tmp_path, capsys, threshold):
 
     # threshold, mechanism, budget split, bias bound, ledger head, run id in the attributes
     th = info["threshold"]
-    assert th["method"] == "svt" and Fraction(th["privacy"]["epsilon"]) == Fraction(1, 10)
+    method = "recursive" if "recursive" in threshold else "svt"
+    assert th["method"] == method and Fraction(th["privacy"]["epsilon"]) == Fraction(1, 10)
     theta = th["theta"]  # None: SVT stopped at no candidate, nothing is truncated
-    if threshold != "svt":  # r = 0.95: about 5% of the records are truncated
+    if "0.95" in threshold:  # r = 0.95: about 5% of the records are truncated
         assert theta is not None and theta < HIGH and per_record.max() > 0
     assert info["mechanism"]["name"] == "TaMM"
     assert Fraction(info["budget"]["threshold"]["epsilon"]) == Fraction(1, 10)
@@ -97,7 +100,9 @@ def test_wages_by_county_release(tmp_path, capsys, threshold):
         assert bias["kind"] == "exact" and bias["bound"] == 0 and not per_record.any()
     else:
         assert bias["kind"] == "high_probability" and 0 < bias["probability"] < 1
-        assert "N" in bias["text"]
+        assert "N" in bias["text"] if method == "svt" else bias["truncated_records"] >= 0
+        if "mu: 3" in threshold:  # a large enough mu affords the stated 95%
+            assert bias["probability"] >= 0.95
     assert info["run_id"] == summary["run_id"]
 
     ledger = Ledger(tmp_path / "out" / "ledger.sqlite")
@@ -117,7 +122,11 @@ def test_wages_by_county_release(tmp_path, capsys, threshold):
     untruncated = _true_truncated_prefix(df, np.inf)
     if bias["kind"] == "high_probability":
         n = len(df)
-        bound = bias["truncated_records_fraction_of_N"] * n + bias["truncated_records_additive"]
+        if method == "svt":
+            frac, additive = (bias[f"truncated_records_{k}"] for k in ("fraction_of_N", "additive"))
+            bound = frac * n + additive
+        else:
+            bound = bias["truncated_records"]
         assert np.all(untruncated - truth <= bound * per_record[None, :] + 1e-6)
     assert np.all(untruncated - truth >= -1e-6)
 
@@ -218,6 +227,17 @@ def test_validate_and_plan_charge_nothing_and_match_the_run(tmp_path, capsys):
     assert main(["validate", spec2]) == 2
     assert "is left" in capsys.readouterr().err
     assert len(Ledger(ledger_path).charges()) == 2
+
+
+@pytest.mark.parametrize("mu", [0.5, 3])
+def test_plan_states_the_recursive_bias_bound(tmp_path, capsys, mu):
+    _records(tmp_path / "people.csv")
+    spec = _spec(tmp_path, threshold=f"{{name: recursive, mu: {mu}}}")
+    assert main(["plan", spec, "--json"]) == 0
+    bias = json.loads(capsys.readouterr().out)["bias_bound"]
+    assert bias["kind"] == "high_probability" and "ln(theta" in bias["text"]
+    # mu / beta = 2.5 mu / eps_threshold with the default beta: only mu = 3 affords 95%
+    assert (bias["probability"] >= 0.95) == (mu == 3)
 
 
 def test_validate_refuses_bad_records_and_missing_ledger(tmp_path, capsys):
@@ -348,3 +368,41 @@ def test_unlisted_category_refused_before_charging(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "not in by.sex" in err and "nothing was charged" in err
     assert len(Ledger(tmp_path / "out" / "ledger.sqlite").charges()) == 0
+
+
+def _pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted isotonic fit by the textbook pool-adjacent-violators loop (the oracle)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for v, wt in zip(y.tolist(), w.tolist(), strict=True):
+        blocks.append([v, wt, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.concatenate([np.full(n, m) for m, _, n in blocks])
+
+
+def test_isotonic_postprocessing_by_group(tmp_path, capsys):
+    _records_by_sex(tmp_path / "people.csv")
+    spec = _spec(tmp_path, by="{sex: [F, M]}", postprocess="isotonic", threshold="none",
+                 privacy="{epsilon: 0.05}")  # fmt: skip
+    assert main(["run", spec, "--json"]) == 0
+    capsys.readouterr()
+    root = zarr.open_group(str(tmp_path / "out" / "wages.zarr"), mode="r")
+    answers, raw, variance = root["answers"][:], root["answers_raw"][:], root["variance"][:]
+    assert answers.shape == raw.shape == (4, 2, 100) and variance.shape == (2, 100)
+    assert root.attrs["dpdask"]["postprocess"]["method"] == "isotonic"
+    assert np.all(np.diff(answers, axis=-1) >= -1e-9)
+    assert np.any(np.diff(raw, axis=-1) < 0)  # at eps 0.05 the raw prefixes do decrease
+    for g in range(4):
+        for s_ in range(2):
+            want = _pava(raw[g, s_], 1 / variance[s_])
+            np.testing.assert_allclose(answers[g, s_], want, rtol=1e-9, atol=1e-6)
+
+
+def test_isotonic_needs_a_prefix_workload(tmp_path, capsys):
+    _records(tmp_path / "people.csv")
+    spec = _spec(tmp_path, workload="total", postprocess="isotonic")
+    assert main(["validate", spec]) == 2
+    assert "isotonic needs a prefix workload" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
