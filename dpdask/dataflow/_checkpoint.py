@@ -1,30 +1,69 @@
-"""Checkpointing a chunk of estimates into the run's work folder (:mod:`dpdask.publish`)."""
+"""Checkpointing chunks of estimates into the run's work folder (:mod:`dpdask.publish`).
+
+Every Dask chunk of a level is one ``.npy`` file, ``raw/<level>/<k>.npy`` (and, for the
+finest level, its sums by parent in ``raw/<level>-sums/<k>.npy``), written whole by the
+chunk's task and followed by its marker: concurrent writes never share a file, a file
+holds thousands of block-level rows, and a resumed run skips exactly the chunks whose
+marker exists (a file without its marker is written again).
+"""
 
 from __future__ import annotations
 
+import os
 import pathlib
+from collections.abc import Sequence
 
+import dask.array as da
 import numpy as np
-import zarr
+from dask.highlevelgraph import HighLevelGraph
 
 from dpdask.dataflow._levels import LevelChunks, partial_sum_block
 
-__all__ = ["write_region"]
+__all__ = ["read_chunks", "write_chunk"]
 
 
-def write_region(
+def _path(folder: pathlib.Path | str, k: int) -> pathlib.Path:
+    return pathlib.Path(folder) / f"{k}.npy"
+
+
+def _save(path: pathlib.Path, block: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(block, dtype=np.float64))
+    os.replace(tmp, path)
+
+
+def write_chunk(
     block: np.ndarray,
-    arr: zarr.Array,
-    start: int,
+    folder: pathlib.Path,
+    k: int,
     done: pathlib.Path,
-    sums: tuple[zarr.Array, int, LevelChunks, int, int] | None = None,
+    sums: tuple[pathlib.Path, LevelChunks, int] | None = None,
 ) -> int:
-    """Write one chunk of estimates (and, for the finest level, its sums by parent),
-    then its marker (so a marker means the data is there)."""
-    arr[start : start + block.shape[0]] = block
+    """Write chunk ``k`` of a level's estimates (and, for the finest level, its sums by
+    parent into ``sums[0]``), then its marker (so a marker means the data is there)."""
+    _save(_path(folder, k), block)
     if sums is not None:
-        target, row, lc, i, k = sums
-        part = partial_sum_block(block, lc, i, k)
-        target[row : row + part.shape[0]] = part
+        target, lc, i = sums
+        _save(_path(target, k), partial_sum_block(block, lc, i, k))
     done.touch()
-    return block.shape[0]
+    return int(block.shape[0])
+
+
+def _load(folder: str, k: int) -> np.ndarray:
+    return np.load(_path(folder, k))
+
+
+def read_chunks(
+    folder: pathlib.Path, chunks: Sequence[int], cell_shape: tuple[int, ...], name: str
+) -> da.Array:
+    """The checkpointed chunks of ``folder`` as one lazy array, a Dask chunk per file."""
+    zeros = (0,) * len(cell_shape)
+    dsk = {(name, k, *zeros): (_load, str(folder), k) for k in range(len(chunks))}
+    return da.Array(
+        HighLevelGraph.from_collections(name, dsk, dependencies=()),
+        name,
+        chunks=(tuple(int(c) for c in chunks), *((int(s),) for s in cell_shape)),
+        dtype=np.float64,
+    )

@@ -1,9 +1,11 @@
 """The published release: per level, estimates, workload answers and their variances.
 
 The layout is in :mod:`dpdask.dataflow.release`; the labels in
-:mod:`dpdask.publish`. Every array has a row per zarr chunk along the
-geography axis, so that any Dask chunk of a level writes whole zarr chunks with no
-rechunking (the level chunks are uneven, aligned to parents).
+:mod:`dpdask.publish`. Every per-geography array is chunked along the geography axis in
+regular chunks of about :data:`OUTPUT_CHUNK_BYTES` (:func:`output_rows`), at least one
+row; the level's Dask chunks (uneven, aligned to parents) are rechunked to them before
+the store, so every write task writes whole zarr chunks and none shares one. A row per
+zarr chunk would make a file per geography and array: millions at the block level.
 
 Every array carries zarr v3 ``dimension_names``, so that xarray opens a release
 (``xr.open_datatree(path, engine="zarr")``, one group per level) with its
@@ -51,7 +53,22 @@ from dpdask.publish import (
     query_labels,
 )
 
-__all__ = ["level_outputs"]
+__all__ = ["OUTPUT_CHUNK_BYTES", "level_outputs", "output_rows"]
+
+OUTPUT_CHUNK_BYTES = 4 * 2**20
+"""Target size of a published array's zarr chunk (uncompressed)."""
+
+
+def output_rows(n_rows: int, row_bytes: int, target: int = OUTPUT_CHUNK_BYTES) -> int:
+    """Rows per zarr chunk: about ``target`` bytes, at least one row, at most ``n_rows``.
+
+    Examples
+    --------
+    >>> output_rows(700_000, 252 * 8), output_rows(3143, 492_660 * 8), output_rows(5, 8)
+    (2080, 1, 5)
+    """
+    return max(1, min(int(n_rows), int(target) // max(1, int(row_bytes))))
+
 
 _RESERVED = frozenset(
     {"geography", "ids", "parent", "parent_id", "query", "query_description", "estimate",
@@ -220,8 +237,9 @@ def level_outputs(
             ]  # fmt: skip
             coords.append("table_description")
         for array, arr, dims, units, long_name in outputs:
+            rows = output_rows(arr.shape[0], 8 * int(np.prod(arr.shape[1:])))
             z = g.create_array(
-                array, shape=arr.shape, dtype="float64", chunks=(1, *arr.shape[1:]),
+                array, shape=arr.shape, dtype="float64", chunks=(rows, *arr.shape[1:]),
                 # noisy float estimates do not compress; skip the codec's time
                 compressors=None if array == "estimate" else "auto",
                 chunk_key_encoding=FLAT_KEYS, dimension_names=dims,
@@ -231,7 +249,7 @@ def level_outputs(
                     "coordinates": " ".join(c for c in coords if set(_dims(g, c)) <= set(dims)),
                 },
             )  # fmt: skip
-            sources.append(arr)
+            sources.append(arr.rechunk({0: rows}))
             targets.append(z)
     return sources, targets
 

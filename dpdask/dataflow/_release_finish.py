@@ -26,6 +26,7 @@ from dpdask.dataflow._blocks import (
     FIT_AFTER_CONSISTENCY,
     NONNEGATIVE,
 )
+from dpdask.dataflow._checkpoint import read_chunks
 from dpdask.dataflow._levels import (
     bottom_up,
     nonneg_down,
@@ -43,15 +44,17 @@ class Finish(ReleaseState):
     """The finishing steps of a :class:`~dpdask.dataflow.release.Release`."""
 
     def _finish(
-        self, work: pathlib.Path, raw: Sequence[zarr.Array], client: Any, progress: bool
+        self, work: pathlib.Path, raw: Sequence[pathlib.Path], client: Any, progress: bool
     ) -> pathlib.Path:
+        cells = tuple(self.domain.shape)
         estimates = [
-            da.from_zarr(
-                a,
-                chunks=(L.chunks, *a.shape[1:]),
-                name=f"estimate-{level_key(L.name)}-{tokenize(str(work), L.name)}",
+            read_chunks(
+                folder,
+                L.chunks,
+                cells,
+                f"estimate-{level_key(L.name)}-{tokenize(str(work), L.name)}",
             )
-            for a, L in zip(raw, self._levels, strict=True)
+            for folder, L in zip(raw, self._levels, strict=True)
         ]
         variances = [
             np.full(self.store.geography.n_units(L.name), L.unit_variance) for L in self._levels
@@ -63,12 +66,10 @@ class Finish(ReleaseState):
             fvar = variances  # each level's own least-squares variance (see release())
         elif len(self._levels) > 1:
             last = len(self._levels) - 1
-            psum = zarr.open_array(str(work / "raw.zarr" / f"{self.levels[last]}-sums"), mode="r")
-            partial = da.from_zarr(
-                psum,
-                chunks=(self.lc.parent_ranges(last), *psum.shape[1:]),
-                name=f"partial-{tokenize(str(work), 'sums')}",
-            )
+            partial = read_chunks(
+                work / "raw" / f"{self.levels[last]}-sums", self.lc.parent_ranges(last), cells,
+                f"partial-{tokenize(str(work), 'sums')}",
+            )  # fmt: skip
             word = level_key(self.levels[last - 1])
             sums = aggregate_rows(
                 partial, partial_rows(self.lc, last), self.lc.chunks[last - 1],

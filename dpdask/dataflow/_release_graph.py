@@ -15,7 +15,6 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-import zarr
 from dask.base import tokenize
 
 from dpdask.dataflow._aggregate import level_key
@@ -26,12 +25,12 @@ from dpdask.dataflow._blocks import (
     measure_block,
     reconstruct_block,
 )
-from dpdask.dataflow._checkpoint import write_region
+from dpdask.dataflow._checkpoint import write_chunk
 from dpdask.dataflow._levels import (
     aggregate_level,
 )
 from dpdask.dataflow._release_state import LevelState, ReleaseState
-from dpdask.publish import float_array, marker
+from dpdask.publish import marker
 
 
 class MeasureGraph(ReleaseState):
@@ -48,53 +47,49 @@ class MeasureGraph(ReleaseState):
 
     def _checkpoint(
         self, work: pathlib.Path, key: Any, client: Any, progress: bool
-    ) -> list[zarr.Array]:
-        """Measure and reconstruct every chunk not yet checkpointed in ``work``.
+    ) -> list[pathlib.Path]:
+        """Measure and reconstruct every chunk not yet checkpointed in ``work``; return
+        each level's folder of chunks (:mod:`dpdask.dataflow._checkpoint`).
 
-        Estimates are stored one geography per zarr chunk (so concurrent chunk
-        writes never share a zarr chunk), and each finished chunk leaves a marker
-        file written after its data: a resumed run skips exactly those.
+        Each finished chunk leaves a marker file written after its data: a resumed run
+        skips exactly those.
         """
-        group = zarr.open_group(str(work / "raw.zarr"), mode="a", zarr_format=3)
+        raw = work / "raw"
         markers = work / "done"
         markers.mkdir(exist_ok=True)
         reports = work / "reports"
         reports.mkdir(exist_ok=True)
-        arrays, pending = [], []
+        folders, pending = [], []
         data = self._level_data()
-        cell_shape = self.domain.shape
         last = len(self._levels) - 1
         for i, (L, x) in enumerate(zip(self._levels, data, strict=True)):
-            arr = float_array(group, L.name, sum(L.chunks), cell_shape)
+            folder = raw / L.name
+            folder.mkdir(parents=True, exist_ok=True)
             # the finest level's sums by parent, kept so that consistency never re-reads it
-            sums = None
-            if i == last and i > 0:
-                n_rows = sum(self.lc.parent_ranges(i))
-                sums = float_array(group, f"{L.name}-sums", n_rows, cell_shape)
-            arrays.append(arr)
+            sums = raw / f"{L.name}-sums" if i == last and i > 0 else None
+            if sums is not None:
+                sums.mkdir(exist_ok=True)
+            folders.append(folder)
             todo = [k for k in range(len(L.chunks)) if not marker(markers, L.name, k).exists()]
             if not todo:
                 continue
             est = self._estimates(L, x, key, str(reports))
-            bounds = np.cumsum((0, *L.chunks))
-            sum_bounds = np.cumsum((0, *self.lc.parent_ranges(i))) if sums is not None else None
             tok = tokenize(est.name)
             for k in todo:
-                write = dask.delayed(write_region, pure=False)
-                extra = None if sums is None else (sums, int(sum_bounds[k]), self.lc, i, k)
+                write = dask.delayed(write_chunk, pure=False)
                 pending.append(
                     write(
                         est.blocks[k],
-                        arr,
-                        int(bounds[k]),
+                        folder,
+                        k,
                         marker(markers, L.name, k),
-                        extra,
+                        None if sums is None else (sums, self.lc, i),
                         dask_key_name=f"checkpoint-{level_key(L.name)}-{tokenize(tok, k)}",
                     )
                 )
         if pending:
             compute_items(pending, client, progress)
-        return arrays
+        return folders
 
     def _estimates(self, L: LevelState, x: da.Array, key: Any, reports: str) -> da.Array:
         """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
