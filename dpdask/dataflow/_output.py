@@ -122,6 +122,7 @@ def level_outputs(
     ids: Sequence[np.ndarray],
     parents: Sequence[np.ndarray],
     domain: Domain | None = None,
+    sparse_estimates: bool = False,
 ) -> tuple[list[da.Array], list[zarr.Array]]:
     """Create every level's group in ``root`` and pair its lazy arrays with their targets.
 
@@ -141,6 +142,10 @@ def level_outputs(
     domain : Domain, optional
         The data domain: names the estimate's axes and labels the queries (default: the
         plan's domain; axes ``dim_0``, ``dim_1``, ... without one).
+    sparse_estimates : bool
+        The estimates are mostly zeros (a non-negative estimator): compress them too.
+        Noisy least-squares estimates do not compress, so by default they are stored
+        raw; every other array is always compressed.
 
     Returns
     -------
@@ -241,7 +246,7 @@ def level_outputs(
             z = g.create_array(
                 array, shape=arr.shape, dtype="float64", chunks=(rows, *arr.shape[1:]),
                 # noisy float estimates do not compress; skip the codec's time
-                compressors=None if array == "estimate" else "auto",
+                compressors=None if array == "estimate" and not sparse_estimates else "auto",
                 chunk_key_encoding=FLAT_KEYS, dimension_names=dims,
                 attributes={
                     "units": units, "long_name": long_name,

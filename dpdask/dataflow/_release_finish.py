@@ -98,6 +98,7 @@ class Finish(ReleaseState):
             root, [(L.name, L.plan, L.unit_variance) for L in self._levels], final, fvar,
             [np.asarray(geo.ids[geo.level_index(L.name)], dtype=str) for L in self._levels],
             self.lc.parents, domain=self.domain,
+            sparse_estimates=self.reconstruct in (*NONNEGATIVE, "topdown"),
         )  # fmt: skip
         stored = da.store(sources, targets, lock=False, compute=False)
         compute_items([stored], client, progress)
