@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dpdask.cli._common import print_result
+
+if TYPE_CHECKING:
+    from dpdask.privacy import Head, Ledger
 
 __all__ = ["cmd_ledger"]
 
 
 def cmd_ledger(argv: Sequence[str]) -> int:
-    from dpdask.privacy import Head, Ledger, LedgerTamperedError
-    from dpdask.publish import release_attributes
+    from dpdask.privacy import Ledger, LedgerTamperedError
 
     parser = argparse.ArgumentParser(
         prog="dpdask ledger",
@@ -50,30 +53,40 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     p.add_argument("release")
     p.add_argument("run_id")
     p = verbs.add_parser(
-        "anchor", help="rewrite the head file from the chain, once you have checked the chain"
+        "anchor",
+        help="rewrite a lost head file from the chain, after checking that the chain holds "
+        "each given release's head and each kept head",
     )
     p.add_argument("path")
+    p.add_argument(
+        "--release",
+        action="append",
+        default=[],
+        metavar="OUT.zarr",
+        help="a release published from this ledger whose head must be in the chain",
+    )
+    p.add_argument(
+        "--head",
+        action="append",
+        default=[],
+        metavar="COUNT:HASH",
+        help="a head kept elsewhere that must be in the chain",
+    )
     args = parser.parse_args(argv)  # fmt: skip
     if args.verb == "init":
         ledger = Ledger.init(args.path)
         print(f"created ledger {ledger.path} (head {ledger.head()})")
         return 0
+    if args.verb == "anchor":  # the head file is lost: the chain is checked, not the head
+        ledger = Ledger(args.path, check_head=False)
+        heads = _given_heads(ledger, args.release, args.head)
+        print(f"head file rewritten: {ledger.anchor(h for _, h in heads)}")
+        return 0
     ledger = Ledger(args.path)  # verifies the chain and the head file
     if args.verb == "show":
         print_result(ledger.report(), args.json, _ledger_table)
     elif args.verb == "verify":
-        heads = [(f"--head {h}", Head.parse(h)) for h in args.head]
-        for out in args.release:
-            attrs = release_attributes(out)
-            recorded = (attrs or {}).get("ledger") or {}
-            if not recorded.get("head"):
-                raise ValueError(f"{out} is not a dpdask release that records a ledger head")
-            if recorded.get("id") != ledger.ledger_id:
-                raise LedgerTamperedError(
-                    f"{out} was charged to another ledger (id {recorded.get('id')}), not "
-                    f"{ledger.path} (id {ledger.ledger_id})"
-                )
-            heads.append((out, Head.parse(recorded["head"])))
+        heads = _given_heads(ledger, args.release, args.head)
         for what, head in heads:
             if not ledger.contains(head):
                 raise LedgerTamperedError(
@@ -84,12 +97,32 @@ def cmd_ledger(argv: Sequence[str]) -> int:
                   "checked": [w for w, _ in heads]}  # fmt: skip
         print_result(result, args.json, lambda r: f"ok: {r['ledger']} verifies (head {r['head']})"
                + "".join(f"\n  {w}: in the ledger" for w in r["checked"]))  # fmt: skip
-    elif args.verb == "abandon":
+    else:
         ledger.abandon(args.release, args.run_id)
         print(f"run {args.run_id} of {args.release} abandoned; what it charged stays spent")
-    else:
-        print(f"head file rewritten: {ledger.anchor()}")
     return 0
+
+
+def _given_heads(
+    ledger: Ledger, releases: Sequence[str], kept: Sequence[str]
+) -> list[tuple[str, Head]]:
+    """``(what, Head)`` for each ``--head`` and each ``--release``'s recorded head."""
+    from dpdask.privacy import Head, LedgerTamperedError
+    from dpdask.publish import release_attributes
+
+    heads = [(f"--head {h}", Head.parse(h)) for h in kept]
+    for out in releases:
+        attrs = release_attributes(out)
+        recorded = (attrs or {}).get("ledger") or {}
+        if not recorded.get("head"):
+            raise ValueError(f"{out} is not a dpdask release that records a ledger head")
+        if recorded.get("id") != ledger.ledger_id:
+            raise LedgerTamperedError(
+                f"{out} was charged to another ledger (id {recorded.get('id')}), not "
+                f"{ledger.path} (id {ledger.ledger_id})"
+            )
+        heads.append((out, Head.parse(recorded["head"])))
+    return heads
 
 
 def _ledger_table(report: dict) -> str:

@@ -6,9 +6,9 @@ to check it; ``run`` selects the strategy, charges the ledger and publishes.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
+import os
 import pathlib
 import tempfile
 from dataclasses import dataclass
@@ -28,7 +28,7 @@ from dpdask.dataflow import (
     write_store,
 )
 from dpdask.domain import Geography
-from dpdask.noise import KeyFile
+from dpdask.pipeline._resume import check_run_key, check_same_run
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.privacy import (
     BudgetExceededError,
@@ -37,7 +37,6 @@ from dpdask.privacy import (
     LedgerConflictError,
     LedgerMissingError,
     LedgerTamperedError,
-    Run,
     RunStateError,
     check_run_id,
     split_levels,
@@ -118,9 +117,21 @@ def load_data(
             store = ingest_records(spec.data.path, spec.domain, store=cached, **opts)
         else:  # pragma: no cover - parse_spec refuses other formats
             raise SpecError(f"data.format: {fmt!r}")
+        _owner_only(cached)
     if store.domain != spec.domain:
         raise SpecError(f"domain: the spec says {spec.domain} but the data has {store.domain}")
     return store
+
+
+def _owner_only(path: pathlib.Path) -> None:
+    """Close a converted copy of the input to everyone but its owner (folders 0700,
+    files 0600), whatever the umask it was written under."""
+    for root, _dirs, files in os.walk(path):
+        os.chmod(root, 0o700)
+        for name in files:
+            f = os.path.join(root, name)
+            if not os.path.islink(f):
+                os.chmod(f, 0o600)
 
 
 def _synthetic_store(spec: ReleaseSpec, path: pathlib.Path) -> DataStore:
@@ -286,27 +297,11 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
                 )
     resuming = run is not None
     if run is not None and not done_here:
-        _check_run_key(run, work)
+        check_run_key(run, work)
     if ledger is not None:
         _check_budgets(spec, ledger, dataset, resuming)
     source = source or source_print(spec)
     return _Checked(ledger, dataset, source, output, run_id, work, resuming)
-
-
-def _check_run_key(run: Run, work: pathlib.Path) -> None:
-    """A charged run resumes only with its own key, still in its work folder."""
-    key_path = work / "key"
-    if not key_path.exists():
-        raise RunStateError(
-            f"run {run.run_id!r} of release {run.release!r} was charged but its key is gone "
-            f"(no {key_path}); its noise cannot be reproduced. Abandon it (`dpdask ledger "
-            "abandon`) and start a new run id, which is charged again"
-        )
-    if KeyFile(key_path).load().fingerprint() != run.key_fingerprint:
-        raise RunStateError(
-            f"the key in {key_path} is another key than the one run {run.run_id!r} is bound to; "
-            "its noise can only be drawn with that key"
-        )
 
 
 def _check_budgets(spec: ReleaseSpec, ledger: Ledger, dataset: str, resuming: bool) -> None:
@@ -378,9 +373,10 @@ def validate_spec(
     """Make every check ``run`` makes before charging, spending and writing nothing.
 
     The spec's fields, the workload, the output path, the ledger (verified), the
-    dataset's and the release's remaining budget, the run id and the data itself (read
-    and checked as ``run`` reads it). A spec that validates fails ``run`` only for
-    reasons outside the spec and its data (a crash, a full disk).
+    dataset's and the release's remaining budget, the run id, the strategy (selected as
+    ``run`` and ``plan`` select it, so its options are checked) and the data itself
+    (read and checked as ``run`` reads it). A spec that validates fails ``run`` only
+    for reasons outside the spec and its data (a crash, a full disk).
 
     Returns a report; raises :class:`SpecError`, a :class:`~dpdask.privacy.LedgerError`
     or the data reader's error, naming the problem.
@@ -389,11 +385,15 @@ def validate_spec(
     if not spec.ledger.exists() and not spec.ledger_create:
         _open_ledger(spec)  # raises, naming the fix
     checked = _preflight(spec, run_id, overwrite, create=False)
+    # a resume: the same data and spec
+    check_same_run(spec, checked.work, checked.run_id, checked.source, record=False)
+    _plan, planned = plan_spec(spec)  # the strategy's options fail here, not in run
     report: dict[str, Any] = {
         "release": spec.release,
         "dataset": checked.dataset,
         "workload_queries": queries,
         "units": _check_data(spec, checked),
+        "noise_scale": {lv["level"]: lv["noise_scale"] for lv in planned["levels"]},
     }
     if checked.ledger is not None:
         try:
@@ -431,13 +431,13 @@ def run_spec(
     ledger = checked.ledger
     if ledger is None:  # pragma: no cover - _preflight(create=True) always opens one
         raise LedgerMissingError(f"ledger: no ledger at {spec.ledger}")
-    if spec.dataset_budget is not None:
-        ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
-    _check_same_source(checked)
+    check_same_run(spec, checked.work, checked.run_id, checked.source, record=True)
     log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
              spec.data.format, checked.work)  # fmt: skip
     store = load_data(spec, checked.work, checked.source)
     levels = _levels(spec, store)
+    if spec.dataset_budget is not None:  # checked above, before the data was read
+        ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
     rel = release(
         plan, store, levels=levels,
         budget_split=(
@@ -462,20 +462,3 @@ def run_spec(
     summary["dataset"] = checked.dataset
     summary["expected"] = report["levels"]
     return summary
-
-
-def _check_same_source(checked: _Checked) -> None:
-    """A resumed run must read the same data it started with: its noise is fixed, and the
-    same noise on changed data would reveal the change."""
-    record = checked.work / "source.json"
-    if record.exists():
-        started = json.loads(record.read_text())["content"]
-        if started != checked.source.content:
-            raise RunStateError(
-                f"the input changed since run {checked.run_id!r} started; resuming would add "
-                "its noise to other data. Abandon it (`dpdask ledger abandon`) and start a new "
-                "run id (a new charge)"
-            )
-    else:
-        private_dir(checked.work)
-        record.write_text(json.dumps({"content": checked.source.content}))

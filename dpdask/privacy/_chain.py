@@ -38,7 +38,7 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,7 +129,7 @@ class Chain:
     Use :meth:`create` for a new ledger and ``Chain(path)`` to open one; both verify.
     """
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], *, check_head: bool = True):
         self.path = Path(path)
         self.head_file = head_path(self.path)
         if not self.path.exists():
@@ -145,7 +145,7 @@ class Chain:
             )
         with self._connect() as con:
             self.ledger_id = self._check_schema(con)
-            self.read(con)
+            self.read(con, check_head=check_head)
 
     @classmethod
     def create(cls, path: str | os.PathLike[str]) -> Chain:
@@ -284,10 +284,10 @@ class Chain:
             ledger_id = str(raw["ledger"])
         except FileNotFoundError:
             raise LedgerTamperedError(
-                f"the ledger's head file {self.head_file} is missing; restore it, or, once "
-                f"you have checked the ledger against your published releases "
-                f"(`dpdask ledger verify {self.path} --release ...`), re-anchor it with "
-                f"`dpdask ledger anchor {self.path}`"
+                f"the ledger's head file {self.head_file} is missing; restore it, or "
+                f"re-anchor it with `dpdask ledger anchor {self.path} --release OUT.zarr ... "
+                "--head COUNT:HASH ...`, which first checks that the chain holds the head "
+                "of every release published from it and every head you kept"
             ) from None
         except (ValueError, KeyError, TypeError):
             raise LedgerTamperedError(f"the head file {self.head_file} is unreadable") from None
@@ -336,12 +336,36 @@ class Chain:
                 pass
             _write_head(self.head_file, self.ledger_id, head)
 
-    def reanchor(self) -> Head:
-        """Write the head file from the chain as it stands, once the user has checked it
-        (the chain itself must still verify)."""
-        entries = self.read(check_head=False)
-        head = Head(len(entries), entries[-1].hash)
-        _write_head(self.head_file, self.ledger_id, head)
+    def reanchor(self, heads: Iterable[Head] = ()) -> Head:
+        """Write the head file from the chain as it stands (its head file was lost).
+
+        The chain must verify and hold every head of ``heads`` (heads recorded by
+        published releases, or kept elsewhere). An existing head file must name this
+        ledger and an entry of the chain: a ledger rolled back, truncated or replaced
+        behind its head file is refused, never re-anchored.
+
+        Raises
+        ------
+        LedgerTamperedError
+            If the chain does not verify, misses one of ``heads``, or does not hold
+            the entry an existing head file names.
+        """
+        with self._connect() as con:
+            con.execute("BEGIN IMMEDIATE")  # no writer advances the head meanwhile
+            try:
+                entries = self.read(con, check_head=False)
+                if self.head_file.exists():
+                    self._check_head(entries)
+                for h in heads:
+                    if not self.contains(h, entries):
+                        raise LedgerTamperedError(
+                            f"head {h} is not in {self.path}: the ledger was rewritten or "
+                            "rolled back since; it is not re-anchored"
+                        )
+                head = Head(len(entries), entries[-1].hash)
+                _write_head(self.head_file, self.ledger_id, head)
+            finally:
+                con.execute("ROLLBACK")
         return head
 
 

@@ -87,7 +87,11 @@ class Ledger:
         The database file. It must exist (see :meth:`init`) unless ``create``.
     create : bool
         Create the ledger if there is none at ``path`` (and no head file says there
-        was one). Opening always verifies the hash chain and the head.
+        was one). Opening always verifies the hash chain and, unless ``check_head``
+        is false, the head file.
+    check_head : bool
+        False only to re-anchor a ledger whose head file was lost (:meth:`anchor`);
+        every other read and every write still checks the head file.
 
     Raises
     ------
@@ -113,10 +117,12 @@ class Ledger:
     'measuring'
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, create: bool = False):
+    def __init__(
+        self, path: str | os.PathLike[str], *, create: bool = False, check_head: bool = True
+    ):
         self.path = Path(path)
         try:
-            self._chain = Chain(self.path)
+            self._chain = Chain(self.path, check_head=check_head)
         except LedgerMissingError:
             if not create:
                 raise
@@ -165,10 +171,15 @@ class Ledger:
         """Whether the chain has passed through ``head`` (a head recorded by a release)."""
         return Chain.contains(head, self._chain.read())
 
-    def anchor(self) -> Head:
-        """Rewrite the head file from the chain (``dpdask ledger anchor``): only after
-        checking the chain against published releases or an external copy of the head."""
-        return self._chain.reanchor()
+    def anchor(self, heads: Iterable[Head] = ()) -> Head:
+        """Rewrite a lost head file from the chain (``dpdask ledger anchor``).
+
+        The chain must verify and hold every head of ``heads`` (those recorded by the
+        releases published from it, and any kept elsewhere); an existing head file must
+        name an entry of the chain (a rolled-back ledger is refused, never re-anchored).
+        Open the ledger with ``check_head=False`` when its head file is missing.
+        """
+        return self._chain.reanchor(heads)
 
     def find(self, release: str, run_id: str, level: str, measurement: str) -> Charge | None:
         """The recorded charge with this identity, or ``None``."""

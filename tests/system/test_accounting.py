@@ -121,6 +121,12 @@ def test_a_charged_run_whose_key_is_lost_cannot_draw_again(tiny, tmp_path, capsy
     assert stat.S_IMODE(work.stat().st_mode) == 0o700
     key = work / "key"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    # the converted copy of the confidential input is owner-only, all the way down
+    (copy,) = work.glob("input-*.zarr")
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in [copy, *copy.rglob("*")] if p.is_dir()}
+    assert modes == {0o700}
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in copy.rglob("*") if p.is_file()}
+    assert modes == {0o600}
     # the attacker deletes the work folder and its key and resumes the charged run
     shutil.rmtree(work)
     assert _run(tiny, "--run-id", "K") == 2
@@ -161,6 +167,54 @@ def test_a_tampered_ledger_is_refused(tiny, tmp_path, capsys, kind) -> None:
     assert "error:" in err and "Traceback" not in err
     assert not (tmp_path / "out" / "two.zarr").exists()
     assert _estimates(out) == published
+
+
+def test_a_lost_head_file_is_re_anchored_only_against_the_releases(tiny, tmp_path, capsys):
+    ledger_path = tmp_path / "ledger" / "ledger.sqlite"
+    head_file = ledger_path.with_name(ledger_path.name + ".head")
+    assert main(["ledger", "init", str(ledger_path)]) == 0
+    snapshot = tmp_path / "snapshot.sqlite"
+    shutil.copy(ledger_path, snapshot)
+    assert _run(tiny, "--run-id", "A") == 0
+    out = tmp_path / "out" / "tiny.zarr"
+    anchored = json.loads(head_file.read_text())
+    charged_under = Head.parse(
+        zarr.open_group(str(out), mode="r").attrs["dpdask"]["ledger"]["head"]
+    )
+    assert 1 < charged_under.count < anchored["count"]  # charged, then published
+    again = _write_spec(tmp_path, "again.yaml", release="two",
+                        output=str(tmp_path / "out" / "two.zarr"))  # fmt: skip
+    head_file.unlink()
+    capsys.readouterr()
+    # without its head file the ledger is refused, naming the way back
+    assert main(["ledger", "verify", str(ledger_path)]) == 2
+    assert _run(again, "--run-id", "B") == 2
+    assert f"dpdask ledger anchor {ledger_path}" in capsys.readouterr().err
+    # a kept head the chain does not hold is not re-anchored
+    assert main(["ledger", "anchor", str(ledger_path), "--head", "1:" + "0" * 64]) == 2
+    assert "not re-anchored" in capsys.readouterr().err and not head_file.exists()
+    # the chain holds the release's head: the head file is rewritten as it was
+    assert main(["ledger", "anchor", str(ledger_path), "--release", str(out)]) == 0
+    assert json.loads(head_file.read_text()) == anchored
+    assert main(["ledger", "verify", str(ledger_path), "--release", str(out)]) == 0
+    # a ledger rolled back behind its head file is never re-anchored ...
+    current = ledger_path.read_bytes()
+    shutil.copy(snapshot, ledger_path)
+    capsys.readouterr()
+    assert main(["ledger", "anchor", str(ledger_path)]) == 2
+    assert "rolled back" in capsys.readouterr().err
+    assert json.loads(head_file.read_text()) == anchored
+    # ... nor, with the head file gone too, against a release it no longer holds
+    head_file.unlink()
+    assert main(["ledger", "anchor", str(ledger_path), "--release", str(out)]) == 2
+    assert "not re-anchored" in capsys.readouterr().err and not head_file.exists()
+    assert _run(again, "--run-id", "B") == 2
+    assert not (tmp_path / "out" / "two.zarr").exists()
+    # the intact ledger, re-anchored, charges again
+    ledger_path.write_bytes(current)
+    assert main(["ledger", "anchor", str(ledger_path), "--release", str(out)]) == 0
+    assert _run(again, "--run-id", "B") == 0
+    assert len(_ledger(tmp_path).charges()) == 4
 
 
 def test_a_missing_ledger_is_created_only_when_asked(tiny, tmp_path, capsys) -> None:
@@ -221,9 +275,38 @@ def test_resuming_on_changed_data_is_refused(tiny, tmp_path, capsys) -> None:
     _charged_then_killed(tiny, "C")
     (tmp_path / "data" / "people.csv").write_text(RECORDS + "0101,1,1\n")
     capsys.readouterr()
-    assert _run(tiny, "--run-id", "C") == 2
-    assert "input changed" in capsys.readouterr().err
+    for verb in ("validate", "run"):
+        assert main([verb, str(tiny), "--run-id", "C"]) == 2
+        assert "input changed" in capsys.readouterr().err
     assert not (tmp_path / "out" / "tiny.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"workload": {"name": "marginals", "k": 1}},
+        {"privacy": {"split": {"state": 1, "county": 1}, "zcdp": 1, "dataset": {"zcdp": 9}}},
+        {"reconstruct": "nnls"},
+    ],
+    ids=["workload", "dataset-budget", "reconstruct"],
+)
+def test_resuming_with_a_changed_spec_is_refused(tiny, tmp_path, capsys, change) -> None:
+    # hdmm on either workload calibrates the same noise, so the charges alone match
+    spec = _write_spec(tmp_path, "hdmm.yaml", strategy="hdmm", data={"id": "people"})
+    _charged_then_killed(spec, "S")
+    charged = len(_ledger(tmp_path).entries())
+    changed = _write_spec(tmp_path, "hdmm.yaml", strategy="hdmm", data={"id": "people"}, **change)
+    capsys.readouterr()
+    for verb in ("validate", "run"):
+        assert main([verb, str(changed), "--run-id", "S"]) == 2
+        assert "spec changed" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "tiny.zarr").exists()
+    assert len(_ledger(tmp_path).entries()) == charged
+    # the spec it started with resumes it, charging nothing
+    spec = _write_spec(tmp_path, "hdmm.yaml", strategy="hdmm", data={"id": "people"})
+    assert main(["validate", str(spec), "--run-id", "S"]) == 0
+    assert _run(spec, "--run-id", "S") == 0
+    assert len(_ledger(tmp_path).charges()) == 2
 
 
 @pytest.mark.parametrize("target", ["data", "data/people.csv", "ledger", "ledger/ledger.sqlite",
@@ -257,6 +340,25 @@ def test_overwrite_replaces_only_a_release(tiny, tmp_path, capsys) -> None:
     assert zarr.open_group(str(out), mode="r").attrs["dpdask"]["release"] == "b"
 
 
+@pytest.mark.parametrize("where", ["_checkpoint", "_finish"])
+def test_an_overwrite_stopped_before_completion_keeps_the_old_release(tiny, tmp_path, where):
+    from dpdask.dataflow.release import Release
+
+    assert _run(_write_spec(tmp_path, "a.yaml", release="a")) == 0
+    out = tmp_path / "out" / "tiny.zarr"
+    old = _estimates(out)
+    with (
+        mock.patch.object(Release, where, side_effect=KeyboardInterrupt),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        _run(_write_spec(tmp_path, "b.yaml", release="b"), "--overwrite", "--run-id", "B")
+    assert _estimates(out) == old
+    assert zarr.open_group(str(out), mode="r").attrs["dpdask"]["release"] == "a"
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.name != ".tiny.zarr.run-B"] == [
+        "tiny.zarr"
+    ]
+
+
 @pytest.mark.parametrize(
     ("privacy", "message"),
     [
@@ -276,6 +378,29 @@ def test_ambiguous_privacy_is_refused_before_anything(tiny, tmp_path, capsys, pr
         assert message in capsys.readouterr().err
     assert not (tmp_path / "ledger" / "ledger.sqlite").exists()
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [({"name": "hdmm", "restarts": -1}, "restarts"), ({"name": "hdmm", "seed": "abc"}, "abc")],
+)
+def test_strategy_options_fail_validate_as_they_fail_run(tiny, tmp_path, capsys, strategy,
+                                                         message):  # fmt: skip
+    spec = _write_spec(tmp_path, "strategy.yaml", strategy=strategy)
+    assert main(["ledger", "init", str(tmp_path / "ledger" / "ledger.sqlite")]) == 0
+    capsys.readouterr()
+    for verb in (["validate"], ["run", "--no-progress"]):
+        assert main([verb[0], str(spec), *verb[1:]]) == 2
+        assert message in capsys.readouterr().err
+    assert len(_ledger(tmp_path).entries()) == 1  # nothing written after init
+    assert not (tmp_path / "out").exists()
+    # the same spec with valid options validates, and then runs
+    spec = _write_spec(tmp_path, "strategy.yaml", strategy={"name": "hdmm", "restarts": 1})
+    assert main(["validate", str(spec), "--json"]) == 0
+    noise = json.loads(capsys.readouterr().out)["noise_scale"]
+    assert _run(spec) == 0
+    attrs = zarr.open_group(str(tmp_path / "out" / "tiny.zarr"), mode="r").attrs["dpdask"]
+    assert noise == {lv["level"]: lv["noise_scale"] for lv in attrs["levels"]}
 
 
 def test_a_remote_plain_tcp_scheduler_is_refused(tiny, tmp_path, capsys) -> None:

@@ -8,10 +8,12 @@ the noise regenerated from the master key with ``KeyedRNG(master, identity)``.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import pickle
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import cloudpickle
 import dask
@@ -22,10 +24,15 @@ from dask._task_spec import DataNode, Task
 
 from dpdask.dataflow._blocks import ChunkContext, estimate_block, measure_block
 from dpdask.dataflow._level_plan import LevelPlan
-from dpdask.dataflow.release import release
+from dpdask.dataflow.release import Release, release
 from dpdask.measure import lattice, noise_mechanism, stream_identity, stream_key
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey, new_key
+from dpdask.privacy import Ledger
+from dpdask.publish import work_dir
+from dpdask.testing.fault_injection import place_key
 from tests.helpers import make_plan
+
+distributed = pytest.importorskip("distributed")
 
 
 def _walk(obj: Any, seen: set[int] | None = None) -> Iterator[Any]:
@@ -203,3 +210,83 @@ def test_a_misplaced_chunk_key_fails_the_task(store, tmp_path, monkeypatch, fuse
     with pytest.raises(ValueError, match="another measurement or run"):
         swapped.compute(scheduler="sync")
     est.compute(scheduler="sync")  # unswapped, it runs
+
+
+def test_the_key_file_is_overwritten_before_it_is_unlinked(store, tmp_path):
+    """On publication the run's key file is overwritten in place (a second name for the
+    same file, a hard link, reads only zeros afterwards), then removed with the work
+    folder: the real key-file path, a run stopped after it was charged, then resumed."""
+    st, _ = store
+    ledger = Ledger.init(tmp_path / "ledger.sqlite")
+    out = tmp_path / "out.zarr"
+    run = dict(release_id="rel", run_id="k1", ledger=ledger)
+    with (
+        mock.patch.object(Release, "_finish", side_effect=KeyboardInterrupt),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        release(make_plan(), st, **run).to_zarr(out)
+    key_path = work_dir(out, "k1") / "key"
+    key = key_path.read_bytes()
+    assert len(key) == 32 and key != bytes(32)
+    fingerprint = SecretKey(key).fingerprint()
+    assert ledger.run("rel", "k1").key_fingerprint == fingerprint
+    twin = tmp_path / "twin"
+    os.link(key_path, twin)  # the same inode under another name
+    release(make_plan(), st, **run).to_zarr(out)  # resumed with the same key: published
+    assert ledger.run("rel", "k1").state == "published"
+    assert not work_dir(out, "k1").exists()
+    assert twin.read_bytes() == bytes(32)
+
+
+class _RunSpecs(distributed.diagnostics.plugin.SchedulerPlugin):
+    """Keeps what the scheduler receives: every task's run spec, pickled, and how many
+    ``SecretKey`` objects the run specs hold."""
+
+    name = "dpdask-test-run-specs"
+
+    def __init__(self) -> None:
+        self.pickled: list[bytes] = []
+        self.secret_keys = 0
+
+    def update_graph(self, scheduler: Any, *, tasks: list, **kwargs: Any) -> None:
+        for k in tasks:
+            ts = scheduler.tasks.get(k)
+            if ts is None or ts.run_spec is None:
+                continue
+            self.secret_keys += sum(isinstance(v, SecretKey) for v in _walk(ts.run_spec))
+            self.pickled.append(cloudpickle.dumps(ts.run_spec))
+
+
+@pytest.mark.slow
+def test_a_real_cluster_never_receives_the_master_key(store, tmp_path):
+    """A release on a LocalCluster of worker processes (the graph crosses TCP to the
+    scheduler): no task the scheduler receives holds the master key or its bytes. The
+    real key-file path, with the key placed in the run's work folder so the test knows it;
+    a task given the key's bytes on purpose shows the check would see them."""
+    st, _ = store
+    key = new_key()
+    raw = bytes(key)
+    out = tmp_path / "out.zarr"
+    place_key(out, "c1", raw)
+    ledger = Ledger.init(tmp_path / "ledger.sqlite")
+    plugin = _RunSpecs()
+    with (
+        distributed.LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        assert cluster.scheduler_address.startswith("tcp://")
+        cluster.scheduler.add_plugin(plugin)
+        r = release(make_plan(), st, release_id="rel", run_id="c1", ledger=ledger,
+                    chunk_bytes=8 * 6 * 2)  # fmt: skip
+        assert r.to_zarr(out, client=client) == out
+        n_release = len(plugin.pickled)
+        assert client.submit(len, raw).result() == 32  # the positive control
+    run = ledger.run("rel", "c1")
+    assert run is not None and run.state == "published"
+    assert run.key_fingerprint == key.fingerprint()
+    assert n_release > sum(len(L.chunks) for L in r._levels)  # the release ran there
+    assert plugin.secret_keys == 0
+    assert not any(raw in blob for blob in plugin.pickled[:n_release])
+    assert any(raw in blob for blob in plugin.pickled[n_release:])
