@@ -22,6 +22,7 @@ from dpdask.sums._setup import (
     BETA,
     THRESHOLD_LEVEL,
     check_budget,
+    dataset_of,
     finite,
     preflight,
     probe,
@@ -67,13 +68,15 @@ def validate_spec(
     spec = load_spec(path)
     output, ledger, rid = preflight(spec, overwrite, run_id, create=False)
     st = setup(spec)
-    x = read_records(spec, st.bins)
     eps_t, eps_m = split_budget(PureDP(spec["epsilon"]), spec["rho"])
     charges, _ = probe(spec, st, rid, new_key(), eps_t, eps_m)
-    left = check_budget(spec, ledger, charges)
+    dataset = dataset_of(spec)
+    left = check_budget(spec, ledger, charges, dataset)
+    x = read_records(spec, st.bins)
     return {
         "ok": True,
         "release": spec["release"],
+        "dataset": dataset,
         "output": str(output),
         "ledger": str(spec["ledger"]) + ("" if ledger is not None else " (created by run)"),
         "geographies": int(x.shape[0]),

@@ -12,7 +12,15 @@ import numpy as np
 
 from dpdask.privacy import PureDP
 from dpdask.sums._records import read_records
-from dpdask.sums._setup import THRESHOLD_LEVEL, bias_record, check_budget, preflight, probe, setup
+from dpdask.sums._setup import (
+    THRESHOLD_LEVEL,
+    bias_record,
+    check_budget,
+    dataset_of,
+    preflight,
+    probe,
+    setup,
+)
 from dpdask.sums._setup import threshold as draw_threshold
 from dpdask.sums.spec import load_spec
 
@@ -48,18 +56,21 @@ def run_spec(
     release, level = spec["release"], spec["geography_column"]
     output, ledger, run_id = preflight(spec, overwrite, run_id, create=True)
     st = setup(spec)
+    budget = PureDP(spec["epsilon"])
+    eps_t, eps_m = split_budget(budget, spec["rho"])
+    key = new_key()
+    charges, dry = probe(spec, st, run_id, key, eps_t, eps_m)
+    dataset = dataset_of(spec)
+    check_budget(spec, ledger, charges, dataset)  # before the data is read
     x = read_records(spec, st.bins)  # raises before anything is charged
     values = st.bins.values
     k = st.bins.size
     low, high = st.bins.edges[0], st.bins.edges[-1]
 
-    budget = PureDP(spec["epsilon"])
-    eps_t, eps_m = split_budget(budget, spec["rho"])
-    key = new_key()
-    charges, dry = probe(spec, st, run_id, key, eps_t, eps_m)
-    check_budget(spec, ledger, charges)  # both charges must fit before either is made
-    ledger.open_release(release, budget)
-    ledger.check(charges)
+    if spec["dataset_budget"] is not None:
+        ledger.set_dataset_total(dataset, spec["dataset_budget"])
+    ledger.open_release(release, budget, dataset)
+    ledger.check(charges)  # both charges must fit before either is made
 
     result = None
     if dry is not None:
@@ -112,6 +123,7 @@ def run_spec(
         "created": datetime.datetime.now(datetime.UTC).isoformat(),
         "release": release,
         "run_id": run_id,
+        "dataset": dataset,
         "level": level,
         "attribute": attr,
         "bins": {"low": float(low), "high": float(high), "count": k, "values": "upper ends"},
@@ -160,6 +172,7 @@ def run_spec(
             "path": str(ledger.path),
             "id": ledger.ledger_id,
             "head": str(head),
+            "dataset": dataset,
             "spent": ledger.spent(release).to_dict(),
             "remaining": ledger.remaining(release).to_dict(),
         },

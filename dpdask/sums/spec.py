@@ -11,6 +11,7 @@ variance at every threshold it may use, before any data is read
     model: sums
     release: wages-by-county
     data: {format: records, path: people.csv, geography_column: county, value_column: wage}
+                                     # (optional id: the dataset; default a hash of the file)
     geographies: [c01, c02, c03]     # every geography published (or {path: f.csv, column: id})
     by: {sex: [F, M]}                # optional: sums by these columns' public categories
     bins: {low: 0, high: 20000, width: 20}
@@ -21,7 +22,7 @@ variance at every threshold it may use, before any data is read
     strategy: hdmm                   # how TiMM / TaMM choose A, or
                                      # {name: hdmm, restarts: 1, objective: relative}
     postprocess: none                # or isotonic (prefix workloads): non-decreasing answers
-    privacy: {epsilon: 1, threshold_share: 0.1}
+    privacy: {epsilon: 1, threshold_share: 0.1}   # optional dataset: {epsilon: 4} (lifetime)
     output: out/wages.zarr
     ledger: {path: out/ledger.sqlite, create: true}
 
@@ -138,7 +139,7 @@ SPEC_KEYS = (
     "ledger",
 )
 _REQUIRED = ("release", "data", "geographies", "bins", "privacy", "output", "ledger")
-_DATA_KEYS = {"format", "path", "geography_column", "value_column"}
+_DATA_KEYS = {"format", "path", "geography_column", "value_column", "id"}
 _MECHANISMS = ("SQM", "Identity", "Workload", "TiMM", "TaMM")
 _THRESHOLD_KEYS = {"svt": {"name", "r", "s", "c"}, "recursive": {"name", "theta0", "beta", "mu"}}
 
@@ -230,6 +231,20 @@ def _by(by: Any, data: dict[str, Any]) -> dict[str, list[str]]:
     return out
 
 
+def _lifetime(raw: Any) -> Any:
+    """``privacy.dataset``: the dataset's lifetime budget, ``{epsilon: e}`` or ``{zcdp: r}``."""
+    from dpdask.privacy import PureDP, zCDP
+
+    d = _mapping(raw, "privacy.dataset", {"epsilon", "zcdp", "rho"}, set())
+    if len(d) != 1:
+        raise SpecError("privacy.dataset: give exactly one of epsilon, zcdp (or rho)")
+    ((form, value),) = d.items()
+    v = _number(value, f"privacy.dataset.{form}")
+    if v <= 0:
+        raise SpecError(f"privacy.dataset.{form} must be positive")
+    return PureDP(v) if form == "epsilon" else zCDP(v)
+
+
 def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a sum spec; return its parsed form (paths resolved, numbers exact).
 
@@ -256,7 +271,9 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(release, str) or not release:
         raise SpecError(f"release: a non-empty string is required, got {release!r}")
 
-    data = _mapping(doc["data"], "data", _DATA_KEYS, _DATA_KEYS - {"format"})
+    data = _mapping(doc["data"], "data", _DATA_KEYS, _DATA_KEYS - {"format", "id"})
+    if "id" in data and (not isinstance(data["id"], str) or not data["id"]):
+        raise SpecError("data.id: a non-empty string naming the dataset")
     if data.get("format", "records") != "records":
         raise SpecError("data.format: sum specs read records (format: records, a CSV file)")
     for k in ("geography_column", "value_column"):
@@ -330,7 +347,8 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
             f"this one is {workload['name']!r}"
         )
 
-    pr = _mapping(doc["privacy"], "privacy", {"epsilon", "threshold_share"}, {"epsilon"})
+    pr = _mapping(doc["privacy"], "privacy", {"epsilon", "threshold_share", "dataset"}, {"epsilon"})
+    lifetime = None if "dataset" not in pr else _lifetime(pr["dataset"])
     eps = _number(pr["epsilon"], "privacy.epsilon")
     if eps <= 0:
         raise SpecError("privacy.epsilon must be positive (sum releases are pure DP)")
@@ -364,6 +382,8 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         "postprocess": post,
         "epsilon": eps,
         "rho": rho,
+        "dataset_id": data.get("id"),
+        "dataset_budget": lifetime,
         "output": _path(base, doc["output"], "output"),
         "ledger": _path(base, led["path"], "ledger.path"),
         "ledger_create": create,

@@ -406,3 +406,97 @@ def test_isotonic_needs_a_prefix_workload(tmp_path, capsys):
     assert main(["validate", spec]) == 2
     assert "isotonic needs a prefix workload" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+# -- datasets: sum releases count against the dataset's lifetime budget ------------------
+def _content_id(path: pathlib.Path) -> str:
+    """The default dataset id of one file, computed here from its definition (name, NUL,
+    bytes), independently of dpdask's hashing code."""
+    import hashlib
+
+    h = hashlib.sha256(path.name.encode() + b"\0" + path.read_bytes())
+    return f"sha256-{h.hexdigest()[:16]}"
+
+
+def _spy_reads(monkeypatch) -> list:
+    import dpdask.sums.release as rel
+
+    reads: list = []
+    real = rel.read_records
+    monkeypatch.setattr(rel, "read_records", lambda *a, **k: reads.append(1) or real(*a, **k))
+    return reads
+
+
+def test_sum_releases_share_the_dataset_lifetime_budget(tmp_path, capsys, monkeypatch):
+    _records(tmp_path / "people.csv")
+    first = _spec(tmp_path, release="wages-a", privacy="{epsilon: 1, dataset: {epsilon: 1.5}}")
+    assert main(["run", first, "--json"]) == 0
+    capsys.readouterr()
+    info = zarr.open_group(str(tmp_path / "out" / "wages.zarr"), mode="r").attrs["dpdask"]
+    assert info["dataset"] == _content_id(tmp_path / "people.csv")
+    ledger = Ledger(tmp_path / "out" / "ledger.sqlite")
+    assert ledger.dataset_total(info["dataset"]) is not None
+    entries = ledger.head().count
+
+    # a second release of the same file, under another release id: 0.5 of 1.5 is left
+    reads = _spy_reads(monkeypatch)
+    second = _spec(tmp_path, "b.yaml", output="out/b.zarr", release="wages-b")
+    assert main(["validate", second]) == 2
+    assert "lifetime" in capsys.readouterr().err
+    assert main(["run", second]) == 2
+    assert "of its lifetime" in capsys.readouterr().err
+    assert reads == []  # refused before the records were read
+    assert Ledger(tmp_path / "out" / "ledger.sqlite").head().count == entries
+    assert not (tmp_path / "out" / "b.zarr").exists()
+
+    # renaming the file does not make it a new dataset: the id is its content (and name)
+    # only when data.id is absent; a spec that names the same data.id is refused too
+    third = _spec(
+        tmp_path, "c.yaml", output="out/c.zarr", release="wages-c",
+        data="{format: records, path: people.csv, geography_column: county, "
+        f"value_column: wage, id: {info['dataset']}}}",
+    )  # fmt: skip
+    assert main(["run", third]) == 2
+    assert "lifetime" in capsys.readouterr().err
+    # a smaller release fits what is left
+    fourth = _spec(tmp_path, "d.yaml", output="out/d.zarr", release="wages-d",
+                   privacy="{epsilon: 0.5}")  # fmt: skip
+    assert main(["run", fourth]) == 0
+    left = Ledger(tmp_path / "out" / "ledger.sqlite").dataset_remaining(info["dataset"])
+    assert left.epsilon == 0
+
+
+def test_a_count_release_charges_the_same_dataset(tmp_path, capsys):
+    """A count release's charges on the dataset (written through the ledger's API, as the
+    count pipeline does) leave a sum release of the same file less room."""
+    from dpdask.privacy import PureDP
+
+    _records(tmp_path / "people.csv")
+    ledger = Ledger(tmp_path / "out" / "ledger.sqlite", create=True)
+    dataset = _content_id(tmp_path / "people.csv")
+    ledger.set_dataset_total(dataset, PureDP(2))
+    ledger.open_release("counts", PureDP(1.5), dataset)
+    from dpdask.noise import new_key
+    from dpdask.privacy import Charge
+
+    key = new_key()
+    ledger.charge(Charge("counts", "r1", "county", "m", "laplace", 1.0, 1.0, PureDP(1.5),
+                         key.fingerprint()))  # fmt: skip
+    spec = _spec(tmp_path, ledger="{path: out/ledger.sqlite}")
+    assert main(["run", spec]) == 2
+    assert "lifetime" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "wages.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    ("privacy", "message"),
+    [
+        ("{epsilon: 1, dataset: {epsilon: 1, zcdp: 1}}", "exactly one"),
+        ("{epsilon: 1, dataset: {epsilon: -1}}", "positive"),
+        ("{epsilon: 1, dataset: {sigma: 1}}", "unknown key"),
+    ],
+)
+def test_bad_dataset_budgets_are_refused(tmp_path, capsys, privacy, message):
+    _records(tmp_path / "people.csv")
+    assert main(["validate", _spec(tmp_path, privacy=privacy)]) == 2
+    assert message in capsys.readouterr().err
