@@ -4,6 +4,12 @@ One module per group of verbs: :mod:`dpdask.cli._release` (``run``, ``validate``
 ``plan``), :mod:`dpdask.cli._ledger` (``ledger``), :mod:`dpdask.cli._checks`
 (``bench``, ``audit``, ``faults``) and :mod:`dpdask.cli._export` (``export``,
 ``report``); :func:`main` dispatches to them. ``python -m dpdask.cli`` runs it too.
+
+Why argparse, one parser per verb built when the verb runs (not click, not one tree of
+subparsers): it is the standard library (no dependency for a tool that runs inside
+scheduler and worker images), and a verb's parser is built only when that verb is used,
+so ``dpdask bench NAME --help`` lists the options of the one benchmark it imports, and
+``dpdask run`` imports no benchmark, no audit and no report.
 """
 
 from __future__ import annotations

@@ -20,7 +20,10 @@ def cmd_export(argv: Sequence[str]) -> int:
     )
     parser.add_argument("release", help="the published release (a .zarr folder)")
     parser.add_argument("--level", required=True, help="the geography level, e.g. tract")
-    parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
+    parser.add_argument(
+        "--format", choices=("parquet", "csv"), default="parquet",
+        help="the table's file format (default parquet)",
+    )  # fmt: skip
     parser.add_argument(
         "--out", help="the file to write ('-': csv to standard output; default "
         "RELEASE-LEVEL.FORMAT beside the release)",

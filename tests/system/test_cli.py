@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -74,3 +75,105 @@ def test_bad_specs_fail_before_spending(spec, tmp_path, capsys, change, message)
     assert main(["validate", str(spec)]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out" / "ledger.sqlite").exists()
+
+
+# -- every subcommand's --help documents its options ---------------------------------------
+def _parsers_of(argv: list[str], monkeypatch) -> list:
+    """The argparse parsers ``dpdask ARGV --help`` builds (and their sub-parsers)."""
+    import argparse
+
+    seen: list[argparse.ArgumentParser] = []
+    parse = argparse.ArgumentParser.parse_args
+
+    def recording(self, *args, **kwargs):
+        seen.append(self)
+        return parse(self, *args, **kwargs)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", recording)
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--help"])
+    assert stop.value.code == 0, argv
+    out, todo = [], list(seen)
+    while todo:
+        parser = todo.pop()
+        out.append(parser)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    return out
+
+
+def _commands() -> list[list[str]]:
+    from dpdask.bench import BENCHES
+    from dpdask.cli import COMMANDS
+
+    return [[c] for c in sorted(set(COMMANDS) - {"bench"})] + [
+        ["bench", name] for name in sorted(BENCHES)
+    ]
+
+
+# options that still print no description. Their files are not this test's owner's: add
+# a help= to each and remove it here (the test fails on any new one)
+UNDOCUMENTED = {
+    *(("dpdask ledger " + verb, "path") for verb in ("init", "show", "verify", "abandon")),
+    ("dpdask ledger anchor", "path"),
+    ("dpdask ledger abandon", "release"),
+    ("dpdask ledger abandon", "run_id"),
+    *(("dpdask bench ldp", o) for o in ("--epsilon", "--part", "--seed", "--workload")),
+    *(("dpdask bench sums", o) for o in ("--bins", "--data", "--epsilons", "--high")),
+    *(("dpdask bench sums", o) for o in ("--mechanisms", "--rhos", "--svt-c", "--svt-r")),
+    *(("dpdask bench sums", o) for o in ("--svt-s", "--thresholds", "--trials", "--workloads")),
+    *(("dpdask bench topdown", o) for o in ("--domain", "--seed", "--workers")),
+}
+
+
+@pytest.mark.parametrize("argv", _commands(), ids=" ".join)
+def test_every_subcommands_help_documents_its_options(argv, monkeypatch, capsys) -> None:
+    import argparse
+
+    parsers = _parsers_of(argv, monkeypatch)
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: dpdask {' '.join(argv)}")
+    missing = set()
+    options = 0
+    for parser in parsers:
+        for action in parser._actions:
+            if action.help == "==SUPPRESS==" or action.dest in ("help", "command"):
+                continue
+            if isinstance(action, argparse._SubParsersAction):  # each verb says what it does
+                for verb in action._choices_actions:
+                    assert (verb.help or "").strip(), (parser.prog, verb.dest)
+                continue
+            options += 1
+            name = action.option_strings[-1] if action.option_strings else action.dest
+            if not (action.help or "").strip():
+                missing.add((parser.prog, name))
+            if parser.prog.startswith(f"dpdask {' '.join(argv)}"):
+                assert name in parser.format_help(), name
+    assert options, argv  # every command takes something
+    assert missing <= UNDOCUMENTED, sorted(missing - UNDOCUMENTED)
+
+
+# -- messages through logging: -q/--quiet and -v/--verbose anywhere on the line ------------
+def test_quiet_and_verbose(spec, tmp_path, capsys) -> None:
+    # -v: the dashboard and release page addresses and the run's progress messages
+    assert main(["run", "-v", str(spec), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    err = captured.err
+    assert re.search(r"^dpdask: run pl94-providence: dashboard at http://\S+/status$", err, re.M)
+    assert re.search(r"^dpdask: run pl94-providence: release page at http://\S+/dpdask$",
+                     err, re.M)  # fmt: skip
+    assert re.search(r"^dpdask: run \S+ of pl94-providence: reading ", err, re.M)
+    assert re.search(r"^dpdask: run \S+ of pl94-providence: published ", err, re.M)
+    assert "published pl94-providence" in captured.out  # the result stays on stdout
+    assert "Sending large graph" not in err
+    # the default: the addresses, not the progress messages; errors speak CLI flags
+    assert main(["run", str(spec), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "dashboard at http" in err and "reading" not in err
+    assert "--overwrite" in err and "overwrite=True" not in err
+    # -q (after the verb's own arguments too): errors only
+    assert main(["run", str(spec), "--no-progress", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip()]
+    assert err.startswith("dpdask run: error: ") and "--overwrite" in err

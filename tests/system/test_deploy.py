@@ -363,6 +363,76 @@ def test_every_recipe_starts_dask_scheduler_and_dask_worker() -> None:
     )
 
 
+# -- scheduled releases on one machine: the systemd timer and the cron line ----------------
+_STUB = """#!/bin/sh
+# dpdask for the test: records its arguments
+python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@" > "$0.args"
+"""
+
+
+def _unit(name: str):
+    import configparser
+
+    unit = configparser.ConfigParser(interpolation=None, strict=True)
+    unit.optionxform = str  # systemd's keys are case-sensitive
+    unit.read_string((DEPLOY / name).read_text())
+    return unit
+
+
+def _runs_the_monthly_period(script: str, binary: str, tmp_path: pathlib.Path) -> None:
+    """``script`` (a shell line) runs dpdask ``binary`` on this month's period of the
+    monthly spec: run it with a stub for dpdask and check what the stub was given."""
+    stub = tmp_path / "dpdask"
+    stub.write_text(_STUB)
+    stub.chmod(0o755)
+    assert binary in script
+    before = time.strftime("%Y-%m", time.gmtime())
+    subprocess.run(["sh", "-c", script.replace(binary, str(stub))], check=True, cwd=tmp_path)
+    args = json.loads((tmp_path / "dpdask.args").read_text())
+    assert args[:2] == ["run", "pipelines/pl94-monthly.yaml"], args
+    period = args[args.index("--period") + 1]
+    assert period in (before, time.strftime("%Y-%m", time.gmtime())), period
+    assert "--no-progress" in args
+    # the spec it names (relative to the checkout) is a scheduled one
+    spec = load_spec(ROOT / args[1], period=period)
+    assert spec.release == f"pl94-providence-{period}" and period in spec.output.name
+    (tmp_path / "dpdask.args").unlink()
+
+
+def test_systemd_timer_and_cron_release_this_months_period(tmp_path: pathlib.Path) -> None:
+    import shlex
+
+    service, timer = _unit("dpdask-release.service"), _unit("dpdask-release.timer")
+    assert service["Service"]["Type"] == "oneshot"
+    assert service["Service"]["User"] not in ("root", "0")
+    assert timer["Timer"]["OnCalendar"] == "monthly" and timer["Timer"]["Persistent"] == "true"
+    assert timer["Install"]["WantedBy"] == "timers.target"
+    exec_start = service["Service"]["ExecStart"]
+    # systemd expands %-specifiers: every literal % must be written %%
+    assert not re.search(r"(?<!%)%(?!%)", exec_start.replace("%%", "")), exec_start
+    argv = shlex.split(exec_start.replace("%%", "%"))
+    assert argv[:2] == ["/bin/sh", "-c"] and len(argv) == 3
+    workdir = service["Service"]["WorkingDirectory"]
+    _runs_the_monthly_period(argv[2], f"{workdir}/.venv/bin/dpdask", tmp_path)
+    if shutil.which("systemd-analyze"):
+        done = subprocess.run(
+            ["systemd-analyze", "verify", str(DEPLOY / "dpdask-release.timer"),
+             str(DEPLOY / "dpdask-release.service")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    # the cron line of deploy/README.md: cron ends the command at an unescaped %
+    (line,) = re.findall(r"^- cron: `([^`]+)`", (DEPLOY / "README.md").read_text(), re.M)
+    fields = line.split(None, 5)
+    assert len(fields) == 6 and all(re.fullmatch(r"[\d*/,-]+", f) for f in fields[:5])
+    command = fields[5]
+    assert "%" not in command.replace("\\%", "")
+    command = command.replace("\\%", "%").replace("cd /srv/dpdask && ", "")
+    command = re.sub(r" >> \S+ 2>&1$", "", command)
+    _runs_the_monthly_period(command, ".venv/bin/dpdask", tmp_path)
+
+
 # -- the compose topology as local processes ---------------------------------------------
 RECORDS = "geo,sex,age\n" + "".join(
     f"{g},{(i * 7 + j) % 2},{(i * 5 + j) % 3}\n"
