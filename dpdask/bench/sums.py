@@ -72,24 +72,32 @@ def _names(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the benchmark."""
-    parser.add_argument("--data", default=str(_DATA / "cps" / "AER_CPS1988.csv"))
-    parser.add_argument("--bins", type=int, default=1000)
-    parser.add_argument("--high", type=float, default=20000.0)
-    parser.add_argument("--trials", type=int, default=100)
-    parser.add_argument("--epsilons", type=_floats, default=[0.01, 0.1, 1.0])
-    parser.add_argument("--rhos", type=_floats, default=[0.1, 0.5])
-    parser.add_argument("--workloads", type=_names, default=list(_WORKLOADS))
-    parser.add_argument("--thresholds", type=_names, default=list(_THRESHOLDS))
-    parser.add_argument("--mechanisms", type=_names, default=list(MECHANISMS))
+    parser.add_argument(
+        "--data", default=str(_DATA / "cps" / "AER_CPS1988.csv"), help="CPS wages CSV"
+    )
+    parser.add_argument("--bins", type=int, default=1000, help="equal-width bins")
+    parser.add_argument("--high", type=float, default=20000.0, help="upper end of the bins")
+    parser.add_argument("--trials", type=int, default=100, help="noise draws per row")
+    parser.add_argument(
+        "--epsilons", type=_floats, default=[0.01, 0.1, 1.0], help="comma-separated"
+    )
+    parser.add_argument("--rhos", type=_floats, default=[0.1, 0.5], help="threshold shares")
+    parser.add_argument("--workloads", type=_names, default=list(_WORKLOADS), help="Q1,Q2,Q3")
+    parser.add_argument(
+        "--thresholds", type=_names, default=list(_THRESHOLDS), help="none,svt,recursive"
+    )
+    parser.add_argument(
+        "--mechanisms", type=_names, default=list(MECHANISMS), help="SQM,Identity,..."
+    )
     parser.add_argument("--strategy", default="hdmm", help="dpdask.select strategy (A)")
     parser.add_argument("--restarts", type=int, default=1, help="HDMM restarts")
     parser.add_argument(
         "--objective", choices=OBJECTIVES, default=None,
         help="what TiMM's and TaMM's selection minimises (default: per mechanism)",
     )  # fmt: skip
-    parser.add_argument("--svt-r", default="0.998")
-    parser.add_argument("--svt-s", type=float, default=500.0)
-    parser.add_argument("--svt-c", type=float, default=1.2)
+    parser.add_argument("--svt-r", default="0.998", help="SVT quantile r")
+    parser.add_argument("--svt-s", type=float, default=500.0, help="first SVT candidate")
+    parser.add_argument("--svt-c", type=float, default=1.2, help="SVT grid ratio")
     parser.add_argument("--mu", type=float, default=0.5, help="recursive mechanism's mu")
     parser.add_argument("--delta", type=float, default=100.0, help="relative error floor")
     parser.add_argument("--seed", type=int, default=None, help="test key (reproducible)")

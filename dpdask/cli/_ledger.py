@@ -23,14 +23,14 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     )
     verbs = parser.add_subparsers(dest="verb", required=True)
     p = verbs.add_parser("init", help="create a new, empty ledger (never over an old one)")
-    p.add_argument("path")
+    p.add_argument("path", help="the ledger file (SQLite)")
     p = verbs.add_parser("show", help="spent and remaining budget per dataset and release")
-    p.add_argument("path")
+    p.add_argument("path", help="the ledger file (SQLite)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p = verbs.add_parser(
         "verify", help="check the hash chain, and that each release's recorded head is in it"
     )
-    p.add_argument("path")
+    p.add_argument("path", help="the ledger file (SQLite)")
     p.add_argument(
         "--release",
         action="append",
@@ -49,15 +49,15 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     p = verbs.add_parser(
         "abandon", help="give up a run (its key is lost): it can never charge or publish again"
     )
-    p.add_argument("path")
-    p.add_argument("release")
-    p.add_argument("run_id")
+    p.add_argument("path", help="the ledger file (SQLite)")
+    p.add_argument("release", help="the release id the run belongs to")
+    p.add_argument("run_id", help="the run to abandon (dpdask ledger show lists them)")
     p = verbs.add_parser(
         "anchor",
         help="rewrite a lost head file from the chain, after checking that the chain holds "
         "each given release's head and each kept head",
     )
-    p.add_argument("path")
+    p.add_argument("path", help="the ledger file (SQLite)")
     p.add_argument(
         "--release",
         action="append",

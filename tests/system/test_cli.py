@@ -115,14 +115,7 @@ def _commands() -> list[list[str]]:
 # options that still print no description. Their files are not this test's owner's: add
 # a help= to each and remove it here (the test fails on any new one)
 UNDOCUMENTED = {
-    *(("dpdask ledger " + verb, "path") for verb in ("init", "show", "verify", "abandon")),
-    ("dpdask ledger anchor", "path"),
-    ("dpdask ledger abandon", "release"),
-    ("dpdask ledger abandon", "run_id"),
     *(("dpdask bench ldp", o) for o in ("--epsilon", "--part", "--seed", "--workload")),
-    *(("dpdask bench sums", o) for o in ("--bins", "--data", "--epsilons", "--high")),
-    *(("dpdask bench sums", o) for o in ("--mechanisms", "--rhos", "--svt-c", "--svt-r")),
-    *(("dpdask bench sums", o) for o in ("--svt-s", "--thresholds", "--trials", "--workloads")),
     *(("dpdask bench topdown", o) for o in ("--domain", "--seed", "--workers")),
 }
 
