@@ -45,10 +45,15 @@ def cmd_run(argv: Sequence[str]) -> int:
         return 0
     spec = load_spec(args.spec, period=args.period)
     check_input(spec)  # before a cluster starts
+    from dpdask.publish import new_run_id
+
+    run_id = args.run_id or new_run_id()
     with connect(spec.cluster, scheduler=args.scheduler) as client:
         log.warning("run %s: dashboard at %s", spec.release, client.dashboard_link)
+        log.warning("run %s: run id %s (resume an interrupted run with --run-id %s)",
+                    spec.release, run_id, run_id)  # fmt: skip
         summary = run_spec(
-            spec, client=client, run_id=args.run_id, overwrite=args.overwrite,
+            spec, client=client, run_id=run_id, overwrite=args.overwrite,
             progress=not (args.no_progress or args.json or QUIET[0]),
         )  # fmt: skip
     print_result(summary, args.json, _release_table)

@@ -164,6 +164,10 @@ def test_quiet_and_verbose(spec, tmp_path, capsys) -> None:
     assert main(["run", str(spec), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "dashboard at http" in err and "reading" not in err
+    # the run id is shown by default, so an interrupted run can be resumed
+    m = re.search(r"^dpdask: run pl94-providence: run id (\S+) \(resume .*--run-id (\S+)\)$",
+                  err, re.M)  # fmt: skip
+    assert m and m.group(1) == m.group(2)
     assert "--overwrite" in err and "overwrite=True" not in err
     # -q (after the verb's own arguments too): errors only
     assert main(["run", str(spec), "--no-progress", "--quiet"]) == 2
