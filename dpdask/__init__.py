@@ -13,11 +13,13 @@ them for release specs and the command line. Errors derive from
 """
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from dpdask import config  # noqa: F401  (registers configuration defaults)
 from dpdask.domain import Domain, Geography
 from dpdask.errors import DPDaskError, DPDaskWarning
-from dpdask.strategy import Plan, select
+from dpdask.strategy import Plan
+from dpdask.strategy import select as _select_central
 
 try:
     __version__ = version("dpdask")
@@ -35,6 +37,40 @@ __all__ = [
     "release",
     "select",
 ]
+
+
+def select(
+    workload: Any,
+    privacy: Any = None,
+    strategy: str = "hdmm",
+    *,
+    model: str = "central",
+    **options: Any,
+) -> Any:
+    """Plan a release: :func:`dpdask.strategy.select` (central model, the default), or
+    with ``model="local"`` a local-model collection, :func:`dpdask.ldp.plan.select_local`
+    (every person randomizes their own record, paper 002; pure DP only; returns an
+    :class:`~dpdask.ldp.plan.LdpPlan` with the per-person worst-case variance, the sample
+    complexity and the comparison with every baseline; ``strategy`` is not used and
+    ``options`` go to :func:`dpdask.ldp.optimize`, a ``client`` as its ``scheduler``).
+
+    Examples
+    --------
+    >>> from dpdask.linalg import Prefix
+    >>> from dpdask.privacy import PureDP
+    >>> plan = select(Prefix(8), PureDP(1), model="local", iters=20, polish=10)
+    >>> plan.model, plan.worst_variance <= min(
+    ...     b["worst_variance"] for b in plan.baselines.values())
+    ('local', True)
+    """
+    if model == "local":
+        from dpdask.ldp.plan import select_local
+
+        client = options.pop("client", None)
+        if client is not None:
+            options.setdefault("scheduler", client)
+        return select_local(workload, privacy, **options)
+    return _select_central(workload, privacy, strategy, model=model, **options)
 
 
 def __getattr__(name: str):

@@ -29,7 +29,15 @@ from dpdask.ldp.bounds import lower_bound
 from dpdask.ldp.optimize import optimize
 from dpdask.linalg import AllRange, Dense, Identity, Kron, LinearQuery, Prefix, Total, VStack
 
-__all__ = ["WORKLOADS", "aggregate_speed", "grid", "main", "parities", "workload"]
+__all__ = [
+    "WORKLOADS",
+    "aggregate_speed",
+    "grid",
+    "grid_summary",
+    "main",
+    "parities",
+    "workload",
+]
 
 WORKLOADS = ("histogram", "prefix", "all_range", "all_marginals", "3way_marginals", "3way_parity")
 
@@ -109,6 +117,33 @@ def grid(
     return out
 
 
+def grid_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What issue 22 asks of the grid, at a glance.
+
+    Cells, those where the optimised strategy is at or below the best baseline (all of
+    them must be), those strictly below it, the least and largest improvement, and the
+    longest optimisation per domain size.
+    """
+    worst_time: dict[str, float] = {}
+    for r in rows:
+        key = str(r["n"])
+        worst_time[key] = max(worst_time.get(key, 0.0), float(r["wall_time_s"]))
+    improvements = [float(r["improvement"]) for r in rows]
+    return {
+        "cells": len(rows),
+        "at_or_below_best": sum(bool(r["at_or_below_best"]) for r in rows),
+        "strictly_below_best": sum(r["improvement"] > 1 + 1e-9 for r in rows),
+        "losing_cells": [
+            {"workload": r["workload"], "n": r["n"], "epsilon": r["epsilon"]}
+            for r in rows
+            if not r["at_or_below_best"]
+        ],
+        "min_improvement": min(improvements, default=math.nan),
+        "max_improvement": max(improvements, default=math.nan),
+        "max_wall_time_s": worst_time,
+    }
+
+
 def aggregate_speed(people: int, geographies: int, n: int = 64, seed: int = 0) -> dict:
     """Simulate ``people`` responses to Parquet, then time :func:`dpdask.ldp.aggregate`."""
     import pandas as pd
@@ -163,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {}
     if args.part in ("grid", "all"):
         out["grid"] = grid(args.n, args.epsilon, args.workload, seed=args.seed)
+        out["grid_summary"] = grid_summary(out["grid"])
     if args.part in ("speed", "all"):
         out["speed"] = []
         for n in (256, 1024):

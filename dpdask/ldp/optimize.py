@@ -292,8 +292,13 @@ def optimize(
         # the starts compete on the objective they optimise; the best is continued and
         # then competes with every baseline on the worst-case variance
         best = min(finite, key=lambda r: r["objective"])
-        with threadpool_limits(limits=1 if n < 512 else None):
-            more = pgd(best["Q"], G, eps, polish) if polish > 0 else best
+        more = best
+        if polish > 0:
+            try:
+                with threadpool_limits(limits=1 if n < 512 else None):
+                    more = pgd(best["Q"], G, eps, polish)
+            except ValueError:  # re-projected, a near-singular optimum can lose support
+                more = best
         history = [float(v) for v in best["history"] + more["history"][1:]]
         try:
             cands[f"optimized:{best['start']}"] = LocalStrategy.from_probabilities(

@@ -50,8 +50,47 @@ def test_bench_ldp_runs_from_the_command_line(capsys) -> None:
     args = ["bench", "ldp", "--json", "--part", "grid", "--n", "8", "--epsilon", "1",
             "--workload", "histogram"]  # fmt: skip
     assert main(args) == 0
-    rows = json.loads(capsys.readouterr().out)["grid"]
+    out = json.loads(capsys.readouterr().out)
+    rows = out["grid"]
+    assert out["grid_summary"]["cells"] == 1 and out["grid_summary"]["losing_cells"] == []
     # the optimised strategy is never worse than any baseline, nor better than the bound
     for r in rows:
         assert r["lower_bound"] <= r["optimized"] * (1 + 1e-9)
         assert r["optimized"] <= min(r["baselines"].values()) * (1 + 1e-9)
+
+
+def test_bench_ldp_defaults_are_the_issue_grid_and_speed_sizes() -> None:
+    import argparse
+
+    from dpdask.bench import ldp as bench_ldp
+
+    parser = argparse.ArgumentParser()
+    bench_ldp.add_arguments(parser)
+    args = parser.parse_args([])
+    assert args.n is None and args.part == "grid"
+    assert bench_ldp.GRID_NS == (64, 256, 1024) and bench_ldp.SPEED_NS == (256, 1024)
+    assert args.epsilon == [0.5, 1.0, 2.0, 4.0] and len(args.workload) == 6
+
+
+def test_grid_summary_reports_a_losing_cell() -> None:
+    from dpdask.ldp.bench import grid_summary
+
+    rows = [
+        {"workload": "prefix", "n": 64, "epsilon": 1.0, "improvement": 2.0,
+         "at_or_below_best": True, "wall_time_s": 1.5},
+        {"workload": "histogram", "n": 64, "epsilon": 4.0, "improvement": 0.9,
+         "at_or_below_best": False, "wall_time_s": 3.0},
+        {"workload": "histogram", "n": 256, "epsilon": 4.0, "improvement": 1.0,
+         "at_or_below_best": True, "wall_time_s": 4.0},
+    ]  # fmt: skip
+    s = grid_summary(rows)
+    assert s["cells"] == 3 and s["at_or_below_best"] == 2 and s["strictly_below_best"] == 1
+    assert s["losing_cells"] == [{"workload": "histogram", "n": 64, "epsilon": 4.0}]
+    assert s["min_improvement"] == 0.9 and s["max_improvement"] == 2.0
+    assert s["max_wall_time_s"] == {"64": 3.0, "256": 4.0}
+
+
+def test_bench_ldp_speed_part_times_the_given_sizes(capsys) -> None:
+    assert main(["bench", "ldp", "--json", "--part", "speed", "--n", "8"]) == 0
+    speed = json.loads(capsys.readouterr().out)["speed"]
+    assert [r["n"] for r in speed] == [8] and speed[0]["wall_time_s"] > 0

@@ -240,10 +240,26 @@ def test_select_local_returns_a_plan():
 def test_select_local_needs_pure_dp():
     with pytest.raises(TypeError):
         select_local(Prefix(4), zCDP(1))
-    with pytest.raises(ValueError, match="select_local"):
-        dpdask.select(Prefix(4), PureDP(1), model="local")
+    with pytest.raises(TypeError):
+        dpdask.select(Prefix(4), zCDP(1), model="local")
     with pytest.raises(ValueError, match="model"):
         dpdask.select(Prefix(4), PureDP(1), model="federated")
+
+
+def test_dpdask_select_plans_the_local_model():
+    """Issue 22: ``dpdask.select(W, PureDP(eps), model="local")`` returns the local plan,
+    the same as :func:`select_local` with the same options (central stays the default)."""
+    W = Prefix(16)
+    kw = {"iters": 30, "polish": 20, "seed": 5}
+    plan = dpdask.select(W, PureDP(1), model="local", **kw)
+    assert isinstance(plan, LdpPlan) and plan.model == "local"
+    assert np.array_equal(plan.strategy.counts, select_local(W, PureDP(1), **kw).strategy.counts)
+    s = plan.summary(as_dict=True)
+    assert s["worst_variance_per_person"] == pytest.approx(plan.strategy.worst_variance(W))
+    assert s["sample_complexity"] == pytest.approx(plan.worst_variance / (16 * 0.01))
+    assert set(s["baselines"]) >= {"randomized_response", "hadamard", "hierarchical", "fourier"}
+    assert all(v["ratio_to_chosen"] >= 1 - 1e-9 for v in s["baselines"].values())
+    assert not isinstance(dpdask.select(W, PureDP(1), restarts=1), LdpPlan)  # central default
 
 
 def test_plan_writes_the_client_file(tmp_path):
@@ -290,3 +306,29 @@ def test_local_spec_is_strict(tmp_path):
     spec.write_text("model: central\n")
     with pytest.raises(ValueError, match="local"):
         load_spec(spec)
+
+
+def test_aggregate_wnnls_matches_scipy_nnls(rng):
+    """Appendix A: the non-negative estimate minimises ||W (x - x_hat)||^2 over x >= 0,
+    checked against SciPy's active-set NNLS per geography (an independent solver)."""
+    from scipy.optimize import nnls
+
+    S = hadamard(16, 0.5)
+    W = Prefix(16)
+    Wd = W.dense()
+    x = np.zeros(16, dtype=np.int64)
+    x[:3], x[10] = 40, 25
+    types = np.repeat(np.arange(16), x)
+    df = pd.DataFrame(
+        {"response": randomize(S, types, rng), "geography": rng.integers(0, 3, types.size)}
+    )
+    est = aggregate(df, S, W, wnnls=True)
+    assert (est.x < 0).any()  # the case WNNLS is for
+    for xh, xn in zip(est.x, est.x_nonnegative, strict=True):
+        assert (xn >= -1e-9).all()
+        ref = nnls(Wd, Wd @ xh)[0]
+
+        def loss(z, xh=xh):
+            return float(np.sum((Wd @ (z - xh)) ** 2))
+
+        assert loss(xn) == pytest.approx(loss(ref), rel=1e-4)

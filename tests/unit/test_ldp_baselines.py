@@ -111,3 +111,33 @@ def test_baselines_dictionary(eps):
     for S in b.values():
         assert S.worst_variance(W) >= lower_bound(W, eps) * (1 - 1e-9)
     assert "fourier" not in baselines(Prefix(12), eps)  # n not a power of two
+
+
+def test_local_matrix_mechanism_error_is_kept_per_workload(monkeypatch):
+    """supports / worst_variance / summary on one workload solve once; a new one re-solves."""
+    import importlib
+
+    B = importlib.import_module("dpdask.ldp.baselines")  # the package's `baselines` is the function
+    calls = []
+    real = B.sym_pinv
+
+    def counting(X):
+        calls.append(X.shape)
+        return real(X)
+
+    monkeypatch.setattr(B, "sym_pinv", counting)
+    M = LaplaceFactorization(np.vstack([np.eye(4), np.ones((1, 4))]), 1.0)
+    W = Prefix(4)
+    expected = (
+        2
+        * (M.sensitivity / 1.0) ** 2
+        * np.trace(np.linalg.pinv(M.A.T @ M.A) @ W.dense().T @ W.dense())
+    )
+    assert M.supports(W)
+    assert M.worst_variance(W) == pytest.approx(expected, rel=1e-9)
+    assert M.summary(W)["worst_variance"] == pytest.approx(expected, rel=1e-9)
+    assert len(calls) == 1
+    assert M.worst_variance(Identity(4)) == pytest.approx(
+        2 * 16 * np.trace(np.linalg.pinv(M.A.T @ M.A)), rel=1e-9
+    )
+    assert len(calls) == 2

@@ -16,7 +16,7 @@ from dpdask.ldp.bounds import objective_lower_bound
 from dpdask.ldp.optimize import random_start
 from dpdask.ldp.simulate import simulate_counts
 from dpdask.ldp.strategy import DENOMINATOR, check_ldp, exp_lower_bound, quantize
-from dpdask.linalg import Dense, Identity, Prefix
+from dpdask.linalg import AllRange, Dense, Identity, Prefix
 from dpdask.privacy import PureDP
 
 EPSILONS = [0.5, 1.0, 2.0, 4.0]
@@ -254,3 +254,20 @@ def test_lower_bound_below_baselines(W, eps):
 def test_lower_bound_sample_complexity():
     W = Identity(8)
     assert lower_bound(W, 1.0, alpha=0.01) == pytest.approx(lower_bound(W, 1.0) / (8 * 0.01))
+
+
+@pytest.mark.parametrize("eps", [0.5, 2.0, 6.0])
+@pytest.mark.parametrize(
+    "W",
+    [Identity(3), Prefix(4), AllRange(4), Dense(np.arange(12.0).reshape(4, 3) % 5 - 2)],
+    ids=["hist3", "prefix4", "allrange4", "dense"],
+)
+def test_lower_bound_never_above_an_optimized_strategy(W, eps):
+    """Section 5.3: the bound holds for the optimiser's own result (small cases, several
+    starts), on the objective and on the average (hence the worst) variance."""
+    from dpdask.ldp import optimize
+
+    S = optimize(W, eps, starts=2, iters=200, polish=200, seed=4, matrix_mechanism=False)
+    assert objective_lower_bound(W, eps) <= S.objective(W) * (1 + 1e-9)
+    assert lower_bound(W, eps) <= S.average_variance(W) * (1 + 1e-9) + 1e-12
+    assert S.average_variance(W) <= S.worst_variance(W) + 1e-12
