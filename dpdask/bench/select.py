@@ -4,7 +4,8 @@ Cases (``--cases``, comma-separated; default all):
 
 ``opt0``
     OPT_0 on prefix queries, ``n`` in ``--opt0-sizes`` (default 1024, 4096, 8192),
-    pure DP, one start.
+    pure DP, one start; at n = 4096 against the error of HDMM's OPT_0 with p = 256
+    on the machine of issue 20 (:data:`P256_REFERENCE`, 212 s there).
 ``ratios``
     The HDMM slides' prefix table: RMSE of Identity, H2, HB and Privelet over
     HDMM's at n = 256 and 1024 (pure DP).
@@ -62,6 +63,8 @@ from dpdask.privacy import PureDP, zCDP
 CASES = ("opt0", "ratios", "gaussian", "small", "sf1", "sf1-reference", "marginals")
 BASELINE_MAX_N = 4096  # baselines and SVD bound need an n x n eigendecomposition
 TWELVE = (100, 100, 100, 99, 85, 42, 16, 15, 9, 7, 6, 5)
+P256_REFERENCE = {4096: 602_831.0}
+"""Expected error at epsilon = 1 of OPT_0 with p = 256 on prefix queries (issue 20)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +139,11 @@ def _opt0(sizes: list[int], repeats: int) -> list[dict]:
                 "best_baseline": best,
                 "best_baseline_rmse_ratio": _ratio(base[best], err),
                 "rmse_over_svd_bound": _ratio(err, bound),
+                "solver": plan.info.get("solver", "lbfgs"),
+                "p256_reference_error": P256_REFERENCE.get(n),
+                "error_over_p256_reference": (
+                    err / P256_REFERENCE[n] if n in P256_REFERENCE else None
+                ),
             }
         )
     return rows

@@ -69,6 +69,7 @@ from dpdask.strategy._pieces import (
     KronPiece,
     MarginalsPiece,
     Piece,
+    TreePiece,
     drive_all,
     lockstep,
     opt0_piece,
@@ -312,6 +313,8 @@ def _template(tpl: str, ctx: Context) -> Generator:
             details.update(solver="convex", lower_bound=float(res[3]))
         else:
             details["p"] = int(res[0].shape[0])
+        if isinstance(piece, TreePiece):
+            details["solver"] = "hierarchical start"
         return Candidate(tpl, A, float(res[1]), details=details)
     if tpl == "kron":
         A, loss = yield from _solve_kron(ctx, terms, ["restart", "kron"])

@@ -11,7 +11,9 @@ of the mechanism's noise variance at sensitivity 1 (``2 / epsilon^2`` for Laplac
   (:mod:`.convex`), whose optimum is global and certified by a dual bound: a
   p-Identity with ``p = n`` reaches the same optimum by L-BFGS over ``n^2``
   parameters, at ``O(n^3)`` per iteration and hundreds of iterations, where the
-  dual Newton method takes ``O(n^3)`` per iteration and about ten.
+  dual Newton method takes ``O(n^3)`` per iteration and about ten. Prefix and
+  all-range workloads, of any size, are solved by :mod:`._tridiag` (the same
+  program and certificate, ``O(n)`` per evaluation of the dual).
 * OPT_x (a Kronecker product of factors) is in :mod:`._opt_kron`.
 * OPT_+ fits one Kronecker strategy per group of terms and splits the budget:
   with group errors ``E_g`` at unit sensitivity, part weights ``c_g`` proportional
@@ -172,7 +174,8 @@ def fit_0(
 
 
 CONVEX_MAX_N = 2048
-"""Largest attribute on which Gaussian OPT_0 is solved by the convex program."""
+"""Largest attribute on which Gaussian OPT_0 is solved by the dense convex program of
+:mod:`.convex`; prefix and all-range workloads of any size by :mod:`._tridiag`."""
 
 CONVEX_TOL = 1e-4
 """Relative duality gap at which :func:`opt_0_l2` stops."""
@@ -195,13 +198,14 @@ def opt_0_l2(G: Gram, *, tol: float = CONVEX_TOL) -> tuple[LinearQuery, float, i
     loss : float
         ``tr(G (A^T A)^+)``, the error at unit sensitivity.
     nit : int
-        Newton iterations.
+        Newton iterations (evaluations of the dual for :mod:`._tridiag`).
     lower_bound : float
         The dual bound: no strategy has a loss below it.
     """
+    from dpdask.strategy._tridiag import tridiagonal_ca
     from dpdask.strategy.convex import ca_solve_gram
 
-    sol = ca_solve_gram(G.dense(), tol=tol)
+    sol = tridiagonal_ca(G, tol=tol, max_iter=100) or ca_solve_gram(G.dense(), tol=tol)
     return sol.strategy, float(sol.error), int(sol.iterations), float(sol.lower_bound)
 
 

@@ -28,12 +28,14 @@ import numpy as np
 
 from dpdask.linalg import LinearQuery
 from dpdask.strategy._gram import Gram
+from dpdask.strategy._opt0_tree import opt_0_tree, uses_tree
 from dpdask.strategy._opt_kron import KronResult, opt_kron
 from dpdask.strategy._opt_marginals import fit_marginals
 from dpdask.strategy._optimize import CONVEX_MAX_N, default_p, opt_0, opt_0_l2
 from dpdask.strategy._pidentity import PIdentity
 from dpdask.strategy._tasks import Task, distributed_client, run_tasks, submit_tasks
 from dpdask.strategy._terms import KronTerms
+from dpdask.strategy._tridiag import uses_tridiagonal
 
 __all__ = [
     "SHORT",
@@ -43,6 +45,7 @@ __all__ = [
     "MarginalsPiece",
     "Opt0Piece",
     "Piece",
+    "TreePiece",
     "drive",
     "drive_all",
     "lockstep",
@@ -107,20 +110,47 @@ class Opt0Piece(Piece):
 
 @dataclass
 class ConvexPiece(Piece):
-    """Gaussian OPT_0 as the convex program over ``X = A^T A`` (:func:`opt_0_l2`)."""
+    """Gaussian OPT_0 as the convex program over ``X = A^T A`` (:func:`opt_0_l2`).
+
+    All BLAS threads for the dense solver's ``O(n^3)`` products, one for
+    :mod:`._tridiag`'s ``O(n)`` factorisations and ``O(n^2)`` eigendecompositions.
+    """
 
     G: Gram
     words: list[str]
     once = True
 
     def short(self, seed: int) -> Task:
-        return Task(self.words, opt_0_l2, (self.G,), {}, None)
+        threads = 1 if uses_tridiagonal(self.G) else None
+        return Task(self.words, opt_0_l2, (self.G,), {}, threads)
+
+
+@dataclass
+class TreePiece(Piece):
+    """Pure-DP OPT_0 on a large interval workload from a hierarchy (:func:`opt_0_tree`).
+
+    One run: the start is not random. One BLAS thread: its products are sparse or
+    ``p x p``, and its dense work is cumulative sums.
+    """
+
+    G: Gram
+    ftol: float
+    words: list[str]
+    once = True
+
+    def short(self, seed: int) -> Task:
+        return Task(self.words, opt_0_tree, (self.G,), {"ftol": self.ftol})
 
 
 def opt0_piece(ctx: Context, G: Gram, words: list[str]) -> Piece:
-    """OPT_0 on ``G``: convex for Gaussian noise up to :data:`CONVEX_MAX_N`, else p-Identity."""
-    if ctx.norm == 2 and ctx.p is None and G.n <= CONVEX_MAX_N:
+    """OPT_0 on ``G``: convex for Gaussian noise up to :data:`CONVEX_MAX_N` (and at any
+    size for prefix and all-range workloads, :func:`uses_tridiagonal`); from a
+    hierarchy for pure DP on large interval workloads (:func:`uses_tree`); else
+    p-Identity from random starts."""
+    if ctx.p is None and ctx.norm == 2 and (G.n <= CONVEX_MAX_N or uses_tridiagonal(G)):
         return ConvexPiece(G, ["convex", *words[1:]] if words[0] == "restart" else words)
+    if ctx.p is None and uses_tree(G, ctx.norm):
+        return TreePiece(G, ctx.ftol, ["tree", *words[1:]] if words[0] == "restart" else words)
     return Opt0Piece(G, ctx.p_for(G.n), ctx.norm, ctx.ftol, words)
 
 

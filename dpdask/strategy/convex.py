@@ -39,6 +39,8 @@ import numpy as np
 
 from dpdask.errors import ConvergenceError, ConvergenceWarning
 from dpdask.linalg import Dense, Diagonal, Identity, Sparse, aslinearquery, check_dense_size
+from dpdask.strategy._optimize import CONVEX_MAX_N
+from dpdask.strategy._tridiag import tridiagonal_ca
 
 __all__ = [
     "ConvexSolution",
@@ -316,7 +318,8 @@ def ca_solve(
     workload answers at L2 sensitivity 1, over all strategies; see the module
     docstring for the dual Newton method and its certificate. Costs
     ``O(n^3)`` per iteration (dense ``n x n`` eigendecompositions); meant for
-    domains up to a few thousand cells.
+    domains up to a few thousand cells. Unweighted prefix and all-range workloads
+    beyond 2048 cells are solved in ``O(n^2)`` by :mod:`._tridiag` (same certificate).
 
     Parameters
     ----------
@@ -361,6 +364,10 @@ def _ca(
     """:func:`ca_solve` without the warning (for :func:`convex_ca`, which raises instead)."""
     if not (tol > 0):
         raise ValueError(f"tol must be positive, got {tol!r}")
+    big = CONVEX_MAX_N + 1  # prefix and all-range beyond the dense solver's sizes
+    fast = None if weights is not None else tridiagonal_ca(W, tol=tol, max_iter=max_iter, min_n=big)
+    if fast is not None:
+        return fast
     return _solve_gram(workload_gram(W, weights), float(tol), int(max_iter), int(max_cg))
 
 
