@@ -37,7 +37,6 @@ from dpdask.publish._safety import (
 )
 from dpdask.publish._workdir import (
     FLAT_KEYS,
-    float_array,
     marker,
     new_run_id,
     remove_work,
@@ -53,7 +52,6 @@ __all__ = [
     "category_labels",
     "check_output",
     "check_target",
-    "float_array",
     "marker",
     "move_into_place",
     "new_run_id",

@@ -2,9 +2,10 @@
 
 While a release runs, ``.<output name>.run-<run id>/`` beside its output holds
 
-- ``raw.zarr``: every level's reconstructed estimates, one geography per zarr chunk
-  (concurrent chunk writes never share a zarr chunk), and the finest level's sums by
-  parent (so that consistency never re-reads the largest level);
+- ``raw/<level>/<k>.npy``: every level's reconstructed estimates, a file per Dask chunk
+  written whole by its task, and ``raw/<level>-sums/`` the finest level's sums by
+  parent (so that consistency never re-reads the largest level;
+  :mod:`dpdask.dataflow._checkpoint`);
 - ``done/<level>-<chunk>``: a marker per checkpointed chunk, written after its data,
   so that a resumed run skips exactly the finished chunks;
 - ``reports/``: a JSON report per chunk whose reconstruction stopped before converging;
@@ -25,14 +26,10 @@ import pathlib
 import secrets
 import shutil
 
-import numpy as np
-import zarr
-
 from dpdask.noise import KeyFile
 
 __all__ = [
     "FLAT_KEYS",
-    "float_array",
     "marker",
     "new_run_id",
     "remove_work",
@@ -64,15 +61,3 @@ def new_run_id() -> str:
 def marker(folder: pathlib.Path, level: str, k: int) -> pathlib.Path:
     """The marker file of chunk ``k`` of ``level`` in the markers ``folder``."""
     return folder / f"{level}-{k}"
-
-
-def float_array(group: zarr.Group, name: str, rows: int, cell_shape: tuple[int, ...]) -> zarr.Array:
-    """A float64 work array of one row per zarr chunk (concurrent chunk writes never
-    share a zarr chunk), uncompressed (noisy floats do not compress)."""
-    if name in group:
-        return group[name]
-    return group.create_array(
-        name, shape=(rows, *cell_shape), chunks=(1, *cell_shape),
-        dtype="float64", fill_value=np.nan, compressors=None,
-        chunk_key_encoding=FLAT_KEYS,
-    )  # fmt: skip
