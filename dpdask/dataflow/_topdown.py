@@ -11,9 +11,13 @@ least squares (``z``, checkpointed as for the other estimators); then
   ``topdown-<level>``, one per group of whole families).
 
 The children's objective is their least-squares fit to their measurements ``y``; it is
-computed from ``A z`` (``z = A^+ y``): ``||A x - y||^2 = ||A x - A z||^2 + ||y - A z||^2``
-for every ``x``, so the minimiser is the same, and the measurements never need to be
-kept. With ``integer=True`` the top level is rounded to the nearest non-negative integers
+computed from ``z`` (the weighted least-squares estimate): ``||A x - y||_W^2 = ||A (x -
+z)||_W^2 + ||A z - y||_W^2`` for every ``x``, so the minimiser is the same, and the
+measurements never need to be kept
+(``from_estimates`` of :func:`~dpdask.reconstruct.topdown.children_fitter`, which also
+starts each fit from ``z`` projected onto the parent's cells).
+
+With ``integer=True`` the top level is rounded to the nearest non-negative integers
 and every family with the largest-remainder controlled rounding
 (:func:`dpdask.reconstruct.topdown.round_children`): integer children that add up
 exactly, cell by cell, to their integer parent, each within 1 of the fractional fit.
@@ -88,11 +92,10 @@ def _families_block(
     fit = _fitter(A, weight, token)
     failed = []
     with task_blas():
-        Y = np.asarray(A.apply(Z), dtype=np.float64)  # A z: the same fit as A x = y
         starts = np.flatnonzero(np.r_[True, local[1:] != local[:-1]])
         for a, b in zip(starts, [*starts[1:], len(local)], strict=True):
             p = P[local[a]]
-            est = fit(Y[a:b], p)
+            est = fit.from_estimates(Z[a:b], p)
             X = np.asarray(est.x).reshape(b - a, -1)
             out[a:b] = round_children(X, np.rint(p).astype(np.int64)) if integer else X
             if not est.report.converged:

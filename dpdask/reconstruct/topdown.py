@@ -7,35 +7,48 @@ The ``K`` children of one parent are fitted jointly (:func:`fit_children`): with
     subject to  X >= 0,  sum_c X[c, j] = p_j,  X[:, j] = 0 where p_j = 0,
 
 ``p`` the parent's final estimate. Only the cells of the parent's support ``S`` are
-variables: the problem is built on ``G[S, S]`` and ``C[S]`` (a dense submatrix when the
-level's Gram is small, a product restricted to ``S`` for a Kronecker strategy of small
-factors, otherwise the full product scattered and gathered). Its feasible set is, cell
-by cell, a simplex scaled to ``p_j`` across the children.
-
-**Algorithm.** Accelerated projected gradient (FISTA) with gradient-based adaptive
-restart (O'Donoghue and Candes, 2015) in the Jacobi-scaled variables
+variables: the problem is built on ``G[S, S]`` and ``C[S]``
+(:mod:`dpdask.reconstruct._topdown_level`: a dense submatrix when the level's Gram is
+small, a product restricted to ``S`` for a Kronecker strategy of small factors, a union
+of them or any other strategy through the whole domain), in the Jacobi-scaled variables
 ``u_cj = x_cj / s_j``, ``s = diag(G)^-1/2`` (one scale per cell, shared by the children,
-so every cell's feasible set stays a simplex, scaled to ``p_j / s_j``). The step is
-``1 / L`` with ``L`` the largest eigenvalue of the scaled ``G[S, S]`` (unit diagonal),
-estimated by power iteration and raised whenever a step's curvature
-``<d, G d> / <d, d>`` (free: ``G`` is linear, so ``G`` at the extrapolated point is
-combined from the products at the iterates) exceeds it; the projection (Held et al.,
-1974: sort the children of each cell, find the threshold) runs on all cells at once.
-One product with ``G[S, S]`` per iteration. The start is the better (in ``f``) of the
-even split ``p / K`` and the projection of ``s C``, one Jacobi step from zero.
+so every cell's feasible set stays a simplex, scaled to ``t_j = p_j / s_j``).
+
+**Algorithms.** Two, ``method="auto"`` choosing by the level's Gram:
+
+* projected Newton on the cells' simplices (:mod:`dpdask.reconstruct._topdown_newton`):
+  free and binding children per cell, a Newton direction by conjugate residuals in the
+  null space of the cells' sums with products restricted to each child's free cells, a
+  projected arc search. It starts from the children's least-squares estimates
+  projected onto the cells' simplices when they are given (``from_estimates``), else,
+  for a Kronecker strategy, from a few ADMM iterations on the whole domain that use the
+  factors' eigenvectors (:mod:`dpdask.reconstruct._topdown_admm`), otherwise from the
+  better of the simple starts below. The method for a Kronecker Gram (whose products
+  restricted to a sparse free set are cheap) and for the ``"full"`` one. Should its
+  KKT residual stop shrinking (it must halve every 20 iterations), FISTA takes over
+  from its iterate (``details["switched"]``).
+* accelerated projected gradient (FISTA, :mod:`dpdask.reconstruct._topdown_fista`) with
+  adaptive restart, one product with ``G[S, S]`` per iteration (float32 for a union
+  Gram until the KKT residual is below ``1e-3``, then float64), from the best (in
+  ``f``) of the even split ``p / K``, the projection of ``s C`` (one Jacobi step from
+  zero) and the projected least-squares estimates when given: the method for a dense
+  Gram (a small domain such as P.L. 94's) and for a union of Kronecker products
+  (HDMM's OPT_+ on the CPH domain), where each of its products costs about what one
+  inner iteration of the Newton method does and it needs fewer of them.
 
 **Stopping rule.** The KKT residual of the scaled problem, the root-mean-square
-projected gradient ``||U - P(U - grad)|| / sqrt(K |S|)``, is at most ``tol``: it is zero
-exactly at a KKT point (per cell a multiplier ``nu_j`` with ``grad_cj >= nu_j``, with
-equality where ``u_cj > 0``). As in :mod:`dpdask.reconstruct.nnls`, with inverse-variance
-weights its entries are in noise units (each scaled gradient entry has variance one at
-the true data), so ``tol = 1e-2`` leaves a hundredth of the noise to optimise. The
-report also gives the Frank-Wolfe duality gap ``gap = <grad, X> - sum_j p_j min_c
-grad_cj >= f(X) - f*`` (``details["gap"]``), a certificate: then
-``||W^1/2 A (X - X*)||_F^2 <= 2 gap`` for the optimum ``X*``.
+projected gradient ``||U - P(U - grad)|| / sqrt(K |S|)`` (``P`` the projection onto the
+cells' simplices), is at most ``tol``: it is zero exactly at a KKT point (per cell a
+multiplier ``nu_j`` with ``grad_cj >= nu_j``, with equality where ``u_cj > 0``). As in
+:mod:`dpdask.reconstruct.nnls`, with inverse-variance weights its entries are in noise
+units (each scaled gradient entry has variance one at the true data), so ``tol = 1e-2``
+leaves a hundredth of the noise to optimise. Both methods stop on it, the Newton method
+from a float64 gradient. The report also gives the Frank-Wolfe duality gap ``gap =
+<grad, X> - sum_j p_j min_c grad_cj >= f(X) - f*`` (``details["gap"]``), a certificate:
+then ``||W^1/2 A (X - X*)||_F^2 <= 2 gap`` for the optimum ``X*``.
 
-The returned children are exactly feasible: after the last projection each cell's sum
-is made exact by setting its largest child to ``p_j`` minus the others.
+The returned children are exactly feasible: after the last step each cell's sum is made
+exact by setting its largest child to ``p_j`` minus the others.
 """
 
 from __future__ import annotations
@@ -47,148 +60,24 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from dpdask.linalg import LinearQuery
-from dpdask.reconstruct._inputs import as_batch, row_weighted
-from dpdask.reconstruct._kron_gram import scaled_kron_gram
+from dpdask.reconstruct._inputs import as_batch
 from dpdask.reconstruct._report import ConvergenceReport, Estimate, warn_at_limit
+from dpdask.reconstruct._topdown_fista import L_MARGIN, fista, lipschitz, project
+from dpdask.reconstruct._topdown_level import Level
+from dpdask.reconstruct._topdown_newton import simplex_newton
 from dpdask.reconstruct._topdown_rounding import round_children, round_top
 from dpdask.reconstruct.nnls import nnls
 
 __all__ = ["children_fitter", "fit_children", "round_children", "round_top", "topdown_tree"]
 
-_DENSE_GRAM = 2048
-"""Levels with at most this many cells keep their scaled Gram dense (at most 32 MB)."""
-_POWER_ITERATIONS = 50
-_POWER_RTOL = 1e-3
-_L_MARGIN = 1.02  # the step's L over the power iteration's estimate (from below)
-_GRAMS = ("auto", "dense", "kron", "full")
-
-RowsOp = Callable[[np.ndarray], np.ndarray]
-
-
-def _project(V: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Each column ``V[:, j]`` projected onto ``{v >= 0, sum v = t_j}`` (``t > 0``), all at
-    once: sort descending, ``tau_j`` from the largest ``rho`` with ``u_rho > (sum_{i <=
-    rho} u_i - t_j) / rho``, then ``max(v - tau, 0)``."""
-    K = V.shape[0]
-    if K == 1:
-        return np.broadcast_to(t, V.shape).copy()
-    u = -np.sort(-V, axis=0)
-    css = np.cumsum(u, axis=0)
-    css -= t
-    cond = u * np.arange(1, K + 1)[:, None] > css
-    rho = K - np.argmax(cond[::-1], axis=0)  # the last index where it holds (1-based)
-    tau = np.take_along_axis(css, (rho - 1)[None], axis=0)[0] / rho
-    return np.maximum(V - tau, 0.0)
-
-
-class _Level:
-    """What every fit of one level shares: the row-weighted operator, the Jacobi scale,
-    and the scaled Gram (dense when small, Kronecker factors when structured)."""
-
-    def __init__(self, A: LinearQuery, weights: np.ndarray | float | None, gram: str):
-        if gram not in _GRAMS:
-            raise ValueError(f"unknown gram {gram!r}; use one of {', '.join(_GRAMS)}")
-        self.A, self.weights = A, weights
-        self.Aw = row_weighted(A, weights)
-        self.n = A.shape[1]
-        d = self.Aw.column_norms(2) ** 2
-        self.scale = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 1.0)
-        self.G = self.Aw.gram()
-        if gram == "auto":
-            gram = "dense" if self.n <= _DENSE_GRAM else "kron"
-        self.kron = scaled_kron_gram(self.Aw, np.float64) if gram == "kron" else None
-        if gram == "kron" and self.kron is None:
-            gram = "full"
-        self.kind = gram
-        self.dense: np.ndarray | None = None
-        if gram == "dense":
-            Gd = self.G.dense()
-            Gd = 0.5 * (Gd + Gd.T)
-            self.dense = self.scale[:, None] * Gd * self.scale[None, :]
-
-    def restricted(self, idx: np.ndarray) -> RowsOp:
-        """``U -> U G~[S, S]`` for rows ``U`` ``(k, |S|)``, ``G~`` the scaled Gram."""
-        if self.dense is not None:
-            sub = np.ascontiguousarray(self.dense[np.ix_(idx, idx)])
-            return lambda U: U @ sub
-        if self.kron is not None:
-            op = self.kron.restricted(idx, np.float64)
-            return lambda U: np.stack([op(u) for u in U])
-        s = self.scale[idx]
-        n, G = self.n, self.G
-
-        def full(U: np.ndarray) -> np.ndarray:
-            Z = np.zeros((U.shape[0], n))
-            Z[:, idx] = U * s
-            return G.apply(Z)[:, idx] * s
-
-        return full
+_METHODS = ("auto", "newton", "fista")
+_STARTS = ("auto", "admm", "estimates", "simple")
 
 
 @functools.cache
 def _blas() -> ThreadpoolController:
     """The process's BLAS pools, found once (a limit on them is then cheap, ~10 us)."""
     return ThreadpoolController()
-
-
-def _lipschitz(rows: RowsOp, size: int) -> tuple[float, int]:
-    """Power iteration for the largest eigenvalue of the PSD ``G~[S, S]`` (from ones:
-    the Perron vector of a non-negative Gram), and the products it took."""
-    v = np.full((1, size), 1.0 / np.sqrt(size))
-    lam = 0.0
-    for it in range(1, _POWER_ITERATIONS + 1):
-        w = rows(v)
-        new = float(np.linalg.norm(w))
-        if new == 0.0:
-            return 1.0, it  # G[S, S] = 0: any step is exact
-        v = w / new
-        if abs(new - lam) <= _POWER_RTOL * new:
-            return new, it
-        lam = new
-    return lam, _POWER_ITERATIONS
-
-
-def _fista(
-    rows: RowsOp, C: np.ndarray, t: np.ndarray, U0: np.ndarray, GU0: np.ndarray,
-    L: float, tol: float, maxiter: int,
-) -> tuple[np.ndarray, np.ndarray, dict]:  # fmt: skip
-    """FISTA with adaptive restart on ``1/2 <U, U G~> - <C, U>`` over the product of
-    simplices (module notes). Returns the last iterate, ``U G~`` there, and counters."""
-    N = U0.size
-
-    def kkt(U: np.ndarray, GU: np.ndarray) -> float:
-        return float(np.linalg.norm(U - _project(U - (GU - C), t)) / np.sqrt(N))
-
-    U, GU = U0, GU0
-    V, GV = U, GU
-    theta, restarts, raised = 1.0, 0, 0
-    res = kkt(U, GU)
-    it = 0
-    while res > tol and it < maxiter:
-        it += 1
-        U_new = _project(V - (GV - C) / L, t)
-        GU_new = rows(U_new)
-        D = U_new - V
-        dd = float(np.vdot(D, D))
-        restart = False
-        if dd > 0.0:
-            curv = float(np.vdot(D, GU_new - GV)) / dd
-            if curv > L:  # the estimate of L was low: raise it, drop the momentum
-                L, raised, restart = _L_MARGIN * curv, raised + 1, True
-        res = kkt(U_new, GU_new)
-        if restart or float(np.vdot(V - U_new, U_new - U)) > 0.0:
-            theta, restarts = 1.0, restarts + 1
-            V, GV = U_new, GU_new
-        else:
-            theta_new = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * theta * theta))
-            beta = (theta - 1.0) / theta_new
-            V = U_new + beta * (U_new - U)
-            GV = GU_new + beta * (GU_new - GU)
-            theta = theta_new
-        U, GU = U_new, GU_new
-    info = {"iterations": it, "residual": res, "restarts": restarts, "lipschitz": L}
-    info["lipschitz_raised"] = raised
-    return U, GU, info
 
 
 def _exact_sums(X: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -200,6 +89,55 @@ def _exact_sums(X: np.ndarray, p: np.ndarray) -> np.ndarray:
     return X
 
 
+class _Fitter:
+    """The fits of one level (:func:`children_fitter`)."""
+
+    def __init__(
+        self, A: LinearQuery, weights, tol: float, maxiter: int, gram: str, method: str,
+        start: str,
+    ):  # fmt: skip
+        if not tol > 0:
+            raise ValueError(f"tol must be positive, got {tol}")
+        if method not in _METHODS:
+            raise ValueError(f"unknown method {method!r}; use one of {', '.join(_METHODS)}")
+        self.level = Level(A, weights, gram)
+        if method == "auto":
+            method = "fista" if self.level.kind in ("dense", "union") else "newton"
+        if start not in _STARTS:
+            raise ValueError(f"unknown start {start!r}; use one of {', '.join(_STARTS)}")
+        self.method, self.tol, self.maxiter, self.start = method, tol, maxiter, start
+        m = A.shape[0]
+        w = None if weights is None else np.broadcast_to(np.asarray(weights, dtype=float), (m,))
+        self.root_w = None if w is None else np.sqrt(w)
+
+    def _parent(self, parent: np.ndarray) -> np.ndarray:
+        n = self.level.n
+        p = np.asarray(parent, dtype=float)
+        if p.shape != (n,):
+            raise ValueError(f"parent has shape {p.shape}; expected ({n},)")
+        if not np.isfinite(p).all() or (p < 0).any():
+            raise ValueError("the parent's estimate must be finite and non-negative")
+        return p
+
+    def __call__(self, Y: np.ndarray, parent: np.ndarray) -> Estimate:
+        Yb, _ = as_batch(Y, self.level.A.shape[0], "measurements")
+        p = self._parent(parent)
+        # one BLAS thread: the products are small, and a second thread that is not
+        # scheduled (a busy core) stalls each of them by milliseconds
+        with _blas().limit(limits=1, user_api="blas"):
+            Yw = Yb if self.root_w is None else Yb * self.root_w
+            C = self.level.Aw.T.apply(Yw) * self.level.scale
+            return _fit(self, C, 0.5 * float(np.vdot(Yw, Yw)), p)
+
+    def from_estimates(self, Z: np.ndarray, parent: np.ndarray) -> Estimate:
+        Zb, _ = as_batch(Z, self.level.n, "estimates")
+        p = self._parent(parent)
+        with _blas().limit(limits=1, user_api="blas"):
+            Zs = Zb / self.level.scale
+            C = self.level.gram_rows(Zs)
+            return _fit(self, C, 0.5 * float(np.vdot(Zs, C)), p, Zs)
+
+
 def children_fitter(
     A: LinearQuery,
     weights: np.ndarray | float | None = None,
@@ -207,93 +145,118 @@ def children_fitter(
     tol: float = 1e-2,
     maxiter: int = 5000,
     gram: str = "auto",
+    method: str = "auto",
+    start: str = "auto",
 ) -> Callable[[np.ndarray, np.ndarray], Estimate]:
     """:func:`fit_children` with the level's strategy and options fixed, for many parents.
 
     What the fits of one level share (the row-weighted operator, the Jacobi scale, the
     scaled Gram: dense for at most 2,048 cells, Kronecker factors for a Kronecker
-    strategy of small factors) is computed once, here.
+    strategy of small factors, and their eigenvectors for the ADMM start) is computed
+    once, here.
 
     Parameters
     ----------
-    A, weights, tol, maxiter
+    A, weights, tol, maxiter, method
         As for :func:`fit_children`.
+    start : {"auto", "admm", "estimates", "simple"}
+        Where the fit starts: ``"estimates"``, the children's least-squares estimates
+        projected onto the cells' simplices (only for ``fit.from_estimates``, where they
+        are given); ``"admm"``, the ADMM start (projected Newton on a Kronecker Gram);
+        ``"simple"``, the better (in ``f``) of the even split and one Jacobi step (also
+        the fallback of the other two). ``"auto"``: for projected Newton
+        ``"estimates"`` when given, else ``"admm"``; for FISTA the best of the simple
+        starts and the estimates when given.
     gram : {"auto", "dense", "kron", "full"}
         How ``G[S, S]`` is applied: a dense submatrix of the level's scaled Gram, a
-        Kronecker product restricted to the support, or the full structured product
-        scattered and gathered (``"kron"`` falls back to ``"full"`` for a strategy that
-        is not a Kronecker product of small factors). ``"auto"``: dense up to 2,048
-        cells, else Kronecker where possible.
+        Kronecker product restricted to the support (for a union of Kronecker products,
+        their sum on the whole domain: ``details["gram"]`` is then ``"union"``), or the
+        full structured product scattered and gathered (``"kron"`` falls back to
+        ``"full"`` for any other strategy). ``"auto"``: dense up to 2,048 cells, else
+        Kronecker where possible.
 
     Returns
     -------
     callable
         ``fit(Y, parent)``: :func:`fit_children` of the children's measurements ``Y``
-        ``(K, m)`` and the parent's estimate ``(n,)``.
+        ``(K, m)`` and the parent's estimate ``(n,)``. Also ``fit.from_estimates(Z,
+        parent)``: the same fit from the children's (weighted) least-squares estimates
+        ``Z`` ``(K, n)`` instead of their measurements (``||A x - y||_W^2 = ||A (x -
+        z)||_W^2 + const``, so the fit is the same), through one product with the Gram
+        instead of ``A^T W``; its ``details["objective"]`` is then ``1/2 sum_c ||W^1/2
+        A (x_c - z_c)||^2``.
     """
-    if not tol > 0:
-        raise ValueError(f"tol must be positive, got {tol}")
-    level = _Level(A, weights, gram)
-    m, n = A.shape
-    w = None if weights is None else np.broadcast_to(np.asarray(weights, dtype=float), (m,))
-
-    def fit(Y: np.ndarray, parent: np.ndarray) -> Estimate:
-        Yb, _ = as_batch(Y, m, "measurements")
-        p = np.asarray(parent, dtype=float)
-        if p.shape != (n,):
-            raise ValueError(f"parent has shape {p.shape}; expected ({n},)")
-        if not np.isfinite(p).all() or (p < 0).any():
-            raise ValueError("the parent's estimate must be finite and non-negative")
-        # one BLAS thread: the products are small, and a second thread that is not
-        # scheduled (a busy core) stalls each of them by milliseconds
-        with _blas().limit(limits=1, user_api="blas"):
-            return _fit(level, Yb if w is None else Yb * np.sqrt(w), p, tol, maxiter)
-
-    return fit
+    return _Fitter(A, weights, tol, maxiter, gram, method, start)
 
 
-def _fit(level: _Level, Yw: np.ndarray, p: np.ndarray, tol: float, maxiter: int) -> Estimate:
-    K, n = Yw.shape[0], level.n
+def _objective(U: np.ndarray, GU: np.ndarray, C: np.ndarray) -> float:
+    return float(0.5 * np.vdot(U, GU) - np.vdot(C, U))
+
+
+def _fit(
+    fitter: _Fitter, Cfull: np.ndarray, const: float, p: np.ndarray, Zs: np.ndarray | None = None
+) -> Estimate:
+    level, method, tol, maxiter = fitter.level, fitter.method, fitter.tol, fitter.maxiter
+    K, n = Cfull.shape[0], level.n
     idx = np.flatnonzero(p > 0)
     S = idx.size
     details: dict = {"children": K, "cells": n, "support": S, "variables": K * S}
     details["gram"] = level.kind
     X = np.zeros((K, n))
+    name = f"topdown-{method}"
     if K == 1 or S == 0:  # the parent itself (or nothing to split)
         X[:, idx] = p[idx]
         details.update(gap=0.0, products=0)
-        report = ConvergenceReport("topdown-fista", True, 0, 0.0, tol, details)
-        return Estimate(X, report)
+        return Estimate(X, ConvergenceReport(name, True, 0, 0.0, tol, details))
     s = level.scale[idx]
     t = p[idx] / s
-    C = level.Aw.T.apply(Yw)[:, idx] * s
-    rows = level.restricted(idx)
-    L, power = _lipschitz(rows, S)
-    L *= _L_MARGIN
-    # start: the better of the even split and one Jacobi step from zero, projected
-    starts = [np.broadcast_to(t / K, (K, S)).copy(), _project(C, t)]
-    G0 = [rows(U) for U in starts]
-    vals = [0.5 * np.vdot(U, GU) - np.vdot(C, U) for U, GU in zip(starts, G0, strict=True)]
-    b = int(np.argmin(vals))
-    U, GU, info = _fista(rows, C, t, starts[b], G0[b], L, tol, maxiter)
+    C = Cfull[:, idx]
+    gram = level.support(idx)
+    start = fitter.start
+    if start == "auto":  # FISTA: the best of the simple starts and the estimates
+        start = "admm" if Zs is None else ("estimates" if method == "newton" else "simple")
+    if start == "estimates" and Zs is not None:  # the least-squares fit, projected
+        U0, GU0, details["start"] = project(Zs[:, idx], t), None, "estimates"
+    elif start == "admm" and method == "newton" and level.admm is not None:
+        U0, details["admm_iterations"] = level.admm(Cfull, idx, t)
+        details["start"] = "admm"
+        GU0 = None
+    else:  # the better (in f) of the even split, one Jacobi step and the estimates
+        starts = [np.broadcast_to(t / K, (K, S)).copy(), project(C, t)]
+        if Zs is not None and fitter.start == "auto":
+            starts.append(project(Zs[:, idx], t))
+        G0 = [gram.rows(U) for U in starts]
+        b = int(np.argmin([_objective(U, GU, C) for U, GU in zip(starts, G0, strict=True)]))
+        U0, GU0, details["start"] = starts[b], G0[b], ("even", "jacobi", "estimates")[b]
+    start_products = 0 if GU0 is None else len(starts)
+    if GU0 is None and method == "fista":
+        GU0, start_products = gram.rows(U0), 1
+    if method == "newton":
+        U, GU, info = simplex_newton(gram, C, t, U0, tol, maxiter)
+        details.update(products=info["products"] + start_products)
+        details.update(inner=info["inner"], fallbacks=info["fallbacks"], switched=False)
+        if info["stalled"]:  # FISTA from where Newton stalled (module notes)
+            L, power = lipschitz(gram.rows, S)
+            left = maxiter - info["iterations"]
+            GU = gram.rows(U)  # float64 (Newton's may hold float32 steps)
+            U, GU, more = fista(gram.rows, C, t, U, GU, L * L_MARGIN, tol, left, gram.fast_rows)
+            details.update(switched=True, fista_iterations=more["iterations"])
+            details["products"] += more["iterations"] + power + 1
+            info.update(
+                iterations=info["iterations"] + more["iterations"], residual=more["residual"]
+            )
+    else:
+        L, power = lipschitz(gram.fast_rows, S)
+        U, GU, info = fista(gram.rows, C, t, U0, GU0, L * L_MARGIN, tol, maxiter, gram.fast_rows)
+        details.update(products=info["iterations"] + start_products + power)
+        details["power_iterations"] = power
+        details.update({k: info[k] for k in ("lipschitz", "lipschitz_raised", "restarts")})
     grad = GU - C
     gap = float(np.vdot(grad, U) - np.dot(t, grad.min(axis=0)))
-    const = 0.5 * float(np.vdot(Yw, Yw))
-    details.update(
-        start=("even", "jacobi")[b],
-        lipschitz=info["lipschitz"],
-        lipschitz_raised=info["lipschitz_raised"],
-        restarts=info["restarts"],
-        power_iterations=power,
-        products=info["iterations"] + 2 + power,
-        objective=float(0.5 * np.vdot(U, GU) - np.vdot(C, U)) + const,
-        gap=max(gap, 0.0),
-    )
+    details.update(objective=_objective(U, GU, C) + const, gap=max(gap, 0.0))
     X[:, idx] = _exact_sums(U * s, p[idx])
     converged = info["residual"] <= tol
-    report = ConvergenceReport(
-        "topdown-fista", converged, info["iterations"], info["residual"], tol, details
-    )
+    report = ConvergenceReport(name, converged, info["iterations"], info["residual"], tol, details)
     warn_at_limit(report, maxiter, stacklevel=4)
     return Estimate(X, report)
 
@@ -307,12 +270,13 @@ def fit_children(
     tol: float = 1e-2,
     maxiter: int = 5000,
     gram: str = "auto",
+    method: str = "auto",
 ) -> Estimate:
     """The children of one parent, fitted jointly, adding up to the parent.
 
     Minimises ``sum_c ||W^1/2 (A x_c - y_c)||^2`` over ``X >= 0`` with
     ``X.sum(axis=0) == parent`` and ``X[:, j] == 0`` wherever ``parent[j] == 0``; only
-    the parent's support is a variable (the module notes give the algorithm and the
+    the parent's support is a variable (the module notes give the algorithms and the
     stopping rule). With one child the answer is the parent.
 
     Parameters
@@ -329,19 +293,27 @@ def fit_children(
         Stop when the root-mean-square KKT residual (projected gradient) of the
         Jacobi-scaled problem is at most ``tol``.
     maxiter : int
-        FISTA iterations (one product with ``G[S, S]`` each) before giving up with a
+        Iterations (FISTA: one product with ``G[S, S]`` each; projected Newton: a few
+        products and a few dozen restricted ones) before giving up with a
         :class:`~dpdask.errors.ConvergenceWarning`.
     gram : {"auto", "dense", "kron", "full"}
         How ``G[S, S]`` is applied (:func:`children_fitter`).
+    method : {"auto", "newton", "fista"}
+        Projected Newton or FISTA (module notes); ``"auto"``: FISTA for a dense or
+        union Gram, projected Newton for a Kronecker or full one.
 
     Returns
     -------
     Estimate
         ``x`` of shape ``(K, n)``, non-negative, zero off the parent's support, columns
         summing to ``parent`` (up to one rounding); the report (``method``
-        ``"topdown-fista"``; ``details``: ``support`` (cells solved), ``variables``,
-        ``gap`` (the duality gap, ``>= f(X) - f*``), ``objective``, ``lipschitz``,
-        ``restarts``, ``products``, ``gram``, ``start``).
+        ``"topdown-newton"`` or ``"topdown-fista"``; ``details``: ``support`` (cells
+        solved), ``variables``, ``gap`` (the duality gap, ``>= f(X) - f*``),
+        ``objective``, ``products`` (of ``K`` rows with ``G[S, S]``), ``gram``,
+        ``start``; projected Newton: ``inner`` (iterations of its inner solves, ``K``
+        products restricted to the free children each), ``fallbacks`` (projected
+        gradient steps) and ``switched`` (FISTA finished the fit); FISTA:
+        ``lipschitz``, ``restarts``).
 
     Raises
     ------
@@ -358,7 +330,8 @@ def fit_children(
     >>> np.round(x, 6).tolist(), report.details["support"]
     ([[1.5, 1.5, 0.0], [0.5, 2.5, 0.0]], 2)
     """
-    return children_fitter(A, weights, tol=tol, maxiter=maxiter, gram=gram)(Y, parent)
+    fit = children_fitter(A, weights, tol=tol, maxiter=maxiter, gram=gram, method=method)
+    return fit(Y, parent)
 
 
 def _group(parent: np.ndarray, n_parents: int, n_children: int, lvl: int) -> list[np.ndarray]:

@@ -126,6 +126,135 @@ def test_matches_qp_oracle(
     assert 0 <= report.details["gap"] <= 1e-6 * f
 
 
+def _kkt_gap(M: np.ndarray, Y: np.ndarray, X: np.ndarray, p: np.ndarray, w: np.ndarray) -> float:
+    """The Frank-Wolfe duality gap of a feasible ``X``, from the problem's data alone:
+    ``<grad, X> - sum_j p_j min_c grad_cj >= f(X) - f*`` (zero exactly at a minimiser)."""
+    grad = (w * (X @ M.T - Y)) @ M
+    S = p > 0
+    return float((grad[:, S] * X[:, S]).sum() - (p[S] * grad[:, S].min(axis=0)).sum())
+
+
+@pytest.mark.parametrize("oracle", ORACLE_PARAMS)
+@pytest.mark.parametrize("kind", ["full-rank", "rank-deficient", "signed"])
+@pytest.mark.parametrize(("K", "n"), [(2, 6), (3, 9), (5, 12)])
+@pytest.mark.parametrize("gram", ["dense", "full"])
+def test_newton_matches_qp_oracle(
+    gram: str, K: int, n: int, kind: str, oracle: str, rng: np.random.Generator
+) -> None:
+    """The projected Newton method (whatever the Gram's form) against the QP oracles."""
+    M = _matrix(kind, n + 4, n, rng)
+    Y, p = _problem(K, n, M, rng)
+    w = rng.uniform(0.5, 2.0, size=M.shape[0])
+    X, report = fit_children(Dense(M), Y, p, weights=w, tol=1e-10, gram=gram, method="newton")
+    assert report.method == "topdown-newton"
+    assert report.converged
+    _assert_feasible(X, p)
+    ref = ORACLES[oracle](M, Y, p, w)
+    f, f_ref = _objective(M, Y, X, w), _objective(M, Y, ref, w)
+    assert abs(f - f_ref) <= 1e-6 * f_ref
+    # the certificate, computed here from the data: f(X) - f* <= gap, gap tiny
+    assert 0 <= _kkt_gap(M, Y, X, p, w) <= 1e-6 * f
+    assert report.details["objective"] == pytest.approx(f, rel=1e-9)
+
+
+def test_newton_stall_hands_over_to_fista(
+    monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator
+) -> None:
+    """A stalled Newton fit (forced: no progress is ever enough) is finished by FISTA
+    from its iterate, to the oracle's objective."""
+    import dpdask.reconstruct._topdown_newton as newton
+
+    monkeypatch.setattr(newton, "_STALL", 2)
+    monkeypatch.setattr(newton, "_STALL_RATIO", 0.0)
+    M = _matrix("full-rank", 16, 12, rng)
+    Y, p = _problem(4, 12, M, rng)
+    w = np.ones(M.shape[0])
+    X, report = fit_children(Dense(M), Y, p, tol=1e-10, gram="full", method="newton")
+    assert report.details["switched"] and report.converged
+    _assert_feasible(X, p)
+    f, f_ref = _objective(M, Y, X, w), _objective(M, Y, _slsqp(M, Y, p, w), w)
+    assert abs(f - f_ref) <= 1e-6 * f_ref
+
+
+@pytest.mark.parametrize("structure", ["kron", "union"])
+def test_newton_sparse_families_match_clarabel(structure: str, rng: np.random.Generator) -> None:
+    """Ten sparse children on a 60-cell Kronecker (or union) strategy, most cells with
+    one or two non-zero children (the free sets of the Newton method then differ from
+    child to child): the objective agrees with a generic QP to 1e-6 relative."""
+    pytest.importorskip("cvxpy")
+    if structure == "kron":
+        A: LinearQuery = Kron([Prefix(4), Identity(5), Dense(rng.uniform(size=(4, 3)))])
+    else:
+        A = VStack(
+            [
+                Kron([Identity(12), Total(5)]),
+                Kron([Total(12), Prefix(5)]),
+                Kron([Identity(12), Identity(5)]),
+            ]
+        )
+    M = A.dense()
+    K, n = 10, M.shape[1]
+    X0 = rng.poisson(2.0, size=(K, n)) * (rng.uniform(size=(K, n)) < 0.15)
+    Y = X0 @ M.T + rng.normal(scale=1.5, size=(K, M.shape[0]))
+    p = X0.sum(axis=0).astype(float)
+    w = np.ones(M.shape[0])
+    fits = {
+        method: fit_children(A, Y, p, tol=1e-9, gram="kron", method=method)
+        for method in ("newton", "fista")
+    }
+    ref = _cvxpy(M, Y, p, w)
+    f_ref = _objective(M, Y, ref, w)
+    for X, report in fits.values():
+        assert report.converged
+        _assert_feasible(X, p)
+        f = _objective(M, Y, X, w)
+        assert abs(f - f_ref) <= 1e-6 * f_ref
+        assert _kkt_gap(M, Y, X, p, w) <= 1e-6 * f
+    assert fits["newton"].report.details["gram"] == structure
+
+
+@pytest.mark.parametrize("start", ["estimates", "admm", "simple"])
+@pytest.mark.parametrize("method", ["newton", "fista"])
+def test_from_estimates_every_start(start: str, method: str, rng: np.random.Generator) -> None:
+    """From the children's least-squares estimates, whatever the start: the
+    same minimiser as from the measurements, checked against Clarabel."""
+    pytest.importorskip("cvxpy")
+    A = Kron([Prefix(4), Identity(3), Dense(rng.uniform(size=(5, 4)))])  # full column rank
+    M = A.dense()
+    K, n = 6, M.shape[1]
+    X0 = rng.poisson(2.0, size=(K, n)) * (rng.uniform(size=(K, n)) < 0.3)
+    Y = X0 @ M.T + rng.normal(scale=1.5, size=(K, M.shape[0]))
+    w = np.ones(M.shape[0])
+    p = X0.sum(axis=0).astype(float)
+    Z = np.linalg.lstsq(M, Y.T, rcond=None)[0].T
+    fit = children_fitter(A, tol=1e-9, gram="kron", method=method, start=start)
+    X, report = fit.from_estimates(Z, p)
+    used = {"estimates": "estimates", "admm": "admm" if method == "newton" else "simple"}
+    assert report.details["start"] in (
+        [used[start]] if used.get(start, "simple") != "simple" else ["even", "jacobi"]
+    )
+    assert report.converged
+    _assert_feasible(X, p)
+    f, f_ref = _objective(M, Y, X, w), _objective(M, Y, _cvxpy(M, Y, p, w), w)
+    assert abs(f - f_ref) <= 1e-6 * f_ref
+    assert _kkt_gap(M, Y, X, p, w) <= 1e-6 * f
+
+
+@pytest.mark.parametrize("method", ["newton", "fista"])
+@pytest.mark.parametrize("gram", ["dense", "kron", "full"])
+def test_methods_exact_measurements(method: str, gram: str, rng: np.random.Generator) -> None:
+    """Noise off: either method returns the truth, exactly feasible."""
+    A = Kron([Prefix(3), Identity(2), Dense(rng.uniform(size=(6, 4)))])  # full column rank
+    M = A.dense()
+    X = (rng.poisson(3.0, size=(6, 24)) * (rng.uniform(size=(6, 24)) < 0.4)).astype(float)
+    X[:, [1, 9, 20]] = 0.0
+    p = X.sum(axis=0)
+    est = fit_children(A, X @ M.T, p, tol=1e-10, gram=gram, method=method)
+    assert est.report.converged
+    _assert_feasible(est.x, p)
+    np.testing.assert_allclose(est.x, X, rtol=0, atol=1e-6 * X.max())
+
+
 @pytest.mark.parametrize("gram", ["dense", "kron", "full"])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("structure", ["kron", "union"])
