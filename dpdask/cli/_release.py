@@ -68,6 +68,12 @@ def cmd_validate(argv: Sequence[str]) -> int:
     parser.add_argument("--run-id", help="check that this run id may be run (or resumed)")
     parser.add_argument("--overwrite", action="store_true", help="as dpdask run --overwrite")
     args = parser.parse_args(argv)
+    if spec_model(args.spec) == "local":  # people's randomised responses
+        from dpdask.ldp.spec import validate_spec as validate_local
+
+        report = validate_local(args.spec)
+        print_result(report, args.json, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+        return 0
     if spec_model(args.spec) == "sums":  # sums of a numeric attribute per geography
         from dpdask.sums.plan import validate_spec as validate_sums
 

@@ -36,7 +36,7 @@ from dpdask.ldp.plan import LdpPlan, select_local
 from dpdask.ldp.strategy import LocalStrategy
 from dpdask.privacy import PureDP
 
-__all__ = ["SPEC_KEYS", "load_spec", "main", "plan_spec", "run_spec"]
+__all__ = ["SPEC_KEYS", "load_spec", "main", "plan_spec", "run_spec", "validate_spec"]
 
 SPEC_KEYS = (
     "model",
@@ -118,6 +118,72 @@ def plan_spec(path: str | os.PathLike) -> LdpPlan:
     return plan
 
 
+def _run_inputs(doc: dict[str, Any], base: pathlib.Path, path: Any) -> tuple[Any, ...]:
+    """What a run reads, checked: the workload, the strategy (keeping the spec's epsilon
+    and fitting the workload), the method, the responses and a safe output path."""
+    if "responses" not in doc or "output" not in doc:
+        raise ValueError("run needs 'responses' and 'output'")
+    W = _workload(doc)
+    eps = _privacy(doc).epsilon
+    sfile = _path(base, doc["strategy_file"])
+    if not sfile.exists():
+        raise ValueError(f"strategy_file: {sfile} does not exist (run `dpdask plan` first)")
+    S = LocalStrategy.from_json(sfile.read_text())
+    if S.epsilon > eps:
+        raise ValueError(f"the strategy file is {S.epsilon}-LDP, the spec allows {eps}")
+    if S.Q.shape[1] != W.shape[1]:
+        raise ValueError(
+            f"the strategy file is for {S.Q.shape[1]} types; the workload has {W.shape[1]}"
+        )
+    method = doc.get("reconstruct", "ls")
+    if method not in ("ls", "wnnls"):
+        raise ValueError("reconstruct: ls or wnnls")
+    responses = _path(base, doc["responses"])
+    if not responses.exists():
+        raise ValueError(f"responses: {responses} does not exist")
+    target = _path(base, doc["output"])
+    for what, other in (
+        ("responses", responses),
+        ("strategy_file", sfile),
+        ("spec", pathlib.Path(path)),
+    ):
+        if target.resolve() == other.resolve():
+            raise ValueError(f"output: {target} is the {what}; refusing to overwrite it")
+    return W, S, method, responses, target
+
+
+def validate_spec(path: str | os.PathLike) -> dict[str, Any]:
+    """Check a local spec, its strategy file and every response as ``run`` would; write
+    nothing.
+
+    Raises
+    ------
+    ValueError
+        On any problem ``run`` would raise for (a bad spec, a strategy file that does not
+        keep the spec's epsilon or fit its workload, a missing or out-of-range response,
+        an output that is one of the inputs).
+    """
+    from dpdask.ldp.aggregate import count_responses
+
+    doc, base = load_spec(path)
+    _, S, method, responses, target = _run_inputs(doc, base, path)
+    geos, counts = count_responses(
+        str(responses),
+        S.Q.shape[0],
+        response=doc.get("response_column", "response"),
+        geography=doc.get("geography_column", "geography"),
+    )
+    return {
+        "ok": True,
+        "release": doc.get("release"),
+        "output": str(target),
+        "geographies": len(geos),
+        "people": int(counts.sum()),
+        "reconstruct": method,
+        "epsilon": str(S.epsilon),
+    }
+
+
 def run_spec(path: str | os.PathLike) -> dict[str, Any]:
     """Aggregate the responses of a local spec with its strategy file; write ``output``.
 
@@ -127,18 +193,9 @@ def run_spec(path: str | os.PathLike) -> dict[str, Any]:
         If the strategy file does not keep the spec's epsilon, or responses are invalid.
     """
     doc, base = load_spec(path)
-    if "responses" not in doc or "output" not in doc:
-        raise ValueError("run needs 'responses' and 'output'")
-    W = _workload(doc)
-    eps = _privacy(doc).epsilon
-    S = LocalStrategy.from_json(_path(base, doc["strategy_file"]).read_text())
-    if S.epsilon > eps:
-        raise ValueError(f"the strategy file is {S.epsilon}-LDP, the spec allows {eps}")
-    method = doc.get("reconstruct", "ls")
-    if method not in ("ls", "wnnls"):
-        raise ValueError("reconstruct: ls or wnnls")
+    W, S, method, responses, target = _run_inputs(doc, base, path)
     est = aggregate(
-        str(_path(base, doc["responses"])),
+        str(responses),
         S,
         W,
         response=doc.get("response_column", "response"),
@@ -149,7 +206,6 @@ def run_spec(path: str | os.PathLike) -> dict[str, Any]:
     out = pd.DataFrame(answers, columns=[f"q{i}" for i in range(answers.shape[1])])
     out.insert(0, "people", est.people)
     out.insert(0, "geography", est.geographies)
-    target = _path(base, doc["output"])
     if str(target).endswith(".csv"):
         out.to_csv(target, index=False)
     else:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from dpdask.cli import main
 from dpdask.ldp.strategy import LocalStrategy
@@ -32,6 +34,10 @@ def test_plan_then_run_a_local_collection(tmp_path: pathlib.Path, capsys) -> Non
     pd.DataFrame({"response": responses, "geography": geo}).to_parquet(
         tmp_path / "responses.parquet"
     )
+    assert main(["validate", str(spec), "--json"]) == 0  # checks every response, writes nothing
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["people"] == 4000 and report["geographies"] == 2
+    assert not (tmp_path / "estimates.csv").exists()
     assert main(["run", str(spec), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["people"] == 4000 and summary["geographies"] == 2
@@ -94,3 +100,32 @@ def test_bench_ldp_speed_part_times_the_given_sizes(capsys) -> None:
     assert main(["bench", "ldp", "--json", "--part", "speed", "--n", "8"]) == 0
     speed = json.loads(capsys.readouterr().out)["speed"]
     assert [r["n"] for r in speed] == [8] and speed[0]["wall_time_s"] > 0
+
+
+@pytest.mark.parametrize("output", ["responses.csv", "strategy.json", "spec.yaml"])
+def test_local_output_never_overwrites_an_input(tmp_path: pathlib.Path, capsys, output) -> None:
+    shutil.copy(ROOT / "examples" / "ldp" / "spec.yaml", tmp_path / "spec.yaml")
+    assert main(["plan", str(tmp_path / "spec.yaml")]) == 0
+    pd.DataFrame({"response": [0, 1, 2], "geography": ["A", "A", "B"]}).to_csv(
+        tmp_path / "responses.csv", index=False
+    )
+    text = (tmp_path / "spec.yaml").read_text()
+    text = re.sub(r"(?m)^responses:.*$", "responses: responses.csv", text)
+    text = re.sub(r"(?m)^output:.*$", f"output: {output}", text)
+    (tmp_path / "spec.yaml").write_text(text)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for verb in ("validate", "run"):
+        assert main([verb, str(tmp_path / "spec.yaml")]) == 2
+        assert "refusing to overwrite" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_local_validate_refuses_out_of_range_responses(tmp_path: pathlib.Path, capsys) -> None:
+    shutil.copy(ROOT / "examples" / "ldp" / "spec.yaml", tmp_path / "spec.yaml")
+    assert main(["plan", str(tmp_path / "spec.yaml")]) == 0
+    m = LocalStrategy.from_json((tmp_path / "strategy.json").read_text()).Q.shape[0]
+    pd.DataFrame({"response": [0, m], "geography": ["A", "B"]}).to_parquet(
+        tmp_path / "responses.parquet"
+    )
+    assert main(["validate", str(tmp_path / "spec.yaml")]) == 2
+    assert "range" in capsys.readouterr().err
