@@ -25,17 +25,25 @@ SPEED_NS = (256, 1024)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--part", choices=["grid", "speed", "aggregate", "all"], default="grid")
+    parser.add_argument(
+        "--part", choices=["grid", "speed", "aggregate", "all"], default="grid",
+        help="which figures: the strategy grid, optimisation speed, aggregation",
+    )  # fmt: skip
     parser.add_argument(
         "--n", type=int, nargs="+", default=None,
         help=f"domain sizes (default: {' '.join(map(str, GRID_NS))} for the grid, "
         f"{' '.join(map(str, SPEED_NS))} for speed)",
     )  # fmt: skip
-    parser.add_argument("--epsilon", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
-    parser.add_argument("--workload", nargs="+", default=list(WORKLOADS))
+    parser.add_argument(
+        "--epsilon", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0],
+        help="epsilons of the grid",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workload", nargs="+", default=list(WORKLOADS), help="workloads of the grid"
+    )
     parser.add_argument("--people", type=int, default=100_000_000, help="for --part aggregate")
     parser.add_argument("--geographies", type=int, default=3000, help="for --part aggregate")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random starts")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -31,14 +31,16 @@ _WORKLOADS = {"pl94": "pl94", "cph": "sf1-persons"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--geographies", type=int, default=600, help="tracts (10 per county)")
-    parser.add_argument("--domain", default="pl94", choices=sorted(_WORKLOADS))
+    parser.add_argument(
+        "--domain", default="pl94", choices=sorted(_WORKLOADS), help="P.L. 94 or CPH persons"
+    )
     parser.add_argument("--population", type=float, default=4000.0, help="mean per tract")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="local worker processes")
     parser.add_argument("--memory-limit", default="4GiB", help="per-worker memory limit")
     parser.add_argument("--methods", default="ls,nnls,topdown", help="estimators to run")
     parser.add_argument("--integer", action="store_true", help="integer top-down output")
     parser.add_argument("--workdir", default=None, help="where to put data (default: temp)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="data seed and test key")
 
 
 def _geography(n_tracts: int, per_county: int = 10) -> Any:
