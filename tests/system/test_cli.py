@@ -112,11 +112,6 @@ def _commands() -> list[list[str]]:
     ]
 
 
-# options that still print no description. Their files are not this test's owner's: add
-# a help= to each and remove it here (the test fails on any new one)
-UNDOCUMENTED: set[tuple[str, str]] = set()  # options without help text: none
-
-
 @pytest.mark.parametrize("argv", _commands(), ids=" ".join)
 def test_every_subcommands_help_documents_its_options(argv, monkeypatch, capsys) -> None:
     import argparse
@@ -141,7 +136,7 @@ def test_every_subcommands_help_documents_its_options(argv, monkeypatch, capsys)
             if parser.prog.startswith(f"dpdask {' '.join(argv)}"):
                 assert name in parser.format_help(), name
     assert options, argv  # every command takes something
-    assert missing <= UNDOCUMENTED, sorted(missing - UNDOCUMENTED)
+    assert not missing, sorted(missing)
 
 
 # -- messages through logging: -q/--quiet and -v/--verbose anywhere on the line ------------
