@@ -17,12 +17,21 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["FAST_FLOOR", "L_MARGIN", "fista", "lipschitz", "project", "project_threshold"]
+__all__ = [
+    "FAST_FLOOR",
+    "KKT_EVERY",
+    "L_MARGIN",
+    "fista",
+    "lipschitz",
+    "project",
+    "project_threshold",
+]
 
 _POWER_ITERATIONS = 50
 _POWER_RTOL = 1e-3
 L_MARGIN = 1.02  # the step's L over the power iteration's estimate (from below)
 FAST_FLOOR = 1e-3  # fast (float32) products while the KKT residual is above this
+KKT_EVERY = 4  # the KKT residual (a second projection) is taken every this many iterations
 
 RowsOp = Callable[[np.ndarray], np.ndarray]
 
@@ -47,12 +56,17 @@ def project_threshold(V: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndar
     K = V.shape[0]
     if K == 1:
         return np.broadcast_to(t, V.shape).copy(), V[0] - t
-    u = -np.sort(-V, axis=0)
-    css = np.cumsum(u, axis=0)
-    css -= t
-    cond = u * np.arange(1, K + 1)[:, None] > css
-    rho = K - np.argmax(cond[::-1], axis=0)  # the last index where it holds (1-based)
-    tau = np.take_along_axis(css, (rho - 1)[None], axis=0)[0] / rho
+    u = np.sort(V, axis=0)[::-1]
+    # the running sums minus t, a row at a time (a reduction along the short axis 0
+    # of a C-ordered array is slower than K - 1 row additions)
+    css = np.empty(u.shape, dtype=np.result_type(u, t))
+    np.subtract(u[0], t, out=css[0])
+    for i in range(1, K):
+        np.add(css[i - 1], u[i], out=css[i])
+    j = np.arange(1, K + 1, dtype=css.dtype)[:, None]
+    # the last index where it holds (1-based; at least 1, as t > 0)
+    rho = np.maximum(np.where(u * j > css, j, 0.0).max(axis=0), 1.0)
+    tau = np.take_along_axis(css, (rho.astype(np.intp) - 1)[None], axis=0)[0] / rho
     return np.maximum(V - tau, 0.0), tau
 
 
@@ -88,7 +102,9 @@ def fista(
 
     ``fast`` (e.g. float32 products) is used while the KKT residual is above
     ``max(tol, FAST_FLOOR)``; then ``U G~`` is recomputed by ``rows`` and the iteration
-    goes on (momentum dropped) with ``rows``, so the stopping test is always exact."""
+    goes on (momentum dropped) with ``rows``, so the stopping test is always exact. The
+    residual, which costs a projection, is taken every :data:`KKT_EVERY` iterations
+    (the fit may stop up to ``KKT_EVERY - 1`` iterations after it first holds)."""
     N = U0.size
 
     def kkt(U: np.ndarray, GU: np.ndarray) -> float:
@@ -100,38 +116,51 @@ def fista(
     V, GV = U, GU
     theta, restarts, raised = 1.0, 0, 0
     res = kkt(U, GU)
-    it = 0
+    it, fresh = 0, True  # fresh: res is the residual at U
     while it < maxiter:
         if not exact and res <= max(tol, FAST_FLOOR):  # on with exact products
             exact, prod = True, rows
             GU = rows(U)
-            res = kkt(U, GU)
+            res, fresh = kkt(U, GU), True
             V, GV, theta = U, GU, 1.0
         if res <= tol:
             break
         it += 1
-        U_new = project(V - (GV - C) / L, t)
+        W = GV - C  # the step V - (GV - C) / L, in place
+        W *= -1.0 / L
+        W += V
+        U_new = project(W, t)
         GU_new = prod(U_new)
         D = U_new - V
         dd = float(np.vdot(D, D))
         restart = False
         if dd > 0.0:
-            curv = float(np.vdot(D, GU_new - GV)) / dd
+            np.subtract(GU_new, GV, out=W)
+            curv = float(np.vdot(D, W)) / dd
             if curv > L:  # the estimate of L was low: raise it, drop the momentum
                 L, raised, restart = L_MARGIN * curv, raised + 1, True
-        res = kkt(U_new, GU_new)
-        if restart or float(np.vdot(V - U_new, U_new - U)) > 0.0:
+        fresh = it % KKT_EVERY == 0
+        if fresh:
+            res = kkt(U_new, GU_new)
+        np.subtract(U_new, U, out=W)  # the step taken
+        if restart or float(np.vdot(D, W)) < 0.0:  # <V - U_new, U_new - U> > 0
             theta, restarts = 1.0, restarts + 1
             V, GV = U_new, GU_new
         else:
             theta_new = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * theta * theta))
             beta = (theta - 1.0) / theta_new
-            V = U_new + beta * (U_new - U)
-            GV = GU_new + beta * (GU_new - GU)
+            W *= beta
+            V = W
+            V += U_new
+            GV = np.subtract(GU_new, GU)
+            GV *= beta
+            GV += GU_new
             theta = theta_new
         U, GU = U_new, GU_new
     if not exact:  # stopped at the limit with fast products
         GU = rows(U)
+        res = kkt(U, GU)
+    elif not fresh:
         res = kkt(U, GU)
     info = {"iterations": it, "residual": res, "restarts": restarts, "lipschitz": L}
     info["lipschitz_raised"] = raised

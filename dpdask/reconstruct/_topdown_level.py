@@ -8,8 +8,9 @@ and the scaled Gram ``G~ = S G S`` in one of four forms (``kind``):
   (:mod:`dpdask.reconstruct._kron_gram`), whose products restricted to a set of cells
   cost a fraction of a full one, and whose eigenvectors give the ADMM start
   (:mod:`dpdask.reconstruct._topdown_admm`);
-* ``"union"``: a union of Kronecker products (HDMM's OPT_+), its product through the
-  parts' marginals (:mod:`dpdask.reconstruct._union_gram`), scattered and gathered;
+* ``"union"``: a union of Kronecker products (HDMM's OPT_+), its principal submatrix
+  on the support applied through the parts' marginals, at a cost that grows with the
+  support, not the domain (:meth:`~dpdask.reconstruct._union_gram.ScaledUnionGram.restricted`);
 * ``"full"``: the strategy's structured ``gram()`` on the whole domain, scattered and
   gathered.
 
@@ -28,7 +29,11 @@ from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._inputs import row_weighted
 from dpdask.reconstruct._kron_gram import ScaledKronGram, scaled_kron_gram
 from dpdask.reconstruct._topdown_admm import SimplexAdmm
-from dpdask.reconstruct._union_gram import ScaledUnionGram, scaled_union_gram
+from dpdask.reconstruct._union_gram import (
+    RestrictedUnionGram,
+    ScaledUnionGram,
+    scaled_union_gram,
+)
 
 __all__ = ["DENSE_GRAM", "GRAMS", "Level", "SupportGram"]
 
@@ -50,6 +55,7 @@ class SupportGram:
 
     def __init__(self, level: Level, idx: np.ndarray):
         self.level, self.idx, self.size = level, idx, idx.size
+        self._unions: dict[np.dtype, RestrictedUnionGram | None] = {}
         self.rows = self._rows(np.float64)
         fast = level.kind in ("kron", "union")
         self.fast_rows = self._rows(np.float32) if fast else self.rows
@@ -62,15 +68,9 @@ class SupportGram:
         if level.kron is not None:
             op = level.kron.restricted(idx, dtype)
             return lambda U: np.stack([np.asarray(op(u.astype(dtype)), dtype=float) for u in U])
-        union = level.unions.get(np.dtype(dtype))
-        if union is not None:
-
-            def gathered(U: np.ndarray) -> np.ndarray:
-                Z = np.zeros((U.shape[0], n), dtype=dtype)
-                Z[:, idx] = U
-                return np.asarray(union.rows(Z)[:, idx], dtype=float)
-
-            return gathered
+        restricted = self._restricted(dtype)
+        if restricted is not None:
+            return lambda U: np.asarray(restricted.rows(U), dtype=float)
         s, G = level.scale[idx], level.G
 
         def full(U: np.ndarray) -> np.ndarray:
@@ -80,24 +80,30 @@ class SupportGram:
 
         return full
 
+    def _restricted(self, dtype: type) -> RestrictedUnionGram | None:
+        """A union Gram restricted to ``S`` in ``dtype`` (built once), else None."""
+        dt = np.dtype(dtype)
+        if dt not in self._unions:
+            union = self.level.unions.get(dt)
+            self._unions[dt] = None if union is None else union.restricted(self.idx, dt)
+        return self._unions[dt]
+
     def batched(self, locals_: list[np.ndarray], dtype: type) -> RowsOp | None:
         """For a union Gram: ``v -> (H[l_1, l_1] v_1, ..., H[l_k, l_k] v_k)`` on the
         concatenation of ``k`` vectors (``locals_`` sorted positions in ``S``), one
-        product of ``k`` rows on the whole domain instead of ``k`` of one row; None for
+        product of ``k`` rows restricted to ``S`` instead of ``k`` of one row; None for
         the other Grams (their products restricted to each set are cheaper)."""
-        level = self.level
-        union = level.unions.get(np.dtype(dtype))
-        if union is None:
+        restricted = self._restricted(dtype)
+        if restricted is None:
             return None
-        cells = [self.idx[local] for local in locals_]
-        bounds = np.cumsum([0, *(c.size for c in cells)])
-        Z = np.zeros((len(cells), level.n), dtype=dtype)
+        bounds = np.cumsum([0, *(local.size for local in locals_)])
+        Z = np.zeros((len(locals_), self.size), dtype=dtype)
 
         def op(v: np.ndarray) -> np.ndarray:
-            for c, cl in enumerate(cells):
-                Z[c, cl] = v[bounds[c] : bounds[c + 1]]
-            R = union.rows(Z)
-            return np.concatenate([R[c, cl] for c, cl in enumerate(cells)]).astype(dtype)
+            for c, local in enumerate(locals_):
+                Z[c, local] = v[bounds[c] : bounds[c + 1]]
+            R = restricted.rows(Z)
+            return np.concatenate([R[c, local] for c, local in enumerate(locals_)]).astype(dtype)
 
         return op
 
@@ -111,13 +117,8 @@ class SupportGram:
             return level.kron.restricted(cells, dtype)
         union = level.unions.get(np.dtype(dtype))
         if union is not None:
-            Z = np.zeros((1, level.n), dtype=dtype)
-
-            def scatter(v: np.ndarray) -> np.ndarray:
-                Z[0, cells] = v
-                return union.rows(Z)[0, cells].astype(dtype, copy=False)
-
-            return scatter
+            restricted = union.restricted(cells, dtype)
+            return lambda v: restricted(np.asarray(v, dtype=dtype))
         rows, size = self.rows, self.size
 
         def gather(v: np.ndarray) -> np.ndarray:

@@ -334,6 +334,9 @@ def simplex_newton(
             counts.fallbacks += 1
             s = project_threshold(U - grad, t)[0] - U
             gs = float(np.vdot(grad, s))
+            if gs >= 0 and not exact_steps:  # float32 steps: on with exact ones
+                GU, approx, exact_steps = product(U, True), False, True
+                continue
             if gs >= 0:
                 break  # no descent left at this precision
             Hs = product(s, False)

@@ -16,21 +16,33 @@ the transposed roots expand it back. Identity factor Grams are skipped.
 
 Products run in float32 on ``(k, n)`` arrays (a row per right-hand side), as for the
 Kronecker path; the solver verifies its stopping test in float64.
+
+:meth:`ScaledUnionGram.restricted` gives the principal submatrix ``(S G S)[I, I]`` on a
+set of cells ``I`` (a parent's support in a top-down fit) at a cost that grows with
+``|I|`` and the parts' marginals, never with the whole domain: for each part, the
+factors of rank one (``G_ji = r r^T``, a total among them) are contracted by a weighted
+sum of the entries into the cells of the part's marginal over its other attributes
+that ``I`` reaches, the Kronecker product of the other factor Grams is applied there
+(restricted to those cells when few, else on the whole marginal), and the result is
+read back at ``I`` with the same weights (:class:`RestrictedUnionGram`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
+from scipy import sparse
 
 from dpdask.linalg import Identity, Kron, LinearQuery, Scaled, VStack, kron_vector
-from dpdask.reconstruct._kron_gram import jacobi_scale
+from dpdask.reconstruct._kron_gram import ScaledKronGram, jacobi_scale, kron_rows
 
-__all__ = ["ScaledUnionGram", "scaled_union_gram"]
+__all__ = ["RestrictedUnionGram", "ScaledUnionGram", "scaled_union_gram"]
 
 _MAX_FACTOR = 512  # factors larger than this are not held dense
 _ROOT_RANK = 0.5  # a factor Gram of rank at most this fraction of its size is used by its root
+_RESTRICT_FULL = 0.3  # restricted: the whole marginal's product once this fraction is reached
 
 
 def along(T: np.ndarray, M: np.ndarray, axis: int) -> np.ndarray:
@@ -131,6 +143,133 @@ class ScaledUnionGram:
     def __call__(self, X: np.ndarray) -> np.ndarray:
         """``S G S X`` for ``X`` of shape ``(n, k)``; float64 out."""
         return np.asarray(self.rows(np.ascontiguousarray(X.T)).T, dtype=float)
+
+    def restricted(self, idx: np.ndarray, dtype: type | None = None) -> RestrictedUnionGram:
+        """``(S G S)[idx, idx]`` (``idx`` sorted, distinct cell indices), in ``dtype``
+        (default this operator's): :class:`RestrictedUnionGram`."""
+        dt = self.dtype if dtype is None else np.dtype(dtype)
+        return RestrictedUnionGram(self._plans, self.sizes, self.scale, idx, dt)
+
+    @functools.cached_property
+    def _plans(self) -> list[_PartPlan]:
+        return [_PartPlan(c2, grams) for c2, grams in self._spec]
+
+
+class _PartPlan:
+    """How one part ``c^2 (x)_i G_i`` is restricted (module notes): its factors of rank
+    at most one as ``G_i = r r^T`` (by ``r``), and the attributes kept in its marginal
+    (identity factors among them, not applied)."""
+
+    def __init__(self, weight: float, grams: list[np.ndarray]):
+        self.weight = weight
+        self.rank_one: list[tuple[int, np.ndarray]] = []
+        self.keep: list[int] = []
+        identities = 0
+        for axis, G in enumerate(grams):
+            if G.shape[0] > 1 and np.array_equal(G, np.eye(G.shape[0])):
+                self.keep.append(axis)
+                identities += 1
+                continue
+            lam, Q = np.linalg.eigh(G)
+            top = max(float(lam[-1]), 0.0)
+            if np.count_nonzero(lam > top * 1e-12) <= 1:
+                self.rank_one.append((axis, np.sqrt(top) * Q[:, -1]))
+            else:
+                self.keep.append(axis)
+        self.sizes = [grams[a].shape[0] for a in self.keep]
+        # the kept factor Grams, when one of them is not the identity
+        self.factors = (
+            [np.asarray(grams[a], dtype=float) for a in self.keep]
+            if len(self.keep) > identities
+            else None
+        )
+
+
+class _RestrictedPart:
+    """One part restricted to the cells ``idx`` (of multi-index ``multi``)."""
+
+    def __init__(self, plan: _PartPlan, multi: tuple[np.ndarray, ...], dtype: np.dtype):
+        w = np.ones(multi[0].size)
+        for axis, r in plan.rank_one:
+            w *= r[multi[axis]]
+        if plan.keep:
+            key = np.ravel_multi_index([multi[a] for a in plan.keep], plan.sizes)
+        else:
+            key = np.zeros(multi[0].size, dtype=np.intp)
+        self.cells, inv = np.unique(key, return_inverse=True)
+        self.m, self.nm, self.dtype = self.cells.size, math.prod(plan.sizes), dtype
+        # the contraction (rank-one factors' weights) as a sparse matrix |idx| x m, and
+        # the expansion m x |idx| (the same weights, times the part's)
+        cols = np.arange(w.size)
+        inv = inv.reshape(-1)
+        shape = (w.size, self.m)
+        self.gather = sparse.csr_array((w.astype(dtype), (cols, inv)), shape=shape)
+        self.scatter = sparse.csr_array(
+            ((w * plan.weight).astype(dtype), (inv, cols)), shape=shape[::-1]
+        )
+        self.kron: ScaledKronGram | None = None
+        self.full = False
+        if plan.factors is not None:
+            self.kron = ScaledKronGram(plan.factors, dtype)
+            self.full = self.m > _RESTRICT_FULL * self.nm
+            if not self.full:
+                self._sub = self.kron.restricted(self.cells, dtype)
+
+    def accumulate(self, U: np.ndarray, out: np.ndarray) -> None:
+        """Add this part's product of the rows ``U`` ``(k, |idx|)`` to ``out``."""
+        k = U.shape[0]
+        M = np.asarray(U @ self.gather, dtype=self.dtype)
+        if self.kron is not None:
+            if self.full:
+                Z = np.zeros((k, self.nm), dtype=self.dtype)
+                Z[:, self.cells] = M
+                M = kron_rows(self.kron.factors, Z)[:, self.cells]
+            else:
+                M = np.stack([self._sub(M[c]) for c in range(k)])
+        out += M @ self.scatter
+
+
+class RestrictedUnionGram:
+    """``(S G S)[idx, idx]`` of a union Gram, applied to rows ``(k, |idx|)``.
+
+    Parameters
+    ----------
+    plans : list of _PartPlan
+        The parts (:meth:`ScaledUnionGram.restricted`).
+    sizes : tuple of int
+        The attributes' sizes.
+    scale : ndarray
+        The Jacobi scale ``diag(G)^-1/2`` on the whole domain.
+    idx : ndarray
+        The cells (sorted, distinct flat indices).
+    dtype : numpy dtype
+        The precision of the products.
+    """
+
+    def __init__(
+        self, plans: list[_PartPlan], sizes: tuple[int, ...], scale: np.ndarray,
+        idx: np.ndarray, dtype: np.dtype,
+    ):  # fmt: skip
+        idx = np.asarray(idx, dtype=np.intp)
+        if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= math.prod(sizes))):
+            raise ValueError("idx must be a vector of cell indices within the domain")
+        self.dtype, self.size = np.dtype(dtype), idx.size
+        self._s = scale[idx].astype(self.dtype)
+        multi = np.unravel_index(idx, sizes)
+        self._parts = [_RestrictedPart(plan, multi, self.dtype) for plan in plans]
+
+    def rows(self, U: np.ndarray) -> np.ndarray:
+        """``U (S G S)[idx, idx]`` for rows ``U`` ``(k, |idx|)``, in this dtype."""
+        V = np.multiply(np.atleast_2d(U), self._s, dtype=self.dtype)
+        out = np.zeros_like(V)
+        for part in self._parts:
+            part.accumulate(V, out)
+        out *= self._s
+        return out
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        """The product of one vector ``(|idx|,)``, in this dtype."""
+        return self.rows(v[None])[0]
 
 
 def _dense_gram(f: LinearQuery) -> np.ndarray | None:

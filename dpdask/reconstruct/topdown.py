@@ -9,8 +9,9 @@ The ``K`` children of one parent are fitted jointly (:func:`fit_children`): with
 ``p`` the parent's final estimate. Only the cells of the parent's support ``S`` are
 variables: the problem is built on ``G[S, S]`` and ``C[S]``
 (:mod:`dpdask.reconstruct._topdown_level`: a dense submatrix when the level's Gram is
-small, a product restricted to ``S`` for a Kronecker strategy of small factors, a union
-of them or any other strategy through the whole domain), in the Jacobi-scaled variables
+small, a product restricted to ``S`` for a Kronecker strategy of small factors or a
+union of them, whose cost grows with ``|S|`` and the union's marginals rather than the
+domain, any other strategy through the whole domain), in the Jacobi-scaled variables
 ``u_cj = x_cj / s_j``, ``s = diag(G)^-1/2`` (one scale per cell, shared by the children,
 so every cell's feasible set stays a simplex, scaled to ``t_j = p_j / s_j``).
 
@@ -170,9 +171,9 @@ def children_fitter(
     gram : {"auto", "dense", "kron", "full"}
         How ``G[S, S]`` is applied: a dense submatrix of the level's scaled Gram, a
         Kronecker product restricted to the support (for a union of Kronecker products,
-        their sum on the whole domain: ``details["gram"]`` is then ``"union"``), or the
-        full structured product scattered and gathered (``"kron"`` falls back to
-        ``"full"`` for any other strategy). ``"auto"``: dense up to 2,048 cells, else
+        their sum restricted through the parts' marginals: ``details["gram"]`` is then
+        ``"union"``), or the full structured product scattered and gathered (``"kron"``
+        falls back to ``"full"`` for any other strategy). ``"auto"``: dense up to 2,048 cells, else
         Kronecker where possible.
 
     Returns
