@@ -14,6 +14,13 @@ if TYPE_CHECKING:
 __all__ = ["cmd_ledger"]
 
 
+def _heads(p: argparse.ArgumentParser, release_help: str, head_help: str) -> None:
+    """The repeatable ``--release OUT.zarr`` and ``--head COUNT:HASH`` options."""
+    p.add_argument("--release", action="append", default=[], metavar="OUT.zarr",
+                   help=release_help)  # fmt: skip
+    p.add_argument("--head", action="append", default=[], metavar="COUNT:HASH", help=head_help)
+
+
 def cmd_ledger(argv: Sequence[str]) -> int:
     from dpdask.privacy import Ledger, LedgerTamperedError
 
@@ -31,19 +38,10 @@ def cmd_ledger(argv: Sequence[str]) -> int:
         "verify", help="check the hash chain, and that each release's recorded head is in it"
     )
     p.add_argument("path", help="the ledger file (SQLite)")
-    p.add_argument(
-        "--release",
-        action="append",
-        default=[],
-        metavar="OUT.zarr",
-        help="a published release whose ledger head must be in this ledger",
-    )
-    p.add_argument(
-        "--head",
-        action="append",
-        default=[],
-        metavar="COUNT:HASH",
-        help="a head copied elsewhere earlier (dpdask ledger show) to check",
+    _heads(
+        p,
+        "a published release whose ledger head must be in this ledger",
+        "a head copied elsewhere earlier (dpdask ledger show) to check",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p = verbs.add_parser(
@@ -58,19 +56,10 @@ def cmd_ledger(argv: Sequence[str]) -> int:
         "each given release's head and each kept head",
     )
     p.add_argument("path", help="the ledger file (SQLite)")
-    p.add_argument(
-        "--release",
-        action="append",
-        default=[],
-        metavar="OUT.zarr",
-        help="a release published from this ledger whose head must be in the chain",
-    )
-    p.add_argument(
-        "--head",
-        action="append",
-        default=[],
-        metavar="COUNT:HASH",
-        help="a head kept elsewhere that must be in the chain",
+    _heads(
+        p,
+        "a release published from this ledger whose head must be in the chain",
+        "a head kept elsewhere that must be in the chain",
     )
     args = parser.parse_args(argv)  # fmt: skip
     if args.verb == "init":

@@ -38,6 +38,8 @@ from dpdask.privacy import (
     LedgerMissingError,
     LedgerTamperedError,
     RunStateError,
+    check_dataset_fits,
+    check_release_opening,
     check_run_id,
     split_levels,
 )
@@ -305,39 +307,18 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
 
 
 def _check_budgets(spec: ReleaseSpec, ledger: Ledger, dataset: str, resuming: bool) -> None:
-    total = ledger.dataset_total(dataset)
-    if spec.dataset_budget is not None and total is not None and total != spec.dataset_budget:
-        raise LedgerConflictError(
-            f"privacy.dataset: dataset {dataset!r} has lifetime total {total!r} in "
-            f"{spec.ledger}; the ledger cannot change it to {spec.dataset_budget!r}"
-        )
-    if total is None:
-        total = spec.dataset_budget
-    try:
-        budget, opened_on = ledger.budget(spec.release), ledger.dataset(spec.release)
-    except LedgerConflictError:
-        budget, opened_on = None, dataset
-    if budget is not None and (budget != spec.privacy or opened_on != dataset):
-        raise LedgerConflictError(
-            f"release {spec.release!r} is already open with budget {budget!r} on dataset "
-            f"{opened_on!r}; this spec asks for {spec.privacy!r} on {dataset!r} (a changed "
-            "budget or changed data needs a new release id)"
-        )
+    opened, total = check_release_opening(
+        ledger, spec.release, spec.privacy, dataset, spec.dataset_budget
+    )
     if resuming:
         return  # the run's charges are already in the ledger
-    left = ledger.remaining(spec.release) if budget is not None else spec.privacy
+    left = ledger.remaining(spec.release) if opened is not None else spec.privacy
     if not spec.privacy <= left:
         raise BudgetExceededError(
             f"privacy: release {spec.release!r} asks for {spec.privacy!r} but only {left!r} is "
             f"left in {spec.ledger}"
         )
-    if total is not None:
-        dleft = ledger.dataset_remaining(dataset) if ledger.dataset_total(dataset) else total
-        if not total._coerce(spec.privacy) <= dleft:
-            raise BudgetExceededError(
-                f"privacy.dataset: dataset {dataset!r} has {dleft!r} of its lifetime "
-                f"{total!r} left; release {spec.release!r} asks for {spec.privacy!r}"
-            )
+    check_dataset_fits(ledger, spec.release, spec.privacy, dataset, total)
 
 
 def _check_data(spec: ReleaseSpec, checked: _Checked) -> dict[str, int]:

@@ -18,6 +18,7 @@ from dpdask.privacy._convert import (
     zcdp_delta,
     zcdp_epsilon,
 )
+from dpdask.privacy._fits import check_dataset_fits, check_release_opening
 from dpdask.privacy._ledger import (
     RUN_STATES,
     BudgetExceededError,
@@ -53,7 +54,9 @@ __all__ = [
     "RunStateError",
     "as_fraction",
     "check_calibration",
+    "check_dataset_fits",
     "check_name",
+    "check_release_opening",
     "check_run_id",
     "gaussian_delta",
     "gaussian_max_privacy_cost",

@@ -252,40 +252,20 @@ def dataset_of(spec: dict[str, Any]) -> str:
 def check_budget(spec: dict[str, Any], ledger: Any, charges: list[Any], dataset: str) -> Any:
     """What the release has left, raising as a run would if the charges do not fit the
     release's budget or the dataset's lifetime budget (checked before data is read)."""
-    from dpdask.privacy import BudgetExceededError, LedgerConflictError, PureDP
+    from dpdask.privacy import PureDP, check_dataset_fits, check_release_opening
 
     budget = PureDP(spec["epsilon"])
     if ledger is None:
         return budget
-    total = ledger.dataset_total(dataset)
-    lifetime = spec.get("dataset_budget")
-    if lifetime is not None and total is not None and total != lifetime:
-        raise LedgerConflictError(
-            f"privacy.dataset: dataset {dataset!r} has lifetime total {total!r} in the "
-            f"ledger; it cannot be changed to {lifetime!r}"
-        )
-    total = total if total is not None else lifetime
-    try:
-        opened, on = ledger.budget(spec["release"]), ledger.dataset(spec["release"])
-    except LedgerConflictError:  # not open yet: the spec's budget is all there
-        opened, on = None, dataset
-    if opened is not None and (opened != budget or on != dataset):
-        raise LedgerConflictError(
-            f"release {spec['release']!r} is already open with budget {opened!r} on dataset "
-            f"{on!r}; this spec asks for {budget!r} on {dataset!r} (a changed budget or "
-            "changed data needs a new release id)"
-        )
-    if total is not None:
-        left = ledger.dataset_remaining(dataset) if ledger.dataset_total(dataset) else total
-        if not total._coerce(budget) <= left:
-            raise BudgetExceededError(
-                f"privacy.dataset: dataset {dataset!r} has {left!r} of its lifetime "
-                f"{total!r} left; release {spec['release']!r} asks for {budget!r}"
-            )
+    release = spec["release"]
+    opened, total = check_release_opening(
+        ledger, release, budget, dataset, spec.get("dataset_budget")
+    )
+    check_dataset_fits(ledger, release, budget, dataset, total)
     if opened is None:
         return budget
     ledger.check(charges)
-    return ledger.remaining(spec["release"])
+    return ledger.remaining(release)
 
 
 def finite(theta: Any) -> Any:

@@ -96,12 +96,9 @@ def test_restricted_matches_dense_principal_submatrix(
     A = _union(sizes, kinds, rng)
     n = A.shape[1]
     idx = np.flatnonzero(rng.uniform(size=n) < frac)
-    saved = union_gram._RESTRICT_FULL
-    union_gram._RESTRICT_FULL = threshold
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(union_gram, "_RESTRICT_FULL", threshold)
         _check(A, idx, rng)
-    finally:
-        union_gram._RESTRICT_FULL = saved
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 2.0])
@@ -119,12 +116,9 @@ def test_restricted_opt_plus_shape(threshold: float, frac: float, rng: np.random
     idx = np.flatnonzero(rng.uniform(size=A.shape[1]) < frac)
     if idx.size == 0:
         idx = np.array([5])
-    saved = union_gram._RESTRICT_FULL
-    union_gram._RESTRICT_FULL = threshold
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(union_gram, "_RESTRICT_FULL", threshold)
         _check(A, idx, rng)
-    finally:
-        union_gram._RESTRICT_FULL = saved
 
 
 def test_restricted_marginal_cells_scale_with_support(rng: np.random.Generator) -> None:
