@@ -126,7 +126,13 @@ def test_wages_by_county_release(tmp_path, capsys, threshold):
             frac, additive = (bias[f"truncated_records_{k}"] for k in ("fraction_of_N", "additive"))
             bound = frac * n + additive
         else:
-            bound = bias["truncated_records"]
+            # the count bound holds with the published probability only (about 0.86 at
+            # mu = 0.5; its coverage is checked by Monte Carlo in test_sums_bounds):
+            # here, the per-record part with the true number of truncated records
+            assert bias["truncated_records"] >= 0
+            edges = np.linspace(0, HIGH, HIGH // WIDTH + 1)
+            upper = edges[1:][np.clip(np.searchsorted(edges, df.wage, "left") - 1, 0, None)]
+            bound = int(np.sum(upper > theta))
         assert np.all(untruncated - truth <= bound * per_record[None, :] + 1e-6)
     assert np.all(untruncated - truth >= -1e-6)
 
