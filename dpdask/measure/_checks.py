@@ -173,7 +173,17 @@ def check_plan(plan: MeasurePlan) -> tuple[LinearQuery, str, float, Budget, Doma
 def check_data(
     x: object, A: LinearQuery, domain: Domain | None, dims: Sequence[str] | None
 ) -> tuple[np.ndarray, bool]:
-    """The data as a ``(g, *cells)`` array in domain order, and whether it was one geography."""
+    """The data as a ``(g, *cells)`` array in domain order, and whether it was one geography.
+
+    A sparse chunk (:class:`sparse.COO` or a SciPy sparse array, ``(g, n)``) is checked on
+    its entries and returned as a ``(g, n)`` CSR array (:mod:`dpdask.measure._rows`).
+    """
+    from dpdask.measure._rows import check_sparse, is_sparse
+
+    if is_sparse(x):
+        if dims is not None:
+            raise DataError("dims applies to dense counts; a sparse chunk is in domain order")
+        return check_sparse(x, A, domain), False
     if not isinstance(x, np.ndarray):
         raise DataTypeError(
             f"x must be a numpy array of counts, got {type(x).__name__} "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from dpdask.measure._charges import (
 )
 from dpdask.measure._checks import MeasurePlan, cached_sensitivity, check_data
 from dpdask.measure._lattice import DEFAULT_MAX_TOTAL, Lattice, lattice, noise_mechanism
+from dpdask.measure._rows import answers as row_answers
+from dpdask.measure._rows import row_totals
 from dpdask.noise import KeyedRNG, SecretKey, StreamKey, as_secret_key
 from dpdask.privacy import Charge, Ledger
 
@@ -34,7 +37,7 @@ _MAX_EXACT = 2.0**53
 # -- the measure step ----------------------------------------------------------------
 def measure(
     plan: MeasurePlan,
-    x: np.ndarray,
+    x: np.ndarray | Any,
     key: SecretKey | bytes | StreamKey,
     identity: MeasurementIdLike,
     ledger: Ledger | Charge | None = None,
@@ -53,9 +56,12 @@ def measure(
     plan : MeasurePlan
         ``strategy`` (``A``), ``mechanism``, ``noise_scale``, ``privacy`` (the budget
         this measurement charges) and ``domain`` (or ``None``).
-    x : numpy.ndarray
+    x : numpy.ndarray or sparse array
         Counts of shape ``(g, *domain.shape)`` (or ``domain.shape`` for one
-        geography); without a domain, ``(g, n)`` or ``(n,)``.
+        geography); without a domain, ``(g, n)`` or ``(n,)``. A sparse chunk
+        (:class:`sparse.COO` or a SciPy sparse array of shape ``(g, n)``, flat cells in
+        domain order) gives the same measurement as its dense form
+        (:mod:`dpdask.measure._rows`).
     key : SecretKey, bytes or StreamKey
         The release's secret key, or the :class:`~dpdask.noise.StreamKey` made from it
         for exactly this identity and run (:func:`stream_key`).
@@ -106,7 +112,7 @@ def measure(
 
 def measurement_noise(
     plan: MeasurePlan,
-    x: np.ndarray,
+    x: np.ndarray | Any,
     key: SecretKey | bytes | StreamKey,
     identity: MeasurementIdLike,
     ledger: Ledger | Charge | None = None,
@@ -142,7 +148,7 @@ def measurement_noise(
 
 def _measure(
     plan: MeasurePlan,
-    x: np.ndarray,
+    x: np.ndarray | Any,
     key: SecretKey | bytes | StreamKey,
     identity: MeasurementIdLike,
     ledger: Ledger | Charge | None,
@@ -206,7 +212,7 @@ def _measure(
                 "on the lattice (float data or a non-integer strategy) the measurement is the "
                 "rounded answers plus noise; the noise alone is not a post-processing of it"
             )
-    totals = np.abs(data.reshape(data.shape[0], -1)).sum(axis=1, dtype=np.float64)
+    totals = row_totals(data)
     top = float(totals.max()) if totals.size else 0.0
     pad = 1.0 if np.issubdtype(data.dtype, np.integer) else 1.0 + 2.0**-24  # float sums
     if spec is not None and not spec.exact and top * pad > max_total:
@@ -227,7 +233,7 @@ def _measure(
     if not answers:
         noise = rng.sample(mech, scale, (data.shape[0], A.shape[0]), unsafe_float=unsafe_float)
         return _unbatch(noise, single)
-    exact = np.asarray(A.apply(data), dtype=np.float64)
+    exact = row_answers(A, data)
     if spec is not None and not spec.exact:
         grid = np.rint(np.ldexp(exact, spec.k))
         if np.abs(grid).max(initial=0) >= 2.0**52:  # pragma: no cover - checked above
