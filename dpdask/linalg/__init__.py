@@ -15,7 +15,7 @@ from dpdask.linalg._base import (
     check_dense_size,
 )
 from dpdask.linalg._explicit import Dense, Sparse
-from dpdask.linalg._geo import apply_per_geography
+from dpdask.linalg._geo import apply_per_geography, apply_rows
 from dpdask.linalg._kron import Kron
 from dpdask.linalg._norms import NormTerms, kron_vector
 from dpdask.linalg._primitives import (
@@ -55,6 +55,7 @@ __all__ = [
     "Transpose",
     "VStack",
     "apply_per_geography",
+    "apply_rows",
     "aslinearquery",
     "check_dense_size",
     "check_size",

@@ -1,4 +1,5 @@
-"""Applying an operator to Dask arrays of per-geography data, one chunk per task."""
+"""Applying an operator to per-geography data: Dask arrays (a task per chunk) and
+sparse chunks (a few dense rows at a time)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,40 @@ from dask.base import tokenize
 if TYPE_CHECKING:
     from dpdask.linalg._base import LinearQuery
 
-__all__ = ["apply_per_geography"]
+__all__ = ["DENSE_BATCH_CELLS", "apply_per_geography", "apply_rows"]
+
+DENSE_BATCH_CELLS = 2**23
+"""Cells of dense rows formed at once by :func:`apply_rows` (64 MiB of float64)."""
+
+
+def apply_rows(op: LinearQuery, x: object) -> np.ndarray:
+    """``op`` applied to each row (geography) of a dense or sparse chunk, float64 ``(g, m)``.
+
+    A dense ``(g, n)`` or ``(g, *shape)`` array goes through :meth:`LinearQuery.apply` at
+    once; a sparse one (:class:`sparse.COO` or a SciPy sparse array, ``(g, n)``) a few
+    dense rows at a time (:data:`DENSE_BATCH_CELLS` cells), so that memory stays bounded
+    by the batch whatever the chunk's size. Both give the same numbers for the same rows.
+
+    Examples
+    --------
+    >>> import sparse
+    >>> from dpdask.linalg import Total
+    >>> x = sparse.COO.from_numpy(np.array([[0, 2, 0], [1, 0, 0]]))
+    >>> apply_rows(Total(3), x).tolist()
+    [[2.0], [1.0]]
+    """
+    from scipy import sparse as sp
+
+    if hasattr(x, "tocsr") or sp.issparse(x):
+        csr = sp.csr_array(x.tocsr() if hasattr(x, "tocsr") else x)  # type: ignore[attr-defined]
+        g, n = csr.shape
+        out = np.empty((g, op.shape[0]), dtype=np.float64)
+        step = max(1, DENSE_BATCH_CELLS // max(1, n))
+        for a in range(0, g, step):
+            b = min(g, a + step)
+            out[a:b] = op.apply(csr[a:b].toarray())
+        return out
+    return np.asarray(op.apply(np.asarray(x)), dtype=np.float64)
 
 
 def _apply_block(block: np.ndarray, op: LinearQuery) -> np.ndarray:

@@ -5,8 +5,8 @@ dozen persons over hundreds of thousands of cells), and the release carries them
 :class:`sparse.COO` blocks of shape ``(g, n)`` (geographies by flat cells). The measure
 step takes them as they are: the checks look only at the stored entries, the totals are
 sums of entries by row, and the answers ``A x`` are computed a few rows at a time from
-their dense rows (:data:`DENSE_BATCH_CELLS` cells at once), so that memory stays
-bounded by the batch whatever the chunk's size. The answers are those of the dense
+their dense rows a batch at a time (:func:`dpdask.linalg.apply_rows`), so that memory
+stays bounded by the batch whatever the chunk's size. The answers are those of the dense
 chunk exactly: the same rows go through the same operator.
 """
 
@@ -20,12 +20,9 @@ from scipy import sparse as sp
 
 from dpdask.domain import Domain
 from dpdask.errors import DataError, DataTypeError
-from dpdask.linalg import LinearQuery
+from dpdask.linalg import LinearQuery, apply_rows
 
-__all__ = ["DENSE_BATCH_CELLS", "answers", "check_sparse", "is_sparse", "row_totals"]
-
-DENSE_BATCH_CELLS = 2**23
-"""Cells of dense rows formed at once when answering a sparse chunk (64 MiB of float64)."""
+__all__ = ["answers", "check_sparse", "is_sparse", "row_totals"]
 
 
 def is_sparse(x: object) -> bool:
@@ -91,13 +88,5 @@ def row_totals(x: np.ndarray | sp.csr_array) -> np.ndarray:
 
 def answers(A: LinearQuery, x: np.ndarray | sp.csr_array) -> np.ndarray:
     """``A x`` per geography, float64 ``(g, m)``: a dense chunk at once, a sparse one a
-    few dense rows at a time."""
-    if not isinstance(x, sp.csr_array):
-        return np.asarray(A.apply(x), dtype=np.float64)
-    g, n = x.shape
-    out = np.empty((g, A.shape[0]), dtype=np.float64)
-    step = max(1, DENSE_BATCH_CELLS // max(1, n))
-    for a in range(0, g, step):
-        b = min(g, a + step)
-        out[a:b] = A.apply(x[a:b].toarray())
-    return out
+    few dense rows at a time (:func:`dpdask.linalg.apply_rows`)."""
+    return apply_rows(A, x)

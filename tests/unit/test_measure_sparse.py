@@ -12,7 +12,7 @@ import pytest
 import sparse
 from scipy import sparse as sp
 
-import dpdask.measure._rows as rows
+import dpdask.linalg._geo as rows
 from dpdask.errors import DataError, DataTypeError
 from dpdask.measure import measure
 from dpdask.noise import SecretKey
