@@ -56,20 +56,29 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from dpdask.linalg import LinearQuery
+from dpdask.linalg import LinearQuery, Scaled
 from dpdask.reconstruct._inputs import as_batch
-from dpdask.reconstruct._report import ConvergenceReport, Estimate, warn_at_limit
-from dpdask.reconstruct._topdown_fista import L_MARGIN, fista, lipschitz, project
+from dpdask.reconstruct._report import ConvergenceReport, Estimate
 from dpdask.reconstruct._topdown_level import Level
-from dpdask.reconstruct._topdown_newton import simplex_newton
 from dpdask.reconstruct._topdown_rounding import round_children, round_top
+from dpdask.reconstruct._topdown_solve import solve_support
 from dpdask.reconstruct.nnls import nnls
+from dpdask.reconstruct.structured import structured_pinv
 
-__all__ = ["children_fitter", "fit_children", "round_children", "round_top", "topdown_tree"]
+__all__ = [
+    "ChildrenFitter",
+    "SupportEstimate",
+    "children_fitter",
+    "fit_children",
+    "round_children",
+    "round_top",
+    "topdown_tree",
+]
 
 _METHODS = ("auto", "newton", "fista")
 _STARTS = ("auto", "admm", "estimates", "simple")
@@ -81,17 +90,45 @@ def _blas() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def _exact_sums(X: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """``X`` with each column's largest child set to ``p_j`` minus the others."""
-    big = np.argmax(X, axis=0)
-    cols = np.arange(X.shape[1])
-    X[big, cols] = 0.0
-    X[big, cols] = np.maximum(p - X.sum(axis=0), 0.0)
-    return X
+_BATCH_ENTRIES = 1 << 21
+"""Rows of whole-domain arrays are formed this many entries at a time (16 MB in float64)."""
 
 
-class _Fitter:
-    """The fits of one level (:func:`children_fitter`)."""
+@dataclass(frozen=True)
+class SupportEstimate:
+    """One family's children on their parent's support (:meth:`children_fitter`'s
+    ``on_support``).
+
+    Attributes
+    ----------
+    idx : ndarray
+        The parent's support: sorted ``int64`` cell indices (where the parent is positive).
+    x : ndarray
+        ``(K, idx.size)`` float64, the children on the support: non-negative, each column
+        summing to ``parent[idx]`` (zero everywhere else).
+    report : ConvergenceReport
+        As for :func:`fit_children`.
+    """
+
+    idx: np.ndarray
+    x: np.ndarray
+    report: ConvergenceReport
+
+    def dense(self, n: int) -> np.ndarray:
+        """The children on the whole domain of ``n`` cells, ``(K, n)``."""
+        X = np.zeros((self.x.shape[0], n))
+        X[:, self.idx] = self.x
+        return X
+
+
+def _batches(K: int, n: int):
+    """Row ranges ``(a, b)`` of at most :data:`_BATCH_ENTRIES` entries of ``n`` cells."""
+    step = max(1, _BATCH_ENTRIES // max(n, 1))
+    return [(a, min(K, a + step)) for a in range(0, K, step)]
+
+
+class ChildrenFitter:
+    """The fits of one level (build with :func:`children_fitter`, which documents it)."""
 
     def __init__(
         self, A: LinearQuery, weights, tol: float, maxiter: int, gram: str, method: str,
@@ -120,23 +157,115 @@ class _Fitter:
             raise ValueError("the parent's estimate must be finite and non-negative")
         return p
 
-    def __call__(self, Y: np.ndarray, parent: np.ndarray) -> Estimate:
-        Yb, _ = as_batch(Y, self.level.A.shape[0], "measurements")
+    @functools.cached_property
+    def _pinv(self) -> LinearQuery | None:
+        """The row-weighted strategy's structured pseudo-inverse, if any (through a scalar
+        weight: ``(c A)^+ = A^+ / c``)."""
+        Aw, c = self.level.Aw, 1.0
+        while isinstance(Aw, Scaled):
+            Aw, c = Aw.A, c * float(Aw.c)
+        inner = structured_pinv(Aw) if c != 0 else None
+        return inner if inner is None or c == 1.0 else Scaled(inner, 1.0 / c)
+
+    def _linear(
+        self, Y: np.ndarray | None, Z: np.ndarray | None, idx: np.ndarray, lean: bool
+    ) -> tuple[np.ndarray, float, np.ndarray | None, Callable[[], np.ndarray] | None]:
+        """The scaled linear terms on the support ``(K, |S|)``, the objective's constant,
+        the scaled estimates on the support (or None) and the whole-domain linear terms
+        for the ADMM start (a callable, or None), formed a few rows at a time."""
+        level = self.level
+        n, s = level.n, level.scale
+        if (Y is None) == (Z is None):
+            raise ValueError("give exactly one of Y (measurements) or Z (estimates)")
+        pinv = None
+        if Y is not None:
+            Yb, _ = as_batch(Y, level.A.shape[0], "measurements")
+            K = Yb.shape[0]
+            if lean and K > 1 and self.start in ("auto", "estimates"):
+                pinv = self._pinv
+        else:
+            Zb, _ = as_batch(Z, n, "estimates")
+            K = Zb.shape[0]
+        C = np.empty((K, idx.size))
+        Zs = np.empty((K, idx.size)) if Z is not None or pinv is not None else None
+        const = 0.0
+        for a, b in _batches(K, n):
+            if Y is not None:
+                Yw = Yb[a:b] if self.root_w is None else Yb[a:b] * self.root_w
+                const += 0.5 * float(np.vdot(Yw, Yw))
+                C[a:b] = level.Aw.T.apply(Yw)[:, idx] * s[idx]
+                if Zs is not None and pinv is not None:
+                    Zs[a:b] = pinv.apply(Yw)[:, idx] / s[idx]
+            else:
+                Zsb = Zb[a:b] / s
+                Cb = level.gram_rows(Zsb)
+                const += 0.5 * float(np.vdot(Zsb, Cb))
+                C[a:b] = Cb[:, idx]
+                if Zs is not None:
+                    Zs[a:b] = Zsb[:, idx]
+        full = None
+        admm = self.method == "newton" and level.admm is not None
+        if admm and (not lean or self.start == "admm"):
+
+            def full() -> np.ndarray:
+                if Y is not None:
+                    return level.Aw.T.apply(Yb if self.root_w is None else Yb * self.root_w) * s
+                return level.gram_rows(Zb / s)
+
+        return C, const, Zs, full
+
+    def _support_fit(
+        self, parent: np.ndarray, Y: np.ndarray | None, Z: np.ndarray | None, lean: bool
+    ) -> SupportEstimate:
         p = self._parent(parent)
+        idx = np.flatnonzero(p > 0).astype(np.int64)
         # one BLAS thread: the products are small, and a second thread that is not
         # scheduled (a busy core) stalls each of them by milliseconds
         with _blas().limit(limits=1, user_api="blas"):
-            Yw = Yb if self.root_w is None else Yb * self.root_w
-            C = self.level.Aw.T.apply(Yw) * self.level.scale
-            return _fit(self, C, 0.5 * float(np.vdot(Yw, Yw)), p)
+            C, const, Zs, full = self._linear(Y, Z, idx, lean)
+            x, report = solve_support(self, C, const, p, idx, Zs, full, stacklevel=6)
+        return SupportEstimate(idx, x, report)
+
+    def on_support(
+        self, parent: np.ndarray, *, Y: np.ndarray | None = None, Z: np.ndarray | None = None
+    ) -> SupportEstimate:
+        """The fit of one family on its parent's support, in memory ``O(K |S|)``.
+
+        Parameters
+        ----------
+        parent : ndarray
+            ``(n,)`` the parent's final, non-negative estimate.
+        Y : ndarray, optional
+            ``(K, m)`` the children's measurements.
+        Z : ndarray, optional
+            ``(K, n)`` the children's (weighted) least-squares estimates instead.
+
+        Returns
+        -------
+        SupportEstimate
+            The support, the children on it and the report: the fit of ``__call__``
+            (or ``from_estimates``) restricted to the support. The linear terms are
+            formed a few rows at a time and only their support is kept, so nothing of
+            shape ``(K, n)`` is allocated. From ``Y`` with a structured pseudo-inverse
+            (:func:`~dpdask.reconstruct.structured.structured_pinv`) the fit may start
+            from the least-squares estimates on the support, as ``from_estimates``
+            does; the ADMM start (whole-domain, ``(K, n)`` float32) is taken only when
+            the fitter's ``start`` is ``"admm"``.
+
+        Raises
+        ------
+        ValueError
+            Unless exactly one of ``Y`` and ``Z`` is given, or as for ``__call__``.
+        """
+        return self._support_fit(parent, Y, Z, lean=True)
+
+    def __call__(self, Y: np.ndarray, parent: np.ndarray) -> Estimate:
+        est = self._support_fit(parent, Y, None, lean=False)
+        return Estimate(est.dense(self.level.n), est.report)
 
     def from_estimates(self, Z: np.ndarray, parent: np.ndarray) -> Estimate:
-        Zb, _ = as_batch(Z, self.level.n, "estimates")
-        p = self._parent(parent)
-        with _blas().limit(limits=1, user_api="blas"):
-            Zs = Zb / self.level.scale
-            C = self.level.gram_rows(Zs)
-            return _fit(self, C, 0.5 * float(np.vdot(Zs, C)), p, Zs)
+        est = self._support_fit(parent, None, Z, lean=False)
+        return Estimate(est.dense(self.level.n), est.report)
 
 
 def children_fitter(
@@ -148,7 +277,7 @@ def children_fitter(
     gram: str = "auto",
     method: str = "auto",
     start: str = "auto",
-) -> Callable[[np.ndarray, np.ndarray], Estimate]:
+) -> ChildrenFitter:
     """:func:`fit_children` with the level's strategy and options fixed, for many parents.
 
     What the fits of one level share (the row-weighted operator, the Jacobi scale, the
@@ -178,88 +307,18 @@ def children_fitter(
 
     Returns
     -------
-    callable
+    ChildrenFitter
         ``fit(Y, parent)``: :func:`fit_children` of the children's measurements ``Y``
         ``(K, m)`` and the parent's estimate ``(n,)``. Also ``fit.from_estimates(Z,
         parent)``: the same fit from the children's (weighted) least-squares estimates
         ``Z`` ``(K, n)`` instead of their measurements (``||A x - y||_W^2 = ||A (x -
         z)||_W^2 + const``, so the fit is the same), through one product with the Gram
         instead of ``A^T W``; its ``details["objective"]`` is then ``1/2 sum_c ||W^1/2
-        A (x_c - z_c)||^2``.
+        A (x_c - z_c)||^2``. And ``fit.on_support(parent, Y=... or Z=...)``: the same
+        fit as a :class:`SupportEstimate` (the support, the children on it, the
+        report), in memory ``O(K |S|)`` plus a few rows of ``n`` at a time.
     """
-    return _Fitter(A, weights, tol, maxiter, gram, method, start)
-
-
-def _objective(U: np.ndarray, GU: np.ndarray, C: np.ndarray) -> float:
-    return float(0.5 * np.vdot(U, GU) - np.vdot(C, U))
-
-
-def _fit(
-    fitter: _Fitter, Cfull: np.ndarray, const: float, p: np.ndarray, Zs: np.ndarray | None = None
-) -> Estimate:
-    level, method, tol, maxiter = fitter.level, fitter.method, fitter.tol, fitter.maxiter
-    K, n = Cfull.shape[0], level.n
-    idx = np.flatnonzero(p > 0)
-    S = idx.size
-    details: dict = {"children": K, "cells": n, "support": S, "variables": K * S}
-    details["gram"] = level.kind
-    X = np.zeros((K, n))
-    name = f"topdown-{method}"
-    if K == 1 or S == 0:  # the parent itself (or nothing to split)
-        X[:, idx] = p[idx]
-        details.update(gap=0.0, products=0)
-        return Estimate(X, ConvergenceReport(name, True, 0, 0.0, tol, details))
-    s = level.scale[idx]
-    t = p[idx] / s
-    C = Cfull[:, idx]
-    gram = level.support(idx)
-    start = fitter.start
-    if start == "auto":  # FISTA: the best of the simple starts and the estimates
-        start = "admm" if Zs is None else ("estimates" if method == "newton" else "simple")
-    if start == "estimates" and Zs is not None:  # the least-squares fit, projected
-        U0, GU0, details["start"] = project(Zs[:, idx], t), None, "estimates"
-    elif start == "admm" and method == "newton" and level.admm is not None:
-        U0, details["admm_iterations"] = level.admm(Cfull, idx, t)
-        details["start"] = "admm"
-        GU0 = None
-    else:  # the better (in f) of the even split, one Jacobi step and the estimates
-        starts = [np.broadcast_to(t / K, (K, S)).copy(), project(C, t)]
-        if Zs is not None and fitter.start == "auto":
-            starts.append(project(Zs[:, idx], t))
-        G0 = [gram.rows(U) for U in starts]
-        b = int(np.argmin([_objective(U, GU, C) for U, GU in zip(starts, G0, strict=True)]))
-        U0, GU0, details["start"] = starts[b], G0[b], ("even", "jacobi", "estimates")[b]
-    start_products = 0 if GU0 is None else len(starts)
-    if GU0 is None and method == "fista":
-        GU0, start_products = gram.rows(U0), 1
-    if method == "newton":
-        U, GU, info = simplex_newton(gram, C, t, U0, tol, maxiter)
-        details.update(products=info["products"] + start_products)
-        details.update(inner=info["inner"], fallbacks=info["fallbacks"], switched=False)
-        if info["stalled"]:  # FISTA from where Newton stalled (module notes)
-            L, power = lipschitz(gram.rows, S)
-            left = maxiter - info["iterations"]
-            GU = gram.rows(U)  # float64 (Newton's may hold float32 steps)
-            U, GU, more = fista(gram.rows, C, t, U, GU, L * L_MARGIN, tol, left, gram.fast_rows)
-            details.update(switched=True, fista_iterations=more["iterations"])
-            details["products"] += more["iterations"] + power + 1
-            info.update(
-                iterations=info["iterations"] + more["iterations"], residual=more["residual"]
-            )
-    else:
-        L, power = lipschitz(gram.fast_rows, S)
-        U, GU, info = fista(gram.rows, C, t, U0, GU0, L * L_MARGIN, tol, maxiter, gram.fast_rows)
-        details.update(products=info["iterations"] + start_products + power)
-        details["power_iterations"] = power
-        details.update({k: info[k] for k in ("lipschitz", "lipschitz_raised", "restarts")})
-    grad = GU - C
-    gap = float(np.vdot(grad, U) - np.dot(t, grad.min(axis=0)))
-    details.update(objective=_objective(U, GU, C) + const, gap=max(gap, 0.0))
-    X[:, idx] = _exact_sums(U * s, p[idx])
-    converged = info["residual"] <= tol
-    report = ConvergenceReport(name, converged, info["iterations"], info["residual"], tol, details)
-    warn_at_limit(report, maxiter, stacklevel=4)
-    return Estimate(X, report)
+    return ChildrenFitter(A, weights, tol, maxiter, gram, method, start)
 
 
 def fit_children(

@@ -1,0 +1,132 @@
+"""One family's fit on its parent's support, from the linear terms restricted to it.
+
+:func:`solve_support` is the core every entry point of
+:mod:`dpdask.reconstruct.topdown` shares: given the Jacobi-scaled linear terms ``C``
+``(K, |S|)`` on the parent's support ``S`` (and, when known, the children's scaled
+least-squares estimates there), it picks the start, runs projected Newton or FISTA,
+and returns the children on ``S``, exactly feasible (each cell's largest child set to
+the parent minus the others), with the report and its certificate (the KKT residual and
+the Frank-Wolfe duality gap). Nothing here is of the domain's size unless the ADMM start
+is asked for (it runs on the whole domain; ``full_C`` then gives its linear terms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dpdask.reconstruct._report import ConvergenceReport, warn_at_limit
+from dpdask.reconstruct._topdown_fista import L_MARGIN, fista, lipschitz, project
+from dpdask.reconstruct._topdown_newton import simplex_newton
+
+__all__ = ["exact_sums", "objective", "solve_support"]
+
+
+def exact_sums(X: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """``X`` with each column's largest child set to ``p_j`` minus the others."""
+    big = np.argmax(X, axis=0)
+    cols = np.arange(X.shape[1])
+    X[big, cols] = 0.0
+    X[big, cols] = np.maximum(p - X.sum(axis=0), 0.0)
+    return X
+
+
+def objective(U: np.ndarray, GU: np.ndarray, C: np.ndarray) -> float:
+    """``1/2 <U, U H> - <C, U>`` from ``U H``."""
+    return float(0.5 * np.vdot(U, GU) - np.vdot(C, U))
+
+
+def solve_support(
+    fitter: Any,
+    C: np.ndarray,
+    const: float,
+    p: np.ndarray,
+    idx: np.ndarray,
+    Zs: np.ndarray | None = None,
+    full_C: Callable[[], np.ndarray] | None = None,
+    stacklevel: int = 5,
+) -> tuple[np.ndarray, ConvergenceReport]:
+    """The children ``(K, |S|)`` on the support ``idx`` and the report.
+
+    Parameters
+    ----------
+    fitter
+        The level's fitter (``level``, ``method``, ``tol``, ``maxiter``, ``start``).
+    C : ndarray
+        ``(K, |S|)`` Jacobi-scaled linear terms on the support.
+    const : float
+        The objective's constant (``details["objective"]`` is ``f + const``).
+    p : ndarray
+        ``(n,)`` the parent's estimate (positive exactly on ``idx``).
+    idx : ndarray
+        The support, sorted cell indices.
+    Zs : ndarray, optional
+        ``(K, |S|)`` the children's scaled least-squares estimates on the support.
+    full_C : callable, optional
+        The whole-domain linear terms ``(K, n)``, for the ADMM start (else it is not
+        taken).
+    stacklevel : int
+        For the warning at the iteration limit.
+    """
+    level, method, tol, maxiter = fitter.level, fitter.method, fitter.tol, fitter.maxiter
+    K, n, S = C.shape[0], level.n, idx.size
+    details: dict = {"children": K, "cells": n, "support": S, "variables": K * S}
+    details["gram"] = level.kind
+    name = f"topdown-{method}"
+    if K == 1 or S == 0:  # the parent itself (or nothing to split)
+        details.update(gap=0.0, products=0)
+        x = np.broadcast_to(p[idx], (K, S)).copy()
+        return x, ConvergenceReport(name, True, 0, 0.0, tol, details)
+    s = level.scale[idx]
+    t = p[idx] / s
+    gram = level.support(idx)
+    start = fitter.start
+    if start == "auto":  # FISTA: the best of the simple starts and the estimates
+        start = "admm" if Zs is None else ("estimates" if method == "newton" else "simple")
+    use_admm = start == "admm" and method == "newton" and level.admm is not None
+    if start == "estimates" and Zs is not None:  # the least-squares fit, projected
+        U0, GU0, details["start"] = project(Zs, t), None, "estimates"
+    elif use_admm and full_C is not None:
+        U0, details["admm_iterations"] = level.admm(full_C(), idx, t)
+        details["start"] = "admm"
+        GU0 = None
+    else:  # the better (in f) of the even split, one Jacobi step and the estimates
+        starts = [np.broadcast_to(t / K, (K, S)).copy(), project(C, t)]
+        if Zs is not None and (fitter.start == "auto" or use_admm):
+            starts.append(project(Zs, t))
+        G0 = [gram.rows(U) for U in starts]
+        b = int(np.argmin([objective(U, GU, C) for U, GU in zip(starts, G0, strict=True)]))
+        U0, GU0, details["start"] = starts[b], G0[b], ("even", "jacobi", "estimates")[b]
+    start_products = 0 if GU0 is None else len(starts)
+    if GU0 is None and method == "fista":
+        GU0, start_products = gram.rows(U0), 1
+    if method == "newton":
+        U, GU, info = simplex_newton(gram, C, t, U0, tol, maxiter)
+        details.update(products=info["products"] + start_products)
+        details.update(inner=info["inner"], fallbacks=info["fallbacks"], switched=False)
+        if info["stalled"]:  # FISTA from where Newton stalled (module notes)
+            L, power = lipschitz(gram.rows, S)
+            left = maxiter - info["iterations"]
+            GU = gram.rows(U)  # float64 (Newton's may hold float32 steps)
+            U, GU, more = fista(gram.rows, C, t, U, GU, L * L_MARGIN, tol, left, gram.fast_rows)
+            details.update(switched=True, fista_iterations=more["iterations"])
+            details["products"] += more["iterations"] + power + 1
+            info.update(
+                iterations=info["iterations"] + more["iterations"], residual=more["residual"]
+            )
+    else:
+        L, power = lipschitz(gram.fast_rows, S)
+        U, GU, info = fista(gram.rows, C, t, U0, GU0, L * L_MARGIN, tol, maxiter, gram.fast_rows)
+        details.update(products=info["iterations"] + start_products + power)
+        details["power_iterations"] = power
+        details.update({k: info[k] for k in ("lipschitz", "lipschitz_raised", "restarts")})
+    grad = GU - C
+    gap = float(np.vdot(grad, U) - np.dot(t, grad.min(axis=0)))
+    details.update(objective=objective(U, GU, C) + const, gap=max(gap, 0.0))
+    x = exact_sums(U * s, p[idx])
+    converged = info["residual"] <= tol
+    report = ConvergenceReport(name, converged, info["iterations"], info["residual"], tol, details)
+    warn_at_limit(report, maxiter, stacklevel=stacklevel)
+    return x, report
