@@ -91,7 +91,13 @@ def _released_parents(geo: Geography, levels: Sequence[str]) -> list[np.ndarray]
 
 
 def level_chunks(
-    geo: Geography, levels: Sequence[str], cells: int, target_bytes: int = 128 * 2**20
+    geo: Geography,
+    levels: Sequence[str],
+    cells: int,
+    target_bytes: int = 128 * 2**20,
+    *,
+    row_bytes: Sequence[int] | None = None,
+    whole_families: bool = False,
 ) -> LevelChunks:
     """Choose aligned chunks for each released level.
 
@@ -105,12 +111,19 @@ def level_chunks(
         Cells per unit (the domain size), to size chunks.
     target_bytes : int
         Rough memory of one chunk of float64 estimates.
+    row_bytes : sequence of int, optional
+        Bytes of one unit of each level (default ``8 * cells`` for every level): a
+        chunk of level ``i`` holds about ``target_bytes / row_bytes[i]`` units.
+    whole_families : bool
+        Never split the children of one parent over two chunks (a parent with more
+        children than fit in one chunk gets a chunk of its own): what the top-down
+        estimator needs, which fits the children of a parent together.
 
     Notes
     -----
     Child chunks end preferably where the parent changes; a parent with more
     children than fit in one chunk has its children split over several chunks, and
-    its sum is then assembled from their partial sums.
+    its sum is then assembled from their partial sums (unless ``whole_families``).
     """
     levels = tuple(levels)
     if not levels:
@@ -120,10 +133,14 @@ def level_chunks(
             f"the finest released level must be the data's level {geo.levels[-1]!r}, "
             f"got {levels[-1]!r}"
         )
-    per_chunk = max(1, target_bytes // (8 * cells))
+    sizes = [8 * cells] * len(levels) if row_bytes is None else [int(b) for b in row_bytes]
+    if len(sizes) != len(levels) or min(sizes) < 1:
+        raise ValueError(f"row_bytes needs a positive size per level, got {row_bytes}")
     parents = _released_parents(geo, levels)
+    per_chunk = max(1, target_bytes // sizes[0])
     chunks: list[tuple[int, ...]] = [_split(np.array([0, geo.n_units(levels[0])]), per_chunk)]
     for i in range(1, len(levels)):
+        per_chunk = max(1, target_bytes // sizes[i])
         p = parents[i - 1]
         group_starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
         allowed = np.r_[group_starts, p.size]
@@ -131,16 +148,19 @@ def level_chunks(
         forced = np.searchsorted(p, parent_bounds, side="left")
         pieces: list[int] = []
         for a, b in itertools.pairwise(forced):
-            pieces.extend(_split(allowed[(allowed >= a) & (allowed <= b)], per_chunk))
+            pieces.extend(
+                _split(allowed[(allowed >= a) & (allowed <= b)], per_chunk, whole_families)
+            )
         chunks.append(tuple(pieces))
     return LevelChunks(levels, tuple(chunks), tuple(parents))
 
 
-def _split(allowed: np.ndarray, per_chunk: int) -> tuple[int, ...]:
+def _split(allowed: np.ndarray, per_chunk: int, whole: bool = False) -> tuple[int, ...]:
     """Chunks from ``allowed[0]`` to ``allowed[-1]`` of about ``per_chunk`` units.
 
     Chunks end at ``allowed`` boundaries where possible; a gap between two allowed
-    boundaries longer than ``per_chunk`` is cut into equal pieces.
+    boundaries longer than ``per_chunk`` is cut into equal pieces (unless ``whole``:
+    then it is one chunk).
     """
     sizes: list[int] = []
     start = last = int(allowed[0])
@@ -148,7 +168,7 @@ def _split(allowed: np.ndarray, per_chunk: int) -> tuple[int, ...]:
         if b - start > per_chunk and last > start:
             sizes.append(last - start)
             start = last
-        if b - start > per_chunk:  # one group too big for a chunk: cut it evenly
+        if b - start > per_chunk and not whole:  # one group too big for a chunk: cut it
             k = -(-(b - start) // per_chunk)
             sizes.extend(len(c) for c in np.array_split(np.arange(start, b), k))
             start = b

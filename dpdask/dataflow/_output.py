@@ -35,6 +35,7 @@ estimates (:func:`~dpdask.publish.published_tables`)::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dask.array as da
@@ -53,7 +54,14 @@ from dpdask.publish import (
     query_labels,
 )
 
-__all__ = ["OUTPUT_CHUNK_BYTES", "level_outputs", "output_rows"]
+__all__ = [
+    "OUTPUT_CHUNK_BYTES",
+    "LevelGroup",
+    "add_array",
+    "level_group",
+    "level_outputs",
+    "output_rows",
+]
 
 OUTPUT_CHUNK_BYTES = 4 * 2**20
 """Target size of a published array's zarr chunk (uncompressed)."""
@@ -114,6 +122,128 @@ def table_variances(plan: Any, queries: Any, domain: Domain) -> np.ndarray | Non
     return np.asarray(ev, dtype=float) * plan.row_variance
 
 
+@dataclass
+class LevelGroup:
+    """One level's group of the output, with what its arrays share (:func:`level_group`)."""
+
+    group: zarr.Group
+    attrs: tuple[str, ...]  # the estimate's attribute dimensions
+    coords: list[str]  # the non-index coordinates, for CF ``coordinates`` attributes
+    workload: Any
+    tables: tuple | None  # (labels, descriptions, queries) of the published tables
+    table_variances: np.ndarray | None  # their variances for the level's noise
+
+
+def level_group(
+    root: zarr.Group,
+    i: int,
+    levels: Sequence[tuple[str, Any, float]],
+    ids: Sequence[np.ndarray],
+    parents: Sequence[np.ndarray],
+    domain: Domain | None,
+    cell_shape: tuple[int, ...],
+    labelled: dict[int, tuple],
+) -> LevelGroup:
+    """Create level ``i``'s group with its ids, parents, query labels and attribute
+    coordinates (everything but the per-geography arrays); ``labelled`` caches the
+    labels per workload (per-level plans may share one)."""
+    name, plan, _ = levels[i]
+    dom = domain if domain is not None else getattr(plan, "domain", None)
+    if dom is not None and dom.shape != tuple(cell_shape):
+        dom = None
+    attrs = (
+        tuple(dom.attrs)
+        if dom is not None and not set(dom.attrs) & _RESERVED
+        else tuple(f"dim_{k}" for k in range(len(cell_shape)))
+    )
+    g = root.create_group(name)
+    level_ids = np.asarray(ids[i])
+    for array in ("geography", "ids"):
+        g.create_array(
+            array, shape=level_ids.shape,
+            dtype=level_ids.dtype.str if level_ids.dtype.kind != "U" else str,
+            dimension_names=("geography",),
+            attributes={"long_name": f"{name} id"},
+        )[:] = level_ids  # fmt: skip
+    coords = ["ids"]
+    if i > 0:
+        p = parents[i - 1]
+        g.create_array(
+            "parent", shape=p.shape, dtype="int64", dimension_names=("geography",),
+            attributes={"long_name": f"index of the {levels[i - 1][0]} containing the unit"},
+        )[:] = p  # fmt: skip
+        _strings(g, "parent_id", np.asarray(ids[i - 1])[p], "geography",
+                 f"id of the {levels[i - 1][0]} containing the unit")  # fmt: skip
+        coords += ["parent", "parent_id"]
+    W = plan.workload
+    if id(W) not in labelled:
+        tables = published_tables(W, dom)
+        labelled[id(W)] = (
+            query_labels(W, dom),
+            query_descriptions(W, dom) if dom is not None else [""] * W.shape[0],
+            tables,
+        )
+    labels, descriptions, tables = labelled[id(W)]
+    _strings(g, "query", labels, "query", "workload query")
+    _strings(g, "query_description", descriptions, "query", "what the query counts")
+    coords.append("query_description")
+    if dom is not None and attrs == tuple(dom.attrs):
+        for cname, values in _coordinates(dom).items():
+            attr = cname.removesuffix("_label")
+            if cname == attr:
+                g.create_array(
+                    cname, shape=values.shape, dtype="int64", dimension_names=(attr,),
+                    attributes={"long_name": f"{attr} value"},
+                )[:] = values  # fmt: skip
+            else:
+                _strings(g, cname, values, attr, f"{attr} category")
+                coords.append(cname)
+    tv = None if tables is None or dom is None else table_variances(plan, tables[2], dom)
+    if tables is not None and tv is not None:
+        t_labels, t_descriptions, _ = tables
+        _strings(g, "table_query", t_labels, "table_query", "Census table cell")
+        _strings(g, "table_description", t_descriptions, "table_query",
+                 "the Census's label of the cell")  # fmt: skip
+        coords.append("table_description")
+    else:
+        tables = None
+    return LevelGroup(g, attrs, coords, W, tables, tv)
+
+
+def add_array(
+    lg: LevelGroup,
+    name: str,
+    arr: Any,
+    dims: tuple[str, ...],
+    units: str,
+    long_name: str,
+    *,
+    dtype: str = "float64",
+    compressed: bool = True,
+    rows: int | None = None,
+) -> tuple[Any, zarr.Array] | None:
+    """Create array ``name`` in the level's group; a NumPy ``arr`` is written at once
+    (returns None), a Dask one is rechunked to the array's regular chunks and returned
+    with its target for :func:`dask.array.store`."""
+    g = lg.group
+    if rows is None:
+        rows = output_rows(arr.shape[0], np.dtype(dtype).itemsize * int(np.prod(arr.shape[1:])))
+    z = g.create_array(
+        name, shape=arr.shape, dtype=dtype, chunks=(rows, *arr.shape[1:]),
+        compressors="auto" if compressed else None,
+        chunk_key_encoding=FLAT_KEYS, dimension_names=dims,
+        attributes={
+            "units": units, "long_name": long_name,
+            # CF: the non-index coordinates xarray attaches to the variable
+            "coordinates": " ".join(c for c in lg.coords if set(_dims(g, c)) <= set(dims)),
+        },
+    )  # fmt: skip
+    if isinstance(arr, np.ndarray):
+        z[...] = arr
+        return None
+    return arr.rechunk({0: rows}), z
+
+
 def level_outputs(
     root: zarr.Group,
     levels: Sequence[tuple[str, Any, float]],
@@ -157,56 +287,8 @@ def level_outputs(
     targets: list[zarr.Array] = []
     labelled: dict[int, tuple] = {}  # per workload (per-level plans may share one)
     for i, ((name, plan, unit_variance), est) in enumerate(zip(levels, estimates, strict=True)):
-        dom = domain if domain is not None else getattr(plan, "domain", None)
-        if dom is not None and dom.shape != tuple(est.shape[1:]):
-            dom = None
-        attrs = (
-            tuple(dom.attrs)
-            if dom is not None and not set(dom.attrs) & _RESERVED
-            else tuple(f"dim_{k}" for k in range(est.ndim - 1))
-        )
-        g = root.create_group(name)
-        level_ids = np.asarray(ids[i])
-        for array in ("geography", "ids"):
-            g.create_array(
-                array, shape=level_ids.shape,
-                dtype=level_ids.dtype.str if level_ids.dtype.kind != "U" else str,
-                dimension_names=("geography",),
-                attributes={"long_name": f"{name} id"},
-            )[:] = level_ids  # fmt: skip
-        coords = ["ids"]
-        if i > 0:
-            p = parents[i - 1]
-            g.create_array(
-                "parent", shape=p.shape, dtype="int64", dimension_names=("geography",),
-                attributes={"long_name": f"index of the {levels[i - 1][0]} containing the unit"},
-            )[:] = p  # fmt: skip
-            _strings(g, "parent_id", np.asarray(ids[i - 1])[p], "geography",
-                     f"id of the {levels[i - 1][0]} containing the unit")  # fmt: skip
-            coords += ["parent", "parent_id"]
-        W = plan.workload
-        if id(W) not in labelled:
-            tables = published_tables(W, dom)
-            labelled[id(W)] = (
-                query_labels(W, dom),
-                query_descriptions(W, dom) if dom is not None else [""] * W.shape[0],
-                tables,
-            )
-        labels, descriptions, tables = labelled[id(W)]
-        _strings(g, "query", labels, "query", "workload query")
-        _strings(g, "query_description", descriptions, "query", "what the query counts")
-        coords.append("query_description")
-        if dom is not None and attrs == tuple(dom.attrs):
-            for cname, values in _coordinates(dom).items():
-                attr = cname.removesuffix("_label")
-                if cname == attr:
-                    g.create_array(
-                        cname, shape=values.shape, dtype="int64", dimension_names=(attr,),
-                        attributes={"long_name": f"{attr} value"},
-                    )[:] = values  # fmt: skip
-                else:
-                    _strings(g, cname, values, attr, f"{attr} category")
-                    coords.append(cname)
+        lg = level_group(root, i, levels, ids, parents, domain, tuple(est.shape[1:]), labelled)
+        W = lg.workload
         answers = est.map_blocks(
             answer_block, W, chunks=(est.chunks[0], (W.shape[0],)),
             drop_axis=list(range(2, est.ndim)), dtype=np.float64,
@@ -216,46 +298,33 @@ def level_outputs(
         scale = variances[i] / unit_variance
         variance = da.from_array(scale[:, None], chunks=(est.chunks[0], 1)) * qv[None, :]
         outputs = [
-            ("estimate", est, ("geography", *attrs), "persons",
-             "consistent estimate of each cell's count"),
-            ("answers", answers, ("geography", "query"), "persons", "workload answer"),
+            ("estimate", est, ("geography", *lg.attrs), "persons",
+             "consistent estimate of each cell's count", sparse_estimates),
+            ("answers", answers, ("geography", "query"), "persons", "workload answer", True),
             ("variance", variance, ("geography", "query"), "persons^2",
-             "variance of the workload answer"),
+             "variance of the workload answer", True),
         ]  # fmt: skip
-        tv = None if tables is None or dom is None else table_variances(plan, tables[2], dom)
-        if tables is not None and tv is not None:
-            t_labels, t_descriptions, Q = tables
-            _strings(g, "table_query", t_labels, "table_query", "Census table cell")
-            _strings(g, "table_description", t_descriptions, "table_query",
-                     "the Census's label of the cell")  # fmt: skip
+        if lg.tables is not None and lg.table_variances is not None:
+            Q = lg.tables[2]
             t_answers = est.map_blocks(
                 answer_block, Q, chunks=(est.chunks[0], (Q.shape[0],)),
                 drop_axis=list(range(2, est.ndim)), dtype=np.float64,
                 name=f"answer-{level_key(name)}-{tokenize(est, Q)}", meta=np.empty((0, 0)),
             )  # fmt: skip
+            tv = lg.table_variances
             t_variance = da.from_array(scale[:, None], chunks=(est.chunks[0], 1)) * tv[None, :]
             outputs += [
                 ("table_answers", t_answers, ("geography", "table_query"), "persons",
-                 "P.L. 94-171 table cell, from the consistent estimates"),
+                 "P.L. 94-171 table cell, from the consistent estimates", True),
                 ("table_variance", t_variance, ("geography", "table_query"), "persons^2",
-                 "variance of the table cell"),
+                 "variance of the table cell", True),
             ]  # fmt: skip
-            coords.append("table_description")
-        for array, arr, dims, units, long_name in outputs:
-            rows = output_rows(arr.shape[0], 8 * int(np.prod(arr.shape[1:])))
-            z = g.create_array(
-                array, shape=arr.shape, dtype="float64", chunks=(rows, *arr.shape[1:]),
-                # noisy float estimates do not compress; skip the codec's time
-                compressors=None if array == "estimate" and not sparse_estimates else "auto",
-                chunk_key_encoding=FLAT_KEYS, dimension_names=dims,
-                attributes={
-                    "units": units, "long_name": long_name,
-                    # CF: the non-index coordinates xarray attaches to the variable
-                    "coordinates": " ".join(c for c in coords if set(_dims(g, c)) <= set(dims)),
-                },
-            )  # fmt: skip
-            sources.append(arr.rechunk({0: rows}))
-            targets.append(z)
+        for array, arr, dims, units, long_name, compressed in outputs:
+            # noisy float estimates do not compress; skip the codec's time
+            pair = add_array(lg, array, arr, dims, units, long_name, compressed=compressed)
+            if pair is not None:
+                sources.append(pair[0])
+                targets.append(pair[1])
     return sources, targets
 
 

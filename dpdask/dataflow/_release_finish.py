@@ -35,9 +35,10 @@ from dpdask.dataflow._levels import (
     top_down,
 )
 from dpdask.dataflow._output import level_outputs
+from dpdask.dataflow._output_sparse import sparse_level_outputs
 from dpdask.dataflow._release_graph import compute_items
 from dpdask.dataflow._release_state import ReleaseState
-from dpdask.dataflow._topdown import topdown_levels
+from dpdask.dataflow._topdown import sparse_entries
 
 
 class Finish(ReleaseState):
@@ -46,6 +47,39 @@ class Finish(ReleaseState):
     def _finish(
         self, work: pathlib.Path, raw: Sequence[pathlib.Path], client: Any, progress: bool
     ) -> pathlib.Path:
+        out = work / "final.zarr"
+        if out.exists():
+            shutil.rmtree(out)
+        root = zarr.open_group(str(out), mode="w", zarr_format=3)
+        geo = self.store.geography
+        ids = [np.asarray(geo.ids[geo.level_index(L.name)], dtype=str) for L in self._levels]
+        levels = [(L.name, L.plan, L.unit_variance) for L in self._levels]
+        if self.reconstruct == "topdown":
+            entries = [
+                [sparse_entries(folder, k) for k in range(len(L.chunks))]
+                for folder, L in zip(raw, self._levels, strict=True)
+            ]
+            sources, targets = sparse_level_outputs(
+                root, levels, raw, [L.chunks for L in self._levels], entries, ids,
+                self.lc.parents, self.domain,
+            )  # fmt: skip
+        else:
+            sources, targets = self._dense_outputs(root, work, raw, levels, ids)
+        stored = da.store(sources, targets, lock=False, compute=False)
+        compute_items([stored], client, progress)
+        self._write_attributes(root, work, out)
+        return out
+
+    def _dense_outputs(
+        self,
+        root: zarr.Group,
+        work: pathlib.Path,
+        raw: Sequence[pathlib.Path],
+        levels: list[tuple[str, Any, float]],
+        ids: list[np.ndarray],
+    ) -> tuple[list[da.Array], list[zarr.Array]]:
+        """Consistent (and, for NNLS and ADMM, non-negative) estimates of every level from
+        their checkpoints, and their outputs (:func:`~dpdask.dataflow._output.level_outputs`)."""
         cells = tuple(self.domain.shape)
         estimates = [
             read_chunks(
@@ -59,12 +93,7 @@ class Finish(ReleaseState):
         variances = [
             np.full(self.store.geography.n_units(L.name), L.unit_variance) for L in self._levels
         ]
-        if self.reconstruct == "topdown":
-            plans = [L.plan for L in self._levels]
-            reports = str(work / "reports")
-            final = topdown_levels(estimates, self.lc, plans, reports, self.integer)
-            fvar = variances  # each level's own least-squares variance (see release())
-        elif len(self._levels) > 1:
+        if len(self._levels) > 1:
             last = len(self._levels) - 1
             partial = read_chunks(
                 work / "raw" / f"{self.levels[last]}-sums", self.lc.parent_ranges(last), cells,
@@ -89,19 +118,13 @@ class Finish(ReleaseState):
             final = nonneg_fit_up(final, self.lc, M, weights, str(work / "reports"))
         elif self.reconstruct in NONNEGATIVE:
             final = nonneg_down(final, self.lc, "nonnegative")
-        out = work / "final.zarr"
-        if out.exists():
-            shutil.rmtree(out)
-        root = zarr.open_group(str(out), mode="w", zarr_format=3)
-        geo = self.store.geography
-        sources, targets = level_outputs(
-            root, [(L.name, L.plan, L.unit_variance) for L in self._levels], final, fvar,
-            [np.asarray(geo.ids[geo.level_index(L.name)], dtype=str) for L in self._levels],
-            self.lc.parents, domain=self.domain,
-            sparse_estimates=self.reconstruct in (*NONNEGATIVE, "topdown"),
+        return level_outputs(
+            root, levels, final, fvar, ids, self.lc.parents, domain=self.domain,
+            sparse_estimates=self.reconstruct in NONNEGATIVE,
         )  # fmt: skip
-        stored = da.store(sources, targets, lock=False, compute=False)
-        compute_items([stored], client, progress)
+
+    def _write_attributes(self, root: zarr.Group, work: pathlib.Path, out: pathlib.Path) -> None:
+        """The release's record in the root's attributes, then the consolidated metadata."""
         self._reports = sorted(
             (json.loads(p.read_text()) for p in (work / "reports").glob("*.json")),
             key=lambda r: (r["level"], r["chunk"]),
@@ -130,7 +153,6 @@ class Finish(ReleaseState):
         with warnings.catch_warnings():  # "not part of the Zarr v3 specification" (yet)
             warnings.simplefilter("ignore", zarr.errors.ZarrUserWarning)
             zarr.consolidate_metadata(str(out))
-        return out
 
     def _attributes(self) -> dict[str, Any]:
         from dpdask.publish import strategy_record, workload_record

@@ -1,166 +1,149 @@
-"""Top-down estimation of a release, lazily: each parent's estimate split among its children.
+"""Top-down estimation of a release: each parent's estimate split among its children.
 
-``reconstruct="topdown"`` (issue 24): every level is measured and reconstructed by
-least squares (``z``, checkpointed as for the other estimators); then
+``reconstruct="topdown"`` (issue 24), part of :class:`dpdask.dataflow.release.Release` (a
+mixin). Levels are chunked so that no family (the children of one parent) spans two
+chunks (:func:`~dpdask.dataflow._levels.level_chunks` with ``whole_families``), and
+sized by the level's strategy rows, not its cells. One Dask graph then runs, level by
+level:
 
-* the top level is fitted non-negative in the metric of its strategy
-  (:func:`~dpdask.dataflow._blocks.nonnegative_block`, tasks ``topdown-<level>``);
-* level by level, the children of each parent are fitted jointly
-  (:func:`dpdask.reconstruct.topdown.children_fitter`): non-negative, summing cell by
-  cell to the parent's final estimate, zero where the parent is zero (tasks
-  ``topdown-<level>``, one per group of whole families).
+* the top level (tasks ``measure-reconstruct-<level>``): each chunk measured with its
+  keyed noise and fitted non-negative per unit
+  (:func:`~dpdask.dataflow._topdown_blocks.top_block`);
+* every finer level (tasks ``measure-reconstruct-<level>``): each chunk of whole
+  families measured and fitted, family by family, inside the parent's final estimate
+  (:func:`~dpdask.dataflow._topdown_blocks.family_block`): non-negative children that
+  add up to the parent cell by cell, zero off the parent's support;
+* every chunk's estimate, a :class:`sparse.COO` block, is written to the run's work
+  folder (``checkpoint-<level>``, :func:`~dpdask.dataflow._checkpoint.write_sparse`) and
+  marked done.
 
-The children's objective is their least-squares fit to their measurements ``y``; it is
-computed from ``z`` (the weighted least-squares estimate): ``||A x - y||_W^2 = ||A (x -
-z)||_W^2 + ||A z - y||_W^2`` for every ``x``, so the minimiser is the same, and the
-measurements never need to be kept
-(``from_estimates`` of :func:`~dpdask.reconstruct.topdown.children_fitter`, which also
-starts each fit from ``z`` projected onto the parent's cells).
+The counts of every level are read sparse where the store is sparse
+(:meth:`~dpdask.dataflow.store.DataStore.to_sparse`, summed up the hierarchy without
+densifying) and dense otherwise; the measure step takes either. Measurements live only
+inside their task: memory and disk grow with the estimates' entries and the strategy
+rows of one chunk, not with cells times geographies.
 
-With ``integer=True`` the top level is rounded to the nearest non-negative integers
-and every family with the largest-remainder controlled rounding
-(:func:`dpdask.reconstruct.topdown.round_children`): integer children that add up
-exactly, cell by cell, to their integer parent, each within 1 of the fractional fit.
-
-Families are never split across tasks: the level's chunks are merged where a parent's
-children span two of them (:func:`family_chunks`).
+A resumed run loads the chunks marked done and measures the others again, with the same
+noise (the same stream of the same chunk), so its output is the uninterrupted run's.
+With ``integer=True`` the top level is rounded to the nearest non-negative integers and
+every family by the controlled rounding (children add up exactly to their integer
+parent, each within 1 of the fractional fit).
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
-from collections.abc import Sequence
+import zipfile
 from typing import Any
 
-import dask.array as da
 import numpy as np
 from dask.base import tokenize
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
 
 from dpdask.dataflow._aggregate import level_key
-from dpdask.dataflow._blas import task_blas
-from dpdask.dataflow._blocks import nonnegative_block, tune_allocator
-from dpdask.dataflow._levels import LevelChunks
-from dpdask.linalg import LinearQuery
-from dpdask.reconstruct.topdown import children_fitter, round_children, round_top
+from dpdask.dataflow._blocks import ChunkContext
+from dpdask.dataflow._checkpoint import read_sparse, write_sparse
+from dpdask.dataflow._release_state import ReleaseState
+from dpdask.dataflow._topdown_blocks import family_block, top_block
+from dpdask.publish import marker
 
-__all__ = ["family_chunks", "topdown_levels"]
-
-_FITTERS: dict[str, Any] = {}  # per worker process: what a level's fits share
+__all__ = ["TopdownGraph", "sparse_entries"]
 
 
-def family_chunks(chunks: Sequence[int], parents: np.ndarray) -> tuple[int, ...]:
-    """Chunks of a level, merged so that no parent's children span two chunks."""
-    bounds = np.cumsum((0, *chunks))
-    # a boundary may stay where the parent changes across it
-    keep = [0]
-    for b in bounds[1:-1]:
-        if parents[b] != parents[b - 1]:
-            keep.append(int(b))
-    keep.append(int(bounds[-1]))
-    return tuple(int(d) for d in np.diff(keep))
+def sparse_entries(folder: pathlib.Path | str, k: int) -> int:
+    """The number of entries of sparse chunk ``k`` in ``folder``, from its file's header."""
+    path = pathlib.Path(folder) / f"{k}.npz"
+    with zipfile.ZipFile(path) as z, z.open("values.npy") as f:
+        version = np.lib.format.read_magic(f)
+        reader = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, _, _ = reader(f)
+    return int(shape[0])
 
 
-def _fitter(A: LinearQuery, weight: float, token: str) -> Any:
-    fit = _FITTERS.get(token)
-    if fit is None:
-        fit = _FITTERS[token] = children_fitter(A, weight)
-    return fit
+class TopdownGraph(ReleaseState):
+    """The top-down steps of a :class:`~dpdask.dataflow.release.Release` (module notes)."""
 
+    def _topdown_counts(self) -> list[Any]:
+        """Every released level's counts, lazily, chunked as the level chunks: sparse
+        blocks for a sparse store, dense ones otherwise."""
+        if getattr(self.store, "layout", "dense") != "sparse":
+            return self._level_data()  # type: ignore[attr-defined]
+        from dpdask.dataflow._sparse import aggregate_sparse
 
-def _families_block(
-    z: np.ndarray,
-    parent_est: np.ndarray,
-    parents: np.ndarray,
-    A: LinearQuery,
-    weight: float,
-    token: str,
-    integer: bool,
-    report_dir: str | None,
-    level: str,
-    block_info: dict | None = None,
-) -> np.ndarray:
-    """The children of every family in this chunk, fitted inside their parents."""
-    tune_allocator()
-    loc = block_info[0]["array-location"][0] if block_info else (0, z.shape[0])
-    local = parents[loc[0] : loc[1]]
-    local = local - local[0]
-    shape = z.shape
-    Z = np.asarray(z, dtype=np.float64).reshape(shape[0], -1)
-    P = np.asarray(parent_est, dtype=np.float64).reshape(parent_est.shape[0], -1)
-    out = np.empty_like(Z)
-    fit = _fitter(A, weight, token)
-    failed = []
-    with task_blas():
-        starts = np.flatnonzero(np.r_[True, local[1:] != local[:-1]])
-        for a, b in zip(starts, [*starts[1:], len(local)], strict=True):
-            p = P[local[a]]
-            est = fit.from_estimates(Z[a:b], p)
-            X = np.asarray(est.x).reshape(b - a, -1)
-            out[a:b] = round_children(X, np.rint(p).astype(np.int64)) if integer else X
-            if not est.report.converged:
-                failed.append({"parent": int(local[a]), **est.report.to_dict()})
-    if failed and report_dir is not None:
-        chunk = block_info[0]["chunk-location"][0] if block_info else 0
-        info = {"level": level, "chunk": chunk, **failed[0], "families": len(failed)}
-        path = pathlib.Path(report_dir) / f"{level}-{chunk}.json"
-        path.write_text(json.dumps(info, default=str))
-    return out.reshape(shape)
+        arrays = [self.store.to_sparse(self.lc.chunks[-1])]  # type: ignore[attr-defined]
+        for i in range(len(self.levels) - 1, 0, -1):
+            name = f"aggregate-{level_key(self.levels[i - 1])}"
+            arrays.insert(
+                0, aggregate_sparse(arrays[0], self.lc.parents[i - 1], self.lc.chunks[i - 1], name)
+            )
+        return arrays
 
+    def _topdown_checkpoint(
+        self, work: pathlib.Path, key: Any, client: Any, progress: bool
+    ) -> list[pathlib.Path]:
+        """Measure and fit every chunk not yet checkpointed in ``work`` (module notes);
+        return each level's folder of sparse chunks."""
+        from dpdask.dataflow._release_graph import compute_items
+        from dpdask.measure import stream_key
 
-def _parents_of_chunks(parent: da.Array, chunks: Sequence[int], p: np.ndarray) -> da.Array:
-    """Block ``k``: the parent rows of the children in chunk ``k`` (contiguous)."""
-    bounds = np.cumsum((0, *chunks))
-    first, last = p[bounds[:-1]], p[bounds[1:] - 1]
-    pieces = [parent[int(f) : int(l) + 1] for f, l in zip(first, last, strict=True)]
-    return da.concatenate(pieces, axis=0).rechunk({0: tuple(int(n) for n in last - first + 1)})
-
-
-def topdown_levels(
-    estimates: Sequence[da.Array],
-    lc: LevelChunks,
-    plans: Sequence[Any],
-    reports: str,
-    integer: bool = False,
-) -> list[da.Array]:
-    """Top-down non-negative (optionally integer) estimates of every level, lazily.
-
-    Parameters
-    ----------
-    estimates : sequence of dask.array.Array
-        Each level's least-squares estimates ``z`` (unit by unit), coarsest first.
-    lc : LevelChunks
-        The release's level chunks and parents.
-    plans : sequence
-        Each level's plan: its measured ``strategy`` and ``row_variance``.
-    reports : str
-        Folder for the reports of fits that stop before converging.
-    integer : bool
-        Round to integers that add up exactly (module notes).
-    """
-    top = estimates[0]
-    plan = plans[0]
-    word = level_key(lc.levels[0])
-    fitted = top.map_blocks(
-        nonnegative_block, plan.strategy, 1.0 / plan.row_variance, reports, lc.levels[0],
-        dtype=np.float64, name=f"topdown-{word}-{tokenize(top, plan.strategy, integer)}",
-        meta=np.empty((0,) * top.ndim),
-    )  # fmt: skip
-    out = [fitted.map_blocks(round_top, dtype=np.float64) if integer else fitted]
-    for lvl in range(1, len(estimates)):
-        z, plan, p = estimates[lvl], plans[lvl], lc.parents[lvl - 1]
-        chunks = family_chunks(z.chunks[0], p)
-        zf = z.rechunk({0: chunks})
-        parent = _parents_of_chunks(out[lvl - 1], chunks, p)
-        A = plan.strategy
-        token = tokenize(A, plan.row_variance)
-        word = level_key(lc.levels[lvl])
-        est = da.map_blocks(
-            _families_block, zf, parent, p, A, 1.0 / plan.row_variance, token, integer,
-            reports, lc.levels[lvl],
-            dtype=np.float64, chunks=zf.chunks,
-            name=f"topdown-{word}-{tokenize(zf, parent, token, integer)}",
-            meta=np.empty((0,) * z.ndim),
-        )  # fmt: skip
-        out.append(est.rechunk({0: z.chunks[0]}))
-    return [o.astype(np.float64) for o in out]
+        raw, markers, reports = work / "raw", work / "done", str(work / "reports")
+        for folder in (markers, work / "reports"):
+            folder.mkdir(parents=True, exist_ok=True)
+        counts = self._topdown_counts()
+        dsk: dict[Any, Any] = {}
+        outputs: list[Any] = []
+        folders: list[pathlib.Path] = []
+        prev: tuple[str, np.ndarray] | None = None  # the level above: its name, chunk starts
+        tok = tokenize(self.release_id, self.run_id, self.integer, [x.name for x in counts])
+        for i, (L, x) in enumerate(zip(self._levels, counts, strict=True)):
+            folder = raw / L.name
+            folder.mkdir(parents=True, exist_ok=True)
+            folders.append(folder)
+            word = level_key(L.name)
+            name, ck = f"measure-reconstruct-{word}-{tok}", f"checkpoint-{word}-{tok}"
+            ctx = ChunkContext(
+                self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode,
+                self.max_total,
+            )  # fmt: skip
+            bounds = np.cumsum((0, *L.chunks))
+            zeros = (0,) * (x.ndim - 1)
+            fit_token = tokenize(L.plan.strategy, L.plan.row_variance)
+            for k in range(len(L.chunks)):
+                done = marker(markers, L.name, k)
+                if done.exists():
+                    dsk[(name, k)] = (read_sparse, str(folder), k)
+                    continue
+                sk = None
+                if key is not None:
+                    sk = stream_key(key, (self.release_id, L.name, k, "strategy"), self.run_id)
+                block = (x.name, k, *zeros)
+                if prev is None:
+                    dsk[(name, k)] = (
+                        top_block, block, sk, L.plan, ctx, k, self.integer, reports,
+                    )  # fmt: skip
+                else:
+                    pname, pstarts = prev
+                    p = self.lc.parents[i - 1][bounds[k] : bounds[k + 1]]
+                    js = range(
+                        int(np.searchsorted(pstarts, p[0], side="right") - 1),
+                        int(np.searchsorted(pstarts, p[-1], side="right")),
+                    )
+                    dsk[(name, k)] = (
+                        family_block, block, sk, [(pname, j) for j in js],
+                        [int(pstarts[j]) for j in js], p, L.plan, ctx, k, fit_token,
+                        self.integer, reports,
+                    )  # fmt: skip
+                dsk[(ck, k)] = (write_sparse, (name, k), folder, k, done)
+                outputs.append((ck, k))
+            prev = (name, bounds[:-1])
+        if outputs:
+            final = f"checkpoint-done-{tok}"
+            dsk[final] = (sum, outputs)
+            graph = HighLevelGraph.from_collections(final, dsk, dependencies=counts)
+            compute_items([Delayed(final, graph)], client, progress)
+        return folders

@@ -75,6 +75,7 @@ from dpdask.dataflow._release_graph import MeasureGraph
 from dpdask.dataflow._release_run import RunKeys
 from dpdask.dataflow._release_state import LevelState
 from dpdask.dataflow._source import private_dir
+from dpdask.dataflow._topdown import TopdownGraph
 from dpdask.dataflow.store import DataStore, open_store
 from dpdask.measure import DEFAULT_MAX_TOTAL, level_charge
 from dpdask.noise import KeyFile, SecretKey
@@ -91,7 +92,7 @@ from dpdask.publish import (
 __all__ = ["LevelPlan", "Release", "release"]
 
 
-class Release(RunKeys, MeasureGraph, Finish):
+class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
     """A lazy release; :meth:`to_zarr` runs it. Built by :func:`release`."""
 
     def __init__(
@@ -128,7 +129,19 @@ class Release(RunKeys, MeasureGraph, Finish):
         self.integer = integer
         self.max_total = max_total
         self.domain = store.domain
-        self.lc: LevelChunks = level_chunks(store.geography, levels, store.domain.size, chunk_bytes)
+        n = store.domain.size
+        if reconstruct == "topdown":
+            # a chunk holds whole families; its size is its measurements' (and dense counts')
+            dense = getattr(store, "layout", "dense") != "sparse"
+            row_bytes = [
+                8 * max(plans[lv].strategy.shape[0], n if (i == 0 or dense) else 1)
+                for i, lv in enumerate(levels)
+            ]
+            self.lc: LevelChunks = level_chunks(
+                store.geography, levels, n, chunk_bytes, row_bytes=row_bytes, whole_families=True
+            )
+        else:
+            self.lc = level_chunks(store.geography, levels, n, chunk_bytes)
         charges = {
             lv: level_charge(plans[lv], release_id, run_id, lv, "strategy")[0] for lv in levels
         }
@@ -246,7 +259,10 @@ class Release(RunKeys, MeasureGraph, Finish):
         self._check_totals(client)
         key = self._charge_and_key(work, run)
         private_dir(work)
-        raw = self._checkpoint(work, key, client, progress)
+        if self.reconstruct == "topdown":
+            raw = self._topdown_checkpoint(work, key, client, progress)
+        else:
+            raw = self._checkpoint(work, key, client, progress)
         final = self._finish(work, raw, client, progress)
         check_output(path, overwrite, guard)  # nothing else appeared meanwhile
         move_into_place(final, path, overwrite)

@@ -8,11 +8,14 @@ parent are zero wherever the parent is zero (support inherited).
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import zarr
 
-from dpdask.dataflow._topdown import family_chunks
+from dpdask import Geography
+from dpdask.dataflow._levels import level_chunks
 from dpdask.dataflow.release import release
 from dpdask.noise import SecretKey
 from dpdask.pipeline.spec import SpecError, parse_spec
@@ -79,13 +82,24 @@ def test_fractional_estimates_add_up_and_inherit_support(store, tmp_path):
         assert (child[zero] == 0).all()
 
 
-def test_family_chunks_never_split_a_parent():
+@pytest.mark.parametrize("per_chunk", [1, 2, 3, 5])
+def test_whole_family_chunks_never_split_a_parent(per_chunk):
     parents = np.array([0, 0, 0, 1, 1, 2, 3, 3, 3, 3])
-    merged = family_chunks((2, 2, 2, 4), parents)
-    bounds = np.cumsum((0, *merged))
-    assert sum(merged) == parents.size
+    geo = Geography(
+        levels=("county", "tract"),
+        ids=(tuple("abcd"), tuple(f"t{i}" for i in range(parents.size))),
+        parents=(parents,),
+    )
+    lc = level_chunks(geo, geo.levels, 1, 8 * per_chunk, whole_families=True)
+    bounds = np.cumsum((0, *lc.chunks[1]))
+    assert bounds[-1] == parents.size
     for b in bounds[1:-1]:
-        assert parents[b] != parents[b - 1]
+        assert parents[b] != parents[b - 1]  # a family is never cut
+    sizes = np.bincount(parents)
+    for size, (a, b) in zip(lc.chunks[1], itertools.pairwise(bounds), strict=True):
+        # a chunk is over the size only when it is one family that does not fit
+        assert size <= per_chunk or np.unique(parents[a:b]).size == 1
+    assert max(lc.chunks[1]) <= max(per_chunk, sizes.max())
 
 
 def test_spec_reconstruct_topdown_integer(tmp_path):

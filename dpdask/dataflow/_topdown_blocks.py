@@ -1,0 +1,170 @@
+"""The per-chunk work of a top-down release: measure, then fit (NumPy and sparse in and out).
+
+These functions run inside Dask tasks (:mod:`dpdask.dataflow._topdown`). Each measures
+one chunk of one level with the chunk's keyed noise (the chunk's
+:class:`~dpdask.noise.StreamKey`, never the release's key) and fits it at once, so that
+measurements never leave the task and never reach the disk: what is kept is the fitted
+estimate, a :class:`sparse.COO` block ``(g, n)`` (geographies by flat cells).
+
+* :func:`top_block`: the top level, non-negative least squares per unit (in the metric
+  of the level's strategy, from its least-squares estimate when the strategy has a
+  structured pseudo-inverse of full column rank, else from the measurements), rounded
+  to the nearest integers with ``integer``;
+* :func:`family_block`: a chunk of whole families of a finer level, the children of
+  each parent fitted jointly inside the parent's support
+  (:func:`dpdask.reconstruct.topdown.children_fitter`, ``on_support``), with
+  ``integer`` rounded by the controlled rounding of
+  :func:`dpdask.reconstruct.topdown.round_children` against the integer parent.
+
+A task's measurement is the one :func:`~dpdask.dataflow._blocks.measure_block` takes for
+its chunk (same identity, same stream), so a retried or resumed task reproduces it bit
+for bit. Fits that stop before converging are reported in ``report_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import numpy as np
+import sparse
+from scipy import sparse as sp
+
+from dpdask.dataflow._blas import task_blas
+from dpdask.dataflow._blocks import ChunkContext, measure_block, tune_allocator
+from dpdask.linalg import LinearQuery
+from dpdask.reconstruct import nnls
+from dpdask.reconstruct.nnls import nonnegative_fitter
+from dpdask.reconstruct.topdown import children_fitter, round_children, round_top
+
+__all__ = ["family_block", "parent_rows", "top_block"]
+
+_FITTERS: dict[str, Any] = {}  # per worker process: what a level's fits share
+
+
+def _info(chunk: int) -> dict:
+    """The ``block_info`` that names chunk ``chunk`` to :func:`measure_block`."""
+    return {0: {"chunk-location": (chunk, 0)}}
+
+
+def _report(report_dir: str | None, level: str, chunk: int, failed: list[dict]) -> None:
+    if not failed or report_dir is None:
+        return
+    info = {"level": level, "chunk": chunk, **failed[0], "units": len(failed)}
+    path = pathlib.Path(report_dir) / f"{level}-{chunk}.json"
+    path.write_text(json.dumps(info, default=str))
+
+
+def _coo(rows: list, cells: list, values: list, shape: tuple[int, int]) -> sparse.COO:
+    if not rows:
+        return sparse.COO(np.zeros((2, 0), dtype=np.int64), np.zeros(0), shape=shape)
+    coords = np.stack([np.concatenate(rows), np.concatenate(cells)]).astype(np.int64)
+    return sparse.COO(coords, np.concatenate(values).astype(np.float64), shape=shape)
+
+
+def top_block(
+    x: Any,
+    key: Any,
+    plan: Any,
+    ctx: ChunkContext,
+    chunk: int,
+    integer: bool,
+    report_dir: str | None,
+) -> sparse.COO:
+    """The top level's non-negative (integer with ``integer``) estimates of one chunk."""
+    tune_allocator()
+    y = measure_block(x, plan, key, ctx, _info(chunk))
+    g, n = y.shape[0], plan.strategy.shape[1]
+    weight = 1.0 / plan.row_variance
+    with task_blas():
+        if plan.fused("ls"):  # least squares is A^+ y: fit it in the strategy's metric
+            z = np.asarray(plan.pinv().apply(y), dtype=np.float64).reshape(g, n)
+            fit = nonnegative_fitter(plan.strategy, weight)
+            ests = [fit(row) for row in z]
+        else:
+            ests = [nnls(plan.strategy, row, weight) for row in y]
+    X = np.stack([np.maximum(np.asarray(e.x, dtype=np.float64), 0.0) for e in ests])
+    failed = [
+        {"row": r, **e.report.to_dict()} for r, e in enumerate(ests) if not e.report.converged
+    ]
+    _report(report_dir, ctx.level, chunk, failed)
+    if integer:
+        X = round_top(X).astype(np.float64)
+    return sparse.COO.from_numpy(X)
+
+
+def parent_rows(blocks: list[Any], starts: list[int], first: int, last: int) -> sp.csr_array:
+    """Rows ``first..last`` (global indices) of a level, from its blocks that cover them
+    (``starts[j]``: the global index of block ``j``'s first row), as one CSR array."""
+    pieces = []
+    for block, start in zip(blocks, starts, strict=True):
+        csr = sp.csr_array(block.tocsr() if hasattr(block, "tocsr") else block)
+        lo, hi = max(first, start), min(last + 1, start + csr.shape[0])
+        if hi > lo:
+            pieces.append(csr[lo - start : hi - start])
+    out = sp.vstack(pieces, format="csr") if len(pieces) > 1 else pieces[0]
+    if out.shape[0] != last - first + 1:
+        raise ValueError(f"parent blocks hold {out.shape[0]} of rows {first}..{last}")
+    return sp.csr_array(out)
+
+
+def _fitter(A: LinearQuery, weight: float, token: str) -> Any:
+    fit = _FITTERS.get(token)
+    if fit is None:
+        fit = _FITTERS[token] = children_fitter(A, weight)
+    return fit
+
+
+def _on_support(fit: Any, parent: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
+    """The children's fit on the parent's support: ``(idx, x (K, |S|), report)``."""
+    est = fit.on_support(parent, Y=Y)
+    return np.asarray(est.idx), np.asarray(est.x, dtype=np.float64), est.report
+
+
+def family_block(
+    x: Any,
+    key: Any,
+    parent_blocks: list[Any],
+    parent_starts: list[int],
+    parents: np.ndarray,
+    plan: Any,
+    ctx: ChunkContext,
+    chunk: int,
+    token: str,
+    integer: bool,
+    report_dir: str | None,
+) -> sparse.COO:
+    """The children of every family of one chunk, measured and fitted inside their parents.
+
+    ``parents`` holds each of the chunk's units' parent (global index in the level
+    above, non-decreasing; a family is never split between chunks); ``parent_blocks``
+    are the blocks of the level above that hold those parents (``parent_starts``: the
+    global index of each block's first row).
+    """
+    tune_allocator()
+    parents = np.asarray(parents, dtype=np.int64)
+    first, last = int(parents[0]), int(parents[-1])
+    P = parent_rows(parent_blocks, parent_starts, first, last)
+    y = measure_block(x, plan, key, ctx, _info(chunk))
+    g, n = y.shape[0], plan.strategy.shape[1]
+    fit = _fitter(plan.strategy, 1.0 / plan.row_variance, token)
+    rows: list[np.ndarray] = []
+    cells: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    failed = []
+    starts = np.flatnonzero(np.r_[True, parents[1:] != parents[:-1]])
+    with task_blas():
+        for a, b in zip(starts, [*starts[1:], g], strict=True):
+            p = P[[int(parents[a]) - first]].toarray().reshape(-1)
+            idx, X, report = _on_support(fit, p, y[a:b])
+            if integer:
+                X = round_children(X, np.rint(p[idx])).astype(np.float64)
+            r, c = np.nonzero(X)
+            rows.append(a + r)
+            cells.append(idx[c])
+            values.append(X[r, c])
+            if not report.converged:
+                failed.append({"parent": int(parents[a]), **report.to_dict()})
+    _report(report_dir, ctx.level, chunk, failed)
+    return _coo(rows, cells, values, (g, n))
