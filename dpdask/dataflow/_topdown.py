@@ -89,6 +89,15 @@ class TopdownGraph(ReleaseState):
         """Measure and fit every chunk not yet checkpointed in ``work`` (module notes);
         return each level's folder of sparse chunks."""
         from dpdask.dataflow._release_graph import compute_items
+
+        folders, todo = self._topdown_graph(work, key)
+        if todo is not None:
+            compute_items([todo], client, progress)
+        return folders
+
+    def _topdown_graph(self, work: pathlib.Path, key: Any) -> tuple[list[pathlib.Path], Any]:
+        """The levels' folders, and the graph that fills them (a ``Delayed`` returning the
+        number of entries written; None when every chunk is done)."""
         from dpdask.measure import stream_key
 
         raw, markers, reports = work / "raw", work / "done", str(work / "reports")
@@ -141,9 +150,9 @@ class TopdownGraph(ReleaseState):
                 dsk[(ck, k)] = (write_sparse, (name, k), folder, k, done)
                 outputs.append((ck, k))
             prev = (name, bounds[:-1])
-        if outputs:
-            final = f"checkpoint-done-{tok}"
-            dsk[final] = (sum, outputs)
-            graph = HighLevelGraph.from_collections(final, dsk, dependencies=counts)
-            compute_items([Delayed(final, graph)], client, progress)
-        return folders
+        if not outputs:
+            return folders, None
+        final = f"checkpoint-done-{tok}"
+        dsk[final] = (sum, outputs)
+        graph = HighLevelGraph.from_collections(final, dsk, dependencies=counts)
+        return folders, Delayed(final, graph)

@@ -33,6 +33,7 @@ into one row per geography and query: ``geography``, ``parent``, ``query``,
 
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
 from collections.abc import Iterator, Sequence
@@ -44,7 +45,14 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     import xarray as xr
 
-__all__ = ["COLUMNS", "MOE90_Z", "export_release", "open_release", "release_table"]
+__all__ = [
+    "COLUMNS",
+    "MOE90_Z",
+    "entry_rows",
+    "export_release",
+    "open_release",
+    "release_table",
+]
 
 MOE90_Z = 1.645
 """Normal quantile of a 90% margin of error: ``moe90 = 1.645 * sqrt(variance)`` (as ACS)."""
@@ -110,6 +118,8 @@ def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
     nodes: dict[str, xr.Dataset] = {"/": tree.to_dataset()}
     for lv in order:
         ds = tree[lv].to_dataset()
+        if "entry_offsets" in ds:
+            ds = _with_sparse_estimate(path / lv, ds)
         for prefix in ("", "table_"):
             var = f"{prefix}variance"
             if var in ds:
@@ -121,6 +131,77 @@ def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
                 ds[f"{prefix}moe90"] = moe
         nodes[f"/{lv}"] = ds
     return xr.DataTree.from_dict(nodes)
+
+
+_GEOGRAPHIES_PER_CHUNK = 4096  # units per chunk of a sparse level's estimate
+
+
+def entry_rows(group: Any, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Units ``a..b-1`` of a level published as entries (a zarr group with
+    ``entry_offsets``): their entries' unit indices (from ``a``), flat cells and values,
+    read from those entries only.
+
+    Parameters
+    ----------
+    group : zarr.Group
+        The level's group.
+    a, b : int
+        The range of unit indices.
+
+    Returns
+    -------
+    ndarray, ndarray, ndarray
+        ``rows - a`` (int64), ``cells`` (int64, flat in C order of the attributes) and
+        ``values`` (float64), sorted by unit, then cell.
+    """
+    lo, hi = (int(v) for v in group["entry_offsets"][[a, b]])
+    rows = np.asarray(group["entry_geography"][lo:hi], dtype=np.int64) - a
+    cells = np.asarray(group["entry_cell"][lo:hi], dtype=np.int64)
+    return rows, cells, np.asarray(group["estimate"][lo:hi], dtype=np.float64)
+
+
+def _entries_block(path: str, a: int, b: int, shape: tuple[int, ...]) -> Any:
+    """Units ``a..b-1`` of a sparse level's estimate: a :class:`sparse.COO` of shape
+    ``(b - a, *shape)`` read from the entries they own (``entry_offsets``)."""
+    import sparse
+    import zarr
+
+    rows, cells, values = entry_rows(zarr.open_group(path, mode="r"), a, b)
+    coords = np.vstack([rows[None], np.vstack(np.unravel_index(cells, shape))])
+    return sparse.COO(coords, values, shape=(b - a, *shape), sorted=True, has_duplicates=False)
+
+
+def _with_sparse_estimate(path: pathlib.Path, ds: xr.Dataset) -> xr.Dataset:
+    """A sparse level's dataset with ``estimate`` as a lazy ``(geography, *attrs)`` Dask
+    array of :class:`sparse.COO` chunks (the stored entries kept as ``entry_*``)."""
+    import dask.array as da
+    import sparse
+    import xarray as xr
+    import zarr
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    g = zarr.open_group(str(path), mode="r")
+    attrs = [d for d in ds.dims if d not in ("geography", "query", "table_query", "entry",
+                                              "geography_bound")]  # fmt: skip
+    shape = tuple(int(ds.sizes[d]) for d in attrs)
+    n_units = int(ds.sizes["geography"])
+    bounds = [*list(range(0, n_units, _GEOGRAPHIES_PER_CHUNK)), n_units]
+    name = f"release-estimate-{tokenize(str(path), n_units)}"
+    zeros = (0,) * len(shape)
+    dsk = {
+        (name, k, *zeros): (_entries_block, str(path), a, b, shape)
+        for k, (a, b) in enumerate(itertools.pairwise(bounds))
+    }
+    chunks = (tuple(np.diff(bounds).tolist()), *((s,) for s in shape))
+    meta = sparse.COO.from_numpy(np.empty((0,) * (1 + len(shape))))
+    arr = da.Array(HighLevelGraph.from_collections(name, dsk, ()), name, chunks, np.float64,
+                   meta=meta)  # fmt: skip
+    entries = ds["estimate"].rename("entry_estimate")
+    ds = ds.drop_vars("estimate").assign(entry_estimate=entries)
+    est = xr.DataArray(arr, dims=("geography", *attrs), attrs=dict(g["estimate"].attrs))
+    est.attrs["long_name"] = "estimate of each cell's count (sparse: zero off the entries)"
+    return ds.assign(estimate=est)
 
 
 def _labels(group: Any, name: str) -> np.ndarray:
@@ -180,7 +261,10 @@ def _batches(
             if not q.size:
                 continue
             a = np.asarray(g[ans].get_orthogonal_selection((u, q)))
-            v = np.asarray(g[var].get_orthogonal_selection((u, q)))
+            if g[var].ndim == 1:  # one variance per query for every unit of the level
+                v = np.broadcast_to(np.asarray(g[var].get_orthogonal_selection((q,))), a.shape)
+            else:
+                v = np.asarray(g[var].get_orthogonal_selection((u, q)))
             frames.append(
                 pd.DataFrame(
                     {

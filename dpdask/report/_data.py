@@ -274,6 +274,24 @@ def _rows(array: Any, rows: np.ndarray) -> np.ndarray:
     return out
 
 
+def _estimate_rows(g: Any, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The published estimates of units ``rows`` (dense, ``shape``), from a dense
+    ``estimate`` or from a level's entries."""
+    if "entry_offsets" not in g:
+        return _rows(g["estimate"], rows)
+    from dpdask.publish.reader import entry_rows
+
+    out = np.zeros((rows.size, int(np.prod(shape[1:]))))
+    if rows.size and rows[-1] - rows[0] + 1 == rows.size and np.all(np.diff(rows) == 1):
+        local, cells, values = entry_rows(g, int(rows[0]), int(rows[-1]) + 1)
+        out[local, cells] = values
+    else:
+        for i, r in enumerate(rows.tolist()):
+            _, cells, values = entry_rows(g, r, r + 1)
+            out[i, cells] = values
+    return out.reshape(shape)
+
+
 # -- one level -------------------------------------------------------------------------
 def _level(
     g: Any, level: str, store: Any, workload: Any, domain: Any, notes: list[str]
@@ -307,7 +325,10 @@ def _level(
     )
     for rows, truth in batches:
         for (_, ans, var, _, Q), a in zip(spaces, acc, strict=True):
-            v = _rows(var, rows)
+            if var.ndim == 1:  # one variance per query for every unit of the level
+                v = np.broadcast_to(np.asarray(var[:]), (rows.size, var.shape[0]))
+            else:
+                v = _rows(var, rows)
             a["var"] += v.sum(axis=0)
             if truth is None or Q is None:
                 continue
@@ -316,7 +337,7 @@ def _level(
             a["maxabs"] = np.maximum(a["maxabs"], np.abs(err).max(axis=0, initial=0.0))
             a["inside"] += (np.abs(err) <= MOE90_Z * np.sqrt(v)).sum(axis=0)
         if truth is not None and "estimate" in g:
-            err = _rows(g["estimate"], rows) - truth
+            err = _estimate_rows(g, rows, truth.shape) - truth
             cells["sse"] += float((err**2).sum())
             cells["maxabs"] = max(cells["maxabs"], float(np.abs(err).max(initial=0.0)))
             cells["n"] += int(err.size)

@@ -290,3 +290,29 @@ def test_a_real_cluster_never_receives_the_master_key(store, tmp_path):
     assert plugin.secret_keys == 0
     assert not any(raw in blob for blob in plugin.pickled[:n_release])
     assert any(raw in blob for blob in plugin.pickled[n_release:])
+
+
+@pytest.mark.parametrize("test_key", [False, True], ids=["secret", "test-only"])
+def test_no_topdown_task_holds_the_secret_key(store, tmp_path, test_key):
+    """The top-down graph (measure and fit in one task per chunk of families) carries
+    each chunk's own stream key, never the release's."""
+    st, _ = store
+    master = SecretKey.for_testing(4) if test_key else new_key()
+    r = release(
+        make_plan(), st, release_id="rel", run_id="one", key=master, test_mode=test_key,
+        reconstruct="topdown", chunk_bytes=8 * 6 * 2,
+    )  # fmt: skip
+    raw = bytes(master)
+    _, todo = r._topdown_graph(tmp_path / "work", master)
+    values = list(dict(todo.__dask_graph__()).values())
+    found = {}
+    for value in values:
+        for item in _walk(value):
+            assert not isinstance(item, SecretKey), "a top-down task holds the secret key"
+            assert not (isinstance(item, bytes | bytearray) and raw in item)
+            if isinstance(item, StreamKey):
+                found[id(item)] = item
+        assert raw not in cloudpickle.dumps(value)
+    assert len(found) == sum(len(L.chunks) for L in r._levels) > len(r._levels)
+    for sk in found.values():
+        assert sk.fingerprint() == master.fingerprint() and sk.test_only == test_key

@@ -115,3 +115,103 @@ def test_spec_reconstruct_topdown_integer(tmp_path):
         parse_spec({**base, "reconstruct": {"method": "ls", "integer": True}}, tmp_path)
     with pytest.raises(SpecError, match="unknown key"):
         parse_spec({**base, "reconstruct": {"method": "topdown", "round": 1}}, tmp_path)
+
+
+def _published(store, tmp_path, name, *, integer=True, seed=7, run_id="e", **kw):
+    st, _ = store
+    rel = release(
+        make_plan(), st, reconstruct="topdown", integer=integer, release_id="td",
+        run_id=run_id, key=SecretKey.for_testing(seed), test_mode=True, chunk_bytes=8 * 6 * 2,
+        **kw,
+    )  # fmt: skip
+    return rel.to_zarr(tmp_path / name)
+
+
+def test_entries_layout_publishes_the_same_release(store, tmp_path, monkeypatch):
+    """A level published as entries is the dense layout's estimate exactly (oracle: the
+    same release, same key, published dense), read back through open_release; answers
+    are the workload applied to the estimates (an independent dense product) and the
+    variances are the level's own, once per query."""
+    from dpdask import open_release
+    from dpdask.dataflow import _output_sparse
+
+    dense = zarr.open_group(str(_published(store, tmp_path, "dense.zarr")), mode="r")
+    monkeypatch.setattr(_output_sparse, "DENSE_ESTIMATE_CELLS", 0)
+    path = _published(store, tmp_path, "entries.zarr")
+    sparse_g = zarr.open_group(str(path), mode="r")
+    tree = open_release(path)
+    plan = make_plan()
+    Wd = plan.workload.dense()
+    for lv in store[0].geography.levels:
+        g = sparse_g[lv]
+        assert g.attrs["estimate_layout"] == "entries" and g["estimate"].ndim == 1
+        offsets = g["entry_offsets"][:]
+        rows = g["entry_geography"][:]
+        assert offsets[0] == 0 and offsets[-1] == rows.size and np.all(np.diff(offsets) >= 0)
+        assert np.array_equal(np.repeat(np.arange(offsets.size - 1), np.diff(offsets)), rows)
+        assert (g["estimate"][:] != 0).all()  # only non-zero cells are entries
+        want = dense[lv]["estimate"][:]
+        got = tree[lv].dataset["estimate"].data.compute().todense()
+        np.testing.assert_array_equal(got, want)
+        flat = want.reshape(want.shape[0], -1)
+        np.testing.assert_allclose(g["answers"][:], flat @ Wd.T, rtol=1e-12, atol=1e-9)
+        np.testing.assert_array_equal(g["answers"][:], dense[lv]["answers"][:])
+        assert g["variance"].shape == (Wd.shape[0],)
+        np.testing.assert_allclose(g["variance"][:], dense[lv]["variance"][:])
+        assert tree[lv].dataset["moe90"].dims == ("query",)
+
+
+def test_export_broadcasts_the_level_variance(store, tmp_path):
+    from dpdask.publish.reader import release_table
+
+    path = _published(store, tmp_path, "t.zarr")
+    g = zarr.open_group(str(path), mode="r")["tract"]
+    table = release_table(path, "tract")
+    n_units, n_q = g["answers"].shape
+    assert len(table) == n_units * n_q
+    var = np.tile(g["variance"][:], n_units)
+    np.testing.assert_array_equal(table["variance"].to_numpy(), var)
+    np.testing.assert_allclose(table["moe90"].to_numpy(), 1.645 * np.sqrt(var))
+
+
+def test_interrupted_run_resumes_bit_for_bit(store, tmp_path, monkeypatch):
+    """A run stopped after some chunks (a fit that raises, as a crash would) resumes with
+    the same run id: the chunks marked done are loaded, the others measured again with
+    the same noise, and the release is the uninterrupted one, byte for byte."""
+    from dpdask.dataflow import _topdown_blocks
+
+    whole = zarr.open_group(str(_published(store, tmp_path, "whole.zarr")), mode="r")
+    real = _topdown_blocks.family_block
+    calls = {"n": 0}
+
+    def crash_late(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise RuntimeError("killed")
+        return real(*args, **kwargs)
+
+    import dpdask.dataflow._topdown as td
+
+    monkeypatch.setattr(td, "family_block", crash_late)
+    with pytest.raises(RuntimeError, match="killed"):
+        _published(store, tmp_path, "resumed.zarr")
+    work = next(tmp_path.glob(".resumed.zarr.run-*"))
+    done = {p.name for p in (work / "done").iterdir()}
+    geo = store[0].geography
+    rel = release(make_plan(), store[0], reconstruct="topdown", test_mode=True,
+                  key=SecretKey.for_testing(7), chunk_bytes=8 * 6 * 2)  # fmt: skip
+    chunks = {f"{L.name}-{k}" for L in rel._levels for k in range(len(L.chunks))}
+    assert 0 < len(done) < len(chunks) and done <= chunks
+    redone = {"n": 0}
+
+    def counted(*args, **kwargs):
+        redone["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(td, "family_block", counted)
+    resumed = zarr.open_group(str(_published(store, tmp_path, "resumed.zarr")), mode="r")
+    top = {f"{geo.levels[0]}-{k}" for k in range(len(rel._levels[0].chunks))}
+    assert redone["n"] == len(chunks - done - top)  # only the chunks not done
+    for lv in store[0].geography.levels:
+        for name in ("estimate", "answers", "variance"):
+            np.testing.assert_array_equal(resumed[lv][name][:], whole[lv][name][:])
