@@ -43,7 +43,7 @@ def spec_print(spec: ReleaseSpec) -> str:
         "privacy": spec.privacy.to_dict(),
         "split": {lv: str(share) for lv, share in (spec.split or {}).items()},
         "dataset": None if spec.dataset_budget is None else spec.dataset_budget.to_dict(),
-        "strategy": [spec.strategy, spec.strategy_options],
+        "strategy": [spec.strategy, spec.strategy_options, spec.strategy_levels],
         "reconstruct": [spec.reconstruct, spec.integer],
     }
     text = json.dumps(fields, sort_keys=True, default=str)

@@ -177,11 +177,11 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     levels = spec.levels or ()
     shares = spec.level_budgets(levels) if levels else {}
 
-    def choose(W: Any, budget: Any) -> Any:
-        return select(
-            W, budget, strategy=spec.strategy, domain=spec.domain, client=client,
-            **spec.strategy_options,
-        )  # fmt: skip
+    def choose(W: Any, budget: Any, level: str | None = None) -> Any:
+        name, options = (
+            (spec.strategy, spec.strategy_options) if level is None else spec.level_strategy(level)
+        )
+        return select(W, budget, strategy=name, domain=spec.domain, client=client, **options)
 
     report: dict[str, Any] = {
         "release": spec.release,
@@ -193,9 +193,15 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     }
     plans: dict[str, Any] = {}
     if spec.per_level:
-        for lv, b in shares.items():
-            W = build_workload(spec.level_workload(lv), spec.domain)
-            plans[lv] = choose(W, b)
+        from concurrent.futures import ThreadPoolExecutor
+
+        # every level's selection at once (each may also use the cluster's workers)
+        with ThreadPoolExecutor(max_workers=max(1, len(shares))) as pool:
+            futures = {
+                lv: pool.submit(choose, build_workload(spec.level_workload(lv), spec.domain), b, lv)
+                for lv, b in shares.items()
+            }
+            plans = {lv: f.result() for lv, f in futures.items()}
         report["queries"] = {lv: int(p.workload.shape[0]) for lv, p in plans.items()}
     else:
         W = build_workload(spec.workload, spec.domain)
@@ -213,6 +219,7 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
         }
         if spec.per_level:
             row["workload"] = spec.level_workload(lv)["name"]
+            row["strategy"] = spec.level_strategy(lv)[0]
         report["levels"].append(row)
     return (plans if spec.per_level else plan), report
 

@@ -23,6 +23,7 @@ Example (``pipelines/pl94-providence.yaml``)::
       split: {state: 1, county: 1, tract: 1, block_group: 1, block: 2}
       # dataset: {zcdp: 2}         # optional: the dataset's total budget
     strategy: hdmm                 # or {name: hdmm, restarts: 5}
+    #   or per level: {levels: {state: {name: hdmm, restarts: 5}, county: hdmm, ...}}
     reconstruct: ls
     output: ../out/pl94-providence.zarr
     ledger: {path: ../out/ledger.sqlite, create: true}   # or just the path
@@ -41,7 +42,8 @@ The keys allowed in each mapping:
               budget mapping of the same form, without ``split`` or ``dataset``)
 ``workload``  ``name`` and the options of that workload
               (:func:`dpdask.workloads.named.workload_options`)
-``strategy``  ``name`` and the options :func:`dpdask.strategy.select` uses for it
+``strategy``  ``name`` and the options :func:`dpdask.strategy.select` uses for it, or
+              ``levels``: one such strategy per released level
 ``ledger``    ``path`` and ``create`` (permission to create a missing ledger file)
 ``cluster``   ``address``, ``insecure``, ``tls`` (``ca_file``, ``cert``, ``key``) for
               a remote scheduler (``insecure`` or ``tls`` alone apply to the address
@@ -128,15 +130,25 @@ class ReleaseSpec:
     ledger_create: bool = False
     period: str | None = None
     integer: bool = False  # reconstruct: {method: topdown, integer: true}
+    # strategy: {levels: {level: strategy}}: each level's (name, options)
+    strategy_levels: dict[str, tuple[str, dict[str, Any]]] | None = None
 
     @property
     def per_level(self) -> bool:
-        """Whether each level has its own workload (``workload: {levels: ...}``)."""
-        return "levels" in self.workload
+        """Whether each level gets its own plan: its own workload (``workload: {levels:
+        ...}``) or its own strategy (``strategy: {levels: ...}``)."""
+        return "levels" in self.workload or self.strategy_levels is not None
+
+    def level_strategy(self, level: str) -> tuple[str, dict[str, Any]]:
+        """The strategy name and options of ``level`` (the spec's one strategy unless it
+        gives one per level)."""
+        if self.strategy_levels is None:
+            return self.strategy, self.strategy_options
+        return self.strategy_levels[level]
 
     def level_workload(self, level: str | None = None) -> dict[str, Any]:
         """The workload of ``level`` (the one workload of a spec without per-level ones)."""
-        if not self.per_level:
+        if "levels" not in self.workload:
             return self.workload
         if level is None:
             raise SpecError("workload: this spec has one workload per level; name the level")
@@ -144,7 +156,9 @@ class ReleaseSpec:
 
     def workloads(self) -> list[dict[str, Any]]:
         """Every workload the spec names (one, or one per level)."""
-        return list(self.workload["levels"].values()) if self.per_level else [self.workload]
+        if "levels" in self.workload:
+            return list(self.workload["levels"].values())
+        return [self.workload]
 
     def level_budgets(self, levels: tuple[str, ...]) -> dict[str, Budget]:
         """The budget of each released level: the exact split of the total.
@@ -255,6 +269,34 @@ def _strategy_keys(name: str) -> list[str]:
         "fitness": [(fitness_plan, given), (solve, ("W", "targets", "basis", "budget"))],
     }
     return [k for fn, skip in used.get(name, []) for k in keywords(fn, skip)]
+
+
+def _strategies(
+    raw: Any, levels: tuple[str, ...] | None
+) -> tuple[str, dict[str, Any], dict[str, tuple[str, dict[str, Any]]] | None]:
+    """One strategy (name and options), or ``{levels: {level: strategy}}``: one per
+    released level, each selected for that level's workload and share of the budget."""
+    if not (isinstance(raw, Mapping) and "levels" in raw):
+        return (*_strategy(raw), None)
+    check_keys(raw, ["levels"], "strategy")
+    per_level = raw["levels"]
+    if not isinstance(per_level, Mapping) or not per_level:
+        raise SpecError("strategy.levels: expected a mapping of level to strategy")
+    if levels is None:
+        raise SpecError("strategy.levels: per-level strategies need the spec's levels: list")
+    if set(per_level) != set(levels):
+        raise SpecError(
+            f"strategy.levels: give one strategy per released level {list(levels)}; "
+            f"got {sorted(per_level, key=str)}"
+        )
+    out = {}
+    for lv in levels:
+        try:
+            out[lv] = _strategy(per_level[lv])
+        except SpecError as exc:
+            raise SpecError(str(exc).replace("strategy", f"strategy.levels.{lv}", 1)) from None
+    names = {name for name, _ in out.values()}
+    return (names.pop() if len(names) == 1 else "per-level"), {}, out
 
 
 def _strategy(raw: Any) -> tuple[str, dict[str, Any]]:
@@ -404,7 +446,7 @@ def parse_spec(
     if pr.get("dataset") is not None:
         dataset_budget = parse_budget(pr["dataset"], "privacy.dataset")
 
-    strategy, strategy_options = _strategy(raw.get("strategy", "hdmm"))
+    strategy, strategy_options, strategy_levels = _strategies(raw.get("strategy", "hdmm"), levels)
     rec, integer = _reconstruct(raw.get("reconstruct", "ls"))
     output = as_path(output_text, base, "output")
     ledger, ledger_create = _ledger(raw.get("ledger"), output, base)
@@ -412,8 +454,8 @@ def parse_spec(
     return ReleaseSpec(
         release=release, data=data, domain=domain, levels=levels, workload=workload,
         privacy=privacy, split=split, strategy=strategy, strategy_options=strategy_options,
-        reconstruct=rec, integer=integer, output=output, ledger=ledger,
-        dataset_budget=dataset_budget, cluster=cluster, ledger_create=ledger_create,
+        strategy_levels=strategy_levels, reconstruct=rec, integer=integer, output=output,
+        ledger=ledger, dataset_budget=dataset_budget, cluster=cluster, ledger_create=ledger_create,
         period=period,
     )  # fmt: skip
 

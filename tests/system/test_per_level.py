@@ -94,3 +94,49 @@ def test_run_charges_each_level_and_publishes_its_workload(tmp_path, capsys):
         np.testing.assert_allclose(
             g[lv]["answers"][:], W.apply(est.reshape(est.shape[0], -1)), rtol=1e-9, atol=1e-6
         )
+
+
+def test_each_level_gets_its_own_strategy(tmp_path):
+    """``strategy: {levels: ...}``: every level is selected with its own strategy and
+    options (oracle: dpdask.select called directly with that level's workload, budget
+    share and strategy gives the same strategy operator)."""
+    from dpdask.strategy import select
+
+    raw = _raw(tmp_path, workload="pl94", strategy={"levels": {
+        "state": {"name": "hdmm", "restarts": 2}, "county": "identity"}})  # fmt: skip
+    spec = parse_spec(raw, tmp_path)
+    assert spec.per_level and spec.level_strategy("county") == ("identity", {})
+    plans, report = plan_spec(spec)
+    assert [r["strategy"] for r in report["levels"]] == ["hdmm", "identity"]
+    W = build_workload({"name": "pl94"}, spec.domain)
+    direct = select(W, zCDP("3/4"), strategy="identity", domain=spec.domain)
+    np.testing.assert_array_equal(plans["county"].strategy.dense(), direct.strategy.dense())
+    assert plans["county"].privacy == zCDP("3/4")
+    assert plans["state"].strategy.shape != plans["county"].strategy.shape
+
+
+@pytest.mark.parametrize(
+    "strategy, match",
+    [
+        ({"levels": {"state": "hdmm"}}, "one strategy per released level"),
+        ({"levels": {"state": "hdmm", "county": "nope"}}, "strategy.levels.county"),
+        ({"levels": {"state": "hdmm", "county": {"name": "hdmm", "bogus": 1}}},
+         "strategy.levels.county"),
+        ({"levels": {}}, "mapping of level"),
+        ({"levels": {"state": "hdmm", "county": "hdmm"}, "name": "hdmm"}, "unknown key"),
+    ],
+)  # fmt: skip
+def test_bad_per_level_strategies_are_refused(tmp_path, strategy, match):
+    with pytest.raises(SpecError, match=match):
+        parse_spec(_raw(tmp_path, strategy=strategy), tmp_path)
+
+
+def test_a_changed_level_strategy_changes_the_spec_print(tmp_path):
+    from dpdask.pipeline._resume import spec_print
+
+    one = parse_spec(_raw(tmp_path, strategy={"levels": {"state": "hdmm", "county": "hdmm"}}),
+                     tmp_path)  # fmt: skip
+    two = parse_spec(
+        _raw(tmp_path, strategy={"levels": {"state": "hdmm", "county": "identity"}}), tmp_path
+    )
+    assert spec_print(one) != spec_print(two)
