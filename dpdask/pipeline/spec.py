@@ -60,7 +60,7 @@ import datetime
 import os
 import pathlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -71,6 +71,7 @@ from dpdask.domain import Domain
 from dpdask.errors import SpecError
 from dpdask.pipeline._spec_cluster import parse_cluster
 from dpdask.pipeline._spec_fields import as_bool, as_mapping, as_path, check_keys, keywords, require
+from dpdask.pipeline._spec_plan import strategies, workloads
 from dpdask.pipeline._spec_privacy import PRIVACY_KEYS, parse_budget, parse_split
 from dpdask.privacy import Budget, split_levels
 
@@ -79,7 +80,6 @@ __all__ = ["DataSpec", "ReleaseSpec", "SpecError", "load_spec", "parse_domain", 
 
 _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 DATA_FORMATS = ("pl94", "ri2010", "store", "records", "synthetic")
-STRATEGIES = ("hdmm", "identity", "workload", "hierarchical", "wavelet", "convex", "fitness")
 RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown")
 _DATA_KEYS = ("format", "path", "id")
 _SYNTHETIC_KEYS = ("geographies", "states", "seed", "population")
@@ -214,104 +214,6 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
     return DataSpec(fmt, dpath, options, data_id)
 
 
-# -- workload and strategy ------------------------------------------------------------------
-def _workloads(raw: Any, levels: tuple[str, ...] | None) -> dict[str, Any]:
-    """One workload for every level, or ``{levels: {level: workload, ...}}``: one per
-    released level, each selected and measured with the level's share of the budget."""
-    if not (isinstance(raw, Mapping) and "levels" in raw):
-        return _workload(raw)
-    check_keys(raw, ["levels"], "workload")
-    per_level = raw["levels"]
-    if not isinstance(per_level, Mapping) or not per_level:
-        raise SpecError("workload.levels: expected a mapping of level to workload")
-    if levels is None:
-        raise SpecError("workload.levels: per-level workloads need the spec's levels: list")
-    if set(per_level) != set(levels):
-        raise SpecError(
-            f"workload.levels: give one workload per released level {list(levels)}; "
-            f"got {sorted(per_level, key=str)}"
-        )
-    return {"levels": {lv: _workload(per_level[lv]) for lv in levels}}  # in levels' order
-
-
-def _workload(raw: Any) -> dict[str, Any]:
-    from dpdask.workloads.named import workload_options
-
-    if isinstance(raw, str):
-        workload: dict[str, Any] = {"name": raw}
-    elif isinstance(raw, Mapping):
-        workload = dict(raw)
-    else:
-        raise SpecError("workload: expected a name or a mapping with 'name'")
-    name = workload.get("name")
-    if not isinstance(name, str):
-        raise SpecError("workload: expected a name or a mapping with 'name'")
-    try:
-        allowed = workload_options(name)
-    except ValueError as exc:
-        raise SpecError(f"workload.name: {exc}") from None
-    if allowed is not None:
-        check_keys(workload, ["name", *allowed], "workload")
-    return workload
-
-
-def _strategy_keys(name: str) -> list[str]:
-    """The options :func:`dpdask.strategy.select` uses for strategy ``name``."""
-    from dpdask.strategy import baselines, select
-    from dpdask.strategy.convex import ca_solve
-    from dpdask.strategy.fitness import fitness_plan, solve
-
-    given = ("workload", "privacy", "strategy", "domain", "client")  # plan_spec passes these
-    used: dict[str, list[tuple[Callable[..., Any], tuple[str, ...]]]] = {
-        "hdmm": [(select, given)],
-        "hierarchical": [(baselines.hierarchical, ("n_or_domain",))],
-        "convex": [(baselines.convex_ca, ("W",)), (ca_solve, ("W", "weights"))],
-        "fitness": [(fitness_plan, given), (solve, ("W", "targets", "basis", "budget"))],
-    }
-    return [k for fn, skip in used.get(name, []) for k in keywords(fn, skip)]
-
-
-def _strategies(
-    raw: Any, levels: tuple[str, ...] | None
-) -> tuple[str, dict[str, Any], dict[str, tuple[str, dict[str, Any]]] | None]:
-    """One strategy (name and options), or ``{levels: {level: strategy}}``: one per
-    released level, each selected for that level's workload and share of the budget."""
-    if not (isinstance(raw, Mapping) and "levels" in raw):
-        return (*_strategy(raw), None)
-    check_keys(raw, ["levels"], "strategy")
-    per_level = raw["levels"]
-    if not isinstance(per_level, Mapping) or not per_level:
-        raise SpecError("strategy.levels: expected a mapping of level to strategy")
-    if levels is None:
-        raise SpecError("strategy.levels: per-level strategies need the spec's levels: list")
-    if set(per_level) != set(levels):
-        raise SpecError(
-            f"strategy.levels: give one strategy per released level {list(levels)}; "
-            f"got {sorted(per_level, key=str)}"
-        )
-    out = {}
-    for lv in levels:
-        try:
-            out[lv] = _strategy(per_level[lv])
-        except SpecError as exc:
-            raise SpecError(str(exc).replace("strategy", f"strategy.levels.{lv}", 1)) from None
-    names = {name for name, _ in out.values()}
-    return (names.pop() if len(names) == 1 else "per-level"), {}, out
-
-
-def _strategy(raw: Any) -> tuple[str, dict[str, Any]]:
-    if isinstance(raw, Mapping):
-        name = raw.get("name", "hdmm")
-        options = {k: v for k, v in raw.items() if k != "name"}
-    else:
-        name, options = raw, {}
-    if name not in STRATEGIES:
-        raise SpecError(f"strategy: {name!r} is not one of {STRATEGIES}")
-    if options:
-        check_keys(raw, ["name", *_strategy_keys(name)], "strategy")
-    return name, options
-
-
 # -- ledger -----------------------------------------------------------------------------------
 def _ledger(raw: Any, output: pathlib.Path, base: pathlib.Path) -> tuple[pathlib.Path, bool]:
     if raw is None:
@@ -437,7 +339,7 @@ def parse_spec(
     data = _data(require(raw, "data", "spec"), base)
     domain = parse_domain(require(raw, "domain", "spec"))
     levels = _levels(raw.get("levels"))
-    workload = _workloads(require(raw, "workload", "spec"), levels)
+    workload = workloads(require(raw, "workload", "spec"), levels)
 
     pr = require(raw, "privacy", "spec")
     privacy = parse_budget(pr, "privacy", PRIVACY_KEYS)
@@ -446,7 +348,7 @@ def parse_spec(
     if pr.get("dataset") is not None:
         dataset_budget = parse_budget(pr["dataset"], "privacy.dataset")
 
-    strategy, strategy_options, strategy_levels = _strategies(raw.get("strategy", "hdmm"), levels)
+    strategy, strategy_options, strategy_levels = strategies(raw.get("strategy", "hdmm"), levels)
     rec, integer = _reconstruct(raw.get("reconstruct", "ls"))
     output = as_path(output_text, base, "output")
     ledger, ledger_create = _ledger(raw.get("ledger"), output, base)

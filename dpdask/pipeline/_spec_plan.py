@@ -1,0 +1,111 @@
+"""The workload and strategy fields of a release spec (:mod:`dpdask.pipeline.spec`):
+one for every level, or one per released level (``{levels: {level: ...}}``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dpdask.errors import SpecError
+from dpdask.pipeline._spec_fields import check_keys, keywords
+
+__all__ = ["STRATEGIES", "strategies", "workloads"]
+
+STRATEGIES = ("hdmm", "identity", "workload", "hierarchical", "wavelet", "convex", "fitness")
+
+
+def workloads(raw: Any, levels: tuple[str, ...] | None) -> dict[str, Any]:
+    """One workload for every level, or ``{levels: {level: workload, ...}}``: one per
+    released level, each selected and measured with the level's share of the budget."""
+    if not (isinstance(raw, Mapping) and "levels" in raw):
+        return _workload(raw)
+    check_keys(raw, ["levels"], "workload")
+    per_level = raw["levels"]
+    if not isinstance(per_level, Mapping) or not per_level:
+        raise SpecError("workload.levels: expected a mapping of level to workload")
+    if levels is None:
+        raise SpecError("workload.levels: per-level workloads need the spec's levels: list")
+    if set(per_level) != set(levels):
+        raise SpecError(
+            f"workload.levels: give one workload per released level {list(levels)}; "
+            f"got {sorted(per_level, key=str)}"
+        )
+    return {"levels": {lv: _workload(per_level[lv]) for lv in levels}}  # in levels' order
+
+
+def _workload(raw: Any) -> dict[str, Any]:
+    from dpdask.workloads.named import workload_options
+
+    if isinstance(raw, str):
+        workload: dict[str, Any] = {"name": raw}
+    elif isinstance(raw, Mapping):
+        workload = dict(raw)
+    else:
+        raise SpecError("workload: expected a name or a mapping with 'name'")
+    name = workload.get("name")
+    if not isinstance(name, str):
+        raise SpecError("workload: expected a name or a mapping with 'name'")
+    try:
+        allowed = workload_options(name)
+    except ValueError as exc:
+        raise SpecError(f"workload.name: {exc}") from None
+    if allowed is not None:
+        check_keys(workload, ["name", *allowed], "workload")
+    return workload
+
+
+def _strategy_keys(name: str) -> list[str]:
+    """The options :func:`dpdask.strategy.select` uses for strategy ``name``."""
+    from dpdask.strategy import baselines, select
+    from dpdask.strategy.convex import ca_solve
+    from dpdask.strategy.fitness import fitness_plan, solve
+
+    given = ("workload", "privacy", "strategy", "domain", "client")  # plan_spec passes these
+    used: dict[str, list[tuple[Callable[..., Any], tuple[str, ...]]]] = {
+        "hdmm": [(select, given)],
+        "hierarchical": [(baselines.hierarchical, ("n_or_domain",))],
+        "convex": [(baselines.convex_ca, ("W",)), (ca_solve, ("W", "weights"))],
+        "fitness": [(fitness_plan, given), (solve, ("W", "targets", "basis", "budget"))],
+    }
+    return [k for fn, skip in used.get(name, []) for k in keywords(fn, skip)]
+
+
+def strategies(
+    raw: Any, levels: tuple[str, ...] | None
+) -> tuple[str, dict[str, Any], dict[str, tuple[str, dict[str, Any]]] | None]:
+    """One strategy (name and options), or ``{levels: {level: strategy}}``: one per
+    released level, each selected for that level's workload and share of the budget."""
+    if not (isinstance(raw, Mapping) and "levels" in raw):
+        return (*_strategy(raw), None)
+    check_keys(raw, ["levels"], "strategy")
+    per_level = raw["levels"]
+    if not isinstance(per_level, Mapping) or not per_level:
+        raise SpecError("strategy.levels: expected a mapping of level to strategy")
+    if levels is None:
+        raise SpecError("strategy.levels: per-level strategies need the spec's levels: list")
+    if set(per_level) != set(levels):
+        raise SpecError(
+            f"strategy.levels: give one strategy per released level {list(levels)}; "
+            f"got {sorted(per_level, key=str)}"
+        )
+    out = {}
+    for lv in levels:
+        try:
+            out[lv] = _strategy(per_level[lv])
+        except SpecError as exc:
+            raise SpecError(str(exc).replace("strategy", f"strategy.levels.{lv}", 1)) from None
+    names = {name for name, _ in out.values()}
+    return (names.pop() if len(names) == 1 else "per-level"), {}, out
+
+
+def _strategy(raw: Any) -> tuple[str, dict[str, Any]]:
+    if isinstance(raw, Mapping):
+        name = raw.get("name", "hdmm")
+        options = {k: v for k, v in raw.items() if k != "name"}
+    else:
+        name, options = raw, {}
+    if name not in STRATEGIES:
+        raise SpecError(f"strategy: {name!r} is not one of {STRATEGIES}")
+    if options:
+        check_keys(raw, ["name", *_strategy_keys(name)], "strategy")
+    return name, options
