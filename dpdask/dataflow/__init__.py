@@ -1,12 +1,16 @@
 """The release dataflow: zarr data stores chunked along geography, ingestion, aggregation.
 
-A data store is a zarr v3 group with the counts of every finest geography unit
-(``(n_geographies, *domain.shape)``, chunked along geography only) and the domain and
-geography hierarchy beside them (see :mod:`dpdask.dataflow.store` for the layout).
+A data store is a zarr v3 group with the counts of every finest geography unit and
+the domain and geography hierarchy beside them (see :mod:`dpdask.dataflow.store` for
+the layout): dense (``(n_geographies, *domain.shape)``, chunked along geography only)
+or sparse (the non-zero counts as (unit, cell, count) entries), whichever is smaller.
 Stores come from person records (:func:`ingest_records`), from the Census P.L. 94-171
 summary file (:func:`read_pl94`), from the Rhode Island 2010 block file
-(:func:`read_ri2010`) or from an existing array (:func:`adopt_array`);
-:func:`aggregate` gives the counts of any coarser level, lazily.
+(:func:`read_ri2010`), from an existing array (:func:`adopt_array`), from triples
+(:func:`write_sparse_store`) or from the synthetic person model
+(:func:`synthetic_store`); :func:`aggregate` gives the counts of any coarser level,
+lazily, and :func:`aggregate_sparse` does so on sparse blocks
+(:meth:`DataStore.to_sparse`).
 """
 
 from dpdask.dataflow._aggregate import aggregate, level_key
@@ -20,8 +24,12 @@ from dpdask.dataflow._source import (
     fingerprint_path,
     private_dir,
 )
+from dpdask.dataflow._sparse import aggregate_sparse, densify, prefer_dense, sparsify
+from dpdask.dataflow._sparse_store import write_sparse_store
+from dpdask.dataflow._synthetic_store import synthetic_store
 from dpdask.dataflow.store import (
     DataStore,
+    SparseCounts,
     adopt_array,
     default_geo_chunk,
     open_store,
@@ -37,20 +45,27 @@ __all__ = [
     "RI2010_LEVELS",
     "DataStore",
     "SourcePrint",
+    "SparseCounts",
     "StoreExistsError",
     "adopt_array",
     "aggregate",
+    "aggregate_sparse",
     "default_geo_chunk",
+    "densify",
     "fingerprint_options",
     "fingerprint_path",
     "ingest_records",
     "level_key",
     "open_store",
+    "prefer_dense",
     "private_dir",
     "read_pl94",
     "read_ri2010",
     "read_store",
     "ri2010_csv",
+    "sparsify",
+    "synthetic_store",
     "table_variances",
+    "write_sparse_store",
     "write_store",
 ]

@@ -32,7 +32,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from dask.base import tokenize
 
-from dpdask.dataflow.store import DataStore, _check_integer_dtype, _publish_store
+from dpdask.dataflow._entries import write_sorted
+from dpdask.dataflow._store_write import (
+    _publish_store,
+    check_integer_dtype,
+    check_layout,
+    choose_layout,
+)
+from dpdask.dataflow.store import DataStore, open_store
 from dpdask.domain import Domain, Geography
 from dpdask.publish import check_target
 
@@ -318,6 +325,7 @@ def ingest_records(
     dtype: np.dtype | str = "int32",
     overwrite: bool = False,
     blocksize: str | int = "64MB",
+    layout: str = "auto",
 ) -> DataStore:
     """Count person records into a data store, after validating every record.
 
@@ -360,6 +368,9 @@ def ingest_records(
         Replace an existing store at ``store`` (only once the new one is complete).
     blocksize : str or int
         Bytes of CSV per partition.
+    layout : {"auto", "dense", "sparse"}
+        Write the counts densely, as entries (the non-zero counts), or whichever is
+        smaller (default; at block level on a large domain, the entries).
 
     Returns
     -------
@@ -379,7 +390,8 @@ def ingest_records(
         If an input file does not exist.
     """
     check_target(store, overwrite)
-    dtype = _check_integer_dtype(dtype, "dtype")
+    check_layout(layout)
+    dtype = check_integer_dtype(dtype, "dtype")
     columns = _columns(domain, attribute_columns, categories)
     fixed, prefixes = _geography_spec(levels, geography_column)
     geo_width = list(prefixes.values())[-1] if prefixes else None
@@ -427,6 +439,18 @@ def ingest_records(
     if counts.size and counts.max() > np.iinfo(dtype).max:
         raise ValueError(f"a count of {counts.max()} does not fit dtype {dtype}; nothing written")
 
+    src = source if isinstance(source, str | os.PathLike) else type(source).__name__
+    args = (store, domain, geography, dtype, geo_chunk, overwrite, f"records from {src}")
+    n = geography.n_units()
+    if choose_layout(layout, int(keys.size), n, domain, dtype) == "sparse":
+
+        def fill_entries(root: Any, group: Any) -> int:
+            units, cells = np.divmod(keys, domain.size)
+            return write_sorted(group, units, cells, counts, n, dtype)
+
+        _publish_store(*args, fill_entries, layout="sparse")
+        return open_store(store)
+
     def fill(target: Any) -> None:
         step = target.chunks[0]
         for a in range(0, geography.n_units(), step):
@@ -436,10 +460,8 @@ def ingest_records(
             block[keys[lo:hi] - a * domain.size] = counts[lo:hi]
             target[a:b] = block.reshape((b - a, *domain.shape))
 
-    src = source if isinstance(source, str | os.PathLike) else type(source).__name__
-    return _publish_store(
-        store, domain, geography, dtype, geo_chunk, overwrite, f"records from {src}", fill
-    )
+    _publish_store(*args, fill)
+    return open_store(store)
 
 
 def _merge(scans: Sequence[_Scan], units: pd.Index, size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """The data store: one zarr v3 group holding a release's input counts.
 
-Layout of a store at ``path`` (a local directory)::
+Layout of a store at ``path`` (a local directory), dense (format 1)::
 
     path/                       zarr group; attributes["dpdask"] describe the store
       counts                    int array (n_geographies, *domain.shape), chunked along
@@ -9,10 +9,25 @@ Layout of a store at ``path`` (a local directory)::
       geography/<level>/parent  int64 array: index of each unit's parent in the level
                                 above (every level but the coarsest)
 
+or sparse (format 2), where ``counts`` gives way to the non-zero counts as entries
+(chunked along the entry axis, dimension names ``("entry",)`` and
+``("geography_edge",)``; see :mod:`dpdask.dataflow._entries`)::
+
+      entries/unit              int64 (nnz,): finest-unit row, non-decreasing
+      entries/cell              int64 (nnz,): flat cell (C order over domain.shape),
+                                strictly increasing within a unit
+      entries/count             integer (nnz,): positive counts (zeros are never stored)
+      entries/offsets           int64 (n_units + 1,): the entries of unit u are
+                                offsets[u]:offsets[u+1]
+
 ``attributes["dpdask"]`` holds ``format`` (``"dpdask-counts"``), ``format_version``, the
 domain as ``[[name, size], ...]``, the geography level names coarsest first, the number
-of units per level, a free-text ``source`` and the dpdask version that wrote it. Rows of
-``counts`` are the finest-level units in the order of ``geography/<finest>/ids``.
+of units per level, a free-text ``source`` and the dpdask version that wrote it; a
+sparse store adds ``layout`` (``"sparse"``), ``nnz`` and ``geo_chunk`` (the rows per
+chunk of :meth:`DataStore.to_dask`). Rows are the finest-level units in the order of
+``geography/<finest>/ids``. Writers choose the smaller layout by default
+(``layout="auto"``): memory and disk then grow with the persons, not with cells x
+geographies.
 
 Stores are written once, under a temporary name, and renamed into place only when
 complete (:mod:`dpdask.publish`).
@@ -20,10 +35,9 @@ complete (:mod:`dpdask.publish`).
 
 from __future__ import annotations
 
-import datetime
 import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +46,29 @@ import numpy as np
 import zarr
 from dask.base import tokenize
 
+from dpdask.dataflow._entries import SparseCounts, dense_to_sparse, open_entries, row_bounds
+from dpdask.dataflow._store_write import (
+    DENSE_VERSION,
+    FORMAT,
+    SPARSE_VERSION,
+    _publish_store,
+    check_integer_dtype,
+    check_layout,
+    check_shape,
+    choose_layout,
+    count_nonzero,
+    default_geo_chunk,
+    dense_entries_filler,
+    first_bad_row,
+    raise_bad_row,
+    store_dense,
+)
 from dpdask.domain import Domain, Geography
-from dpdask.publish import check_target, publishing
+from dpdask.publish import check_target
 
 __all__ = [
     "DataStore",
+    "SparseCounts",
     "adopt_array",
     "default_geo_chunk",
     "open_store",
@@ -44,21 +76,19 @@ __all__ = [
     "write_store",
 ]
 
-FORMAT = "dpdask-counts"
-FORMAT_VERSION = 1
-_CHUNK_BYTES = 64 * 2**20
-
 
 @dataclass(frozen=True, eq=False)
 class DataStore:
-    """An opened data store.
+    """An opened data store, dense or sparse.
 
     Attributes
     ----------
     path : pathlib.Path
         Location of the zarr group.
-    counts : zarr.Array
-        The counts, shape ``(n_geographies, *domain.shape)``.
+    counts : zarr.Array or SparseCounts
+        The counts, shape ``(n_geographies, *domain.shape)``: the zarr array of a
+        dense store; for a sparse store a :class:`SparseCounts` view whose rows
+        (``counts[r]``, ``counts[a:b]``) read densely from the entries.
     domain : Domain
         The attributes of each geography's histogram.
     geography : Geography
@@ -68,156 +98,89 @@ class DataStore:
     """
 
     path: pathlib.Path
-    counts: zarr.Array
+    counts: zarr.Array | SparseCounts
     domain: Domain
     geography: Geography
     attrs: dict
 
+    @property
+    def layout(self) -> str:
+        """``"dense"`` (format 1, a ``counts`` array) or ``"sparse"`` (format 2, entries)."""
+        return "sparse" if isinstance(self.counts, SparseCounts) else "dense"
+
+    @property
+    def nnz(self) -> int | None:
+        """Stored entries of a sparse store; ``None`` for a dense one (not counted)."""
+        return self.counts.nnz if isinstance(self.counts, SparseCounts) else None
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Dtype of the stored counts."""
+        return np.dtype(self.counts.dtype)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Dense counts of rows ``start .. stop-1``, shape ``(stop - start, *domain.shape)``.
+
+        Reads only those rows (their chunks of a dense store, their entries of a
+        sparse one).
+        """
+        if isinstance(self.counts, SparseCounts):
+            return self.counts.rows(start, stop)
+        if not 0 <= start <= stop <= self.counts.shape[0]:
+            raise IndexError(f"rows {start}:{stop} are outside 0:{self.counts.shape[0]}")
+        return np.asarray(self.counts[start:stop])
+
+    def _token(self, *extra: Any) -> str:
+        return tokenize(str(self.path), self.attrs.get("created"), self.counts.shape, *extra)
+
     def to_dask(self) -> da.Array:
-        """The counts as a Dask array, one chunk per zarr chunk (keys ``ingest-counts-...``)."""
-        token = tokenize(str(self.path), self.attrs.get("created"), self.counts.shape)
-        return da.from_zarr(self.counts, chunks=self.counts.chunks, name=f"ingest-counts-{token}")
+        """The dense counts ``(n_geographies, *domain.shape)`` as a Dask array.
+
+        One chunk per zarr chunk of a dense store; a sparse store's chunks of
+        ``attrs["geo_chunk"]`` rows are densified from their entries. Keys are
+        ``ingest-counts-...``.
+        """
+        if not isinstance(self.counts, SparseCounts):
+            name = f"ingest-counts-{self._token()}"
+            return da.from_zarr(self.counts, chunks=self.counts.chunks, name=name)
+        return self.counts.to_dask(f"ingest-counts-{self._token('dense')}")
+
+    def to_sparse(self, chunks: Sequence[int] | None = None) -> da.Array:
+        """The counts as sparse blocks: ``(n_geographies, domain.size)``, cells flattened.
+
+        Parameters
+        ----------
+        chunks : sequence of int, optional
+            Rows per block, adding up to the number of finest units (any sizes,
+            e.g. a release's level chunks). By default about 4 million entries per
+            block of a sparse store, one block per zarr chunk of a dense one.
+
+        Returns
+        -------
+        dask.array.Array
+            2-D, blocks :class:`sparse.COO` of int64 counts with coordinates sorted
+            row-major (meta ``sparse.COO``), keys ``ingest-sparse-...``. A block of
+            a sparse store reads only the entries of its rows; nothing is densified.
+
+        Raises
+        ------
+        ValueError
+            If ``chunks`` do not add up to the number of units.
+        """
+        n = self.geography.n_units()
+        if isinstance(self.counts, SparseCounts):
+            bounds = self.counts.bounds() if chunks is None else row_bounds(chunks, n)
+            return self.counts.to_sparse(f"ingest-sparse-{self._token('sparse', bounds)}", bounds)
+        if chunks is None:
+            bounds = np.array([*range(0, n, self.counts.chunks[0]), n], dtype=np.int64)
+        else:
+            bounds = row_bounds(chunks, n)
+        return dense_to_sparse(
+            self.counts, f"ingest-sparse-{self._token('sparse', bounds)}", bounds
+        )
 
     def __repr__(self) -> str:
         return f"DataStore({str(self.path)!r}, {self.domain!r}, {self.geography!r})"
-
-
-def default_geo_chunk(domain: Domain, dtype: np.dtype | str = "int64") -> int:
-    """Geographies per chunk so that one chunk holds about 64 MiB."""
-    return max(1, _CHUNK_BYTES // (domain.size * np.dtype(dtype).itemsize))
-
-
-def _check_integer_dtype(dtype: np.dtype, what: str) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype.kind not in "iu":
-        raise ValueError(f"{what} has dtype {dtype}; counts must be integers")
-    return dtype
-
-
-def _check_shape(shape: tuple[int, ...], domain: Domain, geography: Geography, what: str) -> None:
-    expected = (geography.n_units(), *domain.shape)
-    if tuple(shape) != expected:
-        raise ValueError(
-            f"{what} has shape {tuple(shape)}; {geography.n_units():,} finest units "
-            f"({geography.levels[-1]!r}) x {domain!r} need {expected}"
-        )
-
-
-_NEGATIVE, _TOO_LARGE = 1, 2
-
-
-def _first_bad_row(block: np.ndarray, dtype: np.dtype) -> tuple[int, int]:
-    """``(row, problem)`` of the first row with a negative count or one too large for
-    ``dtype``; ``(-1, 0)`` if there is none."""
-    if block.size and block.dtype.kind == "i" and block.min() < 0:
-        return int(np.argwhere(block < 0)[0][0]), _NEGATIVE
-    if block.size and block.max() > np.iinfo(dtype).max:
-        return int(np.argwhere(block > np.iinfo(dtype).max)[0][0]), _TOO_LARGE
-    return -1, 0
-
-
-def _raise_bad_row(row: int, problem: int, dtype: np.dtype) -> None:
-    if problem == _NEGATIVE:
-        raise ValueError(f"counts hold a negative value at geography row {row}")
-    if problem == _TOO_LARGE:
-        top = np.iinfo(dtype).max
-        raise ValueError(f"counts hold a value above {top} ({dtype}) at geography row {row}")
-
-
-def _store_block(
-    block: np.ndarray, target: zarr.Array, block_info: dict | None = None
-) -> np.ndarray:
-    """Write one geography chunk unless it holds a bad count; return ``[[row, problem]]``.
-
-    Never raises on bad counts, so that every writer has finished before the caller
-    raises and the temporary store is removed.
-    """
-    start, stop = block_info[0]["array-location"][0]
-    row, problem = _first_bad_row(block, target.dtype)
-    if not problem:
-        target[start:stop] = block.astype(target.dtype, copy=False)
-    return np.array([[row + start if problem else -1, problem]], dtype=np.int64)
-
-
-def _store_checked(x: da.Array, target: zarr.Array) -> None:
-    """Write ``x`` (chunked like ``target`` along geography); raise on the first bad row."""
-    flags = x.map_blocks(
-        _store_block,
-        target,
-        dtype=np.int64,
-        chunks=((1,) * x.numblocks[0], (2,)),
-        drop_axis=list(range(2, x.ndim)),
-        name=f"store-counts-{tokenize(x, str(target.store_path))}",
-        meta=np.empty((0, 0), dtype=np.int64),
-    ).compute()
-    bad = flags[flags[:, 1] > 0]
-    if bad.size:
-        row, problem = bad[np.argmin(bad[:, 0])]
-        _raise_bad_row(int(row), int(problem), target.dtype)
-
-
-def _write_layout(
-    root: pathlib.Path,
-    domain: Domain,
-    geography: Geography,
-    dtype: np.dtype,
-    geo_chunk: int,
-    source: str,
-) -> zarr.Array:
-    """Create the group, its attributes, the geography arrays and an empty counts array."""
-    from dpdask import __version__
-
-    group = zarr.open_group(str(root), mode="w-", zarr_format=3)
-    for i, level in enumerate(geography.levels):
-        sub = group.require_group(f"geography/{level}")
-        ids = np.asarray(geography.ids[i], dtype=str)
-        arr = sub.create_array("ids", shape=ids.shape, dtype=str, chunks=(max(1, ids.size),))
-        arr[:] = ids
-        if i:
-            parent = np.asarray(geography.parents[i - 1], dtype=np.int64)
-            par = sub.create_array(
-                "parent", shape=parent.shape, dtype=np.int64, chunks=(max(1, parent.size),)
-            )
-            par[:] = parent
-    counts = group.create_array(
-        "counts",
-        shape=(geography.n_units(), *domain.shape),
-        dtype=dtype,
-        chunks=(geo_chunk, *domain.shape),
-        fill_value=0,
-        dimension_names=("geography", *domain.attrs),
-    )
-    group.attrs["dpdask"] = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "domain": [[k, v] for k, v in domain.items()],
-        "geography_levels": list(geography.levels),
-        "n_units": {lv: len(ids) for lv, ids in zip(geography.levels, geography.ids, strict=True)},
-        "source": source,
-        "created": datetime.datetime.now(datetime.UTC).isoformat(),
-        "dpdask_version": __version__,
-    }
-    return counts
-
-
-def _publish_store(
-    path: str | os.PathLike,
-    domain: Domain,
-    geography: Geography,
-    dtype: np.dtype,
-    geo_chunk: int | None,
-    overwrite: bool,
-    source: str,
-    fill: Callable[[zarr.Array], None],
-) -> DataStore:
-    geo_chunk = default_geo_chunk(domain, dtype) if geo_chunk is None else int(geo_chunk)
-    if geo_chunk < 1:
-        raise ValueError(f"geo_chunk must be a positive integer, got {geo_chunk}")
-    geo_chunk = min(geo_chunk, geography.n_units())
-    with publishing(path, overwrite) as tmp:
-        counts = _write_layout(tmp, domain, geography, dtype, geo_chunk, source)
-        fill(counts)
-    return open_store(path)
 
 
 def write_store(
@@ -230,6 +193,7 @@ def write_store(
     dtype: np.dtype | str | None = None,
     overwrite: bool = False,
     source: str = "",
+    layout: str = "auto",
 ) -> DataStore:
     """Write counts of every finest geography unit as a data store.
 
@@ -245,13 +209,18 @@ def write_store(
     geography : Geography
         The hierarchy.
     geo_chunk : int, optional
-        Geographies per chunk (default: about 64 MiB per chunk).
+        Geographies per chunk of a dense store, or per chunk of ``to_dask()`` of a
+        sparse one (default: about 64 MiB of dense counts per chunk).
     dtype : dtype, optional
         Integer dtype of the stored counts (default: that of ``counts``).
     overwrite : bool
         Replace an existing store at ``path`` (only once the new one is complete).
     source : str
         Free text recorded in the attributes (where the counts came from).
+    layout : {"auto", "dense", "sparse"}
+        ``"dense"`` writes the ``counts`` array (format 1), ``"sparse"`` the non-zero
+        counts as entries (format 2), ``"auto"`` whichever is smaller (for a Dask
+        input that costs one more pass over it to count the non-zero values).
 
     Returns
     -------
@@ -266,18 +235,32 @@ def write_store(
         If ``path`` exists and ``overwrite`` is false.
     """
     check_target(path, overwrite)
-    _check_shape(counts.shape, domain, geography, "counts")
-    _check_integer_dtype(counts.dtype, "counts")
-    dtype = _check_integer_dtype(counts.dtype if dtype is None else dtype, "dtype")
+    check_layout(layout)
+    check_shape(counts.shape, domain, geography, "counts")
+    check_integer_dtype(counts.dtype, "counts")
+    dtype = check_integer_dtype(counts.dtype if dtype is None else dtype, "dtype")
+    if not isinstance(counts, np.ndarray | da.Array):
+        counts = da.asarray(counts)
     if isinstance(counts, np.ndarray):
-        _raise_bad_row(*_first_bad_row(counts, dtype), dtype)
+        raise_bad_row(*first_bad_row(counts, dtype), dtype)
+    n = geography.n_units()
+    layout = choose_layout(
+        layout, count_nonzero(counts) if layout == "auto" else 0, n, domain, dtype
+    )
+    if layout == "sparse":
+        chunk = default_geo_chunk(domain, dtype) if geo_chunk is None else geo_chunk
+        fill_entries = dense_entries_filler(counts, dtype, max(1, min(int(chunk), n)))
+        args = (path, domain, geography, dtype, geo_chunk, overwrite, source, fill_entries)
+        _publish_store(*args, layout="sparse")
+        return open_store(path)
 
     def fill(target: zarr.Array) -> None:
         x = da.asarray(counts) if not isinstance(counts, da.Array) else counts
         x = x.rechunk((target.chunks[0], *(-1,) * len(domain)))
-        _store_checked(x, target)
+        store_dense(x, target)
 
-    return _publish_store(path, domain, geography, dtype, geo_chunk, overwrite, source, fill)
+    _publish_store(path, domain, geography, dtype, geo_chunk, overwrite, source, fill)
+    return open_store(path)
 
 
 def adopt_array(
@@ -288,6 +271,7 @@ def adopt_array(
     *,
     geo_chunk: int | None = None,
     overwrite: bool = False,
+    layout: str = "auto",
 ) -> DataStore:
     """Bring an existing ``(n_geo, *domain.shape)`` zarr array into the store layout.
 
@@ -313,6 +297,8 @@ def adopt_array(
         chunk length).
     overwrite : bool
         Replace an existing store at ``store``.
+    layout : {"auto", "dense", "sparse"}
+        As in :func:`write_store` (``"auto"`` reads the source twice).
 
     Returns
     -------
@@ -327,6 +313,7 @@ def adopt_array(
     if store is None:
         raise ValueError("adopt_array needs store=, the directory of the new store")
     check_target(store, overwrite)
+    check_layout(layout)
     if hasattr(source, "array") and hasattr(source, "geography"):
         domain = source.domain if domain is None else domain
         geography = source.geography if geography is None else geography
@@ -343,8 +330,8 @@ def adopt_array(
         domain = Domain(recorded)
     if geography is None:
         raise ValueError("pass geography=: the rows' geography hierarchy")
-    _check_shape(source.shape, domain, geography, "the source array")
-    dtype = _check_integer_dtype(source.dtype, "the source array")
+    check_shape(source.shape, domain, geography, "the source array")
+    dtype = check_integer_dtype(source.dtype, "the source array")
     x = da.from_zarr(source, chunks=source.chunks, name=f"adopt-{tokenize(source.store_path)}")
     return write_store(
         store,
@@ -355,6 +342,7 @@ def adopt_array(
         dtype=dtype,
         overwrite=overwrite,
         source=f"adopted from {source.store_path}",
+        layout=layout,
     )
 
 
@@ -379,22 +367,29 @@ def open_store(path: str | os.PathLike) -> DataStore:
     meta = dict(group.attrs).get("dpdask")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a dpdask data store (no dpdask.format={FORMAT!r})")
-    if meta.get("format_version") != FORMAT_VERSION:
+    version = meta.get("format_version")
+    if version not in (DENSE_VERSION, SPARSE_VERSION):
         raise ValueError(
-            f"{path}: store format version {meta.get('format_version')} is not supported "
-            f"(this dpdask reads version {FORMAT_VERSION})"
+            f"{path}: store format version {version} is not supported (this dpdask reads "
+            f"versions {DENSE_VERSION} (dense) and {SPARSE_VERSION} (sparse))"
         )
     domain = Domain([(str(k), int(v)) for k, v in meta["domain"]])
     levels = tuple(meta["geography_levels"])
     try:
         ids = tuple(tuple(group[f"geography/{lv}/ids"][:].tolist()) for lv in levels)
         parents = tuple(group[f"geography/{lv}/parent"][:] for lv in levels[1:])
-        counts = group["counts"]
+        counts = group["counts"] if version == DENSE_VERSION else None
     except KeyError as exc:
         raise ValueError(f"{path}: data store is missing {exc}") from None
     geography = Geography(levels, ids, parents)
-    _check_shape(counts.shape, domain, geography, f"{path}/counts")
-    _check_integer_dtype(counts.dtype, f"{path}/counts")
+    if counts is None:
+        try:
+            entries = open_entries(group, meta, (geography.n_units(), *domain.shape))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        return DataStore(path, entries, domain, geography, meta)
+    check_shape(counts.shape, domain, geography, f"{path}/counts")
+    check_integer_dtype(counts.dtype, f"{path}/counts")
     if tuple(counts.chunks[1:]) != domain.shape:
         raise ValueError(f"{path}/counts is chunked along more than the geography axis")
     return DataStore(path, counts, domain, geography, meta)
@@ -402,7 +397,7 @@ def open_store(path: str | os.PathLike) -> DataStore:
 
 def read_store(
     path: str | os.PathLike, lazy: bool = True
-) -> tuple[da.Array | zarr.Array, Domain, Geography]:
+) -> tuple[da.Array | zarr.Array | SparseCounts, Domain, Geography]:
     """Read a data store as ``(counts, domain, geography)``.
 
     Parameters
@@ -411,7 +406,8 @@ def read_store(
         The store.
     lazy : bool
         Return the counts as a Dask array chunked like the store (default) or as
-        the zarr array itself.
+        ``store.counts`` (the zarr array, or the :class:`SparseCounts` view of a
+        sparse store).
 
     Examples
     --------

@@ -8,6 +8,8 @@ and their sources are in :mod:`dpdask.datasets._constants`; the model itself, an
 how attributes are matched by name, in :mod:`dpdask.datasets._model`.
 """
 
+from dpdask.datasets._constants import CONCENTRATION, POPULATION_MEDIAN
+from dpdask.datasets._generator import SyntheticGenerator
 from dpdask.datasets._model import GROUPS, KNOWN_ATTRIBUTES, PersonModel
 from dpdask.datasets._synthetic import (
     SyntheticPersons,
@@ -17,9 +19,12 @@ from dpdask.datasets._synthetic import (
 )
 
 __all__ = [
+    "CONCENTRATION",
     "GROUPS",
     "KNOWN_ATTRIBUTES",
+    "POPULATION_MEDIAN",
     "PersonModel",
+    "SyntheticGenerator",
     "SyntheticPersons",
     "draw_populations",
     "synthetic_block",
