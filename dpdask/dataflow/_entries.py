@@ -267,7 +267,7 @@ class SparseCounts:
         try:
             self.arrays = {k: group[f"entries/{k}"] for k in ("unit", "cell", "count", "offsets")}
         except KeyError as exc:
-            raise ValueError(f"sparse data store is missing entries/{exc.args[0]}") from None
+            raise ValueError(f"sparse data store is missing {exc.args[0]}") from None
         self.shape = tuple(int(s) for s in shape)
         self.chunks = (max(1, min(int(geo_chunk), self.shape[0])), *self.shape[1:])
 

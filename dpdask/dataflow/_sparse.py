@@ -144,6 +144,9 @@ def _restrict(part: _Triples, lo: int, hi: int) -> _Triples:
 
 def _merge(parts: list[_Triples], lo: int, hi: int, n_cells: int) -> _Triples:
     parts = [_restrict(p, lo, hi) for p in parts]
+    if not parts:  # an output chunk no input row maps to
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, empty
     if len(parts) == 1:
         return parts[0]
     return _coalesce(*(np.concatenate([p[k] for p in parts]) for k in range(3)), n_cells)

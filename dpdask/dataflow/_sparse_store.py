@@ -23,6 +23,8 @@ def _vector(values: Any, name: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)  # an empty list is float64 to NumPy
     if arr.dtype.kind in "fc":
         nan = np.flatnonzero(np.isnan(arr))
         if nan.size:
@@ -115,7 +117,7 @@ def write_sparse_store(
     ('sparse', 2, [[0, 0, 0], [0, 0, 0], [0, 0, 3]])
     """
     check_target(path, overwrite)
-    raw_dtype = np.asarray(counts).dtype
+    raw_dtype = np.asarray(counts).dtype if np.size(counts) else np.dtype(np.int64)
     u, c, k = _vector(units, "units"), _vector(cells, "cells"), _vector(counts, "counts")
     if not u.size == c.size == k.size:
         raise ValueError(
