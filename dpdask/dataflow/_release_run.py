@@ -21,6 +21,13 @@ from dpdask.noise import KeyFile, SecretKey, new_key
 from dpdask.privacy import Charge, Run, RunStateError
 
 
+def _row_sums(block: Any) -> np.ndarray:
+    """Each row's total of a sparse block of counts."""
+    return np.bincount(block.coords[0], weights=block.data, minlength=block.shape[0]).astype(
+        np.int64
+    )
+
+
 class RunKeys(ReleaseState):
     """The key and charge steps of a :class:`~dpdask.dataflow.release.Release`."""
 
@@ -32,18 +39,23 @@ class RunKeys(ReleaseState):
         geography's. Nothing is read when every level is measured exactly."""
         from dpdask.measure import lattice
 
-        dtype = self.store.to_dask().dtype
+        dtype = self.store.dtype
         if not self.noise or all(
             lattice(L.plan, dtype, self.max_total).exact for L in self._levels
         ):
             return
-        x = self.store.to_dask()
         geo = self.store.geography
         if self.levels[0] == geo.levels[-1]:
             top = np.arange(geo.n_units(self.levels[0]))
         else:
             top = geo.ancestor_index(self.levels[0])
-        per_unit = x.reshape(x.shape[0], -1).sum(axis=1, dtype=np.int64)
+        if self.store.layout == "sparse":  # row sums of the entries, nothing densified
+            per_unit = self.store.to_sparse().map_blocks(
+                _row_sums, drop_axis=1, dtype=np.int64, meta=np.empty(0, dtype=np.int64)
+            )
+        else:
+            x = self.store.to_dask()
+            per_unit = x.reshape(x.shape[0], -1).sum(axis=1, dtype=np.int64)
         totals = per_unit.compute() if client is None else client.compute(per_unit).result()
         biggest = int(np.bincount(top, weights=totals).max(initial=0)) if totals.size else 0
         if biggest > self.max_total:

@@ -94,6 +94,7 @@ def load_data(
     source is converted again).
     """
     fmt = spec.data.format
+    layout = str(spec.data.options.get("layout", "auto"))
     if fmt == "store":
         store = open_store(spec.data.path)
     else:
@@ -103,11 +104,14 @@ def load_data(
             store = open_store(cached)
         elif fmt == "pl94":
             counts, domain, geo = read_pl94(spec.data.path)
-            store = write_store(cached, counts, domain, geo, source=f"P.L. 94-171 {spec.data.path}")
+            store = write_store(
+                cached, counts, domain, geo, source=f"P.L. 94-171 {spec.data.path}",
+                layout=layout,
+            )  # fmt: skip
         elif fmt == "ri2010":
             counts, domain, geo = read_ri2010(spec.data.path)
             origin = f"RI 2010 blocks (ALARM Project, CC BY-SA 4.0) {spec.data.path}"
-            store = write_store(cached, counts, domain, geo, source=origin)
+            store = write_store(cached, counts, domain, geo, source=origin, layout=layout)
         elif fmt == "synthetic":
             store = _synthetic_store(spec, cached)
         elif fmt == "records":
@@ -137,20 +141,20 @@ def _owner_only(path: pathlib.Path) -> None:
 
 
 def _synthetic_store(spec: ReleaseSpec, path: pathlib.Path) -> DataStore:
-    import tempfile
-
-    from dpdask.dataflow import adopt_array
-    from dpdask.datasets import synthetic_persons
+    """The spec's synthetic data (:func:`dpdask.dataflow.synthetic_store`) in the layout
+    ``data.layout`` names; ``auto`` is the smaller for the drawn populations (a unit
+    fills at most as many cells as it has persons)."""
+    from dpdask.dataflow import synthetic_store
+    from dpdask.dataflow._store_write import choose_layout
+    from dpdask.datasets import draw_populations
 
     opts = dict(spec.data.options)
     n = int(opts.get("geographies", 50))
     geo = synthetic_geography(n, int(opts.get("states", max(1, round(n / 60)))))
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        syn = synthetic_persons(
-            spec.domain, n, pathlib.Path(tmp) / "counts.zarr", seed=int(opts.get("seed", 0)),
-            population=float(opts.get("population", 25_000)),
-        )  # fmt: skip
-        return adopt_array(syn.array, spec.domain, geo, path)
+    seed, median = int(opts.get("seed", 0)), float(opts.get("population", 25_000))
+    most = int(np.minimum(draw_populations(n, seed, median), spec.domain.size).sum())
+    layout = choose_layout(str(opts.get("layout", "auto")), most, n, spec.domain, np.int32)
+    return synthetic_store(path, spec.domain, geo, seed=seed, population=median, layout=layout)
 
 
 # -- the three verbs ------------------------------------------------------------------------

@@ -36,7 +36,9 @@ The keys allowed in each mapping:
 ``data``      ``format``, ``path``, ``id`` (for ``ri2010`` the CSV file or its folder,
               :func:`dpdask.dataflow.read_ri2010`); for ``synthetic`` also ``geographies``,
               ``states``, ``seed``, ``population``; for ``records`` the options of
-              :func:`dpdask.dataflow.ingest_records` (``geography_column`` required)
+              :func:`dpdask.dataflow.ingest_records` (``geography_column`` required);
+              for converted inputs ``layout`` (``auto``, ``dense`` or ``sparse``: how
+              the converted counts are stored; ``auto`` picks the smaller)
 ``privacy``   one of ``zcdp``, ``rho``, ``epsilon`` (``delta`` only with
               ``epsilon``; ``delta: 0`` is pure DP), and ``split``, ``dataset`` (a
               budget mapping of the same form, without ``split`` or ``dataset``)
@@ -82,7 +84,8 @@ _ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 DATA_FORMATS = ("pl94", "ri2010", "store", "records", "synthetic")
 RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown")
 _DATA_KEYS = ("format", "path", "id")
-_SYNTHETIC_KEYS = ("geographies", "states", "seed", "population")
+_SYNTHETIC_KEYS = ("geographies", "states", "seed", "population", "layout")
+_CONVERTED_KEYS = ("layout",)  # pl94 and ri2010 files, converted into a store
 _LEDGER_KEYS = ("path", "create")
 
 
@@ -196,7 +199,10 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
     fmt = require(d, "format", "data")
     if fmt not in DATA_FORMATS:
         raise SpecError(f"data.format: {fmt!r} is not one of {DATA_FORMATS}")
-    extra = {"synthetic": _SYNTHETIC_KEYS, "records": None}.get(fmt, ())
+    extra = {
+        "synthetic": _SYNTHETIC_KEYS, "records": None, "pl94": _CONVERTED_KEYS,
+        "ri2010": _CONVERTED_KEYS,
+    }.get(fmt, ())  # fmt: skip
     check_keys(d, [*_DATA_KEYS, *(_records_keys() if extra is None else extra)], "data")
     dpath = as_path(d["path"], base, "data.path") if d.get("path") else None
     if fmt != "synthetic" and dpath is None:
@@ -207,6 +213,8 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
         dpath = ri2010_csv(dpath)  # a folder names its block file: only that file is read
     if fmt == "records" and d.get("geography_column") is None:
         raise SpecError("data.geography_column: required for format 'records'")
+    if d.get("layout", "auto") not in ("auto", "dense", "sparse"):
+        raise SpecError(f"data.layout: {d['layout']!r} is not one of auto, dense, sparse")
     data_id = d.get("id")
     if data_id is not None and (not isinstance(data_id, str) or not _ID.match(data_id)):
         raise SpecError(f"data.id: {data_id!r} must start with a letter and use [A-Za-z0-9_.-]")

@@ -140,3 +140,29 @@ def test_a_changed_level_strategy_changes_the_spec_print(tmp_path):
         _raw(tmp_path, strategy={"levels": {"state": "hdmm", "county": "identity"}}), tmp_path
     )
     assert spec_print(one) != spec_print(two)
+
+
+@pytest.mark.parametrize("layout", ["dense", "sparse", "auto"])
+def test_synthetic_data_layout(tmp_path, layout):
+    """``data.layout`` chooses how converted data is stored; the counts are the same
+    (oracle: the dense store of the same spec, read row by row)."""
+    from dpdask.pipeline.run import load_data
+
+    def store_of(lay, where):
+        raw = _raw(tmp_path)
+        raw["data"] = {**raw["data"], "layout": lay}
+        return load_data(parse_spec(raw, tmp_path), tmp_path / where)
+
+    got, dense = store_of(layout, "w1"), store_of("dense", "w2")
+    assert dense.layout == "dense"
+    if layout != "auto":
+        assert got.layout == layout
+    n = got.geography.n_units()
+    np.testing.assert_array_equal(got.rows(0, n), dense.rows(0, n))
+
+
+def test_bad_data_layout_is_refused(tmp_path):
+    raw = _raw(tmp_path)
+    raw["data"] = {**raw["data"], "layout": "columnar"}
+    with pytest.raises(SpecError, match="data.layout"):
+        parse_spec(raw, tmp_path)

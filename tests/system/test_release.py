@@ -440,13 +440,18 @@ def test_pair_inverse_matches_dense_least_squares(seed: int, deficient: bool) ->
         np.testing.assert_allclose(P.dense(), np.linalg.pinv(Ad), atol=1e-10)
 
 
-def test_data_above_max_total_refused_before_any_charge(store, tmp_path):
+@pytest.mark.parametrize("layout", ["dense", "sparse"])
+def test_data_above_max_total_refused_before_any_charge(store, tmp_path, layout):
     """On the lattice (a non-integer strategy), a geography above the public bound on
-    totals is refused before the ledger is charged; at the bound the release runs."""
+    totals is refused before the ledger is charged; at the bound the release runs (from
+    a dense or a sparse store)."""
+    from dpdask.dataflow import write_store
     from dpdask.errors import DataError
     from dpdask.linalg import Dense
 
     st, counts = store
+    if layout == "sparse":
+        st = write_store(tmp_path / "sp.zarr", counts, st.domain, st.geography, layout="sparse")
     frac = Kron([Dense(np.array([[1.0, 0.5], [0.25, 1.0]])), Prefix(3)])
     ledger = Ledger.init(tmp_path / "ledger.sqlite")
     total = int(counts.sum())
