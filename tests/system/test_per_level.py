@@ -164,5 +164,5 @@ def test_synthetic_data_layout(tmp_path, layout):
 def test_bad_data_layout_is_refused(tmp_path):
     raw = _raw(tmp_path)
     raw["data"] = {**raw["data"], "layout": "columnar"}
-    with pytest.raises(SpecError, match="data.layout"):
+    with pytest.raises(SpecError, match=r"data\.layout"):
         parse_spec(raw, tmp_path)
