@@ -91,6 +91,8 @@ from dpdask.publish import (
 
 __all__ = ["LevelPlan", "Release", "release"]
 
+_TOP_UNITS = 1024  # top-down: a top level of at most this many units gets a chunk per unit
+
 
 class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
     """A lazy release; :meth:`to_zarr` runs it. Built by :func:`release`."""
@@ -137,6 +139,9 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
                 8 * max(plans[lv].strategy.shape[0], n if (i == 0 or dense) else 1)
                 for i, lv in enumerate(levels)
             ]
+            if store.geography.n_units(levels[0]) <= _TOP_UNITS:
+                # a few top units, each a whole non-negative fit: a task each, in parallel
+                row_bytes[0] = max(row_bytes[0], chunk_bytes)
             self.lc: LevelChunks = level_chunks(
                 store.geography, levels, n, chunk_bytes, row_bytes=row_bytes, whole_families=True
             )
