@@ -9,7 +9,9 @@ two steps:
    unknown or malformed geography ids) and the partition's records are counted by
    (geography, cell);
 2. **write**: only if no partition found a problem, the counts of every finest unit
-   are written to a new store under a temporary name and renamed into place.
+   are written to a new store under a temporary name and renamed into place: as
+   entries (the sparse layout, straight from the merged (unit, cell) counts) when
+   they take less room than the dense array, as at block level on a large domain.
 
 A problem raises :class:`ValueError` naming the column, the value and the row
 (records counted from 0 across the input, in read order), with the number of rows

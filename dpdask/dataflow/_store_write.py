@@ -146,8 +146,10 @@ def dense_entries_filler(
         x = counts.rechunk((geo_chunk, *(-1,) * (counts.ndim - 1)))
         bounds = np.concatenate([[0], np.cumsum(x.chunks[0])]).tolist()
         blocks = x.to_delayed().ravel()
+        name = f"store-sparsify-{tokenize(x.name, dtype)}"
+        entries = dask.delayed(_block_entries, pure=True)
         parts = [
-            (bounds[i], bounds[i + 1], dask.delayed(_block_entries)(b, bounds[i], dtype))
+            (bounds[i], bounds[i + 1], entries(b, bounds[i], dtype, dask_key_name=(name, i)))
             for i, b in enumerate(blocks)
         ]
         return write_parts(root, group, parts, n, dtype, lambda r, p: raise_bad_row(r, p, dtype))
