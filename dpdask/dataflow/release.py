@@ -150,7 +150,9 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
         charges = {
             lv: level_charge(plans[lv], release_id, run_id, lv, "strategy")[0] for lv in levels
         }
-        same = len({tokenize(p.strategy) for p in plans.values()}) == 1
+        # the tree model's unit variances weigh levels against each other in the bottom-up
+        # consistency step; top-down never combines levels' measurements
+        same = reconstruct == "topdown" or len({tokenize(p.strategy) for p in plans.values()}) == 1
         self._levels = [
             LevelState(
                 lv,

@@ -232,3 +232,28 @@ def test_sparse_store_gives_the_dense_stores_release(store, tmp_path):
     for lv in st.geography.levels:
         for name in ("estimate", "answers", "variance"):
             np.testing.assert_array_equal(b[lv][name][:], a[lv][name][:])
+
+
+def test_per_level_strategies_on_a_large_domain_build_without_dense_grams(tmp_path):
+    """Top-down with a different strategy per level never forms a level's dense Gram (the
+    tree model's unit variances are a bottom-up matter): a 4-million-cell domain, whose
+    Gram MemoryError guards, builds its release."""
+    from dpdask import Domain
+    from dpdask.dataflow import write_sparse_store
+    from dpdask.linalg import Identity, Kron, Total, VStack
+    from dpdask.privacy import zCDP
+    from tests.helpers import DensePlan
+
+    dom = Domain(a=2000, b=2000)
+    geo = Geography(levels=("s", "c"), ids=(("s",), ("c0", "c1")), parents=(np.zeros(2, int),))
+    st = write_sparse_store(
+        tmp_path / "in.zarr", np.array([0, 1]), np.array([5, 7]), np.array([3, 4]), dom, geo
+    )
+    marg = VStack([Kron([Identity(2000), Total(2000)]), Kron([Total(2000), Identity(2000)])])
+    full = VStack([Kron([Identity(2000), Identity(2000)]), marg])
+    plans = {
+        lv: DensePlan(A, A, dom, "gaussian", zCDP(1).gaussian_sigma(A.sensitivity(2)), zCDP(1))
+        for lv, A in (("s", full), ("c", marg))
+    }
+    rel = release(plans, st, reconstruct="topdown", test_mode=True, key=SecretKey.for_testing(1))
+    assert [L.name for L in rel._levels] == ["s", "c"]
