@@ -144,16 +144,17 @@ def _synthetic_store(spec: ReleaseSpec, path: pathlib.Path) -> DataStore:
     """The spec's synthetic data (:func:`dpdask.dataflow.synthetic_store`) in the layout
     ``data.layout`` names; ``auto`` is the smaller for the drawn populations (a unit
     fills at most as many cells as it has persons)."""
-    from dpdask.dataflow import synthetic_store
-    from dpdask.dataflow._store_write import choose_layout
+    from dpdask.dataflow import prefer_dense, synthetic_store
     from dpdask.datasets import draw_populations
 
     opts = dict(spec.data.options)
     n = int(opts.get("geographies", 50))
     geo = synthetic_geography(n, int(opts.get("states", max(1, round(n / 60)))))
     seed, median = int(opts.get("seed", 0)), float(opts.get("population", 25_000))
-    most = int(np.minimum(draw_populations(n, seed, median), spec.domain.size).sum())
-    layout = choose_layout(str(opts.get("layout", "auto")), most, n, spec.domain, np.int32)
+    layout = str(opts.get("layout", "auto"))
+    if layout == "auto":
+        most = int(np.minimum(draw_populations(n, seed, median), spec.domain.size).sum())
+        layout = "dense" if prefer_dense(most, n, spec.domain.size, 4) else "sparse"
     return synthetic_store(path, spec.domain, geo, seed=seed, population=median, layout=layout)
 
 
