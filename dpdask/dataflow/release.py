@@ -92,6 +92,7 @@ from dpdask.publish import (
 __all__ = ["LevelPlan", "Release", "release"]
 
 _TOP_UNITS = 1024  # top-down: a top level of at most this many units gets a chunk per unit
+_TOPDOWN_SHARE = 4  # top-down chunks are chunk_bytes / this
 
 
 class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
@@ -141,10 +142,13 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
             ]
             if store.geography.n_units(levels[0]) <= _TOP_UNITS:
                 # a few top units, each a whole non-negative fit: a task each, in parallel
-                row_bytes[0] = max(row_bytes[0], chunk_bytes)
+                row_bytes[0] = max(row_bytes[0], chunk_bytes // _TOPDOWN_SHARE)
+            # smaller chunks than a least-squares release's: a chunk's fits take longer than
+            # its measurement, and a level waits for the level above (load balance)
             self.lc: LevelChunks = level_chunks(
-                store.geography, levels, n, chunk_bytes, row_bytes=row_bytes, whole_families=True
-            )
+                store.geography, levels, n, max(1, chunk_bytes // _TOPDOWN_SHARE),
+                row_bytes=row_bytes, whole_families=True,
+            )  # fmt: skip
         else:
             self.lc = level_chunks(store.geography, levels, n, chunk_bytes)
         charges = {
