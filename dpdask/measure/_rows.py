@@ -88,5 +88,6 @@ def row_totals(x: np.ndarray | sp.csr_array) -> np.ndarray:
 
 def answers(A: LinearQuery, x: np.ndarray | sp.csr_array) -> np.ndarray:
     """``A x`` per geography, float64 ``(g, m)``: a dense chunk at once, a sparse one a
-    few dense rows at a time (:func:`dpdask.linalg.apply_rows`)."""
-    return apply_rows(A, x)
+    few dense rows at a time or marginal by marginal for integer counts
+    (:func:`dpdask.linalg.apply_rows`, whose sums are then exact)."""
+    return apply_rows(A, x, exact_only=True)
