@@ -21,11 +21,24 @@ from dpdask.noise import KeyFile, SecretKey, new_key
 from dpdask.privacy import Charge, Run, RunStateError
 
 
-def _row_sums(block: Any) -> np.ndarray:
-    """Each row's total of a sparse block of counts."""
-    return np.bincount(block.coords[0], weights=block.data, minlength=block.shape[0]).astype(
-        np.int64
-    )
+def _largest_range_total(counts: Any, top: np.ndarray, step: int = 1 << 24) -> int:
+    """The largest total of a top-level unit of a sparse store: its finest units are a
+    contiguous range (``top`` is sorted), so its total is a difference of the running
+    sum of the entries' counts at two offsets; the counts are read once, in slices."""
+    offsets = counts.all_offsets
+    starts = np.searchsorted(top, np.arange(int(top[-1]) + 2 if top.size else 1))
+    marks = offsets[starts]  # entry index where each top unit starts (and the end)
+    running = np.zeros(marks.size, dtype=np.int64)
+    done, acc = 0, 0
+    count = counts.count
+    while done < count.shape[0]:
+        part = np.asarray(count[done : done + step], dtype=np.int64)
+        csum = np.cumsum(part) + acc
+        inside = (marks > done) & (marks <= done + part.size)
+        running[inside] = csum[marks[inside] - done - 1]
+        acc, done = int(csum[-1]) if part.size else acc, done + part.size
+    running[marks > done] = acc
+    return int(np.diff(running).max(initial=0))
 
 
 class RunKeys(ReleaseState):
@@ -49,15 +62,13 @@ class RunKeys(ReleaseState):
             top = np.arange(geo.n_units(self.levels[0]))
         else:
             top = geo.ancestor_index(self.levels[0])
-        if self.store.layout == "sparse":  # row sums of the entries, nothing densified
-            per_unit = self.store.to_sparse().map_blocks(
-                _row_sums, drop_axis=1, dtype=np.int64, meta=np.empty(0, dtype=np.int64)
-            )
+        if self.store.layout == "sparse":  # the entries' counts summed between offsets
+            biggest = _largest_range_total(self.store.counts, top)
         else:
             x = self.store.to_dask()
             per_unit = x.reshape(x.shape[0], -1).sum(axis=1, dtype=np.int64)
-        totals = per_unit.compute() if client is None else client.compute(per_unit).result()
-        biggest = int(np.bincount(top, weights=totals).max(initial=0)) if totals.size else 0
+            totals = per_unit.compute() if client is None else client.compute(per_unit).result()
+            biggest = int(np.bincount(top, weights=totals).max(initial=0)) if totals.size else 0
         if biggest > self.max_total:
             raise DataError(
                 f"a {self.levels[0]} of the data holds {biggest} people, above the public "
