@@ -51,70 +51,69 @@ class _Part:
         self.w, self.weight, self.m = w, float(plan.weight), self.cells.size
         self.nm = math.prod(plan.sizes) if plan.keep else 1
         self.kron: dict[np.dtype, list[np.ndarray]] = {}
+        self.last = 1
         if plan.factors is not None:
             g64 = ScaledKronGram(plan.factors, np.float64)
             self.kron = {np.dtype(np.float64): g64.factors}
             self.kron[np.dtype(np.float32)] = g64.with_dtype(np.float32).factors
+            self.last = g64.factors[-1].shape[0]
 
-    def product(
-        self, M: np.ndarray, fibres: np.ndarray | None, dtype: np.dtype, buffers: dict | None
-    ) -> np.ndarray:
-        """``M`` ``(K, m)`` (marginals on the reached cells) times the part's kept factor
-        Grams and weight, on the reached cells. ``buffers`` (a working set's) keeps the
-        whole marginal arrays between calls: only the reached cells and the occupied
-        fibres are ever written, so the rest stays zero."""
-        factors = self.kron.get(dtype)
+
+class _PartSet:
+    """A working set's pairs in one part: their marginal cells, laid out by fibres.
+
+    The pairs' marginal cells (``ch * nm + cell``, on the part's whole marginal of every
+    child) fall in fibres of its last axis; ``fibres`` are the occupied ones, and
+    ``bins`` each pair's place in the compact ``(len(fibres), last)`` array that the
+    contraction fills and the last factor multiplies. ``read`` is each pair's place in
+    the whole ``(K, nm)`` product."""
+
+    def __init__(self, part: _Part, ch: np.ndarray, cell: np.ndarray, K: int):
+        self.w = part.w[cell]
+        self.read = ch * part.nm + part.cells[part.key[cell]]
+        if part.kron:
+            rows, pos = np.divmod(self.read, part.last)
+            self.fibres, local = np.unique(rows, return_inverse=True)
+            self.bins = local.reshape(-1) * part.last + pos
+            self.nbins = self.fibres.size * part.last
+        else:  # no factor: the marginal itself
+            self.fibres, self.bins, self.nbins = None, self.read, K * part.nm
+        self.full: dict[np.dtype, np.ndarray] = {}  # the (K * nm / last, last) arrays
+
+    def product(self, part: _Part, v: np.ndarray, K: int, dtype: np.dtype) -> np.ndarray:
+        """The part's product of the pairs' values ``v`` on the whole marginal of every
+        child, ``(K * nm,)`` (only the occupied fibres are ever written before the
+        leading factors, so the kept arrays stay zero elsewhere)."""
+        X = np.bincount(self.bins, weights=self.w * v, minlength=self.nbins)
+        factors = part.kron.get(dtype)
         if factors is None:
-            return M * self.weight
-        K = M.shape[0]
-        last = factors[-1].shape[0]
-        if buffers is None:
-            buffers = {}
-        if "Z" not in buffers:
-            buffers["Z"] = np.zeros((K, self.nm), dtype=dtype)
-            if fibres is not None:
-                buffers["T"] = np.zeros((K * self.nm // last, last), dtype=dtype)
-        Z = buffers["Z"]
-        Z[:, self.cells] = M
-        Zf = Z.reshape(-1, last)
-        if fibres is None:
-            T = Zf @ factors[-1].T
-        else:  # the last factor on the occupied fibres only
-            T = buffers["T"]
-            T[fibres] = Zf[fibres] @ factors[-1].T
-        out = _leading_modes(factors, T).reshape(K, self.nm)[:, self.cells]
-        out *= dtype.type(self.weight)
+            return X * part.weight
+        X = X.astype(dtype, copy=False).reshape(-1, part.last)
+        T = self.full.get(dtype)
+        if T is None:
+            T = self.full[dtype] = np.zeros((K * part.nm // part.last, part.last), dtype=dtype)
+        T[self.fibres] = X @ factors[-1].T
+        out = _leading_modes(factors, T).reshape(-1)
+        out *= dtype.type(part.weight)
         return out
 
 
 class WorkingSet:
     """Pairs ``(ch[i], cell[i])`` sorted by cell, then child; every cell present.
 
-    Holds what products and projections on it reuse: per part the flat bins
-    ``ch * m + key[cell]`` and weights, the occupied fibres, the cells' segments.
+    Holds what products and projections on it reuse: per part its :class:`_PartSet`,
+    and the cells' segments (and :func:`segment_project`'s last thresholds).
     """
 
     def __init__(self, gram: WorkingGram, ch: np.ndarray, cell: np.ndarray):
         self.ch, self.cell = ch.astype(np.intp), cell.astype(np.intp)
         self.size = self.ch.size
-        self.bins, self.w, self.fibres = [], [], []
-        for part in gram.parts:
-            self.bins.append(self.ch * part.m + part.key[self.cell])
-            self.w.append(part.w[self.cell])
-            factors = part.kron.get(np.dtype(np.float32))
-            fib = None
-            if factors is not None:
-                last = factors[-1].shape[0]
-                full = self.ch * part.nm + part.cells[part.key[self.cell]]
-                fib = np.unique(full // last)
-                if fib.size > 0.6 * gram.K * part.nm // last:
-                    fib = None  # most fibres occupied: the whole product
-            self.fibres.append(fib)
+        self.parts = [_PartSet(part, self.ch, self.cell, gram.K) for part in gram.parts]
         self.starts = np.flatnonzero(np.r_[True, self.cell[1:] != self.cell[:-1]])
         if self.starts.size != gram.size:
             raise ValueError("every cell of the support needs a pair in the working set")
         self.count = np.diff(np.r_[self.starts, self.size]).astype(float)
-        self.buffers: list[dict] = [{} for _ in gram.parts]  # float32 products' arrays
+        self.thresholds: dict[str, np.ndarray] = {}  # segment_project's, by slot
 
 
 class WorkingGram:
@@ -139,44 +138,42 @@ class WorkingGram:
     def working_set(self, ch: np.ndarray, cell: np.ndarray) -> WorkingSet:
         return WorkingSet(self, ch, cell)
 
-    def _marginals(self, ws: WorkingSet, v: np.ndarray, exact: bool) -> list[np.ndarray]:
-        dtype = np.dtype(np.float64 if exact else np.float32)
-        out = []
-        parts = zip(self.parts, ws.bins, ws.w, ws.fibres, ws.buffers, strict=True)
-        for part, bins, w, fib, buffers in parts:
-            M = np.bincount(bins, weights=w * v, minlength=self.K * part.m)
-            M = M.reshape(self.K, part.m).astype(dtype, copy=False)
-            if exact:
-                out.append(part.product(M, None, dtype, None))
-            else:
-                out.append(part.product(M, fib, dtype, buffers))
-        return out
-
     def rows(self, ws: WorkingSet, v: np.ndarray, exact: bool = False) -> np.ndarray:
         """``H`` applied child by child to ``v`` (values on ``ws``), read on ``ws``:
         ``(ws.size,)`` float64 (the products in float32 unless ``exact``)."""
+        dtype = np.dtype(np.float64 if exact else np.float32)
         out = np.zeros(ws.size)
-        for M, bins, w in zip(self._marginals(ws, v, exact), ws.bins, ws.w, strict=True):
-            out += w * M.reshape(-1)[bins]
+        for part, ps in zip(self.parts, ws.parts, strict=True):
+            out += ps.w * ps.product(part, v, self.K, dtype)[ps.read]
         return out
 
     def dense(self, ws: WorkingSet, v: np.ndarray, exact: bool = True) -> np.ndarray:
         """The same product read at every pair: ``(K, |S|)`` float64."""
+        dtype = np.dtype(np.float64 if exact else np.float32)
         out = np.zeros((self.K, self.size))
-        for part, M in zip(self.parts, self._marginals(ws, v, exact), strict=True):
-            out += part.w * M[:, part.key]
+        for part, ps in zip(self.parts, ws.parts, strict=True):
+            full = ps.product(part, v, self.K, dtype).reshape(self.K, part.nm)
+            out += part.w * full[:, part.cells[part.key]]
         return out
 
 
 def segment_project(
-    v: np.ndarray, ws: WorkingSet, t: np.ndarray, passes: list[int] | None = None
+    v: np.ndarray,
+    ws: WorkingSet,
+    t: np.ndarray,
+    passes: list[int] | None = None,
+    slot: str | None = None,
 ) -> np.ndarray:
     """Each cell's pairs of ``v`` projected onto ``{u >= 0, sum u = t_j}`` (``t > 0``).
 
     Michelot's algorithm on every cell at once: the threshold ``tau_j = (sum of the
     pairs above it - t_j) / their number`` starts from a lower bound (the larger of
     that over all pairs and the largest pair minus ``t_j``) and rises pass by pass
-    until no pair drops below it; then ``u = max(v - tau, 0)``.
+    until no pair drops below it; then ``u = max(v - tau, 0)``. With ``slot``, the
+    thresholds are kept on ``ws`` under that name, and the next call with it starts
+    each cell from one Newton step on ``phi(tau) = sum_i max(v_i - tau, 0) - t_j``
+    from its last threshold (``phi`` is convex and decreasing: the step lands at or
+    below the root from either side; successive projections move little).
     ``passes``, if given, gets the number of passes appended.
     """
     starts, cell = ws.starts, ws.cell
@@ -185,6 +182,14 @@ def segment_project(
     tau = (np.add.reduceat(v, starts) - t) / ws.count
     np.maximum(tau, np.maximum.reduceat(v, starts) - t, out=tau)
     n = 0
+    last = ws.thresholds.get(slot) if slot is not None else None
+    if last is not None:  # one Newton step from it: a lower bound either side of tau*
+        n += 1
+        above = v > last[cell]
+        count = np.add.reduceat(above.astype(np.float64), starts)
+        total = np.add.reduceat(np.where(above, v, 0.0), starts)
+        step = np.where(count > 0, (total - t) / np.maximum(count, 1.0), -np.inf)
+        np.maximum(tau, step, out=tau)
     while True:
         n += 1
         above = v > tau[cell]
@@ -196,4 +201,6 @@ def segment_project(
         np.maximum(new, tau, out=tau)
     if passes is not None:
         passes.append(n)
+    if slot is not None:
+        ws.thresholds[slot] = tau
     return np.maximum(v - tau[cell], 0.0)
