@@ -30,4 +30,5 @@ BENCHES: dict[str, str] = {
     "sums": "dpdask.bench.sums",
     "ldp": "dpdask.bench.ldp",
     "topdown": "dpdask.bench.topdown",
+    "fits": "dpdask.bench.fits",
 }

@@ -69,6 +69,26 @@ class ScaledKronGram:
         """``S G S`` applied to each row of ``X`` (``(k, n)``), in this operator's dtype."""
         return kron_rows(self.factors, np.asarray(X, dtype=self.dtype))
 
+    def _order(self) -> list[int]:
+        """The axes of :meth:`restricted`'s permuted tensor: the second largest first, the
+        largest last."""
+        d, sizes = len(self.sizes), self.sizes
+        by_size = sorted(range(d), key=lambda i: sizes[i])
+        return [by_size[-2], *[i for i in range(d) if i not in by_size[-2:]], by_size[-1]]
+
+    def restricts(self, idx: np.ndarray) -> bool:
+        """Whether :meth:`restricted` on ``idx`` is cheaper than a whole product: false
+        when most fibres of its last axis are occupied (it then scatters, takes the
+        whole product and gathers, which a batch of vectors does better at once)."""
+        if len(self.sizes) == 1:
+            return True
+        order = self._order()
+        psz = [self.sizes[i] for i in order]
+        multi = np.unravel_index(idx, self.sizes)
+        pidx = np.ravel_multi_index([multi[i] for i in order], psz)
+        occupied = np.unique(pidx // psz[-1]).size
+        return occupied <= _RESTRICT_MAX * math.prod(psz[:-1])
+
     def restricted(
         self, idx: np.ndarray, dtype: type | None = None
     ) -> Callable[[np.ndarray], np.ndarray]:
@@ -92,8 +112,7 @@ class ScaledKronGram:
         if d == 1:
             sub = np.ascontiguousarray(facs[0][np.ix_(idx, idx)])
             return lambda v: sub @ v
-        by_size = sorted(range(d), key=lambda i: sizes[i])
-        order = [by_size[-2], *[i for i in range(d) if i not in by_size[-2:]], by_size[-1]]
+        order = self._order()
         psz = [sizes[i] for i in order]
         pf = [facs[i] for i in order]
         multi = np.unravel_index(idx, sizes)

@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 from dpdask.reconstruct._report import ConvergenceReport, warn_at_limit
+from dpdask.reconstruct._topdown_active import active_fista
 from dpdask.reconstruct._topdown_fista import L_MARGIN, fista, lipschitz, project
 from dpdask.reconstruct._topdown_newton import simplex_newton
+from dpdask.reconstruct._working_gram import WorkingGram
 
 __all__ = ["exact_sums", "objective", "solve_support"]
 
@@ -100,9 +102,13 @@ def solve_support(
         b = int(np.argmin([objective(U, GU, C) for U, GU in zip(starts, G0, strict=True)]))
         U0, GU0, details["start"] = starts[b], G0[b], ("even", "jacobi", "estimates")[b]
     start_products = 0 if GU0 is None else len(starts)
-    if GU0 is None and method == "fista":
-        GU0, start_products = gram.rows(U0), 1
-    if method == "newton":
+    union = level.unions.get(np.dtype(np.float64))
+    if method == "active" and union is not None:
+        U, GU, info = active_fista(WorkingGram(union, idx, K), C, t, U0, tol, maxiter)
+        products = info["products"] + info["exact"] + info["dense"] + info["power"]
+        details.update(products=products + start_products, rounds=info["rounds"])
+        details.update(pairs=info["pairs"], dense_products=info["dense"])
+    elif method == "newton":
         U, GU, info = simplex_newton(gram, C, t, U0, tol, maxiter)
         details.update(products=info["products"] + start_products)
         details.update(inner=info["inner"], fallbacks=info["fallbacks"], switched=False)
@@ -116,7 +122,9 @@ def solve_support(
             info.update(
                 iterations=info["iterations"] + more["iterations"], residual=more["residual"]
             )
-    else:
+    else:  # FISTA (also "active" without a union Gram)
+        if GU0 is None:
+            GU0, start_products = gram.rows(U0), 1
         L, power = lipschitz(gram.fast_rows, S)
         U, GU, info = fista(gram.rows, C, t, U0, GU0, L * L_MARGIN, tol, maxiter, gram.fast_rows)
         details.update(products=info["iterations"] + start_products + power)

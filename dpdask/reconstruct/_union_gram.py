@@ -211,7 +211,10 @@ class _RestrictedPart:
         self.full = False
         if plan.factors is not None:
             self.kron = ScaledKronGram(plan.factors, dtype)
-            self.full = self.m > _RESTRICT_FULL * self.nm
+            # the whole marginal at once when the cells reached are many, or occupy
+            # most fibres (a restricted product would then take the whole one, vector by
+            # vector)
+            self.full = self.m > _RESTRICT_FULL * self.nm or not self.kron.restricts(self.cells)
             if not self.full:
                 self._sub = self.kron.restricted(self.cells, dtype)
 

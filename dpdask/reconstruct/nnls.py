@@ -15,7 +15,9 @@ Two solvers. The default (``method="auto"``) is projected Newton
 products, started for a Kronecker strategy from a few ADMM iterations that use the
 factors' eigenvectors (:mod:`dpdask.reconstruct._admm_start`); each right-hand side is
 solved on its own working set, the inner solves on the free set only, with a product
-restricted to it (:meth:`~dpdask.reconstruct._kron_gram.ScaledKronGram.restricted`).
+restricted to it (:meth:`~dpdask.reconstruct._kron_gram.ScaledKronGram.restricted`, or
+for a union :meth:`~dpdask.reconstruct._union_gram.ScaledUnionGram.restricted`, whose
+cost grows with the free set and the parts' marginals).
 :func:`nonnegative_fit` solves the same problem from an estimate instead of the
 measurements, and :func:`nonnegative_fitter` does so for many estimates (a chunk of
 geographies), computing what the fits share once (:mod:`._metric`). The other
@@ -115,7 +117,7 @@ def _solve(
                 tol=tol,
                 maxiter=maxiter,
                 exact=exact,
-                restrict=fast.restricted if kron else None,
+                restrict=fast.restricted if fast is not None else None,
                 entries=fast.from_entries if kron else None,
             )
         if admm:

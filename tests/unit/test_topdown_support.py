@@ -14,7 +14,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import dpdask.reconstruct.topdown as topdown
+import dpdask.reconstruct._topdown_fitter as topdown_fitter
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Prefix, Total, VStack
 from dpdask.reconstruct.topdown import SupportEstimate, children_fitter
 from tests import requires_cvxpy
@@ -145,7 +145,7 @@ def test_no_whole_family_array(
 ) -> None:
     """On a 96,000-cell union strategy with 16 children and a support of 300 cells, the
     fit allocates far less than one ``(K, n)`` float64 array (12 MB) at its peak."""
-    monkeypatch.setattr(topdown, "_BATCH_ENTRIES", 1)  # one row at a time
+    monkeypatch.setattr(topdown_fitter, "_BATCH_ENTRIES", 1)  # one row at a time
     A = VStack(
         [Kron([Identity(40), Total(40), Identity(60)]), Kron([Total(40), Prefix(40), Identity(60)])]
     )

@@ -197,3 +197,23 @@ def test_union_restricted_fit_matches_oracle(method: str, rng: np.random.Generat
     _assert_feasible(X, p)
     f, f_ref = _objective(M, Y, X, w), _objective(M, Y, _cvxpy(M, Y, p, w), w)
     assert abs(f - f_ref) <= 1e-6 * f_ref
+
+
+def test_nnls_inner_solves_restricted_to_the_free_set(rng: np.random.Generator) -> None:
+    """NNLS on a union strategy takes its inner products restricted to the free set
+    (``details["restricted"]``) and still reaches scipy's active-set NNLS objective."""
+    from scipy.optimize import nnls as scipy_nnls
+
+    from dpdask.reconstruct import nnls
+
+    A = _union((3, 4, 5), [["dense", "total", "prefix"], ["total", "dense", "identity"]], rng)
+    M = A.dense()
+    x = np.where(rng.uniform(size=A.shape[1]) < 0.2, rng.poisson(4.0, size=A.shape[1]), 0)
+    y = M @ x + rng.normal(scale=1.5, size=M.shape[0])
+    est = nnls(A, y, tol=1e-11)
+    assert est.report.converged and est.report.details["union_float32"]
+    assert est.report.details["restricted"] > 0
+    ref = scipy_nnls(M, y)[0]
+    # (the union may be rank deficient: the same fit, not necessarily the same x)
+    f, f_ref = (float(np.sum((M @ v - y) ** 2)) for v in (est.x, ref))
+    assert (est.x >= 0).all() and abs(f - f_ref) <= 1e-8 * f_ref

@@ -1,0 +1,206 @@
+"""The restricted union Gram on a working set of (child, cell) pairs, and its simplex projection.
+
+An active-set fit (:mod:`dpdask.reconstruct._topdown_active`) keeps, of the ``K x |S|``
+variables of a family (``K`` children on the parent's support ``S``), only a *working
+set*: pairs ``(c, j)`` stored flat, sorted by cell and then child, every cell of ``S``
+holding at least one. The others are zero.
+
+:class:`WorkingGram` applies ``H = G~[S, S]`` of a union of Kronecker products (HDMM's
+OPT_+) child by child to a vector on a working set, through the parts' marginals as
+:class:`~dpdask.reconstruct._union_gram.RestrictedUnionGram` does, but with the
+contraction and the expansion taken over the working set's pairs only (``np.bincount``
+over ``K x m`` bins, ``m`` the part's marginal cells that ``S`` reaches, then one
+gather), so that their cost grows with the pairs, not with ``K |S|``; the Kronecker
+product of a part's other factor Grams runs on all ``K`` children's marginals at once
+(one batched product, in float32 unless ``exact``), its last (largest) factor only on
+the fibres the working set occupies. :meth:`WorkingGram.dense` reads the same product at
+every pair (the whole family's gradient, for the optimality test and the pricing of the
+pairs outside the working set).
+
+:func:`segment_project` projects each cell's pairs onto its simplex ``{u >= 0, sum u =
+t_j}`` (Michelot's algorithm, all cells at once: each pass sets a cell's threshold from
+the pairs above the last one, which only rises, so that a few passes over the pairs
+settle every cell).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpdask.reconstruct._kron_gram import ScaledKronGram, _leading_modes
+from dpdask.reconstruct._union_gram import ScaledUnionGram
+
+__all__ = ["WorkingGram", "WorkingSet", "segment_project"]
+
+
+class _Part:
+    """One part of the union on the support: weights, marginal keys, factor Grams."""
+
+    def __init__(self, plan, multi: tuple[np.ndarray, ...], s: np.ndarray):
+        w = s.copy()
+        for axis, r in plan.rank_one:
+            w *= r[multi[axis]]
+        if plan.keep:
+            full = np.ravel_multi_index([multi[a] for a in plan.keep], plan.sizes)
+        else:
+            full = np.zeros(s.size, dtype=np.intp)
+        self.cells, key = np.unique(full, return_inverse=True)
+        self.key = key.reshape(-1).astype(np.intp)
+        self.w, self.weight, self.m = w, float(plan.weight), self.cells.size
+        self.nm = math.prod(plan.sizes) if plan.keep else 1
+        self.kron: dict[np.dtype, list[np.ndarray]] = {}
+        self.last = 1
+        if plan.factors is not None:
+            g64 = ScaledKronGram(plan.factors, np.float64)
+            self.kron = {np.dtype(np.float64): g64.factors}
+            self.kron[np.dtype(np.float32)] = g64.with_dtype(np.float32).factors
+            self.last = g64.factors[-1].shape[0]
+
+
+class _PartSet:
+    """A working set's pairs in one part: their marginal cells, laid out by fibres.
+
+    The pairs' marginal cells (``ch * nm + cell``, on the part's whole marginal of every
+    child) fall in fibres of its last axis; ``fibres`` are the occupied ones, and
+    ``bins`` each pair's place in the compact ``(len(fibres), last)`` array that the
+    contraction fills and the last factor multiplies. ``read`` is each pair's place in
+    the whole ``(K, nm)`` product."""
+
+    def __init__(self, part: _Part, ch: np.ndarray, cell: np.ndarray, K: int):
+        self.w = part.w[cell]
+        self.read = ch * part.nm + part.cells[part.key[cell]]
+        if part.kron:
+            rows, pos = np.divmod(self.read, part.last)
+            self.fibres, local = np.unique(rows, return_inverse=True)
+            self.bins = local.reshape(-1) * part.last + pos
+            self.nbins = self.fibres.size * part.last
+        else:  # no factor: the marginal itself
+            self.fibres, self.bins, self.nbins = None, self.read, K * part.nm
+        self.full: dict[np.dtype, np.ndarray] = {}  # the (K * nm / last, last) arrays
+
+    def product(self, part: _Part, v: np.ndarray, K: int, dtype: np.dtype) -> np.ndarray:
+        """The part's product of the pairs' values ``v`` on the whole marginal of every
+        child, ``(K * nm,)`` (only the occupied fibres are ever written before the
+        leading factors, so the kept arrays stay zero elsewhere)."""
+        X = np.bincount(self.bins, weights=self.w * v, minlength=self.nbins)
+        factors = part.kron.get(dtype)
+        if factors is None:
+            return X * part.weight
+        X = X.astype(dtype, copy=False).reshape(-1, part.last)
+        T = self.full.get(dtype)
+        if T is None:
+            T = self.full[dtype] = np.zeros((K * part.nm // part.last, part.last), dtype=dtype)
+        T[self.fibres] = X @ factors[-1].T
+        out = _leading_modes(factors, T).reshape(-1)
+        out *= dtype.type(part.weight)
+        return out
+
+
+class WorkingSet:
+    """Pairs ``(ch[i], cell[i])`` sorted by cell, then child; every cell present.
+
+    Holds what products and projections on it reuse: per part its :class:`_PartSet`,
+    and the cells' segments (and :func:`segment_project`'s last thresholds).
+    """
+
+    def __init__(self, gram: WorkingGram, ch: np.ndarray, cell: np.ndarray):
+        self.ch, self.cell = ch.astype(np.intp), cell.astype(np.intp)
+        self.size = self.ch.size
+        self.parts = [_PartSet(part, self.ch, self.cell, gram.K) for part in gram.parts]
+        self.starts = np.flatnonzero(np.r_[True, self.cell[1:] != self.cell[:-1]])
+        if self.starts.size != gram.size:
+            raise ValueError("every cell of the support needs a pair in the working set")
+        self.count = np.diff(np.r_[self.starts, self.size]).astype(float)
+        self.thresholds: dict[str, np.ndarray] = {}  # segment_project's, by slot
+
+
+class WorkingGram:
+    """``H = G~[S, S]`` of a union Gram, child by child, on working sets (module notes).
+
+    Parameters
+    ----------
+    union : ScaledUnionGram
+        The level's Jacobi-scaled union Gram.
+    idx : ndarray
+        The support ``S`` (sorted cell indices).
+    K : int
+        The children.
+    """
+
+    def __init__(self, union: ScaledUnionGram, idx: np.ndarray, K: int):
+        self.K, self.size = K, idx.size
+        multi = np.unravel_index(idx, union.sizes)
+        s = union.scale[idx]
+        self.parts = [_Part(plan, multi, s) for plan in union._plans]
+
+    def working_set(self, ch: np.ndarray, cell: np.ndarray) -> WorkingSet:
+        return WorkingSet(self, ch, cell)
+
+    def rows(self, ws: WorkingSet, v: np.ndarray, exact: bool = False) -> np.ndarray:
+        """``H`` applied child by child to ``v`` (values on ``ws``), read on ``ws``:
+        ``(ws.size,)`` float64 (the products in float32 unless ``exact``)."""
+        dtype = np.dtype(np.float64 if exact else np.float32)
+        out = np.zeros(ws.size)
+        for part, ps in zip(self.parts, ws.parts, strict=True):
+            out += ps.w * ps.product(part, v, self.K, dtype)[ps.read]
+        return out
+
+    def dense(self, ws: WorkingSet, v: np.ndarray, exact: bool = True) -> np.ndarray:
+        """The same product read at every pair: ``(K, |S|)`` float64."""
+        dtype = np.dtype(np.float64 if exact else np.float32)
+        out = np.zeros((self.K, self.size))
+        for part, ps in zip(self.parts, ws.parts, strict=True):
+            full = ps.product(part, v, self.K, dtype).reshape(self.K, part.nm)
+            out += part.w * full[:, part.cells[part.key]]
+        return out
+
+
+def segment_project(
+    v: np.ndarray,
+    ws: WorkingSet,
+    t: np.ndarray,
+    passes: list[int] | None = None,
+    slot: str | None = None,
+) -> np.ndarray:
+    """Each cell's pairs of ``v`` projected onto ``{u >= 0, sum u = t_j}`` (``t > 0``).
+
+    Michelot's algorithm on every cell at once: the threshold ``tau_j = (sum of the
+    pairs above it - t_j) / their number`` starts from a lower bound (the larger of
+    that over all pairs and the largest pair minus ``t_j``) and rises pass by pass
+    until no pair drops below it; then ``u = max(v - tau, 0)``. With ``slot``, the
+    thresholds are kept on ``ws`` under that name, and the next call with it starts
+    each cell from one Newton step on ``phi(tau) = sum_i max(v_i - tau, 0) - t_j``
+    from its last threshold (``phi`` is convex and decreasing: the step lands at or
+    below the root from either side; successive projections move little).
+    ``passes``, if given, gets the number of passes appended.
+    """
+    starts, cell = ws.starts, ws.cell
+    # two lower bounds of the threshold: from all the pairs, and from the largest
+    # (which cannot exceed t_j once projected)
+    tau = (np.add.reduceat(v, starts) - t) / ws.count
+    np.maximum(tau, np.maximum.reduceat(v, starts) - t, out=tau)
+    n = 0
+    last = ws.thresholds.get(slot) if slot is not None else None
+    if last is not None:  # one Newton step from it: a lower bound either side of tau*
+        n += 1
+        above = v > last[cell]
+        count = np.add.reduceat(above.astype(np.float64), starts)
+        total = np.add.reduceat(np.where(above, v, 0.0), starts)
+        step = np.where(count > 0, (total - t) / np.maximum(count, 1.0), -np.inf)
+        np.maximum(tau, step, out=tau)
+    while True:
+        n += 1
+        above = v > tau[cell]
+        count = np.add.reduceat(above.astype(np.float64), starts)
+        total = np.add.reduceat(np.where(above, v, 0.0), starts)
+        new = (total - t) / np.maximum(count, 1.0)
+        if not (new > tau).any() or n >= 64:
+            break
+        np.maximum(new, tau, out=tau)
+    if passes is not None:
+        passes.append(n)
+    if slot is not None:
+        ws.thresholds[slot] = tau
+    return np.maximum(v - tau[cell], 0.0)
