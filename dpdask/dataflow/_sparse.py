@@ -73,9 +73,12 @@ def prefer_dense(nnz: int, n_units: int, n_cells: int, itemsize: int = 8) -> boo
 
 def sparse_meta(dtype: np.dtype | str) -> sparse.COO:
     """An empty 2-D :class:`sparse.COO` of ``dtype``: the ``meta`` of sparse Dask arrays."""
+    # sorted and unique (it is empty): the flags spare the constructor a numba-compiled
+    # check, about a second of compilation in every process that makes one
     return sparse.COO(
-        np.empty((2, 0), dtype=np.int64), np.empty(0, dtype=dtype), shape=(0, 0), fill_value=0
-    )
+        np.empty((2, 0), dtype=np.int64), np.empty(0, dtype=dtype), shape=(0, 0), fill_value=0,
+        sorted=True, has_duplicates=False,
+    )  # fmt: skip
 
 
 def coo_rows(

@@ -57,10 +57,15 @@ def _report(report_dir: str | None, level: str, chunk: int, failed: list[dict]) 
 
 
 def _coo(rows: list, cells: list, values: list, shape: tuple[int, int]) -> sparse.COO:
+    """The chunk's entries, families in order, each row-major over its sorted support:
+    sorted and unique, which the flags tell the constructor (it then skips a check that
+    costs a numba compilation in every worker)."""
     if not rows:
-        return sparse.COO(np.zeros((2, 0), dtype=np.int64), np.zeros(0), shape=shape)
-    coords = np.stack([np.concatenate(rows), np.concatenate(cells)]).astype(np.int64)
-    return sparse.COO(coords, np.concatenate(values).astype(np.float64), shape=shape)
+        coords, data = np.zeros((2, 0), dtype=np.int64), np.zeros(0)
+    else:
+        coords = np.stack([np.concatenate(rows), np.concatenate(cells)]).astype(np.int64)
+        data = np.concatenate(values).astype(np.float64)
+    return sparse.COO(coords, data, shape=shape, sorted=True, has_duplicates=False)
 
 
 def top_block(
