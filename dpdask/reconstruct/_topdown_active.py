@@ -90,18 +90,18 @@ def _lipschitz(prod: _Products, n: int) -> tuple[float, int]:
 
 def _fista(
     prod: _Products, c: np.ndarray, t: np.ndarray, u: np.ndarray, L: float, target: float,
-    maxiter: int, passes: list[int],
+    maxiter: int,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:  # fmt: skip
     """FISTA on the working set to ``||u - P(u - grad)|| <= target``; returns ``u``,
     its exact-referenced product, the iterations and the residual norm."""
     ws = prod.ws
     gu = prod.exact(u)
     y, gy, theta = u, gu, 1.0
-    res = float(np.linalg.norm(u - segment_project(u - (gu - c), ws, t, passes)))
+    res = float(np.linalg.norm(u - segment_project(u - (gu - c), ws, t)))
     it = 0
     while it < maxiter and res > target:
         it += 1
-        un = segment_project(y - (gy - c) / L, ws, t, passes, "step")
+        un = segment_project(y - (gy - c) / L, ws, t)
         if it % REFRESH == 0:
             gun = prod.exact(un)
         else:
@@ -114,7 +114,7 @@ def _fista(
             if curv > L:
                 L, restart = L_MARGIN * curv, True
         if it % 4 == 0 or it == maxiter:
-            P = segment_project(un - (gun - c), ws, t, passes, "kkt")
+            P = segment_project(un - (gun - c), ws, t)
             res = float(np.linalg.norm(un - P))
         step = un - u
         if restart or float(np.dot(D, step)) < 0.0:
@@ -157,11 +157,10 @@ def active_fista(
     Returns the iterate ``(K, |S|)``, the exact ``U H`` there and counters
     (``iterations`` of FISTA in all, ``residual`` the whole family's KKT residual,
     ``rounds``, ``products`` and ``exact`` products on working sets, ``dense``
-    products, ``pairs`` of the last working set, ``passes`` of the projections).
+    products, ``pairs`` of the last working set).
     """
     K, S = C.shape
     counts: dict = {"products": 0, "exact": 0, "dense": 0, "power": 0}
-    passes: list[int] = []
     mask = U0 > 0
     mask[np.argmax(U0, axis=0), np.arange(S)] = True
     U = U0
@@ -169,7 +168,7 @@ def active_fista(
     final = ETA * tol * np.sqrt(K * S)
     cell, ch = np.nonzero(mask.T)
     ws = gram.working_set(ch, cell)
-    u = segment_project(U[ch, cell], ws, t, passes)
+    u = segment_project(U[ch, cell], ws, t)
     while True:
         U = np.zeros((K, S))
         U[ch, cell] = u
@@ -190,12 +189,11 @@ def active_fista(
         # set changes between them), the last to the final target
         target = max(final, THETA * res * np.sqrt(K * S))
         u, _, used, _ = _fista(
-            prod, C[ch, cell], t, U[ch, cell], L * L_MARGIN, target, maxiter - it, passes
+            prod, C[ch, cell], t, U[ch, cell], L * L_MARGIN, target, maxiter - it
         )
         it += used
         counts.setdefault("round_iterations", []).append(used)
         counts.setdefault("round_pairs", []).append(int(ws.size))
     info = {"iterations": it, "residual": res, "rounds": rounds, "pairs": int(ws.size)}
     info.update(counts)
-    info["passes"] = float(np.mean(passes)) if passes else 0.0
     return U, G, info

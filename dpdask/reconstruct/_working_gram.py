@@ -18,9 +18,7 @@ every pair (the whole family's gradient, for the optimality test and the pricing
 pairs outside the working set).
 
 :func:`segment_project` projects each cell's pairs onto its simplex ``{u >= 0, sum u =
-t_j}`` (Michelot's algorithm, all cells at once: each pass sets a cell's threshold from
-the pairs above the last one, which only rises, so that a few passes over the pairs
-settle every cell).
+t_j}``: the cells in buckets of one padded width, each bucket's columns by sorting.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ import math
 import numpy as np
 
 from dpdask.reconstruct._kron_gram import ScaledKronGram, _leading_modes
+from dpdask.reconstruct._topdown_fista import project_threshold
 from dpdask.reconstruct._union_gram import ScaledUnionGram
 
 __all__ = ["WorkingGram", "WorkingSet", "segment_project"]
@@ -102,7 +101,7 @@ class WorkingSet:
     """Pairs ``(ch[i], cell[i])`` sorted by cell, then child; every cell present.
 
     Holds what products and projections on it reuse: per part its :class:`_PartSet`,
-    and the cells' segments (and :func:`segment_project`'s last thresholds).
+    and the cells' segments and buckets (:func:`segment_project`).
     """
 
     def __init__(self, gram: WorkingGram, ch: np.ndarray, cell: np.ndarray):
@@ -112,8 +111,20 @@ class WorkingSet:
         self.starts = np.flatnonzero(np.r_[True, self.cell[1:] != self.cell[:-1]])
         if self.starts.size != gram.size:
             raise ValueError("every cell of the support needs a pair in the working set")
-        self.count = np.diff(np.r_[self.starts, self.size]).astype(float)
-        self.thresholds: dict[str, np.ndarray] = {}  # segment_project's, by slot
+        count = np.diff(np.r_[self.starts, self.size])
+        # segment_project's buckets: (width, cells, the (width, cells) places of their
+        # pairs in v, padded with len(v))
+        width = 1 << np.ceil(np.log2(count)).astype(np.int64)
+        self.buckets = []
+        for w in np.unique(width):
+            cells = np.flatnonzero(width == w)
+            first = self.starts[cells]
+            if w == 1:
+                self.buckets.append((1, cells, first))
+                continue
+            rows = np.arange(w)[:, None]
+            gather = np.where(rows < count[cells], first + rows, self.size)
+            self.buckets.append((int(w), cells, gather))
 
 
 class WorkingGram:
@@ -157,50 +168,21 @@ class WorkingGram:
         return out
 
 
-def segment_project(
-    v: np.ndarray,
-    ws: WorkingSet,
-    t: np.ndarray,
-    passes: list[int] | None = None,
-    slot: str | None = None,
-) -> np.ndarray:
+def segment_project(v: np.ndarray, ws: WorkingSet, t: np.ndarray) -> np.ndarray:
     """Each cell's pairs of ``v`` projected onto ``{u >= 0, sum u = t_j}`` (``t > 0``).
 
-    Michelot's algorithm on every cell at once: the threshold ``tau_j = (sum of the
-    pairs above it - t_j) / their number`` starts from a lower bound (the larger of
-    that over all pairs and the largest pair minus ``t_j``) and rises pass by pass
-    until no pair drops below it; then ``u = max(v - tau, 0)``. With ``slot``, the
-    thresholds are kept on ``ws`` under that name, and the next call with it starts
-    each cell from one Newton step on ``phi(tau) = sum_i max(v_i - tau, 0) - t_j``
-    from its last threshold (``phi`` is convex and decreasing: the step lands at or
-    below the root from either side; successive projections move little).
-    ``passes``, if given, gets the number of passes appended.
+    The cells are taken in buckets of the same padded width (a power of two at least
+    their number of pairs, the padding at minus infinity): in each, the columns of
+    ``(width, cells)`` are projected at once by sorting
+    (:func:`~dpdask.reconstruct._topdown_fista.project_threshold`), which gives each
+    cell's threshold ``tau_j``; then ``u = max(v - tau, 0)``. A cell of one pair is
+    ``t_j``.
     """
-    starts, cell = ws.starts, ws.cell
-    # two lower bounds of the threshold: from all the pairs, and from the largest
-    # (which cannot exceed t_j once projected)
-    tau = (np.add.reduceat(v, starts) - t) / ws.count
-    np.maximum(tau, np.maximum.reduceat(v, starts) - t, out=tau)
-    n = 0
-    last = ws.thresholds.get(slot) if slot is not None else None
-    if last is not None:  # one Newton step from it: a lower bound either side of tau*
-        n += 1
-        above = v > last[cell]
-        count = np.add.reduceat(above.astype(np.float64), starts)
-        total = np.add.reduceat(np.where(above, v, 0.0), starts)
-        step = np.where(count > 0, (total - t) / np.maximum(count, 1.0), -np.inf)
-        np.maximum(tau, step, out=tau)
-    while True:
-        n += 1
-        above = v > tau[cell]
-        count = np.add.reduceat(above.astype(np.float64), starts)
-        total = np.add.reduceat(np.where(above, v, 0.0), starts)
-        new = (total - t) / np.maximum(count, 1.0)
-        if not (new > tau).any() or n >= 64:
-            break
-        np.maximum(new, tau, out=tau)
-    if passes is not None:
-        passes.append(n)
-    if slot is not None:
-        ws.thresholds[slot] = tau
-    return np.maximum(v - tau[cell], 0.0)
+    vext = np.append(v, -np.inf)
+    tau = np.empty(t.size)
+    for width, cells, gather in ws.buckets:
+        if width == 1:
+            tau[cells] = v[gather] - t[cells]
+        else:
+            tau[cells] = project_threshold(vext[gather], t[cells])[1]
+    return np.maximum(v - tau[ws.cell], 0.0)
