@@ -171,3 +171,30 @@ def test_active_without_a_union_gram_is_fista(rng: np.random.Generator) -> None:
     w = np.ones(M.shape[0])
     f, f_ref = _objective(M, Y, X, w), _objective(M, Y, _slsqp(M, Y, p, w), w)
     assert abs(f - f_ref) <= 1e-6 * f_ref
+
+
+def test_marginals_and_the_proportional_start(rng: np.random.Generator) -> None:
+    """``Level.marginals`` against a dense contraction, and the proportional split is
+    feasible (each cell sums to ``t``, even where no child is positive)."""
+    from dpdask.reconstruct._topdown_level import Level
+    from dpdask.reconstruct._topdown_solve import proportional
+
+    A = VStack([Kron([Identity(3), Total(4), Prefix(5)]), Kron([Total(3), Identity(4), Total(5)])])
+    level = Level(A, None, "kron")
+    assert level.kind == "union"
+    Z = rng.normal(size=(4, 60))
+    idx = np.sort(rng.choice(60, 17, replace=False))
+    got = level.marginals(Z, idx)
+    assert got is not None
+    ref = Z.reshape(4, 3, 4, 5).sum(axis=2).reshape(4, 15)  # the (3, 5) marginal is finer
+    r = scaled_union_gram(A, np.float64)._plans[0].rank_one[0][1]  # type: ignore[union-attr]
+    key = np.ravel_multi_index([np.unravel_index(idx, (3, 4, 5))[a] for a in (0, 2)], (3, 5))
+    np.testing.assert_allclose(got, ref[:, key] * abs(r[0]), rtol=1e-12)
+    t = rng.uniform(0.5, 3.0, size=idx.size)
+    W = got.copy()
+    W[:, 0] = -1.0  # no positive child: an even split
+    U = proportional(W, t)
+    assert (U >= 0).all()
+    np.testing.assert_allclose(U.sum(axis=0), t, rtol=1e-12)
+    np.testing.assert_allclose(U[:, 0], t[0] / 4)
+    assert Level(Kron([Prefix(3), Identity(4)]), None, "kron").marginals(Z[:, :12], idx[:3]) is None
