@@ -36,7 +36,12 @@ import numpy as np
 
 from dpdask.reconstruct._newton import _freeing_threshold
 from dpdask.reconstruct._topdown_fista import L_MARGIN, project
-from dpdask.reconstruct._working_gram import WorkingGram, WorkingSet, segment_project
+from dpdask.reconstruct._working_gram import (
+    WorkingGram,
+    WorkingSet,
+    segment_project,
+    segment_thresholds,
+)
 
 __all__ = ["active_fista"]
 
@@ -48,8 +53,27 @@ _POWER = 30
 POWER_RTOL = 2e-2  # (an estimate from below is raised by the steps' curvature)
 
 
-def _kkt(U: np.ndarray, G: np.ndarray, t: np.ndarray) -> float:
-    return float(np.linalg.norm(U - project(U - G, t)) / np.sqrt(U.size))
+def _kkt(ws: WorkingSet, u: np.ndarray, R: np.ndarray, t: np.ndarray) -> float:
+    """The whole family's KKT residual ``||U - P(U - R)|| / sqrt(K |S|)`` (``R`` the
+    gradient ``(K, |S|)``, ``U`` zero off the working set, ``u`` on it). A pair off the
+    working set (``U = 0``) counts only if ``-R`` exceeds its cell's threshold over the
+    working set's pairs (which the whole column's can only exceed): such cells are
+    projected whole, the others through the working set."""
+    v = u - R[ws.ch, ws.cell]
+    tau = segment_thresholds(v, ws, t)
+    inside = np.zeros(R.shape, dtype=bool)
+    inside[ws.ch, ws.cell] = True
+    over = np.flatnonzero(((-R > tau) & ~inside).any(axis=0))
+    d = u - np.maximum(v - tau[ws.cell], 0.0)
+    keep = ~np.isin(ws.cell, over)
+    total = float(np.dot(d[keep], d[keep]))
+    if over.size:
+        U = np.zeros((R.shape[0], over.size))
+        mine = ~keep
+        U[ws.ch[mine], np.searchsorted(over, ws.cell[mine])] = u[mine]
+        W = U - project(U - R[:, over], t[over])
+        total += float(np.vdot(W, W))
+    return float(np.sqrt(total / R.size))
 
 
 class _Products:
@@ -174,7 +198,7 @@ def active_fista(
         U[ch, cell] = u
         G = gram.dense(ws, u)  # exact
         counts["dense"] += 1
-        res = _kkt(U, G - C, t)
+        res = _kkt(ws, u, G - C, t)
         counts.setdefault("round_residuals", []).append(res)
         if res <= tol or it >= maxiter or rounds >= ROUNDS:
             break

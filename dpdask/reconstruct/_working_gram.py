@@ -27,11 +27,11 @@ import math
 
 import numpy as np
 
-from dpdask.reconstruct._kron_gram import ScaledKronGram, _leading_modes
+from dpdask.reconstruct._kron_gram import ScaledKronGram
 from dpdask.reconstruct._topdown_fista import project_threshold
 from dpdask.reconstruct._union_gram import ScaledUnionGram
 
-__all__ = ["WorkingGram", "WorkingSet", "segment_project"]
+__all__ = ["WorkingGram", "WorkingSet", "segment_project", "segment_thresholds"]
 
 
 class _Part:
@@ -69,32 +69,45 @@ class _PartSet:
 
     def __init__(self, part: _Part, ch: np.ndarray, cell: np.ndarray, K: int):
         self.w = part.w[cell]
+        self.w_out = self.w * part.weight
         self.read = ch * part.nm + part.cells[part.key[cell]]
         if part.kron:
             rows, pos = np.divmod(self.read, part.last)
-            self.fibres, local = np.unique(rows, return_inverse=True)
-            self.bins = local.reshape(-1) * part.last + pos
+            occupied = np.zeros(K * part.nm // part.last, dtype=bool)
+            occupied[rows] = True
+            self.fibres = np.flatnonzero(occupied)
+            local = np.cumsum(occupied) - 1
+            self.bins = local[rows] * part.last + pos
             self.nbins = self.fibres.size * part.last
         else:  # no factor: the marginal itself
             self.fibres, self.bins, self.nbins = None, self.read, K * part.nm
-        self.full: dict[np.dtype, np.ndarray] = {}  # the (K * nm / last, last) arrays
+        self.full: dict[np.dtype, list[np.ndarray]] = {}  # the whole marginals' arrays
 
     def product(self, part: _Part, v: np.ndarray, K: int, dtype: np.dtype) -> np.ndarray:
         """The part's product of the pairs' values ``v`` on the whole marginal of every
-        child, ``(K * nm,)`` (only the occupied fibres are ever written before the
-        leading factors, so the kept arrays stay zero elsewhere)."""
+        child, ``(K * nm,)``, without the part's weight (only the occupied fibres are
+        ever written before the leading factors, so the kept arrays stay zero
+        elsewhere)."""
         X = np.bincount(self.bins, weights=self.w * v, minlength=self.nbins)
         factors = part.kron.get(dtype)
         if factors is None:
-            return X * part.weight
+            return X
         X = X.astype(dtype, copy=False).reshape(-1, part.last)
-        T = self.full.get(dtype)
-        if T is None:
-            T = self.full[dtype] = np.zeros((K * part.nm // part.last, part.last), dtype=dtype)
+        buffers = self.full.get(dtype)
+        if buffers is None:  # [T, then one array per leading factor], kept between calls
+            shape = (K * part.nm // part.last, part.last)
+            buffers = self.full[dtype] = [np.zeros(shape, dtype=dtype)]
+            buffers += [np.empty(K * part.nm, dtype=dtype) for _ in factors[:-1]]
+        T = buffers[0]
         T[self.fibres] = X @ factors[-1].T
-        out = _leading_modes(factors, T).reshape(-1)
-        out *= dtype.type(part.weight)
-        return out
+        out = T.reshape(-1)
+        sizes = [F.shape[0] for F in factors]
+        for i in reversed(range(len(factors) - 1)):  # as _kron_gram's, into kept arrays
+            post = math.prod(sizes[i + 1 :])
+            res = buffers[len(factors) - 1 - i].reshape(-1, sizes[i], post)
+            np.matmul(factors[i], out.reshape(-1, sizes[i], post), out=res)
+            out = res.reshape(-1)
+        return out  # (the part's weight is in the readers' weights)
 
 
 class WorkingSet:
@@ -155,7 +168,7 @@ class WorkingGram:
         dtype = np.dtype(np.float64 if exact else np.float32)
         out = np.zeros(ws.size)
         for part, ps in zip(self.parts, ws.parts, strict=True):
-            out += ps.w * ps.product(part, v, self.K, dtype)[ps.read]
+            out += ps.w_out * ps.product(part, v, self.K, dtype)[ps.read]
         return out
 
     def dense(self, ws: WorkingSet, v: np.ndarray, exact: bool = True) -> np.ndarray:
@@ -164,8 +177,20 @@ class WorkingGram:
         out = np.zeros((self.K, self.size))
         for part, ps in zip(self.parts, ws.parts, strict=True):
             full = ps.product(part, v, self.K, dtype).reshape(self.K, part.nm)
-            out += part.w * full[:, part.cells[part.key]]
+            out += (part.w * part.weight) * full[:, part.cells[part.key]]
         return out
+
+
+def segment_thresholds(v: np.ndarray, ws: WorkingSet, t: np.ndarray) -> np.ndarray:
+    """Each cell's threshold ``tau_j`` of :func:`segment_project` (``(|S|,)``)."""
+    vext = np.append(v, -np.inf)
+    tau = np.empty(t.size)
+    for width, cells, gather in ws.buckets:
+        if width == 1:
+            tau[cells] = v[gather] - t[cells]
+        else:
+            tau[cells] = project_threshold(vext[gather], t[cells])[1]
+    return tau
 
 
 def segment_project(v: np.ndarray, ws: WorkingSet, t: np.ndarray) -> np.ndarray:
@@ -175,14 +200,7 @@ def segment_project(v: np.ndarray, ws: WorkingSet, t: np.ndarray) -> np.ndarray:
     their number of pairs, the padding at minus infinity): in each, the columns of
     ``(width, cells)`` are projected at once by sorting
     (:func:`~dpdask.reconstruct._topdown_fista.project_threshold`), which gives each
-    cell's threshold ``tau_j``; then ``u = max(v - tau, 0)``. A cell of one pair is
-    ``t_j``.
+    cell's threshold ``tau_j`` (:func:`segment_thresholds`); then ``u = max(v - tau,
+    0)``. A cell of one pair is ``t_j``.
     """
-    vext = np.append(v, -np.inf)
-    tau = np.empty(t.size)
-    for width, cells, gather in ws.buckets:
-        if width == 1:
-            tau[cells] = v[gather] - t[cells]
-        else:
-            tau[cells] = project_threshold(vext[gather], t[cells])[1]
-    return np.maximum(v - tau[ws.cell], 0.0)
+    return np.maximum(v - segment_thresholds(v, ws, t)[ws.cell], 0.0)

@@ -198,3 +198,29 @@ def test_marginals_and_the_proportional_start(rng: np.random.Generator) -> None:
     np.testing.assert_allclose(U.sum(axis=0), t, rtol=1e-12)
     np.testing.assert_allclose(U[:, 0], t[0] / 4)
     assert Level(Kron([Prefix(3), Identity(4)]), None, "kron").marginals(Z[:, :12], idx[:3]) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    K=st.integers(1, 6),
+    S=st.integers(1, 25),
+    frac=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_whole_family_kkt_through_the_working_set(K: int, S: int, frac: float, seed: int) -> None:
+    """The KKT residual from the working set (with the pairs off it that could bind)
+    equals the dense one, ``||U - P(U - R)|| / sqrt(K S)``."""
+    from dpdask.reconstruct._topdown_active import _kkt
+
+    rng = np.random.default_rng(seed)
+    t = rng.uniform(0.01, 5.0, size=S)
+    mask = _mask(K, S, frac, rng)
+    union = scaled_union_gram(VStack([Kron([Identity(S), Total(1)])]), np.float64)
+    assert union is not None
+    ws, ch, cell = _working_set(WorkingGram(union, np.arange(S), K), mask)
+    u = segment_project(rng.normal(size=ws.size) * 3, ws, t)
+    U = np.zeros((K, S))
+    U[ch, cell] = u
+    R = rng.normal(size=(K, S)) * rng.uniform(0.1, 4.0)
+    dense = np.linalg.norm(U - project_threshold(U - R, t)[0]) / np.sqrt(K * S)
+    assert _kkt(ws, u, R, t) == pytest.approx(dense, rel=1e-10, abs=1e-13)
