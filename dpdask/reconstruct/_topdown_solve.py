@@ -103,6 +103,7 @@ def solve_support(
     if start == "auto":  # FISTA: the best of the simple starts and the estimates
         start = "admm" if Zs is None else ("estimates" if method == "newton" else "simple")
     use_admm = start == "admm" and method == "newton" and level.admm is not None
+    start_products = 0
     if start == "estimates" and Zs is not None:  # the least-squares fit, projected
         U0, GU0, details["start"] = project(Zs, t), None, "estimates"
     elif use_admm and full_C is not None:
@@ -118,10 +119,14 @@ def solve_support(
         if margins is not None and fitter.start == "auto":
             starts.append(proportional(margins, t))
             names.append("marginal")
-        G0 = [gram.rows(U) for U in starts]
+        active = method == "active" and level.unions
+        # (active-set FISTA computes its own exact products: the choice needs no more
+        # than fast ones)
+        rows = gram.fast_rows if active else gram.rows
+        G0 = [rows(U) for U in starts]
         b = int(np.argmin([objective(U, GU, C) for U, GU in zip(starts, G0, strict=True)]))
-        U0, GU0, details["start"] = starts[b], G0[b], names[b]
-    start_products = 0 if GU0 is None else len(starts)
+        U0, GU0, details["start"] = starts[b], (None if active else G0[b]), names[b]
+        start_products = len(starts)
     union = level.unions.get(np.dtype(np.float64))
     if method == "active" and union is not None:
         U, GU, info = active_fista(WorkingGram(union, idx, K), C, t, U0, tol, maxiter)
@@ -144,7 +149,7 @@ def solve_support(
             )
     else:  # FISTA (also "active" without a union Gram)
         if GU0 is None:
-            GU0, start_products = gram.rows(U0), 1
+            GU0, start_products = gram.rows(U0), start_products + 1
         L, power = lipschitz(gram.fast_rows, S)
         U, GU, info = fista(gram.rows, C, t, U0, GU0, L * L_MARGIN, tol, maxiter, gram.fast_rows)
         details.update(products=info["iterations"] + start_products + power)
