@@ -114,10 +114,14 @@ class ChildrenFitter:
 
     def _linear(
         self, Y: np.ndarray | None, Z: np.ndarray | None, idx: np.ndarray, lean: bool
-    ) -> tuple[np.ndarray, float, np.ndarray | None, Callable[[], np.ndarray] | None]:
+    ) -> tuple[
+        np.ndarray, float, np.ndarray | None, np.ndarray | None, Callable[[], np.ndarray] | None
+    ]:
         """The scaled linear terms on the support ``(K, |S|)``, the objective's constant,
-        the scaled estimates on the support (or None) and the whole-domain linear terms
-        for the ADMM start (a callable, or None), formed a few rows at a time."""
+        the scaled estimates on the support and their marginals there
+        (:meth:`~dpdask.reconstruct._topdown_level.Level.marginals`; each None when not
+        known), and the whole-domain linear terms for the ADMM start (a callable, or
+        None), formed a few rows at a time."""
         level = self.level
         n, s = level.n, level.scale
         if (Y is None) == (Z is None):
@@ -134,20 +138,23 @@ class ChildrenFitter:
         C = np.empty((K, idx.size))
         Zs = np.empty((K, idx.size)) if Z is not None or pinv is not None else None
         const = 0.0
+        margins = np.empty((K, idx.size)) if Zs is not None and level.unions else None
         for a, b in _batches(K, n):
             if Y is not None:
                 Yw = Yb[a:b] if self.root_w is None else Yb[a:b] * self.root_w
                 const += 0.5 * float(np.vdot(Yw, Yw))
                 C[a:b] = level.Aw.T.apply(Yw)[:, idx] * s[idx]
-                if Zs is not None and pinv is not None:
-                    Zs[a:b] = pinv.apply(Yw)[:, idx] / s[idx]
+                rows = pinv.apply(Yw) if pinv is not None else None
             else:
-                Zsb = Zb[a:b] / s
+                rows = Zb[a:b]
+                Zsb = rows / s
                 Cb = level.gram_rows(Zsb)
                 const += 0.5 * float(np.vdot(Zsb, Cb))
                 C[a:b] = Cb[:, idx]
-                if Zs is not None:
-                    Zs[a:b] = Zsb[:, idx]
+            if Zs is not None and rows is not None:
+                Zs[a:b] = rows[:, idx] / s[idx]
+                if margins is not None:
+                    margins[a:b] = level.marginals(rows, idx)
         full = None
         admm = self.method == "newton" and level.admm is not None
         if admm and (not lean or self.start == "admm"):
@@ -157,7 +164,7 @@ class ChildrenFitter:
                     return level.Aw.T.apply(Yb if self.root_w is None else Yb * self.root_w) * s
                 return level.gram_rows(Zb / s)
 
-        return C, const, Zs, full
+        return C, const, Zs, margins, full
 
     def _support_fit(
         self, parent: np.ndarray, Y: np.ndarray | None, Z: np.ndarray | None, lean: bool
@@ -167,8 +174,8 @@ class ChildrenFitter:
         # one BLAS thread: the products are small, and a second thread that is not
         # scheduled (a busy core) stalls each of them by milliseconds
         with _blas().limit(limits=1, user_api="blas"):
-            C, const, Zs, full = self._linear(Y, Z, idx, lean)
-            x, report = solve_support(self, C, const, p, idx, Zs, full, stacklevel=6)
+            C, const, Zs, margins, full = self._linear(Y, Z, idx, lean)
+            x, report = solve_support(self, C, const, p, idx, Zs, full, margins, stacklevel=6)
         return SupportEstimate(idx, x, report)
 
     def on_support(

@@ -21,6 +21,7 @@ and the scaled Gram ``G~ = S G S`` in one of four forms (``kind``):
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -195,3 +196,23 @@ class Level:
     def support(self, idx: np.ndarray) -> SupportGram:
         """The products of a fit on the support ``idx`` (sorted cell indices)."""
         return SupportGram(self, idx)
+
+    def marginals(self, Z: np.ndarray, idx: np.ndarray) -> np.ndarray | None:
+        """For a union Gram, each row of ``Z`` ``(k, n)`` (estimates on the whole domain)
+        summed into the finest marginal among the parts' (their rank-one factors
+        contracted), read at the marginal cell of each cell of ``idx``: ``(k, |idx|)``;
+        else None. (A start splits the parent in proportion to them.)"""
+        union = self.unions.get(np.dtype(np.float64))
+        if union is None:
+            return None
+        plan = max(union._plans, key=lambda pl: math.prod(pl.sizes) if pl.keep else 1)
+        if not plan.keep:
+            return None
+        k = Z.shape[0]
+        T = np.asarray(Z, dtype=float).reshape(k, *union.sizes)
+        for axis, r in sorted(plan.rank_one, key=lambda ar: -ar[0]):
+            # (an eigenvector's sign is arbitrary: a total's weights are made positive)
+            T = np.tensordot(T, r if r.sum() >= 0 else -r, axes=([axis + 1], [0]))
+        multi = np.unravel_index(idx, union.sizes)
+        key = np.ravel_multi_index([multi[a] for a in plan.keep], plan.sizes)
+        return T.reshape(k, -1)[:, key]

@@ -23,7 +23,7 @@ from dpdask.reconstruct._topdown_fista import L_MARGIN, fista, lipschitz, projec
 from dpdask.reconstruct._topdown_newton import simplex_newton
 from dpdask.reconstruct._working_gram import WorkingGram
 
-__all__ = ["exact_sums", "objective", "solve_support"]
+__all__ = ["exact_sums", "objective", "proportional", "solve_support"]
 
 
 def exact_sums(X: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -33,6 +33,16 @@ def exact_sums(X: np.ndarray, p: np.ndarray) -> np.ndarray:
     X[big, cols] = 0.0
     X[big, cols] = np.maximum(p - X.sum(axis=0), 0.0)
     return X
+
+
+def proportional(W: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Each cell's ``t_j`` split in proportion to the positive parts of ``W[:, j]`` (evenly
+    where none is positive)."""
+    W = np.maximum(W, 0.0)
+    total = W.sum(axis=0)
+    share = W / np.where(total > 0, total, 1.0)
+    share[:, total <= 0] = 1.0 / W.shape[0]
+    return share * t
 
 
 def objective(U: np.ndarray, GU: np.ndarray, C: np.ndarray) -> float:
@@ -48,6 +58,7 @@ def solve_support(
     idx: np.ndarray,
     Zs: np.ndarray | None = None,
     full_C: Callable[[], np.ndarray] | None = None,
+    margins: np.ndarray | None = None,
     stacklevel: int = 5,
 ) -> tuple[np.ndarray, ConvergenceReport]:
     """The children ``(K, |S|)`` on the support ``idx`` and the report.
@@ -69,6 +80,10 @@ def solve_support(
     full_C : callable, optional
         The whole-domain linear terms ``(K, n)``, for the ADMM start (else it is not
         taken).
+    margins : ndarray, optional
+        ``(K, |S|)`` the children's least-squares estimates summed into a marginal, at
+        each cell's marginal cell: the ``"marginal"`` start splits each cell's parent in
+        proportion to their positive parts.
     stacklevel : int
         For the warning at the iteration limit.
     """
@@ -88,6 +103,7 @@ def solve_support(
     if start == "auto":  # FISTA: the best of the simple starts and the estimates
         start = "admm" if Zs is None else ("estimates" if method == "newton" else "simple")
     use_admm = start == "admm" and method == "newton" and level.admm is not None
+    start_products = 0
     if start == "estimates" and Zs is not None:  # the least-squares fit, projected
         U0, GU0, details["start"] = project(Zs, t), None, "estimates"
     elif use_admm and full_C is not None:
@@ -96,12 +112,21 @@ def solve_support(
         GU0 = None
     else:  # the better (in f) of the even split, one Jacobi step and the estimates
         starts = [np.broadcast_to(t / K, (K, S)).copy(), project(C, t)]
+        names = ["even", "jacobi"]
         if Zs is not None and (fitter.start == "auto" or use_admm):
             starts.append(project(Zs, t))
-        G0 = [gram.rows(U) for U in starts]
+            names.append("estimates")
+        if margins is not None and fitter.start == "auto":
+            starts.append(proportional(margins, t))
+            names.append("marginal")
+        active = method == "active" and level.unions
+        # (active-set FISTA computes its own exact products: the choice needs no more
+        # than fast ones)
+        rows = gram.fast_rows if active else gram.rows
+        G0 = [rows(U) for U in starts]
         b = int(np.argmin([objective(U, GU, C) for U, GU in zip(starts, G0, strict=True)]))
-        U0, GU0, details["start"] = starts[b], G0[b], ("even", "jacobi", "estimates")[b]
-    start_products = 0 if GU0 is None else len(starts)
+        U0, GU0, details["start"] = starts[b], (None if active else G0[b]), names[b]
+        start_products = len(starts)
     union = level.unions.get(np.dtype(np.float64))
     if method == "active" and union is not None:
         U, GU, info = active_fista(WorkingGram(union, idx, K), C, t, U0, tol, maxiter)
@@ -124,7 +149,7 @@ def solve_support(
             )
     else:  # FISTA (also "active" without a union Gram)
         if GU0 is None:
-            GU0, start_products = gram.rows(U0), 1
+            GU0, start_products = gram.rows(U0), start_products + 1
         L, power = lipschitz(gram.fast_rows, S)
         U, GU, info = fista(gram.rows, C, t, U0, GU0, L * L_MARGIN, tol, maxiter, gram.fast_rows)
         details.update(products=info["iterations"] + start_products + power)

@@ -18,9 +18,7 @@ every pair (the whole family's gradient, for the optimality test and the pricing
 pairs outside the working set).
 
 :func:`segment_project` projects each cell's pairs onto its simplex ``{u >= 0, sum u =
-t_j}`` (Michelot's algorithm, all cells at once: each pass sets a cell's threshold from
-the pairs above the last one, which only rises, so that a few passes over the pairs
-settle every cell).
+t_j}``: the cells in buckets of one padded width, each bucket's columns by sorting.
 """
 
 from __future__ import annotations
@@ -29,10 +27,11 @@ import math
 
 import numpy as np
 
-from dpdask.reconstruct._kron_gram import ScaledKronGram, _leading_modes
+from dpdask.reconstruct._kron_gram import ScaledKronGram
+from dpdask.reconstruct._topdown_fista import project_threshold
 from dpdask.reconstruct._union_gram import ScaledUnionGram
 
-__all__ = ["WorkingGram", "WorkingSet", "segment_project"]
+__all__ = ["WorkingGram", "WorkingSet", "segment_project", "segment_thresholds"]
 
 
 class _Part:
@@ -70,39 +69,52 @@ class _PartSet:
 
     def __init__(self, part: _Part, ch: np.ndarray, cell: np.ndarray, K: int):
         self.w = part.w[cell]
+        self.w_out = self.w * part.weight
         self.read = ch * part.nm + part.cells[part.key[cell]]
         if part.kron:
             rows, pos = np.divmod(self.read, part.last)
-            self.fibres, local = np.unique(rows, return_inverse=True)
-            self.bins = local.reshape(-1) * part.last + pos
+            occupied = np.zeros(K * part.nm // part.last, dtype=bool)
+            occupied[rows] = True
+            self.fibres = np.flatnonzero(occupied)
+            local = np.cumsum(occupied) - 1
+            self.bins = local[rows] * part.last + pos
             self.nbins = self.fibres.size * part.last
         else:  # no factor: the marginal itself
             self.fibres, self.bins, self.nbins = None, self.read, K * part.nm
-        self.full: dict[np.dtype, np.ndarray] = {}  # the (K * nm / last, last) arrays
+        self.full: dict[np.dtype, list[np.ndarray]] = {}  # the whole marginals' arrays
 
     def product(self, part: _Part, v: np.ndarray, K: int, dtype: np.dtype) -> np.ndarray:
         """The part's product of the pairs' values ``v`` on the whole marginal of every
-        child, ``(K * nm,)`` (only the occupied fibres are ever written before the
-        leading factors, so the kept arrays stay zero elsewhere)."""
+        child, ``(K * nm,)``, without the part's weight (only the occupied fibres are
+        ever written before the leading factors, so the kept arrays stay zero
+        elsewhere)."""
         X = np.bincount(self.bins, weights=self.w * v, minlength=self.nbins)
         factors = part.kron.get(dtype)
         if factors is None:
-            return X * part.weight
+            return X
         X = X.astype(dtype, copy=False).reshape(-1, part.last)
-        T = self.full.get(dtype)
-        if T is None:
-            T = self.full[dtype] = np.zeros((K * part.nm // part.last, part.last), dtype=dtype)
+        buffers = self.full.get(dtype)
+        if buffers is None:  # [T, then one array per leading factor], kept between calls
+            shape = (K * part.nm // part.last, part.last)
+            buffers = self.full[dtype] = [np.zeros(shape, dtype=dtype)]
+            buffers += [np.empty(K * part.nm, dtype=dtype) for _ in factors[:-1]]
+        T = buffers[0]
         T[self.fibres] = X @ factors[-1].T
-        out = _leading_modes(factors, T).reshape(-1)
-        out *= dtype.type(part.weight)
-        return out
+        out = T.reshape(-1)
+        sizes = [F.shape[0] for F in factors]
+        for i in reversed(range(len(factors) - 1)):  # as _kron_gram's, into kept arrays
+            post = math.prod(sizes[i + 1 :])
+            res = buffers[len(factors) - 1 - i].reshape(-1, sizes[i], post)
+            np.matmul(factors[i], out.reshape(-1, sizes[i], post), out=res)
+            out = res.reshape(-1)
+        return out  # (the part's weight is in the readers' weights)
 
 
 class WorkingSet:
     """Pairs ``(ch[i], cell[i])`` sorted by cell, then child; every cell present.
 
     Holds what products and projections on it reuse: per part its :class:`_PartSet`,
-    and the cells' segments (and :func:`segment_project`'s last thresholds).
+    and the cells' segments and buckets (:func:`segment_project`).
     """
 
     def __init__(self, gram: WorkingGram, ch: np.ndarray, cell: np.ndarray):
@@ -112,8 +124,20 @@ class WorkingSet:
         self.starts = np.flatnonzero(np.r_[True, self.cell[1:] != self.cell[:-1]])
         if self.starts.size != gram.size:
             raise ValueError("every cell of the support needs a pair in the working set")
-        self.count = np.diff(np.r_[self.starts, self.size]).astype(float)
-        self.thresholds: dict[str, np.ndarray] = {}  # segment_project's, by slot
+        count = np.diff(np.r_[self.starts, self.size])
+        # segment_project's buckets: (width, cells, the (width, cells) places of their
+        # pairs in v, padded with len(v))
+        width = 1 << np.ceil(np.log2(count)).astype(np.int64)
+        self.buckets = []
+        for w in np.unique(width):
+            cells = np.flatnonzero(width == w)
+            first = self.starts[cells]
+            if w == 1:
+                self.buckets.append((1, cells, first))
+                continue
+            rows = np.arange(w)[:, None]
+            gather = np.where(rows < count[cells], first + rows, self.size)
+            self.buckets.append((int(w), cells, gather))
 
 
 class WorkingGram:
@@ -144,7 +168,7 @@ class WorkingGram:
         dtype = np.dtype(np.float64 if exact else np.float32)
         out = np.zeros(ws.size)
         for part, ps in zip(self.parts, ws.parts, strict=True):
-            out += ps.w * ps.product(part, v, self.K, dtype)[ps.read]
+            out += ps.w_out * ps.product(part, v, self.K, dtype)[ps.read]
         return out
 
     def dense(self, ws: WorkingSet, v: np.ndarray, exact: bool = True) -> np.ndarray:
@@ -153,54 +177,30 @@ class WorkingGram:
         out = np.zeros((self.K, self.size))
         for part, ps in zip(self.parts, ws.parts, strict=True):
             full = ps.product(part, v, self.K, dtype).reshape(self.K, part.nm)
-            out += part.w * full[:, part.cells[part.key]]
+            out += (part.w * part.weight) * full[:, part.cells[part.key]]
         return out
 
 
-def segment_project(
-    v: np.ndarray,
-    ws: WorkingSet,
-    t: np.ndarray,
-    passes: list[int] | None = None,
-    slot: str | None = None,
-) -> np.ndarray:
+def segment_thresholds(v: np.ndarray, ws: WorkingSet, t: np.ndarray) -> np.ndarray:
+    """Each cell's threshold ``tau_j`` of :func:`segment_project` (``(|S|,)``)."""
+    vext = np.append(v, -np.inf)
+    tau = np.empty(t.size)
+    for width, cells, gather in ws.buckets:
+        if width == 1:
+            tau[cells] = v[gather] - t[cells]
+        else:
+            tau[cells] = project_threshold(vext[gather], t[cells])[1]
+    return tau
+
+
+def segment_project(v: np.ndarray, ws: WorkingSet, t: np.ndarray) -> np.ndarray:
     """Each cell's pairs of ``v`` projected onto ``{u >= 0, sum u = t_j}`` (``t > 0``).
 
-    Michelot's algorithm on every cell at once: the threshold ``tau_j = (sum of the
-    pairs above it - t_j) / their number`` starts from a lower bound (the larger of
-    that over all pairs and the largest pair minus ``t_j``) and rises pass by pass
-    until no pair drops below it; then ``u = max(v - tau, 0)``. With ``slot``, the
-    thresholds are kept on ``ws`` under that name, and the next call with it starts
-    each cell from one Newton step on ``phi(tau) = sum_i max(v_i - tau, 0) - t_j``
-    from its last threshold (``phi`` is convex and decreasing: the step lands at or
-    below the root from either side; successive projections move little).
-    ``passes``, if given, gets the number of passes appended.
+    The cells are taken in buckets of the same padded width (a power of two at least
+    their number of pairs, the padding at minus infinity): in each, the columns of
+    ``(width, cells)`` are projected at once by sorting
+    (:func:`~dpdask.reconstruct._topdown_fista.project_threshold`), which gives each
+    cell's threshold ``tau_j`` (:func:`segment_thresholds`); then ``u = max(v - tau,
+    0)``. A cell of one pair is ``t_j``.
     """
-    starts, cell = ws.starts, ws.cell
-    # two lower bounds of the threshold: from all the pairs, and from the largest
-    # (which cannot exceed t_j once projected)
-    tau = (np.add.reduceat(v, starts) - t) / ws.count
-    np.maximum(tau, np.maximum.reduceat(v, starts) - t, out=tau)
-    n = 0
-    last = ws.thresholds.get(slot) if slot is not None else None
-    if last is not None:  # one Newton step from it: a lower bound either side of tau*
-        n += 1
-        above = v > last[cell]
-        count = np.add.reduceat(above.astype(np.float64), starts)
-        total = np.add.reduceat(np.where(above, v, 0.0), starts)
-        step = np.where(count > 0, (total - t) / np.maximum(count, 1.0), -np.inf)
-        np.maximum(tau, step, out=tau)
-    while True:
-        n += 1
-        above = v > tau[cell]
-        count = np.add.reduceat(above.astype(np.float64), starts)
-        total = np.add.reduceat(np.where(above, v, 0.0), starts)
-        new = (total - t) / np.maximum(count, 1.0)
-        if not (new > tau).any() or n >= 64:
-            break
-        np.maximum(new, tau, out=tau)
-    if passes is not None:
-        passes.append(n)
-    if slot is not None:
-        ws.thresholds[slot] = tau
-    return np.maximum(v - tau[cell], 0.0)
+    return np.maximum(v - segment_thresholds(v, ws, t)[ws.cell], 0.0)

@@ -88,13 +88,11 @@ def test_segment_project_matches_sorting(K: int, S: int, frac: float, seed: int)
     union = scaled_union_gram(VStack([Kron([Identity(S), Total(1)])]), np.float64)
     assert union is not None
     ws, ch, cell = _working_set(WorkingGram(union, np.arange(S), K), mask)
-    passes: list[int] = []
-    got = segment_project(V[ch, cell], ws, t, passes)
+    got = segment_project(V[ch, cell], ws, t)
     ref = project_threshold(np.where(mask, V, -np.inf), t)[0][ch, cell]
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12 * max(1.0, np.abs(V).max()))
     assert (got >= 0).all()
     np.testing.assert_allclose(np.bincount(cell, weights=got, minlength=S), t, rtol=1e-12)
-    assert passes and passes[0] <= K + 1
 
 
 def test_working_set_needs_every_cell() -> None:
@@ -173,3 +171,56 @@ def test_active_without_a_union_gram_is_fista(rng: np.random.Generator) -> None:
     w = np.ones(M.shape[0])
     f, f_ref = _objective(M, Y, X, w), _objective(M, Y, _slsqp(M, Y, p, w), w)
     assert abs(f - f_ref) <= 1e-6 * f_ref
+
+
+def test_marginals_and_the_proportional_start(rng: np.random.Generator) -> None:
+    """``Level.marginals`` against a dense contraction, and the proportional split is
+    feasible (each cell sums to ``t``, even where no child is positive)."""
+    from dpdask.reconstruct._topdown_level import Level
+    from dpdask.reconstruct._topdown_solve import proportional
+
+    A = VStack([Kron([Identity(3), Total(4), Prefix(5)]), Kron([Total(3), Identity(4), Total(5)])])
+    level = Level(A, None, "kron")
+    assert level.kind == "union"
+    Z = rng.normal(size=(4, 60))
+    idx = np.sort(rng.choice(60, 17, replace=False))
+    got = level.marginals(Z, idx)
+    assert got is not None
+    ref = Z.reshape(4, 3, 4, 5).sum(axis=2).reshape(4, 15)  # the (3, 5) marginal is finer
+    r = scaled_union_gram(A, np.float64)._plans[0].rank_one[0][1]  # type: ignore[union-attr]
+    key = np.ravel_multi_index([np.unravel_index(idx, (3, 4, 5))[a] for a in (0, 2)], (3, 5))
+    np.testing.assert_allclose(got, ref[:, key] * abs(r[0]), rtol=1e-12)
+    t = rng.uniform(0.5, 3.0, size=idx.size)
+    W = got.copy()
+    W[:, 0] = -1.0  # no positive child: an even split
+    U = proportional(W, t)
+    assert (U >= 0).all()
+    np.testing.assert_allclose(U.sum(axis=0), t, rtol=1e-12)
+    np.testing.assert_allclose(U[:, 0], t[0] / 4)
+    assert Level(Kron([Prefix(3), Identity(4)]), None, "kron").marginals(Z[:, :12], idx[:3]) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    K=st.integers(1, 6),
+    S=st.integers(1, 25),
+    frac=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_whole_family_kkt_through_the_working_set(K: int, S: int, frac: float, seed: int) -> None:
+    """The KKT residual from the working set (with the pairs off it that could bind)
+    equals the dense one, ``||U - P(U - R)|| / sqrt(K S)``."""
+    from dpdask.reconstruct._topdown_active import _kkt
+
+    rng = np.random.default_rng(seed)
+    t = rng.uniform(0.01, 5.0, size=S)
+    mask = _mask(K, S, frac, rng)
+    union = scaled_union_gram(VStack([Kron([Identity(S), Total(1)])]), np.float64)
+    assert union is not None
+    ws, ch, cell = _working_set(WorkingGram(union, np.arange(S), K), mask)
+    u = segment_project(rng.normal(size=ws.size) * 3, ws, t)
+    U = np.zeros((K, S))
+    U[ch, cell] = u
+    R = rng.normal(size=(K, S)) * rng.uniform(0.1, 4.0)
+    dense = np.linalg.norm(U - project_threshold(U - R, t)[0]) / np.sqrt(K * S)
+    assert _kkt(ws, u, R, t) == pytest.approx(dense, rel=1e-10, abs=1e-13)
