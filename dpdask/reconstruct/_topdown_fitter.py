@@ -20,7 +20,7 @@ from dpdask.reconstruct._inputs import as_batch
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
 from dpdask.reconstruct._topdown_level import Level
 from dpdask.reconstruct._topdown_solve import solve_support
-from dpdask.reconstruct.structured import structured_pinv
+from dpdask.reconstruct.structured import KronPairInverse, structured_pinv
 
 __all__ = ["ChildrenFitter", "SupportEstimate"]
 
@@ -112,6 +112,19 @@ class ChildrenFitter:
         inner = structured_pinv(Aw) if c != 0 else None
         return inner if inner is None or c == 1.0 else Scaled(inner, 1.0 / c)
 
+    def _least_squares(self, pinv: LinearQuery, Yw: np.ndarray, AtY: np.ndarray) -> np.ndarray:
+        """The least-squares estimates of the rows ``Yw`` (row-weighted measurements),
+        from ``AtY = A_w^T Yw`` when the pseudo-inverse solves the normal equations
+        (:class:`~dpdask.reconstruct.structured.KronPairInverse`: it would compute
+        ``A_w^T Yw`` again)."""
+        inner, c = pinv, 1.0
+        if isinstance(inner, Scaled):
+            inner, c = inner.A, float(inner.c)
+        if isinstance(inner, KronPairInverse):
+            # pinv = inner / w for A_w = w A: (A^T A)^+ A^T y / w = (A^T A)^+ (A_w^T y) / w^2
+            return inner._normal_solve(AtY) * (c * c)
+        return pinv.apply(Yw)
+
     def _linear(
         self, Y: np.ndarray | None, Z: np.ndarray | None, idx: np.ndarray, lean: bool
     ) -> tuple[
@@ -143,8 +156,9 @@ class ChildrenFitter:
             if Y is not None:
                 Yw = Yb[a:b] if self.root_w is None else Yb[a:b] * self.root_w
                 const += 0.5 * float(np.vdot(Yw, Yw))
-                C[a:b] = level.Aw.T.apply(Yw)[:, idx] * s[idx]
-                rows = pinv.apply(Yw) if pinv is not None else None
+                AtY = level.Aw.T.apply(Yw)
+                C[a:b] = AtY[:, idx] * s[idx]
+                rows = None if pinv is None else self._least_squares(pinv, Yw, AtY)
             else:
                 rows = Zb[a:b]
                 Zsb = rows / s

@@ -163,3 +163,27 @@ def test_no_whole_family_array(
         tracemalloc.stop()
     _check_support(est, p, K)
     assert peak < K * n * 8 / 3
+
+
+@pytest.mark.parametrize("weight", [None, 0.37])
+def test_least_squares_from_the_normal_equations(weight, rng: np.random.Generator) -> None:
+    """For a union of two Kronecker products (a structured pseudo-inverse that solves
+    the normal equations), the start's least-squares estimates reuse ``A_w^T y``: the
+    same as applying the pseudo-inverse, and a least-squares solution."""
+    from dpdask.reconstruct.structured import KronPairInverse
+
+    A = VStack(
+        [Kron([Identity(3), Total(4), Prefix(5)]), Kron([Total(3), Identity(4), Identity(5)])]
+    )
+    fit = children_fitter(A, weight)
+    pinv = fit._pinv
+    assert pinv is not None
+    inner = pinv.A if weight is not None else pinv
+    assert isinstance(inner, KronPairInverse)
+    Y = rng.normal(size=(3, A.shape[0]))
+    Yw = Y if weight is None else Y * np.sqrt(weight)
+    AtY = fit.level.Aw.T.apply(Yw)
+    Z = fit._least_squares(pinv, Yw, AtY)
+    np.testing.assert_allclose(Z, pinv.apply(Yw), rtol=0, atol=1e-10 * np.abs(Z).max())
+    M = A.dense() * (1.0 if weight is None else np.sqrt(weight))
+    np.testing.assert_allclose(M.T @ (M @ Z.T), AtY.T, rtol=0, atol=1e-8 * np.abs(AtY).max())
