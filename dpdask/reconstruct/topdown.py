@@ -32,16 +32,16 @@ so every cell's feasible set stays a simplex, scaled to ``t_j = p_j / s_j``).
   adaptive restart, one product with ``G[S, S]`` per iteration (float32 for a union
   Gram until the KKT residual is below ``1e-3``, then float64), from the best (in
   ``f``) of the even split ``p / K``, the projection of ``s C`` (one Jacobi step from
-  zero) and the projected least-squares estimates when given: the method for a dense
-  Gram (a small domain such as P.L. 94's) and for a union of Kronecker products
-  (HDMM's OPT_+ on the CPH domain), where each of its products costs about what one
-  inner iteration of the Newton method does and it needs fewer of them.
-* active-set FISTA (:mod:`dpdask.reconstruct._topdown_active`), for a union Gram: the
-  same iteration on a *working set* of (child, cell) pairs (the positive ones and the
-  most violating others, grown round by round from the whole family's exact gradient),
-  the rest held at zero, with products and projections whose cost grows with the pairs
-  rather than with ``K |S|``; the method for a union Gram (at the solution only a few
-  children of each cell are positive).
+  zero), the projected least-squares estimates when given, and (for a union Gram, when
+  the estimates are known) each cell's parent split in proportion to the children's
+  estimates summed into the finest of the parts' marginals: the method for a dense Gram
+  (a small domain such as P.L. 94's).
+* active-set FISTA (:mod:`dpdask.reconstruct._topdown_active`), for a union Gram
+  (HDMM's OPT_+ on the CPH domain): the same iteration on a *working set* of (child,
+  cell) pairs (the positive ones and the most violating others, grown round by round
+  from the whole family's exact gradient), the rest held at zero, with products and
+  projections whose cost grows with the pairs rather than with ``K |S|`` (at the
+  solution only a few children of each cell are positive), from the same starts.
 
 **Stopping rule.** The KKT residual of the scaled problem, the root-mean-square
 projected gradient ``||U - P(U - grad)|| / sqrt(K |S|)`` (``P`` the projection onto the
