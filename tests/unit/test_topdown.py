@@ -407,11 +407,23 @@ def test_round_children_rejects(X: np.ndarray, p: np.ndarray, match: str) -> Non
 
 
 def test_round_top() -> None:
-    x = np.array([[-3.0, -0.4, 0.49, 0.51, 2.5, 7.2]])
+    """Each unit's total (10.7 -> 11) is kept by the largest remainders: floors 0, 0, 0,
+    0, 2, 7 sum to 9, and the two units go to the largest fractions, 0.51 and 0.5."""
+    x = np.array([[-3.0, -0.4, 0.49, 0.51, 2.5, 7.2], [0.2, 0.2, 0.2, 0.2, 0.2, 0.0]])
     r = round_top(x)
     assert r.dtype == np.int64
-    np.testing.assert_array_equal(r, [[0, 0, 0, 1, 2, 7]])
-    assert (np.abs(r - np.maximum(x, 0)) <= 0.5).all()
+    np.testing.assert_array_equal(r, [[0, 0, 0, 1, 3, 7], [1, 0, 0, 0, 0, 0]])
+    assert (np.abs(r - np.maximum(x, 0)) < 1).all() and (r >= 0).all()
+    np.testing.assert_array_equal(r.sum(axis=1), np.rint(np.maximum(x, 0).sum(axis=1)))
+
+
+@given(st.lists(st.floats(-5, 50, allow_nan=False), min_size=1, max_size=40))
+def test_round_top_keeps_the_total_within_one_per_cell(values: list[float]) -> None:
+    x = np.array(values)
+    r = round_top(x)
+    pos = np.maximum(x, 0)
+    assert (r >= 0).all() and (np.abs(r - pos) < 1).all()
+    assert r.sum() == np.rint(pos.sum())
 
 
 # -- the tree --------------------------------------------------------------
