@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -72,6 +74,20 @@ def test_generator_entries_are_the_non_zero_counts_of_its_blocks():
     assert gen.entries(9, 9)[0].size == 0
     with pytest.raises(ValueError, match="need 0 <= start <= stop <= 30"):
         gen.entries(3, 31)
+
+
+def test_generator_pickles_without_its_model_tables():
+    domain = Domain(sex=2, age=115, race=63)
+    gen = SyntheticGenerator(domain, 12, seed=5, population=300.0)
+    payload = pickle.dumps(gen)
+    # the model's tables are 8 groups x 2 x 14,490 float64 cells (1.8 MB); the pickle
+    # carries the domain, seed and 12 populations only
+    assert len(payload) < 8 * 2 * domain.size * 8 // 100
+    back = pickle.loads(payload)
+    np.testing.assert_array_equal(back.population, gen.population)
+    np.testing.assert_array_equal(
+        back.block(0, 12), synthetic_block(domain, 0, 12, seed=5, population=300.0)
+    )
 
 
 def test_synthetic_store_arguments(tmp_path, geography):
