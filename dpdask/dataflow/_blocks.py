@@ -81,6 +81,22 @@ def tune_allocator() -> bool:
     return bool(ok)
 
 
+def trim_heap() -> bool:
+    """Return the heap's free memory to the system (glibc's ``malloc_trim``).
+
+    With the trim threshold at 1 GiB (:func:`tune_allocator`), a worker keeps up to
+    that much freed heap after a task; the few long tasks of a top-down release (a
+    state's NNLS, a family's fit) call this first, so one task's leftovers do not
+    count against the next one's memory limit. Returns whether anything was released
+    (glibc only; elsewhere it does nothing).
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def _chunk_index(block_info: dict | None) -> int:
     return int(block_info[0]["chunk-location"][0]) if block_info else 0
 

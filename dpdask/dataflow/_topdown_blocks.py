@@ -32,7 +32,7 @@ import sparse
 from scipy import sparse as sp
 
 from dpdask.dataflow._blas import task_blas
-from dpdask.dataflow._blocks import ChunkContext, measure_block, tune_allocator
+from dpdask.dataflow._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct import nnls
 from dpdask.reconstruct.nnls import nonnegative_fitter
@@ -79,6 +79,7 @@ def top_block(
 ) -> sparse.COO:
     """The top level's non-negative (integer with ``integer``) estimates of one chunk."""
     tune_allocator()
+    trim_heap()
     y = measure_block(x, plan, key, ctx, _info(chunk))
     g, n = y.shape[0], plan.strategy.shape[1]
     weight = 1.0 / plan.row_variance
@@ -148,6 +149,7 @@ def family_block(
     global index of each block's first row).
     """
     tune_allocator()
+    trim_heap()
     parents = np.asarray(parents, dtype=np.int64)
     first, last = int(parents[0]), int(parents[-1])
     P = parent_rows(parent_blocks, parent_starts, first, last)

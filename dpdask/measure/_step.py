@@ -235,13 +235,21 @@ def _measure(
         return _unbatch(noise, single)
     exact = row_answers(A, data)
     if spec is not None and not spec.exact:
-        grid = np.rint(np.ldexp(exact, spec.k))
-        if np.abs(grid).max(initial=0) >= 2.0**52:  # pragma: no cover - checked above
+        # in place where it can be: a chunk's answers can be hundreds of MB, and each
+        # temporary copy of them counts against the worker's memory limit
+        grid = np.ldexp(exact, spec.k)
+        del exact
+        np.rint(grid, out=grid)
+        if _max_abs(grid) >= 2.0**52:  # pragma: no cover - checked above
             raise DataError("grid answers above 2**52")
-        noisy = grid.astype(np.int64) + rng.sample(mech, scale, grid.shape)
-        if np.abs(noisy).max(initial=0) >= 2**53:
+        noisy = grid.astype(np.int64)
+        del grid
+        noisy += rng.sample(mech, scale, noisy.shape)
+        if _max_abs(noisy) >= 2**53:
             raise DataError("noisy grid answers above 2**53")  # pragma: no cover
-        out = np.ldexp(noisy.astype(np.float64), -spec.k)
+        out = noisy.astype(np.float64)
+        del noisy
+        np.ldexp(out, -spec.k, out=out)
         return _unbatch(out, single)
     if discrete:
         rounded = np.rint(exact)
@@ -250,6 +258,13 @@ def _measure(
         exact = rounded.astype(np.int64)
     noisy = exact + rng.sample(mech, scale, exact.shape, unsafe_float=unsafe_float)
     return _unbatch(noisy, single)
+
+
+def _max_abs(values: np.ndarray) -> float:
+    """``max |values|`` (0 when empty) without an array of absolute values."""
+    if values.size == 0:
+        return 0.0
+    return float(max(abs(float(values.max())), abs(float(values.min()))))
 
 
 def _unbatch(values: np.ndarray, single: bool) -> np.ndarray:
