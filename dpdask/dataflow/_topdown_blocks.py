@@ -35,6 +35,7 @@ from dpdask.dataflow._blas import task_blas
 from dpdask.dataflow._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct import nnls
+from dpdask.reconstruct._topdown_rounding import KEEP_TOTALS_CELLS
 from dpdask.reconstruct.nnls import nonnegative_fitter
 from dpdask.reconstruct.topdown import children_fitter, round_children, round_top
 
@@ -166,7 +167,8 @@ def family_block(
             p = P[[int(parents[a]) - first]].toarray().reshape(-1)
             idx, X, report = _on_support(fit, p, y[a:b])
             if integer:
-                X = round_children(X, np.rint(p[idx])).astype(np.float64)
+                X = round_children(X, np.rint(p[idx]), keep_totals=n >= KEEP_TOTALS_CELLS)
+                X = X.astype(np.float64)
             r, c = np.nonzero(X)
             rows.append(a + r)
             cells.append(idx[c])

@@ -69,7 +69,7 @@ from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._inputs import as_batch
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
 from dpdask.reconstruct._topdown_fitter import ChildrenFitter, SupportEstimate
-from dpdask.reconstruct._topdown_rounding import round_children, round_top
+from dpdask.reconstruct._topdown_rounding import KEEP_TOTALS_CELLS, round_children, round_top
 from dpdask.reconstruct.nnls import nnls
 
 __all__ = [
@@ -296,7 +296,11 @@ def topdown_tree(
             if ch.size == 0:
                 continue
             est = fit(Yl[ch], prev[pi])
-            X[ch] = round_children(est.x, prev[pi]) if integer else est.x
+            X[ch] = (
+                round_children(est.x, prev[pi], keep_totals=n >= KEEP_TOTALS_CELLS)
+                if integer
+                else est.x
+            )
             reports.append(est.report)
         report = ConvergenceReport(
             "topdown",

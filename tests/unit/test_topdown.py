@@ -385,6 +385,39 @@ def test_round_children_properties(case) -> None:
     np.testing.assert_allclose(np.abs(R - X).sum(axis=0), best, atol=1e-9)
 
 
+@settings(max_examples=100, deadline=None)
+@given(_fractional_children())
+def test_round_children_keeping_totals_is_the_nearest_such_table(case) -> None:
+    """Brute force over every floor/ceiling table (K n <= 12 entries): the rounding
+    keeps every column and every child's total, and no such table is nearer."""
+    X, p = case
+    if X.size > 12:
+        X, p = X[:, :2], p[:2]
+    R = round_children(X, p, keep_totals=True)
+    F, rho = np.floor(X), X.sum(axis=1)
+    np.testing.assert_array_equal(R.sum(axis=0), p)
+    assert (np.abs(R - X) < 1).all()
+    assert (np.abs(R.sum(axis=1) - rho) < 1 + 1e-9).all()
+    best = np.inf
+    for c in itertools.product((0, 1), repeat=X.size):
+        T = F + np.reshape(c, X.shape)
+        if (T.sum(axis=0) == p).all() and (np.abs(T.sum(axis=1) - rho) < 1 + 1e-9).all():
+            best = min(best, float(np.abs(T - X).sum()))
+    assert np.isfinite(best)  # Bacharach: such a table always exists
+    assert float(np.abs(R - X).sum()) <= best + 1e-9
+
+
+def test_round_children_keeping_totals_fixes_the_largest_remainders_drift() -> None:
+    """Thin fractional mass: child 0 has 0.3 of every cell, child 1 the other 0.7; the
+    largest remainders give child 1 everything (a drift of 3 in child 0's total)."""
+    X = np.vstack([np.full(10, 0.3), np.full(10, 0.7)])
+    p = np.ones(10, dtype=np.int64)
+    np.testing.assert_array_equal(round_children(X, p).sum(axis=1), [0, 10])
+    R = round_children(X, p, keep_totals=True)
+    np.testing.assert_array_equal(R.sum(axis=0), p)
+    assert R.sum(axis=1).tolist() == [3, 7]
+
+
 def test_round_children_example() -> None:
     X = np.array([[0.6, 2.5, 0.0, 1 / 3], [0.3, 0.25, 1.0, 1 / 3], [0.1, 0.25, 0.0, 1 / 3]])
     R = round_children(X, np.array([1, 3, 1, 1.0]))
