@@ -35,9 +35,13 @@ from dpdask.dataflow._blas import task_blas
 from dpdask.dataflow._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct import nnls
-from dpdask.reconstruct._topdown_rounding import KEEP_TOTALS_CELLS
 from dpdask.reconstruct.nnls import nonnegative_fitter
-from dpdask.reconstruct.topdown import children_fitter, round_children, round_top
+from dpdask.reconstruct.topdown import (
+    KEEP_TOTALS_CELLS,
+    children_fitter,
+    round_children,
+    round_top,
+)
 
 __all__ = ["family_block", "parent_rows", "top_block"]
 

@@ -73,6 +73,7 @@ from dpdask.reconstruct._topdown_rounding import KEEP_TOTALS_CELLS, round_childr
 from dpdask.reconstruct.nnls import nnls
 
 __all__ = [
+    "KEEP_TOTALS_CELLS",
     "ChildrenFitter",
     "SupportEstimate",
     "children_fitter",
