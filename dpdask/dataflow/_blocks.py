@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import json
 import pathlib
 from dataclasses import dataclass
@@ -73,12 +74,18 @@ def tune_allocator() -> bool:
         return True
     _allocator_tuned = True
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = _libc()
         ok = libc.mallopt(-3, _MMAP_THRESHOLD_MAX)  # M_MMAP_THRESHOLD
         ok = ok and libc.mallopt(-1, 2**30)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         return False
     return bool(ok)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library (raises ``OSError`` where there is none to load)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
 def trim_heap() -> bool:
@@ -91,8 +98,7 @@ def trim_heap() -> bool:
     (glibc only; elsewhere it does nothing).
     """
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
+        return bool(_libc().malloc_trim(0))
     except (OSError, AttributeError):
         return False
 

@@ -105,10 +105,7 @@ def round_top(x: np.ndarray) -> np.ndarray:
     # units still missing: the total's nearest integer minus the floors' sum, at most
     # ceil(sum frac), so never more than the cells with a positive fractional part
     missing = (np.rint(rows.sum(axis=1)) - floors.sum(axis=1)).astype(np.int64)
-    order = np.argsort(-frac, axis=1, kind="stable")  # ties to the cell listed first
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(rows.shape[1])[None, :], axis=1)
-    out = floors.astype(np.int64) + (rank < missing[:, None])
+    out = floors.astype(np.int64) + _largest_remainders(frac.T, missing).T
     return out.reshape(x.shape)
 
 
@@ -182,27 +179,37 @@ def round_children(X: np.ndarray, parent: np.ndarray, *, keep_totals: bool = Fal
     missing = p - F.sum(axis=0).astype(np.int64)  # in [0, K - 1] when the sums hold
     if ((missing < 0) | (missing > K)).any():  # pragma: no cover - excluded by the sum check
         raise ValueError("the children's columns do not sum to the parent")
-    order = np.argsort(-frac, axis=0, kind="stable")
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(K)[:, None], axis=0)
-    up = rank < missing[None, :]
-    if keep_totals and (np.abs(up.sum(axis=1) - frac.sum(axis=1)) >= 1).any():
-        kept = _nearest_keeping_totals(frac, missing)
-        if kept is not None:
-            up = kept
+    up = _largest_remainders(frac, missing)
+    if keep_totals:
+        rho = frac.sum(axis=1)
+        if (np.abs(up.sum(axis=1) - rho) >= 1).any():
+            kept = _nearest_keeping_totals(frac, missing, rho)
+            if kept is not None:
+                up = kept
     return F.astype(np.int64) + up
 
 
-def _nearest_keeping_totals(frac: np.ndarray, missing: np.ndarray) -> np.ndarray | None:
+def _largest_remainders(frac: np.ndarray, missing: np.ndarray) -> np.ndarray:
+    """``(K, n)`` bool: in each column ``j`` the ``missing[j]`` entries with the largest
+    fractional parts (ties to the entry listed first)."""
+    order = np.argsort(-frac, axis=0, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(frac.shape[0])[:, None], axis=0)
+    return rank < missing[None, :]
+
+
+def _nearest_keeping_totals(
+    frac: np.ndarray, missing: np.ndarray, rho: np.ndarray
+) -> np.ndarray | None:
     """``(K, n)`` bool: which entries round up in the nearest rounding that keeps every
-    column's ``missing`` units and every child's total (module notes); None when the
-    family is too large or the program's solution is not 0/1 (float rounding only)."""
+    column's ``missing`` units and every child's total (``rho``, the rows' fractional
+    parts summed; module notes); None when the family is too large or the program's
+    solution is not 0/1 (float rounding only)."""
     K, n = frac.shape
     rows, cols = np.nonzero(frac > 0)
     E = rows.size
     if E > MAX_CONTROLLED:
         return None
-    rho = frac.sum(axis=1)
     lo = np.floor(rho)
     hi = np.ceil(rho)
     a_eq = sp.csr_array((np.ones(E), (cols, np.arange(E))), shape=(n, E))
