@@ -53,12 +53,13 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     p = verbs.add_parser(
         "anchor",
         help="rewrite a lost head file from the chain, after checking that the chain holds "
-        "each given release's head and each kept head",
+        "each given release's head and each kept head; every release the ledger records "
+        "as published must be given, and without a head file at least one release or head",
     )
     p.add_argument("path", help="the ledger file (SQLite)")
     _heads(
         p,
-        "a release published from this ledger whose head must be in the chain",
+        "a release published from this ledger whose head must be in the chain (give every one)",
         "a head kept elsewhere that must be in the chain",
     )
     args = parser.parse_args(argv)  # fmt: skip
@@ -69,6 +70,7 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     if args.verb == "anchor":  # the head file is lost: the chain is checked, not the head
         ledger = Ledger(args.path, check_head=False)
         heads = _given_heads(ledger, args.release, args.head)
+        _check_vouched(ledger, args.release, heads)
         print(f"head file rewritten: {ledger.anchor(h for _, h in heads)}")
         return 0
     ledger = Ledger(args.path)  # verifies the chain and the head file
@@ -112,6 +114,38 @@ def _given_heads(
             )
         heads.append((out, Head.parse(recorded["head"])))
     return heads
+
+
+def _check_vouched(ledger: Ledger, releases: Sequence[str], heads: Sequence[object]) -> None:
+    """Re-anchor only with a witness outside the chain: every release the ledger records
+    as published (that still holds a release of this ledger) must be given, and without
+    a head file at least one release or kept head (a ledger rolled back behind its head
+    file looks intact once that file is gone)."""
+    import os
+
+    from dpdask.privacy import LedgerTamperedError
+    from dpdask.publish import release_attributes
+
+    given = {os.path.realpath(r) for r in releases}
+    missing = []
+    for run in ledger.published_runs():
+        if run.output is None:
+            continue
+        recorded = (release_attributes(run.output) or {}).get("ledger") or {}
+        if recorded.get("id") == ledger.ledger_id and os.path.realpath(run.output) not in given:
+            missing.append(run.output)
+    if missing:
+        raise LedgerTamperedError(
+            f"{ledger.path} records releases published at {', '.join(sorted(set(missing)))}; "
+            "give each with --release, so that the chain is checked against them; it is not "
+            "re-anchored"
+        )
+    if not heads and not ledger.head_file.exists():
+        raise LedgerTamperedError(
+            f"nothing vouches for {ledger.path}: without its head file a ledger rolled back "
+            "to an earlier state looks intact. Give every release published from it with "
+            "--release (or a head kept earlier with --head); it is not re-anchored"
+        )
 
 
 def _ledger_table(report: dict) -> str:

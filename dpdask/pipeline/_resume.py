@@ -1,17 +1,19 @@
-"""Resuming a run: only with its own key, on the same data and the same spec."""
+"""Resuming a run: only with its own key, on the same data, with the same spec and to the
+same output, as the ledger records them."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pathlib
 
-from dpdask.dataflow import SourcePrint, private_dir
+from dpdask.dataflow import SourcePrint
 from dpdask.noise import KeyFile
 from dpdask.pipeline.spec import ReleaseSpec
-from dpdask.privacy import Run, RunStateError
+from dpdask.privacy import Run, RunBinding, RunStateError, check_binding
 
-__all__ = ["check_run_key", "check_same_run", "spec_print"]
+__all__ = ["check_run_key", "check_same_run", "run_binding", "spec_print"]
 
 
 def check_run_key(run: Run, work: pathlib.Path) -> None:
@@ -50,29 +52,17 @@ def spec_print(spec: ReleaseSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def check_same_run(
-    spec: ReleaseSpec, work: pathlib.Path, run_id: str, source: SourcePrint, *, record: bool
-) -> None:
-    """A resumed run must read the same data with the same spec it started with: its
-    noise is fixed, and the same noise on changed data would reveal the change, while a
-    changed workload, strategy or reconstruction would publish measurements made for one
-    plan as those of another. ``record``: write what a new run starts with."""
-    path = work / "source.json"
-    if path.exists():
-        started = json.loads(path.read_text())
-        if started["content"] != source.content:
-            raise RunStateError(
-                f"the input changed since run {run_id!r} started; resuming would add "
-                "its noise to other data. Abandon it (`dpdask ledger abandon`) and start a new "
-                "run id (a new charge)"
-            )
-        if started.get("spec", spec_print(spec)) != spec_print(spec):
-            raise RunStateError(
-                f"the spec changed since run {run_id!r} started (its data options, "
-                "domain, levels, workload, budget, strategy or reconstruction); resuming would "
-                "publish what it measured for one plan as another's. Restore the spec, or "
-                "abandon the run (`dpdask ledger abandon`) and start a new run id (a new charge)"
-            )
-    elif record:
-        private_dir(work)
-        path.write_text(json.dumps({"content": source.content, "spec": spec_print(spec)}))
+def run_binding(spec: ReleaseSpec, output: pathlib.Path, source: SourcePrint) -> RunBinding:
+    """What the ledger binds a run of ``spec`` to: the content hash of its input, the
+    spec's hash (:func:`spec_print`) and its resolved output path."""
+    return RunBinding(source.content, spec_print(spec), os.path.realpath(output))
+
+
+def check_same_run(run: Run, binding: RunBinding) -> None:
+    """A resumed run must read the same data with the same spec it started with, and
+    publish where it was going to: its noise is fixed, and the same noise on changed
+    data would reveal the change, while a changed workload, strategy or reconstruction
+    would publish measurements made for one plan as those of another. The ledger's
+    record decides; the work folder (untrusted storage for the key and checkpoints)
+    has no say."""
+    check_binding(run, binding)

@@ -28,22 +28,29 @@ from dpdask.dataflow import (
     write_store,
 )
 from dpdask.domain import Geography
-from dpdask.pipeline._resume import check_run_key, check_same_run
+from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.privacy import (
     BudgetExceededError,
-    Head,
     Ledger,
     LedgerConflictError,
     LedgerMissingError,
-    LedgerTamperedError,
     RunStateError,
     check_dataset_fits,
     check_release_opening,
     check_run_id,
     split_levels,
 )
-from dpdask.publish import check_output, new_run_id, release_attributes, remove_work, work_dir
+from dpdask.publish import (
+    check_output,
+    check_replaced,
+    new_run_id,
+    open_ledger,
+    period_outputs,
+    release_attributes,
+    remove_work,
+    work_dir,
+)
 from dpdask.workloads.named import build_workload
 
 log = logging.getLogger("dpdask")
@@ -253,27 +260,23 @@ class _Checked:
     resuming: bool
 
 
-def _open_ledger(spec: ReleaseSpec) -> Ledger:
-    if not spec.ledger.exists() and not spec.ledger_create:
-        raise LedgerMissingError(
-            f"ledger: there is no ledger at {spec.ledger}; create it with "
-            f"`dpdask ledger init {spec.ledger}`, or write `ledger: {{path: ..., create: true}}` "
-            "in the spec"
-        )
-    return Ledger(spec.ledger, create=spec.ledger_create)
+def _open_ledger(spec: ReleaseSpec, *, dry: bool = False) -> Ledger | None:
+    """The spec's ledger, verified; created (saying so) only with ``ledger.create`` and
+    where no release of another ledger is published at the output or, for a scheduled
+    spec, at another period's output. ``dry``: create nothing (``None`` if it would)."""
+    outputs = period_outputs(spec.output, spec.period)
+    return open_ledger(spec.ledger, create=spec.ledger_create, outputs=outputs, dry=dry)
 
 
 def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create: bool) -> _Checked:
     """Every check ``run`` makes before it reads data or charges, in that order: the
-    output path, the ledger (verified), the dataset's and release's budgets, the run id."""
+    output path, the ledger (verified), the dataset's and release's budgets, the run id
+    and, for a resume, that the ledger binds the run to this input, spec and output."""
     check_input(spec)
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
     output = spec.output.absolute()
     work = work_dir(output, run_id)
-    if spec.ledger.exists() or create:
-        ledger = _open_ledger(spec) if create else Ledger(spec.ledger)
-    else:
-        ledger = None
+    ledger = _open_ledger(spec, dry=not create)
     protected = [
         ("input data", spec.data.path),
         ("ledger", spec.ledger),
@@ -282,10 +285,11 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
     ]
     if spec.source is not None:
         protected.append(("release spec", spec.source))
-    # a named dataset's budgets are checked before the input is even hashed
-    source = None if spec.data.id else source_print(spec)
-    dataset = dataset_id(spec, source)
     run = ledger.run(spec.release, run_id) if ledger is not None else None
+    # a named dataset's budgets are checked before the input is even hashed (a resume
+    # hashes it first: the ledger binds the run to it)
+    source = None if spec.data.id and run is None else source_print(spec)
+    dataset = dataset_id(spec, source)
     previous = release_attributes(output)
     done_here = (
         previous is not None
@@ -299,16 +303,12 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
             f"run {run_id!r} of release {spec.release!r} is {run.state}; a new run id is a "
             "new run, drawing new noise and charged again"
         )
+    if run is not None and source is not None:  # the ledger decides, not the work folder
+        check_same_run(run, run_binding(spec, output, source))
     if not (run is not None and run.state == "measuring" and done_here):
         check_output(output, overwrite, protected)
-    if previous is not None and overwrite and ledger is not None and not done_here:
-        head = (previous.get("ledger") or {}).get("head")
-        if head and previous.get("ledger", {}).get("id") == ledger.ledger_id:
-            if not ledger.contains(Head.parse(head)):
-                raise LedgerTamperedError(
-                    f"the release at {output} was charged under ledger head {head}, which "
-                    f"{spec.ledger} no longer holds: the ledger was rewritten"
-                )
+    if previous is not None and overwrite and not done_here:
+        check_replaced(output, ledger)
     resuming = run is not None
     if run is not None and not done_here:
         check_run_key(run, work)
@@ -375,11 +375,7 @@ def validate_spec(
     or the data reader's error, naming the problem.
     """
     queries = _check_workloads(spec)
-    if not spec.ledger.exists() and not spec.ledger_create:
-        _open_ledger(spec)  # raises, naming the fix
     checked = _preflight(spec, run_id, overwrite, create=False)
-    # a resume: the same data and spec
-    check_same_run(spec, checked.work, checked.run_id, checked.source, record=False)
     _plan, planned = plan_spec(spec)  # the strategy's options fail here, not in run
     report: dict[str, Any] = {
         "release": spec.release,
@@ -424,7 +420,6 @@ def run_spec(
     ledger = checked.ledger
     if ledger is None:  # pragma: no cover - _preflight(create=True) always opens one
         raise LedgerMissingError(f"ledger: no ledger at {spec.ledger}")
-    check_same_run(spec, checked.work, checked.run_id, checked.source, record=True)
     log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
              spec.data.format, checked.work)  # fmt: skip
     store = load_data(spec, checked.work, checked.source)
@@ -442,7 +437,12 @@ def run_spec(
     )  # fmt: skip
     from dpdask.dashboard import track  # registers the plugin; shows the run at /dpdask
 
-    with track(client, rel, ledger, plan=report):
+    binding = run_binding(spec, checked.output, checked.source)
+    # the run's first charge records what it is bound to; a resume's must match it
+    with (
+        ledger.bound(spec.release, checked.run_id, binding),
+        track(client, rel, ledger, plan=report),
+    ):
         out = rel.to_zarr(
             checked.output, overwrite=overwrite, client=client, progress=progress,
             protected=[("input data", spec.data.path), ("ledger", spec.ledger)],

@@ -16,9 +16,12 @@ Accounting rules
   charged to it must fit within the budget.
 * **Runs** are states bound to a key: ``open -> measuring -> published``, or
   ``abandoned``. A run records the fingerprint of its key (a keyed hash, never the
-  key). Charging a run with another key, or a published or abandoned run at all, is
-  refused: a new run id is a new charge. A resume (same run id, same key) finds its
-  charges and charges nothing.
+  key) and, when charged under :meth:`Ledger.bound`, a :class:`RunBinding`: the
+  content hash of its input, the hash of its spec and its output. Charging a run with
+  another key or binding, or a published or abandoned run at all, is refused: a new
+  run id is a new charge. A resume (same run id, key and binding) finds its charges
+  and charges nothing. A bound run is published only at its output, and a run is
+  published once.
 * A charge is identified by ``(release, run_id, level, measurement)``; charging the
   same identity again with the same parameters adds nothing, with different ones is
   refused.
@@ -31,7 +34,8 @@ Accounting rules
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,7 @@ from dpdask.privacy._records import (
     Charge,
     LedgerConflictError,
     Run,
+    RunBinding,
     RunStateError,
     _check_budget,
     _check_fits,
@@ -58,6 +63,7 @@ from dpdask.privacy._records import (
     _left,
     _State,
     _total,
+    check_binding,
     check_name,
     check_run_id,
 )
@@ -72,7 +78,9 @@ __all__ = [
     "LedgerMissingError",
     "LedgerTamperedError",
     "Run",
+    "RunBinding",
     "RunStateError",
+    "check_binding",
     "check_name",
     "check_run_id",
 ]
@@ -121,6 +129,7 @@ class Ledger:
         self, path: str | os.PathLike[str], *, create: bool = False, check_head: bool = True
     ):
         self.path = Path(path)
+        self._bindings: dict[tuple[str, str], RunBinding] = {}
         try:
             self._chain = Chain(self.path, check_head=check_head)
         except LedgerMissingError:
@@ -180,6 +189,13 @@ class Ledger:
         Open the ledger with ``check_head=False`` when its head file is missing.
         """
         return self._chain.reanchor(heads)
+
+    def published_runs(self) -> list[Run]:
+        """Every run recorded as published, with its output: the releases :meth:`anchor`
+        must be shown. Read without the head file check, so that a ledger opened to be
+        re-anchored can list them."""
+        entries = self._chain.read(check_head=False)
+        return [r for r in _State.fold(entries).runs.values() if r.state == "published"]
 
     def find(self, release: str, run_id: str, level: str, measurement: str) -> Charge | None:
         """The recorded charge with this identity, or ``None``."""
@@ -259,6 +275,7 @@ class Ledger:
                         "state": run.state,
                         "key_fingerprint": run.key_fingerprint,
                         "output": run.output,
+                        "binding": None if run.binding is None else run.binding.to_dict(),
                         "charges": sum(1 for c in st.charges.values() if c.key[:2] == (r, k)),
                     }
                     for (rel, k), run in st.runs.items()
@@ -316,14 +333,17 @@ class Ledger:
                 return
             append("release", {"release": release, "budget": budget.to_dict(), "dataset": dataset})
 
-    def open_run(self, release: str, run_id: str, key_fingerprint: str) -> Run:
-        """Open run ``run_id`` of ``release`` bound to a key, or resume it with the same key.
+    def open_run(
+        self, release: str, run_id: str, key_fingerprint: str, binding: RunBinding | None = None
+    ) -> Run:
+        """Open run ``run_id`` of ``release`` bound to a key (and to ``binding``: its
+        input, spec and output), or resume it with the same key and binding.
 
         Raises
         ------
         RunStateError
             If the run is published or abandoned (a new run id is a new charge), or
-            was opened with another key.
+            was opened with another key or binding.
         """
         check_run_id(run_id)
         check_name(key_fingerprint, "key fingerprint")
@@ -332,14 +352,34 @@ class Ledger:
             st.release(release)
             run = st.runs.get((release, run_id))
             if run is None:
-                append("run", {"release": release, "run_id": run_id,
-                               "key_fingerprint": key_fingerprint})  # fmt: skip
-                return Run(release, run_id, key_fingerprint, "open")
+                append("run", _run_body(release, run_id, key_fingerprint, binding))
+                return Run(release, run_id, key_fingerprint, "open", binding=binding)
             _check_run(run, key_fingerprint)
+            if binding is not None:
+                check_binding(run, binding)
             return run
 
+    @contextmanager
+    def bound(self, release: str, run_id: str, binding: RunBinding) -> Iterator[None]:
+        """Within the block, charges of run ``run_id`` bind it to ``binding``.
+
+        A run this block's charges open records ``binding``; a run already in the ledger
+        is charged only if it was recorded with the same binding (else
+        :class:`RunStateError`, nothing written). Publication checks the output a run is
+        bound to whether or not it happens in the block.
+        """
+        check_run_id(run_id)
+        if not isinstance(binding, RunBinding):
+            raise TypeError(f"expected a RunBinding, got {binding!r}")
+        self._bindings[(release, run_id)] = binding
+        try:
+            yield
+        finally:
+            self._bindings.pop((release, run_id), None)
+
     def publish(self, release: str, run_id: str, output: str) -> None:
-        """Record that run ``run_id`` was published at ``output`` (it can never charge again)."""
+        """Record that run ``run_id`` was published at ``output`` (it can never charge
+        again). A run is published once, and a bound run only at its bound output."""
         self._set_state(release, run_id, "published", output)
 
     def abandon(self, release: str, run_id: str) -> None:
@@ -352,6 +392,8 @@ class Ledger:
             run = _State.fold(entries).runs.get((release, run_id))
             if run is None:
                 raise RunStateError(f"run {run_id!r} of release {release!r} is not in the ledger")
+            if state == "published":
+                _check_publication(run, str(output))
             if run.state == state:
                 return
             if run.state not in _LIVE or (state == "published" and run.state != "measuring"):
@@ -395,7 +437,8 @@ class Ledger:
             st = _State.fold(entries)
             todo, new_runs, to_measuring = self._plan_charges(st, items)
             for release, run_id, fp in new_runs:
-                append("run", {"release": release, "run_id": run_id, "key_fingerprint": fp})
+                bound = self._bindings.get((release, run_id))
+                append("run", _run_body(release, run_id, fp, bound))
             for c in todo:
                 append("charge", c.to_dict())
             for release, run_id in to_measuring:
@@ -423,9 +466,8 @@ class Ledger:
             seen[c.key] = c
         return list(seen.values())
 
-    @staticmethod
     def _plan_charges(
-        st: _State, items: Sequence[Charge]
+        self, st: _State, items: Sequence[Charge]
     ) -> tuple[list[Charge], list[tuple[str, str, str]], list[tuple[str, str]]]:
         """What charging ``items`` would write: new charges, new runs, runs to mark
         measuring; raises if any of it is refused."""
@@ -448,6 +490,8 @@ class Ledger:
                 new_runs[rk] = c.key_fingerprint
             else:
                 _check_run(run, c.key_fingerprint)
+                if rk in self._bindings:
+                    check_binding(run, self._bindings[rk])
             old = st.charges.get(c.key)
             if old is None:
                 todo.append(c)
@@ -461,3 +505,30 @@ class Ledger:
                 to_measuring.append(rk)
         _check_fits(st, todo)
         return todo, [(*k, fp) for k, fp in new_runs.items()], to_measuring
+
+
+def _run_body(
+    release: str, run_id: str, key_fingerprint: str, binding: RunBinding | None
+) -> dict[str, Any]:
+    """The ledger entry that opens a run."""
+    body: dict[str, Any] = {"release": release, "run_id": run_id,
+                            "key_fingerprint": key_fingerprint}  # fmt: skip
+    if binding is not None:
+        body["binding"] = binding.to_dict()
+    return body
+
+
+def _check_publication(run: Run, output: str) -> None:
+    """A run is published once, and a bound run only at the output it is bound to."""
+    where = os.path.realpath(output)
+    name = f"run {run.run_id!r} of release {run.release!r}"
+    if run.state == "published" and run.output is not None and run.output != output:
+        raise RunStateError(
+            f"{name} is already published at {run.output}; its noise is never published "
+            f"again (at {output}). A new run id is a new run, drawing new noise and charged "
+            "again"
+        )
+    if run.binding is not None and run.binding.output != where:
+        raise RunStateError(
+            f"{name} is bound to the output {run.binding.output}; it cannot be published at {where}"
+        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -27,6 +27,7 @@ __all__ = [
     "Charge",
     "LedgerConflictError",
     "Run",
+    "RunBinding",
     "RunStateError",
     "check_name",
     "check_run_id",
@@ -150,14 +151,48 @@ class Charge:
 
 
 @dataclass(frozen=True)
+class RunBinding:
+    """What a run measures and where it publishes, recorded with the run when it is
+    first charged: a resume must match it, whatever its work folder says.
+
+    Parameters
+    ----------
+    source : str
+        The content hash of the input the run measures.
+    spec : str
+        The hash of everything in the spec that decides what the run measures and
+        publishes.
+    output : str
+        The absolute, resolved path the run publishes to (it publishes nowhere else).
+    """
+
+    source: str
+    spec: str
+    output: str
+
+    def __post_init__(self) -> None:
+        for name in ("source", "spec", "output"):
+            check_name(getattr(self, name), f"run binding {name}")
+
+    def to_dict(self) -> dict[str, str]:
+        return {"source": self.source, "spec": self.spec, "output": self.output}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunBinding:
+        return cls(d["source"], d["spec"], d["output"])
+
+
+@dataclass(frozen=True)
 class Run:
-    """A run of a release: its key fingerprint and state (see the module notes)."""
+    """A run of a release: its key fingerprint, state, the output it was published at
+    and what it is bound to (``None`` for runs recorded before runs were bound)."""
 
     release: str
     run_id: str
     key_fingerprint: str
     state: str
     output: str | None = None
+    binding: RunBinding | None = None
 
 
 @dataclass
@@ -179,13 +214,15 @@ class _State:
             elif e.kind == "release":
                 st.releases[b["release"]] = (Budget.from_dict(b["budget"]), b["dataset"])
             elif e.kind == "run":
+                bound = b.get("binding")
                 st.runs[(b["release"], b["run_id"])] = Run(
-                    b["release"], b["run_id"], b["key_fingerprint"], "open"
-                )
+                    b["release"], b["run_id"], b["key_fingerprint"], "open",
+                    binding=None if bound is None else RunBinding.from_dict(bound),
+                )  # fmt: skip
             elif e.kind == "state":
                 run = st.runs[(b["release"], b["run_id"])]
-                st.runs[run.release, run.run_id] = Run(
-                    run.release, run.run_id, run.key_fingerprint, b["state"], b.get("output")
+                st.runs[run.release, run.run_id] = replace(
+                    run, state=b["state"], output=b.get("output")
                 )
             elif e.kind == "charge":
                 c = Charge.from_dict({k: v for k, v in b.items() if k != "time"})
@@ -221,6 +258,41 @@ def _check_run(run: Run, key_fingerprint: str) -> None:
             f"{run.key_fingerprint}); its noise can only be drawn with that key. If that key is "
             "lost, abandon the run (`dpdask ledger abandon`) and start a new run id, which is "
             "charged again"
+        )
+
+
+def check_binding(run: Run, binding: RunBinding) -> None:
+    """A run resumes (is charged or published) only on the input, with the spec and to
+    the output it is bound to in the ledger.
+
+    Raises
+    ------
+    RunStateError
+        If the run was recorded without a binding (by an older dpdask) or with another
+        one, naming what changed.
+    """
+    name = f"run {run.run_id!r} of release {run.release!r}"
+    fresh = "Abandon it (`dpdask ledger abandon`) and start a new run id (a new charge)"
+    if run.binding is None:
+        raise RunStateError(
+            f"{name} was charged by an older dpdask that did not record its input and spec in "
+            f"the ledger; it cannot be resumed safely. {fresh}"
+        )
+    if run.binding.source != binding.source:
+        raise RunStateError(
+            f"the input changed since {name} started (the ledger binds the run to the input "
+            f"it measures); resuming would add its noise to other data. {fresh}"
+        )
+    if run.binding.spec != binding.spec:
+        raise RunStateError(
+            f"the spec changed since {name} started (its data options, domain, levels, "
+            "workload, budget, strategy or reconstruction); resuming would publish what it "
+            f"measured for one plan as another's. Restore the spec, or: {fresh}"
+        )
+    if run.binding.output != binding.output:
+        raise RunStateError(
+            f"{name} publishes to {run.binding.output}, not {binding.output}: a run's noise "
+            f"is published once, at one place. {fresh}"
         )
 
 

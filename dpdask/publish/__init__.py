@@ -4,6 +4,8 @@ labels of the published arrays, and reading a published release.
 * :mod:`~dpdask.publish._safety`: an output may replace only a dpdask release, never
   the input, the ledger or a work folder; a release appears at its path in one atomic
   move (:func:`publishing`).
+* :mod:`~dpdask.publish._ledgers`: a ledger is created only where no release of
+  another ledger is published, and a release is replaced only from its own ledger.
 * :mod:`~dpdask.publish._workdir`: the private work folder of a run (checkpoints,
   chunk markers, reports, the run's key), removed once the release is published.
 * :mod:`~dpdask.publish._labels`: row labels and descriptions of the published
@@ -27,6 +29,7 @@ from dpdask.publish._labels import (
     strategy_record,
     workload_record,
 )
+from dpdask.publish._ledgers import check_replaced, open_ledger, period_outputs
 from dpdask.publish._safety import (
     RELEASE_FORMAT,
     check_output,
@@ -51,10 +54,13 @@ __all__ = [
     "UnsafeOutputError",
     "category_labels",
     "check_output",
+    "check_replaced",
     "check_target",
     "marker",
     "move_into_place",
     "new_run_id",
+    "open_ledger",
+    "period_outputs",
     "pl94_tables",
     "published_tables",
     "publishing",

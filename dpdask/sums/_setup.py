@@ -22,6 +22,7 @@ __all__ = [
     "THRESHOLD_LEVEL",
     "Setup",
     "bias_record",
+    "binding",
     "check_budget",
     "dataset_of",
     "finite",
@@ -182,8 +183,8 @@ def preflight(
     ledger without ``ledger.create``, a run id the ledger has seen. With ``create=False``
     and no ledger yet (``ledger.create: true``) the ledger is ``None``.
     """
-    from dpdask.privacy import Ledger, LedgerMissingError, RunStateError, check_run_id
-    from dpdask.publish import check_output, new_run_id
+    from dpdask.privacy import RunStateError, check_run_id
+    from dpdask.publish import check_output, check_replaced, new_run_id, open_ledger
 
     ledger_path = spec["ledger"]
     output = check_output(
@@ -196,16 +197,11 @@ def preflight(
             ("release spec", spec["source"]),
         ],
     )
-    if not ledger_path.exists() and not spec["ledger_create"]:
-        raise LedgerMissingError(
-            f"ledger: there is no ledger at {ledger_path}; create it with `dpdask ledger init` "
-            "or write `ledger: {path: ..., create: true}`"
-        )
-    ledger = None
-    if ledger_path.exists() or create:
-        if create:
-            ledger_path.parent.mkdir(parents=True, exist_ok=True)
-        ledger = Ledger(ledger_path, create=spec["ledger_create"] and create)
+    ledger = open_ledger(
+        ledger_path, create=spec["ledger_create"], outputs=[output], dry=not create
+    )
+    if overwrite:
+        check_replaced(output, ledger)
     rid = check_run_id(run_id) if run_id is not None else new_run_id()
     if ledger is not None and ledger.run(spec["release"], rid) is not None:
         raise RunStateError(
@@ -235,6 +231,25 @@ def probe(
         dry = threshold(spec, zeros, st.bins.values, eps_t.epsilon / runs, test_rng, runs)
         charges.append(threshold_charge(dry, release, run_id, THRESHOLD_LEVEL, "threshold", key))
     return charges, dry
+
+
+def binding(spec: dict[str, Any], output: pathlib.Path) -> Any:
+    """What the ledger binds a sum run to: the records' content hash, the spec's hash
+    (every field but the output and ledger) and the resolved output."""
+    import hashlib
+    import json
+    import os
+
+    from dpdask.dataflow import fingerprint_path
+    from dpdask.privacy import RunBinding
+
+    fields = {k: v for k, v in spec.items() if k not in ("output", "ledger", "source")}
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return RunBinding(
+        fingerprint_path(spec["data"]).content,
+        hashlib.sha256(text.encode()).hexdigest(),
+        os.path.realpath(output),
+    )
 
 
 def dataset_of(spec: dict[str, Any]) -> str:

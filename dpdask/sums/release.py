@@ -15,6 +15,7 @@ from dpdask.sums._records import read_records
 from dpdask.sums._setup import (
     THRESHOLD_LEVEL,
     bias_record,
+    binding,
     check_budget,
     dataset_of,
     preflight,
@@ -71,6 +72,8 @@ def run_spec(
         ledger.set_dataset_total(dataset, spec["dataset_budget"])
     ledger.open_release(release, budget, dataset)
     ledger.check(charges)  # both charges must fit before either is made
+    # the run is bound to its key, input, spec and output before its first charge
+    ledger.open_run(release, run_id, key.fingerprint(), binding(spec, output))
 
     result = None
     if dry is not None:
