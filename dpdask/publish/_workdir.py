@@ -11,9 +11,9 @@ While a release runs, ``.<output name>.run-<run id>/`` beside its output holds
 - ``reports/``: a JSON report per chunk whose reconstruction stopped before converging;
 - ``key``: the run's secret key (:class:`~dpdask.noise.KeyFile`, mode 0600), so that
   a resumed run draws the same noise; the ledger holds only its fingerprint;
-- ``source.json`` and ``input-<fingerprint>.zarr``: the fingerprint of the input the
-  run started from (a resume on changed data is refused) and the input converted to a
-  data store (:mod:`dpdask.dataflow._source`).
+- ``input-<fingerprint>.zarr``: the input converted to a data store
+  (:mod:`dpdask.dataflow._source`). What the run measures is bound in the ledger
+  (:class:`~dpdask.privacy.RunBinding`), never here: nothing authenticates this folder.
 
 The folder is private to its owner (mode 0700) and is removed, the key overwritten
 first, once the release is published.

@@ -22,6 +22,8 @@ from dpdask.privacy import (
     Ledger,
     LedgerConflictError,
     PureDP,
+    RunBinding,
+    RunStateError,
     zCDP,
 )
 
@@ -223,3 +225,67 @@ def test_ledger_pickles_by_path(ledger):
 def test_bad_charges_raise(kw):
     with pytest.raises((TypeError, ValueError)):
         _charge(**kw)
+
+
+def _bodies(path, kind: str) -> list[dict]:
+    """Entry bodies of one kind, read from the SQLite file with the standard library."""
+    con = sqlite3.connect(path)
+    try:
+        rows = con.execute("SELECT body FROM entries WHERE kind = ? ORDER BY seq", (kind,))
+        return [json.loads(body) for (body,) in rows.fetchall()]
+    finally:
+        con.close()
+
+
+def test_a_bound_run_records_its_input_spec_and_output(ledger, tmp_path):
+    bind = RunBinding("input-1", "spec-1", str(tmp_path / "a.zarr"))
+    with ledger.bound("r", "run1", bind):
+        ledger.charge(_charge())
+    (body,) = _bodies(ledger.path, "run")
+    assert body["binding"] == {"source": "input-1", "spec": "spec-1",
+                               "output": str(tmp_path / "a.zarr")}  # fmt: skip
+    assert Ledger(ledger.path).run("r", "run1").binding == bind
+    # a resume with the same binding charges nothing; any other one is refused, unwritten
+    with ledger.bound("r", "run1", bind):
+        assert ledger.charge(_charge()) == 0
+    entries = len(ledger.entries())
+    for other, says in [
+        (RunBinding("input-2", "spec-1", bind.output), "input changed"),
+        (RunBinding("input-1", "spec-2", bind.output), "spec changed"),
+        (RunBinding("input-1", "spec-1", str(tmp_path / "b.zarr")), "publishes to"),
+    ]:
+        with ledger.bound("r", "run1", other), pytest.raises(RunStateError, match=says):
+            ledger.charge(_charge(name="B"))
+        with pytest.raises(RunStateError, match=says):
+            ledger.open_run("r", "run1", "fp-run1", other)
+    assert len(ledger.entries()) == entries
+    # outside the block the binding is no longer applied to new runs
+    ledger.charge(_charge(run="run2"))
+    assert ledger.run("r", "run2").binding is None
+
+
+def test_a_run_without_a_binding_is_not_resumed_bound(ledger, tmp_path):
+    ledger.charge(_charge())  # as an older dpdask recorded runs
+    bind = RunBinding("input-1", "spec-1", str(tmp_path / "a.zarr"))
+    with ledger.bound("r", "run1", bind), pytest.raises(RunStateError, match="older dpdask"):
+        ledger.charge(_charge(name="B"))
+    assert len(ledger) == 1
+
+
+def test_a_run_is_published_once_and_where_it_is_bound(ledger, tmp_path):
+    a, b = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")
+    ledger.open_run("r", "bound", "fp-bound", RunBinding("i", "s", a))
+    ledger.charge(_charge(run="bound", key="fp-bound"))
+    with pytest.raises(RunStateError, match="bound to the output"):
+        ledger.publish("r", "bound", b)
+    ledger.publish("r", "bound", a)
+    ledger.publish("r", "bound", a)  # recording it again changes nothing
+    # an unbound run too: once published at one place, never at another
+    ledger.charge(_charge(run="free"))
+    ledger.publish("r", "free", a)
+    entries = len(ledger.entries())
+    for run in ("bound", "free"):
+        with pytest.raises(RunStateError, match="already published"):
+            ledger.publish("r", run, b)
+    assert len(ledger.entries()) == entries
+    assert [r.output for r in Ledger(ledger.path).published_runs()] == [a, a]
