@@ -90,6 +90,8 @@ def geography_universe(
         * a sequence of finest ids: with ``levels`` their ancestors are their
           prefixes, otherwise they form one level named ``level``.
 
+        Units are sorted by id at every level (a Geography is taken as it is).
+
         With ``levels`` a table may also have one column only, the finest level's.
     levels : mapping of str to int, optional
         GEOID prefix length of each level, coarsest first; a table's columns must then
@@ -122,7 +124,7 @@ def geography_universe(
             raise ValueError("geographies: the universe lists no units")
         if len(set(ids)) != len(ids):
             raise ValueError("geographies: a unit id is repeated")
-        geo = Geography.from_geoids(ids, levels) if levels else Geography.flat(ids, level=level)
+        geo = Geography.from_geoids(ids, levels) if levels else Geography.flat(sorted(ids), level)
     if levels is not None and geo.levels != tuple(levels):
         raise ValueError(
             f"geographies: the universe's levels {list(geo.levels)} are not the levels "

@@ -72,7 +72,8 @@ class ReleaseMachine(RuleBasedStateMachine):
             {
                 "release": release,
                 "data": {"format": "records", "path": "people.csv", "id": "people",
-                         "geography_column": "geo", "levels": {"state": 2, "county": 4}},
+                         "geography_column": "geo", "levels": {"state": 2, "county": 4},
+                         "geographies": ["0101", "0102", "0201"]},
                 "domain": {"sex": 2, "age": 3},
                 "workload": "identity",
                 "strategy": "identity",
