@@ -259,3 +259,14 @@ def test_the_universe_file_is_relative_to_the_spec(tmp_path: pathlib.Path) -> No
     spec = load_spec(path)
     assert spec.data.options["geographies"] == str(tmp_path / "geo" / "units.csv")
     assert spec.data.options["levels"] == PREFIXES
+
+
+def test_sum_records_outside_their_geographies_are_counted_never_shown(tmp_path) -> None:
+    from dpdask.sums._records import read_records
+    from dpdask.sums.bins import NumericBins
+
+    (tmp_path / "p.csv").write_text("county,wage\nc01,5\nc9é9,3\nc9é9,4\nc02,1\n")
+    spec = {"geography_column": "county", "value_column": "wage", "data": tmp_path / "p.csv"}
+    with pytest.raises(SpecError, match=r"2 record\(s\) with a county not in geographies") as e:
+        read_records({**spec, "geographies": ["c01", "c02"]}, NumericBins.uniform(0, 10, 5))
+    assert "c9é9" not in str(e.value)
