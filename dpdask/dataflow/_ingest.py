@@ -52,6 +52,7 @@ from dpdask.dataflow._universe import (
     Universe,
     geography_universe,
     outside_error,
+    prefix_levels,
 )
 from dpdask.dataflow.store import DataStore, open_store
 from dpdask.domain import Domain, Geography
@@ -173,7 +174,7 @@ def _universe(
     """The declared universe, and the GEOID prefix lengths of its levels if given."""
     values = list(levels.values()) if isinstance(levels, Mapping) else []
     if levels is None or (values and all(isinstance(v, int | np.integer) for v in values)):
-        prefixes = None if levels is None else {str(k): int(v) for k, v in levels.items()}
+        prefixes = None if levels is None else prefix_levels(levels)
         if geographies is None:
             raise GeographyUniverseError(
                 "geographies: person records need a public geography universe (a list of "
@@ -238,7 +239,7 @@ def ingest_records(
         How records' ids relate to coarser levels, one of
 
         * ``None``: the levels of ``geographies``;
-        * ``{level: prefix length}``, coarsest first, e.g. ``{"state": 2,
+        * ``{level: prefix length}`` (ordered by length), e.g. ``{"state": 2,
           "county": 5, "tract": 11, "block": 15}``: ids are GEOIDs, each level's id
           is a prefix of the finest one. A record inside the universe must have,
           at every level, the prefix the universe gives as its unit's ancestor;

@@ -34,7 +34,14 @@ import pyarrow.compute as pc
 from dpdask.domain import Geography
 from dpdask.errors import GeographyUniverseError
 
-__all__ = ["UNKNOWN_GEOGRAPHY", "Matcher", "Universe", "geography_universe", "outside_error"]
+__all__ = [
+    "UNKNOWN_GEOGRAPHY",
+    "Matcher",
+    "Universe",
+    "geography_universe",
+    "outside_error",
+    "prefix_levels",
+]
 
 UNKNOWN_GEOGRAPHY = ("refuse", "drop")
 """What ``unknown_geography`` may say about records outside the universe."""
@@ -42,6 +49,12 @@ UNKNOWN_GEOGRAPHY = ("refuse", "drop")
 Universe = (
     Geography | Mapping[str, Sequence[str]] | pd.DataFrame | str | os.PathLike | Sequence[str]
 )
+
+
+def prefix_levels(levels: Mapping[str, int]) -> dict[str, int]:
+    """GEOID prefix lengths, coarsest (shortest) first whatever the mapping's order (a
+    YAML mapping dumped with sorted keys lists ``county`` before ``state``)."""
+    return dict(sorted(((str(k), int(v)) for k, v in levels.items()), key=lambda kv: kv[1]))
 
 
 def _ids(values: Any, where: str) -> list[str]:
@@ -94,8 +107,8 @@ def geography_universe(
 
         With ``levels`` a table may also have one column only, the finest level's.
     levels : mapping of str to int, optional
-        GEOID prefix length of each level, coarsest first; a table's columns must then
-        be these levels (or the finest alone).
+        GEOID prefix length of each level (ordered by length, so coarsest first); a
+        table's columns must then be these levels (or the finest alone).
     level : str
         The name of the one level of a flat list of ids.
 
@@ -112,6 +125,7 @@ def geography_universe(
     FileNotFoundError
         If a path names no file.
     """
+    levels = prefix_levels(levels) if levels is not None else None
     if isinstance(geographies, Geography):
         geo = geographies
     elif isinstance(geographies, str | os.PathLike):
@@ -164,7 +178,7 @@ class Matcher:
         """The matcher of ``universe``; with ``levels``, records' prefixes are checked too."""
         checks = []
         if levels is not None:
-            for i, (name, width) in enumerate(list(levels.items())[:-1]):
+            for i, (name, width) in enumerate(list(prefix_levels(levels).items())[:-1]):
                 ancestors = np.asarray(universe.ids[i], dtype=object)[universe.ancestor_index(name)]
                 checks.append((int(width), pa.array(ancestors, pa.large_string())))
         finest = pa.array(universe.ids[-1], pa.large_string())

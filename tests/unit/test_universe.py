@@ -55,6 +55,8 @@ def test_every_form_names_the_same_universe(tmp_path) -> None:
         assert geography_universe(given_, PREFIXES) == expected
     for given_ in (csv, table, expected):
         assert geography_universe(given_) == expected
+    # prefix lengths order the levels, whatever the mapping's order (YAML sorted keys)
+    assert geography_universe(csv, {"county": 4, "state": 2}) == expected
     flat = geography_universe(["b", "a"], level="tract")
     assert flat.levels == ("tract",) and flat.ids == (("a", "b"),)
 
