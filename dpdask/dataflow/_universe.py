@@ -54,6 +54,9 @@ Universe = (
 def prefix_levels(levels: Mapping[str, int]) -> dict[str, int]:
     """GEOID prefix lengths, coarsest (shortest) first whatever the mapping's order (a
     YAML mapping dumped with sorted keys lists ``county`` before ``state``)."""
+    for name, width in levels.items():
+        if isinstance(width, bool) or not isinstance(width, int | np.integer) or width < 1:
+            raise ValueError(f"level {name!r}: prefix length {width!r} is not a positive integer")
     return dict(sorted(((str(k), int(v)) for k, v in levels.items()), key=lambda kv: kv[1]))
 
 
