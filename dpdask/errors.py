@@ -10,7 +10,9 @@ error                  raised when
 ``SpecError``          a release spec (or its sums / local-model part) is invalid
 ``DataError``          input counts are malformed: NaN, negative, wrong shape or
                        dtype, unknown categories, above a public bound;
-                       ``DataTypeError`` when they are not an array of numbers
+                       ``DataTypeError`` when they are not an array of numbers;
+                       ``GeographyUniverseError`` when person records declare no
+                       public geography universe or fall outside it
 ``PlanError``          a plan, strategy or privacy parameter cannot be used
 ``NoiseKeyError``      a secret key, key file or stream key is missing or wrong
 ``LedgerError``        the privacy ledger refuses (nothing was written); its
@@ -36,6 +38,7 @@ __all__ = [
     "DPDaskWarning",
     "DataError",
     "DataTypeError",
+    "GeographyUniverseError",
     "LedgerConflictError",
     "LedgerError",
     "LedgerMissingError",
@@ -64,6 +67,11 @@ class DataError(DPDaskError, ValueError):
 
 class DataTypeError(DataError, TypeError):
     """Input counts are not a numeric array (raised as ``TypeError`` before)."""
+
+
+class GeographyUniverseError(DataError):
+    """Person records declare no public geography universe, or some fall outside it
+    (the message gives counts, never the records' ids)."""
 
 
 class PlanError(DPDaskError, ValueError):

@@ -4,7 +4,8 @@ A data store is a zarr v3 group with the counts of every finest geography unit a
 the domain and geography hierarchy beside them (see :mod:`dpdask.dataflow.store` for
 the layout): dense (``(n_geographies, *domain.shape)``, chunked along geography only)
 or sparse (the non-zero counts as (unit, cell, count) entries), whichever is smaller.
-Stores come from person records (:func:`ingest_records`), from the Census P.L. 94-171
+Stores come from person records (:func:`ingest_records`, counted into a public universe
+of units, :func:`geography_universe`), from the Census P.L. 94-171
 summary file (:func:`read_pl94`), from the Rhode Island 2010 block file
 (:func:`read_ri2010`), from an existing array (:func:`adopt_array`), from triples
 (:func:`write_sparse_store`) or from the synthetic person model
@@ -27,6 +28,7 @@ from dpdask.dataflow._source import (
 from dpdask.dataflow._sparse import aggregate_sparse, densify, prefer_dense, sparsify
 from dpdask.dataflow._sparse_store import write_sparse_store
 from dpdask.dataflow._synthetic_store import synthetic_store
+from dpdask.dataflow._universe import UNKNOWN_GEOGRAPHY, geography_universe
 from dpdask.dataflow.store import (
     DataStore,
     SparseCounts,
@@ -43,6 +45,7 @@ __all__ = [
     "PL94_LEVELS",
     "RI2010_FILE",
     "RI2010_LEVELS",
+    "UNKNOWN_GEOGRAPHY",
     "DataStore",
     "SourcePrint",
     "SparseCounts",
@@ -54,6 +57,7 @@ __all__ = [
     "densify",
     "fingerprint_options",
     "fingerprint_path",
+    "geography_universe",
     "ingest_records",
     "level_key",
     "open_store",

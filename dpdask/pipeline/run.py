@@ -125,8 +125,9 @@ def load_data(
             from dpdask.dataflow import ingest_records
 
             opts = dict(spec.data.options)
-            if "geography_column" not in opts:
-                raise SpecError("data.geography_column: required for format 'records'")
+            for key in ("geography_column", "geographies"):  # parse_spec names the fix
+                if key not in opts:
+                    raise SpecError(f"data.{key}: required for format 'records'")
             store = ingest_records(spec.data.path, spec.domain, store=cached, **opts)
         else:  # pragma: no cover - parse_spec refuses other formats
             raise SpecError(f"data.format: {fmt!r}")

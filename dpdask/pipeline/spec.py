@@ -30,13 +30,31 @@ Example (``pipelines/pl94-providence.yaml``)::
     # cluster: tcp://scheduler:8786   # or {address: ..., tls: {ca_file, cert, key}}
     #                                 # or {n_workers: 2, threads_per_worker: 1, ...}
 
+A records release names its units from public input, never from the records (one
+person living in a unit would publish it)::
+
+    data:
+      format: records
+      path: people.csv
+      geography_column: geoid
+      levels: {state: 2, county: 5}  # GEOID prefix lengths
+      geographies: geographies.csv    # columns state,county: every unit is published
+      unknown_geography: refuse       # or drop: records outside are left out
+
 The keys allowed in each mapping:
 
 ============  ====================================================================
 ``data``      ``format``, ``path``, ``id`` (for ``ri2010`` the CSV file or its folder,
               :func:`dpdask.dataflow.read_ri2010`); for ``synthetic`` also ``geographies``,
               ``states``, ``seed``, ``population``; for ``records`` the options of
-              :func:`dpdask.dataflow.ingest_records` (``geography_column`` required);
+              :func:`dpdask.dataflow.ingest_records`: ``geography_column`` (required),
+              ``geographies`` (required: the public universe of units, a CSV file with
+              one column per level, coarsest first, and one row per finest unit; or
+              ``[id, ...]``, the finest ids; or ``{level: [ids]}``, the table inline;
+              quote ids), ``levels`` (``{level: GEOID prefix length}``),
+              ``unknown_geography`` (``refuse``, the default, or ``drop``: records
+              outside the universe are left out, and how many is never reported),
+              ``attribute_columns``, ``categories``, ``blocksize``, ...;
               for converted inputs ``layout`` (``auto``, ``dense`` or ``sparse``: how
               the converted counts are stored; ``auto`` picks the smaller)
 ``privacy``   one of ``zcdp``, ``rho``, ``epsilon`` (``delta`` only with
@@ -75,6 +93,7 @@ from dpdask.pipeline._spec_cluster import parse_cluster
 from dpdask.pipeline._spec_fields import as_bool, as_mapping, as_path, check_keys, keywords, require
 from dpdask.pipeline._spec_plan import strategies, workloads
 from dpdask.pipeline._spec_privacy import PRIVACY_KEYS, parse_budget, parse_split
+from dpdask.pipeline._spec_records import records_options
 from dpdask.privacy import Budget, split_levels
 
 __all__ = ["DataSpec", "ReleaseSpec", "SpecError", "load_spec", "parse_domain", "parse_spec"]
@@ -211,14 +230,14 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
         from dpdask.dataflow import ri2010_csv
 
         dpath = ri2010_csv(dpath)  # a folder names its block file: only that file is read
-    if fmt == "records" and d.get("geography_column") is None:
-        raise SpecError("data.geography_column: required for format 'records'")
     if d.get("layout", "auto") not in ("auto", "dense", "sparse"):
         raise SpecError(f"data.layout: {d['layout']!r} is not one of auto, dense, sparse")
     data_id = d.get("id")
     if data_id is not None and (not isinstance(data_id, str) or not _ID.match(data_id)):
         raise SpecError(f"data.id: {data_id!r} must start with a letter and use [A-Za-z0-9_.-]")
     options = {k: v for k, v in d.items() if k not in _DATA_KEYS}
+    if fmt == "records":
+        options = records_options(d, base, _DATA_KEYS)
     return DataSpec(fmt, dpath, options, data_id)
 
 

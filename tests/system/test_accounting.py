@@ -40,6 +40,7 @@ def _write_spec(tmp: pathlib.Path, name: str = "spec.yaml", **changes) -> pathli
             "path": str(tmp / "data" / "people.csv"),
             "geography_column": "geo",
             "levels": {"state": 2, "county": 4},
+            "geographies": ["0101", "0102", "0201", "0202"],
         },
         "domain": {"sex": 2, "age": 3},
         "levels": ["state", "county"],

@@ -451,6 +451,7 @@ def _tiny_spec(folder: pathlib.Path, data: pathlib.Path) -> pathlib.Path:
             "path": str(data),
             "geography_column": "geo",
             "levels": {"state": 2, "county": 4},
+            "geographies": ["0101", "0102", "0201", "0202"],
         },
         "domain": {"sex": 2, "age": 3},
         "levels": ["state", "county"],

@@ -53,6 +53,7 @@ def _tiny_spec(tmp: pathlib.Path) -> pathlib.Path:
             "path": "data/people.csv",
             "geography_column": "geo",
             "levels": {"state": 2, "county": 4, "tract": 5},
+            "geographies": [f"{s}{c}{t}" for s in ("01", "02") for c in ("01", "02") for t in "12"],
         },
         "domain": {"sex": 2, "age": 3},
         "levels": ["state", "county", "tract"],

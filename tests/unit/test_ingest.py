@@ -11,6 +11,7 @@ import pytest
 
 from dpdask import Domain, Geography
 from dpdask.dataflow import StoreExistsError, ingest_records, read_store, write_store
+from dpdask.errors import GeographyUniverseError
 
 LEVELS = {"state": 2, "county": 5, "tract": 11}
 DOMAIN = Domain(sex=2, hisp=2, age=7)
@@ -18,13 +19,13 @@ SEXES = ["M", "F"]
 BLOCKSIZE = 4000  # bytes of CSV per partition: the test files span several partitions
 
 
+TRACTS = [f"{s}{c}{t}" for s in ("01", "44") for c in ("001", "007") for t in ("000100", "020300")]
+
+
 def make_records(rng: np.random.Generator, n: int = 3000) -> pd.DataFrame:
-    tracts = [
-        f"{s}{c}{t}" for s in ("01", "44") for c in ("001", "007") for t in ("000100", "020300")
-    ]
     return pd.DataFrame(
         {
-            "geoid": rng.choice(tracts[:-1], n),  # the last tract has nobody
+            "geoid": rng.choice(TRACTS[:-1], n),  # the last tract has nobody
             "sex": rng.choice(SEXES, n),
             "hispanic": rng.integers(0, 2, n),
             "age": rng.integers(0, 7, n),
@@ -51,6 +52,8 @@ def write(records: pd.DataFrame, path: pathlib.Path, fmt: str) -> pathlib.Path:
 
 def ingest(source, store, **kw):
     kw.setdefault("levels", LEVELS)
+    if kw["levels"] is LEVELS:
+        kw.setdefault("geographies", TRACTS)  # the public universe
     return ingest_records(
         source,
         DOMAIN,
@@ -78,7 +81,7 @@ def test_counts_match_groupby(tmp_path, records, fmt):
         source = write(records, tmp_path / "persons", fmt)
     store = ingest(source, tmp_path / "store")
     counts, domain, geo = read_store(tmp_path / "store")
-    units = sorted(records.geoid.unique())
+    units = sorted(TRACTS)  # the universe, with its tract where nobody lives
     assert list(geo.ids[-1]) == units and geo.levels == tuple(LEVELS)
     assert [list(geo.ids[i]) for i in range(2)] == [sorted({u[:w] for u in units}) for w in (2, 5)]
     np.testing.assert_array_equal(counts.compute(), oracle(records, units))
@@ -107,9 +110,9 @@ def test_parent_table_and_geography_include_empty_units(tmp_path, records):
 def test_flat_geography_and_default_columns(tmp_path, records):
     renamed = records.rename(columns={"hispanic": "hisp"})
     renamed["sex"] = renamed["sex"].map({"M": 0, "F": 1})
-    ingest_records(renamed, DOMAIN, "geoid", store=tmp_path / "s")
+    ingest_records(renamed, DOMAIN, "geoid", store=tmp_path / "s", geographies=TRACTS)
     counts, _, geo = read_store(tmp_path / "s")
-    units = sorted(records.geoid.unique())
+    units = sorted(TRACTS)
     assert geo.levels == ("geoid",) and list(geo.ids[0]) == units
     np.testing.assert_array_equal(counts.compute(), oracle(records, units))
 
@@ -122,12 +125,13 @@ def test_attribute_columns_as_sequence(tmp_path, records):
         ["sex", "hispanic", "age"],
         LEVELS,
         store=tmp_path / "s",
+        geographies=TRACTS,
         categories={"sex": SEXES},
         dtype="int32",
     )
     counts, _, _ = read_store(tmp_path / "s")
     assert counts.dtype == np.int32
-    np.testing.assert_array_equal(counts.compute(), oracle(records, sorted(records.geoid.unique())))
+    np.testing.assert_array_equal(counts.compute(), oracle(records, sorted(TRACTS)))
 
 
 def test_parquet_numeric_columns_with_missing_value(tmp_path, records):
@@ -154,8 +158,6 @@ BAD = [
     ("age", "1.5", "value '1.5' is not an integer code of attribute 'age'"),
     ("age", "old", "value 'old' is not an integer code"),
     ("age", " ", "missing value"),
-    ("geoid", "", "missing geography id"),
-    ("geoid", "4400701", "geography id '4400701' has 7 characters; the finest level needs 11"),
 ]
 
 
@@ -184,16 +186,17 @@ def test_bad_value_is_named_and_nothing_is_written(tmp_path, records, column, va
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old", "persons.csv"]
 
 
-def test_unknown_geography_against_a_given_geography(tmp_path, records):
-    units = sorted(records.geoid.unique())
-    geo = Geography.from_geoids(units[1:], LEVELS)
-    first = int(np.flatnonzero(records.geoid.to_numpy() == units[0])[0])
-    with pytest.raises(
-        ValueError,
-        match=rf"column 'geoid', row {first}: unknown geography id "
-        rf"'{units[0]}' \(not a unit of the geography\)",
-    ):
-        ingest(records, tmp_path / "s", levels=geo)
+@pytest.mark.parametrize("value", ["", "4400701", "01001000100 ", "99001000100"])
+def test_geography_outside_the_universe_is_counted_never_shown(tmp_path, records, value):
+    bad = records.astype(str)
+    bad.loc[[5, 2345], "geoid"] = value  # in two partitions
+    path = write(bad, tmp_path / "persons", "csv")
+    with pytest.raises(GeographyUniverseError, match=r"^2 record\(s\) have a geography outside"):
+        ingest(path, tmp_path / "s")
+    for levels in (Geography.from_geoids(TRACTS, LEVELS), pd.DataFrame({"tract": TRACTS})):
+        with pytest.raises(GeographyUniverseError, match="2 whose 'tract' id is not") as err:
+            ingest(path, tmp_path / "s", levels=levels)
+        assert value.strip() == "" or value not in str(err.value)
     assert not (tmp_path / "s").exists()
 
 
@@ -226,6 +229,7 @@ def test_bad_arguments(tmp_path, records, kwargs, error, message):
         "source": records,
         "attribute_columns": {"sex": "sex", "hisp": "hispanic", "age": "age"},
         "levels": LEVELS,
+        "geographies": TRACTS,
         "categories": {"sex": SEXES},
         **kwargs,
     }

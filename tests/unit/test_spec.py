@@ -142,10 +142,12 @@ def test_data_unknown_key_lists_the_formats_keys(data: dict, allowed: str) -> No
 def test_data_options_and_id() -> None:
     data = {"format": "records", "path": "x.csv", "id": "census-2020.v1"}
     data.update(geography_column="geoid", attribute_columns={"sex": "SEX"}, blocksize="1MB")
+    data.update(geographies=["0101"])
     spec = parse_spec(_with(data=data))
     assert spec.data.id == "census-2020.v1"
     assert spec.data.options == {
         "geography_column": "geoid",
+        "geographies": ["0101"],
         "attribute_columns": {"sex": "SEX"},
         "blocksize": "1MB",
     }

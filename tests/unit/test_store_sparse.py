@@ -253,10 +253,9 @@ def test_ingest_records_sparse_equals_dense(tmp_path, rng):
         }
     )
     levels = {"state": 2, "county": 5, "tract": 11}
-    auto = ingest_records(records, domain, "geoid", levels=levels, store=tmp_path / "a")
-    dense = ingest_records(
-        records, domain, "geoid", levels=levels, store=tmp_path / "d", layout="dense"
-    )
+    kw = {"levels": levels, "geographies": tracts}
+    auto = ingest_records(records, domain, "geoid", **kw, store=tmp_path / "a")
+    dense = ingest_records(records, domain, "geoid", **kw, store=tmp_path / "d", layout="dense")
     assert auto.layout == "sparse" and dense.layout == "dense" and auto.dtype == np.int32
     assert auto.geography == dense.geography and auto.nnz == np.count_nonzero(dense.counts[:])
     np.testing.assert_array_equal(auto.to_dask().compute(), dense.counts[:])
