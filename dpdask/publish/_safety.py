@@ -173,7 +173,7 @@ def check_output(
             )
         if not overwrite:
             raise StoreExistsError(
-                f"{out} already holds a release dpdask published; it is left untouched "
+                f"{out} already holds a release (or file) dpdask published; it is left untouched "
                 "(run with --overwrite to replace it once the new one is complete)"
             )
     return out
