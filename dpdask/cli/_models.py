@@ -66,6 +66,10 @@ class Model:
                     f"{flag}: not used by `dpdask {verb}` of a {self.name} spec"
                     + (f": {self.why[dest]}" if dest in self.why else "")
                 )
+        if getattr(args, "run_id", None) is not None:  # an empty id is refused, not replaced
+            from dpdask.privacy import check_run_id
+
+            check_run_id(args.run_id)
 
 
 # -- local model (ldp) ------------------------------------------------------------------------

@@ -292,10 +292,11 @@ def test_period_is_honoured_or_refused(door, capsys, verb) -> None:
     assert not door.output.exists()
 
 
+@pytest.mark.parametrize("run_id", ["bad/../id", "", "a\n"])
 @pytest.mark.parametrize("verb", ["run", "validate"])
-def test_run_id_is_honoured_or_refused(door, capsys, verb) -> None:
+def test_run_id_is_honoured_or_refused(door, capsys, verb, run_id) -> None:
     before = door.files()
-    rc = door.run(verb, "--run-id", "bad/../id")
+    rc = door.run(verb, "--run-id", run_id)
     assert rc == 2
     line = _one_error(capsys.readouterr().err, verb)
     # count and sum runs read the run id (and refuse this one); the local model refuses any
