@@ -159,6 +159,8 @@ def _path(base: pathlib.Path, p: str) -> pathlib.Path:
 
 def _is_strategy_file(path: pathlib.Path) -> bool:
     """Whether ``path`` is a strategy file dpdask wrote (it names its format first)."""
+    if not path.is_file() or path.is_symlink():
+        return False
     try:
         with path.open("rb") as f:
             return f.read(len(_STRATEGY_PREFIX)) == _STRATEGY_PREFIX

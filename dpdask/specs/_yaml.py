@@ -81,11 +81,12 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_y
 
 
 def _text(path: pathlib.Path) -> str:
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)
-    except IsADirectoryError:
-        raise SpecError(f"{path}: a spec is a file, not a folder") from None
+    if path.is_dir():
+        raise SpecError(f"{path}: a spec is a file, not a folder")
+    if not path.is_file():  # a pipe or a device would be read without end
+        raise SpecError(f"{path}: a spec is a regular file")
+    with path.open("rb") as f:
+        data = f.read(MAX_SPEC_BYTES + 1)
     if len(data) > MAX_SPEC_BYTES:
         raise SpecError(
             f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is a page of "

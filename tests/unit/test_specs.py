@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import time
 from fractions import Fraction
@@ -113,6 +114,9 @@ def test_missing_files_and_folders(tmp_path) -> None:
         read_spec(tmp_path / "absent.yaml")
     with pytest.raises(SpecError, match="not a folder"):
         read_spec(tmp_path)
+    os.mkfifo(tmp_path / "pipe.yaml")
+    with pytest.raises(SpecError, match="regular file"):
+        read_spec(tmp_path / "pipe.yaml")  # refused at once, never read
 
 
 def test_spec_model() -> None:
