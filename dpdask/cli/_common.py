@@ -1,30 +1,17 @@
-"""What the ``dpdask`` verbs share: the spec's model, the spec parser, printing."""
+"""What the ``dpdask`` verbs share: the spec parser, printing."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import pathlib
 
-__all__ = ["QUIET", "log", "print_result", "spec_model", "spec_parser"]
+__all__ = ["QUIET", "log", "print_result", "spec_parser"]
 
 log = logging.getLogger("dpdask")
 
 #: ``[True]`` once ``-q/--quiet`` was given (no progress bar)
 QUIET = [False]
-
-
-def spec_model(path: str) -> str | None:
-    """The ``model:`` a YAML spec names (``local``: :mod:`dpdask.ldp.spec`; ``sums``:
-    :mod:`dpdask.sums.spec`), or ``None`` for a release spec of counts."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(pathlib.Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return None  # the central spec reader reports the problem
-    return doc.get("model") if isinstance(doc, dict) else None
 
 
 def spec_parser(verb: str, description: str) -> argparse.ArgumentParser:
@@ -33,8 +20,8 @@ def spec_parser(verb: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--period",
-        help="for a scheduled spec (release: name-{period}): the period this run releases, "
-        "e.g. 2026-11 (default: today's UTC date)",
+        help="for a scheduled count spec (release: name-{period}): the period this run "
+        "releases, e.g. 2026-11 (default: today's UTC date); refused for other specs",
     )
     return parser
 

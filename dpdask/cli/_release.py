@@ -1,48 +1,49 @@
-"""The release verbs: ``dpdask run``, ``dpdask validate`` and ``dpdask plan``."""
+"""The release verbs: ``dpdask run``, ``dpdask validate`` and ``dpdask plan``.
+
+Every verb takes one path: :func:`model_of` reads the spec strictly and finds its model
+in :data:`MODELS` (counts, ``model: local``, ``model: sums``), :meth:`Model.check`
+refuses every option the model does not honour for that verb, and the model's verb
+runs. The count model's verbs live here; the others in :mod:`dpdask.cli._models`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 from collections.abc import Sequence
 
-from dpdask.cli._common import QUIET, log, print_result, spec_model, spec_parser
+from dpdask.cli._common import QUIET, log, print_result, spec_parser
+from dpdask.cli._models import LOCAL, SUMS, Model, Result, lines
+from dpdask.errors import SpecError
 
-__all__ = ["cmd_plan", "cmd_run", "cmd_validate"]
+__all__ = ["MODELS", "cmd_plan", "cmd_run", "cmd_validate", "model_of"]
 
 
 def cmd_run(argv: Sequence[str]) -> int:
-    from dpdask.pipeline.cluster import connect
-    from dpdask.pipeline.run import check_input, run_spec
-    from dpdask.pipeline.spec import load_spec
-
     parser = spec_parser("run", "Run a release: select, measure, reconstruct, publish.")
     parser.add_argument(
         "--run-id",
         help="name the run; the same id resumes an interrupted run (same key and noise, no new "
-        "charge); a published or abandoned id is refused",
+        "charge); a published or abandoned id is refused (count and sum releases)",
     )
     parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an earlier dpdask release at the output, once the new one is complete",
     )
-    parser.add_argument("--scheduler", help="scheduler address (over the spec's cluster and env)")
+    parser.add_argument(
+        "--scheduler", help="scheduler address (over the spec's cluster and env; count releases)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    model = spec_model(args.spec)
-    if model == "local":  # aggregate people's randomised responses
-        from dpdask.ldp.spec import run_spec as run_local
+    return _dispatch("run", args)
 
-        print_result(run_local(args.spec), args.json, lambda r: json.dumps(r, indent=2))
-        return 0
-    if model == "sums":  # sums of a numeric attribute per geography
-        from dpdask.sums.release import run_spec as run_sums
 
-        summary = run_sums(args.spec, overwrite=args.overwrite, run_id=args.run_id)
-        print_result(summary, args.json, lambda r: json.dumps(r, indent=2))
-        return 0
+def _counts_run(args: argparse.Namespace) -> Result:
+    from dpdask.pipeline.cluster import connect
+    from dpdask.pipeline.run import check_input, run_spec
+    from dpdask.pipeline.spec import load_spec
+
     spec = load_spec(args.spec, period=args.period)
     check_input(spec)  # before a cluster starts
     from dpdask.publish import new_run_id
@@ -56,34 +57,23 @@ def cmd_run(argv: Sequence[str]) -> int:
             spec, client=client, run_id=run_id, overwrite=args.overwrite,
             progress=not (args.no_progress or args.json or QUIET[0]),
         )  # fmt: skip
-    print_result(summary, args.json, _release_table)
-    return 0
+    return summary, _release_table
 
 
 def cmd_validate(argv: Sequence[str]) -> int:
-    from dpdask.pipeline.run import validate_spec
-    from dpdask.pipeline.spec import load_spec
-
     parser = spec_parser("validate", "Check a spec and its data; spends no budget.")
     parser.add_argument("--run-id", help="check that this run id may be run (or resumed)")
     parser.add_argument("--overwrite", action="store_true", help="as dpdask run --overwrite")
     args = parser.parse_args(argv)
-    if spec_model(args.spec) == "local":  # people's randomised responses
-        from dpdask.ldp.spec import validate_spec as validate_local
+    return _dispatch("validate", args)
 
-        report = validate_local(args.spec)
-        print_result(report, args.json, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
-        return 0
-    if spec_model(args.spec) == "sums":  # sums of a numeric attribute per geography
-        from dpdask.sums.plan import validate_spec as validate_sums
 
-        report = validate_sums(args.spec, run_id=args.run_id, overwrite=args.overwrite)
-        print_result(report, args.json, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
-        return 0
+def _counts_validate(args: argparse.Namespace) -> Result:
+    from dpdask.pipeline.run import validate_spec
+    from dpdask.pipeline.spec import load_spec
+
     spec = load_spec(args.spec, period=args.period)
-    report = validate_spec(spec, run_id=args.run_id, overwrite=args.overwrite)
-    print_result(report, args.json, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
-    return 0
+    return validate_spec(spec, run_id=args.run_id, overwrite=args.overwrite), lines
 
 
 def cmd_plan(argv: Sequence[str]) -> int:
@@ -97,6 +87,11 @@ def cmd_plan(argv: Sequence[str]) -> int:
     parser.set_defaults(spec=None)
     parser._actions[1].nargs = "?"  # the spec is optional when --workload is given
     parser.add_argument("--save", metavar="PATH", help="also write the plan to PATH (.npz)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="a local-model spec: replace its earlier strategy_file (dpdask's own only)",
+    )
     named = parser.add_argument_group("a named workload instead of a spec")
     named.add_argument(
         "--workload", choices=(*WORKLOAD_NAMES, *WORKLOAD_ALIASES), help="the workload's name"
@@ -114,40 +109,77 @@ def cmd_plan(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if (args.spec is None) == (args.workload is None):
         parser.error("give a release spec or --workload NAME (not both)")
-    if args.spec is not None and spec_model(args.spec) == "local":
-        from dpdask.ldp.spec import plan_spec as plan_local
-
-        plan = plan_local(args.spec)  # writes the devices' strategy file
-        print_result(plan.summary(as_dict=True), args.json, lambda r: plan.summary())
-        return 0
-    if args.spec is not None and spec_model(args.spec) == "sums":
-        from dpdask.sums.plan import format_plan
-        from dpdask.sums.plan import plan_spec as plan_sums
-
-        if args.save:
-            parser.error("--save: a sum spec's plan depends on the threshold; not saved")
-        print_result(plan_sums(args.spec), args.json, format_plan)
-        return 0
     if args.spec is not None:
-        from dpdask.pipeline.run import plan_spec
-        from dpdask.pipeline.spec import load_spec
-
-        plan, report = plan_spec(load_spec(args.spec, period=args.period))
-        per_level = plan if isinstance(plan, dict) else None
-        if args.save:
-            if per_level is None:
-                plan.save(args.save)
-            else:  # one file per level: PATH-<level>.npz
-                base = pathlib.Path(args.save)
-                for lv, p in per_level.items():
-                    p.save(base.with_name(f"{base.stem}-{lv}{base.suffix or '.npz'}"))
-        first = plan if per_level is None else next(iter(per_level.values()))
-        print_result(report, args.json, lambda r: first.summary() + "\n\n" + _levels_table(r))
-        return 0
+        return _dispatch("plan", args)
     plan = _plan_workload(args, parser)
     if args.save:
         plan.save(args.save)
     print_result(plan.summary(as_dict=True), args.json, lambda r: plan.summary())
+    return 0
+
+
+def _counts_plan(args: argparse.Namespace) -> Result:
+    from dpdask.pipeline.run import plan_spec
+    from dpdask.pipeline.spec import load_spec
+
+    plan, report = plan_spec(load_spec(args.spec, period=args.period))
+    per_level = plan if isinstance(plan, dict) else None
+    if args.save:
+        if per_level is None:
+            plan.save(args.save)
+        else:  # one file per level: PATH-<level>.npz
+            base = pathlib.Path(args.save)
+            for lv, p in per_level.items():
+                p.save(base.with_name(f"{base.stem}-{lv}{base.suffix or '.npz'}"))
+    first = plan if per_level is None else next(iter(per_level.values()))
+    return report, lambda r: first.summary() + "\n\n" + _levels_table(r)
+
+
+#: the registry of models: a spec's ``model:`` (absent: counts) -> its verbs and options
+MODELS: dict[str | None, Model] = {
+    None: Model(
+        "count release",
+        run=_counts_run,
+        validate=_counts_validate,
+        plan=_counts_plan,
+        honours={
+            "run": frozenset({"run_id", "period", "overwrite", "scheduler"}),
+            "validate": frozenset({"run_id", "period", "overwrite"}),
+            "plan": frozenset({"period", "save"}),
+        },
+        why={"overwrite": "its plan writes nothing but --save"},
+    ),
+    "local": LOCAL,
+    "sums": SUMS,
+}
+
+
+def model_of(path: str) -> Model:
+    """The :class:`Model` of the spec at ``path``, read strictly
+    (:func:`dpdask.specs.read_spec`: an alias bomb fails here, at its first anchor).
+
+    Raises
+    ------
+    FileNotFoundError
+        If there is no spec at ``path``.
+    SpecError
+        If the file is not strict YAML or names an unknown model.
+    """
+    from dpdask.specs import read_spec, spec_model
+
+    name = spec_model(read_spec(path))
+    if name not in MODELS:
+        known = ", ".join(str(k) for k in MODELS if k is not None)
+        raise SpecError(f"model: {name!r} is not one of {known} (or absent: a count release)")
+    return MODELS[name]
+
+
+def _dispatch(verb: str, args: argparse.Namespace) -> int:
+    """The one path of every verb: the spec's model, its options checked, its verb."""
+    model = model_of(args.spec)
+    model.check(verb, args)
+    result, render = getattr(model, verb)(args)
+    print_result(result, args.json, render)
     return 0
 
 

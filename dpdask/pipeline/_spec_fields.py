@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dpdask.errors import SpecError
+from dpdask.specs import as_mapping, check_keys  # the checks every kind of spec shares
 
 __all__ = [
     "as_bool",
@@ -26,20 +27,6 @@ def require(d: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in d or d[key] is None:
         raise SpecError(f"{where}: missing required field {key!r}")
     return d[key]
-
-
-def check_keys(d: Mapping[Any, Any], allowed: Iterable[str], where: str) -> None:
-    """Raise naming the first unknown key of ``d`` and the keys allowed there."""
-    allowed = list(allowed)
-    unknown = sorted((k for k in d if k not in allowed), key=str)
-    if unknown:
-        raise SpecError(f"{where}: unknown key {unknown[0]!r}; allowed: {allowed}")
-
-
-def as_mapping(value: Any, where: str, what: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise SpecError(f"{where}: expected {what}, got {value!r}")
-    return value
 
 
 def as_bool(value: Any, where: str) -> bool:

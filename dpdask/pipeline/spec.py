@@ -85,8 +85,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-import yaml
-
 from dpdask.domain import Domain
 from dpdask.errors import SpecError
 from dpdask.pipeline._spec_cluster import parse_cluster
@@ -95,11 +93,12 @@ from dpdask.pipeline._spec_plan import strategies, workloads
 from dpdask.pipeline._spec_privacy import PRIVACY_KEYS, parse_budget, parse_split
 from dpdask.pipeline._spec_records import records_options
 from dpdask.privacy import Budget, split_levels
+from dpdask.specs import ID_RULE as _ID  # the one id rule of every kind of spec
+from dpdask.specs import read_spec
 
 __all__ = ["DataSpec", "ReleaseSpec", "SpecError", "load_spec", "parse_domain", "parse_spec"]
 
 
-_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 DATA_FORMATS = ("pl94", "ri2010", "store", "records", "synthetic")
 RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown")
 _DATA_KEYS = ("format", "path", "id")
@@ -397,18 +396,13 @@ def load_spec(path: str | os.PathLike, period: str | None = None) -> ReleaseSpec
     FileNotFoundError
         If the file does not exist.
     SpecError
-        If the YAML is malformed or a field is invalid (the message names it).
+        If the YAML is malformed or not strict (:func:`dpdask.specs.read_spec`) or a
+        field is invalid (the message names it).
     """
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no release spec at {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
+    raw = read_spec(path)  # strict YAML: no repeated keys, anchors or aliases; size-capped
     spec = parse_spec(raw, base=path.parent, period=period)
     return ReleaseSpec(**{**spec.__dict__, "source": path.resolve()})
 

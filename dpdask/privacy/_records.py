@@ -35,7 +35,7 @@ __all__ = [
 
 RUN_STATES = ("open", "measuring", "published", "abandoned")
 _LIVE = ("open", "measuring")
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_RUN_ID = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")  # \Z: no trailing newline
 
 
 def check_run_id(run_id: object) -> str:

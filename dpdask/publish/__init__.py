@@ -1,9 +1,10 @@
 """Publishing a release: output safety, the run's work folder, atomic publication,
 labels of the published arrays, and reading a published release.
 
-* :mod:`~dpdask.publish._safety`: an output may replace only a dpdask release, never
-  the input, the ledger or a work folder; a release appears at its path in one atomic
-  move (:func:`publishing`).
+* :mod:`~dpdask.publish._safety`: an output may replace only an earlier dpdask
+  artefact (a release, or a file its sidecar vouches for), never the input, the ledger,
+  a work folder or the spec, never through a link; a release appears at its path in one
+  atomic move (:func:`publishing`, :func:`publish_file`).
 * :mod:`~dpdask.publish._ledgers`: a ledger is created only where no release of
   another ledger is published, and a release is replaced only from its own ledger.
 * :mod:`~dpdask.publish._workdir`: the private work folder of a run (checkpoints,
@@ -31,12 +32,16 @@ from dpdask.publish._labels import (
 )
 from dpdask.publish._ledgers import check_replaced, open_ledger, period_outputs
 from dpdask.publish._safety import (
+    ARTEFACT_FORMAT,
     RELEASE_FORMAT,
+    artefact_attributes,
     check_output,
     check_target,
     move_into_place,
+    publish_file,
     publishing,
     release_attributes,
+    sidecar,
 )
 from dpdask.publish._workdir import (
     FLAT_KEYS,
@@ -47,11 +52,13 @@ from dpdask.publish._workdir import (
 )
 
 __all__ = [
+    "ARTEFACT_FORMAT",
     "FLAT_KEYS",
     "PL94_PARTS",
     "RELEASE_FORMAT",
     "StoreExistsError",
     "UnsafeOutputError",
+    "artefact_attributes",
     "category_labels",
     "check_output",
     "check_replaced",
@@ -62,12 +69,14 @@ __all__ = [
     "open_ledger",
     "period_outputs",
     "pl94_tables",
+    "publish_file",
     "published_tables",
     "publishing",
     "query_descriptions",
     "query_labels",
     "release_attributes",
     "remove_work",
+    "sidecar",
     "strategy_record",
     "work_dir",
     "workload_record",

@@ -49,7 +49,7 @@ def run_spec(
 
     from dpdask.measure import charge_level, lattice, measure
     from dpdask.noise import KeyedRNG, MeasurementId, new_key
-    from dpdask.publish import RELEASE_FORMAT, move_into_place
+    from dpdask.publish import RELEASE_FORMAT, check_output, move_into_place
     from dpdask.sums import split_budget, sum_mechanism
     from dpdask.sums import threshold_charge as make_threshold_charge
 
@@ -201,6 +201,7 @@ def run_spec(
             arr = np.asarray(lab, dtype=str)
             root.create_array(name, shape=arr.shape, dtype=str, dimension_names=(dim,))[:] = arr
         root.attrs.update({"dpdask": info, "release": release, "run_id": run_id})
+        check_output(output, overwrite)  # nothing else (nor a link) appeared meanwhile
         move_into_place(tmp, output, overwrite)
     finally:
         if tmp.exists():

@@ -117,6 +117,7 @@ from typing import Any
 import pandas as pd
 
 from dpdask.errors import SpecError
+from dpdask.specs import check_id, parse_budget, read_spec
 from dpdask.sums.mechanisms import OBJECTIVES
 
 __all__ = ["SPEC_KEYS", "SpecError", "load_spec", "main", "run_spec"]  # noqa: F822
@@ -233,16 +234,7 @@ def _by(by: Any, data: dict[str, Any]) -> dict[str, list[str]]:
 
 def _lifetime(raw: Any) -> Any:
     """``privacy.dataset``: the dataset's lifetime budget, ``{epsilon: e}`` or ``{zcdp: r}``."""
-    from dpdask.privacy import PureDP, zCDP
-
-    d = _mapping(raw, "privacy.dataset", {"epsilon", "zcdp", "rho"}, set())
-    if len(d) != 1:
-        raise SpecError("privacy.dataset: give exactly one of epsilon, zcdp (or rho)")
-    ((form, value),) = d.items()
-    v = _number(value, f"privacy.dataset.{form}")
-    if v <= 0:
-        raise SpecError(f"privacy.dataset.{form} must be positive")
-    return PureDP(v) if form == "epsilon" else zCDP(v)
+    return parse_budget(raw, "privacy.dataset", ("epsilon", "zcdp", "rho"))
 
 
 def load_spec(path: str | os.PathLike) -> dict[str, Any]:
@@ -254,10 +246,8 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         If it is not ``model: sums``, has an unknown key, lacks a required one or has a
         value of the wrong kind.
     """
-    import yaml
-
     p = pathlib.Path(path)
-    doc = yaml.safe_load(p.read_text())
+    doc = read_spec(p)  # strict YAML (dpdask.specs)
     if not isinstance(doc, dict) or doc.get("model") != "sums":
         raise SpecError(f"{p}: not a sum spec (model: sums)")
     unknown = sorted(set(doc) - set(SPEC_KEYS))
@@ -267,13 +257,11 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     if missing:
         raise SpecError(f"{p}: missing {missing}")
     base = p.parent
-    release = doc["release"]
-    if not isinstance(release, str) or not release:
-        raise SpecError(f"release: a non-empty string is required, got {release!r}")
+    release = check_id(doc["release"], "release")  # the one id rule of every spec
 
     data = _mapping(doc["data"], "data", _DATA_KEYS, _DATA_KEYS - {"format", "id"})
-    if "id" in data and (not isinstance(data["id"], str) or not data["id"]):
-        raise SpecError("data.id: a non-empty string naming the dataset")
+    if "id" in data:
+        check_id(data["id"], "data.id")
     if data.get("format", "records") != "records":
         raise SpecError("data.format: sum specs read records (format: records, a CSV file)")
     for k in ("geography_column", "value_column"):
@@ -349,9 +337,7 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
 
     pr = _mapping(doc["privacy"], "privacy", {"epsilon", "threshold_share", "dataset"}, {"epsilon"})
     lifetime = None if "dataset" not in pr else _lifetime(pr["dataset"])
-    eps = _number(pr["epsilon"], "privacy.epsilon")
-    if eps <= 0:
-        raise SpecError("privacy.epsilon must be positive (sum releases are pure DP)")
+    eps = parse_budget(pr, "privacy", ("epsilon", "threshold_share", "dataset")).epsilon
     rho = _number(pr.get("threshold_share", "0.1" if t != "none" else 0), "threshold_share")
     if t == "none" and rho != 0:
         raise SpecError("privacy.threshold_share: must be 0 (or absent) with threshold: none")

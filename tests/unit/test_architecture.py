@@ -25,7 +25,7 @@ ROOT = pathlib.Path(dpdask.__file__).parent
 # lower layers first; a package may import its own layer (acyclically) or lower ones
 LAYERS: list[set[str]] = [
     {"errors", "config", "domain", "linalg"},
-    {"census", "noise", "privacy"},
+    {"census", "noise", "privacy", "specs"},
     {"workloads", "datasets"},
     {"strategy", "reconstruct", "measure"},
     {"publish", "ldp"},
