@@ -30,6 +30,7 @@ def cmd_run(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--scheduler", help="scheduler address (over the spec's cluster and env)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--dashboard-address", help="the started cluster's dashboard (127.0.0.1)")
     args = parser.parse_args(argv)
     model = spec_model(args.spec)
     if model == "local":  # aggregate people's randomised responses
@@ -45,16 +46,14 @@ def cmd_run(argv: Sequence[str]) -> int:
         return 0
     spec = load_spec(args.spec, period=args.period)
     check_input(spec)  # before a cluster starts
-    from dpdask.publish import new_run_id
-
-    run_id = args.run_id or new_run_id()
-    with connect(spec.cluster, scheduler=args.scheduler) as client:
-        log.warning("run %s: dashboard at %s", spec.release, client.dashboard_link)
-        log.warning("run %s: run id %s (resume an interrupted run with --run-id %s)",
-                    spec.release, run_id, run_id)  # fmt: skip
+    with connect(spec.cluster, scheduler=args.scheduler,
+                 dashboard_address=args.dashboard_address) as client:  # fmt: skip
         summary = run_spec(
-            spec, client=client, run_id=run_id, overwrite=args.overwrite,
+            spec, client=client, run_id=args.run_id, overwrite=args.overwrite,
             progress=not (args.no_progress or args.json or QUIET[0]),
+            on_start=lambda rid, link: log.warning(
+                "run %s: run id %s, dashboard at %s (resume an interrupted run with "
+                "--run-id %s)", spec.release, rid, link, rid),
         )  # fmt: skip
     print_result(summary, args.json, _release_table)
     return 0

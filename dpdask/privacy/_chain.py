@@ -169,7 +169,9 @@ class Chain:
         except BaseException as exc:  # a ledger half-born is no ledger: none is left
             path.unlink(missing_ok=True)
             head_path(path).unlink(missing_ok=True)
-            storage = _storage_error(path, exc) if isinstance(exc, Exception) else None
+            storage = (
+                _storage_error(path, exc, creating=True) if isinstance(exc, Exception) else None
+            )
             if storage is None:
                 raise
             raise storage from None
@@ -340,7 +342,8 @@ class Chain:
                 app = _Appender(con, self.ledger_id, entries)
                 yield entries, app
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:  # sqlite rolls back by itself on a full disk
+                    con.execute("ROLLBACK")
                 raise
             con.execute("COMMIT")
         if app.added:
@@ -428,7 +431,7 @@ _FULL_ERRNO = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _storage_error(
-    path: Path, exc: BaseException, committed: bool = False
+    path: Path, exc: BaseException, committed: bool = False, creating: bool = False
 ) -> LedgerStorageError | None:
     """The error to raise when the ledger's file system, not its content, failed (a
     full disk above all, which is no reason to restore a backup: that would roll the
@@ -439,6 +442,8 @@ def _storage_error(
     if not (full or primary in _STORAGE or (isinstance(exc, OSError) and committed)):
         return None
     what = "the disk holding it is full" if full else f"its file system failed ({exc})"
+    if creating:
+        return LedgerStorageError(f"cannot create the ledger {path}: {what}; none was created")
     state = (
         "the entry was committed but the head file is one step behind, which the ledger accepts"
         if committed
