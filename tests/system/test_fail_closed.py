@@ -398,3 +398,18 @@ def test_the_claim_survives_a_killed_holder(tmp_path):
     with claim_output(out):
         pass
     assert not lock_path(out).exists()
+
+
+def test_a_sum_release_whose_output_is_claimed_is_refused_before_anything(tmp_path, capsys):
+    # sum specs publish through the same claim
+    from tests.system.test_sums_release import _records
+    from tests.system.test_sums_release import _spec as sum_spec
+
+    _records(tmp_path / "people.csv")
+    spec = sum_spec(tmp_path)
+    before = _tree(tmp_path)
+    with claim_output(tmp_path / "out" / "wages.zarr"):
+        assert main(["run", spec, "--json"]) == 2
+    assert "another run is publishing" in _one_line(capsys.readouterr().err)
+    assert _tree(tmp_path) == before  # no ledger, no output
+    assert main(["run", spec, "--json"]) == 0
