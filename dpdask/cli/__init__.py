@@ -29,12 +29,13 @@ from dpdask.cli._common import QUIET, log
 from dpdask.cli._export import cmd_export, cmd_report
 from dpdask.cli._ledger import cmd_ledger
 from dpdask.cli._release import cmd_plan, cmd_run, cmd_validate
-from dpdask.errors import DPDaskError
+from dpdask.errors import DPDaskError, LedgerStorageError
 
 __all__ = ["FAILED", "INTERRUPTED", "REFUSED", "main"]
 
 #: exit statuses: a refusal (bad input, a ledger or output that says no), a failure of
-#: the system (a full disk), an interruption (Ctrl-C, as shells report SIGINT)
+#: the system (a full disk, for the output or the ledger), an interruption (Ctrl-C, as
+#: shells report SIGINT)
 REFUSED, FAILED, INTERRUPTED = 2, 1, 130
 
 
@@ -125,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DPDaskError, ValueError, FileNotFoundError, PermissionError, MemoryError,
             TypeError) as exc:  # fmt: skip
         _say(command, "error", exc)
-        return REFUSED
+        return FAILED if isinstance(exc, LedgerStorageError) else REFUSED
     except OSError as exc:  # a full disk, a file system gone read-only, ...
         _say(command, "error", exc)
         return FAILED

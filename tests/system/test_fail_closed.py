@@ -228,7 +228,7 @@ def test_a_head_file_the_full_disk_cannot_advance_leaves_the_ledger_intact(tmp_p
 
 def test_a_ledger_whose_creation_fills_the_disk_is_not_left_behind(tiny, tmp_path, capsys):
     with _full_after(pages=1):
-        assert _run(tiny) == 2
+        assert _run(tiny) == 1  # the system failed: not a refusal
     line = _one_line(capsys.readouterr().err)
     assert "full" in line and "none was created" in line and "was not charged" in line
     assert not _ledger_path(tmp_path).exists() and not (tmp_path / "out").exists()
@@ -238,7 +238,7 @@ def test_a_ledger_whose_creation_fills_the_disk_is_not_left_behind(tiny, tmp_pat
 def test_a_run_on_a_full_ledger_disk_says_so_and_resumes(tiny, tmp_path, capsys, inserts):
     assert main(["ledger", "init", str(_ledger_path(tmp_path))]) == 0
     with _fills_after(inserts):
-        assert _run(tiny, "--run-id", "F") == 2
+        assert _run(tiny, "--run-id", "F") == 1
     line = _one_line(capsys.readouterr().err)
     assert "disk holding it is full" in line and "intact" in line
     assert "not a readable ledger" not in line and "restore it from" not in line
