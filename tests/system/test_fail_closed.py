@@ -310,6 +310,12 @@ def _spent(tmp: pathlib.Path) -> dict:
     return {}
 
 
+def _published_run_id(tmp: pathlib.Path) -> dict:
+    other = _write_spec(tmp, "first.yaml", output=str(tmp / "first.zarr"), release="other")
+    assert _run(other, "--run-id", "X") == 0
+    return {"release": "other", "args": ["--run-id", "X"]}  # X of release other: published
+
+
 def _small_dataset(tmp: pathlib.Path) -> dict:
     return {"privacy": {"zcdp": 1, "split": {"state": 1, "county": 1}, "dataset": {"zcdp": 0.5}}}
 
@@ -324,25 +330,35 @@ def _plain_tcp(tmp: pathlib.Path) -> dict:
         (_not_a_release, "is not a dpdask release"),
         (_bad_records, "age"),
         (_spent, "only"),
+        (_published_run_id, "is published"),
         (_small_dataset, "privacy.dataset"),
         (_plain_tcp, "insecure"),
     ],
-    ids=["output-not-a-release", "bad-records", "budget-spent", "dataset-budget", "plain-tcp"],
+    ids=[
+        "output-not-a-release",
+        "bad-records",
+        "budget-spent",
+        "run-id-published",
+        "dataset-budget",
+        "plain-tcp",
+    ],
 )
 def test_a_refused_run_announces_nothing_and_leaves_nothing(tmp_path, capsys, setup, says):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "people.csv").write_text(RECORDS)
-    spec = _write_spec(tmp_path, **setup(tmp_path))
+    changes = setup(tmp_path)
+    args = changes.pop("args", [])
+    spec = _write_spec(tmp_path, **changes)
     capsys.readouterr()
     before = _tree(tmp_path)
-    assert main(["validate", str(spec)]) == 2  # validate refuses it as run does
+    assert main(["validate", str(spec), *args]) == 2  # validate refuses it as run does
     assert says in capsys.readouterr().err
     assert _tree(tmp_path) == before
-    assert _run(spec) == 2
+    assert _run(spec, *args) == 2
     err = capsys.readouterr().err
     line = _one_line(err)
     assert says in line
-    assert "dashboard" not in err and "--run-id" not in err
+    assert "dashboard" not in err and "resume" not in err
     assert _tree(tmp_path) == before  # no new ledger, work folder, lock or output
 
 
