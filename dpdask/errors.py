@@ -17,8 +17,10 @@ error                  raised when
 ``NoiseKeyError``      a secret key, key file or stream key is missing or wrong
 ``LedgerError``        the privacy ledger refuses (nothing was written); its
                        subclasses say why: missing, tampered, conflicting run,
-                       budget exceeded
-``OutputError``        an output path is unsafe or exists
+                       budget exceeded, its storage failing (a full disk)
+``OutputError``        an output path is unsafe, exists, or another run is
+                       publishing to it (``OutputLockedError``)
+``InterpreterError``   this Python cannot publish a release (``python -O``)
 ``ClusterError``       the named scheduler did not answer
 ``ConvergenceError``   an optimiser or estimator cannot produce a result
 =====================  =======================================================
@@ -39,12 +41,15 @@ __all__ = [
     "DataError",
     "DataTypeError",
     "GeographyUniverseError",
+    "InterpreterError",
     "LedgerConflictError",
     "LedgerError",
     "LedgerMissingError",
+    "LedgerStorageError",
     "LedgerTamperedError",
     "NoiseKeyError",
     "OutputError",
+    "OutputLockedError",
     "PlanError",
     "RunStateError",
     "SpecError",
@@ -94,6 +99,11 @@ class LedgerTamperedError(LedgerError):
     """The ledger is empty, corrupt, edited, truncated or rolled back."""
 
 
+class LedgerStorageError(LedgerError, OSError):
+    """The ledger's file system failed a read or write (a full disk, a read-only file,
+    an I/O error): the ledger itself is intact, and the failed write was rolled back."""
+
+
 class BudgetExceededError(LedgerError):
     """A charge would exceed a release's budget or a dataset's total."""
 
@@ -116,6 +126,14 @@ class StoreExistsError(OutputError, FileExistsError):
 
 class UnsafeOutputError(OutputError):
     """The output path would overwrite or sit inside something that is not a release."""
+
+
+class OutputLockedError(OutputError):
+    """Another run holds the output's lock: it is publishing there now."""
+
+
+class InterpreterError(DPDaskError, RuntimeError):
+    """This Python cannot publish a release (``python -O``); refused before any charge."""
 
 
 class ClusterUnreachableError(DPDaskError, ConnectionError, ValueError):

@@ -10,6 +10,10 @@ subparsers): it is the standard library (no dependency for a tool that runs insi
 scheduler and worker images), and a verb's parser is built only when that verb is used,
 so ``dpdask bench NAME --help`` lists the options of the one benchmark it imports, and
 ``dpdask run`` imports no benchmark, no audit and no report.
+
+Errors end the command with one line on standard error, never a traceback: refusals
+(exit 2), failures of the system such as a full disk (exit 1) and Ctrl-C (exit 130),
+with the command that resumes a run when the run was charged.
 """
 
 from __future__ import annotations
@@ -25,8 +29,14 @@ from dpdask.cli._common import QUIET, log
 from dpdask.cli._export import cmd_export, cmd_report
 from dpdask.cli._ledger import cmd_ledger
 from dpdask.cli._release import cmd_plan, cmd_run, cmd_validate
+from dpdask.errors import DPDaskError, LedgerStorageError
 
-__all__ = ["main"]
+__all__ = ["FAILED", "INTERRUPTED", "REFUSED", "main"]
+
+#: exit statuses: a refusal (bad input, a ledger or output that says no), a failure of
+#: the system (a full disk, for the output or the ledger), an interruption (Ctrl-C, as
+#: shells report SIGINT)
+REFUSED, FAILED, INTERRUPTED = 2, 1, 130
 
 
 COMMANDS = {
@@ -105,7 +115,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in COMMANDS:
         parser.parse_args([command])  # prints the error and exits 2
     try:
+        if command in ("run", "validate"):  # every model's run; before a cluster starts
+            from dpdask.publish import check_interpreter
+
+            check_interpreter()
         return COMMANDS[command][0](rest)
-    except (ValueError, FileNotFoundError, PermissionError, MemoryError, TypeError) as exc:
-        print(f"dpdask {command}: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt as exc:
+        _say(command, "interrupted", exc)
+        return INTERRUPTED
+    except (DPDaskError, ValueError, FileNotFoundError, PermissionError, MemoryError,
+            TypeError) as exc:  # fmt: skip
+        _say(command, "error", exc)
+        return FAILED if isinstance(exc, LedgerStorageError) else REFUSED
+    except OSError as exc:  # a full disk, a file system gone read-only, ...
+        _say(command, "error", exc)
+        return FAILED
+
+
+def _say(command: str, what: str, exc: BaseException) -> None:
+    """One line on standard error: the error, and the notes the run added to it (whether
+    it was charged, and how to resume it)."""
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, DPDaskError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        text = f"{exc.strerror}{where}"
+    else:
+        text = str(exc)
+    parts = [text, *getattr(exc, "__notes__", ())]
+    line = "; ".join(" ".join(str(p).split()) for p in parts if str(p).strip())
+    print(f"dpdask {command}: {what}" + (f": {line}" if line else ""), file=sys.stderr)

@@ -35,6 +35,7 @@ def cmd_run(argv: Sequence[str]) -> int:
         "--scheduler", help="scheduler address (over the spec's cluster and env; count releases)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--dashboard-address", help="the started cluster's dashboard (127.0.0.1)")
     args = parser.parse_args(argv)
     return _dispatch("run", args)
 
@@ -46,16 +47,14 @@ def _counts_run(args: argparse.Namespace) -> Result:
 
     spec = load_spec(args.spec, period=args.period)
     check_input(spec)  # before a cluster starts
-    from dpdask.publish import new_run_id
-
-    run_id = args.run_id or new_run_id()
-    with connect(spec.cluster, scheduler=args.scheduler) as client:
-        log.warning("run %s: dashboard at %s", spec.release, client.dashboard_link)
-        log.warning("run %s: run id %s (resume an interrupted run with --run-id %s)",
-                    spec.release, run_id, run_id)  # fmt: skip
+    with connect(spec.cluster, scheduler=args.scheduler,
+                 dashboard_address=args.dashboard_address) as client:  # fmt: skip
         summary = run_spec(
-            spec, client=client, run_id=run_id, overwrite=args.overwrite,
+            spec, client=client, run_id=args.run_id, overwrite=args.overwrite,
             progress=not (args.no_progress or args.json or QUIET[0]),
+            on_start=lambda rid, link: log.warning(
+                "run %s: run id %s, dashboard at %s (resume an interrupted run with "
+                "--run-id %s)", spec.release, rid, link, rid),
         )  # fmt: skip
     return summary, _release_table
 

@@ -9,7 +9,8 @@ not converge. The scheduler's HTTP server (the Dask dashboard's) then serves
     A page showing them, refreshed every second (linked from the Dask dashboard's
     page bar as "Dpdask").
 ``/dpdask/json``
-    The same data as JSON (``{"version": 1, "releases": [...]}``, newest first).
+    The same data as JSON (``{"version": 1, "releases": [...]}``, newest first); the
+    ledger's path relative to the spec's folder, never absolute.
 ``/metrics``
     Prometheus metrics ``dpdask_*`` beside Dask's own (:mod:`dpdask.dashboard._metrics`).
 

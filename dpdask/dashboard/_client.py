@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -18,7 +19,7 @@ from dpdask.dashboard._plugin import TOPIC, DashboardPlugin
 
 log = logging.getLogger("dpdask")
 
-__all__ = ["dashboard_url", "plan_event", "register", "track"]
+__all__ = ["dashboard_url", "plan_event", "register", "shown_path", "track"]
 
 
 def dashboard_url(client: Any) -> str | None:
@@ -122,7 +123,20 @@ def _tables(plan: Any, domain: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _ledger_view(ledger: Any, release: str, dataset: str | None) -> dict[str, Any] | None:
+def shown_path(path: Any, base: Any = None) -> str | None:
+    """A path as the dashboard shows it: relative to ``base`` (the spec's folder), or
+    its last part without one; never absolute (the page may be seen by others)."""
+    if path is None:
+        return None
+    p = os.path.abspath(os.fspath(path))
+    if base is None:
+        return os.path.basename(p)
+    return os.path.relpath(p, os.path.abspath(os.fspath(base)))
+
+
+def _ledger_view(
+    ledger: Any, release: str, dataset: str | None, base: Any = None
+) -> dict[str, Any] | None:
     """The dataset's and the release's balances in the ledger, as plain data."""
     if ledger is None:
         return None
@@ -131,7 +145,7 @@ def _ledger_view(ledger: Any, release: str, dataset: str | None) -> dict[str, An
     if rel is not None:
         rel = {k: v for k, v in rel.items() if k != "runs"}
     return {
-        "ledger": report.get("ledger"),
+        "ledger": shown_path(report.get("ledger"), base),
         "head": report.get("head"),
         "dataset": report["datasets"].get(dataset) if dataset is not None else None,
         "release": rel,
@@ -170,7 +184,11 @@ def _after_charge(before: Mapping[str, Any] | None, total: Any) -> dict[str, Any
 
 
 def plan_event(
-    rel: Any, ledger: Any = None, plan: Mapping[str, Any] | None = None, client_id: Any = None
+    rel: Any,
+    ledger: Any = None,
+    plan: Mapping[str, Any] | None = None,
+    client_id: Any = None,
+    base: Any = None,
 ) -> dict[str, Any]:
     """The announcement of a release: what the plugin shows before any task runs.
 
@@ -185,6 +203,8 @@ def plan_event(
         strategy).
     client_id : str, optional
         The client that will submit the release's tasks.
+    base : path-like, optional
+        The spec's folder: paths are shown relative to it (:func:`shown_path`).
 
     Returns
     -------
@@ -220,7 +240,7 @@ def plan_event(
     workload = plan.get("workload")
     if isinstance(workload, Mapping):
         workload = workload.get("name")
-    before = _ledger_view(ledger, rel.release_id, rel.dataset)
+    before = _ledger_view(ledger, rel.release_id, rel.dataset, base)
     resuming = ledger is not None and ledger.run(rel.release_id, rel.run_id) is not None
     return {
         "event": "plan",
@@ -249,7 +269,11 @@ def _send(client: Any, msg: Mapping[str, Any]) -> None:
 
 @contextmanager
 def track(
-    client: Any, rel: Any, ledger: Any = None, plan: Mapping[str, Any] | None = None
+    client: Any,
+    rel: Any,
+    ledger: Any = None,
+    plan: Mapping[str, Any] | None = None,
+    base: Any = None,
 ) -> Iterator[None]:
     """Show a release on its scheduler's ``/dpdask`` page while it runs.
 
@@ -265,6 +289,8 @@ def track(
     ledger : dpdask.privacy.Ledger, optional
     plan : mapping, optional
         :func:`dpdask.pipeline.run.plan_spec`'s report.
+    base : path-like, optional
+        The spec's folder; the ledger's path is shown relative to it, never absolute.
 
     Examples
     --------
@@ -276,7 +302,7 @@ def track(
         return
     register(client)
     try:
-        msg = plan_event(rel, ledger, plan, client_id=client.id)
+        msg = plan_event(rel, ledger, plan, client_id=client.id, base=base)
     except Exception:  # never fail a release for its dashboard
         log.warning("dpdask dashboard: could not describe the release", exc_info=True)
         msg = None
@@ -293,7 +319,7 @@ def track(
         raise
     end: dict[str, Any] = {**ident, "state": "published"}
     try:
-        end["ledger"] = _ledger_view(ledger, rel.release_id, rel.dataset)
+        end["ledger"] = _ledger_view(ledger, rel.release_id, rel.dataset, base)
         end["ledger_as_of"] = "after publication"
         end["not_converged"] = [dict(r) for r in rel.summary()["not_converged"]]
     except Exception:

@@ -12,6 +12,12 @@ Which cluster a run uses, first match wins:
    Dask itself maps ``DASK_SCHEDULER_ADDRESS`` to this key when it is imported);
 5. the embedded default: a local cluster of two single-threaded worker processes.
 
+The dashboard of a cluster dpdask starts (the local one, or a SLURM allocation's
+scheduler) listens on the loopback interface only, ``127.0.0.1`` (its page shows the
+release's dataset, run ids and budgets), unless the spec's
+``cluster.dashboard_address`` or ``dpdask run --dashboard-address`` (which wins) says
+otherwise, e.g. ``:8787`` for every interface.
+
 A spec's ``cluster: {insecure: true}`` or ``cluster: {tls: {ca_file, cert, key}}``
 without an address chooses no cluster: it gives the transport settings of whatever
 address is chosen (by the flag, the environment or the configuration).
@@ -49,6 +55,8 @@ __all__ = [
 log = logging.getLogger("dpdask")
 
 DEFAULT_LOCAL = {"n_workers": 2, "threads_per_worker": 1, "processes": True}
+#: where the dashboard of a cluster dpdask starts listens, unless told otherwise
+DEFAULT_DASHBOARD = "127.0.0.1:0"
 ENV_VAR = "DASK_SCHEDULER_ADDRESS"
 CONFIG_KEY = "scheduler-address"
 
@@ -320,6 +328,7 @@ def connect(
     scheduler: str | None = None,
     insecure: bool = False,
     security: Any = None,
+    dashboard_address: str | None = None,
 ) -> Iterator[Any]:
     """A ``distributed.Client`` for the duration of a run.
 
@@ -362,6 +371,10 @@ def connect(
         either, a ``tls://`` address takes them from Dask's configuration
         ``distributed.comm.tls`` (``ca-file``, ``client.cert``, ``client.key``: the
         ``DASK_DISTRIBUTED__COMM__TLS__...`` variables of the container recipes).
+    dashboard_address : str, optional
+        Where the dashboard of a cluster dpdask starts listens (``--dashboard-address``;
+        over ``cluster["dashboard_address"]``); by default ``127.0.0.1`` on a free port.
+        Refused for a scheduler dpdask does not start (its dashboard is its own).
 
     Yields
     ------
@@ -382,6 +395,11 @@ def connect(
 
     choice = choose_cluster(cluster, scheduler=scheduler, insecure=insecure, security=security)
     log.info("cluster: %s", choice.describe())
+    if dashboard_address is not None and choice.kind == "address":
+        raise ValueError(
+            f"--dashboard-address: dpdask does not start the scheduler at {choice.address} "
+            "(its dashboard listens where it was started)"
+        )
     if choice.kind == "address":
         address = choice.address
         kwargs = {} if choice.security is None else {"security": choice.security}
@@ -398,15 +416,21 @@ def connect(
             yield client
         return
     if choice.kind == "slurm":
-        with _slurm(choice.options, choice.insecure) as client:
+        with _slurm(choice.options, choice.insecure, dashboard_address) as client:
             yield client
         return
     options = {**DEFAULT_LOCAL, **choice.options}
-    options.setdefault("dashboard_address", ":0")
+    if dashboard_address is not None:
+        options["dashboard_address"] = dashboard_address
+    options.setdefault("dashboard_address", DEFAULT_DASHBOARD)
     # the workers (processes) take the configuration in force when they start
     interval = config.get("cluster.profile-interval")
+    settings = {"distributed.worker.profile.interval": interval}
+    host = _split_address(str(options["dashboard_address"]))[1]
+    if host and _is_loopback(host):  # the link names where the dashboard listens
+        settings["distributed.dashboard.link"] = f"{{scheme}}://{host}:{{port}}/status"
     with (
-        dask.config.set({"distributed.worker.profile.interval": interval}),
+        dask.config.set(settings),
         LocalCluster(**options) as lc,
         Client(lc) as client,
     ):
@@ -414,14 +438,17 @@ def connect(
 
 
 @contextmanager
-def _slurm(options: Mapping[str, Any], insecure: bool) -> Iterator[Any]:
+def _slurm(
+    options: Mapping[str, Any], insecure: bool, dashboard_address: str | None = None
+) -> Iterator[Any]:
     """A client of a ``dask_jobqueue.SLURMCluster``: the scheduler runs in this process,
     its workers in SLURM jobs that connect back to it over the cluster's network.
 
     Unless ``insecure``, that network carries TLS: a temporary self-signed certificate
     (``Security.temporary()``) that dask-jobqueue hands to its jobs through
     ``shared_temp_directory`` (a folder the compute nodes see; the working directory
-    by default).
+    by default). Its dashboard listens on ``127.0.0.1`` unless ``dashboard_address``
+    or ``scheduler_options.dashboard_address`` says otherwise.
     """
     try:
         from dask_jobqueue import SLURMCluster
@@ -439,6 +466,17 @@ def _slurm(options: Mapping[str, Any], insecure: bool) -> Iterator[Any]:
             raise ValueError(
                 f"cluster.slurm.{k}: dpdask sets it (TLS unless cluster.insecure: true)"
             )
+    import dask.config
+
+    # dask-jobqueue reads its configuration's scheduler options only when none are given
+    given = opts.get("scheduler_options")
+    if given is None:
+        given = dask.config.get("jobqueue.slurm.scheduler-options", None) or {}
+    scheduler_options = dict(given)
+    if dashboard_address is not None:
+        scheduler_options["dashboard_address"] = dashboard_address
+    scheduler_options.setdefault("dashboard_address", DEFAULT_DASHBOARD)
+    opts["scheduler_options"] = scheduler_options
     jobs = opts.pop("jobs", None)
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ValueError(f"cluster.slurm.jobs: expected a positive integer, got {jobs!r}")

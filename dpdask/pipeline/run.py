@@ -11,6 +11,7 @@ import math
 import os
 import pathlib
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from dpdask.dataflow import (
     write_store,
 )
 from dpdask.domain import Geography
+from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.privacy import (
@@ -373,8 +375,9 @@ def validate_spec(
     for reasons outside the spec and its data (a crash, a full disk).
 
     Returns a report; raises :class:`SpecError`, a :class:`~dpdask.privacy.LedgerError`
-    or the data reader's error, naming the problem.
+    or the data reader's error, naming the problem (and see :func:`validating`).
     """
+    validating(spec)
     queries = _check_workloads(spec)
     checked = _preflight(spec, run_id, overwrite, create=False)
     _plan, planned = plan_spec(spec)  # the strategy's options fail here, not in run
@@ -404,50 +407,65 @@ def run_spec(
     run_id: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    on_start: Callable[[str, str | None], None] | None = None,
 ) -> dict[str, Any]:
     """Run a release spec end to end; returns a summary of what was published.
 
-    Every check of :func:`validate_spec` comes first; then the strategy is selected,
-    the data is read (into the run's private work folder), every level is charged
-    and the release is measured, reconstructed and published. The same ``run_id``
-    resumes an interrupted run (same key, same noise, no new charge); a published or
-    abandoned run id is refused.
+    Every check of :func:`validate_spec` comes first, under the output's claim
+    (:func:`claimed`), and a ledger is created only once they pass; then the strategy
+    is selected, the data is read (into the run's private work folder), every level
+    is charged and the release is measured, reconstructed and published. The same
+    ``run_id`` resumes an interrupted run (same key, same noise, no new charge); a
+    published or abandoned run id is refused. ``on_start(run_id, dashboard_link)`` is
+    called once the run exists, before its first charge; see :func:`failure_reported`.
     """
     from dpdask.dataflow.release import release
 
+    check_before_charging(spec)
     _check_workloads(spec)
-    checked = _preflight(spec, run_id, overwrite, create=True)
-    plan, report = plan_spec(spec, client=client)
-    ledger = checked.ledger
-    if ledger is None:  # pragma: no cover - _preflight(create=True) always opens one
-        raise LedgerMissingError(f"ledger: no ledger at {spec.ledger}")
-    log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
-             spec.data.format, checked.work)  # fmt: skip
-    store = load_data(spec, checked.work, checked.source)
-    levels = _levels(spec, store)
-    if spec.dataset_budget is not None:  # checked above, before the data was read
-        ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
-    rel = release(
-        plan, store, levels=levels,
-        budget_split=(
-            {lv: spec.split[lv] for lv in levels} if spec.split and not spec.per_level else None
-        ),
-        reconstruct=spec.reconstruct, integer=spec.integer, release_id=spec.release,
-        run_id=checked.run_id,
-        ledger=ledger, dataset=checked.dataset,
-    )  # fmt: skip
-    from dpdask.dashboard import track  # registers the plugin; shows the run at /dpdask
+    if not spec.ledger.exists() and not spec.ledger_create:
+        _open_ledger(spec)  # raises, naming the fix
+    run_id = check_run_id(run_id) if run_id is not None else new_run_id()
+    with claimed(spec):
+        checked = _preflight(spec, run_id, overwrite, create=False)
+        with failure_reported(spec, checked.run_id, checked.work):
+            plan, report = plan_spec(spec, client=client)
+            log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
+                     spec.data.format, checked.work)  # fmt: skip
+            store = load_data(spec, checked.work, checked.source)
+            levels = _levels(spec, store)
+            if checked.ledger is None:  # every check passed: a new ledger may be born
+                checked = _preflight(spec, run_id, overwrite, create=True)
+            ledger = checked.ledger
+            if ledger is None:  # pragma: no cover - _preflight(create=True) always opens one
+                raise LedgerMissingError(f"ledger: no ledger at {spec.ledger}")
+            if spec.dataset_budget is not None:  # checked above, before the data was read
+                ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
+            rel = release(
+                plan, store, levels=levels,
+                budget_split=(
+                    {lv: spec.split[lv] for lv in levels}
+                    if spec.split and not spec.per_level else None
+                ),
+                reconstruct=spec.reconstruct, integer=spec.integer, release_id=spec.release,
+                run_id=checked.run_id,
+                ledger=ledger, dataset=checked.dataset,
+            )  # fmt: skip
+            from dpdask.dashboard import track  # registers the plugin; shows the run at /dpdask
 
-    binding = run_binding(spec, checked.output, checked.source)
-    # the run's first charge records what it is bound to; a resume's must match it
-    with (
-        ledger.bound(spec.release, checked.run_id, binding),
-        track(client, rel, ledger, plan=report),
-    ):
-        out = rel.to_zarr(
-            checked.output, overwrite=overwrite, client=client, progress=progress,
-            protected=[("input data", spec.data.path), ("ledger", spec.ledger)],
-        )  # fmt: skip
+            if on_start is not None:
+                on_start(checked.run_id, getattr(client, "dashboard_link", None))
+            base = spec.source.parent if spec.source is not None else None
+            binding = run_binding(spec, checked.output, checked.source)
+            # the run's first charge records what it is bound to; a resume's must match it
+            with (
+                ledger.bound(spec.release, checked.run_id, binding),
+                track(client, rel, ledger, plan=report, base=base),
+            ):
+                out = rel.to_zarr(
+                    checked.output, overwrite=overwrite, client=client, progress=progress,
+                    protected=[("input data", spec.data.path), ("ledger", spec.ledger)],
+                )  # fmt: skip
     log.info("run %s of %s: published %s (ledger head %s)", checked.run_id, spec.release,
              out, ledger.head())  # fmt: skip
     summary = rel.summary()

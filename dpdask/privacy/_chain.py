@@ -31,6 +31,7 @@ mailbox) can check it later with ``dpdask ledger verify --head COUNT:HASH``.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -44,7 +45,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpdask.errors import LedgerError, LedgerMissingError, LedgerTamperedError
+from dpdask.errors import (
+    LedgerError,
+    LedgerMissingError,
+    LedgerStorageError,
+    LedgerTamperedError,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -158,6 +164,22 @@ class Chain:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.close(fd)
+        try:
+            cls._initialise(path)
+        except BaseException as exc:  # a ledger half-born is no ledger: none is left
+            path.unlink(missing_ok=True)
+            head_path(path).unlink(missing_ok=True)
+            storage = (
+                _storage_error(path, exc, creating=True) if isinstance(exc, Exception) else None
+            )
+            if storage is None:
+                raise
+            raise storage from None
+        return cls(path)
+
+    @staticmethod
+    def _initialise(path: Path) -> None:
+        """Write the schema, the triggers, the first entry and the head file."""
         ledger_id = secrets.token_hex(16)
         con = sqlite3.connect(path, isolation_level=None)
         try:
@@ -184,7 +206,6 @@ class Chain:
         finally:
             con.close()
         _write_head(head_path(path), ledger_id, Head(1, digest))
-        return cls(path)
 
     # -- reading -------------------------------------------------------------------
     @contextmanager
@@ -203,6 +224,9 @@ class Chain:
             con.execute("PRAGMA synchronous=EXTRA")
             yield con
         except sqlite3.DatabaseError as exc:
+            storage = _storage_error(self.path, exc)
+            if storage is not None:
+                raise storage from None
             raise LedgerTamperedError(
                 f"the ledger {self.path} is not a readable ledger database ({exc}); "
                 "it was truncated, overwritten or corrupted: restore it from a backup"
@@ -318,11 +342,18 @@ class Chain:
                 app = _Appender(con, self.ledger_id, entries)
                 yield entries, app
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:  # sqlite rolls back by itself on a full disk
+                    con.execute("ROLLBACK")
                 raise
             con.execute("COMMIT")
         if app.added:
-            self.advance_head(app.head)
+            try:
+                self.advance_head(app.head)
+            except OSError as exc:  # committed; the head file names an earlier entry
+                storage = _storage_error(self.path, exc, committed=True)
+                if storage is None:
+                    raise
+                raise storage from None
 
     def advance_head(self, head: Head) -> None:
         """Write ``head`` to the head file unless it already names a later entry."""
@@ -390,14 +421,52 @@ class _Appender:
         return entry
 
 
+# sqlite's result codes of a file system that failed, not of a damaged database
+_FULL = (sqlite3.SQLITE_FULL,)
+_STORAGE = (
+    sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM,
+    sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED,
+)  # fmt: skip
+_FULL_ERRNO = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _storage_error(
+    path: Path, exc: BaseException, committed: bool = False, creating: bool = False
+) -> LedgerStorageError | None:
+    """The error to raise when the ledger's file system, not its content, failed (a
+    full disk above all, which is no reason to restore a backup: that would roll the
+    ledger back); ``None`` for anything else."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    full = primary in _FULL or getattr(exc, "errno", None) in _FULL_ERRNO
+    if not (full or primary in _STORAGE or (isinstance(exc, OSError) and committed)):
+        return None
+    what = "the disk holding it is full" if full else f"its file system failed ({exc})"
+    if creating:
+        return LedgerStorageError(f"cannot create the ledger {path}: {what}; none was created")
+    state = (
+        "the entry was committed but the head file is one step behind, which the ledger accepts"
+        if committed
+        else "the write was rolled back"
+    )
+    return LedgerStorageError(
+        f"cannot write the ledger {path}: {what}; {state}, and the ledger is intact (do "
+        "not restore a backup: that would roll it back). Free space and run again"
+    )
+
+
 def _write_head(path: Path, ledger_id: str, head: Head) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{time.time_ns()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, json.dumps({"ledger": ledger_id, **head.to_dict()}).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            os.write(fd, json.dumps({"ledger": ledger_id, **head.to_dict()}).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no partial head file behind
+        raise
     os.replace(tmp, path)
     dfd = os.open(path.parent, os.O_RDONLY)
     try:

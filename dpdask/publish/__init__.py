@@ -7,6 +7,9 @@ labels of the published arrays, and reading a published release.
   atomic move (:func:`publishing`, :func:`publish_file`).
 * :mod:`~dpdask.publish._ledgers`: a ledger is created only where no release of
   another ledger is published, and a release is replaced only from its own ledger.
+* :mod:`~dpdask.publish._claim`: a run claims its output before it charges (this
+  Python can publish; an exclusive lock beside the output, so that a racing run is
+  refused before it is charged).
 * :mod:`~dpdask.publish._workdir`: the private work folder of a run (checkpoints,
   chunk markers, reports, the run's key), removed once the release is published.
 * :mod:`~dpdask.publish._labels`: row labels and descriptions of the published
@@ -19,7 +22,8 @@ The layout of a published release is written by :mod:`dpdask.dataflow` (the rele
 graph); this package owns everything around it.
 """
 
-from dpdask.errors import StoreExistsError, UnsafeOutputError
+from dpdask.errors import OutputLockedError, StoreExistsError, UnsafeOutputError
+from dpdask.publish._claim import check_interpreter, check_unclaimed, claim_output, lock_path
 from dpdask.publish._labels import (
     PL94_PARTS,
     category_labels,
@@ -56,13 +60,18 @@ __all__ = [
     "FLAT_KEYS",
     "PL94_PARTS",
     "RELEASE_FORMAT",
+    "OutputLockedError",
     "StoreExistsError",
     "UnsafeOutputError",
     "artefact_attributes",
     "category_labels",
+    "check_interpreter",
     "check_output",
     "check_replaced",
     "check_target",
+    "check_unclaimed",
+    "claim_output",
+    "lock_path",
     "marker",
     "move_into_place",
     "new_run_id",

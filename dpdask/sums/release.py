@@ -44,7 +44,17 @@ def run_spec(
         If the output exists and ``overwrite`` is false.
     dpdask.privacy.BudgetExceededError
         If the release's budget is spent (nothing charged).
+    dpdask.publish.OutputLockedError
+        If another run is publishing to the output now (nothing charged).
     """
+    from dpdask.publish import claim_output
+
+    spec = load_spec(path)
+    with claim_output(spec["output"]):  # python -O and a racing run: refused here
+        return _release(spec, overwrite=overwrite, run_id=run_id)
+
+
+def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> dict[str, Any]:
     import zarr
 
     from dpdask.measure import charge_level, lattice, measure
@@ -53,7 +63,6 @@ def run_spec(
     from dpdask.sums import split_budget, sum_mechanism
     from dpdask.sums import threshold_charge as make_threshold_charge
 
-    spec = load_spec(path)
     release, level = spec["release"], spec["geography_column"]
     output, ledger, run_id = preflight(spec, overwrite, run_id, create=True)
     st = setup(spec)

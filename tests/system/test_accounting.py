@@ -78,11 +78,8 @@ def _charged_then_killed(spec: pathlib.Path, run_id: str) -> None:
     """A run that is charged and then stops before publishing (as a SIGKILL would)."""
     from dpdask.dataflow.release import Release
 
-    with (
-        mock.patch.object(Release, "_finish", side_effect=KeyboardInterrupt),
-        pytest.raises(KeyboardInterrupt),
-    ):
-        _run(spec, "--run-id", run_id)
+    with mock.patch.object(Release, "_finish", side_effect=KeyboardInterrupt):
+        assert _run(spec, "--run-id", run_id) == 130  # Ctrl-C: one line, no traceback
 
 
 def _estimates(out: pathlib.Path) -> bytes:
@@ -348,11 +345,9 @@ def test_an_overwrite_stopped_before_completion_keeps_the_old_release(tiny, tmp_
     assert _run(_write_spec(tmp_path, "a.yaml", release="a")) == 0
     out = tmp_path / "out" / "tiny.zarr"
     old = _estimates(out)
-    with (
-        mock.patch.object(Release, where, side_effect=KeyboardInterrupt),
-        pytest.raises(KeyboardInterrupt),
-    ):
-        _run(_write_spec(tmp_path, "b.yaml", release="b"), "--overwrite", "--run-id", "B")
+    with mock.patch.object(Release, where, side_effect=KeyboardInterrupt):
+        b = _write_spec(tmp_path, "b.yaml", release="b")
+        assert _run(b, "--overwrite", "--run-id", "B") == 130
     assert _estimates(out) == old
     assert zarr.open_group(str(out), mode="r").attrs["dpdask"]["release"] == "a"
     assert [p.name for p in (tmp_path / "out").iterdir() if p.name != ".tiny.zarr.run-B"] == [
@@ -432,11 +427,8 @@ def test_plan_and_run_draw_the_same_noise(tiny, tmp_path, capsys) -> None:
 def test_a_stop_between_publication_and_clean_up_is_finished_later(tiny, tmp_path, capsys):
     # stopped after the release was renamed into place (and its key removed), before the
     # ledger recorded the publication: the resume records it and cleans up
-    with (
-        mock.patch.object(Ledger, "publish", side_effect=KeyboardInterrupt),
-        pytest.raises(KeyboardInterrupt),
-    ):
-        _run(tiny, "--run-id", "P")
+    with mock.patch.object(Ledger, "publish", side_effect=KeyboardInterrupt):
+        assert _run(tiny, "--run-id", "P") == 130
     work = tmp_path / "out" / ".tiny.zarr.run-P"
     assert (tmp_path / "out" / "tiny.zarr").is_dir() and not (work / "key").exists()
     assert _run(tiny, "--run-id", "P") == 0
@@ -447,11 +439,8 @@ def test_a_stop_between_publication_and_clean_up_is_finished_later(tiny, tmp_pat
     from dpdask.dataflow import release as release_module
 
     second = _write_spec(tmp_path, "two.yaml", release="two", output=str(tmp_path / "two.zarr"))
-    with (
-        mock.patch.object(release_module, "remove_work", side_effect=KeyboardInterrupt),
-        pytest.raises(KeyboardInterrupt),
-    ):
-        _run(second, "--run-id", "Q")
+    with mock.patch.object(release_module, "remove_work", side_effect=KeyboardInterrupt):
+        assert _run(second, "--run-id", "Q") == 130
     left = tmp_path / ".two.zarr.run-Q"
     assert left.exists() and not (left / "key").exists()
     capsys.readouterr()

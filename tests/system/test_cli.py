@@ -145,21 +145,21 @@ def test_quiet_and_verbose(spec, tmp_path, capsys) -> None:
     assert main(["run", "-v", str(spec), "--no-progress"]) == 0
     captured = capsys.readouterr()
     err = captured.err
-    assert re.search(r"^dpdask: run pl94-providence: dashboard at http://\S+/status$", err, re.M)
+    # announced once the run exists: its id (to resume it) and the dashboard's address
+    m = re.search(r"^dpdask: run pl94-providence: run id (\S+), dashboard at http://127\.0\.0\.1:"
+                  r"\d+/status \(resume .*--run-id (\S+)\)$", err, re.M)  # fmt: skip
+    assert m and m.group(1) == m.group(2)
     assert re.search(r"^dpdask: run pl94-providence: release page at http://\S+/dpdask$",
                      err, re.M)  # fmt: skip
     assert re.search(r"^dpdask: run \S+ of pl94-providence: reading ", err, re.M)
     assert re.search(r"^dpdask: run \S+ of pl94-providence: published ", err, re.M)
     assert "published pl94-providence" in captured.out  # the result stays on stdout
     assert "Sending large graph" not in err
-    # the default: the addresses, not the progress messages; errors speak CLI flags
+    # refused in preflight: no run existed, so no run id or dashboard is announced;
+    # errors speak CLI flags
     assert main(["run", str(spec), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "dashboard at http" in err and "reading" not in err
-    # the run id is shown by default, so an interrupted run can be resumed
-    m = re.search(r"^dpdask: run pl94-providence: run id (\S+) \(resume .*--run-id (\S+)\)$",
-                  err, re.M)  # fmt: skip
-    assert m and m.group(1) == m.group(2)
+    assert "dashboard" not in err and "run id" not in err and "reading" not in err
     assert "--overwrite" in err and "overwrite=True" not in err
     # -q (after the verb's own arguments too): errors only
     assert main(["run", str(spec), "--no-progress", "--quiet"]) == 2

@@ -287,6 +287,7 @@ def test_slurm_options_pass_through_with_tls(fake_jobqueue, no_connect) -> None:
     (made,) = fake_jobqueue
     kw = dict(made.kwargs)
     sec = kw.pop("security")
+    assert kw.pop("scheduler_options") == {"dashboard_address": "127.0.0.1:0"}  # loopback
     assert isinstance(sec, distributed.Security) and sec.require_encryption
     assert kw == {"queue": "normal", "cores": 1, "memory": "4GiB", "walltime": "01:00:00",
                   "protocol": "tls://"}  # fmt: skip
@@ -311,8 +312,9 @@ def test_slurm_insecure_and_defaults(fake_jobqueue) -> None:
     with connect({"slurm": {"cores": 1, "n_workers": 4}, "insecure": True}):
         pass
     a, b = fake_jobqueue
-    assert a.kwargs == {"cores": 1} and a.scaled == [{"jobs": 1}]
-    assert b.kwargs == {"cores": 1, "n_workers": 4} and b.scaled == []
+    loopback = {"scheduler_options": {"dashboard_address": "127.0.0.1:0"}}
+    assert a.kwargs == {"cores": 1, **loopback} and a.scaled == [{"jobs": 1}]
+    assert b.kwargs == {"cores": 1, "n_workers": 4, **loopback} and b.scaled == []
 
 
 @pytest.mark.parametrize(

@@ -541,3 +541,69 @@ def test_release_page_in_headless_chromium(pl94_spec, tmp_path, monkeypatch) -> 
     assert 'dpdask_budget_spent{name="pl94-providence",parameter="rho",scope="release"} 1.0' in (
         metrics
     )
+
+
+# -- (d) the dashboard of a cluster dpdask starts: loopback, no absolute paths ----------
+def _bound(client) -> list[str]:
+    return [s.getsockname()[0] for s in client.cluster.scheduler.http_server._sockets.values()]
+
+
+def test_the_started_clusters_dashboard_listens_on_loopback_only() -> None:
+    import socket
+
+    from distributed.utils import get_ip
+
+    from dpdask.pipeline.cluster import connect
+
+    local = {"n_workers": 1, "threads_per_worker": 1, "processes": False}
+    with connect(local) as client:
+        port = client.cluster.scheduler.http_server.port
+        assert _bound(client) == ["127.0.0.1"]
+        assert client.dashboard_link == f"http://127.0.0.1:{port}/status"
+        ip = get_ip()
+        if not ip.startswith("127."):  # another interface: nothing listens there
+            with pytest.raises(OSError):
+                socket.create_connection((ip, port), timeout=5).close()
+    # the spec or --dashboard-address may say otherwise (the flag wins)
+    with connect({**local, "dashboard_address": "127.0.0.2:0"}) as client:
+        assert _bound(client) == ["127.0.0.2"]
+    with connect({**local, "dashboard_address": "127.0.0.2:0"}, dashboard_address=":0") as c:
+        assert set(_bound(c)) <= {"0.0.0.0", "::"}
+    with pytest.raises(ValueError, match="--dashboard-address"):
+        with connect("tcp://127.0.0.1:1", dashboard_address=":0"):
+            pass
+
+
+def test_the_json_shows_paths_relative_to_the_spec(tmp_path) -> None:
+    from dpdask.pipeline.cluster import connect
+    from dpdask.pipeline.run import run_spec
+    from dpdask.pipeline.spec import load_spec
+    from tests.system.test_accounting import RECORDS, _write_spec
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "people.csv").write_text(RECORDS)
+    spec = load_spec(_write_spec(tmp_path))
+    started: list = []
+    with connect(spec.cluster) as client:
+        run_spec(spec, client=client, run_id="J", progress=False,
+                 on_start=lambda *a: started.append(a))  # fmt: skip
+        port = client.cluster.scheduler.http_server.port
+        text = _get(f"http://127.0.0.1:{port}/dpdask/json")
+    assert started == [("J", f"http://127.0.0.1:{port}/status")]  # once the run existed
+    (rel,) = json.loads(text)["releases"]
+    assert rel["run_id"] == "J" and rel["state"] == "published"
+    assert rel["ledger"]["path"] == "ledger/ledger.sqlite"  # relative to the spec's folder
+
+    def strings(x):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                yield k
+                yield from strings(v)
+        elif isinstance(x, list):
+            for v in x:
+                yield from strings(v)
+        elif isinstance(x, str):
+            yield x
+
+    assert str(tmp_path) not in text
+    assert not [s for s in strings(json.loads(text)) if s.startswith("/")]
