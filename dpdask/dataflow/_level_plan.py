@@ -14,6 +14,7 @@ from threadpoolctl import threadpool_limits
 
 from dpdask.domain import Domain
 from dpdask.linalg import Kron, LinearQuery, gram_root
+from dpdask.measure import Lattice, lattice
 from dpdask.privacy import MECHANISM_NORM, Budget, noise_scale
 from dpdask.reconstruct.structured import full_column_rank, structured_pinv
 
@@ -46,6 +47,22 @@ class LevelPlan:
         self.mechanism: str = base.mechanism
         sens = float(self.strategy.sensitivity(MECHANISM_NORM[self.mechanism]))
         self.noise_scale = noise_scale(self.mechanism, sens, privacy)
+        self.drawn: Lattice | None = None
+
+    def realise(self, dtype: Any, max_total: int) -> LevelPlan:
+        """Fix how the measure step draws this level's noise for data of ``dtype`` (the
+        lattice and scale of :func:`dpdask.measure.lattice`, no data read): from then on
+        :attr:`row_variance`, :attr:`drawn_scale` and :meth:`query_variances` are those
+        of the noise drawn, not of the plan's nominal continuous mechanism. The
+        measurement itself still starts from the plan's calibration."""
+        self.drawn = lattice(self, dtype, max_total)
+        return self
+
+    @property
+    def drawn_scale(self) -> float:
+        """The scale of the noise drawn (data units; the nominal scale until
+        :meth:`realise`)."""
+        return self.noise_scale if self.drawn is None else self.drawn.noise_scale
 
     def pinv(self) -> LinearQuery | None:
         """The strategy's pseudo-inverse when it is structured (Kronecker products, unions
@@ -68,11 +85,17 @@ class LevelPlan:
 
     @property
     def row_variance(self) -> float:
-        """Variance of the noise added to each measurement."""
+        """Variance of the noise added to each measurement: of the law drawn once
+        :meth:`realise` fixed it (the discrete sampler on its lattice), of the plan's
+        nominal mechanism before."""
+        if self.drawn is not None:
+            return self.drawn.variance
         return noise_variance(self.mechanism, self.noise_scale)
 
     def query_variances(self) -> np.ndarray:
-        ratio = (self.noise_scale / self.base.noise_scale) ** 2
+        """Variance of every workload answer's least-squares estimate at
+        :attr:`row_variance` per row."""
+        ratio = self.row_variance / noise_variance(self.mechanism, self.base.noise_scale)
         return np.asarray(self.base.query_variances(), dtype=float) * ratio
 
 
