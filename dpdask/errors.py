@@ -11,7 +11,8 @@ error                  raised when
 ``DataError``          input counts are malformed: NaN, negative, wrong shape or
                        dtype, unknown categories, above a public bound;
                        ``DataTypeError`` when they are not an array of numbers
-``PlanError``          a plan, strategy or privacy parameter cannot be used
+``PlanError``          a plan, strategy or privacy parameter cannot be used;
+                       ``BudgetTypeError`` when a budget is not a budget
 ``NoiseKeyError``      a secret key, key file or stream key is missing or wrong
 ``LedgerError``        the privacy ledger refuses (nothing was written); its
                        subclasses say why: missing, tampered, conflicting run,
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 __all__ = [
     "BudgetExceededError",
+    "BudgetTypeError",
     "ClusterUnreachableError",
     "ConvergenceError",
     "ConvergenceWarning",
@@ -68,6 +70,10 @@ class DataTypeError(DataError, TypeError):
 
 class PlanError(DPDaskError, ValueError):
     """A plan, strategy or privacy parameter cannot be used as given."""
+
+
+class BudgetTypeError(PlanError, TypeError):
+    """A privacy parameter is not a budget (raised as ``TypeError`` before)."""
 
 
 class NoiseKeyError(DPDaskError, ValueError):
