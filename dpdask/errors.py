@@ -13,7 +13,8 @@ error                  raised when
                        ``DataTypeError`` when they are not an array of numbers;
                        ``GeographyUniverseError`` when person records declare no
                        public geography universe or fall outside it
-``PlanError``          a plan, strategy or privacy parameter cannot be used
+``PlanError``          a plan, strategy or privacy parameter cannot be used;
+                       ``BudgetTypeError`` when a budget is not a budget
 ``NoiseKeyError``      a secret key, key file or stream key is missing or wrong
 ``LedgerError``        the privacy ledger refuses (nothing was written); its
                        subclasses say why: missing, tampered, conflicting run,
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 __all__ = [
     "BudgetExceededError",
+    "BudgetTypeError",
     "ClusterUnreachableError",
     "ConvergenceError",
     "ConvergenceWarning",
@@ -81,6 +83,10 @@ class GeographyUniverseError(DataError):
 
 class PlanError(DPDaskError, ValueError):
     """A plan, strategy or privacy parameter cannot be used as given."""
+
+
+class BudgetTypeError(PlanError, TypeError):
+    """A privacy parameter is not a budget (raised as ``TypeError`` before)."""
 
 
 class NoiseKeyError(DPDaskError, ValueError):

@@ -13,11 +13,14 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from dpdask.domain import Domain
+from dpdask.errors import PlanError
 from dpdask.linalg import Kron, LinearQuery, gram_root
-from dpdask.privacy import MECHANISM_NORM, Budget, noise_scale
+from dpdask.measure import Lattice, lattice
+from dpdask.noise import draw_variance
+from dpdask.privacy import Budget, calibrate
 from dpdask.reconstruct.structured import full_column_rank, structured_pinv
 
-__all__ = ["LevelPlan", "mean_cell_variance", "noise_variance"]
+__all__ = ["LevelPlan", "mean_cell_variance"]
 
 
 class LevelPlan:
@@ -44,8 +47,29 @@ class LevelPlan:
         self.workload: LinearQuery = base.workload
         self.domain: Domain | None = base.domain
         self.mechanism: str = base.mechanism
-        sens = float(self.strategy.sensitivity(MECHANISM_NORM[self.mechanism]))
-        self.noise_scale = noise_scale(self.mechanism, sens, privacy)
+        self.calibration = calibrate(privacy, self.strategy)
+        if self.calibration.mechanism != self.mechanism:
+            raise PlanError(
+                f"a {self.mechanism} plan cannot be measured with {privacy!r}; select a plan "
+                "for that budget"
+            )
+        self.noise_scale = self.calibration.scale
+        self.drawn: Lattice | None = None
+
+    def realise(self, dtype: Any, max_total: int) -> LevelPlan:
+        """Fix how the measure step draws this level's noise for data of ``dtype`` (the
+        lattice and scale of :func:`dpdask.measure.lattice`, no data read): from then on
+        :attr:`row_variance`, :attr:`drawn_scale` and :meth:`query_variances` are those
+        of the noise drawn, not of the plan's nominal continuous mechanism. The
+        measurement itself still starts from the plan's calibration."""
+        self.drawn = lattice(self, dtype, max_total)
+        return self
+
+    @property
+    def drawn_scale(self) -> float:
+        """The scale of the noise drawn (data units; the nominal scale until
+        :meth:`realise`)."""
+        return self.noise_scale if self.drawn is None else self.drawn.noise_scale
 
     def pinv(self) -> LinearQuery | None:
         """The strategy's pseudo-inverse when it is structured (Kronecker products, unions
@@ -68,11 +92,17 @@ class LevelPlan:
 
     @property
     def row_variance(self) -> float:
-        """Variance of the noise added to each measurement."""
-        return noise_variance(self.mechanism, self.noise_scale)
+        """Variance of the noise added to each measurement: of the law drawn once
+        :meth:`realise` fixed it (the discrete sampler on its lattice), of the plan's
+        nominal mechanism before."""
+        if self.drawn is not None:
+            return self.drawn.variance
+        return self.calibration.variance
 
     def query_variances(self) -> np.ndarray:
-        ratio = (self.noise_scale / self.base.noise_scale) ** 2
+        """Variance of every workload answer's least-squares estimate at
+        :attr:`row_variance` per row."""
+        ratio = self.row_variance / draw_variance(self.mechanism, self.base.noise_scale)
         return np.asarray(self.base.query_variances(), dtype=float) * ratio
 
 
@@ -87,12 +117,6 @@ def _compact(A: LinearQuery, mechanism: str) -> LinearQuery:
     if A.shape[1] <= 4096:
         return gram_root(A)
     return A
-
-
-def noise_variance(mechanism: str, scale: float) -> float:
-    """Variance of one noise draw (continuous form; the discrete ones are within 1e-3 of it
-    for scales above 1)."""
-    return 2.0 * scale**2 if mechanism.endswith("laplace") else scale**2
 
 
 def mean_cell_variance(A: LinearQuery) -> float:

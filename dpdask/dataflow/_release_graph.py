@@ -153,7 +153,7 @@ class MeasureGraph(ReleaseState):
         )  # fmt: skip
         return y.map_blocks(
             reconstruct_block, L.plan.strategy, method, cell_shape, L.plan.pinv(),
-            reports, L.name, L.plan.noise_scale,
+            reports, L.name, L.plan.drawn_scale,
             chunks=(x.chunks[0], *((s,) for s in cell_shape)),
             new_axis=list(range(2, 1 + len(cell_shape))),
             dtype=np.float64, name=f"reconstruct-{word}-{tok}",

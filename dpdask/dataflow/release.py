@@ -191,7 +191,9 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
                     "chunks": len(L.chunks),
                     "budget": L.plan.privacy.to_dict(),
                     "mechanism": L.plan.mechanism,
-                    "noise_scale": L.plan.noise_scale,
+                    "noise_scale": L.plan.drawn_scale,  # the scale drawn, in data units
+                    "nominal_noise_scale": L.plan.noise_scale,  # the plan's calibration
+                    "noise_variance": L.plan.row_variance,  # of one draw, as drawn
                     "queries": int(qv.size),
                     "mean_query_variance": float(qv.mean()),
                     "max_query_variance": float(qv.max()),
@@ -401,6 +403,8 @@ def release(
             raise ValueError(
                 f"level {lv!r}: the plan is for {p.domain}, the data is {store.domain}"
             )
+        if noise:  # published variances are those of the noise the measure step draws
+            p.realise(store.dtype, max_total)
     if isinstance(ledger, str | os.PathLike):
         ledger = Ledger(ledger)
     return Release(

@@ -66,7 +66,7 @@ from dpdask.measure._checks import (
     check_plan,
     has_integer_entries,
 )
-from dpdask.noise import MAX_TABLE_SCALE
+from dpdask.noise import MAX_TABLE_SCALE, draw_variance
 from dpdask.privacy import MECHANISM_NORM, ApproxDP, Budget, check_calibration
 
 __all__ = ["DEFAULT_MAX_TOTAL", "Lattice", "lattice", "noise_mechanism"]
@@ -175,6 +175,13 @@ class Lattice:
     sensitivity: float
     noise_scale: float
     grid_scale: Fraction
+
+    @property
+    def variance(self) -> float:
+        """The variance of one measurement's noise in data units: the grid step squared
+        times the integer sampler's variance at ``grid_scale``
+        (:func:`dpdask.noise.draw_variance`), what published variances are made of."""
+        return float(_step(self.k)) ** 2 * draw_variance(self.mechanism, self.grid_scale)
 
 
 def _step(k: int) -> Fraction:

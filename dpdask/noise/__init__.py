@@ -27,6 +27,7 @@ from dpdask.noise._keys import (
 )
 from dpdask.noise._rng import MECHANISMS, KeyedRNG
 from dpdask.noise._table import MAX_TABLE_SCALE
+from dpdask.noise._variance import draw_variance
 
 __all__ = [
     "KEY_BYTES",
@@ -41,6 +42,7 @@ __all__ = [
     "as_secret_key",
     "discrete_gaussian_cks",
     "discrete_laplace_cks",
+    "draw_variance",
     "encode_identity",
     "new_key",
 ]

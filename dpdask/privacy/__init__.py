@@ -11,6 +11,7 @@ charges.
 """
 
 from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, parallel, zCDP
+from dpdask.privacy._calibration import Calibration, calibrate, mechanism_for
 from dpdask.privacy._chain import Head
 from dpdask.privacy._convert import (
     gaussian_delta,
@@ -44,6 +45,7 @@ __all__ = [
     "ApproxDP",
     "Budget",
     "BudgetExceededError",
+    "Calibration",
     "Charge",
     "Head",
     "Ledger",
@@ -56,6 +58,7 @@ __all__ = [
     "RunBinding",
     "RunStateError",
     "as_fraction",
+    "calibrate",
     "check_binding",
     "check_calibration",
     "check_dataset_fits",
@@ -64,6 +67,7 @@ __all__ = [
     "check_run_id",
     "gaussian_delta",
     "gaussian_max_privacy_cost",
+    "mechanism_for",
     "mechanism_guarantee",
     "noise_scale",
     "parallel",

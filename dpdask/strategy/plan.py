@@ -32,6 +32,7 @@ budget, refusing a file whose recorded noise does not match.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -43,7 +44,8 @@ import numpy as np
 from dpdask.domain import Domain
 from dpdask.errors import PlanError
 from dpdask.linalg import LinearQuery, from_dict, to_dict
-from dpdask.privacy import ApproxDP, Budget, PureDP, noise_scale, zCDP
+from dpdask.noise import draw_variance
+from dpdask.privacy import Budget, calibrate, mechanism_for, noise_scale
 from dpdask.strategy.error import ErrorAnalysis, svd_bound
 
 __all__ = ["Plan", "mechanism_of"]
@@ -54,14 +56,9 @@ _MAX_VARIANCE_ROWS = 10_000_000
 
 
 def mechanism_of(privacy: Any) -> str:
-    """``"laplace"`` for pure DP, ``"gaussian"`` for zCDP and approximate DP."""
-    if isinstance(privacy, PureDP):
-        return "laplace"
-    if isinstance(privacy, zCDP | ApproxDP):
-        return "gaussian"
-    raise TypeError(
-        f"privacy must be a dpdask.privacy budget (PureDP, zCDP or ApproxDP), got {privacy!r}"
-    )
+    """``"laplace"`` for pure DP, ``"gaussian"`` for zCDP and approximate DP
+    (:func:`dpdask.privacy.mechanism_for`, the one mapping)."""
+    return mechanism_for(privacy)
 
 
 class Plan:
@@ -104,7 +101,6 @@ class Plan:
         info: dict | None = None,
         sizes: Sequence[int] | None = None,
     ):
-        self.mechanism = mechanism_of(privacy)
         if workload.shape[1] != strategy.shape[1]:
             raise PlanError(
                 f"workload has {workload.shape[1]} columns but the strategy has {strategy.shape[1]}"
@@ -124,25 +120,44 @@ class Plan:
         self.template = str(template)
         self.info = dict(info or {})
         self.sizes = tuple(int(s) for s in sizes) if sizes is not None else None
-        p = 1 if self.mechanism == "laplace" else 2
-        sens = float(strategy.sensitivity(p))
-        if not math.isfinite(sens) or sens <= 0:
-            raise PlanError(f"the strategy's L{p} sensitivity is {sens}; it must be positive")
-        self.sensitivity = sens
-        self.noise_scale = noise_scale(self.mechanism, sens, privacy)
+        self.calibration = calibrate(privacy, strategy)
+        self.mechanism = self.calibration.mechanism
+        self.sensitivity = self.calibration.sensitivity
+        self.noise_scale = self.calibration.scale
         self._analysis_cache: ErrorAnalysis | None = None
 
     # -- noise -------------------------------------------------------------
+    def at(self, budget: Budget) -> Plan:
+        """This plan's strategy and workload measured with ``budget`` instead: a copy
+        recalibrated by :func:`dpdask.privacy.calibrate` (the one calibration), for a
+        level's share of a release budget or an audit's control.
+
+        Raises
+        ------
+        dpdask.errors.PlanError
+            If ``budget`` cannot be spent with this plan's mechanism (a Gaussian
+            strategy's sensitivity is not a Laplace one's).
+        """
+        cal = calibrate(budget, self.strategy)
+        if cal.mechanism != self.mechanism:
+            raise PlanError(
+                f"a {self.mechanism} plan cannot be measured with {budget!r} "
+                f"({cal.mechanism} noise); select a plan for that budget"
+            )
+        new = copy.copy(self)
+        new.privacy, new.calibration, new.noise_scale = budget, cal, cal.scale
+        new._analysis_cache = self._analysis_cache  # the same strategy and workload
+        return new
+
     @property
     def noise_variance(self) -> float:
-        """Variance of the noise on each measured row: ``2 b^2`` or ``sigma^2``."""
-        b = self.noise_scale
-        return 2.0 * b * b if self.mechanism == "laplace" else b * b
+        """Nominal variance of the noise on each measured row: ``2 b^2`` or ``sigma^2``
+        (what the measure step draws is :class:`dpdask.measure.Lattice`'s)."""
+        return self.calibration.variance
 
     def _unit_variance(self) -> float:
         """Noise variance per row at sensitivity 1 under this budget."""
-        s = noise_scale(self.mechanism, 1.0, self.privacy)
-        return 2.0 * s * s if self.mechanism == "laplace" else s * s
+        return draw_variance(self.mechanism, noise_scale(self.mechanism, 1.0, self.privacy))
 
     def __getstate__(self) -> dict:
         # the error analysis is a cache (tens of MiB on the CPH domain): recomputed where

@@ -14,12 +14,12 @@ from typing import Any
 from dpdask.domain import Domain
 from dpdask.errors import PlanError
 from dpdask.linalg import LinearQuery
-from dpdask.privacy import Budget
+from dpdask.privacy import MECHANISM_NORM, Budget, mechanism_for
 from dpdask.strategy._hdmm import TEMPLATES, Candidate, default_templates, optimize
 from dpdask.strategy._tasks import blas_limit
 from dpdask.strategy._terms import KronTerms, kron_terms
 from dpdask.strategy.error import ErrorAnalysis
-from dpdask.strategy.plan import Plan, mechanism_of
+from dpdask.strategy.plan import Plan
 
 __all__ = [
     "BASELINES",
@@ -42,7 +42,7 @@ the cores are busy (with the cluster's workers or anything else)."""
 
 def sensitivity_norm(privacy: Budget) -> int:
     """1 for pure DP (Laplace noise), 2 for zCDP and approximate DP (Gaussian noise)."""
-    return 1 if mechanism_of(privacy) == "laplace" else 2
+    return MECHANISM_NORM[mechanism_for(privacy)]
 
 
 def verified_loss(terms: KronTerms, cand: Candidate, norm: int) -> float:

@@ -236,7 +236,7 @@ def test_nonnegative_estimators_are_consistent_and_nonnegative(store, tmp_path, 
 
 def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) -> None:
     """NNLS is fitted at the finest level with row weights 1 / noise variance; ADMM gets
-    each level's scale."""
+    each level's scale: both of the noise the measure step draws."""
     import dpdask.dataflow._blocks as blocks
 
     seen: dict[str, list] = {"nnls": [], "admm": []}
@@ -271,9 +271,12 @@ def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) 
             finest = rel._levels[-1].plan
             assert len(got) == st.geography.n_units("tract")  # one solve per finest unit
             assert all(M is finest.strategy for M, _ in got)
-            np.testing.assert_allclose([1.0 / w for _, w in got], finest.noise_scale**2)
+            # weights of the noise drawn (the lattice's discrete law), not the nominal
+            drawn = lattice(finest, st.dtype).variance
+            assert abs(drawn / finest.noise_scale**2 - 1) > 1e-4
+            np.testing.assert_allclose([1.0 / w for _, w in got], drawn)
         else:
-            assert set(got) == {L.plan.noise_scale for L in rel._levels}
+            assert set(got) == {lattice(L.plan, st.dtype).noise_scale for L in rel._levels}
 
 
 @pytest.mark.parametrize("levels", [None, ("tract",)], ids=["three-levels", "one-level"])
@@ -468,3 +471,61 @@ def test_data_above_max_total_refused_before_any_charge(store, tmp_path, layout)
     assert ledger.charges("mt") == []
     assert run(total, "ok").exists()
     assert len(ledger.charges("mt")) == len(st.geography.levels)
+
+
+def _wide_store(tmp_path, rng, n_units: int = 240):
+    """Two levels (4 states of 60 counties) of the 2 x 3 domain: many independent units."""
+    from dpdask.dataflow import write_store
+    from dpdask.domain import Geography
+
+    parents = np.repeat(np.arange(4), n_units // 4)
+    geo = Geography(
+        levels=("state", "county"),
+        ids=(tuple(f"s{i}" for i in range(4)), tuple(f"c{i:03d}" for i in range(n_units))),
+        parents=(parents,),
+    )
+    counts = rng.integers(0, 40, size=(n_units, 2, 3))
+    return write_store(tmp_path / "wide.zarr", counts, DOMAIN, geo, geo_chunk=60), counts
+
+
+# A fractional strategy measured on a coarse lattice (a large public max_total makes the
+# grid coarse, so the noise drawn is far above the plan's nominal scale), and an integral
+# strategy at a scale where the discrete Gaussian's variance is well below sigma**2.
+_FRACTIONAL = VStack([Kron([Identity(2), Identity(3)]), Kron([Total(2), Prefix(3)]) * 0.3])
+VARIANCE_CASES = {
+    "lattice": dict(rho=1, strategy=_FRACTIONAL, max_total=2**44),
+    "discrete": dict(rho=5, strategy=Identity(6), max_total=2**33),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VARIANCE_CASES))
+def test_published_variances_are_those_of_the_noise_drawn(tmp_path, rng, case) -> None:
+    """Mean squared z-scores of the published answers against the truth: 1 within the
+    sampling band with the published variances, and outside it with the plan's nominal
+    ones (so the test would catch a release that publishes the nominal scale)."""
+    opts = VARIANCE_CASES[case]
+    st, counts = _wide_store(tmp_path, rng)
+    plan = make_plan(rho=opts["rho"], strategy=opts["strategy"])
+    truth = _level_truth(counts, st)
+    W = plan.workload.dense()
+    z2, z2_nominal = [], []
+    for seed in range(8):
+        r = release(
+            plan, st, release_id="v", run_id=f"r{seed}", test_mode=True,
+            key=SecretKey.for_testing(100 + seed), max_total=opts["max_total"],
+        )  # fmt: skip
+        g = zarr.open_group(str(r.to_zarr(tmp_path / f"o{seed}.zarr")), mode="r")
+        t = truth["county"]
+        err = g["county"]["answers"][:] - t.reshape(len(t), -1) @ W.T
+        published = g["county"]["variance"][:]
+        z2.append((err**2 / published).ravel())
+        # what the release would publish for the plan's nominal continuous noise
+        level = r.summary()["levels"][1]
+        nominal = published * level["nominal_noise_scale"] ** 2 / level["noise_variance"]
+        z2_nominal.append((err**2 / nominal).ravel())
+    z2, z2_nominal = np.concatenate(z2), np.concatenate(z2_nominal)
+    # 8 trials x 240 units x 11 answers, correlated within a unit: the standard error of
+    # the mean is below 0.02 (z**2 has variance 2, at most 11 answers per unit
+    # correlated), so 0.08 is a band of more than 4 standard errors
+    assert z2.mean() == pytest.approx(1.0, abs=0.08)
+    assert abs(z2_nominal.mean() - 1.0) > 0.2  # the nominal variances are off by 25-50%

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import math
 import zipfile
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
 from dpdask import Domain, Plan, select
+from dpdask.errors import BudgetTypeError, DPDaskError, PlanError
 from dpdask.linalg import (
     AllRange,
     Dense,
@@ -24,12 +26,13 @@ from dpdask.linalg import (
     Scaled,
     Sparse,
     Sum,
+    Total,
     Transpose,
     VStack,
     from_dict,
     to_dict,
 )
-from dpdask.privacy import ApproxDP, PureDP, zCDP
+from dpdask.privacy import ApproxDP, PureDP, calibrate, zCDP
 from dpdask.strategy import PIdentity, WeightedMarginals
 from dpdask.testing.strategies import operators
 
@@ -224,3 +227,41 @@ def test_svd_bound_and_identity_in_plan() -> None:
     assert plan.identity_error() == pytest.approx(
         zCDP("0.5").gaussian_sigma(1.0) ** 2 * math.fsum(range(1, 65))
     )
+
+
+# -- one calibration ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("budget", "mechanism", "scale"),
+    [
+        (PureDP(Fraction(1, 2)), "laplace", 2 / 0.5),  # L1 sensitivity 2 (two rows)
+        (
+            zCDP(Fraction(1, 2)),
+            "gaussian",
+            math.sqrt(2) / 1.0,
+        ),  # L2 sqrt 2, sigma = D / sqrt(2 rho)
+    ],
+)
+def test_calibrate_is_the_closed_form(budget, mechanism, scale) -> None:
+    A = VStack([Identity(4), Identity(4)])  # every column: two ones
+    cal = calibrate(budget, A)
+    assert (cal.mechanism, cal.norm) == (mechanism, 1 if mechanism == "laplace" else 2)
+    assert cal.scale == pytest.approx(scale, rel=1e-12)
+    assert cal.variance == pytest.approx(2 * scale**2 if mechanism == "laplace" else scale**2)
+
+
+def test_plan_at_another_budget_is_a_fresh_plan_there() -> None:
+    W, A = Prefix(8), VStack([Identity(8), Total(8)])
+    plan = Plan(W, A, zCDP(1))
+    for rho in (Fraction(1, 4), Fraction(3)):
+        moved, fresh = plan.at(zCDP(rho)), Plan(W, A, zCDP(rho))
+        assert moved.noise_scale == fresh.noise_scale
+        np.testing.assert_allclose(moved.query_variances(), fresh.query_variances(), rtol=1e-12)
+        assert plan.privacy == zCDP(1)  # the original is untouched
+    with pytest.raises(PlanError, match="laplace"):
+        plan.at(PureDP(1))  # a Gaussian plan's strategy is not sized for Laplace noise
+
+
+def test_a_non_budget_is_a_type_error_and_a_dpdask_error() -> None:
+    with pytest.raises(BudgetTypeError) as info:
+        calibrate(0.5, Identity(3))  # type: ignore[arg-type]
+    assert isinstance(info.value, TypeError) and isinstance(info.value, DPDaskError)

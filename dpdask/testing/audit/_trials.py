@@ -4,7 +4,6 @@ its neighbouring datasets, and the statistic fixed from the claimed plan before 
 
 from __future__ import annotations
 
-import copy
 import math
 import pathlib
 from collections.abc import Sequence
@@ -16,7 +15,7 @@ import numpy as np
 
 from dpdask.dataflow import DataStore, write_store
 from dpdask.domain import Geography
-from dpdask.privacy import ApproxDP, Budget, PureDP, split_levels, zCDP
+from dpdask.privacy import MECHANISM_NORM, ApproxDP, Budget, PureDP, split_levels, zCDP
 
 __all__ = [
     "Design",
@@ -58,13 +57,9 @@ def control_budget(budget: Budget, mechanism: str) -> Budget:
 
 
 def with_budget(plan: Any, budget: Budget) -> Any:
-    """A copy of ``plan`` measuring the same strategy under another budget."""
-    from dpdask.privacy import noise_scale
-
-    new = copy.copy(plan)
-    new.privacy = budget
-    new.noise_scale = noise_scale(plan.mechanism, plan.sensitivity, budget)
-    return new
+    """A copy of ``plan`` measuring the same strategy under another budget
+    (:meth:`dpdask.strategy.Plan.at`)."""
+    return plan.at(budget)
 
 
 # -- the trial store ----------------------------------------------------------------------------
@@ -145,7 +140,7 @@ def design_statistic(
     lps: dict[str, LevelPlan] = {}
     for lv, b in budgets.items():
         lps[lv] = LevelPlan(plan, b, like=next(iter(lps.values()), None))
-    p = 1 if plan.mechanism.endswith("laplace") else 2
+    p = MECHANISM_NORM[plan.mechanism]
     power = sum(lp.strategy.column_norms(p) ** 2 / lp.row_variance for lp in lps.values())
     j = int(np.argmax(power))
     n = d[0].size

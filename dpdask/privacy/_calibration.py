@@ -1,0 +1,114 @@
+"""From a budget and a strategy to the noise of one measurement: the one calibration.
+
+A budget decides the mechanism (Laplace noise for pure DP, Gaussian noise for zCDP and
+approximate DP), the mechanism the norm its sensitivity is taken in (L1, L2), and the
+budget and sensitivity the noise scale (:func:`~dpdask.privacy.noise_scale`). Plans,
+level plans, the audit and the measure step all take these from :func:`calibrate`;
+what the measure step then samples (integer noise, maybe on a lattice with a larger
+scale) is :class:`dpdask.measure.Lattice`, whose ``variance`` is what releases publish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from dpdask.errors import BudgetTypeError, PlanError
+from dpdask.noise import draw_variance
+from dpdask.privacy._budget import ApproxDP, Budget, PureDP, zCDP
+from dpdask.privacy._levels import noise_scale
+from dpdask.privacy._mechanisms import MECHANISM_NORM
+
+__all__ = ["Calibration", "calibrate", "mechanism_for"]
+
+
+class _HasSensitivity(Protocol):
+    def sensitivity(self, p: int) -> float: ...
+
+
+def mechanism_for(budget: Budget) -> str:
+    """The nominal mechanism a budget is spent with: ``"laplace"`` for pure DP,
+    ``"gaussian"`` for zCDP and approximate DP.
+
+    Raises
+    ------
+    dpdask.errors.BudgetTypeError
+        If ``budget`` is not a budget (a ``TypeError``).
+
+    Examples
+    --------
+    >>> mechanism_for(PureDP(1)), mechanism_for(zCDP("0.5"))
+    ('laplace', 'gaussian')
+    """
+    if isinstance(budget, PureDP):
+        return "laplace"
+    if isinstance(budget, zCDP | ApproxDP):
+        return "gaussian"
+    raise BudgetTypeError(
+        f"privacy must be a dpdask.privacy budget (PureDP, zCDP or ApproxDP), got {budget!r}"
+    )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The nominal noise of one measurement spending exactly ``budget``.
+
+    Attributes
+    ----------
+    mechanism : str
+        ``"laplace"`` or ``"gaussian"`` (:func:`mechanism_for`).
+    norm : int
+        The norm of the sensitivity: 1 (Laplace) or 2 (Gaussian).
+    sensitivity : float
+        The strategy's sensitivity in that norm.
+    scale : float
+        The Laplace ``b`` or Gaussian ``sigma`` (:func:`~dpdask.privacy.noise_scale`).
+    budget : Budget
+        What the measurement spends.
+    """
+
+    mechanism: str
+    norm: int
+    sensitivity: float
+    scale: float
+    budget: Budget
+
+    @property
+    def variance(self) -> float:
+        """The nominal (continuous) variance of one noise draw: ``2 b**2`` or
+        ``sigma**2``."""
+        return draw_variance(self.mechanism, self.scale)
+
+
+def calibrate(budget: Budget, strategy: _HasSensitivity) -> Calibration:
+    """Calibrate the noise of measuring ``strategy`` with exactly ``budget``.
+
+    Parameters
+    ----------
+    budget : PureDP, zCDP or ApproxDP
+        What the measurement spends.
+    strategy : LinearQuery
+        Anything with ``sensitivity(p)``, the largest column ``p``-norm.
+
+    Returns
+    -------
+    Calibration
+
+    Raises
+    ------
+    dpdask.errors.PlanError
+        If ``budget`` is not a budget or the sensitivity is not positive and finite.
+
+    Examples
+    --------
+    >>> from dpdask.linalg import Identity
+    >>> c = calibrate(zCDP("0.5"), Identity(4))
+    >>> c.mechanism, c.norm, c.sensitivity, c.scale, c.variance
+    ('gaussian', 2, 1.0, 1.0, 1.0)
+    """
+    mechanism = mechanism_for(budget)
+    norm = MECHANISM_NORM[mechanism]
+    sens = float(strategy.sensitivity(norm))
+    if not (sens > 0 and sens != float("inf")):
+        raise PlanError(f"the strategy's L{norm} sensitivity is {sens}; it must be positive")
+    return Calibration(mechanism, norm, sens, noise_scale(mechanism, sens, budget), budget)
