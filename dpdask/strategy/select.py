@@ -1,8 +1,12 @@
 """Strategy selection: :func:`select` turns a workload and a budget into a :class:`Plan`.
 
 ``strategy="hdmm"`` runs HDMM's templates (:mod:`._hdmm`) as Dask tasks and keeps
-the strategy of least expected error; any other name builds a baseline from
-:mod:`dpdask.strategy.baselines`.
+the strategy of least expected error, except for a workload of marginals under
+Gaussian noise (zCDP, approximate DP) without named templates: there the residual
+strategy (:mod:`dpdask.strategy.residual`) is the optimum over all strategies (its
+total variance is the SVD bound) and is returned without running HDMM. Pure DP
+keeps HDMM. ``strategy="residual"`` asks for it by name; any other name builds a
+baseline from :mod:`dpdask.strategy.baselines`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = [
 ]
 
 BASELINES = ("identity", "workload", "hierarchical", "hb", "wavelet", "convex")
+RESIDUAL = "residual"
 
 SERIAL_BLAS_MAX_N = 256
 """When every attribute has fewer values, HDMM's work in this process (the analyses
@@ -85,7 +90,9 @@ def _baseline(
         if norm == 1:
             raise PlanError("the convex (CA) optimum is defined for Gaussian noise only")
         return baselines.convex_ca(workload, **options)
-    raise PlanError(f"unknown strategy {name!r}; choose 'hdmm' or one of {BASELINES}")
+    raise PlanError(
+        f"unknown strategy {name!r}; choose 'hdmm', 'fitness', 'residual' or one of {BASELINES}"
+    )
 
 
 def select(
@@ -120,7 +127,13 @@ def select(
         :func:`dpdask.strategy.fitness.solve`; returns a
         :class:`~dpdask.strategy.fitness.FitnessPlan`), or a baseline:
         ``"identity"``, ``"workload"``, ``"hierarchical"`` (option ``branching``),
-        ``"hb"``, ``"wavelet"``, ``"convex"`` (the CA optimum; Gaussian, small domains).
+        ``"hb"``, ``"wavelet"``, ``"convex"`` (the CA optimum; Gaussian, small domains),
+        or ``"residual"`` (marginal workloads, Gaussian noise; options ``objective``
+        ``"sum"``/``"max"``/``"targets"``, ``targets``, ``gap`` of
+        :func:`dpdask.strategy.residual.plan_residual`; returns a
+        :class:`~dpdask.strategy.residual.ResidualPlan`). ``"hdmm"`` returns the
+        residual plan (sum of variances) for marginal workloads under Gaussian noise
+        when ``templates`` is not given.
     domain : Domain, optional
         The data domain (attribute names for keys and labels; sizes checked).
     restarts : int
@@ -174,7 +187,17 @@ def select(
         from dpdask.strategy.fitness import fitness_plan
 
         return fitness_plan(workload, privacy, domain=domain, client=client, **options)
+    if strategy == RESIDUAL:
+        from dpdask.strategy.residual import plan_residual
+
+        return plan_residual(workload, privacy, domain=domain, **options)
     norm = sensitivity_norm(privacy)
+    if strategy == "hdmm" and norm == 2 and templates is None:
+        from dpdask.strategy.residual import as_marginals, plan_residual
+
+        marg = as_marginals(workload, domain.shape if domain is not None else None)
+        if marg is not None:
+            return plan_residual(workload, privacy, domain=domain, template="hdmm-residual")
     sizes = domain.shape if domain is not None else None
     terms = kron_terms(workload, sizes)
     names = _attr_names(terms, domain)
