@@ -1,0 +1,203 @@
+"""Reconstruction in marginal space from noisy residuals (the residual strategy).
+
+For residual ``A`` (a sorted tuple of attribute indices) the canonical measurement is
+``q_A = P_A (m_A + e_A)``: the ``A``-marginal plus independent noise of variance
+``s_A^2`` per cell, centred along every axis of ``A`` (``P_i = I - J / n_i``). Every
+way of measuring a residual maps to it exactly: a noisy ``A``-marginal
+(:meth:`ResidualEstimates.from_noisy_marginals`), the rows of a
+:class:`~dpdask.strategy.residual.ResidualPlan`'s strategy
+(:meth:`ResidualEstimates.from_plan`). From them every marginal ``S`` whose subsets
+were all measured is ::
+
+    M_S = sum_{A subset of S} expand_{S \\ A}(q_A) / N_{S \\ A}
+
+which is the generalised least-squares estimate (the residuals' row spaces are
+orthogonal, so least squares decouples residual by residual). The estimates are
+consistent: summing ``M_S`` over ``S \\ T`` gives ``M_T`` exactly, since a centred
+residual sums to zero along its axes. Covariances are exact ::
+
+    Cov(M_S, M_T) = sum_{A subset of S and T} s_A^2 (x)_i F_i
+
+with ``F_i = P_i`` on ``A``, ``J / n_i^2`` on ``(S and T) \\ A``, the column
+``1 / n_i`` on ``S \\ T`` and the row ``1 / n_i`` on ``T \\ S``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from dpdask.strategy.residual import ResidualPlan, helmert
+
+__all__ = ["ResidualEstimates", "apply_axes", "centre"]
+
+
+def apply_axes(T: np.ndarray, mats: Sequence[np.ndarray | None]) -> np.ndarray:
+    """Apply ``mats[k]`` along axis ``k`` of ``T`` (``None``: leave the axis)."""
+    out = np.asarray(T, dtype=float)
+    for k, M in enumerate(mats):
+        if M is not None:
+            out = np.moveaxis(np.tensordot(M, out, axes=([1], [k])), 0, k)
+    return out
+
+
+def centre(T: np.ndarray) -> np.ndarray:
+    """``P_A T``: subtract the mean along every axis."""
+    out = np.asarray(T, dtype=float)
+    for k in range(out.ndim):
+        out = out - out.mean(axis=k, keepdims=True)
+    return out
+
+
+def _key(attrs: Iterable[int]) -> tuple[int, ...]:
+    return tuple(sorted({int(i) for i in attrs}))
+
+
+class ResidualEstimates:
+    """Noisy residuals, and every marginal (with its covariance) they determine.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Attribute sizes.
+    residuals : mapping of tuple of int to ndarray
+        ``q_A`` of every measured residual ``A``: shape ``(n_i for i in A)``,
+        centred along every axis (checked).
+    variances : mapping of tuple of int to float
+        ``s_A^2``, the noise variance per cell of the ``A``-marginal before centring.
+
+    Raises
+    ------
+    ValueError
+        If a residual has the wrong shape, is not centred, or has no variance.
+    """
+
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        residuals: Mapping[tuple[int, ...], np.ndarray],
+        variances: Mapping[tuple[int, ...], float],
+    ):
+        self.sizes = tuple(int(n) for n in sizes)
+        self.q: dict[tuple[int, ...], np.ndarray] = {}
+        self.s2: dict[tuple[int, ...], float] = {}
+        for A, qa in residuals.items():
+            key = _key(A)
+            arr = np.asarray(qa, dtype=float)
+            shape = tuple(self.sizes[i] for i in key)
+            if arr.shape != shape:
+                raise ValueError(f"residual {key} has shape {arr.shape}, expected {shape}")
+            scale = max(1.0, float(np.abs(arr).max(initial=0.0)))
+            for k in range(arr.ndim):
+                if np.abs(arr.sum(axis=k)).max(initial=0.0) > 1e-8 * scale * arr.shape[k]:
+                    raise ValueError(f"residual {key} is not centred along axis {k}")
+            if key not in variances and A not in variances:
+                raise ValueError(f"residual {key} has no noise variance")
+            v = float(variances[A] if A in variances else variances[key])
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"residual {key}: noise variance {v} must be finite, >= 0")
+            self.q[key], self.s2[key] = arr, v
+
+    # -- constructors ------------------------------------------------------------
+    @classmethod
+    def from_noisy_marginals(
+        cls,
+        sizes: Sequence[int],
+        marginals: Mapping[tuple[int, ...], np.ndarray],
+        variances: Mapping[tuple[int, ...], float],
+    ) -> ResidualEstimates:
+        """From noisy ``A``-marginals ``m_A + e_A`` (i.i.d. noise of variance ``s_A^2``)."""
+        sizes = tuple(int(n) for n in sizes)
+        q = {}
+        for A, y in marginals.items():
+            key = _key(A)
+            arr = np.asarray(y, dtype=float).reshape([sizes[i] for i in key])
+            q[key] = centre(arr)
+        return cls(sizes, q, {_key(A): v for A, v in variances.items()})
+
+    @classmethod
+    def from_plan(cls, plan: ResidualPlan, y: np.ndarray) -> ResidualEstimates:
+        """From ``y = A x + noise``, the noisy rows of ``plan.strategy`` (one geography)."""
+        W = plan.marginals
+        y = np.asarray(y, dtype=float).reshape(-1)
+        s2 = plan.residual_variances()
+        q, var, at = {}, {}, 0
+        for j, A in enumerate(W.residual_sets()):
+            shape = tuple(W.sizes[i] - 1 for i in A)
+            rows = math.prod(shape)
+            if at + rows > y.size:
+                raise ValueError(f"{y.size} measurements, fewer than the plan's strategy rows")
+            z = y[at : at + rows].reshape(shape) / math.sqrt(plan.precision[j])
+            at += rows
+            q[A] = apply_axes(z, [helmert(W.sizes[i]).T for i in A])
+            var[A] = float(s2[j])
+        if at != y.size:
+            raise ValueError(f"{y.size} measurements but the plan's strategy has {at} rows")
+        return cls(W.sizes, q, var)
+
+    # -- estimates -----------------------------------------------------------------
+    def _parts(self, S: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The measured subsets of ``S`` (all of them, or raise)."""
+        out = []
+        for r in range(len(S) + 1):
+            for mask in itertools.combinations(S, r):
+                if any(self.sizes[i] == 1 for i in mask):
+                    continue  # an attribute of one value has an empty residual
+                if mask not in self.q:
+                    raise ValueError(f"marginal {S} needs residual {mask}, which was not measured")
+                out.append(mask)
+        return out
+
+    def marginal(self, attrs: Iterable[int]) -> np.ndarray:
+        """The estimate of the marginal on ``attrs``: shape ``(n_i for i in sorted attrs)``."""
+        S = _key(attrs)
+        shape = [self.sizes[i] for i in S]
+        out = np.zeros(shape)
+        for A in self._parts(S):
+            q = self.q[A]
+            idx = tuple(slice(None) if i in A else np.newaxis for i in S)
+            rest = math.prod(self.sizes[i] for i in S if i not in A)
+            out += q[idx] / rest
+        return out
+
+    def variance(self, attrs: Iterable[int]) -> float:
+        """The variance of every cell of the marginal on ``attrs`` (all equal)."""
+        S = _key(attrs)
+        v = 0.0
+        for A in self._parts(S):
+            c = math.prod((self.sizes[i] - 1) / self.sizes[i] for i in A)
+            rest = math.prod(self.sizes[i] for i in S if i not in A)
+            v += self.s2[A] * c / rest**2
+        return v
+
+    def covariance(self, attrs: Iterable[int], other: Iterable[int] | None = None) -> np.ndarray:
+        """``Cov(M_S, M_T)`` as a dense ``N_S x N_T`` matrix (C order of each marginal)."""
+        S = _key(attrs)
+        T = S if other is None else _key(other)
+        partsS, partsT = set(self._parts(S)), set(self._parts(T))
+        cov = np.zeros((math.prod(self.sizes[i] for i in S), math.prod(self.sizes[i] for i in T)))
+        for A in partsS & partsT:
+            M = np.ones((1, 1))
+            for i in sorted(set(S) | set(T)):
+                n = self.sizes[i]
+                if i in A:
+                    F = np.eye(n) - 1.0 / n
+                elif i in S and i in T:
+                    F = np.full((n, n), 1.0 / n**2)
+                elif i in S:
+                    F = np.full((n, 1), 1.0 / n)
+                else:
+                    F = np.full((1, n), 1.0 / n)
+                M = np.kron(M, F)
+            cov += self.s2[A] * M
+        return cov
+
+    def marginals(self, sets: Iterable[Iterable[int]]) -> dict[tuple[int, ...], np.ndarray]:
+        """Several marginals at once, keyed by their sorted attribute tuples."""
+        return {_key(S): self.marginal(S) for S in sets}
+
+    def __repr__(self) -> str:
+        return f"ResidualEstimates({len(self.q)} residuals over sizes {self.sizes})"
