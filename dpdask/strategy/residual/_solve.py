@@ -16,9 +16,9 @@ maximised over the scale of ``mu``, is ::
 
 a lower bound on the optimum for *every* ``mu >= 0``; ``u_A = sqrt(a_A / c_A)``
 scaled up until every target holds is feasible, an upper bound. :func:`solve_targets`
-maximises ``log L`` (smooth, scale-free) by L-BFGS-B on ``log mu``, then (up to
-:data:`NEWTON_MAX_M` marginals) by Newton steps on the active multipliers, and
-stops when the two bounds agree to ``gap``. Minimising the largest weighted variance
+maximises ``log L`` (smooth, scale-free) by L-BFGS-B on ``log mu`` to a gap of
+:data:`LBFGS_GAP`, then by Newton-CG steps on the active multipliers, and stops
+when the two bounds agree to ``gap``. Minimising the largest weighted variance
 ``max_S w_S^2 V_S`` at unit sensitivity is the same program with
 ``tau_S = 1 / w_S^2``, rescaled.
 """
@@ -28,18 +28,22 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
 from scipy.sparse import coo_matrix
+from scipy.sparse.linalg import LinearOperator, cg
 
 from dpdask.strategy.residual._workload import MarginalWorkload
 
 __all__ = ["ResidualSolution", "solve_max", "solve_sum", "solve_targets"]
 
-NEWTON_MAX_M = 3000
-"""Marginals up to which Newton polishes the multipliers (a dense ``m x m`` system)."""
-NEWTON_STEPS = 30
+LBFGS_GAP = 1e-2
+"""Relative gap at which L-BFGS-B hands over to Newton."""
+NEWTON_STEPS = 50
+NEWTON_CG_RTOL = 1e-12
+NEWTON_CG_MAXITER = 1000
 NEWTON_ACTIVE = 1e-9
 """Multipliers below this fraction of the largest are taken as inactive (zero)."""
 
@@ -160,11 +164,10 @@ def solve_targets(
         upper = _feasible_cost(W, u, tau, c)
         best["nit"] += 1
         if lower > best["lower"]:
-            best["lower"] = lower
+            best["lower"], best["mu"] = lower, mu
         if upper < best["upper"]:
             best["upper"], best["u"] = upper, u
-        best["mu"] = mu
-        if best["upper"] <= best["lower"] * (1.0 + gap):
+        if best["upper"] <= best["lower"] * (1.0 + max(gap, LBFGS_GAP)):
             raise _Converged
         return -f, -(g * mu)
 
@@ -179,7 +182,7 @@ def solve_targets(
         )
     except _Converged:
         pass
-    if best["upper"] > best["lower"] * (1.0 + gap) and W.m <= NEWTON_MAX_M:
+    if best["upper"] > best["lower"] * (1.0 + gap):
         _newton_polish(W, tau, c, best, gap)
     u = best["u"]
     scale = float(np.max(W.cell_variances(u) / tau))
@@ -201,33 +204,46 @@ def _newton_polish(
 
     L-BFGS-B finds ``log L`` to machine precision, but the primal point recovered
     from ``mu`` converges only like the square root of that; Newton drives the
-    gradient (exact to rounding) to zero, and the primal with it.
+    gradient (exact to rounding) to zero, and the primal with it. The Newton system
+    ``(P_a D P_a^T / 2X + V_a V_a^T / 2X^2) step = g_a`` (``P`` the sparse
+    marginal-by-residual matrix of ``v_SA``, ``D = sqrt(c) a^-3/2``; the rank-one
+    term of the scale direction left out, which makes it definite) is solved by
+    conjugate gradients with Hessian products in ``O(pairs)``.
     """
     p = W.pairs()
     P = coo_matrix((p.v, (p.marginal, p.residual)), shape=(W.m, c.size)).tocsr()
+    P2 = P.multiply(P).tocsr()
     mu = best["mu"]
     f, g, u = _dual_parts(W, mu, tau, c)
     for _ in range(NEWTON_STEPS):
-        act = mu > NEWTON_ACTIVE * mu.max()
+        act = np.flatnonzero(mu > NEWTON_ACTIVE * mu.max())
         a = P.T @ mu
         X = float(np.sqrt(c * a).sum())
-        V = W.cell_variances(u)
+        Va = W.cell_variances(u)[act]
         Pa = P[act]
         D = np.sqrt(c) * a**-1.5
-        H = -0.5 * (Pa.multiply(D) @ Pa.T).toarray() / X - np.outer(V[act], V[act]) / (2 * X * X)
+
+        def hv(x: np.ndarray, Pa: Any = Pa, D: np.ndarray = D, X: float = X, Va: Any = Va) -> Any:
+            return (Pa @ (D * (Pa.T @ x))) / (2 * X) + Va * (Va @ x) / (2 * X * X)
+
+        diag = (P2[act] @ D) / (2 * X) + Va * Va / (2 * X * X)
+        H = LinearOperator((act.size, act.size), matvec=hv, dtype=float)
+        M = LinearOperator((act.size, act.size), matvec=lambda x, d=diag: x / d, dtype=float)
+        sa, _info = cg(H, g[act], rtol=NEWTON_CG_RTOL, maxiter=NEWTON_CG_MAXITER, M=M)
         step = np.zeros_like(mu)
-        step[act] = np.linalg.solve(H, -g[act])
+        step[act] = sa
         t = 1.0
         while t > 1e-12:
-            trial = np.where(act, mu + t * step, mu)
-            if np.all(trial[act] > 0):
-                f2, g2, u2 = _dual_parts(W, trial, tau, c)
-                if f2 >= f - 1e-15 * abs(f):
-                    break
+            # a multiplier may reach zero: the step stops short of it (it leaves the set)
+            trial = np.maximum(mu + t * step, 0.0)
+            f2, g2, u2 = _dual_parts(W, trial, tau, c)
+            if f2 >= f - 1e-15 * abs(f):
+                break
             t *= 0.5
         else:
             return
         mu, f, g, u = trial, f2, g2, u2
+        best["nit"] += 1
         best["lower"] = max(best["lower"], math.exp(f))
         upper = _feasible_cost(W, u, tau, c)
         if upper < best["upper"]:
