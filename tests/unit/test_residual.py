@@ -245,3 +245,15 @@ def test_plan_residual_takes_a_marginal_workload_object():
     plan = plan_residual(W, zCDP(1), objective="max")
     assert plan.workload.shape == (27, 27)
     assert plan.info["gap"] < 1e-8
+
+
+def test_hdmm_picks_residual_under_approximate_dp_unless_templates_are_named():
+    from dpdask.privacy import ApproxDP
+
+    dom = Domain(a=2, b=3, c=4)
+    W = marginals(dom, 2)
+    plan = dpdask.select(W, ApproxDP(1, "1e-6"), domain=dom)
+    assert isinstance(plan, ResidualPlan) and plan.template == "hdmm-residual"
+    named = dpdask.select(W, ApproxDP(1, "1e-6"), domain=dom, templates=["kron"], restarts=1)
+    assert named.template == "hdmm-kron"
+    assert plan.expected_error() <= named.expected_error()
