@@ -88,10 +88,13 @@ def solve_sum(W: MarginalWorkload) -> ResidualSolution:
 
     Examples
     --------
+    Both one-way marginals of a 2 x 2 table: ``W^T W`` has eigenvalues 4, 2, 2, 0, so
+    the optimum is the SVD bound ``(2 + 2 sqrt 2)^2 / 4 = (1 + sqrt 2)^2``.
+
     >>> W = MarginalWorkload((2, 2), [(0,), (1,)])
     >>> sol = solve_sum(W)
-    >>> round(W.sensitivity2(sol.precision), 12), round(sol.value, 12)
-    (1.0, 2.0)
+    >>> round(W.sensitivity2(sol.precision), 12), round(sol.value - (1 + 2**0.5) ** 2, 12)
+    (1.0, 0.0)
     """
     t0 = time.perf_counter()
     p = W.pairs()
