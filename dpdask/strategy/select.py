@@ -2,7 +2,8 @@
 
 ``strategy="hdmm"`` runs HDMM's templates (:mod:`._hdmm`) as Dask tasks and keeps
 the strategy of least expected error, except for a workload of marginals under
-Gaussian noise (zCDP, approximate DP) without named templates: there the residual
+Gaussian noise (zCDP, approximate DP) without named templates (two marginals or
+more): there the residual
 strategy (:mod:`dpdask.strategy.residual`) is the optimum over all strategies (its
 total variance is the SVD bound) and is returned without running HDMM. Pure DP
 keeps HDMM. ``strategy="residual"`` asks for it by name; any other name builds a
@@ -132,8 +133,8 @@ def select(
         ``"sum"``/``"max"``/``"targets"``, ``targets``, ``gap`` of
         :func:`dpdask.strategy.residual.plan_residual`; returns a
         :class:`~dpdask.strategy.residual.ResidualPlan`). ``"hdmm"`` returns the
-        residual plan (sum of variances) for marginal workloads under Gaussian noise
-        when ``templates`` is not given.
+        residual plan (sum of variances) for workloads of two or more marginals
+        under Gaussian noise when ``templates`` is not given.
     domain : Domain, optional
         The data domain (attribute names for keys and labels; sizes checked).
     restarts : int
@@ -196,7 +197,8 @@ def select(
         from dpdask.strategy.residual import as_marginals, plan_residual
 
         marg = as_marginals(workload, domain.shape if domain is not None else None)
-        if marg is not None:
+        # one marginal is answered optimally by measuring it, which HDMM finds too
+        if marg is not None and marg.m >= 2:
             return plan_residual(workload, privacy, domain=domain, template="hdmm-residual")
     sizes = domain.shape if domain is not None else None
     terms = kron_terms(workload, sizes)

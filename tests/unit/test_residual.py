@@ -257,3 +257,21 @@ def test_hdmm_picks_residual_under_approximate_dp_unless_templates_are_named():
     named = dpdask.select(W, ApproxDP(1, "1e-6"), domain=dom, templates=["kron"], restarts=1)
     assert named.template == "hdmm-kron"
     assert plan.expected_error() <= named.expected_error()
+
+
+def test_repeated_marginals_keep_the_workloads_rows():
+    from dpdask.linalg import VStack
+
+    dom = Domain(a=2, b=3, c=4)
+    W = VStack([marginals(dom, 1), marginals(dom, 2), marginals(dom, 1)], weights=[1, 1, 2])
+    plan = dpdask.select(W, zCDP(1), domain=dom)
+    assert plan.template == "hdmm-residual" and plan.marginals.m == 6
+    A, Wd = plan.strategy.dense(), W.dense()
+    cov = plan.noise_variance * Wd @ np.linalg.pinv(A.T @ A) @ Wd.T
+    np.testing.assert_allclose(plan.query_variances(), np.diag(cov), rtol=1e-8)
+    assert plan.error_by_term().shape == (9,)
+    assert plan.expected_error() == pytest.approx(plan.svd_bound(), rel=1e-9)
+    # one marginal: measured as it is, HDMM's path
+    assert dpdask.select(marginals(dom, 3), zCDP(1), domain=dom, restarts=1).template != (
+        "hdmm-residual"
+    )

@@ -159,16 +159,24 @@ class ResidualPlan(Plan):
         """Per-cell variance of every marginal (all cells of a marginal share it), unweighted."""
         return self.noise_variance * self.marginals.cell_variances(self.precision)
 
-    def error_by_term(self) -> np.ndarray:
+    def _terms(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per workload term (as given, repeats kept): the merged marginal and its weight."""
         W = self.marginals
-        return W.weights**2 * W.cells() * self.marginal_variances()
+        if self._workload is None:  # the operator is built from the merged marginals
+            return np.arange(W.m), W.weights
+        return W.source, W.source_weights
+
+    def error_by_term(self) -> np.ndarray:
+        """Expected total squared error of each workload term (repeated marginals apart)."""
+        idx, w = self._terms()
+        return w**2 * self.marginals.cells()[idx] * self.marginal_variances()[idx]
 
     def expected_error(self) -> float:
         return float(self.error_by_term().sum())
 
     def query_variances(self) -> np.ndarray:
-        W = self.marginals
-        return np.repeat(W.weights**2 * self.marginal_variances(), W.cells())
+        idx, w = self._terms()
+        return np.repeat(w**2 * self.marginal_variances()[idx], self.marginals.cells()[idx])
 
     def svd_bound(self) -> float | None:
         if self.marginals.d > SVD_BOUND_MAX_D:
@@ -183,7 +191,7 @@ class ResidualPlan(Plan):
 
     def _summary_dict(self) -> dict:
         W = self.marginals
-        by_term = self.error_by_term()
+        by_term = W.weights**2 * W.cells() * self.marginal_variances()
         total = float(by_term.sum())
         queries = float(np.sum(W.cells()))
         bound = self.svd_bound()

@@ -105,6 +105,13 @@ class MarginalWorkload:
     names : sequence of str, optional
         A label per marginal (default: the attribute indices joined by ``*``).
 
+    Attributes
+    ----------
+    source : ndarray of int
+        For every marginal as given, its index among the merged ones.
+    source_weights : ndarray
+        The weights as given.
+
     Examples
     --------
     >>> W = MarginalWorkload((2, 3, 4), [(0, 1), (1, 2)])
@@ -138,9 +145,14 @@ class MarginalWorkload:
             raise ValueError("marginal weights must be positive and finite")
         codes = _codes(rows, d)
         uniq, first, inv = np.unique(codes, return_index=True, return_inverse=True)
+        self.source = np.arange(rows.shape[0])
+        self.source_weights = w
         if uniq.size < codes.size:  # merge repeats: squared weights add
             w2 = np.bincount(inv, weights=w * w, minlength=uniq.size)
             order = np.sort(first)
+            rank = np.empty(uniq.size, dtype=np.int64)
+            rank[inv[order]] = np.arange(order.size)
+            self.source = rank[inv]
             rows, w = rows[order], np.sqrt(w2[inv[order]])
             names = None if names is None else [names[i] for i in order]
         self.subsets = rows
