@@ -165,3 +165,56 @@ def test_bad_inputs_are_refused(plan):
     )
     with pytest.raises(ValueError, match="not measured"):
         est.marginal((0, 1))
+
+
+def _nonneg_case(seed: int, mean: float):
+    rng = np.random.default_rng(seed)
+    sizes = (3, 4, 2)
+    W = MarginalWorkload(sizes, [(0, 1), (1, 2), (0, 2)])
+    x = rng.poisson(mean, sizes)
+    noisy, s2 = {}, {}
+    for A in W.residual_sets():
+        drop = tuple(i for i in range(3) if i not in A)
+        s2[A] = float(rng.uniform(1.0, 4.0))
+        noisy[A] = x.sum(axis=drop) + rng.normal(0, math.sqrt(s2[A]), [sizes[i] for i in A])
+    return W, ResidualEstimates.from_noisy_marginals(sizes, noisy, s2)
+
+
+def test_local_nonnegativity_matches_a_convex_solver():
+    cp = pytest.importorskip("cvxpy")
+    W, est = _nonneg_case(1, 0.4)
+    assert min(est.marginal(S).min() for S in W.sets()) < -0.5  # the constraint binds
+    nn = est.nonnegative()
+    sizes = W.sizes
+    # the oracle: the same program on explicit matrices, residuals free but centred
+    var = {A: cp.Variable(math.prod(sizes[i] for i in A)) for A in W.residual_sets()}
+    cons, obj = [], 0
+    for A, v in var.items():
+        C = _kron([np.eye(sizes[i]) - 1.0 / sizes[i] for i in A])
+        cons.append(C @ v == v)
+        obj += cp.sum_squares(v - est.q[A].ravel()) / est.s2[A]
+    for S in W.sets():
+        table = 0
+        for A in var:
+            if set(A) <= set(S):
+                L = _kron(
+                    [np.eye(sizes[i]) if i in A else np.ones((sizes[i], 1)) / sizes[i] for i in S]
+                )
+                table = table + L @ var[A]
+        cons.append(table >= 0)
+    cp.Problem(cp.Minimize(obj), cons).solve(solver="CLARABEL")
+    for A, v in var.items():
+        np.testing.assert_allclose(nn.q[A].ravel(), v.value, atol=1e-5)
+    for S in W.sets():
+        assert nn.marginal(S).min() >= -1e-6
+        for T in itertools.combinations(S, 1):
+            drop = tuple(k for k, i in enumerate(S) if i not in T)
+            np.testing.assert_allclose(nn.marginal(S).sum(axis=drop), nn.marginal(T), atol=1e-9)
+
+
+def test_local_nonnegativity_leaves_non_negative_estimates_alone():
+    W, est = _nonneg_case(2, 50.0)
+    assert min(est.marginal(S).min() for S in W.sets()) > 0
+    nn = est.nonnegative()
+    for S in W.sets():
+        np.testing.assert_allclose(nn.marginal(S), est.marginal(S), atol=1e-6)
