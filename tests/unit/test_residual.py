@@ -125,8 +125,7 @@ def test_all_subsets_counts_the_marginals_up_to_three_way():
 def test_sum_optimum_is_the_svd_bound_and_not_above_opt_m(d):
     dom = Domain({f"a{i}": 2 + i % 3 for i in range(d)})
     W = marginals(dom, 2)
-    plan = dpdask.select(W, zCDP("0.5"), domain=dom)
-    assert plan.template == "hdmm-residual"
+    plan = dpdask.select(W, zCDP("0.5"), "residual", domain=dom)
     bound = plan.svd_bound()  # dpdask.strategy.error.svd_bound: no strategy does better
     assert plan.expected_error() == pytest.approx(bound, rel=1e-9)
     opt_m = dpdask.select(W, zCDP("0.5"), domain=dom, templates=["marginals"], restarts=2)
@@ -247,16 +246,29 @@ def test_plan_residual_takes_a_marginal_workload_object():
     assert plan.info["gap"] < 1e-8
 
 
-def test_hdmm_picks_residual_under_approximate_dp_unless_templates_are_named():
+def test_hdmm_picks_residual_when_lower_unless_templates_are_named():
     from dpdask.privacy import ApproxDP
 
-    dom = Domain(a=2, b=3, c=4)
-    W = marginals(dom, 2)
-    plan = dpdask.select(W, ApproxDP(1, "1e-6"), domain=dom)
+    dom = Domain({f"a{i}": 2 for i in range(5)})
+    W = marginals(dom, 2)  # HDMM's best is about 1.1x the optimum here
+    plan = dpdask.select(W, ApproxDP(1, "1e-6"), domain=dom, restarts=1)
     assert isinstance(plan, ResidualPlan) and plan.template == "hdmm-residual"
+    assert plan.expected_error() < plan.info["hdmm_expected_error"] * (1 - 1e-6)
     named = dpdask.select(W, ApproxDP(1, "1e-6"), domain=dom, templates=["kron"], restarts=1)
     assert named.template == "hdmm-kron"
     assert plan.expected_error() <= named.expected_error()
+
+
+def test_hdmm_keeps_its_plan_where_it_reaches_the_optimum():
+    # total, two one-way marginals and the full table: the marginals template is optimal
+    from dpdask.linalg import VStack
+
+    dom = Domain(a=2, b=8)
+    W = VStack([marginals(dom, k) for k in range(3)])
+    plan = dpdask.select(W, zCDP(1), domain=dom, restarts=2)
+    best = dpdask.select(W, zCDP(1), "residual", domain=dom)
+    assert plan.expected_error() <= best.expected_error() * (1 + 1e-6)
+    assert plan.expected_error() == pytest.approx(best.expected_error(), rel=1e-6)
 
 
 def test_repeated_marginals_keep_the_workloads_rows():
@@ -264,8 +276,8 @@ def test_repeated_marginals_keep_the_workloads_rows():
 
     dom = Domain(a=2, b=3, c=4)
     W = VStack([marginals(dom, 1), marginals(dom, 2), marginals(dom, 1)], weights=[1, 1, 2])
-    plan = dpdask.select(W, zCDP(1), domain=dom)
-    assert plan.template == "hdmm-residual" and plan.marginals.m == 6
+    plan = dpdask.select(W, zCDP(1), "residual", domain=dom)
+    assert plan.marginals.m == 6
     A, Wd = plan.strategy.dense(), W.dense()
     cov = plan.noise_variance * Wd @ np.linalg.pinv(A.T @ A) @ Wd.T
     np.testing.assert_allclose(plan.query_variances(), np.diag(cov), rtol=1e-8)
