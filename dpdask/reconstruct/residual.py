@@ -35,19 +35,20 @@ from dpdask.strategy.residual import ResidualPlan, helmert
 __all__ = ["ResidualEstimates", "apply_axes", "centre"]
 
 
-def apply_axes(T: np.ndarray, mats: Sequence[np.ndarray | None]) -> np.ndarray:
-    """Apply ``mats[k]`` along axis ``k`` of ``T`` (``None``: leave the axis)."""
+def apply_axes(T: np.ndarray, mats: Sequence[np.ndarray | None], start: int = 0) -> np.ndarray:
+    """Apply ``mats[j]`` along axis ``start + j`` of ``T`` (``None``: leave the axis)."""
     out = np.asarray(T, dtype=float)
-    for k, M in enumerate(mats):
+    for j, M in enumerate(mats):
+        k = start + j
         if M is not None:
             out = np.moveaxis(np.tensordot(M, out, axes=([1], [k])), 0, k)
     return out
 
 
-def centre(T: np.ndarray) -> np.ndarray:
-    """``P_A T``: subtract the mean along every axis."""
+def centre(T: np.ndarray, start: int = 0) -> np.ndarray:
+    """``P_A T``: subtract the mean along every axis from ``start`` on."""
     out = np.asarray(T, dtype=float)
-    for k in range(out.ndim):
+    for k in range(start, out.ndim):
         out = out - out.mean(axis=k, keepdims=True)
     return out
 
@@ -64,10 +65,15 @@ class ResidualEstimates:
     sizes : sequence of int
         Attribute sizes.
     residuals : mapping of tuple of int to ndarray
-        ``q_A`` of every measured residual ``A``: shape ``(n_i for i in A)``,
-        centred along every axis (checked).
+        ``q_A`` of every measured residual ``A``: shape ``(n_i for i in A)``, or
+        ``(g, *(n_i for i in A))`` for ``g`` geographies at once, centred along
+        every attribute axis (checked).
     variances : mapping of tuple of int to float
-        ``s_A^2``, the noise variance per cell of the ``A``-marginal before centring.
+        ``s_A^2``, the noise variance per cell of the ``A``-marginal before centring
+        (the same for every geography).
+    geographies : int, optional
+        ``g`` when the residuals have a leading geography axis; the marginals then
+        have it too.
 
     Raises
     ------
@@ -80,18 +86,21 @@ class ResidualEstimates:
         sizes: Sequence[int],
         residuals: Mapping[tuple[int, ...], np.ndarray],
         variances: Mapping[tuple[int, ...], float],
+        geographies: int | None = None,
     ):
         self.sizes = tuple(int(n) for n in sizes)
+        self.lead: tuple[int, ...] = () if geographies is None else (int(geographies),)
         self.q: dict[tuple[int, ...], np.ndarray] = {}
         self.s2: dict[tuple[int, ...], float] = {}
+        b = len(self.lead)
         for A, qa in residuals.items():
             key = _key(A)
             arr = np.asarray(qa, dtype=float)
-            shape = tuple(self.sizes[i] for i in key)
+            shape = self.lead + tuple(self.sizes[i] for i in key)
             if arr.shape != shape:
                 raise ValueError(f"residual {key} has shape {arr.shape}, expected {shape}")
             scale = max(1.0, float(np.abs(arr).max(initial=0.0)))
-            for k in range(arr.ndim):
+            for k in range(b, arr.ndim):
                 if np.abs(arr.sum(axis=k)).max(initial=0.0) > 1e-8 * scale * arr.shape[k]:
                     raise ValueError(f"residual {key} is not centred along axis {k}")
             if key not in variances and A not in variances:
@@ -108,35 +117,47 @@ class ResidualEstimates:
         sizes: Sequence[int],
         marginals: Mapping[tuple[int, ...], np.ndarray],
         variances: Mapping[tuple[int, ...], float],
+        geographies: int | None = None,
     ) -> ResidualEstimates:
-        """From noisy ``A``-marginals ``m_A + e_A`` (i.i.d. noise of variance ``s_A^2``)."""
+        """From noisy ``A``-marginals ``m_A + e_A`` (i.i.d. noise of variance ``s_A^2``).
+
+        Each marginal is flat or shaped, after a leading axis of ``geographies``.
+        """
         sizes = tuple(int(n) for n in sizes)
+        lead = () if geographies is None else (int(geographies),)
         q = {}
         for A, y in marginals.items():
             key = _key(A)
-            arr = np.asarray(y, dtype=float).reshape([sizes[i] for i in key])
-            q[key] = centre(arr)
-        return cls(sizes, q, {_key(A): v for A, v in variances.items()})
+            arr = np.asarray(y, dtype=float).reshape(lead + tuple(sizes[i] for i in key))
+            q[key] = centre(arr, len(lead))
+        return cls(sizes, q, {_key(A): v for A, v in variances.items()}, geographies)
 
     @classmethod
     def from_plan(cls, plan: ResidualPlan, y: np.ndarray) -> ResidualEstimates:
-        """From ``y = A x + noise``, the noisy rows of ``plan.strategy`` (one geography)."""
+        """From ``y = A x + noise``, the noisy rows of ``plan.strategy``.
+
+        ``y`` has shape ``(rows,)`` for one geography or ``(g, rows)`` for ``g``.
+        """
         W = plan.marginals
-        y = np.asarray(y, dtype=float).reshape(-1)
+        y = np.asarray(y, dtype=float)
+        if y.ndim not in (1, 2):
+            raise ValueError(f"measurements must be (rows,) or (geographies, rows), got {y.shape}")
+        lead = y.shape[:-1]
+        n = y.shape[-1]
         s2 = plan.residual_variances()
         q, var, at = {}, {}, 0
         for j, A in enumerate(W.residual_sets()):
             shape = tuple(W.sizes[i] - 1 for i in A)
             rows = math.prod(shape)
-            if at + rows > y.size:
-                raise ValueError(f"{y.size} measurements, fewer than the plan's strategy rows")
-            z = y[at : at + rows].reshape(shape) / math.sqrt(plan.precision[j])
+            if at + rows > n:
+                raise ValueError(f"{n} measurements, fewer than the plan's strategy rows")
+            z = y[..., at : at + rows].reshape(lead + shape) / math.sqrt(plan.precision[j])
             at += rows
-            q[A] = apply_axes(z, [helmert(W.sizes[i]).T for i in A])
+            q[A] = apply_axes(z, [helmert(W.sizes[i]).T for i in A], len(lead))
             var[A] = float(s2[j])
-        if at != y.size:
-            raise ValueError(f"{y.size} measurements but the plan's strategy has {at} rows")
-        return cls(W.sizes, q, var)
+        if at != n:
+            raise ValueError(f"{n} measurements but the plan's strategy has {at} rows")
+        return cls(W.sizes, q, var, lead[0] if lead else None)
 
     # -- estimates -----------------------------------------------------------------
     def _parts(self, S: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -152,13 +173,16 @@ class ResidualEstimates:
         return out
 
     def marginal(self, attrs: Iterable[int]) -> np.ndarray:
-        """The estimate of the marginal on ``attrs``: shape ``(n_i for i in sorted attrs)``."""
+        """The estimate of the marginal on ``attrs``: shape ``(n_i for i in sorted attrs)``.
+
+        With geographies, a leading axis of them.
+        """
         S = _key(attrs)
-        shape = [self.sizes[i] for i in S]
+        shape = self.lead + tuple(self.sizes[i] for i in S)
         out = np.zeros(shape)
         for A in self._parts(S):
             q = self.q[A]
-            idx = tuple(slice(None) if i in A else np.newaxis for i in S)
+            idx = (Ellipsis, *(slice(None) if i in A else np.newaxis for i in S))
             rest = math.prod(self.sizes[i] for i in S if i not in A)
             out += q[idx] / rest
         return out
@@ -234,7 +258,9 @@ class ResidualEstimates:
         }
         denom = {A: prec[A] + rho * sum(1.0 / r[A] for r in rest.values() if A in r) for A in keys}
         r = {A: self.q[A].copy() for A in keys}
-        est = ResidualEstimates(self.sizes, r, {A: self.s2[A] for A in keys})
+        g = self.lead[0] if self.lead else None
+        est = ResidualEstimates(self.sizes, r, {A: self.s2[A] for A in keys}, g)
+        b = len(self.lead)
         T = {S: est.marginal(S) for S in S_list}
         Z = {S: np.maximum(T[S], 0.0) for S in S_list}
         U = {S: np.zeros_like(T[S]) for S in S_list}
@@ -244,8 +270,9 @@ class ResidualEstimates:
             for S in S_list:
                 Y = Z[S] - U[S]
                 for A, nrest in rest[S].items():
-                    drop = tuple(k for k, i in enumerate(S) if i not in A)
-                    acc[A] = acc[A] + rho * centre(Y.sum(axis=drop) if drop else Y) / nrest
+                    drop = tuple(b + k for k, i in enumerate(S) if i not in A)
+                    summed = Y.sum(axis=drop) if drop else Y
+                    acc[A] = acc[A] + rho * centre(summed, b) / nrest
             est.q = {A: acc[A] / denom[A] for A in keys}
             T = {S: est.marginal(S) for S in S_list}
             primal = dual = 0.0

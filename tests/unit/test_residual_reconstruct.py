@@ -218,3 +218,25 @@ def test_local_nonnegativity_leaves_non_negative_estimates_alone():
     nn = est.nonnegative()
     for S in W.sets():
         np.testing.assert_allclose(nn.marginal(S), est.marginal(S), atol=1e-6)
+
+
+def test_geographies_at_once_equal_one_at_a_time(plan, rng):
+    A = plan.strategy.dense()
+    X = rng.integers(0, 3, (4, math.prod(SIZES))).astype(float)
+    Y = X @ A.T + plan.noise_scale * rng.standard_normal((4, A.shape[0]))
+    batch = ResidualEstimates.from_plan(plan, Y)
+    nn = batch.nonnegative()
+    for g in range(4):
+        one = ResidualEstimates.from_plan(plan, Y[g])
+        for S in _measured_sets():
+            np.testing.assert_allclose(batch.marginal(S)[g], one.marginal(S), atol=1e-12)
+        nn_one = one.nonnegative()
+        for S in SETS:
+            np.testing.assert_allclose(nn.marginal(S)[g], nn_one.marginal(S), atol=1e-5)
+            assert nn.marginal(S)[g].min() >= -1e-6
+    # consistent marginals as measurements give themselves back, geography by geography
+    res = plan.marginals.residual_sets()
+    noisy = {R: batch.marginal(R).reshape(4, -1) for R in res}
+    back = ResidualEstimates.from_noisy_marginals(SIZES, noisy, dict.fromkeys(res, 1.0), 4)
+    for S in _measured_sets():
+        np.testing.assert_allclose(back.marginal(S), batch.marginal(S), atol=1e-9)
