@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from dpdask.strategy.residual import ResidualPlan, helmert
+from dpdask.strategy.residual import ResidualPlan, helmert, marginal_covariance
 
 __all__ = ["ResidualEstimates", "apply_axes", "centre"]
 
@@ -201,23 +201,8 @@ class ResidualEstimates:
         """``Cov(M_S, M_T)`` as a dense ``N_S x N_T`` matrix (C order of each marginal)."""
         S = _key(attrs)
         T = S if other is None else _key(other)
-        partsS, partsT = set(self._parts(S)), set(self._parts(T))
-        cov = np.zeros((math.prod(self.sizes[i] for i in S), math.prod(self.sizes[i] for i in T)))
-        for A in partsS & partsT:
-            M = np.ones((1, 1))
-            for i in sorted(set(S) | set(T)):
-                n = self.sizes[i]
-                if i in A:
-                    F = np.eye(n) - 1.0 / n
-                elif i in S and i in T:
-                    F = np.full((n, n), 1.0 / n**2)
-                elif i in S:
-                    F = np.full((n, 1), 1.0 / n)
-                else:
-                    F = np.full((1, n), 1.0 / n)
-                M = np.kron(M, F)
-            cov += self.s2[A] * M
-        return cov
+        shared = set(self._parts(S)) & set(self._parts(T))
+        return marginal_covariance(self.sizes, {A: self.s2[A] for A in shared}, S, T)
 
     def nonnegative(
         self,

@@ -287,3 +287,17 @@ def test_repeated_marginals_keep_the_workloads_rows():
     assert dpdask.select(marginals(dom, 3), zCDP(1), domain=dom, restarts=1).template != (
         "hdmm-residual"
     )
+
+
+def test_plan_covariance_equals_the_dense_least_squares_covariance():
+    dom = Domain(a=2, b=3, c=4)
+    W = marginals(dom, 2)
+    plan = dpdask.select(W, zCDP("0.7"), "residual", domain=dom, objective="max")
+    A = plan.strategy.dense()
+    cov = plan.noise_variance * np.linalg.pinv(A.T @ A)
+    sizes = dom.shape
+    for S, T in [((0, 1), (0, 1)), ((0, 1), (1, 2)), ((2,), (0, 2)), ((), (1,))]:
+        want = _marginal(sizes, S) @ cov @ _marginal(sizes, T).T
+        np.testing.assert_allclose(plan.covariance(S, T), want, atol=1e-10)
+    with pytest.raises(ValueError, match="not measured"):
+        plan.covariance((0, 1, 2))

@@ -25,7 +25,12 @@ from dpdask.strategy.residual._plan import (
 )
 from dpdask.strategy.residual._select import OBJECTIVES, as_marginals, plan_residual, solve
 from dpdask.strategy.residual._solve import ResidualSolution, solve_max, solve_sum, solve_targets
-from dpdask.strategy.residual._workload import MarginalWorkload, Pairs, all_subsets
+from dpdask.strategy.residual._workload import (
+    MarginalWorkload,
+    Pairs,
+    all_subsets,
+    marginal_covariance,
+)
 
 __all__ = [
     "OBJECTIVES",
@@ -36,6 +41,7 @@ __all__ = [
     "all_subsets",
     "as_marginals",
     "helmert",
+    "marginal_covariance",
     "marginal_operator",
     "plan_residual",
     "residual_operator",

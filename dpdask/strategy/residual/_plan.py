@@ -15,7 +15,9 @@ built only when asked for (a 100-attribute workload has 166,751 of them).
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -28,7 +30,7 @@ from dpdask.privacy import Budget, noise_scale, zCDP
 from dpdask.strategy.error import svd_bound
 from dpdask.strategy.plan import Plan, mechanism_of
 from dpdask.strategy.residual._solve import ResidualSolution
-from dpdask.strategy.residual._workload import MarginalWorkload
+from dpdask.strategy.residual._workload import MarginalWorkload, marginal_covariance
 
 __all__ = ["ResidualPlan", "helmert", "marginal_operator", "residual_operator"]
 
@@ -159,6 +161,23 @@ class ResidualPlan(Plan):
         """Per-cell variance of every marginal (all cells of a marginal share it), unweighted."""
         return self.noise_variance * self.marginals.cell_variances(self.precision)
 
+    def covariance(self, attrs: Sequence[int], other: Sequence[int] | None = None) -> np.ndarray:
+        """``Cov(M_S, M_T)`` of the reconstructed marginals (dense; unweighted).
+
+        Any marginals whose subsets are all measured, not only the workload's.
+        """
+        S = tuple(sorted({int(i) for i in attrs}))
+        T = S if other is None else tuple(sorted({int(i) for i in other}))
+        s2 = dict(zip(self.marginals.residual_sets(), self.residual_variances(), strict=True))
+        shared = set(S) & set(T)
+        needed = [A for A in _subsets(S) + _subsets(T) if all(self.sizes[i] > 1 for i in A)]
+        missing = [A for A in needed if A not in s2]
+        if missing:
+            raise ValueError(f"residual {missing[0]} is not measured by this plan")
+        return marginal_covariance(
+            self.sizes, {A: v for A, v in s2.items() if set(A) <= shared}, S, T
+        )
+
     def _terms(self) -> tuple[np.ndarray, np.ndarray]:
         """Per workload term (as given, repeats kept): the merged marginal and its weight."""
         W = self.marginals
@@ -264,6 +283,10 @@ class ResidualPlan(Plan):
         meeting the targets: ``rho = sum_A c_A u_A / 2``, rounded up.
         """
         return zCDP(Fraction(self.sensitivity**2 * (1 + 1e-9)) / 2)
+
+
+def _subsets(S: tuple[int, ...]) -> list[tuple[int, ...]]:
+    return [c for r in range(len(S) + 1) for c in itertools.combinations(S, r)]
 
 
 def _log_rows(W: MarginalWorkload) -> np.ndarray:

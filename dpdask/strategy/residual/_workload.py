@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["MarginalWorkload", "Pairs", "all_subsets"]
+__all__ = ["MarginalWorkload", "Pairs", "all_subsets", "marginal_covariance"]
 
 
 def all_subsets(d: int, k: int, *, up_to: bool = True) -> np.ndarray:
@@ -266,6 +266,40 @@ class MarginalWorkload:
     def sensitivity2(self, precision: np.ndarray) -> float:
         """Squared L2 sensitivity ``sum_A c_A u_A`` of the residual measurements."""
         return float(self.residual_cost() @ precision)
+
+
+def marginal_covariance(
+    sizes: Sequence[int],
+    variances: dict[tuple[int, ...], float],
+    S: tuple[int, ...],
+    T: tuple[int, ...] | None = None,
+) -> np.ndarray:
+    """``Cov(M_S, M_T)`` (dense, ``N_S x N_T``, C order) from residual noise variances.
+
+    ``variances`` maps each residual ``A`` (sorted tuple) to ``s_A^2``; the residuals
+    that are subsets of both ``S`` and ``T`` contribute
+    ``s_A^2 (x)_i F_i`` with ``F_i = P_i`` on ``A``, ``J / n_i^2`` on the rest of
+    ``S`` and ``T``, the column ``1 / n_i`` on ``S`` only, the row ``1 / n_i`` on ``T`` only.
+    """
+    T = S if T is None else T
+    cov = np.zeros((math.prod(sizes[i] for i in S), math.prod(sizes[i] for i in T)))
+    for A, s2 in variances.items():
+        if not (set(A) <= set(S) and set(A) <= set(T)):
+            continue
+        M = np.ones((1, 1))
+        for i in sorted(set(S) | set(T)):
+            n = sizes[i]
+            if i in A:
+                F = np.eye(n) - 1.0 / n
+            elif i in S and i in T:
+                F = np.full((n, n), 1.0 / n**2)
+            elif i in S:
+                F = np.full((n, 1), 1.0 / n)
+            else:
+                F = np.full((1, n), 1.0 / n)
+            M = np.kron(M, F)
+        cov += s2 * M
+    return cov
 
 
 def _padded(subsets: Iterable[Iterable[int]] | np.ndarray, d: int) -> np.ndarray:
