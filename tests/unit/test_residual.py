@@ -301,3 +301,16 @@ def test_plan_covariance_equals_the_dense_least_squares_covariance():
         np.testing.assert_allclose(plan.covariance(S, T), want, atol=1e-10)
     with pytest.raises(ValueError, match="not measured"):
         plan.covariance((0, 1, 2))
+
+
+def test_an_unfinished_program_warns_and_stays_feasible(monkeypatch):
+    from dpdask.errors import ConvergenceWarning
+    from dpdask.strategy.residual import _solve
+
+    monkeypatch.setattr(_solve, "NEWTON_STEPS", 0)
+    W = _cvx_workload(3)
+    tau = np.linspace(0.5, 3.0, W.m)
+    with pytest.warns(ConvergenceWarning, match="certified gap"):
+        sol = solve_targets(W, tau, gap=1e-12, maxiter=2)
+    assert np.all(W.cell_variances(sol.precision) <= tau * (1 + 1e-12))
+    assert sol.lower_bound <= sol.value

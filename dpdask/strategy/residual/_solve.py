@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ from scipy.optimize import minimize
 from scipy.sparse import coo_matrix
 from scipy.sparse.linalg import LinearOperator, cg
 
+from dpdask.errors import ConvergenceWarning
 from dpdask.strategy.residual._workload import MarginalWorkload
 
 __all__ = ["ResidualSolution", "solve_max", "solve_sum", "solve_targets"]
@@ -187,6 +189,13 @@ def solve_targets(
         pass
     if best["upper"] > best["lower"] * (1.0 + gap):
         _newton_polish(W, tau, c, best, gap)
+    if best["upper"] > best["lower"] * (1.0 + gap):
+        warnings.warn(
+            f"the residual program stopped at a certified gap of "
+            f"{best['upper'] / best['lower'] - 1:.3g} (asked {gap:.3g}); the plan is feasible",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
     u = best["u"]
     scale = float(np.max(W.cell_variances(u) / tau))
     u = u * scale
