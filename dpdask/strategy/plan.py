@@ -319,6 +319,8 @@ class Plan:
         kind: type[Plan] = Plan
         if doc.get("kind") == "fitness":
             from dpdask.strategy.fitness import FitnessPlan as kind
+        elif doc.get("kind") == "residual":
+            from dpdask.strategy.residual import ResidualPlan as kind
         plan = kind._from_saved(
             doc,
             arrays,

@@ -1,8 +1,14 @@
 """Strategy selection: :func:`select` turns a workload and a budget into a :class:`Plan`.
 
 ``strategy="hdmm"`` runs HDMM's templates (:mod:`._hdmm`) as Dask tasks and keeps
-the strategy of least expected error; any other name builds a baseline from
-:mod:`dpdask.strategy.baselines`.
+the strategy of least expected error. For a workload of two or more marginals under
+Gaussian noise (zCDP, approximate DP) without named templates it also plans the
+residual strategy (:mod:`dpdask.strategy.residual`, the optimum over all strategies:
+its total variance is the SVD bound) and returns it when its total variance is lower
+than HDMM's by more than :data:`RESIDUAL_MARGIN` (where HDMM already reaches the
+optimum, as on a workload nested in one marginal, its plan is kept). Pure DP keeps
+HDMM. ``strategy="residual"`` asks for the residual plan by name; any other name
+builds a baseline from :mod:`dpdask.strategy.baselines`.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ __all__ = [
 ]
 
 BASELINES = ("identity", "workload", "hierarchical", "hb", "wavelet", "convex")
+RESIDUAL = "residual"
+RESIDUAL_MARGIN = 1e-6
+"""Relative improvement over HDMM's total variance for ``hdmm`` to return the residual plan."""
 
 SERIAL_BLAS_MAX_N = 256
 """When every attribute has fewer values, HDMM's work in this process (the analyses
@@ -85,7 +94,26 @@ def _baseline(
         if norm == 1:
             raise PlanError("the convex (CA) optimum is defined for Gaussian noise only")
         return baselines.convex_ca(workload, **options)
-    raise PlanError(f"unknown strategy {name!r}; choose 'hdmm' or one of {BASELINES}")
+    raise PlanError(
+        f"unknown strategy {name!r}; choose 'hdmm', 'fitness', 'residual' or one of {BASELINES}"
+    )
+
+
+def _residual_if_better(plan: Plan, domain: Domain | None) -> Plan:
+    """The residual plan of a marginal workload when it beats HDMM's ``plan``, else ``plan``."""
+    from dpdask.strategy.residual import as_marginals, plan_residual
+
+    marg = as_marginals(plan.workload, plan.sizes)
+    if marg is None or marg.m < 2:  # one marginal: measuring it is optimal, HDMM finds it
+        return plan
+    res = plan_residual(plan.workload, plan.privacy, domain=domain, template="hdmm-residual")
+    hdmm = plan.expected_error()
+    if res.expected_error() >= hdmm * (1 - RESIDUAL_MARGIN):
+        return plan
+    res.info.update(
+        {"hdmm_template": plan.template, "hdmm_expected_error": hdmm, "hdmm": plan.info}
+    )
+    return res
 
 
 def select(
@@ -120,7 +148,13 @@ def select(
         :func:`dpdask.strategy.fitness.solve`; returns a
         :class:`~dpdask.strategy.fitness.FitnessPlan`), or a baseline:
         ``"identity"``, ``"workload"``, ``"hierarchical"`` (option ``branching``),
-        ``"hb"``, ``"wavelet"``, ``"convex"`` (the CA optimum; Gaussian, small domains).
+        ``"hb"``, ``"wavelet"``, ``"convex"`` (the CA optimum; Gaussian, small domains),
+        or ``"residual"`` (marginal workloads, Gaussian noise; options ``objective``
+        ``"sum"``/``"max"``/``"targets"``, ``targets``, ``gap`` of
+        :func:`dpdask.strategy.residual.plan_residual`; returns a
+        :class:`~dpdask.strategy.residual.ResidualPlan`). ``"hdmm"`` returns the
+        residual plan (sum of variances) for workloads of two or more marginals
+        under Gaussian noise, when ``templates`` is not given and it is better.
     domain : Domain, optional
         The data domain (attribute names for keys and labels; sizes checked).
     restarts : int
@@ -174,6 +208,10 @@ def select(
         from dpdask.strategy.fitness import fitness_plan
 
         return fitness_plan(workload, privacy, domain=domain, client=client, **options)
+    if strategy == RESIDUAL:
+        from dpdask.strategy.residual import plan_residual
+
+        return plan_residual(workload, privacy, domain=domain, **options)
     norm = sensitivity_norm(privacy)
     sizes = domain.shape if domain is not None else None
     terms = kron_terms(workload, sizes)
@@ -206,7 +244,7 @@ def select(
             "optimisation_wall_time_s": float(cands[0].details.get("wall_time_s", 0.0)),
             **{k: v for k, v in best.details.items() if k != "wall_time_s"},
         }
-        return Plan(
+        plan = Plan(
             workload,
             best.strategy,
             privacy,
@@ -216,5 +254,8 @@ def select(
             info=info,
             sizes=terms.sizes,
         )
+        if norm == 2 and templates is None:
+            return _residual_if_better(plan, domain)
+        return plan
     A = _baseline(strategy, workload, terms.sizes, domain, norm, options)
     return Plan(workload, A, privacy, domain=domain, template=strategy, sizes=terms.sizes)
