@@ -419,8 +419,6 @@ def run_spec(
     published or abandoned run id is refused. ``on_start(run_id, dashboard_link)`` is
     called once the run exists, before its first charge; see :func:`failure_reported`.
     """
-    from dpdask.dataflow.release import release
-
     check_before_charging(spec)
     _check_workloads(spec)
     if not spec.ledger.exists() and not spec.ledger_create:
@@ -429,43 +427,52 @@ def run_spec(
     with claimed(spec):
         checked = _preflight(spec, run_id, overwrite, create=False)
         with failure_reported(spec, checked.run_id, checked.work):
-            plan, report = plan_spec(spec, client=client)
-            log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
-                     spec.data.format, checked.work)  # fmt: skip
-            store = load_data(spec, checked.work, checked.source)
-            levels = _levels(spec, store)
-            if checked.ledger is None:  # every check passed: a new ledger may be born
-                checked = _preflight(spec, run_id, overwrite, create=True)
-            ledger = checked.ledger
-            if ledger is None:  # pragma: no cover - _preflight(create=True) always opens one
-                raise LedgerMissingError(f"ledger: no ledger at {spec.ledger}")
-            if spec.dataset_budget is not None:  # checked above, before the data was read
-                ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
-            rel = release(
-                plan, store, levels=levels,
-                budget_split=(
-                    {lv: spec.split[lv] for lv in levels}
-                    if spec.split and not spec.per_level else None
-                ),
-                reconstruct=spec.reconstruct, integer=spec.integer, release_id=spec.release,
-                run_id=checked.run_id,
-                ledger=ledger, dataset=checked.dataset,
-            )  # fmt: skip
-            from dpdask.dashboard import track  # registers the plugin; shows the run at /dpdask
+            return _run_checked(spec, checked, client, overwrite, progress, on_start)
 
-            if on_start is not None:
-                on_start(checked.run_id, getattr(client, "dashboard_link", None))
-            base = spec.source.parent if spec.source is not None else None
-            binding = run_binding(spec, checked.output, checked.source)
-            # the run's first charge records what it is bound to; a resume's must match it
-            with (
-                ledger.bound(spec.release, checked.run_id, binding),
-                track(client, rel, ledger, plan=report, base=base),
-            ):
-                out = rel.to_zarr(
-                    checked.output, overwrite=overwrite, client=client, progress=progress,
-                    protected=[("input data", spec.data.path), ("ledger", spec.ledger)],
-                )  # fmt: skip
+
+def _run_checked(
+    spec: ReleaseSpec, checked: _Checked, client: Any, overwrite: bool, progress: bool,
+    on_start: Callable[[str, str | None], None] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """:func:`run_spec` once its output is claimed and its preflight passed."""
+    from dpdask.dataflow.release import release
+
+    plan, report = plan_spec(spec, client=client)
+    log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
+             spec.data.format, checked.work)  # fmt: skip
+    store = load_data(spec, checked.work, checked.source)
+    levels = _levels(spec, store)
+    if checked.ledger is None:  # every check passed: a new ledger may be born
+        checked = _preflight(spec, checked.run_id, overwrite, create=True)
+    ledger = checked.ledger
+    if ledger is None:  # pragma: no cover - _preflight(create=True) always opens one
+        raise LedgerMissingError(f"ledger: no ledger at {spec.ledger}")
+    if spec.dataset_budget is not None:  # checked above, before the data was read
+        ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
+    rel = release(
+        plan, store, levels=levels,
+        budget_split=(
+            {lv: spec.split[lv] for lv in levels} if spec.split and not spec.per_level else None
+        ),
+        reconstruct=spec.reconstruct, integer=spec.integer, release_id=spec.release,
+        run_id=checked.run_id,
+        ledger=ledger, dataset=checked.dataset,
+    )  # fmt: skip
+    from dpdask.dashboard import track  # registers the plugin; shows the run at /dpdask
+
+    if on_start is not None:  # the run exists: announce it, before its first charge
+        on_start(checked.run_id, getattr(client, "dashboard_link", None))
+    base = spec.source.parent if spec.source is not None else None  # paths shown from here
+    binding = run_binding(spec, checked.output, checked.source)
+    # the run's first charge records what it is bound to; a resume's must match it
+    with (
+        ledger.bound(spec.release, checked.run_id, binding),
+        track(client, rel, ledger, plan=report, base=base),
+    ):
+        out = rel.to_zarr(
+            checked.output, overwrite=overwrite, client=client, progress=progress,
+            protected=[("input data", spec.data.path), ("ledger", spec.ledger)],
+        )  # fmt: skip
     log.info("run %s of %s: published %s (ledger head %s)", checked.run_id, spec.release,
              out, ledger.head())  # fmt: skip
     summary = rel.summary()

@@ -20,6 +20,7 @@ import fcntl
 import os
 import pathlib
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,6 +29,7 @@ from dpdask.errors import InterpreterError, OutputLockedError
 __all__ = ["check_interpreter", "check_unclaimed", "claim_output", "lock_path"]
 
 _ATTEMPTS = 8  # a lock file replaced while we opened it: open it again
+_PATIENCE = 6  # tries, 50 ms apart, before a held lock refuses the run
 
 
 def check_interpreter() -> None:
@@ -93,6 +95,19 @@ def check_unclaimed(output: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def _lock_soon(fd: int) -> bool:
+    """Lock ``fd`` exclusively, trying for a moment: :func:`check_unclaimed` holds a
+    shared lock for an instant, which must not refuse a run."""
+    for attempt in range(_PATIENCE):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < _PATIENCE:
+                time.sleep(0.05)
+    return False
+
+
 @contextmanager
 def claim_output(output: str | os.PathLike[str]) -> Iterator[pathlib.Path]:
     """Hold the exclusive claim on publishing to ``output`` (module notes).
@@ -120,12 +135,10 @@ def claim_output(output: str | os.PathLike[str]) -> Iterator[pathlib.Path]:
     try:
         for _ in range(_ATTEMPTS):
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _lock_soon(fd):
                 os.close(fd)
                 fd = -1
-                raise _refuse(out, lock) from None
+                raise _refuse(out, lock)
             # the holder before us may have removed the file between our open and our
             # lock: then we hold a lock on a file nobody else can see; open it again
             try:

@@ -607,3 +607,24 @@ def test_the_json_shows_paths_relative_to_the_spec(tmp_path) -> None:
 
     assert str(tmp_path) not in text
     assert not [s for s in strings(json.loads(text)) if s.startswith("/")]
+
+
+def test_run_passes_dashboard_address_to_the_cluster(tmp_path, monkeypatch) -> None:
+    import dpdask.pipeline.cluster as cluster_module
+    from dpdask.cli import main
+
+    seen: dict = {}
+
+    def fake_connect(cluster=None, **kw):
+        seen.update(kw)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(cluster_module, "connect", fake_connect)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "release: r\ndata: {format: synthetic, geographies: 4}\ndomain: {a: 2}\n"
+        "levels: [state, county]\nworkload: identity\nprivacy: {zcdp: 1}\n"
+        "strategy: identity\noutput: out.zarr\n"
+    )
+    assert main(["run", str(spec), "--dashboard-address", ":8787", "--no-progress"]) == 2
+    assert seen["dashboard_address"] == ":8787"
