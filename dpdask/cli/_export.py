@@ -15,8 +15,10 @@ def cmd_export(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="dpdask export",
         description="Write one level of a published release as a long table: geography, "
-        "parent, query, answer, variance and moe90 (the 90% margin of error, 1.645 standard "
-        "deviations, as ACS publishes them).",
+        "parent, query, label (what the query counts), answer, variance and moe90 (the 90% "
+        "margin of error, 1.645 standard deviations, as ACS publishes them). Parquet keeps "
+        "the provenance (release, run id, budget, dpdask version, ledger head) in its "
+        "key-value metadata; CSV in OUT.csv-metadata.json beside it (CSV on the Web).",
     )
     parser.add_argument("release", help="the published release (a .zarr folder)")
     parser.add_argument("--level", required=True, help="the geography level, e.g. tract")
@@ -35,13 +37,18 @@ def cmd_export(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--geography", nargs="+", action="extend", metavar="ID", help="only these unit ids"
     )
+    parser.add_argument(
+        "--ids", choices=("level", "plain"), default="level",
+        help="how CSV writes geography and parent ids: LEVEL:ID (default; never read as "
+        "numbers, so pandas.read_csv keeps leading zeros) or plain (read with dtype=str)",
+    )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
     release = args.release.rstrip("/")
     out = args.out or str(pathlib.Path(release).with_suffix("")) + f"-{args.level}.{args.format}"
     n = export_release(
         release, args.level, out, args.format, queries=args.query,
-        geographies=args.geography, overwrite=args.overwrite,
+        geographies=args.geography, overwrite=args.overwrite, ids=args.ids,
     )  # fmt: skip
     if out != "-":
         print(f"wrote {n} rows of {args.level} to {out}")

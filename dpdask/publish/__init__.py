@@ -18,7 +18,9 @@ graph); this package owns everything around it.
 
 from dpdask.errors import StoreExistsError, UnsafeOutputError
 from dpdask.publish._labels import (
+    CODE_SUFFIX,
     PL94_PARTS,
+    QUERY_DIM,
     category_labels,
     pl94_tables,
     published_tables,
@@ -44,8 +46,10 @@ from dpdask.publish._workdir import (
 )
 
 __all__ = [
+    "CODE_SUFFIX",
     "FLAT_KEYS",
     "PL94_PARTS",
+    "QUERY_DIM",
     "RELEASE_FORMAT",
     "StoreExistsError",
     "UnsafeOutputError",
