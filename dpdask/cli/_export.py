@@ -74,11 +74,18 @@ def cmd_report(argv: Sequence[str]) -> int:
         help="a dpdask data store of the true counts per finest geography (same domain and "
         "levels): adds the realised errors",
     )
+    parser.add_argument(
+        "--workload", metavar="NAME",
+        help="the workload whose tables to compare with the truth (a named workload with its "
+        "default options: pl94, ri2010, sf1-persons, identity, marginals, ...); default: the "
+        "release's, recognised; another workload on the release's domain is answered from "
+        "the published estimates",
+    )  # fmt: skip
     parser.add_argument("--ledger", help="the ledger file, if it moved since the release")
     args = parser.parse_args(argv)
     out = write_report(
         args.release, args.out or default_output(args.release), truth=args.truth,
-        ledger=args.ledger,
+        ledger=args.ledger, workload=args.workload,
     )  # fmt: skip
     print(f"wrote {out}")
     return 0

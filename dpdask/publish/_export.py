@@ -58,6 +58,7 @@ __all__ = [
     "check_release",
     "export_release",
     "provenance",
+    "query_spaces",
     "release_table",
     "sidecar_path",
 ]
@@ -173,13 +174,25 @@ def _select(
     return [np.asarray(p, dtype=np.int64) for p in picks]
 
 
-def _spaces(g: Any) -> list[tuple[str, str, str, str]]:
-    """(labels, descriptions, answers, variances) arrays of the level's query spaces:
-    the workload rows, then the Census table cells (their labels never overlap)."""
+def query_spaces(g: Any) -> list[tuple[str, str, str, str, str]]:
+    """The arrays of a published level's queries, workload rows first, then Census
+    table cells (their labels never overlap).
+
+    Parameters
+    ----------
+    g : zarr.Group
+        The level's group.
+
+    Returns
+    -------
+    list of (labels, descriptions, answers, variances, kind)
+        Array names; ``kind`` is ``"part"`` (the workload: labels ``workload_query``,
+        or ``query`` in releases written before) or ``"table"`` (``table_query``).
+    """
     label = QUERY_DIM if QUERY_DIM in g else _OLD_QUERY
     spaces = [
-        (label, "query_description", "answers", "variance"),
-        ("table_query", "table_description", "table_answers", "table_variance"),
+        (label, "query_description", "answers", "variance", "part"),
+        ("table_query", "table_description", "table_answers", "table_variance", "table"),
     ]
     return [s for s in spaces if s[0] in g and s[2] in g]
 
@@ -203,7 +216,7 @@ def _batches(
     g = root[level]
     ids = _labels(g, "ids")
     parent = _labels(g, "parent_id") if "parent_id" in g else None
-    spaces = _spaces(g)
+    spaces = [s[:4] for s in query_spaces(g)]
     picks = _select(queries, [_labels(g, s[0]) for s in spaces], "query label")
     (units,) = _select(geographies, [ids], f"{level} id")
     n_q = sum(p.size for p in picks)

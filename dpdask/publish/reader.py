@@ -55,6 +55,8 @@ from dpdask.publish._export import (
     MOE90_Z,
     check_release,
     export_release,
+    provenance,
+    query_spaces,
     release_table,
 )
 from dpdask.publish._labels import CODE_SUFFIX, QUERY_DIM
@@ -69,6 +71,8 @@ __all__ = [
     "export_release",
     "level_order",
     "open_release",
+    "provenance",
+    "query_spaces",
     "release_table",
     "shown_name",
 ]

@@ -299,7 +299,9 @@ def _realised(data: dict[str, Any]) -> str:
                 _table(
                     ["table", "queries", "predicted RMSE", "realised RMSE", "realised / predicted",
                      "max |error|", "within 90% MOE"],
-                    ([escape(r["table"]), _num(r["queries"]), _num(r["predicted_rmse"]),
+                    ([escape(r["table"]) + (' <span class="note">(from the estimates)</span>'
+                                            if r["kind"] == "derived" else ""),
+                      _num(r["queries"]), _num(r["predicted_rmse"]),
                       _num(r["realised_rmse"]),
                       _num(None if not r["predicted_rmse"] or r["realised_rmse"] is None
                            else r["realised_rmse"] / r["predicted_rmse"], 3),

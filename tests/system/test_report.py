@@ -82,7 +82,7 @@ def test_report_without_truth(release) -> None:
 
     g = zarr.open_group(str(release["out"]), mode="r")
     for row in data["tables"]:
-        lab = "query" if row["kind"] == "part" else "table_query"
+        lab = "workload_query" if row["kind"] == "part" else "table_query"
         var = "variance" if row["kind"] == "part" else "table_variance"
         labels = np.array(g[f"{row['level']}/{lab}"][:].tolist())
         pick = np.array([s.rsplit("_", 1)[0] == row["table"] for s in labels])
@@ -120,7 +120,7 @@ def test_realised_error_matches_a_dense_computation(release) -> None:
         truth = truth[order]
         rows = {r["table"]: r for r in realised[lv]["tables"]}
         for answers, true, labels in (
-            (ds["answers"].values, truth @ W.T, np.asarray(ds["query"].values).tolist()),
+            (ds["answers"].values, truth @ W.T, np.asarray(ds["workload_query"].values).tolist()),
             (ds["table_answers"].values, truth @ Q.T, t_labels),
         ):
             tables = np.array([s.rsplit("_", 1)[0] for s in labels])

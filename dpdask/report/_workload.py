@@ -1,0 +1,190 @@
+"""The workload a report compares with the truth: the release's own, or one named.
+
+A release records its workload's size, parts and labels but not the name a spec gave
+it (only ``pl94`` is recognised by its part names). To compare its answers with a
+truth the report rebuilds it: from ``--workload NAME`` (``workload=`` in Python), or
+by trying every named workload (:data:`dpdask.workloads.named.WORKLOAD_NAMES`, default
+options) on the release's domain. A candidate is the release's workload only if it
+has the published number of queries and their labels, **and** it reproduces the
+published answers from the published estimates (:func:`answers_match`, the first
+units of the level): labels alone do not fix a matrix.
+
+A named workload that is not the release's is answered from the published estimates
+(post-processing, no further privacy cost): its tables get realised errors against
+the truth, but no predicted error (the release publishes no variances for them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Rebuilt", "answers_match", "level_workloads", "rebuild"]
+
+_CHECKED_UNITS = 16  # units whose published answers a candidate workload must reproduce
+
+
+class Rebuilt:
+    """A level's workload as the report rebuilt it.
+
+    Attributes
+    ----------
+    W : LinearQuery or None
+        The workload (None: not rebuilt).
+    name : str or None
+        Its name, when known.
+    published : bool
+        ``W`` is the release's workload (its answers are published); else it is
+        answered from the estimates.
+    """
+
+    def __init__(self, W: Any, name: str | None, published: bool) -> None:
+        self.W, self.name, self.published = W, name, published
+
+
+def rebuild(name: str, domain: Any) -> Any:
+    """The workload called ``name`` (default options) on ``domain``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, or one that cannot be built on ``domain``.
+    """
+    from dpdask.errors import DPDaskError
+    from dpdask.workloads.named import named
+
+    try:
+        return named(name, domain)
+    except (ValueError, TypeError, DPDaskError) as exc:
+        raise ValueError(f"workload {name!r} on the release's domain: {exc}") from None
+
+
+def answers_match(g: Any, W: Any, domain: Any) -> bool:
+    """Whether ``W`` applied to the level's published estimates gives its published
+    answers (the first units; relative tolerance 1e-9, plus 1e-9 of the answers' scale)."""
+    from dpdask.report._data import estimate_rows, read_rows
+
+    space = _workload_labels(g)
+    if space is None or g[space].shape[0] != W.shape[0] or "estimate" not in g:
+        return False
+    n = min(int(g["ids"].shape[0]), _CHECKED_UNITS)
+    if n == 0:
+        return True
+    rows = np.arange(n, dtype=np.int64)
+    est = estimate_rows(g, rows, (n, *domain.shape))
+    want = read_rows(g["answers"], rows)
+    got = np.asarray(W.apply(est), dtype=np.float64)
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    return bool(np.allclose(got, want, rtol=1e-9, atol=1e-9 * scale))
+
+
+def _workload_labels(g: Any) -> str | None:
+    from dpdask.publish.reader import query_spaces
+
+    return next((s[0] for s in query_spaces(g) if s[4] == "part"), None)
+
+
+def _labels_match(g: Any, W: Any, domain: Any) -> bool:
+    from dpdask.publish import query_labels
+
+    space = _workload_labels(g)
+    if space is None or g[space].shape[0] != W.shape[0]:
+        return False
+    labels = [str(s) for s in np.asarray(g[space][:]).tolist()]
+    return query_labels(W, domain) == labels
+
+
+def _candidates(domain: Any, cache: dict[str, Any]) -> dict[str, Any]:
+    from dpdask.workloads.named import WORKLOAD_NAMES
+
+    if not cache:
+        for name in WORKLOAD_NAMES:
+            try:
+                cache[name] = rebuild(name, domain)
+            except ValueError:
+                cache[name] = None
+    return {n: W for n, W in cache.items() if W is not None and W.shape[1] == domain.size}
+
+
+def level_workloads(
+    meta: Mapping[str, Any],
+    levels: list[str],
+    groups: Mapping[str, Any],
+    domain: Any,
+    workload: Any,
+    notes: list[str],
+) -> dict[str, Rebuilt]:
+    """Each level's workload for the realised errors (module notes).
+
+    Parameters
+    ----------
+    meta : mapping
+        The release's attributes.
+    levels : list of str
+        Its levels, coarsest first.
+    groups : mapping of str to zarr.Group
+        Their groups.
+    domain : Domain
+        The release's domain.
+    workload : str, LinearQuery, mapping of level to LinearQuery, or None
+        A workload name (``--workload``), the workload itself, or None: recognise it.
+    notes : list of str
+        Where to say what could not be rebuilt.
+
+    Returns
+    -------
+    dict of str to Rebuilt
+
+    Raises
+    ------
+    ValueError
+        If ``workload`` names no workload that can be built on the domain.
+    TypeError
+        If a given workload is not a :class:`~dpdask.linalg.LinearQuery`.
+    """
+    from dpdask.linalg import LinearQuery
+
+    record = meta.get("workload") or {}
+    given = rebuild(workload, domain) if isinstance(workload, str) else None
+    cache: dict[str, Any] = {}
+    out: dict[str, Rebuilt] = {}
+    for lv in levels:
+        g = groups[lv]
+        rec = record.get("levels", {}).get(lv, record) if "levels" in record else record
+        W = workload.get(lv) if isinstance(workload, Mapping) else workload
+        if isinstance(workload, str):
+            same = _labels_match(g, given, domain) and answers_match(g, given, domain)
+            out[lv] = Rebuilt(given, workload, same)
+            continue
+        if W is not None:
+            if not isinstance(W, LinearQuery):
+                raise TypeError(f"workload for level {lv!r}: expected a LinearQuery, not {type(W)}")
+            out[lv] = Rebuilt(W, None, True)
+            continue
+        names = ["pl94"] if rec.get("name") == "pl94" else list(_candidates(domain, cache))
+        found = Rebuilt(None, None, True)
+        for name in names:
+            cand = cache.get(name) if name in cache else rebuild(name, domain)
+            if cand is not None and _labels_match(g, cand, domain):
+                if answers_match(g, cand, domain):
+                    found = Rebuilt(cand, name, True)
+                    break
+        out[lv] = found
+    missing = [lv for lv, r in out.items() if r.W is None]
+    if missing:
+        notes.append(
+            f"levels {', '.join(missing)}: the release's workload is none of the named "
+            "workloads with their default options (pass --workload NAME, or workload= to "
+            "write_report): realised errors of its queries are left out, those of the "
+            "histogram cells are shown"
+        )
+    other = [lv for lv, r in out.items() if r.W is not None and not r.published]
+    if other:
+        notes.append(
+            f"levels {', '.join(other)}: workload {workload!r} is not the release's; its "
+            "answers are computed from the published estimates (post-processing) and "
+            "compared with the truth, without a predicted error"
+        )
+    return out
