@@ -267,8 +267,8 @@ def _spaces(g: Any, level: str, store: Any, rebuilt: Any, domain: Any, notes: li
     from dpdask.publish import published_tables, query_labels
     from dpdask.publish.reader import query_spaces
 
-    W = None if rebuilt is None else rebuilt.W
-    own = W if rebuilt is not None and rebuilt.published else None
+    own = None if rebuilt is None else rebuilt.own
+    other = None if rebuilt is None else rebuilt.other
     spaces = []
     for label, _, ans, var, kind in query_spaces(g):
         if var not in g:
@@ -285,8 +285,8 @@ def _spaces(g: Any, level: str, store: Any, rebuilt: Any, domain: Any, notes: li
             if Q is None:
                 notes.append(f"{level}: the rebuilt workload does not match the {label} labels")
         spaces.append((labels, g[ans], g[var], kind, Q))
-    if store is not None and W is not None and own is None and "estimate" in g:
-        spaces.append((query_labels(W, domain), None, None, "derived", W))
+    if store is not None and other is not None and "estimate" in g:
+        spaces.append((query_labels(other, domain), None, None, "derived", other))
     return spaces
 
 
@@ -448,10 +448,7 @@ def collect(
         else {
             "truth": str(pathlib.Path(store.path).resolve()),
             "levels": realised,
-            "workloads": {
-                lv: {"name": r.name, "published": r.published, "rebuilt": r.W is not None}
-                for lv, r in workloads.items()
-            },
+            "workloads": {lv: r.record() for lv, r in workloads.items()},
         },
         "not_converged": list(meta.get("not_converged") or []),
         "notes": list(dict.fromkeys(notes)),

@@ -24,24 +24,41 @@ import numpy as np
 __all__ = ["Rebuilt", "answers_match", "level_workloads", "rebuild"]
 
 _CHECKED_UNITS = 16  # units whose published answers a candidate workload must reproduce
+_CHECKED_CELLS = 4_000_000  # at most this many estimate cells read for the check
 
 
 class Rebuilt:
-    """A level's workload as the report rebuilt it.
+    """A level's workloads as the report rebuilt them.
 
     Attributes
     ----------
-    W : LinearQuery or None
-        The workload (None: not rebuilt).
-    name : str or None
+    own : LinearQuery or None
+        The release's workload (its answers are published), or None if not rebuilt.
+    own_name : str or None
         Its name, when known.
-    published : bool
-        ``W`` is the release's workload (its answers are published); else it is
-        answered from the estimates.
+    other : LinearQuery or None
+        A named workload that is not the release's, answered from the estimates.
+    other_name : str or None
+        Its name.
     """
 
-    def __init__(self, W: Any, name: str | None, published: bool) -> None:
-        self.W, self.name, self.published = W, name, published
+    def __init__(
+        self,
+        own: Any = None,
+        own_name: str | None = None,
+        other: Any = None,
+        other_name: str | None = None,
+    ) -> None:
+        self.own, self.own_name = own, own_name
+        self.other, self.other_name = other, other_name
+
+    def record(self) -> dict[str, Any]:
+        """What the report records: ``release`` (the release's workload's name, ``""``
+        when given as a workload, None if not rebuilt) and ``other``."""
+        return {
+            "release": self.own_name if self.own is not None else None,
+            "other": self.other_name,
+        }
 
 
 def rebuild(name: str, domain: Any) -> Any:
@@ -69,7 +86,7 @@ def answers_match(g: Any, W: Any, domain: Any) -> bool:
     space = _workload_labels(g)
     if space is None or g[space].shape[0] != W.shape[0] or "estimate" not in g:
         return False
-    n = min(int(g["ids"].shape[0]), _CHECKED_UNITS)
+    n = min(int(g["ids"].shape[0]), _CHECKED_UNITS, max(1, _CHECKED_CELLS // domain.size))
     if n == 0:
         return True
     rows = np.arange(n, dtype=np.int64)
@@ -154,25 +171,26 @@ def level_workloads(
         g = groups[lv]
         rec = record.get("levels", {}).get(lv, record) if "levels" in record else record
         W = workload.get(lv) if isinstance(workload, Mapping) else workload
-        if isinstance(workload, str):
-            same = _labels_match(g, given, domain) and answers_match(g, given, domain)
-            out[lv] = Rebuilt(given, workload, same)
-            continue
-        if W is not None:
+        if W is not None and not isinstance(W, str):
             if not isinstance(W, LinearQuery):
                 raise TypeError(f"workload for level {lv!r}: expected a LinearQuery, not {type(W)}")
-            out[lv] = Rebuilt(W, None, True)
+            out[lv] = Rebuilt(W, "")
             continue
+        if given is not None and _labels_match(g, given, domain):
+            if answers_match(g, given, domain):
+                out[lv] = Rebuilt(given, workload)
+                continue
+        found = Rebuilt()
         names = ["pl94"] if rec.get("name") == "pl94" else list(_candidates(domain, cache))
-        found = Rebuilt(None, None, True)
         for name in names:
-            cand = cache.get(name) if name in cache else rebuild(name, domain)
-            if cand is not None and _labels_match(g, cand, domain):
-                if answers_match(g, cand, domain):
-                    found = Rebuilt(cand, name, True)
-                    break
+            cand = cache[name] if name in cache else rebuild(name, domain)
+            if _labels_match(g, cand, domain) and answers_match(g, cand, domain):
+                found = Rebuilt(cand, name)
+                break
+        if given is not None:  # not the release's: answered from the estimates
+            found.other, found.other_name = given, workload
         out[lv] = found
-    missing = [lv for lv, r in out.items() if r.W is None]
+    missing = [lv for lv, r in out.items() if r.own is None]
     if missing:
         notes.append(
             f"levels {', '.join(missing)}: the release's workload is none of the named "
@@ -180,7 +198,7 @@ def level_workloads(
             "write_report): realised errors of its queries are left out, those of the "
             "histogram cells are shown"
         )
-    other = [lv for lv, r in out.items() if r.W is not None and not r.published]
+    other = [lv for lv, r in out.items() if r.other is not None]
     if other:
         notes.append(
             f"levels {', '.join(other)}: workload {workload!r} is not the release's; its "
