@@ -123,7 +123,7 @@ def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
     for lv in level_order(tree.attrs, tree.children):
         ds = tree[lv].to_dataset()
         if "entry_offsets" in ds:
-            ds = _with_sparse_estimate(path / lv, ds)
+            ds = _with_sparse_estimate(path / lv, ds, _domain_order(tree.attrs))
         ds = _current_names(ds)
         for prefix in ("", "table_"):
             var = f"{prefix}variance"
@@ -239,9 +239,17 @@ def _entries_block(path: str, a: int, b: int, shape: tuple[int, ...]) -> Any:
     return sparse.COO(coords, values, shape=(b - a, *shape), sorted=True, has_duplicates=False)
 
 
-def _with_sparse_estimate(path: pathlib.Path, ds: xr.Dataset) -> xr.Dataset:
+def _domain_order(attrs: Mapping[str, Any]) -> list[str]:
+    record = attrs.get("dpdask")
+    domain = record.get("domain") if isinstance(record, Mapping) else None
+    return [str(a) for a in domain] if isinstance(domain, Mapping) else []
+
+
+def _with_sparse_estimate(path: pathlib.Path, ds: xr.Dataset, order: list[str]) -> xr.Dataset:
     """A sparse level's dataset with ``estimate`` as a lazy ``(geography, *attrs)`` Dask
-    array of :class:`sparse.COO` chunks (the stored entries kept as ``entry_*``)."""
+    array of :class:`sparse.COO` chunks (the stored entries kept as ``entry_*``), its
+    attribute axes in the domain's order ``order`` (the entries' flat cells are in its C
+    order; the dataset lists dimensions as the store lists arrays, alphabetically)."""
     import dask.array as da
     import sparse
     import xarray as xr
@@ -252,6 +260,8 @@ def _with_sparse_estimate(path: pathlib.Path, ds: xr.Dataset) -> xr.Dataset:
     g = zarr.open_group(str(path), mode="r")
     not_attrs = ("geography", _OLD_QUERY_DIM, QUERY_DIM, "table_query", "entry", "geography_bound")
     attrs = [d for d in ds.dims if d not in not_attrs]
+    if set(order) == set(attrs):
+        attrs = list(order)
     shape = tuple(int(ds.sizes[d]) for d in attrs)
     n_units = int(ds.sizes["geography"])
     bounds = [*list(range(0, n_units, _GEOGRAPHIES_PER_CHUNK)), n_units]

@@ -287,6 +287,38 @@ def test_no_name_is_a_dataset_attribute_and_levels_are_coarsest_first(labelled) 
     )
 
 
+def test_entries_level_names_its_axes_in_the_domain_order(tmp_path, rng, monkeypatch) -> None:
+    """A level published as entries (top-down) shows its estimate with the domain's axes
+    in the domain's order, by name: oracle, the true counts of a release without noise
+    (the store lists the attributes alphabetically: hisp before votingage)."""
+    from dpdask.dataflow import _output_sparse
+
+    monkeypatch.setattr(_output_sparse, "DENSE_ESTIMATE_CELLS", 0)
+    geo = Geography(
+        levels=("state", "county", "tract"), ids=ZERO_IDS,
+        parents=(np.zeros(2, dtype=int), np.array([0, 0, 1])),
+    )  # fmt: skip
+    counts = rng.integers(0, 50, size=(3, 2, 2, 3))
+    st = write_store(tmp_path / "in.zarr", counts, LABELLED, geo, geo_chunk=2)
+    A = Kron([Identity(2), Identity(2), Identity(3)])
+    budget = zCDP(1)
+    plan = DensePlan(A, A, LABELLED, "gaussian", budget.gaussian_sigma(1.0), budget)
+    r = release(
+        plan, st, reconstruct="topdown", release_id="entries", key=SecretKey.for_testing(2),
+        noise=False, test_mode=True,
+    )  # fmt: skip
+    tree = dpdask.open_release(r.to_zarr(tmp_path / "entries.zarr"))
+    tract = tree["tract"].ds
+    assert "entry_offsets" in tract and tract.estimate.dims == ("geography", *LABELLED.attrs)
+    one = tract.estimate.sel(votingage="18 years and over", hisp="Hispanic or Latino")
+    np.testing.assert_allclose(one.data.compute().todense(), counts[:, 1, 1], atol=1e-4)
+    np.testing.assert_allclose(
+        tract.estimate.sel(votingage="Under 18 years").data.compute().todense(),
+        counts[:, 0],
+        atol=1e-4,
+    )
+
+
 def _old_layout(new: pathlib.Path, old: pathlib.Path) -> None:
     """``new`` rewritten as releases were before: the workload's dimension ``query``,
     category names in ``<attr>_label`` and the values as the attribute's index."""
