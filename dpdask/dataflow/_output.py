@@ -114,7 +114,7 @@ def _coordinates(domain: Domain | None) -> dict[str, Any]:
         if attr in _RESERVED or f"{attr}{CODE_SUFFIX}" in _RESERVED:
             continue
         codes = np.arange(domain[attr], dtype=np.int64)
-        if names is None or f"{attr}{CODE_SUFFIX}" in domain.attrs:
+        if names is None or len(set(names)) < len(names) or f"{attr}{CODE_SUFFIX}" in domain.attrs:
             out[attr] = codes
         else:
             out[attr] = np.asarray(names, dtype=str)
