@@ -201,7 +201,7 @@ def test_export_selects_queries_and_units(published, tmp_path, capsys) -> None:
     for bad, message in (
         (["--query", "P1_001"], "unknown query"),
         (["--geography", "t99"], "unknown tract id"),
-        (["--format", "csv", "--level", "parish"], "no level 'parish'"),
+        (["--format", "csv", "--level", "parish"], "its levels are ['state', 'county', 'tract']"),
     ):
         args = ["export", str(published), "--level", "tract", "--out", "-", *bad]
         assert main([*args, "--format", "csv"] if "--format" not in bad else args) == 2
@@ -365,6 +365,10 @@ def test_older_releases_read_with_the_current_names(labelled, tmp_path) -> None:
     assert before["tract"].ds.sel(votingage="18 years and over").estimate.shape == (3, 2, 3)
     # exports and reports read both layouts
     pd.testing.assert_frame_equal(release_table(old, "tract"), release_table(labelled, "tract"))
+    from dpdask.report import report_data
+
+    assert report_data(old)["tables"] == report_data(labelled)["tables"]
+    assert {r["kind"] for r in report_data(old)["tables"]} == {"part"}
 
 
 def test_csv_ids_keep_leading_zeros_and_exports_carry_provenance(labelled, tmp_path) -> None:
