@@ -533,7 +533,9 @@ def test_readme_release_lookup_from_python_and_export(readme_spec, tmp_path, cap
     assert float(unit.table_answers.sel(table_query="P4_005")) == pytest.approx(x[1, 0, 0])
     W = pl94().dense()
     np.testing.assert_allclose(unit.answers.values, W @ x.ravel(), rtol=1e-10, atol=1e-8)
-    # categories by name (the example), codes beside them
+    # categories by name (the example), codes beside them; no name is a method
+    for node in opened.subtree:
+        assert not {n for n in _names(node.ds) if hasattr(xr.Dataset, n)}, node.path
     adults = opened["tract"].ds.sel(votingage="18 years and over")
     np.testing.assert_array_equal(adults.estimate.values, tract.estimate.values[:, 1])
     assert list(tract.votingage_code.values) == [0, 1]
