@@ -56,7 +56,7 @@ def cmd_export(argv: Sequence[str]) -> int:
 
 
 def cmd_report(argv: Sequence[str]) -> int:
-    from dpdask.report import default_output, write_report
+    from dpdask.report import default_output, workload_spec, write_report
 
     parser = argparse.ArgumentParser(
         prog="dpdask report",
@@ -76,16 +76,17 @@ def cmd_report(argv: Sequence[str]) -> int:
     )
     parser.add_argument(
         "--workload", metavar="NAME",
-        help="the workload whose tables to compare with the truth (a named workload with its "
-        "default options: pl94, ri2010, sf1-persons, identity, marginals, ...); default: the "
-        "release's, recognised; another workload on the release's domain is answered from "
-        "the published estimates",
+        help="the workload whose tables to compare with the truth: a named workload (pl94, "
+        "ri2010, sf1-persons, identity, marginals, ...) or one with options as a spec "
+        "writes it, '{name: marginals, k: 2}'; default: the release's, recognised; another "
+        "workload on the release's domain is answered from the published estimates",
     )  # fmt: skip
     parser.add_argument("--ledger", help="the ledger file, if it moved since the release")
     args = parser.parse_args(argv)
+    workload = None if args.workload is None else workload_spec(args.workload)
     out = write_report(
         args.release, args.out or default_output(args.release), truth=args.truth,
-        ledger=args.ledger, workload=args.workload,
+        ledger=args.ledger, workload=workload,
     )  # fmt: skip
     print(f"wrote {out}")
     return 0

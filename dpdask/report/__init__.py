@@ -43,7 +43,7 @@ import os
 import pathlib
 from typing import Any
 
-__all__ = ["default_output", "report_data", "write_report"]
+__all__ = ["default_output", "report_data", "workload_spec", "write_report"]
 
 
 def report_data(
@@ -63,10 +63,10 @@ def report_data(
         A data store of the true counts (module notes).
     ledger : str or path-like, optional
         The ledger file, if it moved from where the release records it.
-    workload : str, LinearQuery or mapping of level to LinearQuery, optional
+    workload : str, mapping, LinearQuery or mapping of level to LinearQuery, optional
         The workload to compare with the truth: a name from
-        :data:`dpdask.workloads.named.WORKLOAD_NAMES` or the workload itself (default: the
-        release's, recognised; module notes).
+        :data:`dpdask.workloads.named.WORKLOAD_NAMES`, ``{"name": NAME, **options}``, or
+        the workload itself (default: the release's, recognised; module notes).
 
     Returns
     -------
@@ -89,6 +89,21 @@ def report_data(
     from dpdask.report._data import collect
 
     return collect(release, truth=truth, ledger=ledger, workload=workload)
+
+
+def workload_spec(value: str) -> str | dict[str, Any]:
+    """``dpdask report --workload``'s value as ``workload=`` takes it: a name
+    (``marginals``) or, in YAML flow style, a mapping with options (``{name: marginals,
+    k: 2}``).
+
+    Raises
+    ------
+    ValueError
+        If a mapping is not valid YAML or has no ``name``.
+    """
+    from dpdask.report._workload import workload_spec as parse
+
+    return parse(value)
 
 
 def default_output(release: str | os.PathLike) -> pathlib.Path:
@@ -128,10 +143,10 @@ def write_report(
         A data store of the true counts: adds the realised errors.
     ledger : str or path-like, optional
         The ledger file, if it moved from where the release records it.
-    workload : str, LinearQuery or mapping of level to LinearQuery, optional
+    workload : str, mapping, LinearQuery or mapping of level to LinearQuery, optional
         The workload to compare with the truth: a name from
-        :data:`dpdask.workloads.named.WORKLOAD_NAMES` or the workload itself (default: the
-        release's, recognised; module notes).
+        :data:`dpdask.workloads.named.WORKLOAD_NAMES`, ``{"name": NAME, **options}``, or
+        the workload itself (default: the release's, recognised; module notes).
 
     Returns
     -------

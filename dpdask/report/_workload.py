@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Rebuilt", "answers_match", "level_workloads", "rebuild"]
+__all__ = ["Rebuilt", "answers_match", "describe", "level_workloads", "rebuild", "workload_spec"]
 
 _CHECKED_UNITS = 16  # units whose published answers a candidate workload must reproduce
 _CHECKED_CELLS = 4_000_000  # at most this many estimate cells read for the check
@@ -61,21 +61,61 @@ class Rebuilt:
         }
 
 
-def rebuild(name: str, domain: Any) -> Any:
-    """The workload called ``name`` (default options) on ``domain``.
+def workload_spec(value: str) -> str | dict[str, Any]:
+    """``--workload``'s value: a name (``marginals``), or a mapping with options in YAML
+    flow style, as a release spec writes it (``{name: marginals, k: 2}``).
 
     Raises
     ------
     ValueError
-        For an unknown name, or one that cannot be built on ``domain``.
+        If a mapping is not valid YAML or has no ``name``.
     """
-    from dpdask.errors import DPDaskError
-    from dpdask.workloads.named import named
+    text = value.strip()
+    if not text.startswith("{"):
+        return text
+    import yaml
 
     try:
-        return named(name, domain)
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--workload {value!r}: not a YAML mapping ({exc})") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"--workload {value!r}: needs a name, e.g. {{name: marginals, k: 2}}")
+    return spec
+
+
+def describe(spec: str | Mapping[str, Any]) -> str:
+    """A workload spec as text: ``marginals`` or ``marginals (k=2)``."""
+    if isinstance(spec, str):
+        return spec
+    opts = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "name")
+    return f"{spec['name']} ({opts})" if opts else str(spec["name"])
+
+
+def rebuild(spec: str | Mapping[str, Any], domain: Any) -> Any:
+    """The workload ``spec`` names on ``domain``: a name (default options) or a mapping
+    ``{"name": NAME, **options}`` as in a release spec.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name or options, or a workload that cannot be built on ``domain``.
+    """
+    from dpdask.errors import DPDaskError
+    from dpdask.workloads.named import build_workload
+
+    spec = {"name": spec} if isinstance(spec, str) else dict(spec)
+    try:
+        return build_workload(spec, domain)
     except (ValueError, TypeError, DPDaskError) as exc:
-        raise ValueError(f"workload {name!r} on the release's domain: {exc}") from None
+        msg = str(exc).removeprefix("workload: ")
+        raise ValueError(f"workload {describe(spec)!r} on the release's domain: {msg}") from None
+
+
+def _is_spec(workload: Any) -> bool:
+    return isinstance(workload, str) or (
+        isinstance(workload, Mapping) and isinstance(workload.get("name"), str)
+    )
 
 
 def answers_match(g: Any, W: Any, domain: Any) -> bool:
@@ -145,8 +185,9 @@ def level_workloads(
         Their groups.
     domain : Domain
         The release's domain.
-    workload : str, LinearQuery, mapping of level to LinearQuery, or None
-        A workload name (``--workload``), the workload itself, or None: recognise it.
+    workload : str, mapping, LinearQuery, mapping of level to LinearQuery, or None
+        A workload name or ``{"name": NAME, **options}`` (``--workload``), the
+        workload itself, or None: recognise it.
     notes : list of str
         Where to say what could not be rebuilt.
 
@@ -164,21 +205,22 @@ def level_workloads(
     from dpdask.linalg import LinearQuery
 
     record = meta.get("workload") or {}
-    given = rebuild(workload, domain) if isinstance(workload, str) else None
+    given = rebuild(workload, domain) if _is_spec(workload) else None
+    given_name = describe(workload) if given is not None else None
     cache: dict[str, Any] = {}
     out: dict[str, Rebuilt] = {}
     for lv in levels:
         g = groups[lv]
         rec = record.get("levels", {}).get(lv, record) if "levels" in record else record
         W = workload.get(lv) if isinstance(workload, Mapping) else workload
-        if W is not None and not isinstance(W, str):
+        if W is not None and given is None:
             if not isinstance(W, LinearQuery):
                 raise TypeError(f"workload for level {lv!r}: expected a LinearQuery, not {type(W)}")
             out[lv] = Rebuilt(W, "")
             continue
         if given is not None and _labels_match(g, given, domain):
             if answers_match(g, given, domain):
-                out[lv] = Rebuilt(given, workload)
+                out[lv] = Rebuilt(given, given_name)
                 continue
         found = Rebuilt()
         names = ["pl94"] if rec.get("name") == "pl94" else list(_candidates(domain, cache))
@@ -188,7 +230,7 @@ def level_workloads(
                 found = Rebuilt(cand, name)
                 break
         if given is not None:  # not the release's: answered from the estimates
-            found.other, found.other_name = given, workload
+            found.other, found.other_name = given, given_name
         out[lv] = found
     missing = [lv for lv, r in out.items() if r.own is None]
     if missing:
@@ -201,7 +243,7 @@ def level_workloads(
     other = [lv for lv, r in out.items() if r.other is not None]
     if other:
         notes.append(
-            f"levels {', '.join(other)}: workload {workload!r} is not the release's; its "
+            f"levels {', '.join(other)}: workload {given_name!r} is not the release's; its "
             "answers are computed from the published estimates (post-processing) and "
             "compared with the truth, without a predicted error"
         )

@@ -183,7 +183,7 @@ def test_page_renders_in_chromium(release, tmp_path) -> None:
 
 
 # -- every named workload ----------------------------------------------------------------
-def _named_release(tmp: pathlib.Path, name: str, domain) -> dict:
+def _named_release(tmp: pathlib.Path, name: str, domain, **options) -> dict:
     """A small release of the named workload ``name`` on ``domain`` (a dense oracle plan),
     and the truth store it was measured from."""
     from dpdask.dataflow.release import release as run_release
@@ -201,7 +201,7 @@ def _named_release(tmp: pathlib.Path, name: str, domain) -> dict:
     )
     counts = np.random.default_rng(3).integers(0, 40, size=(5, *domain.shape))
     truth = write_store(tmp / "truth.zarr", counts, domain, geo, geo_chunk=2)
-    W = named(name, domain)
+    W = named(name, domain, **options)
     A = Identity(domain.size)
     budget = zCDP(1)
     plan = DensePlan(A, W, domain, "gaussian", budget.gaussian_sigma(A.sensitivity(2)), budget)
@@ -297,3 +297,31 @@ def test_report_workload_option_answers_another_workload_from_the_estimates(
     assert "unknown workload 'nonesuch'" in capsys.readouterr().err
     assert main([*argv, "--workload", "pl94"]) == 2
     assert "workload 'pl94' on the release's domain" in capsys.readouterr().err
+
+
+def test_workload_with_options_is_named_in_yaml(tmp_path, capsys) -> None:
+    from dpdask.domain import Domain
+
+    case = _named_release(tmp_path, "marginals", Domain(votingage=2, hisp=2, b=3), k=2)
+    # not a named workload with its default options: the cells only, and a note saying so
+    data = report_data(case["out"], truth=case["truth"])
+    assert all(not lv["tables"] for lv in data["realised"]["levels"])
+    assert any("--workload NAME" in n for n in data["notes"])
+    html = tmp_path / "r.html"
+    argv = ["report", str(case["out"]), "--truth", str(case["truth"]), "--out", str(html)]
+    assert main([*argv, "--workload", "{name: marginals, k: 2}"]) == 0
+    real = _embedded(html.read_text())["realised"]
+    assert real["workloads"]["tract"] == {"release": "marginals (k=2)", "other": None}
+    W = case["W"].dense()
+    import zarr
+
+    g = zarr.open_group(str(case["out"]), mode="r")["tract"]
+    err = np.asarray(g["answers"][:]) - _dense_truth(case, "tract") @ W.T
+    tract = next(lv for lv in real["levels"] if lv["level"] == "tract")
+    assert sum(r["queries"] for r in tract["tables"]) == W.shape[0]
+    total_sse = sum(
+        r["realised_rmse"] ** 2 * r["queries"] * tract["units"] for r in tract["tables"]
+    )
+    np.testing.assert_allclose(total_sse, (err**2).sum(), rtol=1e-9)
+    assert main([*argv, "--workload", "{k: 2}"]) == 2
+    assert "needs a name" in capsys.readouterr().err
