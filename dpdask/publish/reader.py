@@ -114,6 +114,8 @@ def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
     >>> tree = open_release("out/pl94-providence.zarr")  # doctest: +SKIP
     >>> tract = tree["tract"].dataset  # doctest: +SKIP
     >>> tract.table_answers.sel(geography="44007000101", table_query="P1_001")  # doctest: +SKIP
+    >>> tract.answers.sel(workload_query="votingage_002")  # doctest: +SKIP
+    >>> tract.estimate.sel(votingage="18 years and over")  # doctest: +SKIP
     """
     import xarray as xr
 

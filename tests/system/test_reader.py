@@ -319,6 +319,24 @@ def test_entries_level_names_its_axes_in_the_domain_order(tmp_path, rng, monkeyp
     )
 
 
+def test_an_attribute_named_like_a_dataset_method_is_renamed(tmp_path, rng) -> None:
+    domain = Domain(count=2, b=3)  # xarray.Dataset.count
+    geo = Geography(levels=("state", "county"), ids=(("s",), ("c0", "c1")),
+                    parents=(np.zeros(2, dtype=int),))  # fmt: skip
+    counts = rng.integers(0, 50, size=(2, 2, 3))
+    st = write_store(tmp_path / "in.zarr", counts, domain, geo)
+    A = Kron([Identity(2), Identity(3)])
+    budget = zCDP(1)
+    plan = DensePlan(A, A, domain, "gaussian", budget.gaussian_sigma(1.0), budget)
+    r = release(
+        plan, st, release_id="count", key=SecretKey.for_testing(3), noise=False, test_mode=True
+    )
+    ds = dpdask.open_release(r.to_zarr(tmp_path / "count.zarr"))["county"].ds
+    assert ds.estimate.dims == ("geography", "count_attr", "b")
+    assert not {n for n in _names(ds) if hasattr(xr.Dataset, n)}
+    np.testing.assert_allclose(ds.estimate.sel(count_attr=1).values, counts[:, 1], atol=1e-6)
+
+
 def _old_layout(new: pathlib.Path, old: pathlib.Path) -> None:
     """``new`` rewritten as releases were before: the workload's dimension ``query``,
     category names in ``<attr>_label`` and the values as the attribute's index."""
