@@ -39,6 +39,7 @@ Provenance
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import pathlib
@@ -414,10 +415,9 @@ def export_release(
     prov["parent_level"] = levels[k - 1] if k > 0 else None
     batches = _batches(path, level, queries, geographies)
     first = next(batches, None)  # checks the level, queries and ids before writing
-    frames = iter(() if first is None else (first,))
 
     def rows() -> Iterator[pd.DataFrame]:
-        for df in _chain(frames, batches):
+        for df in itertools.chain([] if first is None else [first], batches):
             df = df[list(COLUMNS)]
             if format == "csv" and ids == "level":
                 df = _marked(df, level, prov["parent_level"])
@@ -437,22 +437,18 @@ def export_release(
         if existing is not None and existing.exists() and not overwrite:
             raise StoreExistsError(f"{existing} exists; choose another --out (or --overwrite)")
     tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    side_tmp = None if side is None else side.with_name(f".{side.name}.partial-{os.getpid()}")
     try:
         n = _write_parquet(tmp, rows(), prov) if format == "parquet" else _write_csv(tmp, rows())
-        if side is not None:
-            side_tmp = side.with_name(f".{side.name}.partial-{os.getpid()}")
+        if side is not None and side_tmp is not None:
             side_tmp.write_text(json.dumps(_sidecar(target, prov, ids, n), indent=2) + "\n")
             os.replace(side_tmp, side)
         os.replace(tmp, target)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        for partial in (tmp, side_tmp):
+            if partial is not None and partial.exists():
+                partial.unlink()
     return n
-
-
-def _chain(*its: Any) -> Iterator[Any]:
-    for it in its:
-        yield from it
 
 
 def _write_csv(tmp: pathlib.Path, frames: Iterator[pd.DataFrame]) -> int:
