@@ -430,6 +430,8 @@ def collect(
         from dpdask.report._workload import level_workloads
 
         workloads = level_workloads(meta, levels, groups, domain, workload, notes)
+        if store is None:
+            notes.append("a workload is compared with a truth: give one (--truth STORE)")
     tables: list[dict[str, Any]] = []
     realised: list[dict[str, Any]] = []
     for lv in levels:

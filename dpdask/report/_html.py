@@ -291,6 +291,19 @@ def _realised(data: dict[str, Any]) -> str:
         "predicted).</p>",
         _img(_plots.realised_plot(real, data["tables"]), "realised versus predicted error"),
     ]
+    compared = {(w.get("release"), w.get("other")) for w in (real.get("workloads") or {}).values()}
+    for own, other in sorted(compared, key=str):
+        text = (
+            f'the release\'s workload, rebuilt as <span class="mono">{escape(own)}</span>'
+            if own
+            else "the release's workload was not rebuilt (histogram cells only)"
+            if own is None
+            else "the release's workload, as given"
+        )
+        if other:
+            text += (f'; <span class="mono">{escape(other)}</span> answered from the '
+                     "published estimates")  # fmt: skip
+        out.append(f'<p class="note">Compared: {text}.</p>')
     for lv in real["levels"]:
         units = _num(lv["units"]) + (" units" if lv["units"] != 1 else " unit")
         out.append(f"<h3>{escape(lv['level'])} ({units})</h3>")

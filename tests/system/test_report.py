@@ -291,7 +291,15 @@ def test_report_workload_option_answers_another_workload_from_the_estimates(
             "hisp",
             "b",
         }
-    assert "(from the estimates)" in html.read_text()
+    page = html.read_text()
+    assert "(from the estimates)" in page
+    assert (
+        'Compared: the release\'s workload, rebuilt as <span class="mono">marginals</span>; '
+        '<span class="mono">identity</span> answered from the published estimates.'
+    ) in page
+    # without a truth there is nothing to compare: the report says so
+    alone = report_data(case["out"], workload="identity")
+    assert alone["realised"] is None and any("--truth STORE" in n for n in alone["notes"])
     # an unknown workload, or one that does not fit the domain: a one-line error
     assert main([*argv, "--workload", "nonesuch"]) == 2
     assert "unknown workload 'nonesuch'" in capsys.readouterr().err
