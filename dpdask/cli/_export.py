@@ -15,8 +15,10 @@ def cmd_export(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="dpdask export",
         description="Write one level of a published release as a long table: geography, "
-        "parent, query, answer, variance and moe90 (the 90% margin of error, 1.645 standard "
-        "deviations, as ACS publishes them).",
+        "parent, query, label (what the query counts), answer, variance and moe90 (the 90% "
+        "margin of error, 1.645 standard deviations, as ACS publishes them). Parquet keeps "
+        "the provenance (release, run id, budget, dpdask version, ledger head) in its "
+        "key-value metadata; CSV in OUT.csv-metadata.json beside it (CSV on the Web).",
     )
     parser.add_argument("release", help="the published release (a .zarr folder)")
     parser.add_argument("--level", required=True, help="the geography level, e.g. tract")
@@ -35,13 +37,18 @@ def cmd_export(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--geography", nargs="+", action="extend", metavar="ID", help="only these unit ids"
     )
+    parser.add_argument(
+        "--ids", choices=("level", "plain"), default="level",
+        help="how CSV writes geography and parent ids: LEVEL:ID (default; never read as "
+        "numbers, so pandas.read_csv keeps leading zeros) or plain (read with dtype=str)",
+    )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
     release = args.release.rstrip("/")
     out = args.out or str(pathlib.Path(release).with_suffix("")) + f"-{args.level}.{args.format}"
     n = export_release(
         release, args.level, out, args.format, queries=args.query,
-        geographies=args.geography, overwrite=args.overwrite,
+        geographies=args.geography, overwrite=args.overwrite, ids=args.ids,
     )  # fmt: skip
     if out != "-":
         print(f"wrote {n} rows of {args.level} to {out}")
@@ -49,7 +56,7 @@ def cmd_export(argv: Sequence[str]) -> int:
 
 
 def cmd_report(argv: Sequence[str]) -> int:
-    from dpdask.report import default_output, write_report
+    from dpdask.report import default_output, workload_spec, write_report
 
     parser = argparse.ArgumentParser(
         prog="dpdask report",
@@ -67,11 +74,19 @@ def cmd_report(argv: Sequence[str]) -> int:
         help="a dpdask data store of the true counts per finest geography (same domain and "
         "levels): adds the realised errors",
     )
+    parser.add_argument(
+        "--workload", metavar="NAME",
+        help="the workload whose tables to compare with the truth: a named workload (pl94, "
+        "ri2010, sf1-persons, identity, marginals, ...) or one with options as a spec "
+        "writes it, '{name: marginals, k: 2}'; default: the release's, recognised; another "
+        "workload on the release's domain is answered from the published estimates",
+    )  # fmt: skip
     parser.add_argument("--ledger", help="the ledger file, if it moved since the release")
     args = parser.parse_args(argv)
+    workload = None if args.workload is None else workload_spec(args.workload)
     out = write_report(
         args.release, args.out or default_output(args.release), truth=args.truth,
-        ledger=args.ledger,
+        ledger=args.ledger, workload=workload,
     )  # fmt: skip
     print(f"wrote {out}")
     return 0

@@ -15,13 +15,21 @@ coordinates. Per level group::
     ids                str (geography,)               the same ids (kept for older readers)
     parent             int64 (geography,)             parent index in the level above
     parent_id          str (geography,)               the parent's id          (not the top)
-    query              str (query,)                   workload row labels, e.g. race-single_003
-    query_description  str (query,)                   what each row counts
-    <attr>             int64 (<attr>,)                each attribute's values 0..n-1
-    <attr>_label       str (<attr>,)                  their names, where the coding is known
+    workload_query     str (workload_query,)          workload row labels, e.g. race-single_003
+    query_description  str (workload_query,)          what each row counts
+    <attr>             str (<attr>,)                  each attribute's category names, where
+                                                      the coding is known (the index, so that
+                                                      ``sel(votingage="18 years and over")``)
+    <attr>_code        int64 (<attr>,)                their values 0..n-1
+    <attr>             int64 (<attr>,)                the values 0..n-1 of an attribute whose
+                                                      coding is unknown (no ``_code``)
     estimate           float64 (geography, *attrs)    consistent estimates (persons)
-    answers            float64 (geography, query)     workload answers (persons)
-    variance           float64 (geography, query)     their variances (persons^2)
+    answers            float64 (geography, workload_query)  workload answers (persons)
+    variance           float64 (geography, workload_query)  their variances (persons^2)
+
+The workload's dimension is ``workload_query``, not ``query``, which would shadow
+:meth:`xarray.Dataset.query` (releases written before are renamed by
+:func:`dpdask.open_release`, as is their ``<attr>_label`` coordinate).
 
 and, for the PL94 workload, the P.L. 94-171 tables P1-P4 computed from the same
 estimates (:func:`~dpdask.publish.published_tables`)::
@@ -47,7 +55,9 @@ from dpdask.dataflow._aggregate import level_key
 from dpdask.dataflow._blocks import answer_block
 from dpdask.domain import Domain
 from dpdask.publish import (
+    CODE_SUFFIX,
     FLAT_KEYS,
+    QUERY_DIM,
     category_labels,
     published_tables,
     query_descriptions,
@@ -79,7 +89,8 @@ def output_rows(n_rows: int, row_bytes: int, target: int = OUTPUT_CHUNK_BYTES) -
 
 
 _RESERVED = frozenset(
-    {"geography", "ids", "parent", "parent_id", "query", "query_description", "estimate",
+    {"geography", "ids", "parent", "parent_id", "query", "workload_query",
+     "query_description", "estimate",
      "answers", "variance", "table_query", "table_description", "table_answers",
      "table_variance"}
 )  # fmt: skip
@@ -94,16 +105,20 @@ def _strings(g: zarr.Group, name: str, values: Any, dim: str, long_name: str) ->
 
 
 def _coordinates(domain: Domain | None) -> dict[str, Any]:
-    """The per-attribute coordinate arrays: values and, where known, their names."""
+    """The per-attribute coordinate arrays: the category names (where known) as the
+    index and the values ``0..n-1`` as ``<attr>_code``; the values as the index otherwise."""
     if domain is None:
         return {}
     out: dict[str, Any] = {}
     for attr, names in category_labels(domain).items():
-        if attr in _RESERVED or f"{attr}_label" in _RESERVED:
+        if attr in _RESERVED or f"{attr}{CODE_SUFFIX}" in _RESERVED:
             continue
-        out[attr] = np.arange(domain[attr], dtype=np.int64)
-        if names is not None:
-            out[f"{attr}_label"] = names
+        codes = np.arange(domain[attr], dtype=np.int64)
+        if names is None or len(set(names)) < len(names) or f"{attr}{CODE_SUFFIX}" in domain.attrs:
+            out[attr] = codes
+        else:
+            out[attr] = np.asarray(names, dtype=str)
+            out[f"{attr}{CODE_SUFFIX}"] = codes
     return out
 
 
@@ -184,20 +199,21 @@ def level_group(
             tables,
         )
     labels, descriptions, tables = labelled[id(W)]
-    _strings(g, "query", labels, "query", "workload query")
-    _strings(g, "query_description", descriptions, "query", "what the query counts")
+    _strings(g, QUERY_DIM, labels, QUERY_DIM, "workload query")
+    _strings(g, "query_description", descriptions, QUERY_DIM, "what the query counts")
     coords.append("query_description")
     if dom is not None and attrs == tuple(dom.attrs):
         for cname, values in _coordinates(dom).items():
-            attr = cname.removesuffix("_label")
-            if cname == attr:
+            attr = cname.removesuffix(CODE_SUFFIX) if cname not in dom.attrs else cname
+            if values.dtype.kind == "U":
+                _strings(g, cname, values, attr, f"{attr} category")
+            else:
                 g.create_array(
                     cname, shape=values.shape, dtype="int64", dimension_names=(attr,),
                     attributes={"long_name": f"{attr} value"},
                 )[:] = values  # fmt: skip
-            else:
-                _strings(g, cname, values, attr, f"{attr} category")
-                coords.append(cname)
+                if cname != attr:
+                    coords.append(cname)
     tv = None if tables is None or dom is None else table_variances(plan, tables[2], dom)
     if tables is not None and tv is not None:
         t_labels, t_descriptions, _ = tables
@@ -300,8 +316,8 @@ def level_outputs(
         outputs = [
             ("estimate", est, ("geography", *lg.attrs), "persons",
              "consistent estimate of each cell's count", sparse_estimates),
-            ("answers", answers, ("geography", "query"), "persons", "workload answer", True),
-            ("variance", variance, ("geography", "query"), "persons^2",
+            ("answers", answers, ("geography", QUERY_DIM), "persons", "workload answer", True),
+            ("variance", variance, ("geography", QUERY_DIM), "persons^2",
              "variance of the workload answer", True),
         ]  # fmt: skip
         if lg.tables is not None and lg.table_variances is not None:

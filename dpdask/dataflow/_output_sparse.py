@@ -4,8 +4,8 @@ A top-down release (:mod:`dpdask.dataflow._topdown`) checkpoints every level as 
 chunks. Each level's group (:func:`~dpdask.dataflow._output.level_group`: ids, parents,
 query labels, attribute coordinates) then holds::
 
-    answers            float64 (geography, query)       workload answers (persons)
-    variance           float64 (query,)                 their variances, the same for
+    answers            float64 (geography, workload_query)  workload answers (persons)
+    variance           float64 (workload_query,)        their variances, the same for
                                                         every unit of the level
     table_answers      float64 (geography, table_query) P.L. 94-171 tables (PL94 only)
     table_variance     float64 (table_query,)
@@ -44,6 +44,7 @@ from dpdask.dataflow._checkpoint import read_sparse
 from dpdask.dataflow._output import add_array, level_group
 from dpdask.domain import Domain
 from dpdask.linalg import apply_rows
+from dpdask.publish import QUERY_DIM
 
 __all__ = ["DENSE_ESTIMATE_CELLS", "sparse_level_outputs"]
 
@@ -153,9 +154,9 @@ def sparse_level_outputs(
             _answers, src, (chunks[i], (W.shape[0],)), np.float64,
             f"answer-{word}-{tokenize(src, W)}", W,
         )  # fmt: skip
-        lazy.append(("answers", answers, ("geography", "query"), "persons", "workload answer"))
+        lazy.append(("answers", answers, ("geography", QUERY_DIM), "persons", "workload answer"))
         variance = np.asarray(plan.query_variances(), dtype=np.float64)
-        add_array(lg, "variance", variance, ("query",), "persons^2",
+        add_array(lg, "variance", variance, (QUERY_DIM,), "persons^2",
                   "variance of the workload answer (every unit of the level)")  # fmt: skip
         if lg.tables is not None and lg.table_variances is not None:
             Q = lg.tables[2]

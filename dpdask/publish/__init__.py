@@ -25,7 +25,9 @@ graph); this package owns everything around it.
 from dpdask.errors import OutputLockedError, StoreExistsError, UnsafeOutputError
 from dpdask.publish._claim import check_interpreter, check_unclaimed, claim_output, lock_path
 from dpdask.publish._labels import (
+    CODE_SUFFIX,
     PL94_PARTS,
+    QUERY_DIM,
     category_labels,
     pl94_tables,
     published_tables,
@@ -57,8 +59,10 @@ from dpdask.publish._workdir import (
 
 __all__ = [
     "ARTEFACT_FORMAT",
+    "CODE_SUFFIX",
     "FLAT_KEYS",
     "PL94_PARTS",
+    "QUERY_DIM",
     "RELEASE_FORMAT",
     "OutputLockedError",
     "StoreExistsError",

@@ -1,6 +1,6 @@
 """Labels of a release's queries and cells, so that every published number can be named.
 
-Query labels (the ``query`` coordinate of ``answers`` and ``variance``)
+Query labels (the ``workload_query`` coordinate of ``answers`` and ``variance``)
     Every workload row is labelled ``f"{part}_{j:03d}"``: the name of the
     :class:`~dpdask.linalg.VStack` part it belongs to and its position ``j`` among that
     part's rows, counted from 1. Parts with the same name (the several products of one
@@ -39,9 +39,13 @@ P.L. 94-171 tables (the ``table_query`` coordinate of ``table_answers``, ``table
     alone (the workload's ``race-single_001``), as in the Census's own files.
 
 Cell labels (the coordinates of ``estimate``'s attribute axes)
-    The category values ``0 .. n-1`` of each attribute, and readable names where the
-    Census coding is known (:mod:`dpdask.census`): race combinations such as
-    ``"White; Asian"``, Hispanic origin, sex, voting age and relationship.
+    Readable names where the Census coding is known (:mod:`dpdask.census`): race
+    combinations such as ``"White; Asian"``, Hispanic origin, sex, voting age,
+    relationship and RI 2010's race-ethnicity. They are the attribute dimension's index,
+    so ``ds.sel(votingage="18 years and over")`` selects by name, and the values
+    ``0 .. n-1`` are kept beside them as ``<attr>_code``. An attribute without known
+    names (``age``, or an unknown coding) keeps its values ``0 .. n-1`` as its index
+    and has no ``_code`` coordinate: ``sel(age=17)``.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ from dpdask.workloads.products import indicator, product
 from dpdask.workloads.ri2010 import RACEETH_LABELS
 
 __all__ = [
+    "CODE_SUFFIX",
     "PL94_PARTS",
+    "QUERY_DIM",
     "category_labels",
     "pl94_tables",
     "published_tables",
@@ -68,6 +74,14 @@ __all__ = [
     "strategy_record",
     "workload_record",
 ]
+
+QUERY_DIM = "workload_query"
+"""The dimension (and label coordinate) of a release's workload rows; not ``query``,
+which would shadow :meth:`xarray.Dataset.query` (older releases are renamed on reading)."""
+
+CODE_SUFFIX = "_code"
+"""Suffix of the coordinate holding a labelled attribute's integer values
+(``votingage_code``): the attribute's own coordinate holds its category names."""
 
 PL94_PARTS: tuple[str, ...] = ("votingage", "hisp", "race-single", "race-multiple", "identity")
 """Part names of :func:`dpdask.workloads.pl94`, by which its releases are recognised."""
@@ -347,7 +361,8 @@ def _workload_one(W: LinearQuery) -> dict[str, Any]:
         "cells": int(W.shape[1]),
         "operator": repr(W),
         "parts": parts,
-        "labels": "query coordinate: {part}_{row:03d}, rows counted from 1 within each part",
+        "labels": "workload_query coordinate: {part}_{row:03d}, rows counted from 1 "
+        "within each part",
         "tables": "P.L. 94-171 P1-P4 (table_query)" if recognised else None,
     }
 

@@ -6,29 +6,38 @@ geography level; every array names its dimensions, so xarray opens it directly::
     import xarray as xr
     tree = xr.open_datatree("out/pl94-providence.zarr", engine="zarr")
 
-:func:`open_release` does the same, checks that the store is a dpdask release, and
-adds each level's 90% margins of error, ``moe90 = 1.645 * sqrt(variance)`` (as the
-American Community Survey publishes them; normal approximation of the noise)::
+:func:`open_release` does the same, checks that the store is a dpdask release, lists
+the levels coarsest first (the order of the root attribute ``levels``; plain xarray
+lists a zarr group's children alphabetically), brings releases written by older
+versions to the current names, and adds each level's 90% margins of error,
+``moe90 = 1.645 * sqrt(variance)`` (as the American Community Survey publishes them;
+normal approximation of the noise)::
 
     tree = dpdask.open_release("out/pl94-providence.zarr")
     tract = tree["tract"].dataset
     tract.table_answers.sel(geography="44007000101", table_query="P1_001")  # total persons
     tract.table_moe90.sel(geography="44007000101", table_query="P1_001")
-    tract.answers.sel(geography="44007000101", query="race-single_001")
+    tract.answers.sel(geography="44007000101", workload_query="race-single_001")
+    tract.estimate.sel(votingage="18 years and over", hisp="Hispanic or Latino")
 
 Each level's dataset has the dimensions ``geography`` (coordinates: the unit ids,
-``parent`` and ``parent_id`` below the top), ``query`` (the workload rows, labelled
-``{part}_{j:03d}`` with ``query_description``), one dimension per domain attribute
-(``estimate``'s axes: values ``0..n-1`` and, where the Census coding is known,
-``<attr>_label``), and for the PL94 workload ``table_query``, the cells of the
-P.L. 94-171 tables P1-P4 (``P1_001`` is the total population; the labels are
-described in :mod:`dpdask.publish`). ``ds.query`` is
-:meth:`xarray.Dataset.query`: reach the labels as ``ds["query"]`` (``.sel(query=...)``
-works as usual).
+``parent`` and ``parent_id`` below the top), ``workload_query`` (the workload rows,
+labelled ``{part}_{j:03d}`` with ``query_description``), one dimension per domain
+attribute (``estimate``'s axes: the category names where the Census coding is known,
+with the values ``0..n-1`` as ``<attr>_code``; the values otherwise), and for the PL94
+workload ``table_query``, the cells of the P.L. 94-171 tables P1-P4 (``P1_001`` is the
+total population; the labels are described in :mod:`dpdask.publish`).
+
+No dimension or coordinate is named like an attribute of :class:`xarray.Dataset`, so
+``ds.<name>`` always means the coordinate: releases written before this version name the
+workload's dimension ``query`` (:meth:`xarray.Dataset.query`) and keep the category
+names in ``<attr>_label``; :func:`open_release` renames ``query`` to ``workload_query``,
+makes ``<attr>_label`` the index and keeps the values as ``<attr>_code``. Any other
+dimension or coordinate named like a Dataset attribute (a domain attribute called
+``count``, say) is shown as ``<name>_attr``.
 
 :func:`release_table` and :func:`export_release` (``dpdask export``) flatten a level
-into one row per geography and query: ``geography``, ``parent``, ``query``,
-``answer``, ``variance`` and ``moe90``.
+into one row per geography and query (:mod:`dpdask.publish._export`).
 """
 
 from __future__ import annotations
@@ -36,13 +45,23 @@ from __future__ import annotations
 import itertools
 import os
 import pathlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpdask.publish._export import (
+    COLUMNS,
+    MOE90_Z,
+    check_release,
+    export_release,
+    provenance,
+    query_spaces,
+    release_table,
+)
+from dpdask.publish._labels import CODE_SUFFIX, QUERY_DIM
+
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
     import xarray as xr
 
 __all__ = [
@@ -50,28 +69,16 @@ __all__ = [
     "MOE90_Z",
     "entry_rows",
     "export_release",
+    "level_order",
     "open_release",
+    "provenance",
+    "query_spaces",
     "release_table",
+    "shown_name",
 ]
 
-MOE90_Z = 1.645
-"""Normal quantile of a 90% margin of error: ``moe90 = 1.645 * sqrt(variance)`` (as ACS)."""
-
-COLUMNS: tuple[str, ...] = ("geography", "parent", "query", "answer", "variance", "moe90")
-"""Columns of :func:`release_table` and of ``dpdask export``."""
-
-_ROWS_PER_BATCH = 1_000_000  # rows of the long table built in memory at once
-
-
-def _check(path: str | os.PathLike) -> pathlib.Path:
-    from dpdask.publish import release_attributes
-
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no release at {path}")
-    if release_attributes(path) is None:
-        raise ValueError(f"{path} is not a dpdask release (no dpdask release attributes)")
-    return path
+_OLD_QUERY_DIM = "query"  # the workload's dimension in releases written before
+_OLD_LABEL_SUFFIX = "_label"  # their category names' coordinate
 
 
 def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
@@ -107,19 +114,19 @@ def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
     >>> tree = open_release("out/pl94-providence.zarr")  # doctest: +SKIP
     >>> tract = tree["tract"].dataset  # doctest: +SKIP
     >>> tract.table_answers.sel(geography="44007000101", table_query="P1_001")  # doctest: +SKIP
+    >>> tract.answers.sel(workload_query="votingage_002")  # doctest: +SKIP
+    >>> tract.estimate.sel(votingage="18 years and over")  # doctest: +SKIP
     """
     import xarray as xr
 
-    path = _check(path)
+    path = check_release(path)
     tree = xr.open_datatree(str(path), engine="zarr", chunks=chunks)
-    # the levels coarsest first (the consolidated metadata lists groups alphabetically)
-    order = [lv for lv in tree.attrs.get("levels", []) if lv in tree.children]
-    order += [lv for lv in tree.children if lv not in order]
-    nodes: dict[str, xr.Dataset] = {"/": tree.to_dataset()}
-    for lv in order:
+    nodes: dict[str, xr.Dataset] = {"/": _current_names(tree.to_dataset())}
+    for lv in level_order(tree.attrs, tree.children):
         ds = tree[lv].to_dataset()
         if "entry_offsets" in ds:
-            ds = _with_sparse_estimate(path / lv, ds)
+            ds = _with_sparse_estimate(path / lv, ds, _domain_order(tree.attrs))
+        ds = _current_names(ds)
         for prefix in ("", "table_"):
             var = f"{prefix}variance"
             if var in ds:
@@ -131,6 +138,69 @@ def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
                 ds[f"{prefix}moe90"] = moe
         nodes[f"/{lv}"] = ds
     return xr.DataTree.from_dict(nodes)
+
+
+def level_order(attrs: Mapping[str, Any], groups: Iterable[str]) -> list[str]:
+    """A release's levels coarsest first: as its root attribute ``levels`` lists them,
+    then any other group, in the order given.
+
+    Parameters
+    ----------
+    attrs : mapping
+        The release's root attributes.
+    groups : iterable of str
+        The names of the release's groups (zarr and plain xarray list them alphabetically).
+
+    Returns
+    -------
+    list of str
+
+    Examples
+    --------
+    >>> level_order({"levels": ["state", "county", "tract"]}, ["county", "state", "tract"])
+    ['state', 'county', 'tract']
+    """
+    groups = list(groups)
+    order = [lv for lv in attrs.get("levels") or [] if isinstance(lv, str) and lv in groups]
+    return order + [g for g in groups if g not in order]
+
+
+def shown_name(name: str) -> str:
+    """The name :func:`open_release` shows for a stored dimension or coordinate name.
+
+    ``query`` (the workload's dimension in older releases) is ``workload_query``; any
+    other name of an attribute of :class:`xarray.Dataset` gets the suffix ``_attr``, so
+    that ``ds.<name>`` is never a method; every other name is kept.
+
+    Examples
+    --------
+    >>> shown_name("query"), shown_name("count"), shown_name("votingage")
+    ('workload_query', 'count_attr', 'votingage')
+    """
+    import xarray as xr
+
+    if name == _OLD_QUERY_DIM:
+        return QUERY_DIM
+    return f"{name}_attr" if hasattr(xr.Dataset, name) else name
+
+
+def _current_names(ds: xr.Dataset) -> xr.Dataset:
+    """A level's dataset with the current names: category names as the attribute's
+    index and its values as ``<attr>_code`` (older releases: ``<attr>_label``), and no
+    dimension or coordinate named like a Dataset attribute (:func:`shown_name`)."""
+    for attr in list(ds.dims):
+        old = f"{attr}{_OLD_LABEL_SUFFIX}"
+        if old not in ds.variables or ds[old].dims != (attr,):
+            continue
+        names = np.array(np.asarray(ds[old].values).tolist(), dtype=str)
+        if len(set(names.tolist())) != names.size:  # not an index: leave as stored
+            continue
+        codes = ds[attr].values if attr in ds.variables else np.arange(names.size)
+        ds = ds.drop_vars([old, *([attr] if attr in ds.variables else [])])
+        ds = ds.assign_coords({attr: names, f"{attr}{CODE_SUFFIX}": (attr, codes)})
+    names = set(ds.dims) | set(ds.coords)
+    renames = {n: shown_name(str(n)) for n in names if shown_name(str(n)) != n}
+    return ds.rename(renames) if renames else ds
 
 
 _GEOGRAPHIES_PER_CHUNK = 4096  # units per chunk of a sparse level's estimate
@@ -171,9 +241,17 @@ def _entries_block(path: str, a: int, b: int, shape: tuple[int, ...]) -> Any:
     return sparse.COO(coords, values, shape=(b - a, *shape), sorted=True, has_duplicates=False)
 
 
-def _with_sparse_estimate(path: pathlib.Path, ds: xr.Dataset) -> xr.Dataset:
+def _domain_order(attrs: Mapping[str, Any]) -> list[str]:
+    record = attrs.get("dpdask")
+    domain = record.get("domain") if isinstance(record, Mapping) else None
+    return [str(a) for a in domain] if isinstance(domain, Mapping) else []
+
+
+def _with_sparse_estimate(path: pathlib.Path, ds: xr.Dataset, order: list[str]) -> xr.Dataset:
     """A sparse level's dataset with ``estimate`` as a lazy ``(geography, *attrs)`` Dask
-    array of :class:`sparse.COO` chunks (the stored entries kept as ``entry_*``)."""
+    array of :class:`sparse.COO` chunks (the stored entries kept as ``entry_*``), its
+    attribute axes in the domain's order ``order`` (the entries' flat cells are in its C
+    order; the dataset lists dimensions as the store lists arrays, alphabetically)."""
     import dask.array as da
     import sparse
     import xarray as xr
@@ -182,8 +260,10 @@ def _with_sparse_estimate(path: pathlib.Path, ds: xr.Dataset) -> xr.Dataset:
     from dask.highlevelgraph import HighLevelGraph
 
     g = zarr.open_group(str(path), mode="r")
-    attrs = [d for d in ds.dims if d not in ("geography", "query", "table_query", "entry",
-                                              "geography_bound")]  # fmt: skip
+    not_attrs = ("geography", _OLD_QUERY_DIM, QUERY_DIM, "table_query", "entry", "geography_bound")
+    attrs = [d for d in ds.dims if d not in not_attrs]
+    if set(order) == set(attrs):
+        attrs = list(order)
     shape = tuple(int(ds.sizes[d]) for d in attrs)
     n_units = int(ds.sizes["geography"])
     bounds = [*list(range(0, n_units, _GEOGRAPHIES_PER_CHUNK)), n_units]
@@ -202,220 +282,3 @@ def _with_sparse_estimate(path: pathlib.Path, ds: xr.Dataset) -> xr.Dataset:
     est = xr.DataArray(arr, dims=("geography", *attrs), attrs=dict(g["estimate"].attrs))
     est.attrs["long_name"] = "estimate of each cell's count (sparse: zero off the entries)"
     return ds.assign(estimate=est)
-
-
-def _labels(group: Any, name: str) -> np.ndarray:
-    if name not in group:
-        return np.array([], dtype=str)
-    return np.array(np.asarray(group[name][:]).tolist(), dtype=str)  # from numpy's StringDType
-
-
-def _select(
-    wanted: Sequence[str] | None, available: Sequence[np.ndarray], what: str
-) -> list[np.ndarray]:
-    """Indices into each label array of the labels wanted (all if ``None``), in their order."""
-    if wanted is None:
-        return [np.arange(a.size) for a in available]
-    picks: list[list[int]] = [[] for _ in available]
-    where = {}
-    for k, a in enumerate(available):
-        for i, lab in enumerate(a.tolist()):
-            where.setdefault(lab, (k, i))
-    missing = [w for w in wanted if w not in where]
-    if missing:
-        raise ValueError(f"unknown {what}(s) {missing[:5]}")
-    for w in dict.fromkeys(wanted):
-        k, i = where[w]
-        picks[k].append(i)
-    return [np.asarray(p, dtype=np.int64) for p in picks]
-
-
-def _batches(
-    path: str | os.PathLike,
-    level: str,
-    queries: Sequence[str] | None,
-    geographies: Sequence[str] | None,
-) -> Iterator[pd.DataFrame]:
-    import pandas as pd
-    import zarr
-
-    path = _check(path)
-    root = zarr.open_group(str(path), mode="r")
-    levels = [name for name, _ in root.groups()]
-    if level not in levels:
-        raise ValueError(f"the release has no level {level!r}; its levels are {sorted(levels)}")
-    g = root[level]
-    ids = _labels(g, "ids")
-    parent = _labels(g, "parent_id") if "parent_id" in g else None
-    # the workload rows, then the Census table cells (their labels never overlap)
-    spaces = [("query", "answers", "variance"), ("table_query", "table_answers", "table_variance")]
-    spaces = [s for s in spaces if s[0] in g]
-    picks = _select(queries, [_labels(g, s[0]) for s in spaces], "query label")
-    (units,) = _select(geographies, [ids], f"{level} id")
-    n_q = sum(p.size for p in picks)
-    step = max(1, _ROWS_PER_BATCH // max(1, n_q))
-    for start in range(0, units.size, step):
-        u = units[start : start + step]
-        frames = []
-        for (label, ans, var), q in zip(spaces, picks, strict=True):
-            if not q.size:
-                continue
-            a = np.asarray(g[ans].get_orthogonal_selection((u, q)))
-            if g[var].ndim == 1:  # one variance per query for every unit of the level
-                v = np.broadcast_to(np.asarray(g[var].get_orthogonal_selection((q,))), a.shape)
-            else:
-                v = np.asarray(g[var].get_orthogonal_selection((u, q)))
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "geography": np.repeat(ids[u], q.size),
-                        "parent": np.repeat(parent[u], q.size) if parent is not None else None,
-                        "query": np.tile(_labels(g, label)[q], u.size),
-                        "answer": a.ravel(),
-                        "variance": v.ravel(),
-                        "moe90": MOE90_Z * np.sqrt(v.ravel()),
-                    }
-                )
-            )
-        if frames:
-            df = pd.concat(frames, ignore_index=True)
-            # unit by unit, queries in the order asked (workload rows before table cells)
-            yield df.sort_values("geography", kind="stable", key=_order(ids[u]))
-
-
-def _order(ids: np.ndarray):
-    rank = {v: i for i, v in enumerate(ids.tolist())}
-    return lambda s: s.map(rank)
-
-
-def release_table(
-    path: str | os.PathLike,
-    level: str,
-    *,
-    queries: Sequence[str] | None = None,
-    geographies: Sequence[str] | None = None,
-) -> pd.DataFrame:
-    """A level's answers as a long table: one row per geography unit and query.
-
-    Parameters
-    ----------
-    path : str or path-like
-        The release.
-    level : str
-        The geography level (a group of the release).
-    queries : sequence of str, optional
-        Query labels (workload rows such as ``race-single_003``, or P.L. 94-171 cells
-        such as ``P1_001``); default every workload row and table cell.
-    geographies : sequence of str, optional
-        Unit ids of the level; default all.
-
-    Returns
-    -------
-    pandas.DataFrame
-        Columns :data:`COLUMNS`: ``geography`` (id), ``parent`` (the parent's id;
-        missing at the top level), ``query``, ``answer``, ``variance`` and ``moe90``
-        (``1.645 * sqrt(variance)``, the 90% margin of error).
-
-    Raises
-    ------
-    ValueError
-        If the level, a query label or a geography id is unknown, or ``path`` is not a
-        dpdask release.
-    """
-    import pandas as pd
-
-    frames = list(_batches(path, level, queries, geographies))
-    if not frames:
-        return pd.DataFrame({c: [] for c in COLUMNS})
-    return pd.concat(frames, ignore_index=True)[list(COLUMNS)]
-
-
-def export_release(
-    path: str | os.PathLike,
-    level: str,
-    out: str | os.PathLike,
-    format: str = "parquet",
-    *,
-    queries: Sequence[str] | None = None,
-    geographies: Sequence[str] | None = None,
-    overwrite: bool = False,
-) -> int:
-    """Write :func:`release_table` to a Parquet or CSV file, in batches of units.
-
-    Parameters
-    ----------
-    path : str or path-like
-        The release.
-    level : str
-        The geography level.
-    out : str or path-like
-        The file to write (written under a temporary name and renamed when complete);
-        ``"-"`` writes CSV to standard output.
-    format : {"parquet", "csv"}
-        The file format.
-    queries, geographies : sequence of str, optional
-        As :func:`release_table`.
-    overwrite : bool
-        Replace an existing ``out``.
-
-    Returns
-    -------
-    int
-        The number of rows written.
-
-    Raises
-    ------
-    ValueError
-        For an unknown format, level, query or geography (nothing is written).
-    dpdask.dataflow.StoreExistsError
-        If ``out`` exists and ``overwrite`` is false (a ``FileExistsError`` and a
-        ``ValueError``).
-    """
-    import sys
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from dpdask.publish import StoreExistsError
-
-    if format not in ("parquet", "csv"):
-        raise ValueError(f"format {format!r} is not one of parquet, csv")
-    if str(out) == "-" and format != "csv":
-        raise ValueError("only csv can be written to standard output")
-    batches = _batches(path, level, queries, geographies)
-    if str(out) == "-":
-        n, header = 0, True
-        for df in batches:
-            df[list(COLUMNS)].to_csv(sys.stdout, index=False, header=header)
-            n, header = n + len(df), False
-        if header:
-            print(",".join(COLUMNS))
-        return n
-    target = pathlib.Path(out)
-    if target.exists() and not overwrite:
-        raise StoreExistsError(f"{target} exists; choose another --out (or --overwrite)")
-    schema = pa.schema(
-        [("geography", pa.string()), ("parent", pa.string()), ("query", pa.string()),
-         ("answer", pa.float64()), ("variance", pa.float64()), ("moe90", pa.float64())]
-    )  # fmt: skip
-    tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
-    n = 0
-    try:
-        if format == "parquet":
-            with pq.ParquetWriter(tmp, schema) as writer:
-                for df in batches:
-                    table = pa.Table.from_pandas(df[list(COLUMNS)], schema=schema,
-                                                 preserve_index=False)  # fmt: skip
-                    writer.write_table(table)
-                    n += len(df)
-        else:
-            with open(tmp, "w", newline="") as f:
-                f.write(",".join(COLUMNS) + "\n")
-                for df in batches:
-                    df[list(COLUMNS)].to_csv(f, index=False, header=False)
-                    n += len(df)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return n

@@ -23,8 +23,13 @@ The truth is a dpdask data store (:func:`dpdask.dataflow.write_store`) of the tr
 counts of every finest geography unit, on the release's domain, whose geography has
 the release's levels (same level names and unit ids): its counts are summed up to each
 level (:func:`dpdask.dataflow.aggregate`) and the workload's true answers computed
-from them. The workload is rebuilt from the release's attributes for ``pl94``; for
-another one pass ``workload=`` (else only the histogram cells are compared)::
+from them. The workload is recognised among the named workloads (``pl94``,
+``ri2010``, ``sf1-persons``, ``identity``, ``marginals``, ...: a candidate must have
+the published labels and reproduce the published answers from the published
+estimates); name it with ``workload="NAME"`` (``dpdask report --workload NAME``) or
+pass the workload itself otherwise (else only the histogram cells are compared). A
+named workload that is not the release's is answered from the published estimates
+and compared with the truth too (realised error only)::
 
     from dpdask.dataflow import read_pl94, write_store
     counts, domain, geography = read_pl94("examples/data/pl94_providence")
@@ -38,7 +43,7 @@ import os
 import pathlib
 from typing import Any
 
-__all__ = ["default_output", "report_data", "write_report"]
+__all__ = ["default_output", "report_data", "workload_spec", "write_report"]
 
 
 def report_data(
@@ -58,8 +63,10 @@ def report_data(
         A data store of the true counts (module notes).
     ledger : str or path-like, optional
         The ledger file, if it moved from where the release records it.
-    workload : LinearQuery or mapping of level to LinearQuery, optional
-        The workload, for realised errors when the release's workload is not ``pl94``.
+    workload : str, mapping, LinearQuery or mapping of level to LinearQuery, optional
+        The workload to compare with the truth: a name from
+        :data:`dpdask.workloads.named.WORKLOAD_NAMES`, ``{"name": NAME, **options}``, or
+        the workload itself (default: the release's, recognised; module notes).
 
     Returns
     -------
@@ -76,11 +83,27 @@ def report_data(
     FileNotFoundError
         If the release (or the truth) is not there.
     ValueError
-        If ``release`` is not a dpdask release, or the truth does not match it.
+        If ``release`` is not a dpdask release, the truth does not match it, or
+        ``workload`` names no workload that can be built on its domain.
     """
     from dpdask.report._data import collect
 
     return collect(release, truth=truth, ledger=ledger, workload=workload)
+
+
+def workload_spec(value: str) -> str | dict[str, Any]:
+    """``dpdask report --workload``'s value as ``workload=`` takes it: a name
+    (``marginals``) or, in YAML flow style, a mapping with options (``{name: marginals,
+    k: 2}``).
+
+    Raises
+    ------
+    ValueError
+        If a mapping is not valid YAML or has no ``name``.
+    """
+    from dpdask.report._workload import workload_spec as parse
+
+    return parse(value)
 
 
 def default_output(release: str | os.PathLike) -> pathlib.Path:
@@ -120,8 +143,10 @@ def write_report(
         A data store of the true counts: adds the realised errors.
     ledger : str or path-like, optional
         The ledger file, if it moved from where the release records it.
-    workload : LinearQuery or mapping of level to LinearQuery, optional
-        The workload, for realised errors when the release's workload is not ``pl94``.
+    workload : str, mapping, LinearQuery or mapping of level to LinearQuery, optional
+        The workload to compare with the truth: a name from
+        :data:`dpdask.workloads.named.WORKLOAD_NAMES`, ``{"name": NAME, **options}``, or
+        the workload itself (default: the release's, recognised; module notes).
 
     Returns
     -------
@@ -133,7 +158,8 @@ def write_report(
     FileNotFoundError
         If the release (or the truth) is not there.
     ValueError
-        If ``release_path`` is not a dpdask release, or the truth does not match it.
+        If ``release_path`` is not a dpdask release, the truth does not match it, or
+        ``workload`` names no workload that can be built on its domain.
 
     Examples
     --------

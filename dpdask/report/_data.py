@@ -17,16 +17,9 @@ import numpy as np
 
 from dpdask.publish.reader import MOE90_Z
 
-__all__ = ["collect"]
+__all__ = ["collect", "estimate_rows", "read_rows"]
 
 _CELLS_PER_BATCH = 2_000_000  # answers (units x queries) read from the release at once
-
-# (label array, answers array, variance array, kind): the workload rows, then the
-# Census table cells of the PL94 workload
-_SPACES = (
-    ("query", "answers", "variance", "part"),
-    ("table_query", "table_answers", "table_variance", "table"),
-)
 
 
 def _float(x: Any) -> float | None:
@@ -189,33 +182,6 @@ def _ledger(meta: Mapping[str, Any], override: str | os.PathLike | None) -> dict
 
 
 # -- the truth -------------------------------------------------------------------------
-def _workloads(
-    meta: Mapping[str, Any], levels: list[str], domain: Any, workload: Any, notes: list[str]
-) -> dict[str, Any]:
-    """Each level's workload (a LinearQuery), or None where it cannot be rebuilt."""
-    from dpdask.linalg import LinearQuery
-
-    record = meta.get("workload") or {}
-    out: dict[str, Any] = {}
-    for lv in levels:
-        rec = record.get("levels", {}).get(lv, record) if "levels" in record else record
-        W = workload.get(lv) if isinstance(workload, Mapping) else workload
-        if W is None and rec.get("name") == "pl94":
-            from dpdask.workloads import pl94
-
-            W = pl94(domain)
-        if W is not None and not isinstance(W, LinearQuery):
-            raise TypeError(f"workload for level {lv!r}: expected a LinearQuery, not {type(W)}")
-        out[lv] = W
-    if any(W is None for W in out.values()):
-        notes.append(
-            "the release does not name its workload in a way the report can rebuild (only "
-            "pl94 is recognised; pass workload= to write_report): realised errors of the "
-            "queries are left out, those of the histogram cells are shown"
-        )
-    return out
-
-
 def _open_truth(truth: Any, domain: Any) -> Any:
     from dpdask.dataflow import DataStore, open_store
 
@@ -263,7 +229,7 @@ def _plain_batches(n_units: int, n_queries: int) -> Iterator[tuple[np.ndarray, N
         yield np.arange(a, min(n_units, a + step), dtype=np.int64), None
 
 
-def _rows(array: Any, rows: np.ndarray) -> np.ndarray:
+def read_rows(array: Any, rows: np.ndarray) -> np.ndarray:
     """Rows of a zarr array (a slice when they are contiguous and increasing)."""
     if rows.size and rows[-1] - rows[0] + 1 == rows.size and np.all(np.diff(rows) == 1):
         return np.asarray(array[int(rows[0]) : int(rows[-1]) + 1])
@@ -274,11 +240,11 @@ def _rows(array: Any, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _estimate_rows(g: Any, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def estimate_rows(g: Any, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The published estimates of units ``rows`` (dense, ``shape``), from a dense
     ``estimate`` or from a level's entries."""
     if "entry_offsets" not in g:
-        return _rows(g["estimate"], rows)
+        return read_rows(g["estimate"], rows)
     from dpdask.publish.reader import entry_rows
 
     out = np.zeros((rows.size, int(np.prod(shape[1:]))))
@@ -293,30 +259,45 @@ def _estimate_rows(g: Any, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarr
 
 
 # -- one level -------------------------------------------------------------------------
-def _level(
-    g: Any, level: str, store: Any, workload: Any, domain: Any, notes: list[str]
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """Per-table predicted (and realised) errors of one level, streamed over its units."""
-    from dpdask.dashboard import rmse_groups
+def _spaces(g: Any, level: str, store: Any, rebuilt: Any, domain: Any, notes: list[str]) -> list:
+    """(labels, answers, variances, kind, Q) of every table space of one level: the
+    published ones (``Q``: their queries, when rebuilt for a truth) and, for a named
+    workload that is not the release's, its queries answered from the estimates
+    (answers and variances None)."""
     from dpdask.publish import published_tables, query_labels
+    from dpdask.publish.reader import query_spaces
 
-    ids = _strings(g, "ids")
+    own = None if rebuilt is None else rebuilt.own
+    other = None if rebuilt is None else rebuilt.other
     spaces = []
-    for label, ans, var, kind in _SPACES:
-        if label not in g or var not in g:
+    for label, _, ans, var, kind in query_spaces(g):
+        if var not in g:
             continue
         labels = _strings(g, label)
         Q = None
-        if store is not None and workload is not None:
+        if store is not None and own is not None:
             if kind == "part":
-                ok = workload.shape[0] == len(labels) and query_labels(workload, domain) == labels
-                Q = workload if ok else None
+                ok = own.shape[0] == len(labels) and query_labels(own, domain) == labels
+                Q = own if ok else None
             else:
-                tables = published_tables(workload, domain)
+                tables = published_tables(own, domain)
                 Q = tables[2] if tables is not None and tables[0] == labels else None
             if Q is None:
                 notes.append(f"{level}: the rebuilt workload does not match the {label} labels")
         spaces.append((labels, g[ans], g[var], kind, Q))
+    if store is not None and other is not None and "estimate" in g:
+        spaces.append((query_labels(other, domain), None, None, "derived", other))
+    return spaces
+
+
+def _level(
+    g: Any, level: str, store: Any, rebuilt: Any, domain: Any, notes: list[str]
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Per-table predicted (and realised) errors of one level, streamed over its units."""
+    from dpdask.dashboard import rmse_groups
+
+    ids = _strings(g, "ids")
+    spaces = _spaces(g, level, store, rebuilt, domain, notes)
     n_q = sum(len(s[0]) for s in spaces)
     acc = [{k: np.zeros(len(s[0])) for k in ("var", "sse", "inside", "maxabs")} for s in spaces]
     cells = {"sse": 0.0, "maxabs": 0.0, "n": 0}
@@ -324,27 +305,34 @@ def _level(
         _plain_batches(len(ids), n_q) if store is None else _truth_batches(store, level, ids, n_q)
     )
     for rows, truth in batches:
+        est = None
+        if truth is not None and "estimate" in g:
+            est = estimate_rows(g, rows, truth.shape)
         for (_, ans, var, _, Q), a in zip(spaces, acc, strict=True):
-            if var.ndim == 1:  # one variance per query for every unit of the level
+            v = None
+            if var is not None and var.ndim == 1:  # one variance per query for every unit
                 v = np.broadcast_to(np.asarray(var[:]), (rows.size, var.shape[0]))
-            else:
-                v = _rows(var, rows)
-            a["var"] += v.sum(axis=0)
-            if truth is None or Q is None:
+            elif var is not None:
+                v = read_rows(var, rows)
+            if v is not None:
+                a["var"] += v.sum(axis=0)
+            if truth is None or Q is None or (ans is None and est is None):
                 continue
-            err = _rows(ans, rows) - np.asarray(Q.apply(truth), dtype=np.float64)
+            got = read_rows(ans, rows) if ans is not None else Q.apply(est)
+            err = np.asarray(got, dtype=np.float64) - np.asarray(Q.apply(truth), dtype=np.float64)
             a["sse"] += (err**2).sum(axis=0)
             a["maxabs"] = np.maximum(a["maxabs"], np.abs(err).max(axis=0, initial=0.0))
-            a["inside"] += (np.abs(err) <= MOE90_Z * np.sqrt(v)).sum(axis=0)
-        if truth is not None and "estimate" in g:
-            err = _estimate_rows(g, rows, truth.shape) - truth
+            if v is not None:
+                a["inside"] += (np.abs(err) <= MOE90_Z * np.sqrt(v)).sum(axis=0)
+        if est is not None:
+            err = est - truth
             cells["sse"] += float((err**2).sum())
             cells["maxabs"] = max(cells["maxabs"], float(np.abs(err).max(initial=0.0)))
             cells["n"] += int(err.size)
     n = max(1, len(ids))
     tables: list[dict[str, Any]] = []
     realised: list[dict[str, Any]] = []
-    for (labels, _, _, kind, Q), a in zip(spaces, acc, strict=True):
+    for (labels, _, var, kind, Q), a in zip(spaces, acc, strict=True):
         names = [table_of(lab) for lab in labels]
         mean_var = a["var"] / n
         sd = np.sqrt(np.maximum(mean_var, 0.0))
@@ -355,12 +343,13 @@ def _level(
                 "table": grp["name"],
                 "kind": kind,
                 "queries": grp["queries"],
-                "rmse": grp["rmse"],
-                "sd_min": _float(sd[idx].min()),
-                "sd_max": _float(sd[idx].max()),
-                "moe90": None if grp["rmse"] is None else MOE90_Z * grp["rmse"],
+                "rmse": grp["rmse"] if var is not None else None,
+                "sd_min": _float(sd[idx].min()) if var is not None else None,
+                "sd_max": _float(sd[idx].max()) if var is not None else None,
+                "moe90": None if grp["rmse"] is None or var is None else MOE90_Z * grp["rmse"],
             }
-            tables.append(row)
+            if var is not None:  # a derived table has no predicted error
+                tables.append(row)
             if store is not None and Q is not None:
                 realised.append(
                     {
@@ -368,7 +357,11 @@ def _level(
                         "predicted_rmse": row["rmse"],
                         "realised_rmse": _float(math.sqrt(a["sse"][idx].sum() / (n * len(idx)))),
                         "max_abs_error": _float(a["maxabs"][idx].max()),
-                        "within_moe90": _float(a["inside"][idx].sum() / (n * len(idx))),
+                        "within_moe90": (
+                            _float(a["inside"][idx].sum() / (n * len(idx)))
+                            if var is not None
+                            else None
+                        ),
                     }
                 )
     if store is None:
@@ -402,9 +395,12 @@ def collect(
         writes them): the realised errors are measured against it.
     ledger : str or path-like, optional
         The ledger file, if it is no longer where the release says it was.
-    workload : LinearQuery or mapping of level to LinearQuery, optional
-        The workload, to measure realised errors of a release whose workload the
-        report cannot rebuild from its attributes (only ``pl94`` is recognised).
+    workload : str, LinearQuery or mapping of level to LinearQuery, optional
+        The workload to compare with the truth: a name (``dpdask report --workload``)
+        or the workload itself. The release's own workload is compared through its
+        published answers; another one on the same domain is answered from the
+        published estimates. Default: the release's workload, recognised among the
+        named workloads (:mod:`dpdask.report._workload`).
 
     Returns
     -------
@@ -429,11 +425,13 @@ def collect(
     domain = Domain(list((meta.get("domain") or {}).items()))
     notes: list[str] = []
     store = None if truth is None else _open_truth(truth, domain)
-    workloads = (
-        {lv: None for lv in levels}
-        if store is None
-        else _workloads(meta, levels, domain, workload, notes)
-    )
+    workloads: dict[str, Any] = {lv: None for lv in levels}
+    if store is not None or workload is not None:
+        from dpdask.report._workload import level_workloads
+
+        workloads = level_workloads(meta, levels, groups, domain, workload, notes)
+        if store is None:
+            notes.append("a workload is compared with a truth: give one (--truth STORE)")
     tables: list[dict[str, Any]] = []
     realised: list[dict[str, Any]] = []
     for lv in levels:
@@ -449,7 +447,11 @@ def collect(
         "tables": tables,
         "realised": None
         if store is None
-        else {"truth": str(pathlib.Path(store.path).resolve()), "levels": realised},
+        else {
+            "truth": str(pathlib.Path(store.path).resolve()),
+            "levels": realised,
+            "workloads": {lv: r.record() for lv, r in workloads.items()},
+        },
         "not_converged": list(meta.get("not_converged") or []),
         "notes": list(dict.fromkeys(notes)),
     }

@@ -291,6 +291,19 @@ def _realised(data: dict[str, Any]) -> str:
         "predicted).</p>",
         _img(_plots.realised_plot(real, data["tables"]), "realised versus predicted error"),
     ]
+    compared = {(w.get("release"), w.get("other")) for w in (real.get("workloads") or {}).values()}
+    for own, other in sorted(compared, key=str):
+        text = (
+            f'the release\'s workload, rebuilt as <span class="mono">{escape(own)}</span>'
+            if own
+            else "the release's workload was not rebuilt (histogram cells only)"
+            if own is None
+            else "the release's workload, as given"
+        )
+        if other:
+            text += (f'; <span class="mono">{escape(other)}</span> answered from the '
+                     "published estimates")  # fmt: skip
+        out.append(f'<p class="note">Compared: {text}.</p>')
     for lv in real["levels"]:
         units = _num(lv["units"]) + (" units" if lv["units"] != 1 else " unit")
         out.append(f"<h3>{escape(lv['level'])} ({units})</h3>")
@@ -299,7 +312,9 @@ def _realised(data: dict[str, Any]) -> str:
                 _table(
                     ["table", "queries", "predicted RMSE", "realised RMSE", "realised / predicted",
                      "max |error|", "within 90% MOE"],
-                    ([escape(r["table"]), _num(r["queries"]), _num(r["predicted_rmse"]),
+                    ([escape(r["table"]) + (' <span class="note">(from the estimates)</span>'
+                                            if r["kind"] == "derived" else ""),
+                      _num(r["queries"]), _num(r["predicted_rmse"]),
                       _num(r["realised_rmse"]),
                       _num(None if not r["predicted_rmse"] or r["realised_rmse"] is None
                            else r["realised_rmse"] / r["predicted_rmse"], 3),

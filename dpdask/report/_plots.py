@@ -103,9 +103,14 @@ def predicted_plot(tables: list[dict[str, Any]], levels: list[str]) -> str | Non
 def realised_plot(realised: dict[str, Any] | None, tables: list[dict[str, Any]]) -> str | None:
     """Per level: predicted RMSE with whiskers and the realised RMSE; then all tables'
     realised against predicted RMSE."""
-    if not realised or not any(lv["tables"] for lv in realised["levels"]):
+    # tables with a predicted error (not those answered from the estimates)
+    levels = [
+        {**lv, "tables": [r for r in lv["tables"] if r["predicted_rmse"] is not None]}
+        for lv in (realised or {}).get("levels", [])
+    ]
+    levels = [lv for lv in levels if lv["tables"]]
+    if not levels:
         return None
-    levels = [lv for lv in realised["levels"] if lv["tables"]]
     spread = {(r["level"], r["table"]): r for r in tables}
     ncols = min(3, len(levels) + 1)
     nrows = math.ceil((len(levels) + 1) / ncols)

@@ -83,7 +83,7 @@ def test_every_array_names_its_dimensions_and_metadata_is_consolidated(published
         dims = arr.metadata.dimension_names
         assert dims is not None and len(dims) == arr.ndim, name
     assert arrays["tract/estimate"].metadata.dimension_names == ("geography", "a", "b")
-    assert arrays["tract/answers"].metadata.dimension_names == ("geography", "query")
+    assert arrays["tract/answers"].metadata.dimension_names == ("geography", "workload_query")
     meta = json.loads((published / "zarr.json").read_text())
     assert meta.get("consolidated_metadata") is not None
     assert "tract/answers" in meta["consolidated_metadata"]["metadata"]
@@ -107,11 +107,11 @@ def test_xarray_opens_the_release_with_coordinates(published) -> None:
     for i, lv in enumerate(LEVELS):
         ds = tree[lv].dataset
         g = root[lv]
-        assert ds.answers.dims == ("geography", "query")
+        assert ds.answers.dims == ("geography", "workload_query")
         assert ds.estimate.dims == ("geography", "a", "b")
         assert list(ds.geography.values) == list(g["ids"][:])
         assert list(ds.ids.values) == list(ds.geography.values)
-        assert list(ds["query"].values) == EXPECTED_LABELS
+        assert list(ds.workload_query.values) == EXPECTED_LABELS
         assert list(ds.a.values) == [0, 1] and list(ds.b.values) == [0, 1, 2]
         assert list(ds.query_description.values[:5]) == ["a=0", "a=1", "b=0", "b=0..1", "total"]
         assert ds.query_description.values[5] == ""  # not a product on the domain
@@ -129,7 +129,7 @@ def test_xarray_opens_the_release_with_coordinates(published) -> None:
         one = xr.open_zarr(str(published), group=lv)
         np.testing.assert_array_equal(one.answers.values, g["answers"][:])
     tract = tree["tract"].dataset
-    t3 = tract.answers.sel(geography="t3", query="cells_004")
+    t3 = tract.answers.sel(geography="t3", workload_query="cells_004")
     assert float(t3) == root["tract/answers"][3, 5 + 3]
     assert str(t3.parent_id.values) == "c2"
 
@@ -141,7 +141,7 @@ def test_open_release_adds_margins_and_refuses_other_stores(published, tmp_path)
     for lv in LEVELS:
         ds = tree[lv].dataset
         np.testing.assert_allclose(ds.moe90.values, 1.645 * np.sqrt(ds.variance.values))
-        assert ds.moe90.dims == ("geography", "query")
+        assert ds.moe90.dims == ("geography", "workload_query")
     lazy = open_release(published, chunks={})
     assert lazy["tract"].dataset.answers.chunks is not None
     with pytest.raises(FileNotFoundError):
@@ -157,17 +157,19 @@ def test_export_writes_every_answer_with_its_margin(published, tmp_path, capsys,
     assert main(["export", str(published), "--level", "tract", "--format", fmt,
                  "--out", str(out)]) == 0  # fmt: skip
     assert "wrote 77 rows" in capsys.readouterr().out
-    df = (
-        pd.read_csv(out, dtype={"geography": str, "parent": str, "query": str})
-        if fmt == "csv"
-        else pd.read_parquet(out)
-    )
+    df = pd.read_csv(out) if fmt == "csv" else pd.read_parquet(out)  # no options
     assert list(df.columns) == list(COLUMNS)
+    if fmt == "csv":  # ids are "<level>:<id>"
+        assert df["geography"].str.startswith("tract:").all()
+        assert df["parent"].str.startswith("county:").all()
+        df["geography"] = df["geography"].str.split(":", n=1).str[1]
+        df["parent"] = df["parent"].str.split(":", n=1).str[1]
     g = zarr.open_group(str(published), mode="r")["tract"]
     ids = list(g["ids"][:])
     assert len(df) == len(ids) * len(EXPECTED_LABELS)
     assert list(df["geography"]) == [i for i in ids for _ in EXPECTED_LABELS]
     assert list(df["query"]) == EXPECTED_LABELS * len(ids)
+    assert list(df["label"][:5]) == ["a=0", "a=1", "b=0", "b=0..1", "total"]
     np.testing.assert_array_equal(df["answer"].to_numpy(), g["answers"][:].ravel())
     np.testing.assert_array_equal(df["variance"].to_numpy(), g["variance"][:].ravel())
     np.testing.assert_allclose(df["moe90"], 1.645 * np.sqrt(df["variance"]))
@@ -175,7 +177,9 @@ def test_export_writes_every_answer_with_its_margin(published, tmp_path, capsys,
     assert list(df["parent"]) == [p for p in parents for _ in EXPECTED_LABELS]
     # the same as the Python table
     py = release_table(published, "tract")
-    pd.testing.assert_frame_equal(py.reset_index(drop=True), df, check_dtype=False)
+    pd.testing.assert_frame_equal(
+        py.reset_index(drop=True), df.fillna({"label": ""}), check_dtype=False
+    )
     # an existing output is never replaced without --overwrite
     assert main(["export", str(published), "--level", "tract", "--format", fmt,
                  "--out", str(out)]) == 2  # fmt: skip
@@ -184,7 +188,8 @@ def test_export_writes_every_answer_with_its_margin(published, tmp_path, capsys,
 
 def test_export_selects_queries_and_units(published, tmp_path, capsys) -> None:
     assert main(["export", str(published), "--level", "tract", "--format", "csv", "--out", "-",
-                 "--query", "cells_002", "a_001", "--geography", "t5", "t1"]) == 0  # fmt: skip
+                 "--query", "cells_002", "a_001", "--geography", "t5", "t1",
+                 "--ids", "plain"]) == 0  # fmt: skip
     df = pd.read_csv(io.StringIO(capsys.readouterr().out), dtype=str)
     g = zarr.open_group(str(published), mode="r")["tract"]
     assert list(df["geography"]) == ["t5", "t5", "t1", "t1"]
@@ -196,11 +201,247 @@ def test_export_selects_queries_and_units(published, tmp_path, capsys) -> None:
     for bad, message in (
         (["--query", "P1_001"], "unknown query"),
         (["--geography", "t99"], "unknown tract id"),
-        (["--format", "csv", "--level", "parish"], "no level 'parish'"),
+        (["--format", "csv", "--level", "parish"], "its levels are ['state', 'county', 'tract']"),
     ):
         args = ["export", str(published), "--level", "tract", "--out", "-", *bad]
         assert main([*args, "--format", "csv"] if "--format" not in bad else args) == 2
         assert message in capsys.readouterr().err
+
+
+# -- categories by name, names no Dataset method shadows, levels coarsest first ----------
+LABELLED = Domain(votingage=2, hisp=2, b=3)
+# county and tract ids with leading zeros, and levels not in alphabetical order
+ZERO_IDS = (("01",), ("01001", "01003"), ("01001000100", "01001000200", "01003000100"))
+
+
+@pytest.fixture
+def labelled(tmp_path: pathlib.Path, rng: np.random.Generator) -> pathlib.Path:
+    geo = Geography(
+        levels=("state", "county", "tract"), ids=ZERO_IDS,
+        parents=(np.zeros(2, dtype=int), np.array([0, 0, 1])),
+    )  # fmt: skip
+    A = Kron([Identity(2), Identity(2), Identity(3)])
+    W = VStack(
+        [Kron([Identity(2), Total(2), Total(3)]), Kron([Identity(2), Identity(2), Identity(3)])],
+        names=["votingage", "cells"],
+    )
+    budget = zCDP(1)
+    plan = DensePlan(A, W, LABELLED, "gaussian", budget.gaussian_sigma(A.sensitivity(2)), budget)
+    counts = rng.integers(0, 50, size=(3, 2, 2, 3))
+    st = write_store(tmp_path / "in.zarr", counts, LABELLED, geo, geo_chunk=2)
+    r = release(
+        plan, st, release_id="labelled", ledger=Ledger.init(tmp_path / "ledger.sqlite"),
+        key=SecretKey.for_testing(7), test_mode=True,
+    )  # fmt: skip
+    return r.to_zarr(tmp_path / "labelled.zarr")
+
+
+def _names(ds: xr.Dataset) -> set[str]:
+    return {str(n) for n in (*ds.dims, *ds.coords)}
+
+
+def test_categories_are_selectable_by_name(labelled) -> None:
+    tree = dpdask.open_release(labelled)
+    g = zarr.open_group(str(labelled), mode="r")["tract"]
+    stored = np.asarray(g["estimate"][:])  # (geography, votingage, hisp, b)
+    tract = tree["tract"].ds
+    adults = tract.sel(votingage="18 years and over")
+    np.testing.assert_array_equal(adults.estimate.values, stored[:, 1])
+    one = tract.estimate.sel(votingage="Under 18 years", hisp="Hispanic or Latino", b=2)
+    np.testing.assert_array_equal(one.values, stored[:, 0, 1, 2])
+    assert list(tract.votingage.values) == ["Under 18 years", "18 years and over"]
+    assert list(tract.votingage_code.values) == [0, 1] and tract.votingage_code.dims == (
+        "votingage",
+    )
+    assert list(tract.hisp_code.values) == [0, 1]
+    # an attribute of unknown coding keeps its values as the index, and no _code
+    assert list(tract.b.values) == [0, 1, 2] and "b_code" not in tract.coords
+    # the code selects too, through the second coordinate
+    by_code = tract.estimate.swap_dims(votingage="votingage_code").sel(votingage_code=1)
+    np.testing.assert_array_equal(by_code.values, stored[:, 1])
+    # plain xarray shows the same coordinates
+    plain = xr.open_datatree(str(labelled), engine="zarr")["tract"].ds
+    np.testing.assert_array_equal(
+        plain.estimate.sel(votingage="18 years and over").values, stored[:, 1]
+    )
+    assert "votingage_code" in plain.estimate.coords
+
+
+def test_no_name_is_a_dataset_attribute_and_levels_are_coarsest_first(labelled) -> None:
+    tree = dpdask.open_release(labelled)
+    assert list(tree.children) == ["state", "county", "tract"]
+    assert tree.attrs["levels"] == ["state", "county", "tract"]  # for other readers
+    assert list(xr.open_datatree(str(labelled), engine="zarr").children) == [
+        "county",
+        "state",
+        "tract",
+    ]  # fmt: skip  (what plain xarray does: alphabetical)
+    for node in tree.subtree:
+        clash = {n for n in _names(node.ds) if hasattr(xr.Dataset, n)}
+        assert not clash, (node.path, clash)
+    ds = tree["tract"].ds
+    assert ds.answers.dims == ("geography", "workload_query")
+    assert ds.workload_query.values[0] == "votingage_001"
+    assert str(ds.query_description.sel(workload_query="votingage_002").values) == (
+        "votingage=18 years and over"
+    )
+
+
+def test_entries_level_names_its_axes_in_the_domain_order(tmp_path, rng, monkeypatch) -> None:
+    """A level published as entries (top-down) shows its estimate with the domain's axes
+    in the domain's order, by name: oracle, the true counts of a release without noise
+    (the store lists the attributes alphabetically: hisp before votingage)."""
+    from dpdask.dataflow import _output_sparse
+
+    monkeypatch.setattr(_output_sparse, "DENSE_ESTIMATE_CELLS", 0)
+    geo = Geography(
+        levels=("state", "county", "tract"), ids=ZERO_IDS,
+        parents=(np.zeros(2, dtype=int), np.array([0, 0, 1])),
+    )  # fmt: skip
+    counts = rng.integers(0, 50, size=(3, 2, 2, 3))
+    st = write_store(tmp_path / "in.zarr", counts, LABELLED, geo, geo_chunk=2)
+    A = Kron([Identity(2), Identity(2), Identity(3)])
+    budget = zCDP(1)
+    plan = DensePlan(A, A, LABELLED, "gaussian", budget.gaussian_sigma(1.0), budget)
+    r = release(
+        plan, st, reconstruct="topdown", release_id="entries", key=SecretKey.for_testing(2),
+        noise=False, test_mode=True,
+    )  # fmt: skip
+    tree = dpdask.open_release(r.to_zarr(tmp_path / "entries.zarr"))
+    tract = tree["tract"].ds
+    assert "entry_offsets" in tract and tract.estimate.dims == ("geography", *LABELLED.attrs)
+    one = tract.estimate.sel(votingage="18 years and over", hisp="Hispanic or Latino")
+    np.testing.assert_allclose(one.data.compute().todense(), counts[:, 1, 1], atol=1e-4)
+    np.testing.assert_allclose(
+        tract.estimate.sel(votingage="Under 18 years").data.compute().todense(),
+        counts[:, 0],
+        atol=1e-4,
+    )
+
+
+def test_an_attribute_named_like_a_dataset_method_is_renamed(tmp_path, rng) -> None:
+    domain = Domain(count=2, b=3)  # xarray.Dataset.count
+    geo = Geography(levels=("state", "county"), ids=(("s",), ("c0", "c1")),
+                    parents=(np.zeros(2, dtype=int),))  # fmt: skip
+    counts = rng.integers(0, 50, size=(2, 2, 3))
+    st = write_store(tmp_path / "in.zarr", counts, domain, geo)
+    A = Kron([Identity(2), Identity(3)])
+    budget = zCDP(1)
+    plan = DensePlan(A, A, domain, "gaussian", budget.gaussian_sigma(1.0), budget)
+    r = release(
+        plan, st, release_id="count", key=SecretKey.for_testing(3), noise=False, test_mode=True
+    )
+    ds = dpdask.open_release(r.to_zarr(tmp_path / "count.zarr"))["county"].ds
+    assert ds.estimate.dims == ("geography", "count_attr", "b")
+    assert not {n for n in _names(ds) if hasattr(xr.Dataset, n)}
+    np.testing.assert_allclose(ds.estimate.sel(count_attr=1).values, counts[:, 1], atol=1e-6)
+
+
+def _old_layout(new: pathlib.Path, old: pathlib.Path) -> None:
+    """``new`` rewritten as releases were before: the workload's dimension ``query``,
+    category names in ``<attr>_label`` and the values as the attribute's index."""
+    import warnings
+
+    src = zarr.open_group(str(new), mode="r")
+    dst = zarr.open_group(str(old), mode="w", zarr_format=3)
+    dst.attrs.update(dict(src.attrs))
+    for lv, g in src.groups():
+        out = dst.create_group(lv)
+        out.attrs.update(dict(g.attrs))
+        for name, arr in g.arrays():
+            data = arr[...]
+            dims = tuple(
+                "query" if d == "workload_query" else d for d in arr.metadata.dimension_names
+            )
+            attrs = dict(arr.attrs)
+            if "coordinates" in attrs:
+                attrs["coordinates"] = attrs["coordinates"].replace("_code", "_label")
+            if name.endswith("_code"):
+                continue
+            if f"{name}_code" in g:  # a labelled attribute
+                out.create_array(f"{name}_label", shape=data.shape, dtype=str,
+                                 dimension_names=dims)[:] = data  # fmt: skip
+                data = g[f"{name}_code"][:]
+            name = "query" if name == "workload_query" else name
+            dtype = str if data.dtype.kind in "UTO" else data.dtype
+            out.create_array(name, shape=data.shape, dtype=dtype, dimension_names=dims,
+                             attributes=attrs)[...] = data  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(old))
+
+
+def test_older_releases_read_with_the_current_names(labelled, tmp_path) -> None:
+    old = tmp_path / "old.zarr"
+    _old_layout(labelled, old)
+    g = zarr.open_group(str(old), mode="r")["tract"]
+    assert g["answers"].metadata.dimension_names == ("geography", "query")
+    assert "votingage_label" in g and g["votingage"].dtype == np.int64
+    before, now = dpdask.open_release(old), dpdask.open_release(labelled)
+    for lv in ("state", "county", "tract"):
+        xr.testing.assert_equal(before[lv].ds, now[lv].ds)
+    assert before["tract"].ds.sel(votingage="18 years and over").estimate.shape == (3, 2, 3)
+    # exports and reports read both layouts
+    pd.testing.assert_frame_equal(release_table(old, "tract"), release_table(labelled, "tract"))
+    from dpdask.report import report_data
+
+    assert report_data(old)["tables"] == report_data(labelled)["tables"]
+    assert {r["kind"] for r in report_data(old)["tables"]} == {"part"}
+
+
+def test_csv_ids_keep_leading_zeros_and_exports_carry_provenance(labelled, tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    attrs = zarr.open_group(str(labelled), mode="r").attrs
+    record = attrs["dpdask"]
+    csv = tmp_path / "tract.csv"
+    assert main(["export", str(labelled), "--level", "tract", "--format", "csv",
+                 "--out", str(csv)]) == 0  # fmt: skip
+    df = pd.read_csv(csv)  # no options
+    ids = [f"tract:{u}" for u in ZERO_IDS[2] for _ in range(2 + 12)]
+    assert df["geography"].tolist() == ids
+    assert df["parent"].tolist()[0] == "county:01001"
+    assert df["label"].tolist()[:2] == ["votingage=Under 18 years", "votingage=18 years and over"]
+    side = json.loads((tmp_path / "tract.csv-metadata.json").read_text())
+    assert side["url"] == "tract.csv"
+    assert [c["name"] for c in side["tableSchema"]["columns"]] == list(COLUMNS)
+    prov = side["dpdask"]
+    assert prov["release"] == "labelled" and prov["run_id"] == record["run_id"]
+    assert prov["budget"] == attrs["budget"] and prov["dpdask_version"] == record["dpdask_version"]
+    assert prov["ledger_head"] == record["ledger"]["head"] and prov["ledger_head"]
+    assert prov["levels"] == ["state", "county", "tract"] and prov["rows"] == len(df)
+    # the state level: no parent column values; a county id of all digits stays a string
+    top = tmp_path / "state.csv"
+    assert main(["export", str(labelled), "--level", "state", "--format", "csv",
+                 "--out", str(top)]) == 0  # fmt: skip
+    state = pd.read_csv(top)
+    assert set(state["geography"]) == {"state:01"} and state["parent"].isna().all()
+    # plain ids: exact with dtype=str, as the metadata says
+    plain = tmp_path / "plain.csv"
+    assert main(["export", str(labelled), "--level", "tract", "--format", "csv",
+                 "--out", str(plain), "--ids", "plain"]) == 0  # fmt: skip
+    assert (
+        "dtype" in json.loads((tmp_path / "plain.csv-metadata.json").read_text())["dpdask"]["ids"]
+    )
+    back = pd.read_csv(plain, dtype={"geography": str, "parent": str})
+    assert back["geography"].tolist() == [i.split(":", 1)[1] for i in ids]
+    # Parquet: bare ids as strings, provenance in the key-value metadata
+    pqt = tmp_path / "tract.parquet"
+    assert main(["export", str(labelled), "--level", "tract", "--out", str(pqt)]) == 0
+    meta = pq.read_schema(pqt).metadata
+    assert meta[b"release"] == b"labelled" and meta[b"run_id"].decode() == record["run_id"]
+    assert json.loads(meta[b"budget"]) == attrs["budget"]
+    assert meta[b"dpdask_version"].decode() == record["dpdask_version"]
+    assert meta[b"ledger_head"].decode() == record["ledger"]["head"]
+    assert json.loads(meta[b"dpdask"])["levels"] == ["state", "county", "tract"]
+    table = pd.read_parquet(pqt)
+    assert table["geography"].tolist() == back["geography"].tolist()
+    pd.testing.assert_frame_equal(table, release_table(labelled, "tract"))
+    # an existing metadata file is not replaced without --overwrite, and nothing is written
+    csv.unlink()
+    assert main(["export", str(labelled), "--level", "tract", "--format", "csv",
+                 "--out", str(csv)]) == 2  # fmt: skip
+    assert not csv.exists()
 
 
 # -- labels -----------------------------------------------------------------------------
@@ -310,15 +551,25 @@ def test_readme_release_lookup_from_python_and_export(readme_spec, tmp_path, cap
     assert float(unit.table_answers.sel(table_query="P4_005")) == pytest.approx(x[1, 0, 0])
     W = pl94().dense()
     np.testing.assert_allclose(unit.answers.values, W @ x.ravel(), rtol=1e-10, atol=1e-8)
+    # categories by name (the issue's example), codes beside them; no name is a method
+    for node in opened.subtree:
+        assert not {n for n in _names(node.ds) if hasattr(xr.Dataset, n)}, node.path
+    adults = opened["tract"].ds.sel(votingage="18 years and over")
+    np.testing.assert_array_equal(adults.estimate.values, tract.estimate.values[:, 1])
+    assert list(tract.votingage_code.values) == [0, 1]
+    assert list(tract.race.values) == [census.race_label(i) for i in range(63)]
+    white = float(unit.estimate.sel(race="White").sum())
+    assert white == pytest.approx(float(unit.table_answers.sel(table_query="P1_003")))
     # a workload row and the table cell it is: same answer, same variance by two routes
-    same = unit.sel(query="race-single_001", table_query="P1_003")
+    same = unit.sel(workload_query="race-single_001", table_query="P1_003")
     assert float(same.answers) == pytest.approx(float(same.table_answers))
     assert float(same.variance) == pytest.approx(float(same.table_variance), rel=1e-9)
     # from the command line
     assert main(["export", str(out), "--level", "tract", "--format", "csv", "--out", "-",
                  "--query", "P1_001", "--geography", "44007000101"]) == 0  # fmt: skip
-    df = pd.read_csv(io.StringIO(capsys.readouterr().out), dtype={"geography": str})
-    assert list(df["geography"]) == ["44007000101"] and list(df["query"]) == ["P1_001"]
+    df = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert list(df["geography"]) == ["tract:44007000101"] and list(df["query"]) == ["P1_001"]
+    assert list(df["label"]) == ["Total"]
     assert df["answer"][0] == pytest.approx(answer, rel=1e-15)
     assert df["moe90"][0] == pytest.approx(moe, rel=1e-15)
     pq = tmp_path / "tract.parquet"

@@ -82,7 +82,7 @@ def test_report_without_truth(release) -> None:
 
     g = zarr.open_group(str(release["out"]), mode="r")
     for row in data["tables"]:
-        lab = "query" if row["kind"] == "part" else "table_query"
+        lab = "workload_query" if row["kind"] == "part" else "table_query"
         var = "variance" if row["kind"] == "part" else "table_variance"
         labels = np.array(g[f"{row['level']}/{lab}"][:].tolist())
         pick = np.array([s.rsplit("_", 1)[0] == row["table"] for s in labels])
@@ -120,7 +120,7 @@ def test_realised_error_matches_a_dense_computation(release) -> None:
         truth = truth[order]
         rows = {r["table"]: r for r in realised[lv]["tables"]}
         for answers, true, labels in (
-            (ds["answers"].values, truth @ W.T, np.asarray(ds["query"].values).tolist()),
+            (ds["answers"].values, truth @ W.T, np.asarray(ds["workload_query"].values).tolist()),
             (ds["table_answers"].values, truth @ Q.T, t_labels),
         ):
             tables = np.array([s.rsplit("_", 1)[0] for s in labels])
@@ -180,3 +180,156 @@ def test_page_renders_in_chromium(release, tmp_path) -> None:
     if not png.exists():
         pytest.skip("chromium could not take a screenshot here")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+# -- every named workload ----------------------------------------------------------------
+def _named_release(tmp: pathlib.Path, name: str, domain, **options) -> dict:
+    """A small release of the named workload ``name`` on ``domain`` (a dense oracle plan),
+    and the truth store it was measured from."""
+    from dpdask.dataflow.release import release as run_release
+    from dpdask.domain import Geography
+    from dpdask.linalg import Identity
+    from dpdask.noise import SecretKey
+    from dpdask.privacy import Ledger, zCDP
+    from dpdask.workloads.named import named
+    from tests.helpers import DensePlan
+
+    geo = Geography(
+        levels=("state", "county", "tract"),
+        ids=(("44",), ("44001", "44007"), tuple(f"44007{i:06d}" for i in range(5))),
+        parents=(np.zeros(2, dtype=int), np.array([0, 0, 1, 1, 1])),
+    )
+    counts = np.random.default_rng(3).integers(0, 40, size=(5, *domain.shape))
+    truth = write_store(tmp / "truth.zarr", counts, domain, geo, geo_chunk=2)
+    W = named(name, domain, **options)
+    A = Identity(domain.size)
+    budget = zCDP(1)
+    plan = DensePlan(A, W, domain, "gaussian", budget.gaussian_sigma(A.sensitivity(2)), budget)
+    r = run_release(
+        plan, truth, release_id=name, ledger=Ledger.init(tmp / "ledger.sqlite"),
+        key=SecretKey.for_testing(11), test_mode=True,
+    )  # fmt: skip
+    return {"out": r.to_zarr(tmp / f"{name}.zarr"), "truth": tmp / "truth.zarr",
+            "counts": counts, "geo": geo, "W": W}  # fmt: skip
+
+
+def _dense_truth(case: dict, level: str) -> np.ndarray:
+    geo, counts = case["geo"], case["counts"]
+    flat = counts.reshape(counts.shape[0], -1).astype(float)
+    out = np.zeros((len(geo.ids[geo.level_index(level)]), flat.shape[1]))
+    np.add.at(out, geo.ancestor_index(level), flat)
+    return out
+
+
+def _ri2010_domain():
+    from dpdask.workloads.ri2010 import ri2010_domain
+
+    return ri2010_domain()
+
+
+@pytest.mark.parametrize(
+    "name, domain",
+    [("ri2010", None), ("marginals", "small"), ("identity", "small")],
+)
+def test_truth_is_compared_for_every_named_workload(tmp_path, name, domain) -> None:
+    import zarr
+
+    from dpdask.domain import Domain
+
+    dom = _ri2010_domain() if domain is None else Domain(votingage=2, hisp=2, b=3)
+    case = _named_release(tmp_path, name, dom)
+    data = report_data(case["out"], truth=case["truth"])
+    assert data["levels"] == ["state", "county", "tract"]  # coarsest first
+    real = data["realised"]
+    assert all(w == {"release": name, "other": None} for w in real["workloads"].values())
+    W = case["W"].dense()
+    root = zarr.open_group(str(case["out"]), mode="r")
+    for lv in real["levels"]:
+        g = root[lv["level"]]
+        labels = [str(s) for s in np.asarray(g["workload_query"][:]).tolist()]
+        err = np.asarray(g["answers"][:]) - _dense_truth(case, lv["level"]) @ W.T
+        tables = np.array([s.rsplit("_", 1)[0] for s in labels])
+        rows = {r["table"]: r for r in lv["tables"]}
+        assert set(rows) == set(tables.tolist()) and rows
+        for t, r in rows.items():
+            e = err[:, tables == t]
+            np.testing.assert_allclose(r["realised_rmse"], np.sqrt((e**2).mean()), rtol=1e-10)
+            np.testing.assert_allclose(r["max_abs_error"], np.abs(e).max(), rtol=1e-10)
+            assert r["predicted_rmse"] > 0 and 0 <= r["within_moe90"] <= 1
+    # naming it gives the same comparison
+    named_data = report_data(case["out"], truth=case["truth"], workload=name)
+    assert named_data["realised"]["levels"] == real["levels"]
+
+
+def test_report_workload_option_answers_another_workload_from_the_estimates(
+    tmp_path, capsys
+) -> None:
+    import zarr
+
+    from dpdask.domain import Domain
+
+    case = _named_release(tmp_path, "marginals", Domain(votingage=2, hisp=2, b=3))
+    html = tmp_path / "r.html"
+    argv = ["report", str(case["out"]), "--truth", str(case["truth"]), "--out", str(html)]
+    assert main([*argv, "--workload", "identity"]) == 0
+    data = _embedded(html.read_text())
+    root = zarr.open_group(str(case["out"]), mode="r")
+    for lv in data["realised"]["levels"]:
+        assert data["realised"]["workloads"][lv["level"]] == {
+            "release": "marginals",
+            "other": "identity",
+        }
+        derived = [r for r in lv["tables"] if r["kind"] == "derived"]
+        assert [r["table"] for r in derived] == ["query"]  # identity: one part
+        est = np.asarray(root[lv["level"]]["estimate"][:]).reshape(lv["units"], -1)
+        e = est - _dense_truth(case, lv["level"])
+        np.testing.assert_allclose(derived[0]["realised_rmse"], np.sqrt((e**2).mean()), rtol=1e-10)
+        assert derived[0]["predicted_rmse"] is None and derived[0]["within_moe90"] is None
+        # the release's own tables are still compared through their published answers
+        assert {r["table"] for r in lv["tables"] if r["kind"] == "part"} == {
+            "votingage",
+            "hisp",
+            "b",
+        }
+    page = html.read_text()
+    assert "(from the estimates)" in page
+    assert (
+        'Compared: the release\'s workload, rebuilt as <span class="mono">marginals</span>; '
+        '<span class="mono">identity</span> answered from the published estimates.'
+    ) in page
+    # without a truth there is nothing to compare: the report says so
+    alone = report_data(case["out"], workload="identity")
+    assert alone["realised"] is None and any("--truth STORE" in n for n in alone["notes"])
+    # an unknown workload, or one that does not fit the domain: a one-line error
+    assert main([*argv, "--workload", "nonesuch"]) == 2
+    assert "unknown workload 'nonesuch'" in capsys.readouterr().err
+    assert main([*argv, "--workload", "pl94"]) == 2
+    assert "workload 'pl94' on the release's domain" in capsys.readouterr().err
+
+
+def test_workload_with_options_is_named_in_yaml(tmp_path, capsys) -> None:
+    from dpdask.domain import Domain
+
+    case = _named_release(tmp_path, "marginals", Domain(votingage=2, hisp=2, b=3), k=2)
+    # not a named workload with its default options: the cells only, and a note saying so
+    data = report_data(case["out"], truth=case["truth"])
+    assert all(not lv["tables"] for lv in data["realised"]["levels"])
+    assert any("--workload NAME" in n for n in data["notes"])
+    html = tmp_path / "r.html"
+    argv = ["report", str(case["out"]), "--truth", str(case["truth"]), "--out", str(html)]
+    assert main([*argv, "--workload", "{name: marginals, k: 2}"]) == 0
+    real = _embedded(html.read_text())["realised"]
+    assert real["workloads"]["tract"] == {"release": "marginals (k=2)", "other": None}
+    W = case["W"].dense()
+    import zarr
+
+    g = zarr.open_group(str(case["out"]), mode="r")["tract"]
+    err = np.asarray(g["answers"][:]) - _dense_truth(case, "tract") @ W.T
+    tract = next(lv for lv in real["levels"] if lv["level"] == "tract")
+    assert sum(r["queries"] for r in tract["tables"]) == W.shape[0]
+    total_sse = sum(
+        r["realised_rmse"] ** 2 * r["queries"] * tract["units"] for r in tract["tables"]
+    )
+    np.testing.assert_allclose(total_sse, (err**2).sum(), rtol=1e-9)
+    assert main([*argv, "--workload", "{k: 2}"]) == 2
+    assert "needs a name" in capsys.readouterr().err

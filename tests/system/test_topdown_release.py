@@ -158,7 +158,7 @@ def test_entries_layout_publishes_the_same_release(store, tmp_path, monkeypatch)
         np.testing.assert_array_equal(g["answers"][:], dense[lv]["answers"][:])
         assert g["variance"].shape == (Wd.shape[0],)
         np.testing.assert_allclose(g["variance"][:], dense[lv]["variance"][:])
-        assert tree[lv].dataset["moe90"].dims == ("query",)
+        assert tree[lv].dataset["moe90"].dims == ("workload_query",)
 
 
 def test_export_broadcasts_the_level_variance(store, tmp_path):
