@@ -64,6 +64,7 @@ class Door:
                 "path": str(self.input),
                 "geography_column": "geo",
                 "levels": {"state": 2, "county": 4},
+                "geographies": ["0101", "0102", "0201", "0202"],
             },
             "domain": {"sex": 2, "age": 3},
             "levels": ["state", "county"],
