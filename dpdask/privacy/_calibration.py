@@ -79,6 +79,26 @@ class Calibration:
         ``sigma**2``."""
         return draw_variance(self.mechanism, self.scale)
 
+    def at(self, budget: Budget) -> Calibration:
+        """The same mechanism and sensitivity spending ``budget`` instead.
+
+        Raises
+        ------
+        dpdask.errors.PlanError
+            If ``budget`` is spent with another mechanism (a strategy's sensitivity is
+            in one norm).
+        """
+        mechanism = mechanism_for(budget)
+        if mechanism != self.mechanism:
+            raise PlanError(
+                f"a {self.mechanism} calibration cannot spend {budget!r} ({mechanism} noise); "
+                "calibrate the strategy for that budget"
+            )
+        return Calibration(
+            mechanism, self.norm, self.sensitivity,
+            noise_scale(mechanism, self.sensitivity, budget), budget,
+        )  # fmt: skip
+
 
 def calibrate(budget: Budget, strategy: _HasSensitivity) -> Calibration:
     """Calibrate the noise of measuring ``strategy`` with exactly ``budget``.

@@ -129,7 +129,7 @@ class Plan:
     # -- noise -------------------------------------------------------------
     def at(self, budget: Budget) -> Plan:
         """This plan's strategy and workload measured with ``budget`` instead: a copy
-        recalibrated by :func:`dpdask.privacy.calibrate` (the one calibration), for a
+        recalibrated (:meth:`dpdask.privacy.Calibration.at`, the one calibration), for a
         level's share of a release budget or an audit's control.
 
         Raises
@@ -138,12 +138,7 @@ class Plan:
             If ``budget`` cannot be spent with this plan's mechanism (a Gaussian
             strategy's sensitivity is not a Laplace one's).
         """
-        cal = calibrate(budget, self.strategy)
-        if cal.mechanism != self.mechanism:
-            raise PlanError(
-                f"a {self.mechanism} plan cannot be measured with {budget!r} "
-                f"({cal.mechanism} noise); select a plan for that budget"
-            )
+        cal = self.calibration.at(budget)
         new = copy.copy(self)
         new.privacy, new.calibration, new.noise_scale = budget, cal, cal.scale
         new._analysis_cache = self._analysis_cache  # the same strategy and workload

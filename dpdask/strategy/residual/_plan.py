@@ -26,7 +26,7 @@ import numpy as np
 from dpdask.domain import Domain
 from dpdask.errors import PlanError
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Ones, VStack
-from dpdask.privacy import Budget, noise_scale, zCDP
+from dpdask.privacy import Budget, Calibration, noise_scale, zCDP
 from dpdask.strategy.error import svd_bound
 from dpdask.strategy.plan import Plan, mechanism_of
 from dpdask.strategy.residual._solve import ResidualSolution
@@ -104,8 +104,7 @@ class ResidualPlan(Plan):
         template: str = "residual",
         info: dict | None = None,
     ):
-        self.mechanism = mechanism_of(privacy)
-        if self.mechanism != "gaussian":
+        if mechanism_of(privacy) != "gaussian":
             raise PlanError(
                 "the residual strategy adds Gaussian noise: give a zCDP or (epsilon, delta) "
                 "budget (pure DP keeps HDMM's strategies)"
@@ -124,10 +123,15 @@ class ResidualPlan(Plan):
         self.template = str(template)
         self.info = dict(info or {})
         self.sizes = marginals.sizes
-        self.sensitivity = math.sqrt(marginals.sensitivity2(u))
-        if not math.isfinite(self.sensitivity) or self.sensitivity <= 0:
-            raise PlanError(f"the residual strategy's L2 sensitivity is {self.sensitivity}")
-        self.noise_scale = noise_scale("gaussian", self.sensitivity, privacy)
+        sens = math.sqrt(marginals.sensitivity2(u))  # closed form: no strategy is built
+        if not math.isfinite(sens) or sens <= 0:
+            raise PlanError(f"the residual strategy's L2 sensitivity is {sens}")
+        self.calibration = Calibration(
+            "gaussian", 2, sens, noise_scale("gaussian", sens, privacy), privacy
+        )
+        self.mechanism = self.calibration.mechanism
+        self.sensitivity = self.calibration.sensitivity
+        self.noise_scale = self.calibration.scale
         self._workload = workload
         self._strategy: LinearQuery | None = None
         self._analysis_cache = None
