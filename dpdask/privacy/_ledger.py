@@ -65,7 +65,10 @@ from dpdask.privacy._records import (
     _total,
     check_binding,
     check_name,
+    check_publication,
     check_run_id,
+    dedupe,
+    run_body,
 )
 
 __all__ = [
@@ -352,7 +355,7 @@ class Ledger:
             st.release(release)
             run = st.runs.get((release, run_id))
             if run is None:
-                append("run", _run_body(release, run_id, key_fingerprint, binding))
+                append("run", run_body(release, run_id, key_fingerprint, binding))
                 return Run(release, run_id, key_fingerprint, "open", binding=binding)
             _check_run(run, key_fingerprint)
             if binding is not None:
@@ -393,7 +396,7 @@ class Ledger:
             if run is None:
                 raise RunStateError(f"run {run_id!r} of release {release!r} is not in the ledger")
             if state == "published":
-                _check_publication(run, str(output))
+                check_publication(run, str(output))
             if run.state == state:
                 return
             if run.state not in _LIVE or (state == "published" and run.state != "measuring"):
@@ -430,7 +433,7 @@ class Ledger:
         LedgerConflictError
             If an identity was charged with other parameters, or a release is not open.
         """
-        items = self._dedupe(charges)
+        items = dedupe(charges)
         if not items:
             return 0
         with self._chain.transaction() as (entries, append):
@@ -438,7 +441,7 @@ class Ledger:
             todo, new_runs, to_measuring = self._plan_charges(st, items)
             for release, run_id, fp in new_runs:
                 bound = self._bindings.get((release, run_id))
-                append("run", _run_body(release, run_id, fp, bound))
+                append("run", run_body(release, run_id, fp, bound))
             for c in todo:
                 append("charge", c.to_dict())
             for release, run_id in to_measuring:
@@ -447,25 +450,11 @@ class Ledger:
 
     def check(self, charges: Charge | Iterable[Charge]) -> int:
         """Raise as :meth:`charge` would, without writing. Returns how many are new."""
-        items = self._dedupe(charges)
+        items = dedupe(charges)
         todo, _, _ = self._plan_charges(self._state(), items)
         return len(todo)
 
     # -- internals -------------------------------------------------------------------------
-    @staticmethod
-    def _dedupe(charges: Charge | Iterable[Charge]) -> list[Charge]:
-        items = [charges] if isinstance(charges, Charge) else list(charges)
-        seen: dict[tuple[str, str, str, str], Charge] = {}
-        for c in items:
-            if not isinstance(c, Charge):
-                raise TypeError(f"expected a Charge, got {type(c).__name__}")
-            if c.key in seen and not (
-                seen[c.key].same_as(c) and seen[c.key].key_fingerprint == c.key_fingerprint
-            ):
-                raise LedgerConflictError(f"two different charges share the identity {c.key}")
-            seen[c.key] = c
-        return list(seen.values())
-
     def _plan_charges(
         self, st: _State, items: Sequence[Charge]
     ) -> tuple[list[Charge], list[tuple[str, str, str]], list[tuple[str, str]]]:
@@ -505,30 +494,3 @@ class Ledger:
                 to_measuring.append(rk)
         _check_fits(st, todo)
         return todo, [(*k, fp) for k, fp in new_runs.items()], to_measuring
-
-
-def _run_body(
-    release: str, run_id: str, key_fingerprint: str, binding: RunBinding | None
-) -> dict[str, Any]:
-    """The ledger entry that opens a run."""
-    body: dict[str, Any] = {"release": release, "run_id": run_id,
-                            "key_fingerprint": key_fingerprint}  # fmt: skip
-    if binding is not None:
-        body["binding"] = binding.to_dict()
-    return body
-
-
-def _check_publication(run: Run, output: str) -> None:
-    """A run is published once, and a bound run only at the output it is bound to."""
-    where = os.path.realpath(output)
-    name = f"run {run.run_id!r} of release {run.release!r}"
-    if run.state == "published" and run.output is not None and run.output != output:
-        raise RunStateError(
-            f"{name} is already published at {run.output}; its noise is never published "
-            f"again (at {output}). A new run id is a new run, drawing new noise and charged "
-            "again"
-        )
-    if run.binding is not None and run.binding.output != where:
-        raise RunStateError(
-            f"{name} is bound to the output {run.binding.output}; it cannot be published at {where}"
-        )

@@ -4,6 +4,7 @@ budget arithmetic of the accounting rules (see :mod:`dpdask.privacy._ledger`).""
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -293,6 +294,48 @@ def check_binding(run: Run, binding: RunBinding) -> None:
         raise RunStateError(
             f"{name} publishes to {run.binding.output}, not {binding.output}: a run's noise "
             f"is published once, at one place. {fresh}"
+        )
+
+
+def dedupe(charges: Charge | Iterable[Charge]) -> list[Charge]:
+    """``charges`` without repeats; two different charges under one identity are refused."""
+    items = [charges] if isinstance(charges, Charge) else list(charges)
+    seen: dict[tuple[str, str, str, str], Charge] = {}
+    for c in items:
+        if not isinstance(c, Charge):
+            raise TypeError(f"expected a Charge, got {type(c).__name__}")
+        if c.key in seen and not (
+            seen[c.key].same_as(c) and seen[c.key].key_fingerprint == c.key_fingerprint
+        ):
+            raise LedgerConflictError(f"two different charges share the identity {c.key}")
+        seen[c.key] = c
+    return list(seen.values())
+
+
+def run_body(
+    release: str, run_id: str, key_fingerprint: str, binding: RunBinding | None
+) -> dict[str, Any]:
+    """The ledger entry that opens a run."""
+    body: dict[str, Any] = {"release": release, "run_id": run_id,
+                            "key_fingerprint": key_fingerprint}  # fmt: skip
+    if binding is not None:
+        body["binding"] = binding.to_dict()
+    return body
+
+
+def check_publication(run: Run, output: str) -> None:
+    """A run is published once, and a bound run only at the output it is bound to."""
+    where = os.path.realpath(output)
+    name = f"run {run.run_id!r} of release {run.release!r}"
+    if run.state == "published" and run.output is not None and run.output != output:
+        raise RunStateError(
+            f"{name} is already published at {run.output}; its noise is never published "
+            f"again (at {output}). A new run id is a new run, drawing new noise and charged "
+            "again"
+        )
+    if run.binding is not None and run.binding.output != where:
+        raise RunStateError(
+            f"{name} is bound to the output {run.binding.output}; it cannot be published at {where}"
         )
 
 

@@ -243,7 +243,8 @@ def binding(spec: dict[str, Any], output: pathlib.Path) -> Any:
     from dpdask.dataflow import fingerprint_path
     from dpdask.privacy import RunBinding
 
-    fields = {k: v for k, v in spec.items() if k not in ("output", "ledger", "source")}
+    ignored = ("output", "ledger", "ledger_create", "source")
+    fields = {k: v for k, v in spec.items() if k not in ignored}
     text = json.dumps(fields, sort_keys=True, default=str)
     return RunBinding(
         fingerprint_path(spec["data"]).content,

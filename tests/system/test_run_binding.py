@@ -208,7 +208,7 @@ def test_a_deleted_ledger_is_not_recreated_beside_another_period(tmp_path, capsy
 
 
 def test_overwrite_refuses_a_release_of_another_ledger(tiny_created, tmp_path, capsys) -> None:
-    spec, out = tiny_created
+    _spec, out = tiny_created
     published = _estimates(out)
     fresh = tmp_path / "ledger2" / "fresh.sqlite"
     assert main(["ledger", "init", str(fresh)]) == 0

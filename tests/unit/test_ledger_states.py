@@ -1,17 +1,26 @@
-"""Any sequence of runs, kills, resumes, overwrites, deleted outputs and tampering.
+"""Any sequence of runs, kills, resumes, overwrites, deleted outputs, tampering, edited
+work folders and changed inputs.
 
 A hypothesis state machine drives :func:`dpdask.pipeline.run.run_spec` (the real
-key-file path, the local threaded scheduler) on tiny person records. Invariants,
-checked after every step:
+key-file path, the local threaded scheduler) on tiny person records with an explicit
+``data.id`` (so that the dataset does not change with the input). Invariants, checked
+after every step:
 
-* the number of distinct noise draws ever published (distinct published estimates of
-  the same data) never exceeds the number of runs the ledger has charged;
+* the number of distinct noise draws ever published (distinct published estimates)
+  never exceeds the number of runs the ledger has charged;
+* the same noise (one run of one release) is never published on two inputs, nor on
+  another input than the one its run was charged on;
 * ``Ledger.verify`` fails exactly when the ledger was tampered with, and a tampered
   ledger refuses every later run.
+
+The work folder is untrusted: its ``source.json`` is deleted or forged, its chunk
+markers dropped, or it is copied beside the other output (a second place to resume
+the same run); the input changes by one person moving county.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import pathlib
 import shutil
@@ -23,12 +32,13 @@ import pytest
 import zarr
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dpdask.dataflow.release import Release
 from dpdask.pipeline.run import run_spec
 from dpdask.pipeline.spec import parse_spec
 from dpdask.privacy import Ledger, LedgerError
+from dpdask.publish import release_attributes
 from dpdask.testing.ledger import TAMPER_KINDS, tamper_ledger
 
 RECORDS = "geo,sex,age\n" + "".join(
@@ -38,6 +48,9 @@ RECORDS = "geo,sex,age\n" + "".join(
 )
 OUTPUTS = ("a.zarr", "b.zarr")
 RELEASES = ("r-one", "r-two")
+PICK = st.integers(0, 7)  # which earlier run a move acts on (modulo their number)
+MOVED = RECORDS.replace("0101,", "0102,", 1)  # one person moved county
+assert MOVED != RECORDS
 
 
 class Killed(BaseException):
@@ -46,6 +59,16 @@ class Killed(BaseException):
 
 def _die(*args, **kwargs):
     raise Killed()
+
+
+def _nothing() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def _estimates_digest(path: pathlib.Path) -> str:
+    g = zarr.open_group(str(path), mode="r")
+    arrays = [np.asarray(g[lv]["estimate"][:]) for lv in ("state", "county")]
+    return hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
 
 
 class ReleaseMachine(RuleBasedStateMachine):
@@ -62,6 +85,10 @@ class ReleaseMachine(RuleBasedStateMachine):
         self.killed: list[tuple[str, str, str]] = []  # (release, run id, output)
         self.published: list[tuple[str, str, str]] = []
         self.counter = 0
+        self.input = RECORDS
+        self.seen: set[str] = set()  # published estimates already attributed to an input
+        self.noise_inputs: dict[tuple[str, str], set[str]] = {}  # run -> inputs published on
+        self.charged_on: dict[tuple[str, str], str] = {}  # run -> the input it was charged on
 
     def teardown(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -104,6 +131,21 @@ class ReleaseMachine(RuleBasedStateMachine):
         return release or f"fresh{self.counter}"
 
     def _after_write(self) -> None:
+        """After a run attempt: note the input each newly charged run was charged on, and
+        attribute every newly published estimate to the run whose noise it carries and
+        the input it was published on (the input now)."""
+        if not self.tampered:
+            for c in Ledger(self.ledger_path).charges():
+                self.charged_on.setdefault((c.release, c.run_id), self.input)
+        for out in OUTPUTS:
+            attrs = release_attributes(self.dir / out)
+            if attrs is None:
+                continue
+            digest = _estimates_digest(self.dir / out)
+            if digest not in self.seen:
+                self.seen.add(digest)
+                noise = (attrs["release"], attrs["run_id"])
+                self.noise_inputs.setdefault(noise, set()).add(self.input)
         if not self.tampered:
             self.snapshots.append(self.ledger_path.read_bytes())
 
@@ -136,19 +178,57 @@ class ReleaseMachine(RuleBasedStateMachine):
                 self.killed.append((release, run_id, output))
         self._after_write()
 
-    @rule(data=st.data())
-    def resume(self, data) -> None:
+    @precondition(lambda self: bool(self.killed))
+    @rule(pick=PICK, stop_at_publish=st.booleans(), overwrite=st.booleans())
+    def resume(self, pick: int, stop_at_publish: bool, overwrite: bool) -> None:
         if not self.killed:
             return
-        release, run_id, output = data.draw(st.sampled_from(self.killed))
-        self._run(release, run_id, output)
+        release, run_id, output = self.killed[pick % len(self.killed)]
+        with mock.patch.object(Ledger, "publish", _die) if stop_at_publish else _nothing():
+            try:
+                if self._run(release, run_id, output, overwrite=overwrite):
+                    self.killed.remove((release, run_id, output))
+            except Killed:
+                pass
         self._after_write()
 
-    @rule(data=st.data(), overwrite=st.booleans())
-    def reuse_published_run_id(self, data, overwrite: bool) -> None:
+    @precondition(lambda self: bool(self.killed))
+    @rule(pick=PICK, how=st.sampled_from(["delete", "forge", "markers", "copy"]))
+    def edit_work_folder(self, pick: int, how: str) -> None:
+        """The work folder is storage nothing authenticates: edit it as an attacker would."""
+        if not self.killed:
+            return
+        release, run_id, output = self.killed[pick % len(self.killed)]
+        work = self.dir / f".{output}.run-{run_id}"
+        if not work.exists():
+            return
+        if how == "delete":
+            (work / "source.json").unlink(missing_ok=True)
+        elif how == "forge":
+            fake = hashlib.sha256(self.input.encode()).hexdigest()
+            (work / "source.json").write_text(f'{{"content": "{fake}", "spec": "{fake}"}}')
+        elif how == "markers":
+            shutil.rmtree(work / "done", ignore_errors=True)
+        else:  # beside the other output, to resume the same run there
+            other = next(o for o in OUTPUTS if o != output)
+            copy = self.dir / f".{other}.run-{run_id}"
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(work, copy)
+            (copy / "source.json").unlink(missing_ok=True)
+            if (release, run_id, other) not in self.killed:
+                self.killed.append((release, run_id, other))
+
+    @rule(moved=st.booleans())
+    def change_input(self, moved: bool) -> None:
+        self.input = MOVED if moved else RECORDS
+        (self.dir / "people.csv").write_text(self.input)
+
+    @precondition(lambda self: bool(self.published))
+    @rule(pick=PICK, overwrite=st.booleans())
+    def reuse_published_run_id(self, pick: int, overwrite: bool) -> None:
         if not self.published:
             return
-        release, run_id, output = data.draw(st.sampled_from(self.published))
+        release, run_id, output = self.published[pick % len(self.published)]
         if self._run(release, run_id, output, overwrite=overwrite):
             raise AssertionError("a published run id was run again")
 
@@ -156,13 +236,14 @@ class ReleaseMachine(RuleBasedStateMachine):
     def delete_output(self, output: str) -> None:
         shutil.rmtree(self.dir / output, ignore_errors=True)
 
+    @precondition(lambda self: not self.tampered)  # a tampered ledger refuses everything
     @rule(kind=st.sampled_from(TAMPER_KINDS))
     def tamper(self, kind: str) -> None:
         path = self.ledger_path
         if self.tampered or not path.exists():
             return
-        if kind == "delete-charges" and not list(Ledger(path).charges()):
-            return  # nothing to delete: the ledger is untouched
+        if kind == "delete-charges" and not Ledger(path).charges():
+            return  # nothing to delete: the ledger would be untouched
         snapshot = None
         if kind == "rollback":
             older = [s for s in self.snapshots if s != path.read_bytes()]
@@ -179,13 +260,18 @@ class ReleaseMachine(RuleBasedStateMachine):
         for out in OUTPUTS:
             path = self.dir / out
             if path.exists():
-                g = zarr.open_group(str(path), mode="r")
-                arrays = [np.asarray(g[lv]["estimate"][:]) for lv in ("state", "county")]
-                self.draws.add(hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest())
+                self.draws.add(_estimates_digest(path))
         if not self.tampered:
             ledger = Ledger(self.ledger_path)
             self.charged_runs = len({(c.release, c.run_id) for c in ledger.charges()})
         assert len(self.draws) <= self.charged_runs
+
+    @invariant()
+    def the_same_noise_is_never_published_on_two_inputs(self) -> None:
+        for noise, inputs in self.noise_inputs.items():
+            assert len(inputs) <= 1, f"run {noise} published on {len(inputs)} inputs"
+            # and only on the input it was charged on (the ledger binds the run to it)
+            assert inputs <= {self.charged_on.get(noise)}, f"run {noise} on another input"
 
     @invariant()
     def verify_fails_exactly_when_tampered(self) -> None:
@@ -195,6 +281,25 @@ class ReleaseMachine(RuleBasedStateMachine):
             assert self.tampered, "an intact ledger failed to verify"
         else:
             assert not self.tampered, "a tampered ledger verified"
+
+
+def test_a_copied_work_folder_resumed_on_moved_data() -> None:
+    """The issue's attack as moves of the machine: killed after its charges, its work folder
+    copied beside the other output, both resumed, one on data in which a person moved."""
+    m = ReleaseMachine()
+    try:
+        m.kill(release="r-one", output="a.zarr", where="_checkpoint")
+        m.edit_work_folder(pick=0, how="copy")
+        assert m.killed[1] == (m.killed[0][0], m.killed[0][1], "b.zarr")
+        m.change_input(moved=True)
+        m.resume(pick=1, stop_at_publish=False, overwrite=False)  # b.zarr, moved data
+        m.change_input(moved=False)
+        m.resume(pick=0, stop_at_publish=False, overwrite=False)  # a.zarr, the data it began on
+        m.published_draws_never_exceed_charged_runs()
+        m.the_same_noise_is_never_published_on_two_inputs()
+        assert m.published == [("r-one", "run1", "a.zarr")]
+    finally:
+        m.teardown()
 
 
 ReleaseMachine.TestCase.settings = settings(
