@@ -8,7 +8,7 @@ import json
 import os
 import pathlib
 
-from dpdask.dataflow import SourcePrint
+from dpdask.dataflow import SourcePrint, fingerprint_path
 from dpdask.noise import KeyFile
 from dpdask.pipeline.spec import ReleaseSpec
 from dpdask.privacy import Run, RunBinding, RunStateError, check_binding
@@ -34,11 +34,15 @@ def check_run_key(run: Run, work: pathlib.Path) -> None:
 
 def spec_print(spec: ReleaseSpec) -> str:
     """A hash of everything in a spec that decides what a run measures and publishes
-    (release, data format and options, domain, levels, workloads, budgets, strategy,
-    reconstruction); not the output, ledger or cluster."""
+    (release, data format and options with the content of a geography universe file,
+    domain, levels, workloads, budgets, strategy, reconstruction); not the output, ledger
+    or cluster."""
+    options = dict(spec.data.options)
+    if isinstance(options.get("geographies"), str):  # a universe file: what it says counts
+        options["geographies"] = fingerprint_path(options["geographies"]).content
     fields = {
         "release": spec.release,
-        "data": {"format": spec.data.format, "options": spec.data.options, "id": spec.data.id},
+        "data": {"format": spec.data.format, "options": options, "id": spec.data.id},
         "domain": spec.domain.to_dict(),
         "levels": spec.levels,
         "workload": spec.workload,

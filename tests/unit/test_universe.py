@@ -263,6 +263,21 @@ def test_the_universe_file_is_relative_to_the_spec(tmp_path: pathlib.Path) -> No
     assert spec.data.options["levels"] == PREFIXES
 
 
+def test_a_run_is_bound_to_what_its_universe_file_says(tmp_path: pathlib.Path) -> None:
+    """The spec hash a run is bound to in the ledger changes with the universe file's
+    content (the same path), so a resume cannot publish another set of units."""
+    from dpdask.pipeline._resume import spec_print
+
+    units = tmp_path / "units.csv"
+    units.write_text("state,county\n01,0101\n")
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(_spec(geographies="units.csv", levels=PREFIXES)))
+    before = spec_print(load_spec(path))
+    assert spec_print(load_spec(path)) == before
+    units.write_text("state,county\n01,0101\n01,0102\n")
+    assert spec_print(load_spec(path)) != before
+
+
 def test_sum_records_outside_their_geographies_are_counted_never_shown(tmp_path) -> None:
     from dpdask.sums._records import read_records
     from dpdask.sums.bins import NumericBins
