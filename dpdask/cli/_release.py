@@ -9,8 +9,10 @@ runs. The count model's verbs live here; the others in :mod:`dpdask.cli._models`
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from dpdask.cli._common import QUIET, log, print_result, spec_parser
 from dpdask.cli._models import LOCAL, SUMS, Model, Result, lines
@@ -89,7 +91,8 @@ def cmd_plan(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="a local-model spec: replace its earlier strategy_file (dpdask's own only)",
+        help="replace an earlier file dpdask wrote: a local-model spec's strategy_file, or "
+        "the plan file of --save",
     )
     named = parser.add_argument_group("a named workload instead of a spec")
     named.add_argument(
@@ -112,7 +115,7 @@ def cmd_plan(argv: Sequence[str]) -> int:
         return _dispatch("plan", args)
     plan = _plan_workload(args, parser)
     if args.save:
-        plan.save(args.save)
+        _save_plan(plan, args.save, args.overwrite)
     print_result(plan.summary(as_dict=True), args.json, lambda r: plan.summary())
     return 0
 
@@ -124,14 +127,49 @@ def _counts_plan(args: argparse.Namespace) -> Result:
     plan, report = plan_spec(load_spec(args.spec, period=args.period))
     per_level = plan if isinstance(plan, dict) else None
     if args.save:
+        spec = load_spec(args.spec, period=args.period)
+        protected = [
+            ("input data", spec.data.path),
+            ("ledger", spec.ledger),
+            ("ledger head file", spec.ledger.with_name(spec.ledger.name + ".head")),
+            ("release spec", pathlib.Path(args.spec)),
+            ("output", spec.output),
+        ]
         if per_level is None:
-            plan.save(args.save)
+            _save_plan(plan, args.save, args.overwrite, protected)
         else:  # one file per level: PATH-<level>.npz
             base = pathlib.Path(args.save)
             for lv, p in per_level.items():
-                p.save(base.with_name(f"{base.stem}-{lv}{base.suffix or '.npz'}"))
+                path = base.with_name(f"{base.stem}-{lv}{base.suffix or '.npz'}")
+                _save_plan(p, path, args.overwrite, protected)
     first = plan if per_level is None else next(iter(per_level.values()))
     return report, lambda r: first.summary() + "\n\n" + _levels_table(r)
+
+
+def _is_plan_file(path: pathlib.Path) -> bool:
+    """Whether ``path`` holds a plan dpdask saved (it names its format)."""
+    from dpdask.strategy import Plan
+
+    try:
+        Plan.load(path)
+    except Exception:  # anything unreadable as a plan is not dpdask's to replace
+        return False
+    return True
+
+
+def _save_plan(
+    plan: Any,
+    path: str | os.PathLike,
+    overwrite: bool,
+    protected: Iterable[tuple[str, str | os.PathLike | None]] = (),
+) -> None:
+    """``--save``: through the one output check (never an input, the ledger, the spec
+    or a link; an existing file only with ``--overwrite`` and only a plan dpdask saved),
+    written atomically."""
+    from dpdask.publish import check_output, publish_file
+
+    target = check_output(path, overwrite, protected, artefact=_is_plan_file)
+    publish_file(target, plan.save, overwrite, protected=protected, artefact=_is_plan_file)
 
 
 #: the registry of models: a spec's ``model:`` (absent: counts) -> its verbs and options
@@ -144,9 +182,8 @@ MODELS: dict[str | None, Model] = {
         honours={
             "run": frozenset({"run_id", "period", "overwrite", "scheduler"}),
             "validate": frozenset({"run_id", "period", "overwrite"}),
-            "plan": frozenset({"period", "save"}),
+            "plan": frozenset({"period", "save", "overwrite"}),
         },
-        why={"overwrite": "its plan writes nothing but --save"},
     ),
     "local": LOCAL,
     "sums": SUMS,

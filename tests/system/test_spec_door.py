@@ -366,3 +366,35 @@ def test_release_ids_follow_one_rule(door, capsys, release) -> None:
         assert "release" in _one_error(capsys.readouterr().err, verb)
     _unchanged(before, door)
     assert not door.output.exists()
+
+
+@pytest.mark.parametrize("aim", ["input", "ledger", "ledger head", "spec"])
+def test_a_saved_plan_never_replaces_what_it_must_protect(tmp_path, capsys, aim) -> None:
+    """``dpdask plan --save`` goes through the same output check as a release."""
+    door = Door("counts", tmp_path)
+    before = door.files()
+    assert door.run("plan", "--save", str(door.target(aim)), "--overwrite") == 2
+    assert "overlaps" in _one_error(capsys.readouterr().err, "plan")
+    assert door.files() == before
+
+
+def test_a_saved_plan_replaces_only_a_plan(tmp_path, capsys) -> None:
+    from dpdask.strategy import Plan
+
+    door = Door("counts", tmp_path)
+    other = tmp_path / "notes.npz"
+    other.write_bytes(b"not a plan")
+    assert door.run("plan", "--save", str(other), "--overwrite") == 2
+    assert "not a dpdask" in _one_error(capsys.readouterr().err, "plan")
+    assert other.read_bytes() == b"not a plan"
+    saved = tmp_path / "plan.npz"
+    assert door.run("plan", "--save", str(saved)) == 0
+    first = saved.read_bytes()
+    assert door.run("plan", "--save", str(saved)) == 2  # exists: needs --overwrite
+    assert saved.read_bytes() == first
+    assert door.run("plan", "--save", str(saved), "--overwrite") == 0
+    assert Plan.load(saved).noise_scale > 0
+    link = tmp_path / "link.npz"
+    link.symlink_to(saved)
+    assert door.run("plan", "--save", str(link), "--overwrite") == 2
+    assert link.is_symlink()
