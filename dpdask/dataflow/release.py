@@ -79,7 +79,7 @@ from dpdask.dataflow._topdown import TopdownGraph
 from dpdask.dataflow.store import DataStore, open_store
 from dpdask.measure import DEFAULT_MAX_TOTAL, level_charge
 from dpdask.noise import KeyFile, SecretKey
-from dpdask.privacy import Budget, Ledger, check_run_id
+from dpdask.privacy import Budget, Ledger, RunStateError, check_run_id
 from dpdask.publish import (
     check_output,
     move_into_place,
@@ -250,6 +250,16 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
         path = pathlib.Path(os.path.abspath(path))
         work = work_dir(path, self.run_id)
         run = self._ledger_run()
+        if (
+            run is not None
+            and run.binding is not None
+            and run.binding.output != os.path.realpath(path)
+        ):
+            raise RunStateError(
+                f"run {self.run_id!r} of release {self.release_id!r} publishes to "
+                f"{run.binding.output}, not {path}: a run's noise is published once, where "
+                "it was bound (nothing was charged)"
+            )
         previous = release_attributes(path)
         if (
             run is not None

@@ -282,3 +282,33 @@ def test_a_sum_run_is_bound_and_published_once(tmp_path, capsys) -> None:
     assert "never re-created" in capsys.readouterr().err
     assert (zarr.open_group(str(out), mode="r")["answers"][:] == answers).all()
     assert not ledger.path.exists()
+
+
+def test_the_library_path_publishes_a_bound_run_only_at_its_output(named, tmp_path) -> None:
+    """A run charged through the CLI, resumed through ``dpdask.release`` with its own
+    key at another path, is refused before its data is read or anything is written."""
+    from dpdask.dataflow import open_store
+    from dpdask.dataflow.release import release
+    from dpdask.noise import KeyFile
+    from dpdask.pipeline.run import plan_spec
+    from dpdask.pipeline.spec import load_spec
+    from dpdask.privacy import RunStateError
+
+    _charged_then_killed(named, "B")
+    out = tmp_path / "out" / "tiny.zarr"
+    work = out.with_name(".tiny.zarr.run-B")
+    key = KeyFile(work / "key").load()
+    spec = load_spec(named)
+    plan, _ = plan_spec(spec)
+    (cached,) = work.glob("input-*.zarr")
+    ledger = _ledger(tmp_path)
+    entries = len(ledger.entries())
+    rel = release(
+        plan, open_store(cached), levels=spec.levels, release_id="tiny", run_id="B",
+        ledger=ledger, dataset="people", key=key,
+    )  # fmt: skip
+    other = tmp_path / "elsewhere" / "tiny.zarr"
+    with pytest.raises(RunStateError, match="publishes to"):
+        rel.to_zarr(other)
+    assert not other.exists() and not other.parent.exists()
+    assert len(_ledger(tmp_path).entries()) == entries
