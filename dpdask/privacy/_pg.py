@@ -1,0 +1,400 @@
+"""The ledger's chain on a PostgreSQL server, with separation of duties by database roles.
+
+The same hash-chained entries as the SQLite store (:mod:`dpdask.privacy._chain`), in
+the schema ``dpdask`` of one database: ``meta`` (ledger id, schema version, operator
+role) and ``entries``. The head is the server's last entry: there is no head file to
+roll back, and the operator role cannot restore, truncate or edit the database.
+
+Roles (created by the site's database administrator; ``dpdask ledger init URL
+--operator-role ROLE`` is run as the *administrator*, the role named in URL):
+
+* the **administrator** owns the schema: it registers datasets and their lifetime
+  budgets (``dpdask ledger dataset``), retires runs (``dpdask ledger abandon``),
+  migrates and repairs. As the owner it can still do anything to its tables (drop
+  them, rewrite the chain): what protects against it is the database's own audit
+  and backups, and the heads published releases record (``dpdask ledger verify
+  --release``).
+* the **operator** (the role release jobs use) has ``USAGE`` on the schema,
+  ``SELECT`` on both tables and ``INSERT`` on ``entries`` only: no ``UPDATE``,
+  ``DELETE``, ``TRUNCATE``, DDL or ownership, enforced by grants. A row-level policy
+  (owned by the administrator) lets it insert only the entries of a release's life:
+  a release on a *registered* dataset, a run, a charge, a run becoming ``measuring``
+  or ``published``, and the first source fingerprint of a registered dataset.
+
+A trigger refuses any insert that does not extend the chain (the next sequence
+number, the last hash, the right digest), and writers serialise on a transaction
+advisory lock, so concurrent jobs on many machines append one after another and each
+re-checks the budgets against every entry committed before it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from dpdask.errors import (
+    LedgerError,
+    LedgerMissingError,
+    LedgerPermissionError,
+    LedgerServerError,
+    LedgerTamperedError,
+)
+from dpdask.privacy._chain import (
+    _ZERO,
+    SCHEMA_VERSION,
+    Chain,
+    Entry,
+    Head,
+    _Appender,
+    _digest,
+    canonical,
+    verify_rows,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["ServerChain", "is_server_url", "redact"]
+
+_SCHEMES = ("postgresql://", "postgres://")
+_LOCK = 0x64706461736B  # the writers' advisory lock ("dpdask")
+_OPERATOR_KINDS = ("release", "run", "charge", "state", "source")
+
+_SCHEMA = """
+CREATE SCHEMA dpdask;
+CREATE TABLE dpdask.meta (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE dpdask.entries (
+    seq bigint PRIMARY KEY,
+    kind text NOT NULL,
+    body text NOT NULL,
+    prev text NOT NULL,
+    hash text NOT NULL UNIQUE);
+CREATE FUNCTION dpdask.digest(VARIADIC parts text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT encode(sha256(string_agg(
+        int8send(octet_length(convert_to(p, 'UTF8'))) || convert_to(p, 'UTF8'),
+        ''::bytea ORDER BY i)), 'hex')
+    FROM unnest(parts) WITH ORDINALITY AS t(p, i)
+$$;
+CREATE FUNCTION dpdask.extends_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE last_seq bigint; last_hash text; lid text;
+BEGIN
+    SELECT seq, hash INTO last_seq, last_hash FROM dpdask.entries ORDER BY seq DESC LIMIT 1;
+    IF NOT FOUND THEN last_seq := 0; last_hash := repeat('0', 64); END IF;
+    SELECT value INTO lid FROM dpdask.meta WHERE key = 'ledger';
+    IF NEW.seq <> last_seq + 1 OR NEW.prev <> last_hash
+       OR NEW.hash <> dpdask.digest(lid, NEW.seq::text, NEW.kind, NEW.body, NEW.prev) THEN
+        RAISE EXCEPTION 'entry % does not extend the ledger''s hash chain', NEW.seq
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE FUNCTION dpdask.append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'the ledger is append-only' USING ERRCODE = 'insufficient_privilege';
+END $$;
+CREATE TRIGGER entries_chain BEFORE INSERT ON dpdask.entries
+    FOR EACH ROW EXECUTE FUNCTION dpdask.extends_chain();
+CREATE TRIGGER entries_no_edit BEFORE UPDATE OR DELETE ON dpdask.entries
+    FOR EACH ROW EXECUTE FUNCTION dpdask.append_only();
+CREATE TRIGGER entries_no_truncate BEFORE TRUNCATE ON dpdask.entries
+    FOR EACH STATEMENT EXECUTE FUNCTION dpdask.append_only();
+CREATE TRIGGER meta_no_edit BEFORE UPDATE OR DELETE ON dpdask.meta
+    FOR EACH ROW EXECUTE FUNCTION dpdask.append_only();
+CREATE FUNCTION dpdask.operator_may_insert(new_kind text, new_body text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT CASE new_kind
+        WHEN 'run' THEN true
+        WHEN 'charge' THEN true
+        WHEN 'state' THEN (new_body::jsonb ->> 'state') IN ('measuring', 'published')
+        WHEN 'release' THEN EXISTS (
+            SELECT 1 FROM dpdask.entries d WHERE d.kind = 'dataset'
+            AND d.body::jsonb ->> 'dataset' = new_body::jsonb ->> 'dataset')
+        WHEN 'source' THEN EXISTS (
+            SELECT 1 FROM dpdask.entries d WHERE d.kind = 'dataset'
+            AND d.body::jsonb ->> 'dataset' = new_body::jsonb ->> 'dataset')
+          AND NOT EXISTS (
+            SELECT 1 FROM dpdask.entries s WHERE s.kind = 'source'
+            AND (s.body::jsonb ->> 'dataset' = new_body::jsonb ->> 'dataset'
+                 OR s.body::jsonb ->> 'fingerprint' = new_body::jsonb ->> 'fingerprint'))
+        ELSE false END
+$$;
+ALTER TABLE dpdask.entries ENABLE ROW LEVEL SECURITY;
+REVOKE ALL ON SCHEMA dpdask FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA dpdask FROM PUBLIC;
+"""
+
+_GRANTS = """
+GRANT USAGE ON SCHEMA dpdask TO {role};
+GRANT SELECT ON dpdask.meta TO {role};
+GRANT SELECT, INSERT ON dpdask.entries TO {role};
+CREATE POLICY operator_reads ON dpdask.entries FOR SELECT TO {role} USING (true);
+CREATE POLICY operator_appends ON dpdask.entries FOR INSERT TO {role}
+    WITH CHECK (dpdask.operator_may_insert(kind, body));
+"""
+
+
+def is_server_url(location: object) -> bool:
+    """Whether ``location`` names a ledger on a PostgreSQL server (``postgresql://...``)."""
+    return isinstance(location, str) and location.lower().startswith(_SCHEMES)
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (in the user part or the query), to print or record."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        netloc = user.split(":", 1)[0] + "@" + host
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "password"])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class ServerChain:
+    """The hash-chained entry log of one ledger on a PostgreSQL server.
+
+    Use :meth:`create` (as the administrator) for a new ledger, ``ServerChain(url)``
+    to open one; both verify the whole chain. The interface is :class:`Chain`'s.
+    """
+
+    head_file: None = None  # the server keeps the head
+
+    def __init__(self, url: str, *, check_head: bool = True):
+        self.url = url
+        self.path = redact(url)
+        self._con: psycopg.Connection[Any] | None = None
+        self._pid = 0
+        with self._session() as con:
+            self.ledger_id = self._check_schema(con)
+            self.read(con)
+
+    @classmethod
+    def create(cls, url: str, operator_role: str | None = None) -> ServerChain:
+        """Create the ledger's schema in the database of ``url`` (run as its administrator);
+        ``operator_role`` may then only read and append (see the module notes)."""
+        from psycopg import sql
+
+        chain = cls.__new__(cls)
+        chain.url, chain.path, chain._con, chain._pid = url, redact(url), None, 0
+        with chain._session() as con, con.transaction():
+            if con.execute("SELECT to_regnamespace('dpdask')").fetchone() != (None,):
+                raise LedgerError(
+                    f"{chain.path} already holds a dpdask ledger; a ledger is never re-created"
+                )
+            if operator_role is not None:
+                role = con.execute("SELECT rolsuper, rolname = current_user FROM pg_roles "
+                                   "WHERE rolname = %s", (operator_role,)).fetchone()  # fmt: skip
+                if role is None:
+                    raise LedgerError(
+                        f"--operator-role: there is no role {operator_role!r} on the server; "
+                        "create it first (CREATE ROLE ... LOGIN PASSWORD ...)"
+                    )
+                if role[0] or role[1]:
+                    raise LedgerError(
+                        f"--operator-role: {operator_role!r} is a superuser or the "
+                        "administrator itself; the operator must be a role of its own "
+                        "without superuser rights, or nothing separates the duties"
+                    )
+            con.execute(_SCHEMA)
+            ledger_id = secrets.token_hex(16)
+            con.execute(
+                "INSERT INTO dpdask.meta VALUES ('schema', %s), ('ledger', %s), ('operator', %s)",
+                (str(SCHEMA_VERSION), ledger_id, operator_role or ""),
+            )
+            if operator_role is not None:
+                con.execute(sql.SQL(_GRANTS).format(role=sql.Identifier(operator_role)))
+            body = canonical({"schema": SCHEMA_VERSION, "time": time.time()})
+            row = (1, "init", body, _ZERO, _digest(ledger_id, 1, "init", body, _ZERO))
+            con.execute("INSERT INTO dpdask.entries VALUES (%s, %s, %s, %s, %s)", row)
+        chain.close()
+        return cls(url)
+
+    # -- connections -------------------------------------------------------------------
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._con is not None and not self._con.closed and self._pid == os.getpid():
+            return self._con
+        try:
+            import psycopg
+        except ImportError:
+            raise LedgerError(
+                f"the ledger {self.path} is on a PostgreSQL server, which needs psycopg: "
+                "pip install 'dpdask[postgresql]'"
+            ) from None
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        try:
+            params = conninfo_to_dict(self.url)
+        except psycopg.Error as exc:
+            raise LedgerError(f"ledger: {self.path} is not a valid server URL: "
+                              f"{_first_line(exc)}") from None  # fmt: skip
+        params.setdefault("connect_timeout", 10)
+        params.setdefault("application_name", "dpdask-ledger")
+        try:
+            self._con = psycopg.connect(make_conninfo("", **params), autocommit=True)
+        except psycopg.OperationalError as exc:
+            why = _first_line(exc)
+            if "password" in why or "authentication" in why:
+                raise LedgerServerError(
+                    f"the ledger server {self.path} refuses the login ({why}): check the user "
+                    "and password (PGPASSWORD, PGPASSFILE or the URL)"
+                ) from None
+            raise LedgerServerError(f"cannot reach the ledger server {self.path}: {why}") from None
+        self._pid = os.getpid()
+        return self._con
+
+    @contextmanager
+    def _session(self) -> Iterator[psycopg.Connection[Any]]:
+        """The connection, with the server's errors turned into one-line ledger errors."""
+        import psycopg
+
+        con = self._connection()
+        try:
+            yield con
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise LedgerPermissionError(
+                f"the role of {self.path} may not do this on the ledger ({_first_line(exc)}): "
+                "registering datasets, abandoning runs and repairs are the administrator's"
+            ) from None
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise LedgerServerError(
+                f"lost the ledger server {self.path}: {_first_line(exc)}; nothing was "
+                "committed by the interrupted step; run again (the same run id resumes)"
+            ) from None
+        except psycopg.Error as exc:
+            raise LedgerError(
+                f"the ledger server {self.path} refused: {_first_line(exc)}"
+            ) from None
+
+    def close(self) -> None:
+        """Close the connection (the next use reconnects)."""
+        if self._con is not None:
+            try:
+                self._con.close()
+            finally:
+                self._con = None
+
+    def _check_schema(self, con: psycopg.Connection[Any]) -> str:
+        found = con.execute(
+            "SELECT to_regclass('dpdask.entries') IS NOT NULL, "
+            "has_schema_privilege(current_user, 'dpdask', 'USAGE') "
+            "FROM (SELECT to_regnamespace('dpdask') AS ns) n WHERE ns IS NOT NULL"
+        ).fetchone()
+        if found is None:
+            raise LedgerMissingError(
+                f"there is no ledger on {self.path}; its administrator creates one with "
+                f"`dpdask ledger init {self.path} --operator-role ROLE`"
+            )
+        if not found[1]:
+            raise LedgerPermissionError(
+                f"the role of {self.path} has no grant on the ledger (schema dpdask); its "
+                "administrator grants it with `dpdask ledger init ... --operator-role ROLE`"
+            )
+        if not found[0]:
+            raise LedgerTamperedError(f"the ledger on {self.path} has lost its entries table")
+        meta = dict(con.execute("SELECT key, value FROM dpdask.meta").fetchall())
+        if meta.get("schema") != str(SCHEMA_VERSION) or "ledger" not in meta:
+            raise LedgerTamperedError(
+                f"{self.path} has ledger schema {meta.get('schema')!r}; this dpdask reads "
+                f"schema {SCHEMA_VERSION}"
+            )
+        return str(meta["ledger"])
+
+    # -- reading -------------------------------------------------------------------------
+    def read(self, con: Any = None, *, check_head: bool = True) -> list[Entry]:
+        """Every entry, verified (the server keeps the head: there is no head file)."""
+        if con is None:
+            with self._session() as c:
+                return self.read(c)
+        rows = con.execute("SELECT seq, kind, body, prev, hash FROM dpdask.entries ORDER BY seq")
+        return verify_rows(self.ledger_id, rows.fetchall(), self.path)
+
+    contains = staticmethod(Chain.contains)
+
+    def is_administrator(self) -> bool:
+        """Whether this connection's role may register datasets and retire runs."""
+        with self._session() as con:
+            row = con.execute(
+                "SELECT pg_has_role(current_user, nspowner, 'USAGE') "
+                "FROM pg_namespace WHERE nspname = 'dpdask'"
+            ).fetchone()
+        return bool(row and row[0])
+
+    # -- writing ---------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[tuple[list[Entry], _Appender]]:
+        """A transaction holding the writers' lock: yields the verified entries and an
+        appender; commits (the server's synchronous commit) or rolls back."""
+        with self._session() as con, con.transaction():
+            con.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+            entries = self.read(con)
+            yield entries, _ServerAppender(con, self.ledger_id, entries, self.path)
+
+    def reanchor(self, heads: Iterable[Head] = ()) -> Head:
+        """Check that the chain holds every head of ``heads``; return its head. The
+        server keeps the head, so there is no head file to rewrite."""
+        entries = self.read()
+        for h in heads:
+            if not self.contains(h, entries):
+                raise LedgerTamperedError(
+                    f"head {h} is not in {self.path}: the ledger was rewritten since"
+                )
+        return Head(len(entries), entries[-1].hash)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class _ServerAppender(_Appender):
+    """Appends entries to the server's table inside one transaction."""
+
+    def __init__(self, con: psycopg.Connection[Any], ledger_id: str, entries: list[Entry],
+                 where: str):  # fmt: skip
+        self.pg, self.ledger_id, self.where = con, ledger_id, where
+        self.head = Head(len(entries), entries[-1].hash)
+        self.added: list[Entry] = []
+
+    def _insert(self, row: tuple[int, str, str, str, str]) -> None:
+        import psycopg
+
+        try:
+            with self.pg.transaction():  # a savepoint: the message names the entry
+                self.pg.execute("INSERT INTO dpdask.entries VALUES (%s, %s, %s, %s, %s)", row)
+        except psycopg.errors.InsufficientPrivilege:
+            raise LedgerPermissionError(_refusal(row[1], row[2], self.where)) from None
+
+
+def _refusal(kind: str, body: str, where: str) -> str:
+    """Why the operator may not append this entry, in one line."""
+    import json
+
+    b = json.loads(body)
+    if kind == "dataset":
+        return (
+            f"dataset {b.get('dataset')!r}: only the administrator of {where} registers "
+            f"datasets and their lifetime budgets (`dpdask ledger dataset URL ID ...`)"
+        )
+    if kind == "release" or kind == "source":
+        return (
+            f"dataset {b.get('dataset')!r} is not registered on {where}"
+            + (" or its source is already registered" if kind == "source" else "")
+            + ": its administrator registers it (`dpdask ledger dataset URL "
+            f"{b.get('dataset')} --zcdp RHO`)"
+        )
+    if kind == "state":
+        return (f"run {b.get('run_id')!r}: only the administrator of {where} may make a run "
+                f"{b.get('state')} (`dpdask ledger abandon`)")  # fmt: skip
+    return f"the role of {where} may not append a {kind!r} entry to the ledger"
