@@ -72,3 +72,13 @@ def pg_server():
 def pg_ledger(pg_server):
     """``(admin URL, operator URL, operator role)`` of a fresh, empty database."""
     return pg_server.new_ledger_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_location(request, tmp_path) -> str:
+    """Where a new ledger goes, once per backend: a SQLite file, or a fresh database on
+    the session's PostgreSQL server (its administrator's URL)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.sqlite")
+    admin, _operator, _role = request.getfixturevalue("pg_ledger")
+    return admin

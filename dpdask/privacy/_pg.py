@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -172,8 +173,7 @@ class ServerChain:
     def __init__(self, url: str, *, check_head: bool = True):
         self.url = url
         self.path = redact(url)
-        self._con: psycopg.Connection[Any] | None = None
-        self._pid = 0
+        self._local = threading.local()  # one connection per process and thread
         with self._session() as con:
             self.ledger_id = self._check_schema(con)
             self.read(con)
@@ -185,7 +185,7 @@ class ServerChain:
         from psycopg import sql
 
         chain = cls.__new__(cls)
-        chain.url, chain.path, chain._con, chain._pid = url, redact(url), None, 0
+        chain.url, chain.path, chain._local = url, redact(url), threading.local()
         with chain._session() as con, con.transaction():
             if con.execute("SELECT to_regnamespace('dpdask')").fetchone() != (None,):
                 raise LedgerError(
@@ -221,8 +221,9 @@ class ServerChain:
 
     # -- connections -------------------------------------------------------------------
     def _connection(self) -> psycopg.Connection[Any]:
-        if self._con is not None and not self._con.closed and self._pid == os.getpid():
-            return self._con
+        con: psycopg.Connection[Any] | None = getattr(self._local, "con", None)
+        if con is not None and not con.closed and self._local.pid == os.getpid():
+            return con
         try:
             import psycopg
         except ImportError:
@@ -240,7 +241,7 @@ class ServerChain:
         params.setdefault("connect_timeout", 10)
         params.setdefault("application_name", "dpdask-ledger")
         try:
-            self._con = psycopg.connect(make_conninfo("", **params), autocommit=True)
+            con = psycopg.connect(make_conninfo("", **params), autocommit=True)
         except psycopg.OperationalError as exc:
             why = _first_line(exc)
             if "password" in why or "authentication" in why:
@@ -249,8 +250,8 @@ class ServerChain:
                     "and password (PGPASSWORD, PGPASSFILE or the URL)"
                 ) from None
             raise LedgerServerError(f"cannot reach the ledger server {self.path}: {why}") from None
-        self._pid = os.getpid()
-        return self._con
+        self._local.con, self._local.pid = con, os.getpid()
+        return con
 
     @contextmanager
     def _session(self) -> Iterator[psycopg.Connection[Any]]:
@@ -277,12 +278,11 @@ class ServerChain:
             ) from None
 
     def close(self) -> None:
-        """Close the connection (the next use reconnects)."""
-        if self._con is not None:
-            try:
-                self._con.close()
-            finally:
-                self._con = None
+        """Close this thread's connection (the next use reconnects)."""
+        con = getattr(self._local, "con", None)
+        self._local.con = None
+        if con is not None and self._local.pid == os.getpid():
+            con.close()
 
     def _check_schema(self, con: psycopg.Connection[Any]) -> str:
         found = con.execute(
