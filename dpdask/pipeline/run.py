@@ -38,9 +38,13 @@ from dpdask.privacy import (
     LedgerMissingError,
     LedgerTamperedError,
     RunStateError,
+    bind_source,
     check_dataset_fits,
     check_release_opening,
     check_run_id,
+    check_source,
+    ledger_exists,
+    ledger_files,
     split_levels,
 )
 from dpdask.publish import check_output, new_run_id, release_attributes, remove_work, work_dir
@@ -254,7 +258,7 @@ class _Checked:
 
 
 def _open_ledger(spec: ReleaseSpec) -> Ledger:
-    if not spec.ledger.exists() and not spec.ledger_create:
+    if not ledger_exists(spec.ledger) and not spec.ledger_create:
         raise LedgerMissingError(
             f"ledger: there is no ledger at {spec.ledger}; create it with "
             f"`dpdask ledger init {spec.ledger}`, or write `ledger: {{path: ..., create: true}}` "
@@ -270,16 +274,11 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
     output = spec.output.absolute()
     work = work_dir(output, run_id)
-    if spec.ledger.exists() or create:
+    if ledger_exists(spec.ledger) or create:
         ledger = _open_ledger(spec) if create else Ledger(spec.ledger)
     else:
         ledger = None
-    protected = [
-        ("input data", spec.data.path),
-        ("ledger", spec.ledger),
-        ("ledger head file", spec.ledger.with_name(spec.ledger.name + ".head")),
-        ("work folder", work),
-    ]
+    protected = [("input data", spec.data.path), *ledger_files(spec.ledger), ("work folder", work)]
     if spec.source is not None:
         protected.append(("release spec", spec.source))
     # a named dataset's budgets are checked before the input is even hashed
@@ -315,6 +314,8 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
     if ledger is not None:
         _check_budgets(spec, ledger, dataset, resuming)
     source = source or source_print(spec)
+    if ledger is not None:  # one budget authority: the same source under one dataset id
+        check_source(ledger, dataset, source.content)
     return _Checked(ledger, dataset, source, output, run_id, work, resuming)
 
 
@@ -375,7 +376,7 @@ def validate_spec(
     or the data reader's error, naming the problem.
     """
     queries = _check_workloads(spec)
-    if not spec.ledger.exists() and not spec.ledger_create:
+    if not ledger_exists(spec.ledger) and not spec.ledger_create:
         _open_ledger(spec)  # raises, naming the fix
     checked = _preflight(spec, run_id, overwrite, create=False)
     # a resume: the same data and spec
@@ -431,6 +432,7 @@ def run_spec(
     levels = _levels(spec, store)
     if spec.dataset_budget is not None:  # checked above, before the data was read
         ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
+    bind_source(ledger, checked.dataset, checked.source.content)  # first release: its source
     rel = release(
         plan, store, levels=levels,
         budget_split=(
@@ -445,7 +447,7 @@ def run_spec(
     with track(client, rel, ledger, plan=report):
         out = rel.to_zarr(
             checked.output, overwrite=overwrite, client=client, progress=progress,
-            protected=[("input data", spec.data.path), ("ledger", spec.ledger)],
+            protected=[("input data", spec.data.path), *ledger_files(spec.ledger)],
         )  # fmt: skip
     log.info("run %s of %s: published %s (ledger head %s)", checked.run_id, spec.release,
              out, ledger.head())  # fmt: skip

@@ -35,6 +35,8 @@ from dpdask.privacy._ledger import (
 )
 from dpdask.privacy._levels import noise_scale, split_levels
 from dpdask.privacy._mechanisms import MECHANISM_NORM, check_calibration, mechanism_guarantee
+from dpdask.privacy._sources import bind_source, check_source, source_dataset
+from dpdask.privacy._store import is_server_url, ledger_exists, ledger_files
 
 __all__ = [
     "MECHANISM_NORM",
@@ -53,16 +55,22 @@ __all__ = [
     "Run",
     "RunStateError",
     "as_fraction",
+    "bind_source",
     "check_calibration",
     "check_dataset_fits",
     "check_name",
     "check_release_opening",
     "check_run_id",
+    "check_source",
     "gaussian_delta",
     "gaussian_max_privacy_cost",
+    "is_server_url",
+    "ledger_exists",
+    "ledger_files",
     "mechanism_guarantee",
     "noise_scale",
     "parallel",
+    "source_dataset",
     "split_levels",
     "zCDP",
     "zcdp_delta",

@@ -33,7 +33,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -179,9 +179,16 @@ class ServerChain:
             self.read(con)
 
     @classmethod
-    def create(cls, url: str, operator_role: str | None = None) -> ServerChain:
+    def create(
+        cls, url: str, operator_role: str | None = None, copy: Sequence[Entry] = (),
+        ledger_id: str | None = None,
+    ) -> ServerChain:  # fmt: skip
         """Create the ledger's schema in the database of ``url`` (run as its administrator);
-        ``operator_role`` may then only read and append (see the module notes)."""
+        ``operator_role`` may then only read and append (see the module notes).
+
+        ``copy`` and ``ledger_id``: the verified entries and identity of a ledger to
+        migrate, copied verbatim so that its chain, and the heads its releases
+        recorded, verify on the server."""
         from psycopg import sql
 
         chain = cls.__new__(cls)
@@ -206,7 +213,7 @@ class ServerChain:
                         "without superuser rights, or nothing separates the duties"
                     )
             con.execute(_SCHEMA)
-            ledger_id = secrets.token_hex(16)
+            ledger_id = ledger_id or secrets.token_hex(16)
             con.execute(
                 "INSERT INTO dpdask.meta VALUES ('schema', %s), ('ledger', %s), ('operator', %s)",
                 (str(SCHEMA_VERSION), ledger_id, operator_role or ""),
@@ -214,8 +221,11 @@ class ServerChain:
             if operator_role is not None:
                 con.execute(sql.SQL(_GRANTS).format(role=sql.Identifier(operator_role)))
             body = canonical({"schema": SCHEMA_VERSION, "time": time.time()})
-            row = (1, "init", body, _ZERO, _digest(ledger_id, 1, "init", body, _ZERO))
-            con.execute("INSERT INTO dpdask.entries VALUES (%s, %s, %s, %s, %s)", row)
+            rows = [(e.seq, e.kind, canonical(e.body), e.prev, e.hash) for e in copy] or [
+                (1, "init", body, _ZERO, _digest(ledger_id, 1, "init", body, _ZERO))
+            ]
+            with con.cursor() as cur:  # the trigger checks each row extends the chain
+                cur.executemany("INSERT INTO dpdask.entries VALUES (%s, %s, %s, %s, %s)", rows)
         chain.close()
         return cls(url)
 
@@ -286,22 +296,19 @@ class ServerChain:
 
     def _check_schema(self, con: psycopg.Connection[Any]) -> str:
         found = con.execute(
-            "SELECT to_regclass('dpdask.entries') IS NOT NULL, "
-            "has_schema_privilege(current_user, 'dpdask', 'USAGE') "
-            "FROM (SELECT to_regnamespace('dpdask') AS ns) n WHERE ns IS NOT NULL"
+            "SELECT has_schema_privilege(current_user, oid, 'USAGE') "
+            "FROM pg_namespace WHERE nspname = 'dpdask'"
         ).fetchone()
         if found is None:
             raise LedgerMissingError(
                 f"there is no ledger on {self.path}; its administrator creates one with "
                 f"`dpdask ledger init {self.path} --operator-role ROLE`"
             )
-        if not found[1]:
+        if not found[0] or not self.may("SELECT"):
             raise LedgerPermissionError(
-                f"the role of {self.path} has no grant on the ledger (schema dpdask); its "
-                "administrator grants it with `dpdask ledger init ... --operator-role ROLE`"
+                f"the role of {self.path} has no grant to read the ledger; its administrator "
+                "grants it with `dpdask ledger init ... --operator-role ROLE`"
             )
-        if not found[0]:
-            raise LedgerTamperedError(f"the ledger on {self.path} has lost its entries table")
         meta = dict(con.execute("SELECT key, value FROM dpdask.meta").fetchall())
         if meta.get("schema") != str(SCHEMA_VERSION) or "ledger" not in meta:
             raise LedgerTamperedError(
@@ -320,6 +327,17 @@ class ServerChain:
         return verify_rows(self.ledger_id, rows.fetchall(), self.path)
 
     contains = staticmethod(Chain.contains)
+
+    def may(self, privilege: str) -> bool:
+        """Whether this connection's role holds ``privilege`` (``SELECT``, ``INSERT``) on
+        the ledger's entries (``False`` if the table is gone)."""
+        with self._session() as con:
+            row = con.execute(
+                "SELECT to_regclass('dpdask.entries') IS NOT NULL AND "
+                "has_table_privilege(current_user, 'dpdask.entries', %s)",
+                (privilege,),
+            ).fetchone()
+        return bool(row and row[0])
 
     def is_administrator(self) -> bool:
         """Whether this connection's role may register datasets and retire runs."""
