@@ -70,6 +70,7 @@ class Server:
     url: str
     folder: str | None = None
     _as: list[str] = field(default_factory=list)
+    ca: str | None = None  # the server's self-signed certificate, if it offers TLS
 
     def url_for(self, user: str, password: str, dbname: str) -> str:
         parts = urlsplit(self.url)
@@ -109,6 +110,26 @@ class Server:
         self.folder = None
 
 
+def _certificate(folder: str, run_as: list[str]) -> str | None:
+    """A self-signed certificate for 127.0.0.1 (``None`` without openssl)."""
+    if shutil.which("openssl") is None:
+        return None
+    done = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", f"{folder}/server.key", "-out", f"{folder}/server.crt"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return None
+    os.chmod(f"{folder}/server.key", 0o600)
+    if run_as:
+        uid = pwd.getpwnam("postgres").pw_uid
+        for name in ("server.key", "server.crt"):
+            os.chown(f"{folder}/{name}", uid, -1)
+    return f"{folder}/server.crt"
+
+
 def start() -> Server:
     """Start a throwaway cluster (or use ``DPDASK_TEST_PG_URL``); see the module notes."""
     given = os.environ.get("DPDASK_TEST_PG_URL")
@@ -138,12 +159,16 @@ def start() -> Server:
     port = _free_port()
     opts = (f"-c listen_addresses=127.0.0.1 -p {port} -k {folder} -c fsync=off "
             "-c max_connections=100 -c shared_buffers=16MB")  # fmt: skip
+    ca = _certificate(folder, run_as)
+    if ca:  # TLS offered (not required): tests check clients that require it
+        opts += f" -c ssl=on -c ssl_cert_file={ca} -c ssl_key_file={folder}/server.key"
     subprocess.run(
         [*run_as, find_bin("pg_ctl") or "pg_ctl", "start", "-w", "-t", "60",
          "-D", f"{folder}/data", "-l", f"{folder}/log", "-o", opts],
         capture_output=True, check=True,
     )  # fmt: skip
     server = Server(f"postgresql://dpdask:{password}@127.0.0.1:{port}/postgres", folder, run_as)
+    server.ca = ca
     deadline = time.monotonic() + 30
     while True:  # the server accepts connections a moment after pg_ctl returns
         try:

@@ -259,6 +259,11 @@ class ServerChain:
                     f"the ledger server {self.path} refuses the login ({why}): check the user "
                     "and password (PGPASSWORD, PGPASSFILE or the URL)"
                 ) from None
+            if "certificate" in why or "SSL" in why:
+                raise LedgerServerError(
+                    f"the ledger server {self.path} fails the TLS check ({why}): check "
+                    "sslmode and sslrootcert (PGSSLROOTCERT)"
+                ) from None
             raise LedgerServerError(f"cannot reach the ledger server {self.path}: {why}") from None
         self._local.con, self._local.pid = con, os.getpid()
         return con
