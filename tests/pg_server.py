@@ -71,6 +71,20 @@ class Server:
     folder: str | None = None
     _as: list[str] = field(default_factory=list)
     ca: str | None = None  # the server's self-signed certificate, if it offers TLS
+    options: str = ""  # the server's options (pg_ctl -o), to start it again
+
+    def halt(self) -> None:
+        """Stop the server, keeping its data (:meth:`resume` starts it again)."""
+        subprocess.run([*self._as, find_bin("pg_ctl") or "pg_ctl", "stop", "-m", "fast",
+                        "-D", f"{self.folder}/data"], capture_output=True, check=True)  # fmt: skip
+
+    def resume(self) -> None:
+        """Start the server again after :meth:`halt`."""
+        subprocess.run(
+            [*self._as, find_bin("pg_ctl") or "pg_ctl", "start", "-w", "-t", "60",
+             "-D", f"{self.folder}/data", "-l", f"{self.folder}/log", "-o", self.options],
+            capture_output=True, check=True,
+        )  # fmt: skip
 
     def url_for(self, user: str, password: str, dbname: str) -> str:
         parts = urlsplit(self.url)
@@ -168,7 +182,7 @@ def start() -> Server:
         capture_output=True, check=True,
     )  # fmt: skip
     server = Server(f"postgresql://dpdask:{password}@127.0.0.1:{port}/postgres", folder, run_as)
-    server.ca = ca
+    server.ca, server.options = ca, opts
     deadline = time.monotonic() + 30
     while True:  # the server accepts connections a moment after pg_ctl returns
         try:

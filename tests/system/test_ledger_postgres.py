@@ -10,11 +10,13 @@ psycopg, the SQLite backend's release with the same fixed test key, exact arithm
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
 import textwrap
 import time
+from unittest import mock
 
 import numpy as np
 import psycopg
@@ -23,7 +25,7 @@ import yaml
 import zarr
 
 from dpdask.cli import main
-from dpdask.dataflow.release import release
+from dpdask.dataflow.release import Release, release
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
 from dpdask.publish import release_attributes
@@ -178,3 +180,45 @@ def test_migrate_through_the_cli(people, pg_ledger, capsys):
     assert main(["ledger", "migrate", str(lite), "--to", admin, "--operator-role", role]) == 0
     assert main(["ledger", "verify", operator, "--release", str(out)]) == 0
     assert Ledger(operator).report()["releases"] == Ledger(lite).report()["releases"]
+
+
+@pytest.fixture
+def own_server():
+    """A server of this test's own, to stop and start again."""
+    from tests import pg_server as pg
+
+    if pg.unavailable() or os.environ.get("DPDASK_TEST_PG_URL"):
+        pytest.skip("needs a throwaway server of its own")
+    server = pg.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_server_stopped_mid_run_fails_closed_then_resumes(people, own_server, capsys):
+    admin, operator, role = own_server.new_ledger_database()
+    assert main(["ledger", "init", admin, "--operator-role", role]) == 0
+    assert main(["ledger", "dataset", admin, "cef", "--zcdp", "5"]) == 0
+    spec = _spec(people, operator, data={"id": "cef"})
+    finish = Release._finish
+
+    def stop_then_finish(self, *args, **kwargs):  # measured and charged: the server goes
+        own_server.halt()
+        return finish(self, *args, **kwargs)
+
+    capsys.readouterr()
+    with mock.patch.object(Release, "_finish", stop_then_finish):
+        assert _run(spec, "--run-id", "one") == 2
+    assert "ledger server" in _error(capsys)
+    out = people / "out" / "tiny.zarr"
+    assert not out.exists()  # failed closed: nothing published
+    assert _run(spec, "--run-id", "one") == 2  # the server is still down: refused at once
+    assert "cannot reach the ledger server" in _error(capsys)
+    own_server.resume()
+    charges = _count(admin, "charge")
+    assert Ledger(operator).run("tiny", "one").state == "measuring"
+    assert _run(spec, "--run-id", "one") == 0  # the same run id resumes: no new charge
+    assert _count(admin, "charge") == charges
+    assert Ledger(operator).run("tiny", "one").state == "published"
+    assert main(["ledger", "verify", operator, "--release", str(out)]) == 0
