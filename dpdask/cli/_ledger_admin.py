@@ -5,7 +5,10 @@ ledger too, where there are no roles)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dpdask.privacy import Budget
 
 __all__ = ["add_admin_verbs", "run_admin_verb"]
 
@@ -40,22 +43,24 @@ def run_admin_verb(args: argparse.Namespace) -> int | None:
     from dpdask.privacy import Ledger
 
     if args.verb == "dataset":
-        from dpdask.pipeline._spec_privacy import parse_budget
+        from dpdask.privacy import ApproxDP, PureDP, as_fraction, zCDP
 
         if args.delta is not None and args.epsilon is None:
-            raise SystemExit("dpdask ledger dataset: --delta goes with --epsilon")
-        raw = {"zcdp": args.zcdp} if args.zcdp is not None else {"epsilon": args.epsilon}
-        if args.delta is not None:
-            raw["delta"] = args.delta
-        total = parse_budget(raw, "--zcdp/--epsilon")
+            raise ValueError("dpdask ledger dataset: --delta goes with --epsilon")
+        if args.zcdp is not None:
+            total: Budget = zCDP(args.zcdp)
+        elif args.delta is None or as_fraction(args.delta, "--delta") == 0:
+            total = PureDP(args.epsilon)
+        else:
+            total = ApproxDP(args.epsilon, args.delta)
         ledger = Ledger(args.path)
         ledger.set_dataset_total(args.dataset, total)
         print(f"dataset {args.dataset} registered on {ledger.path}: lifetime {total!r}")
         return 0
     if args.verb == "migrate":
-        from dpdask.privacy._store import migrate
+        from dpdask.privacy import migrate_ledger
 
-        head = migrate(args.path, args.to, args.operator_role)
+        head = migrate_ledger(args.path, args.to, args.operator_role)
         print(f"copied {args.path} to {Ledger(args.to).path} (head {head}); it verifies there. "
               "Point the specs' ledger: at the server and retire the file.")  # fmt: skip
         return 0

@@ -36,7 +36,7 @@ from dpdask.privacy._ledger import (
 from dpdask.privacy._levels import noise_scale, split_levels
 from dpdask.privacy._mechanisms import MECHANISM_NORM, check_calibration, mechanism_guarantee
 from dpdask.privacy._sources import bind_source, check_source, source_dataset
-from dpdask.privacy._store import is_server_url, ledger_exists, ledger_files
+from dpdask.privacy._store import is_server_url, ledger_exists, ledger_files, migrate_ledger
 
 __all__ = [
     "MECHANISM_NORM",
@@ -68,6 +68,7 @@ __all__ = [
     "ledger_exists",
     "ledger_files",
     "mechanism_guarantee",
+    "migrate_ledger",
     "noise_scale",
     "parallel",
     "source_dataset",

@@ -20,7 +20,7 @@ __all__ = [
     "is_server_url",
     "ledger_exists",
     "ledger_files",
-    "migrate",
+    "migrate_ledger",
     "open_store",
     "redact",
     "shown",
@@ -97,7 +97,9 @@ def ledger_files(location: str | os.PathLike[str]) -> list[tuple[str, Path]]:
     return [("ledger", path), ("ledger head file", path.with_name(path.name + ".head"))]
 
 
-def migrate(source: str | os.PathLike[str], url: str, operator_role: str | None = None) -> Head:
+def migrate_ledger(
+    source: str | os.PathLike[str], url: str, operator_role: str | None = None
+) -> Head:
     """Copy the SQLite ledger at ``source`` (verified, with its head file) into a new
     ledger on the server at ``url`` (``dpdask ledger migrate``), keeping its identity
     and every entry, so its chain and the heads its releases recorded verify there.

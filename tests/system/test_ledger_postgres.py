@@ -15,7 +15,6 @@ import pathlib
 import subprocess
 import sys
 import textwrap
-import time
 from unittest import mock
 
 import numpy as np
@@ -51,11 +50,13 @@ def shared(pg_ledger):
 
 _RACER = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     from dpdask.privacy import BudgetExceededError, Charge, Ledger, zCDP
-    url, i, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    url, i, go = sys.argv[1], sys.argv[2], sys.argv[3]
     ledger = Ledger(url)  # its own connection, opened and verified before the start
-    time.sleep(max(0.0, start - time.time()))
+    print("ready", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.005)
     try:
         ledger.open_release(f"r{i}", zCDP(1), "cef")
         ledger.charge(Charge(f"r{i}", "run", "county", "A", "gaussian", 1.0, 0.5, zCDP(1),
@@ -67,14 +68,17 @@ _RACER = textwrap.dedent(
 )
 
 
-def test_twenty_processes_race_for_five_releases(shared):
+def test_twenty_processes_race_for_five_releases(shared, tmp_path):
     admin, operator = shared
-    start = time.time() + 20  # every process connected and waiting by then
+    go = tmp_path / "go"
     procs = [
-        subprocess.Popen([sys.executable, "-c", _RACER, operator, str(i), str(start)],
+        subprocess.Popen([sys.executable, "-c", _RACER, operator, str(i), str(go)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(20)
     ]  # fmt: skip
+    for p in procs:  # every process connected and waiting: then all start at once
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    go.touch()
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e for _, e in outs if e]
     results = [o.split()[0] for o, _ in outs]

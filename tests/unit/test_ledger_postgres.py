@@ -29,10 +29,10 @@ from dpdask.privacy import (
     LedgerTamperedError,
     bind_source,
     check_source,
+    migrate_ledger,
     source_dataset,
     zCDP,
 )
-from dpdask.privacy._store import migrate
 
 
 def _charge(release="r", run="run1", name="A", rho="0.25") -> Charge:
@@ -222,7 +222,7 @@ def test_migrate_keeps_the_chain_and_its_heads(tmp_path, pg_ledger):
     lite.charge(_charge())
     published = lite.head()
     lite.publish("r", "run1", "/out/r.zarr")
-    head = migrate(tmp_path / "l.sqlite", admin, role)
+    head = migrate_ledger(tmp_path / "l.sqlite", admin, role)
     server = Ledger(operator)
     assert head == lite.head() == server.head()
     assert server.ledger_id == lite.ledger_id and server.contains(published)
@@ -230,7 +230,7 @@ def test_migrate_keeps_the_chain_and_its_heads(tmp_path, pg_ledger):
     assert server.report()["releases"] == lite.report()["releases"]
     server.charge(_charge(run="run2"))  # the operator goes on appending
     with pytest.raises(LedgerError, match="never re-created"):
-        migrate(tmp_path / "l.sqlite", admin, role)
+        migrate_ledger(tmp_path / "l.sqlite", admin, role)
 
 
 def test_a_tampered_sqlite_ledger_is_not_migrated(tmp_path, pg_ledger):
@@ -239,7 +239,7 @@ def test_a_tampered_sqlite_ledger_is_not_migrated(tmp_path, pg_ledger):
     lite.open_release("r", zCDP(1))
     lite.head_file.unlink()
     with pytest.raises(LedgerTamperedError):
-        migrate(tmp_path / "l.sqlite", admin, role)
+        migrate_ledger(tmp_path / "l.sqlite", admin, role)
     with pytest.raises(LedgerMissingError):
         Ledger(admin)
 
