@@ -43,6 +43,7 @@ from dpdask.privacy import (
     check_release_opening,
     check_run_id,
     check_source,
+    hold_dataset,
     ledger_exists,
     ledger_files,
     split_levels,
@@ -311,6 +312,8 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
     resuming = run is not None
     if run is not None and not done_here:
         check_run_key(run, work)
+    if ledger is not None and create and not resuming:
+        hold_dataset(ledger, dataset)  # a shared ledger: other jobs wait until we charge
     if ledger is not None:
         _check_budgets(spec, ledger, dataset, resuming)
     source = source or source_print(spec)

@@ -35,7 +35,7 @@ from dpdask.privacy._ledger import (
 )
 from dpdask.privacy._levels import noise_scale, split_levels
 from dpdask.privacy._mechanisms import MECHANISM_NORM, check_calibration, mechanism_guarantee
-from dpdask.privacy._sources import bind_source, check_source, source_dataset
+from dpdask.privacy._sources import bind_source, check_source, hold_dataset, source_dataset
 from dpdask.privacy._store import is_server_url, ledger_exists, ledger_files, migrate_ledger
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "check_source",
     "gaussian_delta",
     "gaussian_max_privacy_cost",
+    "hold_dataset",
     "is_server_url",
     "ledger_exists",
     "ledger_files",

@@ -29,6 +29,7 @@ re-checks the budgets against every entry committed before it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import threading
@@ -169,6 +170,7 @@ class ServerChain:
     """
 
     head_file: None = None  # the server keeps the head
+    _held: psycopg.Connection[Any] | None = None  # the session holding a dataset (hold)
 
     def __init__(self, url: str, *, check_head: bool = True):
         self.url = url
@@ -234,6 +236,12 @@ class ServerChain:
         con: psycopg.Connection[Any] | None = getattr(self._local, "con", None)
         if con is not None and not con.closed and self._local.pid == os.getpid():
             return con
+        con = self._open()
+        self._local.con, self._local.pid = con, os.getpid()
+        return con
+
+    def _open(self) -> psycopg.Connection[Any]:
+        """A new connection, or a one-line error saying why there is none."""
         try:
             import psycopg
         except ImportError:
@@ -251,7 +259,7 @@ class ServerChain:
         params.setdefault("connect_timeout", 10)
         params.setdefault("application_name", "dpdask-ledger")
         try:
-            con = psycopg.connect(make_conninfo("", **params), autocommit=True)
+            return psycopg.connect(make_conninfo("", **params), autocommit=True)
         except psycopg.OperationalError as exc:
             why = _first_line(exc)
             if "password" in why or "authentication" in why:
@@ -265,8 +273,6 @@ class ServerChain:
                     "sslmode and sslrootcert (PGSSLROOTCERT)"
                 ) from None
             raise LedgerServerError(f"cannot reach the ledger server {self.path}: {why}") from None
-        self._local.con, self._local.pid = con, os.getpid()
-        return con
 
     @contextmanager
     def _session(self) -> Iterator[psycopg.Connection[Any]]:
@@ -361,7 +367,43 @@ class ServerChain:
         with self._session() as con, con.transaction():
             con.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
             entries = self.read(con)
-            yield entries, _ServerAppender(con, self.ledger_id, entries, self.path)
+            app = _ServerAppender(con, self.ledger_id, entries, self.path)
+            yield entries, app
+        if any(e.kind in ("charge", "state") for e in app.added):
+            self.release_hold()  # a held dataset's charge is committed: the next job may check
+
+    def hold(self, name: str, timeout_s: float = 600.0) -> None:
+        """Hold ``name`` (a dataset) against other jobs until this process commits its
+        charge (or :meth:`release_hold`): jobs checking the same dataset's budget then
+        see every charge of the jobs before them, so a job that loses the race is
+        refused before it reads data. A lock of the server's session: a job that dies
+        releases it."""
+        import psycopg
+
+        self.release_hold()
+        key = int.from_bytes(hashlib.sha256(f"dpdask-dataset:{name}".encode()).digest()[:8],
+                             "big", signed=True)  # fmt: skip
+        con = self._open()
+        try:
+            con.execute(f"SET lock_timeout = {int(timeout_s * 1000)}")
+            con.execute("SELECT pg_advisory_lock(%s)", (key,))
+        except psycopg.errors.LockNotAvailable:
+            con.close()
+            raise LedgerServerError(
+                f"dataset {name!r}: another job has been charging it on {self.path} for "
+                f"{timeout_s:.0f} s; try again later"
+            ) from None
+        except psycopg.Error as exc:
+            con.close()
+            raise LedgerServerError(f"the ledger server {self.path}: {_first_line(exc)}") from None
+        self._held = con
+
+    def release_hold(self) -> None:
+        """Let other jobs check the held dataset (closing the hold's session)."""
+        con = getattr(self, "_held", None)
+        self._held = None
+        if con is not None:
+            con.close()
 
     def reanchor(self, heads: Iterable[Head] = ()) -> Head:
         """Check that the chain holds every head of ``heads``; return its head. The
@@ -376,6 +418,7 @@ class ServerChain:
 
     def __del__(self) -> None:
         try:
+            self.release_hold()
             self.close()
         except Exception:  # interpreter shutdown
             pass

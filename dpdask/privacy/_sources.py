@@ -19,7 +19,7 @@ from dpdask.privacy._records import check_name
 if TYPE_CHECKING:
     from dpdask.privacy._ledger import Ledger
 
-__all__ = ["bind_source", "check_source", "source_dataset"]
+__all__ = ["bind_source", "check_source", "hold_dataset", "source_dataset"]
 
 
 def _sources(entries: list[Entry]) -> dict[str, str]:
@@ -87,3 +87,13 @@ def bind_source(ledger: Ledger, dataset: str, fingerprint: str) -> bool:
             return False
         append("source", {"dataset": dataset, "fingerprint": fingerprint})
         return True
+
+
+def hold_dataset(ledger: Ledger, dataset: str) -> None:
+    """On a server ledger, hold ``dataset`` against other jobs from before this job
+    checks its budget until its charge is committed, so that of jobs racing for the
+    last of a lifetime budget the losers are refused by the check, before they read
+    any data (:meth:`ServerChain.hold`). Nothing to hold in a SQLite file."""
+    chain = ledger._chain
+    if isinstance(chain, ServerChain):
+        chain.hold(dataset)

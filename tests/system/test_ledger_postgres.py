@@ -226,3 +226,33 @@ def test_the_server_stopped_mid_run_fails_closed_then_resumes(people, own_server
     assert _count(admin, "charge") == charges
     assert Ledger(operator).run("tiny", "one").state == "published"
     assert main(["ledger", "verify", operator, "--release", str(out)]) == 0
+
+
+def test_jobs_racing_through_the_cli_lose_before_reading(people, pg_ledger):
+    admin, operator, role = pg_ledger
+    assert main(["ledger", "init", admin, "--operator-role", role]) == 0
+    assert main(["ledger", "dataset", admin, "cef", "--zcdp", "2"]) == 0  # two releases
+    specs = [
+        _spec(people, operator, f"s{i}.yaml", release=f"job{i}", data={"id": "cef"},
+              output=str(people / "out" / f"job{i}.zarr"))
+        for i in range(4)
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "dpdask.cli", "run", str(s), "--json",
+                          "--no-progress"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for s in specs
+    ]  # fmt: skip
+    done = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    won = [i for i, (rc, _, _) in enumerate(done) if rc == 0]
+    lost = [i for i, (rc, _, _) in enumerate(done) if rc != 0]
+    assert len(won) == 2 and len(lost) == 2, [e[-500:] for _, _, e in done]
+    for i in lost:
+        assert "dataset 'cef'" in done[i][2].strip().splitlines()[-1]
+        # refused before reading: no work folder was made, no release opened
+        assert not list((people / "out").glob(f".job{i}.zarr*"))
+        assert not (people / "out" / f"job{i}.zarr").exists()
+    assert _count(admin, "release") == 2 and _count(admin, "charge") > 0
+    assert Ledger(operator).dataset_remaining("cef") == zCDP(0)
+    assert main(["ledger", "verify", operator]) == 0
