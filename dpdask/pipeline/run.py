@@ -307,7 +307,7 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
             if not ledger.contains(Head.parse(head)):
                 raise LedgerTamperedError(
                     f"the release at {output} was charged under ledger head {head}, which "
-                    f"{spec.ledger} no longer holds: the ledger was rewritten"
+                    f"{ledger.path} no longer holds: the ledger was rewritten"
                 )
     resuming = run is not None
     if run is not None and not done_here:
@@ -332,7 +332,7 @@ def _check_budgets(spec: ReleaseSpec, ledger: Ledger, dataset: str, resuming: bo
     if not spec.privacy <= left:
         raise BudgetExceededError(
             f"privacy: release {spec.release!r} asks for {spec.privacy!r} but only {left!r} is "
-            f"left in {spec.ledger}"
+            f"left in {ledger.path}"
         )
     check_dataset_fits(ledger, spec.release, spec.privacy, dataset, total)
 
@@ -456,7 +456,7 @@ def run_spec(
              out, ledger.head())  # fmt: skip
     summary = rel.summary()
     summary["output"] = str(out)
-    summary["ledger"] = str(spec.ledger)
+    summary["ledger"] = str(ledger.path)  # a server's URL without its password
     summary["dataset"] = checked.dataset
     summary["expected"] = report["levels"]
     return summary

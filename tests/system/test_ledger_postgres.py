@@ -139,9 +139,13 @@ def test_jobs_charge_one_authority_through_the_cli(people, shared, capsys):
     admin, operator = shared
     spec = _spec(people, operator, data={"id": "cef"})
     assert _run(spec) == 0
+    password = operator.split(":")[2].split("@")[0]
+    printed = capsys.readouterr()
+    summary = json.loads(printed.out)
+    assert summary["ledger"].startswith("postgresql://operator_")
+    assert password not in printed.out + printed.err
     out = people / "out" / "tiny.zarr"
     recorded = release_attributes(out)["ledger"]
-    password = operator.split(":")[2].split("@")[0]
     assert recorded["path"].startswith("postgresql://operator_") and password not in json.dumps(
         recorded
     )
