@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pathlib
 import pickle
 import subprocess
 import sys
@@ -300,3 +301,27 @@ def test_operator_role_must_be_separate(pg_ledger, pg_server):
             Ledger.init(admin, operator_role=role)
     with pytest.raises(LedgerMissingError):
         Ledger(admin)
+
+
+def _spec_with(ledger: object):
+    from dpdask.pipeline.spec import parse_spec
+
+    return parse_spec(
+        {"release": "r", "data": {"format": "synthetic", "geographies": 4}, "domain": "pl94",
+         "workload": "identity", "strategy": "identity", "privacy": {"zcdp": 1},
+         "output": "out.zarr", "ledger": ledger},
+        base=pathlib.Path("/base"),
+    )  # fmt: skip
+
+
+def test_a_spec_names_a_server_ledger() -> None:
+    from dpdask.errors import SpecError
+
+    url = "postgresql://op@db.example:5432/ledger?sslmode=verify-full"
+    assert _spec_with(url).ledger == url
+    spec = _spec_with({"url": url, "create": True})
+    assert spec.ledger == url and spec.ledger_create
+    assert _spec_with("ledger.sqlite").ledger == pathlib.Path("/base/ledger.sqlite")
+    for bad in ({"url": url, "path": "l.sqlite"}, {"url": "mysql://x/y"}, {"url": url, "x": 1}):
+        with pytest.raises(SpecError, match="ledger"):
+            _spec_with(bad)
