@@ -80,12 +80,14 @@ __all__ = [
 
 
 class Ledger:
-    """A persistent, tamper-evident record of privacy charges in one SQLite file.
+    """A persistent, tamper-evident record of privacy charges in one SQLite file, or
+    shared on a PostgreSQL server (:mod:`dpdask.privacy._pg`).
 
     Parameters
     ----------
     path : str or Path
-        The database file. It must exist (see :meth:`init`) unless ``create``.
+        The database file, or a server's ``postgresql://`` URL (shown and recorded
+        without its password). It must exist (see :meth:`init`) unless ``create``.
     create : bool
         Create the ledger if there is none at ``path`` (and no head file says there
         was one). Opening always verifies the hash chain and, unless ``check_head``
