@@ -57,6 +57,7 @@ from dpdask.privacy._chain import (
     canonical,
     verify_rows,
 )
+from dpdask.privacy._pg_schema import GRANTS, SCHEMA
 
 if TYPE_CHECKING:
     import psycopg
@@ -65,80 +66,6 @@ __all__ = ["ServerChain", "is_server_url", "redact"]
 
 _SCHEMES = ("postgresql://", "postgres://")
 _LOCK = 0x64706461736B  # the writers' advisory lock ("dpdask")
-_OPERATOR_KINDS = ("release", "run", "charge", "state", "source")
-
-_SCHEMA = """
-CREATE SCHEMA dpdask;
-CREATE TABLE dpdask.meta (key text PRIMARY KEY, value text NOT NULL);
-CREATE TABLE dpdask.entries (
-    seq bigint PRIMARY KEY,
-    kind text NOT NULL,
-    body text NOT NULL,
-    prev text NOT NULL,
-    hash text NOT NULL UNIQUE);
-CREATE FUNCTION dpdask.digest(VARIADIC parts text[]) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT encode(sha256(string_agg(
-        int8send(octet_length(convert_to(p, 'UTF8'))) || convert_to(p, 'UTF8'),
-        ''::bytea ORDER BY i)), 'hex')
-    FROM unnest(parts) WITH ORDINALITY AS t(p, i)
-$$;
-CREATE FUNCTION dpdask.extends_chain() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE last_seq bigint; last_hash text; lid text;
-BEGIN
-    SELECT seq, hash INTO last_seq, last_hash FROM dpdask.entries ORDER BY seq DESC LIMIT 1;
-    IF NOT FOUND THEN last_seq := 0; last_hash := repeat('0', 64); END IF;
-    SELECT value INTO lid FROM dpdask.meta WHERE key = 'ledger';
-    IF NEW.seq <> last_seq + 1 OR NEW.prev <> last_hash
-       OR NEW.hash <> dpdask.digest(lid, NEW.seq::text, NEW.kind, NEW.body, NEW.prev) THEN
-        RAISE EXCEPTION 'entry % does not extend the ledger''s hash chain', NEW.seq
-            USING ERRCODE = 'integrity_constraint_violation';
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE FUNCTION dpdask.append_only() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'the ledger is append-only' USING ERRCODE = 'insufficient_privilege';
-END $$;
-CREATE TRIGGER entries_chain BEFORE INSERT ON dpdask.entries
-    FOR EACH ROW EXECUTE FUNCTION dpdask.extends_chain();
-CREATE TRIGGER entries_no_edit BEFORE UPDATE OR DELETE ON dpdask.entries
-    FOR EACH ROW EXECUTE FUNCTION dpdask.append_only();
-CREATE TRIGGER entries_no_truncate BEFORE TRUNCATE ON dpdask.entries
-    FOR EACH STATEMENT EXECUTE FUNCTION dpdask.append_only();
-CREATE TRIGGER meta_no_edit BEFORE UPDATE OR DELETE ON dpdask.meta
-    FOR EACH ROW EXECUTE FUNCTION dpdask.append_only();
-CREATE FUNCTION dpdask.operator_may_insert(new_kind text, new_body text) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT CASE new_kind
-        WHEN 'run' THEN true
-        WHEN 'charge' THEN true
-        WHEN 'state' THEN (new_body::jsonb ->> 'state') IN ('measuring', 'published')
-        WHEN 'release' THEN EXISTS (
-            SELECT 1 FROM dpdask.entries d WHERE d.kind = 'dataset'
-            AND d.body::jsonb ->> 'dataset' = new_body::jsonb ->> 'dataset')
-        WHEN 'source' THEN EXISTS (
-            SELECT 1 FROM dpdask.entries d WHERE d.kind = 'dataset'
-            AND d.body::jsonb ->> 'dataset' = new_body::jsonb ->> 'dataset')
-          AND NOT EXISTS (
-            SELECT 1 FROM dpdask.entries s WHERE s.kind = 'source'
-            AND (s.body::jsonb ->> 'dataset' = new_body::jsonb ->> 'dataset'
-                 OR s.body::jsonb ->> 'fingerprint' = new_body::jsonb ->> 'fingerprint'))
-        ELSE false END
-$$;
-ALTER TABLE dpdask.entries ENABLE ROW LEVEL SECURITY;
-REVOKE ALL ON SCHEMA dpdask FROM PUBLIC;
-REVOKE ALL ON ALL TABLES IN SCHEMA dpdask FROM PUBLIC;
-"""
-
-_GRANTS = """
-GRANT USAGE ON SCHEMA dpdask TO {role};
-GRANT SELECT ON dpdask.meta TO {role};
-GRANT SELECT, INSERT ON dpdask.entries TO {role};
-CREATE POLICY operator_reads ON dpdask.entries FOR SELECT TO {role} USING (true);
-CREATE POLICY operator_appends ON dpdask.entries FOR INSERT TO {role}
-    WITH CHECK (dpdask.operator_may_insert(kind, body));
-"""
 
 
 def is_server_url(location: object) -> bool:
@@ -214,14 +141,14 @@ class ServerChain:
                         "administrator itself; the operator must be a role of its own "
                         "without superuser rights, or nothing separates the duties"
                     )
-            con.execute(_SCHEMA)
+            con.execute(SCHEMA)
             ledger_id = ledger_id or secrets.token_hex(16)
             con.execute(
                 "INSERT INTO dpdask.meta VALUES ('schema', %s), ('ledger', %s), ('operator', %s)",
                 (str(SCHEMA_VERSION), ledger_id, operator_role or ""),
             )
             if operator_role is not None:
-                con.execute(sql.SQL(_GRANTS).format(role=sql.Identifier(operator_role)))
+                con.execute(sql.SQL(GRANTS).format(role=sql.Identifier(operator_role)))
             body = canonical({"schema": SCHEMA_VERSION, "time": time.time()})
             rows = [(e.seq, e.kind, canonical(e.body), e.prev, e.hash) for e in copy] or [
                 (1, "init", body, _ZERO, _digest(ledger_id, 1, "init", body, _ZERO))
@@ -326,7 +253,43 @@ class ServerChain:
                 f"{self.path} has ledger schema {meta.get('schema')!r}; this dpdask reads "
                 f"schema {SCHEMA_VERSION}"
             )
+        self._check_guards(con, meta.get("operator") or None)
         return str(meta["ledger"])
+
+    def _check_guards(self, con: psycopg.Connection[Any], operator: str | None) -> None:
+        """Refuse a ledger whose server-side guards were dropped or disabled, or whose
+        operator role was granted more than reading and appending."""
+        on = {r[0] for r in con.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = 'dpdask.entries'::regclass "
+            "AND tgenabled <> 'D'").fetchall()}  # fmt: skip
+        lost = sorted({"entries_chain", "entries_no_edit", "entries_no_truncate"} - on)
+        row = con.execute("SELECT relrowsecurity FROM pg_class "
+                          "WHERE oid = 'dpdask.entries'::regclass").fetchone()  # fmt: skip
+        if lost or not (row and row[0]):
+            raise LedgerTamperedError(
+                f"the ledger on {self.path} has lost its guard(s) "
+                f"{lost or ['row-level security']}: its administrator disabled or dropped "
+                "them; restore them (or the database) before any job charges it"
+            )
+        if operator is None:
+            return
+        more = con.execute(
+            "SELECT p FROM unnest(ARRAY['UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', "
+            "'TRIGGER']) AS p WHERE EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s) "
+            "AND has_table_privilege(%s, 'dpdask.entries', p)",
+            (operator, operator),
+        ).fetchall()
+        owner = con.execute(
+            "SELECT pg_has_role(%s, nspowner, 'USAGE') OR rolsuper FROM pg_namespace, pg_roles "
+            "WHERE nspname = 'dpdask' AND rolname = %s",
+            (operator, operator),
+        ).fetchone()
+        if more or (owner and owner[0]):
+            raise LedgerTamperedError(
+                f"the operator role {operator!r} of {self.path} may "
+                f"{[p for (p,) in more] or ['own the ledger']} its entries: the duties are "
+                "no longer separated; its administrator revokes that first"
+            )
 
     # -- reading -------------------------------------------------------------------------
     def read(self, con: Any = None, *, check_head: bool = True) -> list[Entry]:

@@ -325,3 +325,26 @@ def test_a_spec_names_a_server_ledger() -> None:
     for bad in ({"url": url, "path": "l.sqlite"}, {"url": "mysql://x/y"}, {"url": url, "x": 1}):
         with pytest.raises(SpecError, match="ledger"):
             _spec_with(bad)
+
+
+@pytest.mark.parametrize(
+    ("sql", "match"),
+    [
+        ("DROP TRIGGER entries_chain ON dpdask.entries", "entries_chain"),
+        ("ALTER TABLE dpdask.entries DISABLE TRIGGER entries_no_edit", "entries_no_edit"),
+        ("DROP TRIGGER entries_no_truncate ON dpdask.entries", "entries_no_truncate"),
+        ("ALTER TABLE dpdask.entries DISABLE ROW LEVEL SECURITY", "row-level security"),
+        ("GRANT UPDATE ON dpdask.entries TO {role}", "UPDATE"),
+        ("GRANT TRUNCATE, DELETE ON dpdask.entries TO {role}", "DELETE"),
+        ("GRANT {admin} TO {role}", "no longer separated"),
+    ],
+)
+def test_guards_the_administrator_lowers_are_refused(shared, pg_server, sql, match):
+    # the administrator (or the server's superuser) can lower the server's guards;
+    # every job then refuses the ledger
+    admin, operator, role = shared
+    user = admin.split("//")[1].split(":")[0]
+    pg_server.sql(sql.format(role=role, admin=user), dbname=admin.rsplit("/", 1)[1])
+    for url in (operator, admin):
+        with pytest.raises(LedgerTamperedError, match=match):
+            Ledger(url)
