@@ -47,6 +47,8 @@ __all__ = [
     "LedgerConflictError",
     "LedgerError",
     "LedgerMissingError",
+    "LedgerPermissionError",
+    "LedgerServerError",
     "LedgerStorageError",
     "LedgerTamperedError",
     "NoiseKeyError",
@@ -120,6 +122,15 @@ class LedgerConflictError(LedgerError):
 
 class RunStateError(LedgerConflictError):
     """A run id that is published, abandoned, or bound to another key."""
+
+
+class LedgerServerError(LedgerError, ConnectionError):
+    """The ledger's database server cannot be reached or refuses the login."""
+
+
+class LedgerPermissionError(LedgerError, PermissionError):
+    """The ledger's database role may not do this (an operator creating a dataset,
+    abandoning a run or editing entries)."""
 
 
 class OutputError(DPDaskError, ValueError):

@@ -50,3 +50,35 @@ def store(tmp_path: pathlib.Path, rng: np.random.Generator):
     )
     counts = rng.integers(0, 50, size=(7, 2, 3))
     return write_store(tmp_path / "in.zarr", counts, DOMAIN, geo, geo_chunk=2), counts
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A throwaway PostgreSQL cluster for the session (``tests/pg_server.py``); the
+    PostgreSQL tests skip, saying why, where none can be started."""
+    from tests import pg_server as pg
+
+    why = pg.unavailable()
+    if why:
+        pytest.skip(f"no PostgreSQL server for the ledger tests: {why}")
+    server = pg.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_ledger(pg_server):
+    """``(admin URL, operator URL, operator role)`` of a fresh, empty database."""
+    return pg_server.new_ledger_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_location(request, tmp_path) -> str:
+    """Where a new ledger goes, once per backend: a SQLite file, or a fresh database on
+    the session's PostgreSQL server (its administrator's URL)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.sqlite")
+    admin, _operator, _role = request.getfixturevalue("pg_ledger")
+    return admin

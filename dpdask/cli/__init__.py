@@ -44,7 +44,7 @@ COMMANDS = {
     "run": (cmd_run, "run a release spec: dpdask run SPEC [--run-id ID] [--json]"),
     "ledger": (
         cmd_ledger,
-        "the privacy ledger: dpdask ledger init|show|verify|abandon|anchor PATH",
+        "the privacy ledger: dpdask ledger init|show|verify|abandon|anchor|dataset|migrate PATH",
     ),
     "export": (
         cmd_export,

@@ -1,4 +1,5 @@
-"""The ledger verbs: ``dpdask ledger init|show|verify|abandon|anchor``."""
+"""The ledger verbs: ``dpdask ledger init|show|verify|abandon|anchor`` (and the
+administrator's ``dataset|migrate``, :mod:`dpdask.cli._ledger_admin`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dpdask.cli._common import print_result
+from dpdask.cli._ledger_admin import add_admin_verbs, run_admin_verb
 
 if TYPE_CHECKING:
     from dpdask.privacy import Head, Ledger
@@ -30,7 +32,9 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     )
     verbs = parser.add_subparsers(dest="verb", required=True)
     p = verbs.add_parser("init", help="create a new, empty ledger (never over an old one)")
-    p.add_argument("path", help="the ledger file (SQLite)")
+    p.add_argument("path", help="the ledger file (SQLite), or postgresql://ADMIN@HOST/DB")
+    p.add_argument("--operator-role", metavar="ROLE", help="on a server: the role release "
+                   "jobs use, which may then only read and append")  # fmt: skip
     p = verbs.add_parser("show", help="spent and remaining budget per dataset and release")
     p.add_argument("path", help="the ledger file (SQLite)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -62,9 +66,13 @@ def cmd_ledger(argv: Sequence[str]) -> int:
         "a release published from this ledger whose head must be in the chain (give every one)",
         "a head kept elsewhere that must be in the chain",
     )
+    add_admin_verbs(verbs)
     args = parser.parse_args(argv)  # fmt: skip
+    done = run_admin_verb(args)
+    if done is not None:
+        return done
     if args.verb == "init":
-        ledger = Ledger.init(args.path)
+        ledger = Ledger.init(args.path, args.operator_role)
         print(f"created ledger {ledger.path} (head {ledger.head()})")
         return 0
     if args.verb == "anchor":  # the head file is lost: the chain is checked, not the head

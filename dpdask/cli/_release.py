@@ -127,11 +127,12 @@ def _counts_plan(args: argparse.Namespace) -> Result:
     plan, report = plan_spec(load_spec(args.spec, period=args.period))
     per_level = plan if isinstance(plan, dict) else None
     if args.save:
+        from dpdask.privacy import ledger_files
+
         spec = load_spec(args.spec, period=args.period)
         protected = [
             ("input data", spec.data.path),
-            ("ledger", spec.ledger),
-            ("ledger head file", spec.ledger.with_name(spec.ledger.name + ".head")),
+            *ledger_files(spec.ledger),
             ("release spec", pathlib.Path(args.spec)),
             ("output", spec.output),
         ]

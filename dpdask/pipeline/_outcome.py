@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 from dpdask.errors import SpecError
 from dpdask.pipeline.spec import ReleaseSpec
-from dpdask.privacy import Ledger
+from dpdask.privacy import Ledger, ledger_exists
 from dpdask.publish import check_interpreter, check_unclaimed, claim_output, remove_work
 
 log = logging.getLogger("dpdask")
@@ -123,7 +123,7 @@ def _note(
     exc: BaseException, spec: ReleaseSpec, run_id: str, work: pathlib.Path, fresh: bool
 ) -> None:
     try:
-        run = Ledger(spec.ledger).run(spec.release, run_id) if spec.ledger.exists() else None
+        run = Ledger(spec.ledger).run(spec.release, run_id) if ledger_exists(spec.ledger) else None
     except Exception as again:  # the ledger cannot be read now: say so, guess nothing
         exc.add_note(
             f"whether run {run_id} was charged is unknown ({type(again).__name__}); "

@@ -38,9 +38,14 @@ from dpdask.privacy import (
     LedgerConflictError,
     LedgerMissingError,
     RunStateError,
+    bind_source,
     check_dataset_fits,
     check_release_opening,
     check_run_id,
+    check_source,
+    hold_dataset,
+    ledger_exists,
+    ledger_files,
     split_levels,
 )
 from dpdask.publish import (
@@ -280,12 +285,7 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
     output = spec.output.absolute()
     work = work_dir(output, run_id)
     ledger = _open_ledger(spec, dry=not create)
-    protected = [
-        ("input data", spec.data.path),
-        ("ledger", spec.ledger),
-        ("ledger head file", spec.ledger.with_name(spec.ledger.name + ".head")),
-        ("work folder", work),
-    ]
+    protected = [("input data", spec.data.path), *ledger_files(spec.ledger), ("work folder", work)]
     if spec.source is not None:
         protected.append(("release spec", spec.source))
     run = ledger.run(spec.release, run_id) if ledger is not None else None
@@ -315,9 +315,13 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
     resuming = run is not None
     if run is not None and not done_here:
         check_run_key(run, work)
+    if ledger is not None and create and not resuming:
+        hold_dataset(ledger, dataset)  # a shared ledger: other jobs wait until we charge
     if ledger is not None:
         _check_budgets(spec, ledger, dataset, resuming)
     source = source or source_print(spec)
+    if ledger is not None:  # one budget authority: the same source under one dataset id
+        check_source(ledger, dataset, source.content)
     return _Checked(ledger, dataset, source, output, run_id, work, resuming)
 
 
@@ -331,7 +335,7 @@ def _check_budgets(spec: ReleaseSpec, ledger: Ledger, dataset: str, resuming: bo
     if not spec.privacy <= left:
         raise BudgetExceededError(
             f"privacy: release {spec.release!r} asks for {spec.privacy!r} but only {left!r} is "
-            f"left in {spec.ledger}"
+            f"left in {ledger.path}"
         )
     check_dataset_fits(ledger, spec.release, spec.privacy, dataset, total)
 
@@ -421,8 +425,8 @@ def run_spec(
     """
     check_before_charging(spec)
     _check_workloads(spec)
-    if not spec.ledger.exists() and not spec.ledger_create:
-        _open_ledger(spec)  # raises, naming the fix
+    if not ledger_exists(spec.ledger) and not spec.ledger_create:
+        _open_ledger(spec, dry=True)  # raises, naming the fix
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
     with claimed(spec):
         checked = _preflight(spec, run_id, overwrite, create=False)
@@ -449,6 +453,7 @@ def _run_checked(
         raise LedgerMissingError(f"ledger: no ledger at {spec.ledger}")
     if spec.dataset_budget is not None:  # checked above, before the data was read
         ledger.set_dataset_total(checked.dataset, spec.dataset_budget)
+    bind_source(ledger, checked.dataset, checked.source.content)  # first release: its source
     rel = release(
         plan, store, levels=levels,
         budget_split=(
@@ -471,13 +476,13 @@ def _run_checked(
     ):
         out = rel.to_zarr(
             checked.output, overwrite=overwrite, client=client, progress=progress,
-            protected=[("input data", spec.data.path), ("ledger", spec.ledger)],
+            protected=[("input data", spec.data.path), *ledger_files(spec.ledger)],
         )  # fmt: skip
     log.info("run %s of %s: published %s (ledger head %s)", checked.run_id, spec.release,
              out, ledger.head())  # fmt: skip
     summary = rel.summary()
     summary["output"] = str(out)
-    summary["ledger"] = str(spec.ledger)
+    summary["ledger"] = str(ledger.path)  # a server's URL without its password
     summary["dataset"] = checked.dataset
     summary["expected"] = report["levels"]
     return summary

@@ -27,6 +27,8 @@ Example (``pipelines/pl94-providence.yaml``)::
     reconstruct: ls
     output: ../out/pl94-providence.zarr
     ledger: {path: ../out/ledger.sqlite, create: true}   # or just the path
+    # or a shared ledger on a server: postgresql://operator@db.example/ledger?sslmode=verify-full
+    #   (or {url: ...}); the password from PGPASSWORD, PGPASSFILE or ?passfile=...
     # cluster: tcp://scheduler:8786   # or {address: ..., tls: {ca_file, cert, key}}
     #                                 # or {n_workers: 2, threads_per_worker: 1, ...}
 
@@ -64,7 +66,9 @@ The keys allowed in each mapping:
               (:func:`dpdask.workloads.named.workload_options`)
 ``strategy``  ``name`` and the options :func:`dpdask.strategy.select` uses for it, or
               ``levels``: one such strategy per released level
-``ledger``    ``path`` and ``create`` (permission to create a missing ledger file)
+``ledger``    ``path`` and ``create`` (permission to create a missing ledger file), or
+              ``url`` (``postgresql://...``: a ledger on a PostgreSQL server, created
+              by its administrator with ``dpdask ledger init URL --operator-role ROLE``)
 ``cluster``   ``address``, ``insecure``, ``tls`` (``ca_file``, ``cert``, ``key``) for
               a remote scheduler (``insecure`` or ``tls`` alone apply to the address
               of ``--scheduler`` or ``DASK_SCHEDULER_ADDRESS``), or the LocalCluster
@@ -92,7 +96,7 @@ from dpdask.pipeline._spec_fields import as_bool, as_mapping, as_path, check_key
 from dpdask.pipeline._spec_plan import strategies, workloads
 from dpdask.pipeline._spec_privacy import PRIVACY_KEYS, parse_budget, parse_split
 from dpdask.pipeline._spec_records import records_options
-from dpdask.privacy import Budget, split_levels
+from dpdask.privacy import Budget, is_server_url, split_levels
 from dpdask.specs import ID_RULE as _ID  # the one id rule of every kind of spec
 from dpdask.specs import read_spec
 
@@ -104,7 +108,7 @@ RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdow
 _DATA_KEYS = ("format", "path", "id")
 _SYNTHETIC_KEYS = ("geographies", "states", "seed", "population", "layout")
 _CONVERTED_KEYS = ("layout",)  # pl94 and ri2010 files, converted into a store
-_LEDGER_KEYS = ("path", "create")
+_LEDGER_KEYS = ("path", "create", "url")
 
 
 @dataclass(frozen=True)
@@ -127,10 +131,11 @@ class DataSpec:
 class ReleaseSpec:
     """A validated release spec (see the module docstring for the YAML form).
 
-    ``ledger`` is the ledger file and ``ledger_create`` whether the spec allows it to
-    be created when missing (``ledger: {path: ..., create: true}``). ``cluster`` is a
-    scheduler address, a mapping (``address`` with ``insecure`` or ``tls``, or
-    LocalCluster options) or ``None`` for the default local cluster.
+    ``ledger`` is the ledger file (or a ``postgresql://`` URL) and ``ledger_create``
+    whether the spec allows it to be created when missing (``ledger: {path: ...,
+    create: true}``). ``cluster`` is a scheduler address, a mapping (``address`` with
+    ``insecure`` or ``tls``, or LocalCluster options) or ``None`` for the default local
+    cluster.
     """
 
     release: str
@@ -144,7 +149,7 @@ class ReleaseSpec:
     strategy_options: dict[str, Any]
     reconstruct: str
     output: pathlib.Path
-    ledger: pathlib.Path
+    ledger: pathlib.Path | str  # str: a server ledger's URL
     dataset_budget: Budget | None = None
     cluster: str | dict[str, Any] | None = None
     source: pathlib.Path | None = None
@@ -241,11 +246,19 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
 
 
 # -- ledger -----------------------------------------------------------------------------------
-def _ledger(raw: Any, output: pathlib.Path, base: pathlib.Path) -> tuple[pathlib.Path, bool]:
+def _ledger(raw: Any, output: pathlib.Path, base: pathlib.Path) -> tuple[pathlib.Path | str, bool]:
     if raw is None:
         return as_path(str(output) + ".ledger.sqlite", base, "ledger"), False
+    if is_server_url(raw):
+        return str(raw), False
     if isinstance(raw, Mapping):
         check_keys(raw, _LEDGER_KEYS, "ledger")
+        if "url" in raw:
+            if "path" in raw or not is_server_url(raw["url"]):
+                raise SpecError(
+                    "ledger.url: give a postgresql://... URL, and either url or path, not both"
+                )
+            return str(raw["url"]), as_bool(raw.get("create", False), "ledger.create")
         path = as_path(require(raw, "path", "ledger"), base, "ledger.path")
         return path, as_bool(raw.get("create", False), "ledger.create")
     if not isinstance(raw, str | os.PathLike):

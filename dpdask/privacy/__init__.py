@@ -38,6 +38,8 @@ from dpdask.privacy._ledger import (
 )
 from dpdask.privacy._levels import noise_scale, split_levels
 from dpdask.privacy._mechanisms import MECHANISM_NORM, check_calibration, mechanism_guarantee
+from dpdask.privacy._sources import bind_source, check_source, hold_dataset, source_dataset
+from dpdask.privacy._store import is_server_url, ledger_exists, ledger_files, migrate_ledger
 
 __all__ = [
     "MECHANISM_NORM",
@@ -58,6 +60,7 @@ __all__ = [
     "RunBinding",
     "RunStateError",
     "as_fraction",
+    "bind_source",
     "calibrate",
     "check_binding",
     "check_calibration",
@@ -65,12 +68,19 @@ __all__ = [
     "check_name",
     "check_release_opening",
     "check_run_id",
+    "check_source",
     "gaussian_delta",
     "gaussian_max_privacy_cost",
+    "hold_dataset",
+    "is_server_url",
+    "ledger_exists",
+    "ledger_files",
     "mechanism_for",
     "mechanism_guarantee",
+    "migrate_ledger",
     "noise_scale",
     "parallel",
+    "source_dataset",
     "split_levels",
     "zCDP",
     "zcdp_delta",

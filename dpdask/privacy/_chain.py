@@ -124,6 +124,32 @@ def _digest(ledger_id: str, seq: int, kind: str, body: str, prev: str) -> str:
     return h.hexdigest()
 
 
+def verify_rows(
+    ledger_id: str, rows: Iterable[tuple[int, str, str, str, str]], where: object
+) -> list[Entry]:
+    """The entries of ``rows`` (seq, kind, body, prev, hash), checked: the hash chain
+    recomputes from the first entry, an ``init``, and every body is canonical JSON.
+    Shared by every store of the chain; ``where`` names the ledger in errors."""
+    entries = []
+    prev = _ZERO
+    for i, (seq, kind, body, before, digest) in enumerate(rows, start=1):
+        if seq != i or before != prev or digest != _digest(ledger_id, seq, kind, body, before):
+            raise LedgerTamperedError(
+                f"the ledger {where} was edited: its hash chain breaks at entry {i}"
+            )
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            raise LedgerTamperedError(f"entry {i} of {where} is not JSON") from None
+        if canonical(parsed) != body:
+            raise LedgerTamperedError(f"entry {i} of {where} is not canonical JSON")
+        entries.append(Entry(seq, kind, parsed, before, digest))
+        prev = digest
+    if not entries or entries[0].kind != "init":
+        raise LedgerTamperedError(f"the ledger {where} has no entries: it was emptied")
+    return entries
+
+
 def head_path(path: Path) -> Path:
     """Where the head of the ledger at ``path`` is kept."""
     return path.with_name(path.name + ".head")
@@ -276,27 +302,7 @@ class Chain:
             finally:
                 con.execute("COMMIT")
         rows = con.execute("SELECT seq, kind, body, prev, hash FROM entries ORDER BY seq")
-        entries = []
-        prev = _ZERO
-        for i, (seq, kind, body, before, digest) in enumerate(rows.fetchall(), start=1):
-            if (
-                seq != i
-                or before != prev
-                or digest != _digest(self.ledger_id, seq, kind, body, before)
-            ):
-                raise LedgerTamperedError(
-                    f"the ledger {self.path} was edited: its hash chain breaks at entry {i}"
-                )
-            try:
-                parsed = json.loads(body)
-            except ValueError:
-                raise LedgerTamperedError(f"entry {i} of {self.path} is not JSON") from None
-            if canonical(parsed) != body:
-                raise LedgerTamperedError(f"entry {i} of {self.path} is not canonical JSON")
-            entries.append(Entry(seq, kind, parsed, before, digest))
-            prev = digest
-        if not entries or entries[0].kind != "init":
-            raise LedgerTamperedError(f"the ledger {self.path} has no entries: it was emptied")
+        entries = verify_rows(self.ledger_id, rows.fetchall(), self.path)
         if check_head:
             self._check_head(entries)
         return entries
@@ -412,13 +418,14 @@ class _Appender:
         text = canonical({**body, "time": time.time()})
         seq = self.head.count + 1
         digest = _digest(self.ledger_id, seq, kind, text, self.head.hash)
-        self.con.execute(
-            "INSERT INTO entries VALUES (?, ?, ?, ?, ?)", (seq, kind, text, self.head.hash, digest)
-        )
+        self._insert((seq, kind, text, self.head.hash, digest))
         entry = Entry(seq, kind, json.loads(text), self.head.hash, digest)
         self.added.append(entry)
         self.head = Head(seq, digest)
         return entry
+
+    def _insert(self, row: tuple[int, str, str, str, str]) -> None:
+        self.con.execute("INSERT INTO entries VALUES (?, ?, ?, ?, ?)", row)
 
 
 # sqlite's result codes of a file system that failed, not of a damaged database

@@ -70,6 +70,7 @@ from dpdask.privacy._records import (
     dedupe,
     run_body,
 )
+from dpdask.privacy._store import ChainStore, create_store, open_store, shown
 
 __all__ = [
     "RUN_STATES",
@@ -90,12 +91,14 @@ __all__ = [
 
 
 class Ledger:
-    """A persistent, tamper-evident record of privacy charges in one SQLite file.
+    """A persistent, tamper-evident record of privacy charges in one SQLite file, or
+    shared on a PostgreSQL server (:mod:`dpdask.privacy._pg`).
 
     Parameters
     ----------
     path : str or Path
-        The database file. It must exist (see :meth:`init`) unless ``create``.
+        The database file, or a server's ``postgresql://`` URL (shown and recorded
+        without its password). It must exist (see :meth:`init`) unless ``create``.
     create : bool
         Create the ledger if there is none at ``path`` (and no head file says there
         was one). Opening always verifies the hash chain and, unless ``check_head``
@@ -131,24 +134,24 @@ class Ledger:
     def __init__(
         self, path: str | os.PathLike[str], *, create: bool = False, check_head: bool = True
     ):
-        self.path = Path(path)
+        self.path = shown(path)  # a server URL is shown and recorded without its password
+        self._location = str(path)
         self._bindings: dict[tuple[str, str], RunBinding] = {}
-        try:
-            self._chain = Chain(self.path, check_head=check_head)
-        except LedgerMissingError:
-            if not create:
-                raise
-            self._chain = Chain.create(self.path)
+        self._chain: ChainStore = open_store(path, create=create, check_head=check_head)
 
     @classmethod
-    def init(cls, path: str | os.PathLike[str]) -> Ledger:
-        """Create a new ledger at ``path`` (``dpdask ledger init``); refuses an existing one."""
-        Chain.create(path)
+    def init(cls, path: str | os.PathLike[str], operator_role: str | None = None) -> Ledger:
+        """Create a new ledger at ``path`` (``dpdask ledger init``); refuses an existing one.
+
+        ``path`` may be a PostgreSQL URL (``postgresql://ADMIN@HOST/DB``), run as the
+        database's administrator; ``operator_role`` may then only read and append
+        (:mod:`dpdask.privacy._pg`)."""
+        create_store(path, operator_role)
         return cls(path)
 
     @property
-    def head_file(self) -> Path:
-        """The file beside the ledger that anchors its head."""
+    def head_file(self) -> Path | None:
+        """The file beside the ledger that anchors its head (``None`` on a server)."""
         return self._chain.head_file
 
     @property
@@ -157,7 +160,7 @@ class Ledger:
         return self._chain.ledger_id
 
     def __reduce__(self) -> tuple[type[Ledger], tuple[str]]:
-        return (Ledger, (str(self.path),))
+        return (Ledger, (self._location,))
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path)!r})"

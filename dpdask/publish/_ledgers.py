@@ -15,7 +15,7 @@ import os
 import pathlib
 from collections.abc import Iterable
 
-from dpdask.privacy import Head, Ledger, LedgerMissingError, LedgerTamperedError
+from dpdask.privacy import Head, Ledger, LedgerMissingError, LedgerTamperedError, is_server_url
 from dpdask.publish._safety import release_attributes
 
 __all__ = ["check_replaced", "open_ledger", "period_outputs"]
@@ -59,6 +59,15 @@ def open_ledger(
         If there is no ledger at ``path`` and ``create`` is false, or a release of
         ``outputs`` was charged to a ledger (which may be the deleted one).
     """
+    if is_server_url(path):  # the server says whether it holds a ledger; it keeps the head
+        try:
+            return Ledger(path)
+        except LedgerMissingError:
+            if not create or dry:
+                if create:
+                    return None
+                raise
+        return Ledger(path, create=True)
     path = pathlib.Path(path)
     head_file = path.with_name(path.name + ".head")
     if path.exists() or head_file.exists():  # a lost ledger with its head is refused

@@ -106,7 +106,7 @@ class ReleaseMachine(RuleBasedStateMachine):
                 "strategy": "identity",
                 "privacy": {"zcdp": 1},
                 "output": output,
-                "ledger": "ledger.sqlite",
+                "ledger": str(self.ledger_path),  # a server's URL in the postgres variant
             },
             base=self.dir,
         )  # fmt: skip
