@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 from dpdask.errors import SpecError
 from dpdask.pipeline.spec import ReleaseSpec
-from dpdask.privacy import Ledger, ledger_exists
+from dpdask.privacy import Ledger, check_lifetime_covers, ledger_exists
 from dpdask.publish import check_interpreter, check_unclaimed, claim_output, remove_work
 
 log = logging.getLogger("dpdask")
@@ -50,18 +50,7 @@ def check_before_charging(spec: ReleaseSpec) -> None:
         release's budget, or of another kind.
     """
     check_interpreter()
-    lifetime = spec.dataset_budget
-    if lifetime is None:
-        return
-    try:
-        fits = spec.privacy <= lifetime
-    except TypeError as exc:
-        raise SpecError(f"privacy.dataset: {lifetime!r} and the release's budget: {exc}") from None
-    if not fits:
-        raise SpecError(
-            f"privacy.dataset: the dataset's lifetime budget {lifetime!r} is smaller than "
-            f"release {spec.release!r}'s budget {spec.privacy!r}; the release can never run"
-        )
+    check_lifetime_covers(spec.release, spec.privacy, spec.dataset_budget)
 
 
 def check_cluster(spec: ReleaseSpec, scheduler: str | None = None) -> None:

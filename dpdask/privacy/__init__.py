@@ -19,7 +19,11 @@ from dpdask.privacy._convert import (
     zcdp_delta,
     zcdp_epsilon,
 )
-from dpdask.privacy._fits import check_dataset_fits, check_release_opening
+from dpdask.privacy._fits import (
+    check_dataset_fits,
+    check_lifetime_covers,
+    check_release_opening,
+)
 from dpdask.privacy._ledger import (
     RUN_STATES,
     BudgetExceededError,
@@ -65,6 +69,7 @@ __all__ = [
     "check_binding",
     "check_calibration",
     "check_dataset_fits",
+    "check_lifetime_covers",
     "check_name",
     "check_release_opening",
     "check_run_id",

@@ -6,10 +6,34 @@ Shared by count releases (:mod:`dpdask.pipeline.run`) and sum releases
 
 from __future__ import annotations
 
+from dpdask.errors import SpecError
 from dpdask.privacy._budget import Budget
 from dpdask.privacy._ledger import BudgetExceededError, Ledger, LedgerConflictError
 
-__all__ = ["check_dataset_fits", "check_release_opening"]
+__all__ = ["check_dataset_fits", "check_lifetime_covers", "check_release_opening"]
+
+
+def check_lifetime_covers(release: str, budget: Budget, lifetime: Budget | None) -> None:
+    """Refuse a spec whose dataset lifetime budget (``privacy.dataset``) cannot hold even
+    this one release: before any ledger is opened or created.
+
+    Raises
+    ------
+    dpdask.errors.SpecError
+        Naming ``privacy.dataset``, if ``lifetime`` is smaller than ``budget`` or of
+        another kind.
+    """
+    if lifetime is None:
+        return
+    try:
+        fits = lifetime._coerce(budget) <= lifetime  # in the lifetime's terms, as the ledger
+    except TypeError as exc:
+        raise SpecError(f"privacy.dataset: {lifetime!r} and the release's budget: {exc}") from None
+    if not fits:
+        raise SpecError(
+            f"privacy.dataset: the dataset's lifetime budget {lifetime!r} is smaller than "
+            f"release {release!r}'s budget {budget!r}; the release can never run"
+        )
 
 
 def check_release_opening(

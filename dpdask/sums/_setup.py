@@ -183,8 +183,11 @@ def preflight(
     ledger without ``ledger.create``, a run id the ledger has seen. With ``create=False``
     and no ledger yet (``ledger.create: true``) the ledger is ``None``.
     """
-    from dpdask.privacy import RunStateError, check_run_id
+    from dpdask.privacy import PureDP, RunStateError, check_lifetime_covers, check_run_id
     from dpdask.publish import check_output, check_replaced, new_run_id, open_ledger
+
+    budget = PureDP(spec["epsilon"])
+    check_lifetime_covers(spec["release"], budget, spec.get("dataset_budget"))
 
     ledger_path = spec["ledger"]
     output = check_output(

@@ -62,10 +62,13 @@ def validate_spec(
         A missing or tampered ledger, a used run id, a budget that does not fit.
     """
     from dpdask.noise import new_key
+    from dpdask.publish import check_interpreter, check_unclaimed
     from dpdask.sums._records import read_records
     from dpdask.sums.accounting import split_budget
 
     spec = load_spec(path)
+    check_interpreter()  # as a run: python -O cannot publish
+    check_unclaimed(spec["output"])  # a run publishing there now
     output, ledger, rid = preflight(spec, overwrite, run_id, create=False)
     st = setup(spec)
     eps_t, eps_m = split_budget(PureDP(spec["epsilon"]), spec["rho"])

@@ -64,7 +64,7 @@ def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> di
     from dpdask.sums import threshold_charge as make_threshold_charge
 
     release, level = spec["release"], spec["geography_column"]
-    output, ledger, run_id = preflight(spec, overwrite, run_id, create=True)
+    output, ledger, run_id = preflight(spec, overwrite, run_id, create=False)
     st = setup(spec)
     budget = PureDP(spec["epsilon"])
     eps_t, eps_m = split_budget(budget, spec["rho"])
@@ -73,6 +73,8 @@ def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> di
     dataset = dataset_of(spec)
     check_budget(spec, ledger, charges, dataset)  # before the data is read
     x = read_records(spec, st.bins)  # raises before anything is charged
+    if ledger is None:  # every check passed: a new ledger may be born now, not before
+        output, ledger, run_id = preflight(spec, overwrite, run_id, create=True)
     values = st.bins.values
     k = st.bins.size
     low, high = st.bins.edges[0], st.bins.edges[-1]

@@ -506,3 +506,31 @@ def test_bad_dataset_budgets_are_refused(tmp_path, capsys, privacy, message):
     _records(tmp_path / "people.csv")
     assert main(["validate", _spec(tmp_path, privacy=privacy)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_refused_sum_run_leaves_no_ledger_behind(tmp_path, capsys) -> None:
+    """Records a run refuses (a geography outside the declared ones) are read before
+    the ledger that ``ledger.create`` allows is born: nothing is left behind."""
+    df = _records(tmp_path / "people.csv")
+    df.loc[0, "county"] = "c99"  # outside the geographies
+    df.to_csv(tmp_path / "people.csv", index=False)
+    spec = _spec(tmp_path)
+    assert main(["run", spec]) == 2
+    assert "error" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_sum_validate_refuses_what_run_refuses_before_charging(tmp_path, capsys) -> None:
+    from dpdask.publish import claim_output
+
+    _records(tmp_path / "people.csv")
+    small = _spec(tmp_path, "small.yaml", privacy="{epsilon: 1, dataset: {epsilon: 0.5}}")
+    for verb in ("validate", "run"):
+        assert main([verb, small]) == 2
+        assert "privacy.dataset" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    spec = _spec(tmp_path)
+    with claim_output(tmp_path / "out" / "wages.zarr"):  # another run publishing there
+        for verb in ("validate", "run"):
+            assert main([verb, spec]) == 2
+            assert "publishing" in capsys.readouterr().err.lower()
