@@ -74,9 +74,12 @@ class Model:
 
 # -- local model (ldp) ------------------------------------------------------------------------
 def _local_run(args: argparse.Namespace) -> Result:
-    from dpdask.ldp.spec import run_spec
+    from dpdask.ldp.spec import load_spec, output_of, run_spec
+    from dpdask.publish import claim_output
 
-    return run_spec(args.spec, overwrite=args.overwrite), _indented
+    doc, base = load_spec(args.spec)
+    with claim_output(output_of(doc, base)):  # as every release: one writer at a time
+        return run_spec(args.spec, overwrite=args.overwrite), _indented
 
 
 def _local_validate(args: argparse.Namespace) -> Result:

@@ -51,7 +51,15 @@ from dpdask.ldp.strategy import FORMAT, LocalStrategy
 from dpdask.privacy import PureDP
 from dpdask.specs import check_id, check_keys, parse_budget, read_spec
 
-__all__ = ["SPEC_KEYS", "load_spec", "main", "plan_spec", "run_spec", "validate_spec"]
+__all__ = [
+    "SPEC_KEYS",
+    "load_spec",
+    "main",
+    "output_of",
+    "plan_spec",
+    "run_spec",
+    "validate_spec",
+]
 
 SPEC_KEYS = (
     "model",
@@ -155,6 +163,19 @@ def _privacy(doc: dict[str, Any]) -> PureDP:
 def _path(base: pathlib.Path, p: str) -> pathlib.Path:
     q = pathlib.Path(os.path.expanduser(p))
     return q if q.is_absolute() else base / q
+
+
+def output_of(doc: dict[str, Any], base: pathlib.Path) -> pathlib.Path:
+    """Where ``run`` writes (unchecked: :func:`run_spec` checks it).
+
+    Raises
+    ------
+    SpecError
+        If the spec names no ``output``.
+    """
+    if "output" not in doc:
+        raise SpecError("output: run needs 'responses' and 'output'")
+    return _path(base, doc["output"])
 
 
 def _is_strategy_file(path: pathlib.Path) -> bool:

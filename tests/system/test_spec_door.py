@@ -398,3 +398,15 @@ def test_a_saved_plan_replaces_only_a_plan(tmp_path, capsys) -> None:
     link.symlink_to(saved)
     assert door.run("plan", "--save", str(link), "--overwrite") == 2
     assert link.is_symlink()
+
+
+def test_a_run_racing_another_for_its_output_is_refused(door, capsys) -> None:
+    """Every kind of release claims its output first: while another run holds it, a
+    run is refused with one line and writes (or charges) nothing."""
+    from dpdask.publish import claim_output
+
+    before = door.files()
+    with claim_output(door.output):
+        assert door.run("run") == 2
+        assert "publishing" in _one_error(capsys.readouterr().err, "run").lower()
+    assert door.files() == before
