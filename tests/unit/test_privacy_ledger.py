@@ -45,26 +45,30 @@ def _charge(run="run1", level="county", name="A", privacy=QUARTER, scale=2.0, **
     )
 
 
-def _rows(ledger) -> list[tuple]:
-    """The charges, read from the SQLite file with the standard library (or the server's
-    table with psycopg)."""
-    query = "SELECT body FROM {}entries WHERE kind = 'charge' ORDER BY seq"
+def _bodies(ledger: Ledger, kind: str) -> list[dict]:
+    """Entry bodies of one kind, read from the store itself (the SQLite file with the
+    standard library, or the server's table with psycopg), not through dpdask."""
+    query = "SELECT body FROM {}entries WHERE kind = %s ORDER BY seq"
     if ledger.head_file is None:
         import psycopg
 
         with psycopg.connect(ledger._location) as con:
-            bodies = con.execute(query.format("dpdask.")).fetchall()
+            rows = con.execute(query.format("dpdask."), (kind,)).fetchall()
     else:
         con = sqlite3.connect(ledger.path)
         try:
-            bodies = con.execute(query.format("")).fetchall()
+            rows = con.execute(query.format("").replace("%s", "?"), (kind,)).fetchall()
         finally:
             con.close()
-    out = []
-    for (body,) in bodies:
-        b = json.loads(body)
-        out.append((b["release"], b["run_id"], b["level"], b["measurement"], b["privacy"]))
-    return out
+    return [json.loads(body) for (body,) in rows]
+
+
+def _rows(ledger) -> list[tuple]:
+    """The charges, read from the store itself (:func:`_bodies`)."""
+    return [
+        (b["release"], b["run_id"], b["level"], b["measurement"], b["privacy"])
+        for b in _bodies(ledger, "charge")
+    ]
 
 
 @pytest.fixture
@@ -236,24 +240,15 @@ def test_bad_charges_raise(kw):
         _charge(**kw)
 
 
-def _bodies(path, kind: str) -> list[dict]:
-    """Entry bodies of one kind, read from the SQLite file with the standard library."""
-    con = sqlite3.connect(path)
-    try:
-        rows = con.execute("SELECT body FROM entries WHERE kind = ? ORDER BY seq", (kind,))
-        return [json.loads(body) for (body,) in rows.fetchall()]
-    finally:
-        con.close()
-
 
 def test_a_bound_run_records_its_input_spec_and_output(ledger, tmp_path):
     bind = RunBinding("input-1", "spec-1", str(tmp_path / "a.zarr"))
     with ledger.bound("r", "run1", bind):
         ledger.charge(_charge())
-    (body,) = _bodies(ledger.path, "run")
+    (body,) = _bodies(ledger, "run")
     assert body["binding"] == {"source": "input-1", "spec": "spec-1",
                                "output": str(tmp_path / "a.zarr")}  # fmt: skip
-    assert Ledger(ledger.path).run("r", "run1").binding == bind
+    assert Ledger(ledger._location).run("r", "run1").binding == bind
     # a resume with the same binding charges nothing; any other one is refused, unwritten
     with ledger.bound("r", "run1", bind):
         assert ledger.charge(_charge()) == 0
@@ -297,4 +292,4 @@ def test_a_run_is_published_once_and_where_it_is_bound(ledger, tmp_path):
         with pytest.raises(RunStateError, match="already published"):
             ledger.publish("r", run, b)
     assert len(ledger.entries()) == entries
-    assert [r.output for r in Ledger(ledger.path).published_runs()] == [a, a]
+    assert [r.output for r in Ledger(ledger._location).published_runs()] == [a, a]
