@@ -240,7 +240,6 @@ def test_bad_charges_raise(kw):
         _charge(**kw)
 
 
-
 def test_a_bound_run_records_its_input_spec_and_output(ledger, tmp_path):
     bind = RunBinding("input-1", "spec-1", str(tmp_path / "a.zarr"))
     with ledger.bound("r", "run1", bind):
