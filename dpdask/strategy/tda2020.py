@@ -232,3 +232,85 @@ def tda2020_plan(
     return Plan(
         workload, strategy, privacy, domain=domain, groups=groups, template="tda-2020", info=info
     )
+
+
+def symmetry_blocks() -> list[list[list[int]]]:
+    """The blocks of values the pl94-full groups cannot tell apart, per attribute.
+
+    hhgq by ``hhinstlevels`` (household, institutional, noninstitutional); every other
+    attribute one block. Permuting values inside a block maps every group onto itself.
+    """
+    from dpdask import census
+
+    dom = census.pl94_full_domain()
+    return [[list(types) for _, types in census.HHINSTLEVELS]] + [
+        [list(range(dom[a]))] for a in dom.attrs[1:]
+    ]
+
+
+def fitness_plan(
+    workload: LinearQuery,
+    privacy: Budget | None,
+    *,
+    targets: str = "tda-2020",
+    level: str,
+    persons: Budget | None = None,
+    domain: Domain | None = None,
+) -> Plan:
+    """Fitness-for-use with the Bureau's per-query variances at ``level`` as targets.
+
+    Problem 1 (``privacy=None``): the least budget whose unbiased release meets, on
+    every query, the variance of the Bureau's measured answer at ``level`` when the
+    persons budget is ``persons`` (default the production
+    :data:`PERSONS_RHO_ADD_REMOVE`); ``plan.info["budget_ratio"]`` is that budget over
+    the Bureau's for the level. Problem 2 (a budget): the targets are those of
+    ``tda-2020`` with the same budget, and the plan spends it.
+
+    Solved in the workload's invariant algebra
+    (:func:`~dpdask.strategy.fitness.solve_symmetric`) from the least-squares
+    covariance of the Bureau's own measurements; the plan re-checks every target on
+    its dense whitened strategy (``A^T A = Sigma^-1``, 2,016 columns).
+
+    Raises
+    ------
+    PlanError
+        For targets other than ``"tda-2020"``, an unknown level, or a solution that
+        misses a target.
+    """
+    import numpy as np
+
+    from dpdask import census
+    from dpdask.linalg import Dense
+    from dpdask.strategy.fitness import FitnessPlan, solve_symmetric
+
+    if targets != "tda-2020":
+        raise PlanError(f"targets: expected 'tda-2020' or numbers, got {targets!r}")
+    domain = census.pl94_full_domain() if domain is None else domain
+    base = privacy
+    if base is None:
+        base = level_budget(persons if persons is not None else zCDP(PERSONS_RHO_ADD_REMOVE), level)
+    baseline = tda2020_plan(workload, base, level=level, domain=domain)
+    c = baseline.query_variances()
+    A_tda, _ = tda2020_strategy(level, domain)
+    sol = solve_symmetric(workload, c, symmetry_blocks(), start=A_tda)
+    L = np.linalg.cholesky(sol.inverse_dense())
+    spend = privacy
+    if spend is None:
+        rho = Fraction(sol.privacy_cost**2 / 2 * (1 + 1e-9))
+        spend = zCDP(Fraction(math.ceil(rho * 10**12), 10**12))
+    info = {
+        "targets": "tda-2020",
+        "level": level,
+        "baseline_rho": str(Fraction(base.rho)) if isinstance(base, zCDP) else None,
+        "solver": sol.info,
+        "start_privacy_cost": sol.start_cost,
+        "solution_privacy_cost": sol.privacy_cost,
+    }
+    plan = FitnessPlan(workload, Dense(np.ascontiguousarray(L.T)), spend, targets=c,
+                       domain=domain, info=info)  # fmt: skip
+    if privacy is None:
+        if plan.max_ratio > 1 + 1e-6:
+            raise PlanError(f"fitness vs tda-2020 at {level}: a target is missed ({plan.max_ratio})")
+        if isinstance(base, zCDP):
+            plan.info["budget_ratio"] = float(plan.zcdp().rho / base.rho)
+    return plan
