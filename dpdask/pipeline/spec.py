@@ -257,7 +257,8 @@ def parse_domain(value: Any) -> Domain:
         except ValueError as exc:
             raise SpecError(f"domain: {exc}") from None
     raise SpecError(
-        f"domain: expected 'pl94', 'pl94-full', 'ri2010', 'cph' or a mapping of attribute sizes, got {value!r}"
+        "domain: expected 'pl94', 'pl94-full', 'ri2010', 'cph' or a mapping of attribute "
+        f"sizes, got {value!r}"
     )
 
 

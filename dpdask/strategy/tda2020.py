@@ -53,8 +53,7 @@ LEVELS: tuple[str, ...] = ("us", "state", "county", "tract", "block_group", "blo
 """The Bureau's geography levels, top down, as this project names them."""
 
 LEVEL_SHARES: dict[str, Fraction] = {
-    lv: Fraction(n, 4099)
-    for lv, n in zip(LEVELS, (104, 1440, 447, 687, 1256, 165), strict=True)
+    lv: Fraction(n, 4099) for lv, n in zip(LEVELS, (104, 1440, 447, 687, 1256, 165), strict=True)
 }
 """Each level's share of the persons budget (of 4,099)."""
 
@@ -226,7 +225,9 @@ def tda2020_plan(
             "groups on the 2,016-cell domain)"
         )
     if mechanism_of(privacy) != "gaussian":
-        raise PlanError("strategy tda-2020 adds Gaussian noise: give a zCDP or (epsilon, delta) budget")
+        raise PlanError(
+            "strategy tda-2020 adds Gaussian noise: give a zCDP or (epsilon, delta) budget"
+        )
     strategy, groups = tda2020_strategy(level, domain)
     info = {"level": level, "level_share": str(LEVEL_SHARES[level])}
     return Plan(
@@ -310,7 +311,9 @@ def fitness_plan(
                        domain=domain, info=info)  # fmt: skip
     if privacy is None:
         if plan.max_ratio > 1 + 1e-6:
-            raise PlanError(f"fitness vs tda-2020 at {level}: a target is missed ({plan.max_ratio})")
+            raise PlanError(
+                f"fitness vs tda-2020 at {level}: a target is missed ({plan.max_ratio})"
+            )
         if isinstance(base, zCDP):
             plan.info["budget_ratio"] = float(plan.zcdp().rho / base.rho)
     return plan

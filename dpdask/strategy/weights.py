@@ -23,15 +23,15 @@ __all__ = ["PRESETS", "group_weights", "weighted_workload"]
 
 PRESETS: dict[str, dict[str, float]] = {
     "pl94": {
-        "total": 4000.0,
-        "votingage": 400.0,
-        "votingage*hispanic": 100.0,
-        "hispanic": 100.0,
-        "cenrace": 40.0,
-        "hispanic*cenrace": 10.0,
-        "votingage*cenrace": 10.0,
+        "total": 200000.0,
+        "votingage": 2000.0,
+        "votingage*hispanic": 200.0,
+        "hispanic": 200.0,
+        "cenrace": 100.0,
         "hhinstlevels": 10.0,
         "hhgq": 10.0,
+        "hispanic*cenrace": 10.0,
+        "votingage*cenrace": 10.0,
         "votingage*hispanic*cenrace": 2.0,
         "detailed": 1.0,
     },
@@ -88,5 +88,7 @@ def weighted_workload(workload: LinearQuery, weights: Mapping[str, Any] | str) -
     unknown = sorted(set(w) - set(workload.names))
     if unknown:
         raise PlanError(f"weights: {unknown} are not query groups of the workload {workload.names}")
-    scale = [c * math.sqrt(w.get(n, 1.0)) for n, c in zip(workload.names, workload.weights, strict=True)]
+    scale = [
+        c * math.sqrt(w.get(n, 1.0)) for n, c in zip(workload.names, workload.weights, strict=True)
+    ]
     return VStack(workload.parts, weights=scale, names=workload.names)

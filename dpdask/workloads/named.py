@@ -147,8 +147,9 @@ def named(name: str, domain: Domain | None = None, **options: Any) -> LinearQuer
     ----------
     name : str
         One of ``pl94``, ``pl94-full`` (alias ``tda-2020``: the Census Bureau's
-        eleven 2020 query groups on the 2,016-cell histogram), ``ri2010`` (the Rhode Island 2010 blocks' domain: total,
-        voting-age and race/ethnicity marginals, identity), ``sf1-persons`` (alias
+        eleven 2020 query groups on the 2,016-cell histogram), ``ri2010`` (the Rhode
+        Island 2010 blocks' domain: total, voting-age and race/ethnicity marginals,
+        identity), ``sf1-persons`` (alias
         ``sf1``; option ``tables``),
         ``sf1-hdmm`` (the HDMM reference's SF1 encoding, race 64),
         ``age-pyramid`` (options ``kind``, ``voting_age``), ``identity``,

@@ -292,6 +292,7 @@ def solve_symmetric(
     K0 = _start_blocks(attrs, choices, None if start is None else kron_terms(start, sizes))
     theta0 = pack(K0)
     p0, r0 = cost2(K0)
+
     # the epigraph form, scale fixed by the targets: minimise s with
     # log profile <= s and log(variance / target) <= 0
     def cons(x: np.ndarray) -> np.ndarray:
@@ -337,5 +338,9 @@ def solve_symmetric(
         privacy_cost=math.sqrt(prof),
         max_ratio=ratio,
         start_cost=math.sqrt(p0 * r0),
-        info={"iterations": int(res.nit), "message": str(res.message), "success": bool(res.success)},
+        info={
+            "iterations": int(res.nit),
+            "message": str(res.message),
+            "success": bool(res.success),
+        },
     )
