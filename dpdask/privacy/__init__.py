@@ -7,7 +7,8 @@ splits a release budget over geography levels and :func:`noise_scale` calibrates
 each level's noise: the one budget-to-noise path of plans and releases.
 Conversions follow Bun and Steinke (2016), Canonne, Kamath and Steinke (2020) and
 Balle and Wang (2018). :class:`Ledger` is the persistent, append-only record of
-charges.
+charges. Budgets are for add/remove-one-person neighbours;
+:mod:`dpdask.privacy.neighbours` states the relation and converts to change-one.
 """
 
 from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, parallel, zCDP
@@ -35,8 +36,11 @@ from dpdask.privacy._ledger import (
 )
 from dpdask.privacy._levels import noise_scale, split_levels
 from dpdask.privacy._mechanisms import MECHANISM_NORM, check_calibration, mechanism_guarantee
+from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, Neighbours, as_neighbours
 
 __all__ = [
+    "ADD_REMOVE",
+    "CHANGE_ONE",
     "MECHANISM_NORM",
     "RUN_STATES",
     "ApproxDP",
@@ -49,10 +53,12 @@ __all__ = [
     "LedgerError",
     "LedgerMissingError",
     "LedgerTamperedError",
+    "Neighbours",
     "PureDP",
     "Run",
     "RunStateError",
     "as_fraction",
+    "as_neighbours",
     "check_calibration",
     "check_dataset_fits",
     "check_name",

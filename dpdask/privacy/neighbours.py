@@ -35,8 +35,8 @@ __all__ = [
     "CHANGE_ONE",
     "NEIGHBOURS",
     "Neighbours",
+    "as_neighbours",
     "convert",
-    "neighbours",
     "rho_factor",
 ]
 
@@ -70,7 +70,7 @@ NEIGHBOURS: dict[str, Neighbours] = {n.name: n for n in (ADD_REMOVE, CHANGE_ONE)
 """The relations by name."""
 
 
-def neighbours(value: str | Neighbours | None) -> Neighbours:
+def as_neighbours(value: str | Neighbours | None) -> Neighbours:
     """The relation called ``value`` (``None``: :data:`ADD_REMOVE`).
 
     Raises
@@ -80,7 +80,7 @@ def neighbours(value: str | Neighbours | None) -> Neighbours:
 
     Examples
     --------
-    >>> neighbours("change-one") is CHANGE_ONE, neighbours(None) is ADD_REMOVE
+    >>> as_neighbours("change-one") is CHANGE_ONE, as_neighbours(None) is ADD_REMOVE
     (True, True)
     """
     if value is None:
@@ -138,7 +138,7 @@ def convert(
     >>> convert(PureDP(2), "change-one", "add-remove")
     PureDP(epsilon=1)
     """
-    src, dst = neighbours(source), neighbours(target)
+    src, dst = as_neighbours(source), as_neighbours(target)
     if src == dst:
         return budget
     if isinstance(budget, ApproxDP):

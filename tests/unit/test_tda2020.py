@@ -13,7 +13,7 @@ from dpdask.domain import Domain
 from dpdask.errors import PlanError
 from dpdask.linalg import Identity, Ones, VStack
 from dpdask.privacy import ApproxDP, PureDP, zCDP
-from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, convert, neighbours
+from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, as_neighbours, convert
 from dpdask.strategy import select
 from dpdask.strategy.fitness import solve, solve_symmetric
 from dpdask.strategy.tda2020 import (
@@ -46,11 +46,11 @@ def test_budget_in_both_relations():
     assert convert(zCDP(RHO), ADD_REMOVE, CHANGE_ONE) == zCDP(RHO_CHANGE_ONE)
     assert convert(PureDP(1), ADD_REMOVE, CHANGE_ONE) == PureDP(2)
     assert convert(zCDP(1), None, "change-one", nonnegative_gram=False) == zCDP(4)
-    assert neighbours(None) is ADD_REMOVE
+    assert as_neighbours(None) is ADD_REMOVE
     with pytest.raises(PlanError):
         convert(ApproxDP(1, "1e-6"), ADD_REMOVE, CHANGE_ONE)
     with pytest.raises(PlanError, match="neighbours"):
-        neighbours("swap")
+        as_neighbours("swap")
 
 
 @pytest.mark.parametrize("level", LEVELS)
