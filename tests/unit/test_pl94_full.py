@@ -82,3 +82,28 @@ def test_named_and_wrong_domain():
         named("pl94-full", census.pl94_domain())
     with pytest.raises(SpecError, match="domain"):
         parse_domain("pl94-fll")
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_synthetic_blocks_are_consistent(seed):
+    from dpdask.datasets import synthetic_pl94_blocks
+
+    b = synthetic_pl94_blocks(400, 20_000, seed=seed)
+    n = 400
+    assert b.counts.shape == (n, 8, 2, 2, 63) and b.counts.min() >= 0
+    assert int(b.population.sum()) == 20_000
+    persons_by_type = b.counts.reshape(n, 8, -1).sum(axis=2)
+    # household persons only where there are housing units
+    assert np.all(b.housing_units[persons_by_type[:, 0] > 0] >= 1)
+    # every GQ person's type has a facility; no more facilities than persons
+    assert np.all(b.facilities[:, 0] == 0)
+    gq = persons_by_type[:, 1:]
+    fac = b.facilities[:, 1:]
+    assert np.all(fac[gq > 0] >= 1) and np.all(fac <= gq)
+    assert gq.sum() > 0  # some group quarters were drawn
+    # nobody under 18 in nursing facilities
+    assert b.counts[:, census.HHGQ.index("nursing"), 0].sum() == 0
+    # deterministic from the seed
+    again = synthetic_pl94_blocks(400, 20_000, seed=seed)
+    np.testing.assert_array_equal(again.counts, b.counts)
+    np.testing.assert_array_equal(again.facilities, b.facilities)
