@@ -257,6 +257,7 @@ def fitness_plan(
     level: str,
     persons: Budget | None = None,
     domain: Domain | None = None,
+    maxiter: int = 300,
 ) -> Plan:
     """Fitness-for-use with the Bureau's per-query variances at ``level`` as targets.
 
@@ -270,7 +271,8 @@ def fitness_plan(
     Solved in the workload's invariant algebra
     (:func:`~dpdask.strategy.fitness.solve_symmetric`) from the least-squares
     covariance of the Bureau's own measurements; the plan re-checks every target on
-    its dense whitened strategy (``A^T A = Sigma^-1``, 2,016 columns).
+    its dense whitened strategy (``A^T A = Sigma^-1``, 2,016 columns). ``maxiter``
+    bounds the solver's iterations (the start already meets the targets).
 
     Raises
     ------
@@ -293,7 +295,7 @@ def fitness_plan(
     baseline = tda2020_plan(workload, base, level=level, domain=domain)
     c = baseline.query_variances()
     A_tda, _ = tda2020_strategy(level, domain)
-    sol = solve_symmetric(workload, c, symmetry_blocks(), start=A_tda)
+    sol = solve_symmetric(workload, c, symmetry_blocks(), start=A_tda, maxiter=maxiter)
     L = np.linalg.cholesky(sol.inverse_dense())
     spend = privacy
     if spend is None:
