@@ -148,3 +148,17 @@ def test_hdmm_weights():
         select(W, zCDP(1), "identity", domain=dom, weights={"total": 2})
     preset = select(pl94_full(), zCDP(1), "hdmm", weights="pl94", restarts=1)
     assert preset.info["weights"]["total"] > preset.info["weights"]["votingage"]
+
+
+def test_plan_states_both_relations():
+    from dpdask.linalg import Dense
+
+    plan = select(pl94_full(), level_budget(zCDP(RHO), "county"), "tda-2020", level="county")
+    nb = plan.summary(as_dict=True)["neighbours"]
+    assert nb["gram_nonnegative"] is True
+    assert Fraction(nb["change-one"]["rho"]) == 2 * Fraction(nb["add-remove"]["rho"])
+    assert "change-one-record" in plan.summary()
+    # a strategy with a negative Gram entry gets the bound for any strategy (4x)
+    W = Dense(np.array([[1.0, -1.0], [0.0, 1.0]]))
+    other = select(W, zCDP(1), "workload")
+    assert Fraction(other.summary(as_dict=True)["neighbours"]["change-one"]["rho"]) == 4
