@@ -162,3 +162,17 @@ def test_plan_states_both_relations():
     W = Dense(np.array([[1.0, -1.0], [0.0, 1.0]]))
     other = select(W, zCDP(1), "workload")
     assert Fraction(other.summary(as_dict=True)["neighbours"]["change-one"]["rho"]) == 4
+
+
+def test_shipped_spec_spends_the_bureaus_level_budgets():
+    import pathlib
+
+    from dpdask.pipeline import load_spec
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = load_spec(root / "pipelines" / "tda2020-synthetic.yaml")
+    budgets = spec.level_budgets(spec.levels)
+    for lv, b in budgets.items():
+        bureau = float(RHO) * float(LEVEL_SHARES[lv])
+        assert float(b.rho) == pytest.approx(bureau, rel=1e-6), lv
+        assert spec.level_strategy(lv) == ("tda-2020", {"level": lv})
