@@ -290,7 +290,6 @@ def solve_symmetric(
         return math.log(prof) + math.log(ratio)
 
     K0 = _start_blocks(attrs, choices, None if start is None else kron_terms(start, sizes))
-    theta0 = pack(K0)
     p0, r0 = cost2(K0)
 
     # the epigraph form, scale fixed by the targets: minimise s with
@@ -325,8 +324,13 @@ def solve_symmetric(
         method="SLSQP",
         options={"maxiter": maxiter, "ftol": 1e-9},
     )
-    cand = res.x[:-1] if np.isfinite(res.x).all() else theta0
-    best = cand if objective(cand) < objective(theta0) else theta0
+    best = theta0
+    if np.isfinite(res.x).all():
+        try:
+            if objective(res.x[:-1]) < objective(theta0):
+                best = res.x[:-1]
+        except np.linalg.LinAlgError:  # a singular step: keep the start
+            pass
     Ks = unpack(best)
     prof, ratio = cost2(Ks)
     Ks = [K / ratio for K in Ks]  # every target met, the largest exactly
