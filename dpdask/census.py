@@ -30,6 +30,14 @@ Age (``age``)
     Single years from 0; on the CPH domain 115 values, 0..114 (SF1's top age band
     is "110 years and over", values 110..114).
 
+Household or group-quarters type (``hhgq``, 8 values), :data:`HHGQ`
+    The 2020 P.L. 94-171 person histogram's type of living quarters: 0 household,
+    1 correctional facilities for adults, 2 juvenile facilities, 3 nursing /
+    skilled-nursing facilities, 4 other institutional, 5 college / university
+    student housing, 6 military quarters, 7 other noninstitutional. The
+    ``hhinstlevels`` recode, :data:`HHINSTLEVELS`, groups them into household
+    {0}, institutional {1, 2, 3, 4} and noninstitutional {5, 6, 7}.
+
 Relationship (``relation``, 17 values), :data:`RELATIONSHIPS`
     The 2010 questionnaire's relationship item in its order (Person 1 is the
     householder; Persons 2+ choose one of 15 relationships to Person 1), plus one
@@ -55,6 +63,9 @@ import numpy as np
 from dpdask.domain import Domain
 
 __all__ = [
+    "HHGQ",
+    "HHGQ_LABELS",
+    "HHINSTLEVELS",
     "HISPANIC",
     "RACES",
     "RACE_LABELS",
@@ -63,6 +74,7 @@ __all__ = [
     "cph_domain",
     "n_races",
     "pl94_domain",
+    "pl94_full_domain",
     "race_combinations",
     "race_index",
     "race_label",
@@ -85,6 +97,37 @@ RACE_LABELS: tuple[str, ...] = (
 
 SEXES: tuple[str, ...] = ("male", "female")
 HISPANIC: tuple[str, ...] = ("not hispanic", "hispanic")
+
+HHGQ: tuple[str, ...] = (
+    "household",
+    "correctional",
+    "juvenile",
+    "nursing",
+    "other institutional",
+    "college",
+    "military",
+    "other noninstitutional",
+)
+"""Short names of the 8 household / group-quarters types (module docstring)."""
+
+HHGQ_LABELS: tuple[str, ...] = (
+    "Household",
+    "Correctional facilities for adults",
+    "Juvenile facilities",
+    "Nursing facilities/Skilled-nursing facilities",
+    "Other institutional facilities",
+    "College/University student housing",
+    "Military quarters",
+    "Other noninstitutional facilities",
+)
+"""Readable labels of :data:`HHGQ`."""
+
+HHINSTLEVELS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("household", (0,)),
+    ("institutional", (1, 2, 3, 4)),
+    ("noninstitutional", (5, 6, 7)),
+)
+"""The ``hhinstlevels`` recode of :data:`HHGQ`: each level's name and its types."""
 
 RELATIONSHIPS: tuple[str, ...] = (
     "householder",
@@ -190,3 +233,19 @@ def cph_domain() -> Domain:
 def pl94_domain() -> Domain:
     """The P.L. 94-171 domain of paper 000 section 7.3: votingage 2, hisp 2, race 63."""
     return Domain(votingage=2, hisp=2, race=63)
+
+
+def pl94_full_domain() -> Domain:
+    """The 2020 P.L. 94-171 person histogram: hhgq 8, votingage 2, hisp 2, race 63.
+
+    2,016 cells, the Census Bureau's production histogram (``pl94-full``). The
+    attributes keep this module's names and codings (:data:`HHGQ`, voting age,
+    Hispanic origin, race), so the Bureau's ``hispanic`` is ``hisp`` here and its
+    ``cenrace`` is ``race``.
+
+    Examples
+    --------
+    >>> pl94_full_domain().size
+    2016
+    """
+    return Domain(hhgq=len(HHGQ), votingage=2, hisp=2, race=63)

@@ -31,4 +31,5 @@ BENCHES: dict[str, str] = {
     "ldp": "dpdask.bench.ldp",
     "topdown": "dpdask.bench.topdown",
     "fits": "dpdask.bench.fits",
+    "census": "dpdask.bench.census",
 }

@@ -6,11 +6,15 @@ shapes (an age pyramid, a sex ratio, Hispanic origin and race from Rhode Island
 bounded memory and deterministically from a seed. The numbers behind the model
 and their sources are in :mod:`dpdask.datasets._constants`; the model itself, and
 how attributes are matched by name, in :mod:`dpdask.datasets._model`.
+:func:`synthetic_pl94_blocks` draws blocks on the 2,016-cell P.L. 94 histogram
+(households and group quarters) with housing units and facilities consistent with
+the persons.
 """
 
 from dpdask.datasets._constants import CONCENTRATION, POPULATION_MEDIAN
 from dpdask.datasets._generator import SyntheticGenerator
 from dpdask.datasets._model import GROUPS, KNOWN_ATTRIBUTES, PersonModel
+from dpdask.datasets._pl94_full import GQ_SHARES, SyntheticBlocks, synthetic_pl94_blocks
 from dpdask.datasets._synthetic import (
     SyntheticPersons,
     draw_populations,
@@ -20,13 +24,16 @@ from dpdask.datasets._synthetic import (
 
 __all__ = [
     "CONCENTRATION",
+    "GQ_SHARES",
     "GROUPS",
     "KNOWN_ATTRIBUTES",
     "POPULATION_MEDIAN",
     "PersonModel",
+    "SyntheticBlocks",
     "SyntheticGenerator",
     "SyntheticPersons",
     "draw_populations",
     "synthetic_block",
     "synthetic_persons",
+    "synthetic_pl94_blocks",
 ]

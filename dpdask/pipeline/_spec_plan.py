@@ -11,7 +11,9 @@ from dpdask.pipeline._spec_fields import check_keys, keywords
 
 __all__ = ["STRATEGIES", "strategies", "workloads"]
 
-STRATEGIES = ("hdmm", "identity", "workload", "hierarchical", "wavelet", "convex", "fitness")
+STRATEGIES = (
+    "hdmm", "identity", "workload", "hierarchical", "wavelet", "convex", "fitness", "tda-2020",
+)  # fmt: skip
 
 
 def workloads(raw: Any, levels: tuple[str, ...] | None) -> dict[str, Any]:
@@ -56,7 +58,7 @@ def _workload(raw: Any) -> dict[str, Any]:
 
 def _strategy_keys(name: str) -> list[str]:
     """The options :func:`dpdask.strategy.select` uses for strategy ``name``."""
-    from dpdask.strategy import baselines, select
+    from dpdask.strategy import baselines, select, tda2020
     from dpdask.strategy.convex import ca_solve
     from dpdask.strategy.fitness import fitness_plan, solve
 
@@ -65,9 +67,14 @@ def _strategy_keys(name: str) -> list[str]:
         "hdmm": [(select, given)],
         "hierarchical": [(baselines.hierarchical, ("n_or_domain",))],
         "convex": [(baselines.convex_ca, ("W",)), (ca_solve, ("W", "weights"))],
-        "fitness": [(fitness_plan, given), (solve, ("W", "targets", "basis", "budget"))],
+        "fitness": [
+            (fitness_plan, given),
+            (solve, ("W", "targets", "basis", "budget")),
+            (tda2020.fitness_plan, given),  # targets: tda-2020, level, persons
+        ],
+        "tda-2020": [(tda2020.tda2020_plan, given)],  # level
     }
-    return [k for fn, skip in used.get(name, []) for k in keywords(fn, skip)]
+    return list(dict.fromkeys(k for fn, skip in used.get(name, []) for k in keywords(fn, skip)))
 
 
 def strategies(

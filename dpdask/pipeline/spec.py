@@ -276,6 +276,8 @@ def parse_domain(value: Any) -> Domain:
 
     if value == "pl94":
         return census.pl94_domain()
+    if value == "pl94-full":
+        return census.pl94_full_domain()
     if value == "ri2010":
         return ri2010_domain()
     if value == "cph":
@@ -286,7 +288,8 @@ def parse_domain(value: Any) -> Domain:
         except ValueError as exc:
             raise SpecError(f"domain: {exc}") from None
     raise SpecError(
-        f"domain: expected 'pl94', 'ri2010', 'cph' or a mapping of attribute sizes, got {value!r}"
+        "domain: expected 'pl94', 'pl94-full', 'ri2010', 'cph' or a mapping of attribute "
+        f"sizes, got {value!r}"
     )
 
 

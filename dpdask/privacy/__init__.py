@@ -7,7 +7,8 @@ splits a release budget over geography levels and :func:`noise_scale` calibrates
 each level's noise: the one budget-to-noise path of plans and releases.
 Conversions follow Bun and Steinke (2016), Canonne, Kamath and Steinke (2020) and
 Balle and Wang (2018). :class:`Ledger` is the persistent, append-only record of
-charges.
+charges. Budgets are for add/remove-one-person neighbours;
+:mod:`dpdask.privacy.neighbours` states the relation and converts to change-one.
 """
 
 from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, parallel, zCDP
@@ -44,8 +45,11 @@ from dpdask.privacy._levels import noise_scale, split_levels
 from dpdask.privacy._mechanisms import MECHANISM_NORM, check_calibration, mechanism_guarantee
 from dpdask.privacy._sources import bind_source, check_source, hold_dataset, source_dataset
 from dpdask.privacy._store import is_server_url, ledger_exists, ledger_files, migrate_ledger
+from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, Neighbours, as_neighbours
 
 __all__ = [
+    "ADD_REMOVE",
+    "CHANGE_ONE",
     "MECHANISM_NORM",
     "RUN_STATES",
     "ApproxDP",
@@ -59,11 +63,13 @@ __all__ = [
     "LedgerError",
     "LedgerMissingError",
     "LedgerTamperedError",
+    "Neighbours",
     "PureDP",
     "Run",
     "RunBinding",
     "RunStateError",
     "as_fraction",
+    "as_neighbours",
     "bind_source",
     "calibrate",
     "check_binding",

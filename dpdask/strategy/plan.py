@@ -37,15 +37,17 @@ import json
 import math
 import os
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from dpdask.domain import Domain
 from dpdask.errors import PlanError
-from dpdask.linalg import LinearQuery, from_dict, to_dict
+from dpdask.linalg import Kron, LinearQuery, VStack, from_dict, to_dict
 from dpdask.noise import draw_variance
-from dpdask.privacy import Budget, calibrate, mechanism_for, noise_scale
+from dpdask.privacy import Budget, PureDP, calibrate, mechanism_for, noise_scale, zCDP
+from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, convert
 from dpdask.strategy.error import ErrorAnalysis, svd_bound
 
 __all__ = ["Plan", "mechanism_of"]
@@ -53,6 +55,32 @@ __all__ = ["Plan", "mechanism_of"]
 _FORMAT = "dpdask-plan"
 _VERSION = 1
 _MAX_VARIANCE_ROWS = 10_000_000
+_MAX_GRAM_CELLS = 4096  # a factor's Gram is checked densely up to this many columns
+
+
+def _gram_nonnegative(A: LinearQuery) -> bool:
+    """Whether ``A^T A`` has no negative entry (checked per Kronecker factor and part;
+    ``False`` when it cannot be told cheaply)."""
+    if isinstance(A, Kron):
+        return all(_gram_nonnegative(f) for f in A.factors)
+    if isinstance(A, VStack):
+        return all(_gram_nonnegative(p) for p in A.parts)
+    if A.shape[1] > _MAX_GRAM_CELLS or A.shape[0] * A.shape[1] > 50_000_000:
+        return False
+    M = A.dense()
+    return bool((M.T @ M).min() >= -1e-12)
+
+
+def _neighbour_budgets(privacy: Budget, strategy: LinearQuery) -> dict:
+    """The plan's budget in both neighbour relations (:mod:`dpdask.privacy.neighbours`)."""
+    out: dict[str, Any] = {ADD_REMOVE.name: privacy.to_dict(), CHANGE_ONE.name: None}
+    if isinstance(privacy, PureDP | zCDP):
+        nonneg = _gram_nonnegative(strategy)
+        out[CHANGE_ONE.name] = convert(
+            privacy, ADD_REMOVE, CHANGE_ONE, nonnegative_gram=nonneg
+        ).to_dict()
+        out["gram_nonnegative"] = nonneg
+    return out
 
 
 def mechanism_of(privacy: Any) -> str:
@@ -248,6 +276,7 @@ class Plan:
             "identity_rmse_ratio": math.sqrt(ident / total) if total > 0 else None,
             "parts": list(parts.values()),
             "selection": self.info,
+            "neighbours": _neighbour_budgets(self.privacy, self.strategy),
         }
 
     def __repr__(self) -> str:
@@ -347,8 +376,15 @@ def _fmt(v: Any) -> str:
 
 def _format_summary(d: dict) -> str:
     priv = ", ".join(f"{k}={v}" for k, v in d["privacy"].items() if k != "type")
+    nb = d.get("neighbours") or {}
+    co = nb.get("change-one")
+    relation = "budget for add/remove-one-person neighbours"
+    if co:
+        co_priv = ", ".join(f"{k}={float(Fraction(v)):.6g}" for k, v in co.items() if k != "type")
+        relation += f"; change-one-record: {co['type']}({co_priv}) (an upper bound)"
     lines = [
         f"plan: {d['template']}  ({d['mechanism']} noise, {d['privacy']['type']}({priv}))",
+        f"  ({relation})",
         f"workload: {d['queries']:,} queries over {d['cells']:,} cells"
         + (f"  domain {d['domain']}" if d["domain"] else ""),
         f"strategy: {d['strategy_rows']:,} rows, sensitivity {_fmt(d['sensitivity'])}, "

@@ -14,7 +14,7 @@ builds a baseline from :mod:`dpdask.strategy.baselines`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpdask.domain import Domain
@@ -37,7 +37,7 @@ __all__ = [
     "sensitivity_norm",
 ]
 
-BASELINES = ("identity", "workload", "hierarchical", "hb", "wavelet", "convex")
+BASELINES = ("identity", "workload", "hierarchical", "hb", "wavelet", "convex", "tda-2020")
 RESIDUAL = "residual"
 RESIDUAL_MARGIN = 1e-6
 """Relative improvement over HDMM's total variance for ``hdmm`` to return the residual plan."""
@@ -129,6 +129,7 @@ def select(
     p: int | None = None,
     ftol: float = 1e-5,
     model: str = "central",
+    weights: Mapping[str, float] | str | None = None,
     **options: Any,
 ) -> Plan:
     """Choose the strategy to measure for ``workload`` under ``privacy``.
@@ -175,8 +176,14 @@ def select(
         randomizes their own record, paper 002) is planned by
         :func:`dpdask.ldp.plan.select_local`; ``model="local"`` raises a
         :class:`~dpdask.errors.PlanError` that says so.
+    weights : mapping of str to float, or str, optional
+        HDMM only: per-query-group weights (a group's squared error counts ``w``
+        times; :mod:`dpdask.strategy.weights`), or a preset name (``"pl94"``).
     **options
-        Options of the baseline strategy.
+        Options of the baseline strategy; ``"tda-2020"`` (the Census Bureau's 2020
+        production strategy, :mod:`dpdask.strategy.tda2020`) takes ``level``, and
+        ``"fitness"`` takes ``targets="tda-2020"`` with ``level`` (and ``persons``,
+        the persons budget the baseline spends when ``privacy`` is ``None``).
 
     Returns
     -------
@@ -204,6 +211,13 @@ def select(
         )
     if model != "central":
         raise PlanError(f"model must be 'central', got {model!r}")
+    if strategy == "tda-2020" or (strategy == "fitness" and options.get("targets") == "tda-2020"):
+        from dpdask.strategy import tda2020
+
+        make = tda2020.tda2020_plan if strategy == "tda-2020" else tda2020.fitness_plan
+        return make(workload, privacy, domain=domain, **options)
+    if weights is not None and strategy != "hdmm":
+        raise PlanError("weights are an option of strategy 'hdmm'")
     if strategy == "fitness":
         from dpdask.strategy.fitness import fitness_plan
 
@@ -214,7 +228,12 @@ def select(
         return plan_residual(workload, privacy, domain=domain, **options)
     norm = sensitivity_norm(privacy)
     sizes = domain.shape if domain is not None else None
-    terms = kron_terms(workload, sizes)
+    if strategy == "hdmm" and weights is not None:
+        from dpdask.strategy.weights import weighted_workload
+
+        terms = kron_terms(weighted_workload(workload, weights), sizes)
+    else:
+        terms = kron_terms(workload, sizes)
     names = _attr_names(terms, domain)
     if strategy == "hdmm":
         with blas_limit(1 if max(terms.sizes) < SERIAL_BLAS_MAX_N else None):
@@ -244,6 +263,10 @@ def select(
             "optimisation_wall_time_s": float(cands[0].details.get("wall_time_s", 0.0)),
             **{k: v for k, v in best.details.items() if k != "wall_time_s"},
         }
+        if weights is not None:
+            from dpdask.strategy.weights import group_weights
+
+            info["weights"] = group_weights(weights)
         plan = Plan(
             workload,
             best.strategy,
@@ -254,7 +277,7 @@ def select(
             info=info,
             sizes=terms.sizes,
         )
-        if norm == 2 and templates is None:
+        if norm == 2 and templates is None and weights is None:
             return _residual_if_better(plan, domain)
         return plan
     A = _baseline(strategy, workload, terms.sizes, domain, norm, options)

@@ -17,6 +17,7 @@ builder                     workload
 :func:`product`             any product workload from per-attribute predicate matrices
 :func:`age_pyramid`         age ranges by sex and for all (paper 000, section 7.6)
 :func:`pl94`                the PL 94-171 workload (paper 000, section 7.3), 319 queries
+:func:`pl94_full`           the Bureau's 2020 P.L. 94 query groups (2,016 cells), 2,603
 :func:`ri2010`              the RI 2010 blocks' workload (total, marginals, identity), 27
 :func:`sf1_persons`         Census 2010 SF1 person tables on the CPH domain
 :func:`sf1_hdmm_reference`  the HDMM reference's SF1 encoding (4,151 queries, race 64)
@@ -29,6 +30,7 @@ The Census codings (race combinations, relationship categories) are in
 
 from dpdask.workloads.marginals import identity, marginal, marginal_name, marginals
 from dpdask.workloads.pl94 import pl94
+from dpdask.workloads.pl94_full import PL94_FULL_GROUPS, pl94_full, pl94_full_group
 from dpdask.workloads.products import indicator, product
 from dpdask.workloads.pyramid import age_pyramid, age_ranges
 from dpdask.workloads.ranges import all_range, prefix, random_ranges
@@ -38,6 +40,7 @@ from dpdask.workloads.sf1_reference import sf1_hdmm_reference
 from dpdask.workloads.sums import sum_query
 
 __all__ = [
+    "PL94_FULL_GROUPS",
     "age_pyramid",
     "age_ranges",
     "all_range",
@@ -47,6 +50,8 @@ __all__ = [
     "marginal_name",
     "marginals",
     "pl94",
+    "pl94_full",
+    "pl94_full_group",
     "prefix",
     "product",
     "random_ranges",

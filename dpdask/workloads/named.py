@@ -16,6 +16,7 @@ from dpdask.errors import SpecError
 from dpdask.linalg import LinearQuery
 from dpdask.workloads.marginals import identity, marginal, marginals
 from dpdask.workloads.pl94 import pl94
+from dpdask.workloads.pl94_full import pl94_full
 from dpdask.workloads.pyramid import age_pyramid
 from dpdask.workloads.ranges import all_range, prefix
 from dpdask.workloads.ri2010 import ri2010, ri2010_domain
@@ -54,6 +55,7 @@ def _needs(domain: Domain | None) -> Domain:
 
 _BUILDERS: dict[str, Callable[..., LinearQuery]] = {
     "pl94": lambda d: pl94(_needs(d)),
+    "pl94-full": lambda d: pl94_full(_needs(d)),
     "ri2010": lambda d: ri2010(_needs(d)),
     "sf1-persons": lambda d, **o: sf1_persons(_needs(d), **o),
     "sf1-hdmm": lambda d: sf1_hdmm_reference(_needs(d)),
@@ -69,12 +71,13 @@ _FORWARDS: dict[str, Callable[..., LinearQuery]] = {
     "sf1-persons": sf1_persons,
     "age-pyramid": age_pyramid,
 }
-_ALIASES = {"sf1": "sf1-persons", "all-range": "allrange"}
+_ALIASES = {"sf1": "sf1-persons", "all-range": "allrange", "tda-2020": "pl94-full"}
 WORKLOAD_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 WORKLOAD_ALIASES: tuple[str, ...] = tuple(_ALIASES)
 
 _DEFAULT_DOMAINS: dict[str, Callable[[], Domain]] = {
     "pl94": census.pl94_domain,
+    "pl94-full": census.pl94_full_domain,
     "ri2010": ri2010_domain,
     "sf1-persons": census.cph_domain,
     "sf1-hdmm": hdmm_reference_domain,
@@ -143,8 +146,10 @@ def named(name: str, domain: Domain | None = None, **options: Any) -> LinearQuer
     Parameters
     ----------
     name : str
-        One of ``pl94``, ``ri2010`` (the Rhode Island 2010 blocks' domain: total,
-        voting-age and race/ethnicity marginals, identity), ``sf1-persons`` (alias
+        One of ``pl94``, ``pl94-full`` (alias ``tda-2020``: the Census Bureau's
+        eleven 2020 query groups on the 2,016-cell histogram), ``ri2010`` (the Rhode
+        Island 2010 blocks' domain: total, voting-age and race/ethnicity marginals,
+        identity), ``sf1-persons`` (alias
         ``sf1``; option ``tables``),
         ``sf1-hdmm`` (the HDMM reference's SF1 encoding, race 64),
         ``age-pyramid`` (options ``kind``, ``voting_age``), ``identity``,

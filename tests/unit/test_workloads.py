@@ -576,6 +576,8 @@ def test_named_workloads_reject_bad_names_and_options(name, kwargs, match):
 
 PLANNED = [
     ("pl94", [], "pl94", {}),
+    ("pl94-full", [], "pl94-full", {}),
+    ("tda-2020", [], "pl94-full", {}),
     ("ri2010", [], "ri2010", {}),
     ("sf1", [], "cph", {}),
     ("sf1-persons", [], "cph", {}),

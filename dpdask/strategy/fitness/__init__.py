@@ -62,6 +62,7 @@ from dpdask.strategy.fitness._solution import (
     UnionFitnessSolution,
 )
 from dpdask.strategy.fitness._solve import DENSE_MAX_COLUMNS, solve
+from dpdask.strategy.fitness._symmetric import SymmetricSolution, solve_symmetric
 
 __all__ = [
     "DENSE_MAX_COLUMNS",
@@ -70,9 +71,11 @@ __all__ = [
     "FitnessSolution",
     "KronFitnessSolution",
     "SMIIOptions",
+    "SymmetricSolution",
     "UnionFitnessSolution",
     "fitness_plan",
     "paper_hm",
     "solve",
+    "solve_symmetric",
     "whitened_strategy",
 ]
