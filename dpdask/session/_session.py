@@ -328,7 +328,10 @@ class Session:
         same checks before any charge, a fresh key in the run's work folder beside the
         output, the output's claim, the ledger's binding of the run to its input, spec
         and output. The same ``run_id`` resumes an interrupted run (same noise, no new
-        charge); a published run id is refused.
+        charge); a published run id is refused. Records resume in any session holding the
+        same records; in-memory counts only in the session that started the run (the
+        private store written from them records when it was written, and the ledger binds
+        the run to its input's bytes).
 
         Parameters
         ----------
@@ -374,10 +377,18 @@ class Session:
             from dpdask.publish import new_run_id
 
             run_id = new_run_id()
-        self._runs.append((spec.release, run_id))
-        summary = run_spec(
-            spec, client=self.client, run_id=run_id, overwrite=overwrite, progress=progress
-        )
+        if (spec.release, run_id) not in self._runs:  # a resume is the same run
+            self._runs.append((spec.release, run_id))
+        try:
+            summary = run_spec(
+                spec, client=self.client, run_id=run_id, overwrite=overwrite, progress=progress
+            )
+        except BaseException as exc:
+            exc.add_note(
+                f"in Python: session.release(plan, {spec.release!r}, run_id={run_id!r}) "
+                "resumes a charged run of this session's data"
+            )
+            raise
         log.info("session: published %s (run %s)", summary["output"], run_id)
         return open_release(summary["output"])
 

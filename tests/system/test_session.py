@@ -225,3 +225,35 @@ def test_counts_in_two_sessions_draw_on_one_lifetime_budget(tmp_path) -> None:
             s.release(s.plan("identity", zCDP(1), strategy="identity"), "two", progress=False)
     assert [c.release for c in Ledger(ledger).charges()] == ["one", "one"]
     assert not (tmp_path / "two.zarr").exists()
+
+
+def test_an_interrupted_release_resumes_with_its_key_and_no_second_charge(tmp_path) -> None:
+    from unittest import mock
+
+    from dpdask import Session
+    from dpdask.dataflow.release import Release
+
+    local = {"n_workers": 1, "threads_per_worker": 1, "processes": False}
+    with Session(
+        _frame(), geographies=UNIVERSE, geography_column="geoid", domain={"sex": 2},
+        levels={"state": 2, "county": 4}, folder=tmp_path, cluster=local,
+    ) as s:  # fmt: skip
+        plan = s.plan("identity", zCDP(1), strategy="identity")
+        with (
+            mock.patch.object(Release, "_finish", side_effect=KeyboardInterrupt),
+            pytest.raises(KeyboardInterrupt) as info,
+        ):
+            s.release(plan, "resumed", run_id="R1", progress=False)
+        assert any("run_id='R1'" in note for note in info.value.__notes__)
+        key = work_dir(tmp_path / "resumed.zarr", "R1") / "key"
+        fingerprint = KeyFile(key).load().fingerprint()
+        assert s.spent.session == zCDP(1)  # charged once, before any noise
+        tree = s.release(plan, "resumed", run_id="R1", progress=False)
+        assert s.spent.session == zCDP(1)  # the resume charged nothing more
+        assert tree.attrs["run_id"] == "R1"
+        with pytest.raises(Exception, match="published"):  # never published twice
+            s.release(plan, "resumed", run_id="R1", progress=False, overwrite=True)
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    assert {c.key_fingerprint for c in ledger.charges()} == {fingerprint}
+    assert [r.state for r in ledger.runs("resumed")] == ["published"]
+    assert not key.exists()
