@@ -135,6 +135,13 @@ def test_the_notebook_releases_as_the_cli_does(tmp_path) -> None:
             assert a[name].tobytes() == b[name].tobytes(), name
         else:  # text: the same values (object arrays' bytes are pointers)
             assert a[name].tolist() == b[name].tolist(), name
+    # the release's record too, but for when and where it was written
+    ra = dict(zarr.open_group(str(folder / f"{RELEASE}.zarr"), mode="r").attrs)
+    rb = dict(zarr.open_group(str(tmp_path / "cli" / f"{RELEASE}.zarr"), mode="r").attrs)
+    volatile = {"created", "source", "ledger", "dpdask_version"}
+    da, db = ({k: v for k, v in r.pop("dpdask").items() if k not in volatile} for r in (ra, rb))
+    assert ra == rb and da == db
+    assert da["charges"] and da["test_mode"] is False
     # the 24th tract is published though nobody lives there (the universe is declared)
     assert [str(x) for x in a["tract/ids"]] == sorted(nb.tracts())
 

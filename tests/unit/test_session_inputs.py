@@ -87,3 +87,25 @@ def test_the_dataset_id_of_counts_names_their_content() -> None:
     other = Geography.from_geoids(UNIVERSE, {"state": 1, "county": 4})
     assert counts_dataset_id(x, dom, other) != same
     assert counts_dataset_id(x, Domain(age=2), geo) != same
+
+
+def test_a_store_path_is_read_in_place(tmp_path) -> None:
+    from dpdask.dataflow import write_store
+
+    geo, dom = Geography.from_geoids(UNIVERSE, {"state": 2, "county": 4}), Domain(sex=2)
+    write_store(tmp_path / "in.zarr", np.ones((4, 2), dtype=np.int32), dom, geo)
+    private = tmp_path / "private"
+    private.mkdir()
+    got = prepare_input(tmp_path / "in.zarr", private, dataset="counted")
+    assert got.data == {"format": "store", "path": str(tmp_path / "in.zarr"), "id": "counted"}
+    assert got.domain == dom and got.geography == geo
+    assert not any(private.iterdir())  # nothing copied
+
+
+def test_counts_must_match_their_geography_and_domain(tmp_path) -> None:
+    geo = Geography.from_geoids(UNIVERSE, {"state": 2, "county": 4})
+    with pytest.raises(SpecError, match="shape"):
+        prepare_input(np.ones((3, 2), dtype=int), tmp_path, geographies=geo, domain={"sex": 2})
+    with pytest.raises(SpecError, match="domain"):
+        prepare_input(np.ones((4, 2), dtype=int), tmp_path, geographies=geo)
+    assert not any(tmp_path.iterdir())
