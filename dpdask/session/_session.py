@@ -207,6 +207,7 @@ class Session:
                 geographies=geographies, levels=levels, domain=domain, attributes=attributes,
                 dataset=dataset, unknown_geography=unknown_geography,
             )  # fmt: skip
+            self._dataset_id = self._dataset()  # hashed once, while the copy exists
         except BaseException:
             self._cleanup()
             raise
@@ -290,6 +291,7 @@ class Session:
             As ``dpdask plan`` would, naming the field.
         """
         from dpdask.pipeline.run import plan_spec
+        from dpdask.specs import parse_budget  # the one budget reader of every spec
 
         levels = tuple(levels or self.geography.levels)
         unknown = [lv for lv in levels if lv not in self.geography.levels]
@@ -297,13 +299,12 @@ class Session:
             raise SpecError(
                 f"levels: {unknown} not levels of the data ({list(self.geography.levels)})"
             )
+        if not isinstance(budget, Budget):
+            budget = parse_budget(budget, "budget")
         draft = SessionPlan(
-            workload, zCDP(0), levels, strategy, None if split is None else dict(split), None, {}
+            workload, budget, levels, strategy, None if split is None else dict(split), None, {}
         )
-        raw = self.spec_mapping(draft, "plan", self._private / "plan.zarr")
-        raw["privacy"] = {**budget_mapping(budget), **{k: raw["privacy"][k] for k in
-                          ("split", "dataset") if k in raw["privacy"]}}  # fmt: skip
-        spec = self._spec(raw)
+        spec = self._spec(self.spec_mapping(draft, "plan", self._private / "plan.zarr"))
         chosen, report = plan_spec(spec)
         return SessionPlan(
             workload, spec.privacy, levels, strategy,
@@ -406,8 +407,9 @@ class Session:
 
     @property
     def dataset(self) -> str:
-        """The dataset's id in the ledger (given, or the content hash of the input)."""
-        return self._dataset()
+        """The dataset's id in the ledger (given, or the content hash of the input, as
+        ``dpdask run`` names a dataset without ``data.id``)."""
+        return self._dataset_id
 
     @property
     def spent(self) -> Spending:
