@@ -143,7 +143,7 @@ def _records(
         )
     geo_col = frame[geography_column]
     if not (pd.api.types.is_object_dtype(geo_col) or pd.api.types.is_string_dtype(geo_col)) or (
-        len(geo_col) and pd.api.types.infer_dtype(geo_col, skipna=False) != "string"
+        len(geo_col) and pd.api.types.infer_dtype(geo_col, skipna=True) not in ("string", "empty")
     ):
         raise DataError(
             f"column {geography_column!r}: geography ids must be text (numbers lose leading "

@@ -109,3 +109,14 @@ def test_counts_must_match_their_geography_and_domain(tmp_path) -> None:
     with pytest.raises(SpecError, match="domain"):
         prepare_input(np.ones((4, 2), dtype=int), tmp_path, geographies=geo)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_missing_geography_is_left_to_the_universe_rule(tmp_path) -> None:
+    frame = pd.DataFrame({"geoid": ["0101", None, "0202"], "sex": [0, 1, 1]})
+    got = prepare_input(
+        frame, tmp_path, geography_column="geoid", geographies=UNIVERSE,
+        levels={"state": 2, "county": 4}, domain={"sex": 2}, unknown_geography="drop",
+    )  # fmt: skip
+    assert got.data["unknown_geography"] == "drop"
+    back = pd.read_csv(tmp_path / got.data["path"], dtype=str, keep_default_na=False)
+    assert back.geoid.tolist() == ["0101", "", "0202"]  # outside the universe: dropped
