@@ -385,15 +385,26 @@ class Session:
                 spec, client=self.client, run_id=run_id, overwrite=overwrite, progress=progress
             )
         except BaseException as exc:
-            exc.add_note(
-                f"in Python: session.release(plan, {spec.release!r}, run_id={run_id!r}) "
-                "resumes a charged run of this session's data"
-            )
+            if self._charged(spec.release, run_id):
+                exc.add_note(
+                    f"in Python: session.release(plan, {spec.release!r}, run_id={run_id!r}) "
+                    "resumes it with this session's data"
+                )
             raise
         log.info("session: published %s (run %s)", summary["output"], run_id)
         return open_release(summary["output"])
 
     # -- budgets ----------------------------------------------------------------------------
+    def _charged(self, release: str, run_id: str) -> bool:
+        """Whether the ledger holds ``run_id`` charged and not finished (``False`` when
+        the ledger cannot say: the run's own note says so)."""
+        try:
+            ledger = self._ledger()
+            run = ledger.run(release, run_id) if ledger is not None else None
+        except Exception:
+            return False
+        return run is not None and run.state in ("open", "measuring")
+
     def _ledger(self) -> Any:
         from dpdask.privacy import Ledger, ledger_exists
 

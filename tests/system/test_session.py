@@ -264,3 +264,24 @@ def test_an_interrupted_release_resumes_with_its_key_and_no_second_charge(tmp_pa
     assert {c.key_fingerprint for c in ledger.charges()} == {fingerprint}
     assert [r.state for r in ledger.runs("resumed")] == ["published"]
     assert not key.exists()
+
+
+def test_a_given_client_is_used_and_left_open(tmp_path) -> None:
+    from distributed import Client
+
+    from dpdask import Session
+
+    with Client(processes=False, n_workers=1, threads_per_worker=1) as client:
+        with Session(
+            _frame(), geographies=UNIVERSE, geography_column="geoid", domain={"sex": 2},
+            levels={"state": 2, "county": 4}, folder=tmp_path, client=client,
+        ) as s:  # fmt: skip
+            assert s.client is client
+            s.release(s.plan("identity", zCDP(1), strategy="identity"), "given", progress=False)
+            with pytest.raises(ValueError, match="run id") as info:  # the CLI's run id rule
+                s.release(s.plan("identity", zCDP(1), strategy="identity"), "bad",
+                          run_id="../x", progress=False)  # fmt: skip
+            assert not getattr(info.value, "__notes__", [])  # nothing charged: no resume
+        assert client.status == "running"
+        assert client.run_on_scheduler(lambda: 1) == 1
+    assert (tmp_path / "given.zarr").exists() and not (tmp_path / "bad.zarr").exists()
