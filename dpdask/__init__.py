@@ -7,9 +7,9 @@ to measure (:func:`select`), :mod:`dpdask.measure` measures with keyed noise
 (:mod:`dpdask.noise`) charged to the ledger (:mod:`dpdask.privacy`),
 :mod:`dpdask.reconstruct` estimates, :mod:`dpdask.dataflow` runs a whole release
 over zarr data on a Dask cluster (:func:`release`), :mod:`dpdask.publish` writes it
-safely and reads it back (:func:`open_release`), and :mod:`dpdask.pipeline` wires
-them for release specs and the command line. Errors derive from
-:class:`DPDaskError` (:mod:`dpdask.errors`).
+safely and reads it back (:func:`open_release`), :mod:`dpdask.pipeline` wires
+them for release specs and the command line, and :class:`Session` (:mod:`dpdask.session`)
+runs them from a notebook. Errors derive from :class:`DPDaskError` (:mod:`dpdask.errors`).
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -32,6 +32,7 @@ __all__ = [
     "Domain",
     "Geography",
     "Plan",
+    "Session",
     "__version__",
     "open_release",
     "release",
@@ -84,6 +85,10 @@ def __getattr__(name: str):
         from dpdask.dataflow.release import release
 
         return release
+    if name == "Session":  # the notebook API: releases through the command line's door
+        from dpdask.session import Session
+
+        return Session
     if name in ("measure", "publish", "pipeline", "reconstruct", "errors"):
         import importlib
 

@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"publish", "ldp"},
     {"dataflow", "sums"},
     {"pipeline", "dashboard", "report", "reader"},
-    {"cli", "bench", "testing", "__init__", "__main__"},
+    {"cli", "bench", "testing", "session", "__init__", "__main__"},
 ]
 LAYER = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 MAX_LINES = 500
