@@ -24,22 +24,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpdask.dashboard._client import dashboard_url, plan_event, register, rmse_groups, track
-from dpdask.dashboard._page import json_safe
-from dpdask.dashboard._plugin import (
-    PLUGIN_NAME,
-    STAGES,
-    TOPIC,
-    DashboardPlugin,
-    budget_text,
-    budget_values,
+from dpdask.dashboard._client import (
+    RunTracker,
+    dashboard_url,
+    plan_event,
+    register,
+    rmse_groups,
+    shown_path,
+    track,
 )
+from dpdask.dashboard._page import json_safe
+from dpdask.dashboard._plugin import PLUGIN_NAME, STAGES, STATES, TOPIC, DashboardPlugin
+from dpdask.dashboard._record import budget_text, budget_values
 
 __all__ = [
     "PLUGIN_NAME",
     "STAGES",
+    "STATES",
     "TOPIC",
     "DashboardPlugin",
+    "RunTracker",
     "budget_text",
     "budget_values",
     "dashboard_url",
@@ -48,6 +52,7 @@ __all__ = [
     "plan_event",
     "register",
     "rmse_groups",
+    "shown_path",
     "track",
 ]
 

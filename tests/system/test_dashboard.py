@@ -27,7 +27,7 @@ from dpdask.dashboard import (
 )
 from dpdask.dashboard._client import _after_charge
 from dpdask.dashboard._page import json_safe
-from dpdask.dashboard._plugin import budget_text
+from dpdask.dashboard import budget_text
 from tests import ROOT
 
 TOK = "0123456789abcdef0123456789abcdef"
