@@ -223,11 +223,19 @@ function seconds(s) {
   return s < 120 ? s.toFixed(1) + " s" : (s / 60).toFixed(1) + " min";
 }
 
-function eta(e) {
+function eta(e, state) {
+  if (e && e.seconds === 0) return "done";
+  if (state === "failed") return "stopped";
   if (!e || e.started === null || e.started === undefined) return "not started";
-  if (e.seconds === 0) return "done";
   if (e.seconds === null || e.seconds === undefined) return "estimating…";
   return seconds(e.seconds) + " (" + num(e.chunks_per_second, 2) + " chunks/s)";
+}
+
+function releaseEta(r) {
+  if (r.state === "published") return "done";
+  if (r.state !== "running") return "–";
+  if (r.eta_seconds === null) return "estimating…";
+  return r.eta_seconds === 0 ? "done; writing the outputs" : seconds(r.eta_seconds);
 }
 
 function failure(r) {
@@ -267,7 +275,7 @@ function release(r) {
     el("span", {}, "strategy " + (r.strategy || "–")),
     el("span", {}, "reconstruct " + (r.reconstruct || "–")),
     el("span", {}, "elapsed " + seconds(r.elapsed)),
-    el("span", {class: "eta"}, "ETA " + (r.eta_seconds === null ? "–" : seconds(r.eta_seconds))),
+    el("span", {class: "eta"}, "reconstruction ETA " + releaseEta(r)),
     el("span", {class: "rate"}, "cells/s " + num(r.cells_per_second, 0))));
   if (r.state === "failed" || r.error) sec.appendChild(failure(r));
   if (r.erred_tasks) sec.appendChild(el("div", {class: "warn"}, r.erred_tasks + " task(s) erred"));
@@ -308,7 +316,7 @@ function release(r) {
       row.appendChild(el("td", {class: "progress " + s},
         bar(s, p.fraction, p.chunks + "/" + p.of + " chunks")));
     }
-    row.appendChild(el("td", {class: "eta nowrap"}, eta(lv.eta)));
+    row.appendChild(el("td", {class: "eta nowrap"}, eta(lv.eta, r.state)));
     lt.appendChild(row);
   }
   sec.appendChild(lt);
@@ -356,7 +364,8 @@ async function refresh() {
     main.replaceChildren();
     const running = data.releases.filter(r => r.finished === null).length;
     if (!running) {
-      main.appendChild(el("p", {class: "none"}, data.error || "No release running."));
+      main.appendChild(el("p", {class: "none"}, data.error || ("No release running." +
+        (data.releases.length ? " The last runs:" : ""))));
     }
     for (const r of data.releases) main.appendChild(release(r));
     status.textContent = (data.scheduler || "") + " · " + running + " running · updated " +
