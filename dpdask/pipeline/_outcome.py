@@ -112,7 +112,10 @@ def failure_reported(
     except BaseException as exc:
         state = _note(exc, spec, run_id, work, fresh)
         if on_failure is not None:
-            on_failure(exc, state)
+            try:
+                on_failure(exc, state)
+            except Exception:  # the run's error is what is raised, never the report's
+                log.warning("could not report run %s's failure", run_id, exc_info=True)
         raise
 
 

@@ -983,3 +983,20 @@ def test_a_failed_runs_page_shows_how_to_resume_it(tmp_path, slowed, loopback_cl
                    state="failed") == 1.0  # fmt: skip
     # the chunk's task, not the tasks that erred because they needed it
     assert _metric(metrics, "dpdask_failed_tasks_total", release="slow", run_id="F") == 1.0
+
+
+def test_a_failure_report_never_replaces_the_runs_error(tmp_path) -> None:
+    from dpdask.pipeline._outcome import failure_reported
+    from dpdask.pipeline.spec import load_spec
+
+    spec = load_spec(_small_spec(tmp_path))
+    told: list = []
+
+    def broken(exc, state):
+        told.append((type(exc), state))
+        raise OSError("the scheduler is gone")
+
+    with pytest.raises(KeyError) as info, failure_reported(spec, "X", tmp_path / "w", broken):
+        raise KeyError("the run's own error")
+    assert told == [(KeyError, None)]  # no ledger yet: not charged
+    assert info.value.__notes__ == ["run X was not charged; nothing was spent"]
