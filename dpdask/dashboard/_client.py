@@ -19,7 +19,7 @@ from dpdask.dashboard._plugin import TOPIC, DashboardPlugin
 
 log = logging.getLogger("dpdask")
 
-__all__ = ["dashboard_url", "plan_event", "register", "shown_path", "track"]
+__all__ = ["RunTracker", "dashboard_url", "plan_event", "register", "shown_path", "track"]
 
 
 def dashboard_url(client: Any) -> str | None:
@@ -267,6 +267,103 @@ def _send(client: Any, msg: Mapping[str, Any]) -> None:
                     msg.get("event"), exc)  # fmt: skip
 
 
+class RunTracker:
+    """A run's reports to its scheduler's ``/dpdask`` page, from its first second to its end.
+
+    Made, it registers the plugin (the page is served from then on); :meth:`start`
+    announces the run (``selecting strategy``); :meth:`step` names what it does now;
+    :meth:`releasing` describes its levels (:func:`plan_event`) and reports its
+    publication; :meth:`failed` its error and, for a charged run, the command that
+    resumes it. Without a client (the local threaded scheduler) it does nothing; it
+    never fails a run.
+
+    Parameters
+    ----------
+    client : distributed.Client or None
+    release, run_id : str
+    """
+
+    def __init__(self, client: Any, release: str, run_id: str) -> None:
+        self.client = client
+        self.ident = {"release": release, "run_id": run_id}
+        self.resume: str | None = None
+        self.ended = False
+        if client is not None:
+            register(client)
+
+    def start(self, dataset: str | None = None, resume: str | None = None) -> None:
+        """Announce the run (of ``dataset``) and log the page's address; ``resume`` is
+        the command that resumes it, shown if it fails charged (no absolute paths)."""
+        self.resume = resume
+        if self.client is None:
+            return
+        _send(self.client, {"event": "run", **self.ident, "client": _client_id(self.client),
+                            "dataset": dataset, "step": "selecting strategy"})  # fmt: skip
+        self.show_link()
+
+    def show_link(self) -> None:
+        url = dashboard_url(self.client)
+        if url is not None:
+            log.warning("run %s: release page at %s", self.ident["run_id"], url)
+
+    def step(self, step: str) -> None:
+        """Show what the run does now (``reading data``, ...)."""
+        if self.client is not None:
+            _send(self.client, {"event": "step", **self.ident, "step": step})
+
+    def describe(self, rel: Any, ledger: Any = None, plan: Mapping[str, Any] | None = None,
+                 base: Any = None) -> None:  # fmt: skip
+        """Send the run's levels, budgets and errors (:func:`plan_event`)."""
+        if self.client is None:
+            return
+        try:
+            msg = plan_event(rel, ledger, plan, client_id=_client_id(self.client), base=base)
+        except Exception:  # never fail a release for its dashboard
+            log.warning("dpdask dashboard: could not describe the release", exc_info=True)
+            return
+        _send(self.client, msg)
+
+    def published(self, rel: Any, ledger: Any = None, base: Any = None) -> None:
+        """Report the publication, with the ledger's balances after it."""
+        if self.client is None or self.ended:
+            return
+        self.ended = True
+        end: dict[str, Any] = {"event": "finished", **self.ident, "state": "published"}
+        try:
+            end["ledger"] = _ledger_view(ledger, rel.release_id, rel.dataset, base)
+            end["ledger_as_of"] = "after publication"
+            end["not_converged"] = [dict(r) for r in rel.summary()["not_converged"]]
+        except Exception:
+            log.warning("dpdask dashboard: could not read the release's end", exc_info=True)
+        _send(self.client, end)
+
+    def failed(self, exc: BaseException, state: str | None = "unknown") -> None:
+        """Report the run failed with ``exc``. ``state`` is the run's in the ledger
+        (``failure_reported`` in :mod:`dpdask.pipeline.run`): None if not charged; ``open`` or
+        ``measuring`` (or ``unknown``) and the page offers the resume command."""
+        if self.client is None or self.ended:
+            return
+        self.ended = True
+        msg = {"event": "finished", **self.ident, "state": "failed",
+               "error": f"{type(exc).__name__}: {exc}".removesuffix(": "),
+               "charged": None if state == "unknown" else state is not None}  # fmt: skip
+        if state in ("open", "measuring", "unknown") and self.resume is not None:
+            msg["resume"] = self.resume
+        _send(self.client, msg)
+
+    @contextmanager
+    def releasing(self, rel: Any, ledger: Any = None, plan: Mapping[str, Any] | None = None,
+                  base: Any = None) -> Iterator[None]:  # fmt: skip
+        """Describe the release on entering, report its publication on leaving."""
+        self.describe(rel, ledger, plan, base)
+        yield
+        self.published(rel, ledger, base)
+
+
+def _client_id(client: Any) -> Any:
+    return getattr(client, "id", None)
+
+
 @contextmanager
 def track(
     client: Any,
@@ -281,6 +378,7 @@ def track(
     (:func:`plan_event`) and logs the page's address; on leaving, reports the end
     (``published`` or ``failed``) with the ledger's balances and the chunks that did
     not converge. Without a client (the local threaded scheduler) it does nothing.
+    ``dpdask run`` shows a run from its start instead (:class:`RunTracker`).
 
     Parameters
     ----------
@@ -300,28 +398,12 @@ def track(
     if client is None:
         yield
         return
-    register(client)
-    try:
-        msg = plan_event(rel, ledger, plan, client_id=client.id, base=base)
-    except Exception:  # never fail a release for its dashboard
-        log.warning("dpdask dashboard: could not describe the release", exc_info=True)
-        msg = None
-    if msg is not None:
-        _send(client, msg)
-        url = dashboard_url(client)
-        if url is not None:
-            log.warning("run %s: release page at %s", rel.release_id, url)
-    ident = {"event": "finished", "release": rel.release_id, "run_id": rel.run_id}
+    tracker = RunTracker(client, rel.release_id, rel.run_id)
+    tracker.describe(rel, ledger, plan, base)
+    tracker.show_link()
     try:
         yield
     except BaseException as exc:
-        _send(client, {**ident, "state": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        tracker.failed(exc)
         raise
-    end: dict[str, Any] = {**ident, "state": "published"}
-    try:
-        end["ledger"] = _ledger_view(ledger, rel.release_id, rel.dataset, base)
-        end["ledger_as_of"] = "after publication"
-        end["not_converged"] = [dict(r) for r in rel.summary()["not_converged"]]
-    except Exception:
-        log.warning("dpdask dashboard: could not read the release's end", exc_info=True)
-    _send(client, end)
+    tracker.published(rel, ledger, base)

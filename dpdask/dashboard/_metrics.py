@@ -6,6 +6,20 @@ every live :class:`~dpdask.dashboard.DashboardPlugin` in it (one per scheduler).
 
 Metrics (labels in braces):
 
+``dpdask_release_state{release,run_id,state}``
+    1 for the run's state now, 0 for the others (``selecting``, ``planned``,
+    ``running``, ``published``, ``failed``): alert on ``state="failed"`` being 1.
+``dpdask_release_started_timestamp_seconds{release,run_id}``
+    When the run started (was announced), in seconds since the epoch.
+``dpdask_release_updated_timestamp_seconds{release,run_id}``
+    When the run last changed (an event, a task submitted, started, done or failed):
+    a running release whose value stops moving is stuck.
+``dpdask_failed_tasks_total{release,run_id}``
+    The run's tasks (keys dpdask names, ``measure-county-...``) that erred where they
+    ran (retried tasks count once; tasks erred only because a dependency did, not).
+``dpdask_level_eta_seconds{release,run_id,level}``
+    Seconds left to reconstruct the level's chunks at its throughput so far (absent
+    until a chunk is done).
 ``dpdask_chunks_planned{release,run_id,level}``
     The level's chunks.
 ``dpdask_chunks_done_total{release,run_id,level,stage}``
@@ -44,9 +58,29 @@ class DpdaskCollector:
         """Yield every metric family (module notes), empty when nothing has run."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        from dpdask.dashboard._plugin import LIVE, budget_values
+        from dpdask.dashboard._plugin import LIVE
+        from dpdask.dashboard._record import STATES, budget_values
 
         rel_labels = ["release", "run_id"]
+        state = GaugeMetricFamily(
+            "dpdask_release_state", "1 for the run's state now, 0 for the others",
+            labels=[*rel_labels, "state"],
+        )  # fmt: skip
+        started = GaugeMetricFamily(
+            "dpdask_release_started_timestamp_seconds", "When the run started (Unix time)",
+            labels=rel_labels,
+        )  # fmt: skip
+        updated = GaugeMetricFamily(
+            "dpdask_release_updated_timestamp_seconds", "When the run last changed (Unix time)",
+            labels=rel_labels,
+        )  # fmt: skip
+        erred = CounterMetricFamily(
+            "dpdask_failed_tasks", "The run's dpdask tasks that erred", labels=rel_labels
+        )
+        eta = GaugeMetricFamily(
+            "dpdask_level_eta_seconds", "Seconds left to reconstruct a level's chunks",
+            labels=[*rel_labels, "level"],
+        )  # fmt: skip
         planned = GaugeMetricFamily(
             "dpdask_chunks_planned", "Chunks of each level of a release",
             labels=[*rel_labels, "level"],
@@ -88,12 +122,19 @@ class DpdaskCollector:
                     continue
                 seen.add(ident)
                 labels = [r["release"], r["run_id"]]
+                for s in STATES:
+                    state.add_metric([*labels, s], float(r["state"] == s))
+                started.add_metric(labels, float(r["announced"]))
+                updated.add_metric(labels, float(r["updated"]))
+                erred.add_metric(labels, float(r["erred_tasks"]))
                 for lv in r["levels"]:
                     planned.add_metric([*labels, lv["level"]], float(lv.get("chunks", 0)))
                     for stage, p in lv["progress"].items():
                         done.add_metric(
                             [*labels, lv["level"], stage], float(p["fraction"] * p["of"])
                         )
+                    if lv["eta"]["seconds"] is not None:
+                        eta.add_metric([*labels, lv["level"]], float(lv["eta"]["seconds"]))
                     if lv.get("rmse") is not None:
                         rmse.add_metric([*labels, lv["level"]], float(lv["rmse"]))
                 cells.add_metric(labels, float(r["cells_done"]))
@@ -112,7 +153,8 @@ class DpdaskCollector:
             for family, field in ((total, "total"), (spent, "spent"), (left, "remaining")):
                 for parameter, value in budget_values(entry.get(field)).items():
                     family.add_metric([scope, name, parameter], value)
-        yield from (planned, done, cells, rate, rmse, failed, total, spent, left)
+        yield from (state, started, updated, erred, eta, planned, done, cells, rate, rmse)
+        yield from (failed, total, spent, left)
 
 
 def register_collector() -> bool:

@@ -57,12 +57,21 @@ class JSONHandler(_Handler):
 
 
 class PageHandler(_Handler):
-    """``GET /dpdask``: the page (:data:`PAGE`)."""
+    """``GET /dpdask``: the page (:data:`PAGE`), saying from the start whether a release
+    is running (the script then shows every run)."""
 
     def get(self) -> None:
+        plugin = self._plugin()
+        runs = [] if plugin is None else [r for r in plugin.releases.values() if not r.finished]
+        first = (
+            f"{len(runs)} release run(s) in progress; loading…" if runs else "No release running."
+        )
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
-        self.write(PAGE)
+        self.write(PAGE.replace(_FIRST, first))
+
+
+_FIRST = "<!--first-->"
 
 
 def _prefixes(scheduler: Any) -> list[str]:
@@ -144,7 +153,11 @@ PAGE = r"""<!DOCTYPE html>
   .meta { color: #57606a; margin-bottom: 8px; }
   .meta span { margin-right: 14px; white-space: nowrap; display: inline-block; }
   .state { font-weight: 600; padding: 1px 8px; border-radius: 10px; color: #fff; }
+  .state-selecting { background: #9333ea; }
   .state-planned { background: #6b7280; } .state-running { background: #2563eb; }
+  .step { color: #57606a; margin-left: 8px; font-size: 13px; font-weight: 400; }
+  .resume { background: #f3f4f6; padding: 6px 10px; border-radius: 4px; margin: 4px 0;
+            font-family: ui-monospace, monospace; display: inline-block; }
   .state-published { background: #16a34a; } .state-failed { background: #dc2626; }
   table { border-collapse: collapse; margin: 6px 0 10px 0; }
   th, td { border-bottom: 1px solid #e5e7eb; padding: 4px 10px; text-align: left;
@@ -173,7 +186,7 @@ PAGE = r"""<!DOCTYPE html>
   <a href="metrics">metrics</a>
   <span id="status">loading…</span>
 </header>
-<main id="releases"><p class="none">Waiting for data…</p></main>
+<main id="releases"><p class="none"><!--first--></p></main>
 <script>
 "use strict";
 const STAGES = ["measured", "reconstructed", "published"];
@@ -210,6 +223,34 @@ function seconds(s) {
   return s < 120 ? s.toFixed(1) + " s" : (s / 60).toFixed(1) + " min";
 }
 
+function eta(e, state) {
+  if (e && e.seconds === 0) return "done";
+  if (state === "failed") return "stopped";
+  if (!e || e.started === null || e.started === undefined) return "not started";
+  if (e.seconds === null || e.seconds === undefined) return "estimating…";
+  return seconds(e.seconds) + " (" + num(e.chunks_per_second, 2) + " chunks/s)";
+}
+
+function releaseEta(r) {
+  if (r.state === "published") return "done";
+  if (r.state !== "running") return "–";
+  if (r.eta_seconds === null) return "estimating…";
+  return r.eta_seconds === 0 ? "done; writing the outputs" : seconds(r.eta_seconds);
+}
+
+function failure(r) {
+  const box = el("div", {class: "failure"},
+    el("div", {class: "warn error"}, "error: " + r.error));
+  if (r.resume) {
+    box.appendChild(el("div", {}, r.charged ? "The run is charged. Resume it (same noise, " +
+      "no new charge) with:" : "Whether the run was charged is unknown; resume it with:"));
+    box.appendChild(el("code", {class: "resume"}, r.resume));
+  } else if (r.charged === false) {
+    box.appendChild(el("div", {}, "The run was not charged; nothing was spent."));
+  }
+  return box;
+}
+
 function budgetRow(what, name, entry) {
   if (!entry) return null;
   const f = entry.fraction_spent;
@@ -224,7 +265,8 @@ function budgetRow(what, name, entry) {
 function release(r) {
   const sec = el("section", {class: "release", "data-release": r.release});
   sec.appendChild(el("h2", {}, "Release " + r.release + " ",
-    el("span", {class: "state state-" + r.state}, r.state)));
+    el("span", {class: "state state-" + r.state}, r.state),
+    r.step ? el("span", {class: "step"}, r.step + "…") : null));
   sec.appendChild(el("div", {class: "meta"},
     el("span", {}, "run " + r.run_id),
     el("span", {}, "dataset " + (r.dataset || "–")),
@@ -233,8 +275,9 @@ function release(r) {
     el("span", {}, "strategy " + (r.strategy || "–")),
     el("span", {}, "reconstruct " + (r.reconstruct || "–")),
     el("span", {}, "elapsed " + seconds(r.elapsed)),
+    el("span", {class: "eta"}, "reconstruction ETA " + releaseEta(r)),
     el("span", {class: "rate"}, "cells/s " + num(r.cells_per_second, 0))));
-  if (r.error) sec.appendChild(el("div", {class: "warn"}, "error: " + r.error));
+  if (r.state === "failed" || r.error) sec.appendChild(failure(r));
   if (r.erred_tasks) sec.appendChild(el("div", {class: "warn"}, r.erred_tasks + " task(s) erred"));
 
   sec.appendChild(el("h3", {}, "Budget (" + r.budget_text + "; ledger " + r.ledger.as_of + ")"));
@@ -252,10 +295,16 @@ function release(r) {
     "no ledger balances reported")));
   sec.appendChild(bt);
 
-  sec.appendChild(el("h3", {}, "Levels (predicted errors; chunks done per stage)"));
+  if (r.state === "selecting") {
+    sec.appendChild(el("p", {class: "none selecting"}, "Levels are shown once the " +
+      "strategy is selected and the data read (now: " + (r.step || "starting") + ")."));
+    return sec;
+  }
+  sec.appendChild(el("h3", {}, "Levels (predicted errors; chunks done per stage; ETA " +
+    "from chunks reconstructed per second)"));
   const lt = el("table", {class: "levels"});
   lt.appendChild(el("tr", {}, ...["level", "units", "chunks", "budget", "noise scale",
-    "RMSE / query", "max stddev", ...STAGES].map(h => el("th", {}, h))));
+    "RMSE / query", "max stddev", ...STAGES, "ETA"].map(h => el("th", {}, h))));
   for (const lv of r.levels) {
     const row = el("tr", {class: "level", "data-level": lv.level},
       el("td", {}, lv.level), el("td", {class: "num"}, lv.units),
@@ -267,6 +316,7 @@ function release(r) {
       row.appendChild(el("td", {class: "progress " + s},
         bar(s, p.fraction, p.chunks + "/" + p.of + " chunks")));
     }
+    row.appendChild(el("td", {class: "eta nowrap"}, eta(lv.eta, r.state)));
     lt.appendChild(row);
   }
   sec.appendChild(lt);
@@ -312,11 +362,13 @@ async function refresh() {
     const data = await response.json();
     const main = document.getElementById("releases");
     main.replaceChildren();
-    if (!data.releases.length) {
-      main.appendChild(el("p", {class: "none"}, data.error || "No release has run yet."));
+    const running = data.releases.filter(r => r.finished === null).length;
+    if (!running) {
+      main.appendChild(el("p", {class: "none"}, data.error || ("No release running." +
+        (data.releases.length ? " The last runs:" : ""))));
     }
     for (const r of data.releases) main.appendChild(release(r));
-    status.textContent = (data.scheduler || "") + " · updated " +
+    status.textContent = (data.scheduler || "") + " · " + running + " running · updated " +
       new Date(1000 * data.time).toLocaleTimeString();
   } catch (err) {
     status.textContent = "cannot reach the scheduler: " + err;

@@ -1,35 +1,34 @@
-"""The scheduler plugin: what each release planned, and its progress from the task stream.
+"""The scheduler plugin: every run of a release, from its start, and its progress.
 
-A release announces itself with an event on the scheduler's ``dpdask`` topic
-(:func:`dpdask.dashboard.track`, sent by ``dpdask run``): its levels, chunks, budgets,
-predicted errors and the ledger's balances. Its progress comes from the scheduler's
-own task transitions, matched to the release by the client that submitted the tasks
-and to a level and stage by the task's key (``measure-<level>-...``,
+A run announces itself on the scheduler's ``dpdask`` topic as soon as its checks
+pass (``run``, by :class:`dpdask.dashboard.RunTracker`; ``dpdask run`` sends it before
+the strategy is selected), then its plan (``plan``, :func:`dpdask.dashboard.plan_event`:
+levels, chunks, budgets, predicted errors and the ledger's balances), steps
+(``step``) and its end (``finished``). Its progress comes from the scheduler's own
+task transitions, matched to the run by the client that submitted the tasks and to a
+level and stage by the task's key (``measure-<level>-...``,
 ``measure-reconstruct-<level>-...``, ``reconstruct-<level>-...``, ``answer-<level>-...``,
 also when Dask fused them with neighbouring layers, e.g.
-``blocks-measure-county-reconstruct-county-...``).
-
-A level's progress in a stage is counted in chunk equivalents: ``chunks * done /
-planned`` over the stage's tasks for the level (Dask may fuse several chunks, or a
-level's whole stage, into one task).
+``blocks-measure-county-reconstruct-county-...``); its failed tasks are the erred
+tasks of its client whose keys are dpdask's (:func:`~dpdask.dashboard._record.is_ours`).
+What is recorded per run: :mod:`dpdask.dashboard._record`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import re
 import time
 import weakref
 from collections.abc import Iterable, Mapping
-from fractions import Fraction
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from dpdask.dashboard._record import STAGES, STATES, ReleaseRecord, is_ours
+
 log = logging.getLogger("dpdask.dashboard")
 
-__all__ = ["PLUGIN_NAME", "STAGES", "TOPIC", "DashboardPlugin"]
+__all__ = ["PLUGIN_NAME", "STAGES", "STATES", "TOPIC", "DashboardPlugin"]
 
 PLUGIN_NAME = "dpdask-dashboard"
 """The plugin's name on the scheduler (``scheduler.plugins[PLUGIN_NAME]``)."""
@@ -37,225 +36,10 @@ PLUGIN_NAME = "dpdask-dashboard"
 TOPIC = "dpdask"
 """The scheduler event topic releases announce themselves on."""
 
-STAGES = ("measured", "reconstructed", "published")
-"""The stages a level's chunks go through, in order."""
-
-_STAGE_OF = {
-    "measure-reconstruct": ("measured", "reconstructed"),
-    "measure": ("measured",),
-    "reconstruct": ("reconstructed",),
-    "answer": ("published",),
-}
 _KEEP = 50  # releases kept; the oldest finished ones are dropped first
 
 # every live plugin in this process, for the Prometheus collector
 LIVE: weakref.WeakSet[DashboardPlugin] = weakref.WeakSet()
-
-
-def _key_name(key: Any) -> str | None:
-    """The name part of a task key (``("measure-county-ab12", 3, 0)`` -> its string)."""
-    if isinstance(key, tuple):
-        key = key[0] if key else None
-    if isinstance(key, bytes):
-        key = key.decode(errors="replace")
-    return key if isinstance(key, str) else None
-
-
-def budget_text(budget: Mapping[str, Any] | None, approx: bool = True) -> str:
-    """A budget's dict (:meth:`~dpdask.privacy.Budget.to_dict`) as text: ``zCDP ρ=1/6``.
-
-    Parameters
-    ----------
-    budget : mapping or None
-        ``{"type": ..., <field>: "<exact number>", ...}``.
-    approx : bool
-        Add a decimal value to each field that is a fraction: ``ρ=1/6 (≈0.1667)``.
-
-    Returns
-    -------
-    str
-        The type and each field, exact.
-    """
-    if not budget:
-        return "-"
-    names = {"rho": "ρ", "epsilon": "ε", "delta": "δ"}
-    parts = []
-    for field, value in budget.items():
-        if field == "type":
-            continue
-        text = str(value)
-        number = _number(value)
-        if approx and number is not None and "/" in text:
-            text = f"{text} (≈{number:.4g})"
-        parts.append(f"{names.get(field, field)}={text}")
-    return " ".join([str(budget.get("type", "")), *parts]).strip()
-
-
-def _number(value: Any) -> float | None:
-    try:
-        return float(Fraction(str(value)))
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def budget_values(budget: Mapping[str, Any] | None) -> dict[str, float]:
-    """A budget's fields as floats (``{"rho": 0.1667}``), for metrics and bars."""
-    out: dict[str, float] = {}
-    for field, value in (budget or {}).items():
-        number = None if field == "type" else _number(value)
-        if number is not None:
-            out[field] = number
-    return out
-
-
-def _balance(entry: Mapping[str, Any] | None, total_key: str) -> dict[str, Any] | None:
-    """A ledger entry (dataset or release) with texts and the fraction spent."""
-    if not entry:
-        return None
-    total, spent = entry.get(total_key), entry.get("spent")
-    t, s = budget_values(total), budget_values(spent)
-    first = next(iter(t), None)
-    fraction = None
-    if first is not None and t[first] > 0 and first in s:
-        fraction = min(1.0, max(0.0, s[first] / t[first]))
-    return {
-        **{k: v for k, v in entry.items() if k != "runs"},
-        "total": total,
-        "total_text": budget_text(total),
-        "spent_text": budget_text(spent),
-        "remaining_text": budget_text(entry.get("remaining")),
-        "fraction_spent": fraction,
-    }
-
-
-class _Release:
-    """One release's plan and progress (kept by the plugin, plain data only)."""
-
-    def __init__(self, plan: Mapping[str, Any], now: float):
-        self.plan = dict(plan)
-        self.release = str(plan.get("release"))
-        self.run_id = str(plan.get("run_id"))
-        self.client = plan.get("client")
-        self.state = "planned"
-        self.announced = now
-        self.started: float | None = None
-        self.last_done: float | None = None
-        self.finished: float | None = None
-        self.error: str | None = None
-        self.erred_tasks = 0
-        self.not_converged: list[Any] = list(plan.get("not_converged") or [])
-        self.ledger = plan.get("ledger_before")
-        self.ledger_as_of = "before this run's charge"
-        self.levels: list[dict[str, Any]] = [dict(lv) for lv in plan.get("levels", ())]
-        self.by_word = {str(lv.get("word") or lv["level"]): lv["level"] for lv in self.levels}
-        words = sorted(self.by_word, key=len, reverse=True)
-        stages = "|".join(sorted(_STAGE_OF, key=len, reverse=True))
-        alt = "|".join(re.escape(w) for w in words) or r"(?!x)x"
-        self.pattern = re.compile(rf"(?:^|-)({stages})-({alt})(?=-|$)")
-        # (level, stage) -> planned / done task keys
-        self.planned: dict[tuple[str, str], set[Any]] = {}
-        self.done: dict[tuple[str, str], set[Any]] = {}
-
-    @property
-    def ident(self) -> tuple[str, str]:
-        return (self.release, self.run_id)
-
-    def match(self, key: Any) -> set[tuple[str, str]]:
-        """The (level, stage) pairs a task key belongs to (empty: not this release's)."""
-        name = _key_name(key)
-        if name is None:
-            return set()
-        out = set()
-        for m in self.pattern.finditer(name):
-            level = self.by_word[m.group(2)]
-            out.update((level, stage) for stage in _STAGE_OF[m.group(1)])
-        return out
-
-    def chunks_done(self, level: Mapping[str, Any], stage: str) -> float:
-        """Chunk equivalents of ``level`` done in ``stage`` (module notes)."""
-        pair = (level["level"], stage)
-        planned = len(self.planned.get(pair, ()))
-        if not planned:
-            return 0.0
-        done = len(self.done.get(pair, ()))
-        return int(level.get("chunks", 0)) * done / planned
-
-    def cells_done(self) -> float:
-        out = 0.0
-        for lv in self.levels:
-            chunks = int(lv.get("chunks", 0)) or 1
-            out += float(lv.get("cells", 0)) * self.chunks_done(lv, "reconstructed") / chunks
-        return out
-
-    def cells_per_second(self) -> float:
-        if self.started is None or self.last_done is None or self.last_done <= self.started:
-            return 0.0
-        return self.cells_done() / (self.last_done - self.started)
-
-    def snapshot(self, now: float) -> dict[str, Any]:
-        """The release as JSON-safe data, for the page, the JSON route and the metrics."""
-        plan = self.plan
-        levels = []
-        for lv in self.levels:
-            chunks = int(lv.get("chunks", 0))
-            progress = {}
-            for stage in STAGES:
-                pair = (lv["level"], stage)
-                done = self.chunks_done(lv, stage)
-                progress[stage] = {
-                    "chunks": math.floor(done + 1e-9),
-                    "of": chunks,
-                    "fraction": done / chunks if chunks else 0.0,
-                    "tasks_done": len(self.done.get(pair, ())),
-                    "tasks_planned": len(self.planned.get(pair, ())),
-                }
-            levels.append(
-                {
-                    **{k: v for k, v in lv.items() if k not in ("tables", "word")},
-                    "budget_text": budget_text(lv.get("budget"), approx=False),
-                    "progress": progress,
-                }
-            )
-        tables: dict[str, dict[str, Any]] = {}
-        for lv in self.levels:
-            for t in lv.get("tables", ()):
-                row = tables.setdefault(
-                    t["name"],
-                    {"name": t["name"], "kind": t.get("kind"), "queries": t.get("queries")},
-                )
-                row.setdefault("rmse", {})[lv["level"]] = t.get("rmse")
-        ledger = self.ledger or {}
-        end = self.finished or now
-        return {
-            "release": self.release,
-            "run_id": self.run_id,
-            "dataset": plan.get("dataset"),
-            "state": self.state,
-            "error": self.error,
-            "erred_tasks": self.erred_tasks,
-            "workload": plan.get("workload"),
-            "strategy": plan.get("strategy"),
-            "reconstruct": plan.get("reconstruct"),
-            "queries": plan.get("queries"),
-            "announced": self.announced,
-            "started": self.started,
-            "finished": self.finished,
-            "elapsed": end - (self.started or self.announced),
-            "cells_total": sum(float(lv.get("cells", 0)) for lv in self.levels),
-            "cells_done": self.cells_done(),
-            "cells_per_second": self.cells_per_second(),
-            "budget": plan.get("budget"),
-            "budget_text": budget_text(plan.get("budget")),
-            "ledger": {
-                "as_of": self.ledger_as_of,
-                "path": ledger.get("ledger"),
-                "dataset": _balance(ledger.get("dataset"), "total"),
-                "release": _balance(ledger.get("release"), "budget"),
-            },
-            "levels": levels,
-            "tables": list(tables.values()),
-            "not_converged": self.not_converged,
-        }
 
 
 class DashboardPlugin(SchedulerPlugin):
@@ -271,7 +55,7 @@ class DashboardPlugin(SchedulerPlugin):
     idempotent = True
 
     def __init__(self) -> None:
-        self.releases: dict[tuple[str, str], _Release] = {}
+        self.releases: dict[tuple[str, str], ReleaseRecord] = {}
         self.by_client: dict[str, tuple[str, str]] = {}
         self.keys: dict[Any, list[tuple[tuple[str, str], set[tuple[str, str]]]]] = {}
         self.scheduler: Any = None
@@ -294,42 +78,34 @@ class DashboardPlugin(SchedulerPlugin):
             past = scheduler.get_events(TOPIC)
         except Exception:  # pragma: no cover - an older scheduler without the broker
             past = ()
-        for _t, msg in past:
-            if isinstance(msg, Mapping) and msg.get("event") == "plan":
-                key = (str(msg.get("release")), str(msg.get("run_id")))
-                if key not in self.releases:
-                    self.log_event(TOPIC, msg)
-            elif isinstance(msg, Mapping):
-                self.log_event(TOPIC, msg)
+        for _t, msg in past:  # in order: a run's start, plan, steps and end
+            self.log_event(TOPIC, msg)
 
     async def close(self) -> None:
         LIVE.discard(self)
 
     # -- events from the client ---------------------------------------------------------
     def log_event(self, topic: str, msg: Any) -> None:
-        """Take a release's announcement (``plan``) or its end (``finished``)."""
+        """Take a run's start (``run``), plan (``plan``), step (``step``) or end
+        (``finished``)."""
         if topic != TOPIC or not isinstance(msg, Mapping):
             return
         event = msg.get("event")
         now = time.time()
-        if event == "plan":
-            rel = _Release(msg, now)
+        ident = (str(msg.get("release")), str(msg.get("run_id")))
+        rel = self.releases.get(ident)
+        if event in ("run", "plan") and rel is None:
+            rel = ReleaseRecord(msg, now)
             self.releases[rel.ident] = rel
-            if rel.client is not None:
-                self.by_client[str(rel.client)] = rel.ident
             self._trim()
-        elif event == "finished":
-            rel = self.releases.get((str(msg.get("release")), str(msg.get("run_id"))))
-            if rel is None:
-                return
-            rel.state = str(msg.get("state", "published"))
-            rel.finished = now
-            rel.error = msg.get("error")
-            if msg.get("ledger") is not None:
-                rel.ledger = msg["ledger"]
-                rel.ledger_as_of = str(msg.get("ledger_as_of", "after the run"))
-            if msg.get("not_converged") is not None:
-                rel.not_converged = list(msg["not_converged"])
+        elif event == "plan" and rel is not None:
+            rel.describe(msg, now)
+        elif event == "step" and rel is not None and rel.finished is None:
+            rel.step, rel.updated = msg.get("step"), now
+        elif event == "finished" and rel is not None:
+            rel.end(msg, now)
+        if event in ("run", "plan") and rel is not None and rel.client is not None:
+            self.by_client[str(rel.client)] = rel.ident
 
     def _trim(self) -> None:
         if len(self.releases) <= _KEEP:
@@ -345,7 +121,7 @@ class DashboardPlugin(SchedulerPlugin):
         }
 
     # -- the task stream ---------------------------------------------------------------
-    def _release_of(self, client: Any) -> _Release | None:
+    def _release_of(self, client: Any) -> ReleaseRecord | None:
         ident = self.by_client.get(str(client)) if client is not None else None
         if ident is not None and ident in self.releases:
             return self.releases[ident]
@@ -367,7 +143,7 @@ class DashboardPlugin(SchedulerPlugin):
             return
         for key in tasks:
             pairs = rel.match(key)
-            if not pairs:
+            if not pairs and not is_ours(key):
                 continue
             entries = self.keys.setdefault(key, [])
             if any(ident == rel.ident for ident, _ in entries):
@@ -375,8 +151,9 @@ class DashboardPlugin(SchedulerPlugin):
             entries.append((rel.ident, pairs))
             for pair in pairs:
                 rel.planned.setdefault(pair, set()).add(key)
+        rel.updated = time.time()
         if rel.state == "planned" and any(rel.planned.values()):
-            rel.state = "running"
+            rel.state, rel.step = "running", "measuring and reconstructing"
             plan_after = rel.plan.get("ledger_after_charge")
             if plan_after is not None:  # the release charges before it submits a task
                 rel.ledger = plan_after
@@ -385,7 +162,7 @@ class DashboardPlugin(SchedulerPlugin):
     def transition(
         self, key: Any, start: str, finish: str, *args: Any, stimulus_id: str = "", **kwargs: Any
     ) -> None:
-        """Count a task of a release done when its result is in memory."""
+        """Count a task of a run started, done (in memory) or failed (erred where it ran)."""
         entries = self.keys.get(key)
         if not entries:
             return
@@ -394,16 +171,14 @@ class DashboardPlugin(SchedulerPlugin):
             rel = self.releases.get(ident)
             if rel is None:
                 continue
-            if finish == "processing" and rel.started is None:
-                rel.started = now
+            if finish == "erred" and start == "processing":  # where it ran: not dependents
+                rel.task_failed(key, now)
+            elif not pairs:  # one of dpdask's tasks of no level's stage: failures only
+                continue
+            elif finish == "processing":
+                rel.task_started(pairs, now)
             elif finish == "memory":
-                if rel.started is None:
-                    rel.started = now
-                for pair in pairs:
-                    rel.done.setdefault(pair, set()).add(key)
-                rel.last_done = now
-            elif finish == "erred":
-                rel.erred_tasks += 1
+                rel.task_done(key, pairs, now)
 
     # -- what is served ----------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

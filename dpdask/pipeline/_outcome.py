@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import pathlib
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from dpdask.errors import SpecError
@@ -87,30 +87,41 @@ def claimed(spec: ReleaseSpec) -> Iterator[pathlib.Path]:
         yield lock
 
 
-def resume_command(spec: ReleaseSpec, run_id: str) -> str:
-    """The command that resumes run ``run_id`` of ``spec``."""
-    words = ["dpdask", "run", str(spec.source or "SPEC"), "--run-id", run_id]
+def resume_command(spec: ReleaseSpec, run_id: str, *, spec_path: str | None = None) -> str:
+    """The command that resumes run ``run_id`` of ``spec`` (naming the spec
+    ``spec_path``, by default its file)."""
+    words = ["dpdask", "run", spec_path or str(spec.source or "SPEC"), "--run-id", run_id]
     if spec.period is not None:
         words += ["--period", spec.period]
     return shlex.join(words)
 
 
 @contextmanager
-def failure_reported(spec: ReleaseSpec, run_id: str, work: pathlib.Path) -> Iterator[None]:
+def failure_reported(
+    spec: ReleaseSpec, run_id: str, work: pathlib.Path,
+    on_failure: Callable[[BaseException, str | None], None] | None = None,
+) -> Iterator[None]:  # fmt: skip
     """Note on any exception leaving the block whether run ``run_id`` was charged:
     charged and not finished, how to resume it; not charged, that nothing was, after
-    removing the work folder if this block's run created it."""
+    removing the work folder if this block's run created it. ``on_failure(exc, state)``
+    is then told too (the dashboard): the run's state in the ledger (``open`` or
+    ``measuring``: resumable), None if it was not charged, ``unknown`` if unread."""
     fresh = not work.exists()
     try:
         yield
     except BaseException as exc:
-        _note(exc, spec, run_id, work, fresh)
+        state = _note(exc, spec, run_id, work, fresh)
+        if on_failure is not None:
+            try:
+                on_failure(exc, state)
+            except Exception:  # the run's error is what is raised, never the report's
+                log.warning("could not report run %s's failure", run_id, exc_info=True)
         raise
 
 
 def _note(
     exc: BaseException, spec: ReleaseSpec, run_id: str, work: pathlib.Path, fresh: bool
-) -> None:
+) -> str | None:
     try:
         run = Ledger(spec.ledger).run(spec.release, run_id) if ledger_exists(spec.ledger) else None
     except Exception as again:  # the ledger cannot be read now: say so, guess nothing
@@ -118,13 +129,15 @@ def _note(
             f"whether run {run_id} was charged is unknown ({type(again).__name__}); "
             "see `dpdask ledger show`"
         )
-        return
+        return "unknown"
     if run is None:
         if fresh and work.exists():
             remove_work(work)
         exc.add_note(f"run {run_id} was not charged; nothing was spent")
-    elif run.state in ("open", "measuring"):
+        return None
+    if run.state in ("open", "measuring"):
         exc.add_note(
             f"run {run_id} is charged; resume it (same noise, no new charge) with "
             f"`{resume_command(spec, run_id)}`"
         )
+    return run.state

@@ -430,20 +430,29 @@ def run_spec(
     if not ledger_exists(spec.ledger) and not spec.ledger_create:
         _open_ledger(spec, dry=True)  # raises, naming the fix
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
+    from dpdask.dashboard import RunTracker, shown_path
+    from dpdask.pipeline._outcome import resume_command
+
+    tracker = RunTracker(client, spec.release, run_id)  # the scheduler serves /dpdask now
     with claimed(spec):
         checked = _preflight(spec, run_id, overwrite, create=False, hold=True)
-        with failure_reported(spec, checked.run_id, checked.work):
-            return _run_checked(spec, checked, client, overwrite, progress, on_start)
+        # shown at /dpdask from now on, while its strategy is selected (no absolute path)
+        tracker.start(
+            checked.dataset, resume_command(spec, run_id, spec_path=shown_path(spec.source))
+        )
+        with failure_reported(spec, checked.run_id, checked.work, on_failure=tracker.failed):
+            return _run_checked(spec, checked, client, overwrite, progress, on_start, tracker)
 
 
 def _run_checked(
     spec: ReleaseSpec, checked: _Checked, client: Any, overwrite: bool, progress: bool,
-    on_start: Callable[[str, str | None], None] | None,
+    on_start: Callable[[str, str | None], None] | None, tracker: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`run_spec` once its output is claimed and its preflight passed."""
     from dpdask.dataflow.release import release
 
     plan, report = plan_spec(spec, client=client)
+    tracker.step("reading data")
     log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
              spec.data.format, checked.work)  # fmt: skip
     store = load_data(spec, checked.work, checked.source)
@@ -465,8 +474,6 @@ def _run_checked(
         run_id=checked.run_id,
         ledger=ledger, dataset=checked.dataset,
     )  # fmt: skip
-    from dpdask.dashboard import track  # registers the plugin; shows the run at /dpdask
-
     if on_start is not None:  # the run exists: announce it, before its first charge
         on_start(checked.run_id, getattr(client, "dashboard_link", None))
     base = spec.source.parent if spec.source is not None else None  # paths shown from here
@@ -474,7 +481,7 @@ def _run_checked(
     # the run's first charge records what it is bound to; a resume's must match it
     with (
         ledger.bound(spec.release, checked.run_id, binding),
-        track(client, rel, ledger, plan=report, base=base),
+        tracker.releasing(rel, ledger, plan=report, base=base),  # its levels at /dpdask
     ):
         out = rel.to_zarr(
             checked.output, overwrite=overwrite, client=client, progress=progress,

@@ -21,13 +21,13 @@ from dpdask.dashboard import (
     PLUGIN_NAME,
     TOPIC,
     DashboardPlugin,
+    budget_text,
     dashboard_url,
     register,
     track,
 )
 from dpdask.dashboard._client import _after_charge
 from dpdask.dashboard._page import json_safe
-from dpdask.dashboard._plugin import budget_text
 from tests import ROOT
 
 TOK = "0123456789abcdef0123456789abcdef"
@@ -226,6 +226,120 @@ def test_plugin_records_the_end_of_a_release() -> None:
     assert failed["error"].startswith("KeyboardInterrupt")
 
 
+class _Clock:
+    """A wall clock the tests set (the plugin reads ``time.time()``)."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_plugin_shows_a_run_from_its_start_with_an_eta(monkeypatch) -> None:
+    import dpdask.dashboard._plugin as plugin_module
+
+    clock = _Clock()
+    monkeypatch.setattr(plugin_module, "time", clock)
+    plugin = DashboardPlugin()
+    ident = {"release": "r1", "run_id": "run1"}
+    plugin.log_event(TOPIC, {"event": "run", **ident, "client": "c1", "dataset": "ds",
+                             "step": "selecting strategy"})  # fmt: skip
+    (rel,) = plugin.snapshot()["releases"]
+    assert (rel["state"], rel["step"], rel["levels"]) == ("selecting", "selecting strategy", [])
+    assert rel["announced"] == rel["updated"] == 1000.0 and rel["eta_seconds"] is None
+    clock.now = 1030.0
+    plugin.log_event(TOPIC, {"event": "step", **ident, "step": "reading data"})
+    plugin.log_event(TOPIC, {"event": "step", "release": "r1", "run_id": "other", "step": "x"})
+    clock.now = 1040.0
+    plugin.log_event(TOPIC, _plan())  # the same run, now with its levels
+    (rel,) = plugin.snapshot()["releases"]
+    assert (rel["state"], rel["announced"], rel["dataset"]) == ("planned", 1000.0, "ds")
+    assert [lv["level"] for lv in rel["levels"]] == ["state", "block_group", "block"]
+    assert rel["elapsed"] == 40.0 and rel["updated"] == 1040.0
+    keys = _keys()["block_reconstruct"]  # 4 chunks, one task each
+    plugin.update_graph(None, client="c1", tasks=keys, stimulus_id="s")
+    eta = {lv["level"]: lv["eta"] for lv in plugin.snapshot()["releases"][0]["levels"]}
+    assert eta["block"] == {"started": None, "chunks_left": 4.0, "chunks_per_second": None,
+                            "seconds": None}  # fmt: skip
+    clock.now = 1100.0
+    for key in keys:
+        plugin.transition(key, "waiting", "processing", stimulus_id="s")
+    clock.now = 1110.0
+    plugin.transition(keys[0], "processing", "memory", stimulus_id="s")
+    clock.now = 1120.0
+    plugin.transition(keys[1], "processing", "memory", stimulus_id="s")
+    (rel,) = plugin.snapshot()["releases"]
+    block = {lv["level"]: lv for lv in rel["levels"]}["block"]["eta"]
+    # 2 chunks in the 20 s since the level started: 0.1 chunk/s, 2 left: 20 s
+    assert block["started"] == 1100.0 and block["chunks_left"] == 2.0
+    assert block["chunks_per_second"] == pytest.approx(0.1)
+    assert block["seconds"] == pytest.approx(20.0)
+    assert rel["eta_seconds"] is None  # the other levels have not started
+    clock.now = 1140.0  # nothing more done: the throughput falls, the ETA grows
+    block = plugin.snapshot()["releases"][0]["levels"][2]["eta"]
+    assert block["chunks_per_second"] == pytest.approx(0.05)
+    assert block["seconds"] == pytest.approx(40.0)
+    clock.now = 1150.0
+    for key in keys[2:]:
+        plugin.transition(key, "processing", "memory", stimulus_id="s")
+    clock.now = 1200.0  # a finished level keeps its throughput
+    block = plugin.snapshot()["releases"][0]["levels"][2]["eta"]
+    assert block["seconds"] == 0.0 and block["chunks_per_second"] == pytest.approx(4 / 50)
+    assert plugin.snapshot()["releases"][0]["updated"] == 1150.0
+
+
+def test_plugin_counts_the_runs_failed_tasks_and_how_to_resume() -> None:
+    plugin = DashboardPlugin()
+    ident = {"release": "r1", "run_id": "run1"}
+    plugin.log_event(TOPIC, _plan())
+    ours = [f"measure-block-{TOK}", (f"aggregate-block-group-{TOK}", 0),
+            f"answer-block-store-map-{TOK}", (f"checkpoint-block-{TOK}", 1)]  # fmt: skip
+    theirs = [f"inc-{TOK}", ("x", 1)]
+    plugin.update_graph(None, client="c1", tasks=ours + theirs, stimulus_id="s")
+    plugin.update_graph(None, client="c2", tasks=[f"measure-state-{TOK}"], stimulus_id="s")
+    for key in [ours[0], ours[1], ours[1], *theirs]:  # a task erred twice counts once
+        plugin.transition(key, "processing", "erred", stimulus_id="s")
+    plugin.transition(ours[2], "waiting", "erred", stimulus_id="s")  # a dependent: not
+    assert plugin.snapshot()["releases"][0]["erred_tasks"] == 2
+    resume = "dpdask run s.yaml --run-id run1 --period 2026-01"
+    end = {"state": "failed", "error": "OSError: disk", "charged": True, "resume": resume}
+    plugin.log_event(TOPIC, {"event": "finished", **ident, **end})
+    rel = plugin.snapshot()["releases"][0]
+    assert (rel["state"], rel["charged"], rel["step"]) == ("failed", True, None)
+    assert rel["resume"] == resume and rel["error"] == "OSError: disk"
+    for level in rel["levels"]:
+        assert level["eta"]["seconds"] in (None, 0.0)
+
+
+def test_run_tracker_reports_a_run_and_its_failure() -> None:
+    from dpdask.dashboard import RunTracker
+
+    client = _FakeClient()
+    tracker = RunTracker(client, "rel", "one")
+    tracker.start("ds", "dpdask run s.yaml --run-id one")
+    tracker.step("reading data")
+    tracker.failed(KeyError("boom"), "measuring")
+    tracker.failed(OSError("again"), None)  # reported once
+    events = [msg for topic, msg in client.events if topic == TOPIC]
+    assert [m["event"] for m in events] == ["run", "step", "finished"]
+    assert events[0] == {"event": "run", "release": "rel", "run_id": "one",
+                         "client": "fake-client", "dataset": "ds",
+                         "step": "selecting strategy"}  # fmt: skip
+    assert events[2]["resume"] == "dpdask run s.yaml --run-id one"
+    assert events[2]["charged"] is True and events[2]["error"] == "KeyError: 'boom'"
+    for state, charged, resume in ((None, False, False), ("unknown", None, True),
+                                   ("published", True, False)):  # fmt: skip
+        client = _FakeClient()
+        tracker = RunTracker(client, "rel", "one")
+        tracker.start("ds", "dpdask run s.yaml --run-id one")
+        tracker.failed(KeyboardInterrupt(), state)
+        end = client.events[-1][1]
+        assert end["charged"] is charged and ("resume" in end) is resume, state
+        assert end["error"] == "KeyboardInterrupt"
+    RunTracker(None, "rel", "one").failed(KeyError("x"))  # no client: nothing to tell
+
+
 def test_plugin_keeps_the_newest_releases() -> None:
     plugin = DashboardPlugin()
     for i in range(60):
@@ -302,6 +416,8 @@ def test_preloaded_plugin_serves_json_page_and_metrics(cluster) -> None:
     assert lc.scheduler.plugins[PLUGIN_NAME] is plugin
     assert dashboard_url(client).endswith("/dpdask")
     assert json.loads(_get(base + "/dpdask/json"))["releases"] == []
+    main = re.search(r'<main id="releases">(.*?)</main>', _get(base + "/dpdask"), re.S)
+    assert main.group(1) == '<p class="none">No release running.</p>'  # 200: _get raises
 
     client.log_event(TOPIC, _plan(client=client.id))
     keys = [f"measure-block-{TOK}-{k}" for k in range(4)] + [f"reconstruct-block-{TOK}-0"]
@@ -493,7 +609,7 @@ def test_release_page_in_headless_chromium(pl94_spec, tmp_path, monkeypatch) -> 
                     if data["releases"]:
                         rel = data["releases"][0]
                         progress = [lv["progress"]["reconstructed"] for lv in rel["levels"]]
-                        if all(p["chunks"] == p["of"] for p in progress):
+                        if progress and all(p["chunks"] == p["of"] for p in progress):
                             break  # every chunk measured and reconstructed
                 time.sleep(0.2)
             assert "error" not in result, result.get("error")
@@ -628,3 +744,259 @@ def test_run_passes_dashboard_address_to_the_cluster(tmp_path, monkeypatch) -> N
     )
     assert main(["run", str(spec), "--dashboard-address", ":8787", "--no-progress"]) == 2
     assert seen["dashboard_address"] == ":8787"
+
+
+# -- (e) a run from its first second: selection, levels, ETA, state metrics, failure --
+class _Chunks:
+    """Chunk tasks of the ``county`` level as the tests below slow or break them (the
+    wrappers are module functions: the in-process workers run them from the graph)."""
+
+    free = 2  # reconstructions that go on at once; the others wait for ``go``
+    passed = 0
+    go = threading.Event()
+    lock = threading.Lock()
+    fail_chunk: int | None = None  # this chunk's reconstruction raises
+
+
+def _gated(fn, level: str, block_info, *args):
+    from dpdask.dataflow._blocks import _chunk_index
+
+    if level == "county":
+        if _Chunks.fail_chunk is not None and _chunk_index(block_info) == _Chunks.fail_chunk:
+            raise RuntimeError("a worker lost its disk")
+        with _Chunks.lock:
+            _Chunks.passed += 1
+            held = _Chunks.passed > _Chunks.free
+        if held:
+            _Chunks.go.wait(90)
+        else:
+            time.sleep(0.2)
+    return fn(*args, block_info=block_info)
+
+
+def _gated_estimate(x, plan, pinv, key, ctx, block_info=None):
+    from dpdask.dataflow import _blocks
+
+    return _gated(_blocks.estimate_block, ctx.level, block_info, x, plan, pinv, key, ctx)
+
+
+def _gated_reconstruct(y, strategy, method, cell_shape, pinv=None, report_dir=None,
+                       level="", noise_scale=None, block_info=None):  # fmt: skip
+    from dpdask.dataflow import _blocks
+
+    return _gated(_blocks.reconstruct_block, level, block_info, y, strategy, method,
+                  cell_shape, pinv, report_dir, level, noise_scale)  # fmt: skip
+
+
+def _small_spec(tmp_path: pathlib.Path) -> pathlib.Path:
+    """40 counties in 2 states, 6 cells: the county level in 8 chunks (below)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "release: slow\ndata: {format: synthetic, geographies: 40, states: 2}\n"
+        "domain: {a: 2, b: 3}\nlevels: [state, county]\nworkload: identity\n"
+        "privacy: {zcdp: 1}\nstrategy: identity\noutput: out/slow.zarr\n"
+        "ledger: {path: out/ledger.sqlite, create: true}\n"
+    )
+    return spec
+
+
+@pytest.fixture
+def slowed(monkeypatch):
+    """Releases in chunks of 5 counties whose ``county`` reconstructions :class:`_Chunks`
+    slows, holds or breaks; the strategy's selection held until ``select`` is set."""
+    import dpdask.dataflow._release_graph as graph
+    import dpdask.dataflow.release as release_module
+    import dpdask.pipeline.run as run_module
+
+    build = release_module.release
+    monkeypatch.setattr(release_module, "release",
+                        lambda *a, **k: build(*a, **{**k, "chunk_bytes": 8 * 6 * 5}))  # fmt: skip
+    monkeypatch.setattr(graph, "estimate_block", _gated_estimate)
+    monkeypatch.setattr(graph, "reconstruct_block", _gated_reconstruct)
+    select = threading.Event()
+    plan_spec = run_module.plan_spec
+
+    def held_plan_spec(*a, **k):
+        select.wait(90)
+        return plan_spec(*a, **k)
+
+    monkeypatch.setattr(run_module, "plan_spec", held_plan_spec)
+    _Chunks.passed, _Chunks.fail_chunk = 0, None
+    _Chunks.go.clear()
+    yield select
+    select.set()
+    _Chunks.go.set()
+
+
+@pytest.fixture
+def loopback_cluster():
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                     dashboard_address="127.0.0.1:0") as lc,
+        Client(lc) as client,
+    ):  # fmt: skip
+        yield client, f"http://127.0.0.1:{lc.scheduler.http_server.port}"
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _wait(what, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s")
+
+
+def _metric(metrics: str, name: str, **labels: str) -> float | None:
+    """The value of ``name{labels}`` in a Prometheus text page (labels in any order)."""
+    for line in metrics.splitlines():
+        m = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
+        if m and dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))) == labels:
+            return float(m.group(2))
+    return None
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install -y chromium)")
+def test_run_page_from_the_first_second_with_an_eta(tmp_path, slowed, loopback_cluster):
+    from dpdask.pipeline.run import run_spec
+    from dpdask.pipeline.spec import load_spec
+
+    client, base = loopback_cluster
+    spec = load_spec(_small_spec(tmp_path))
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["summary"] = run_spec(spec, client=client, run_id="R", progress=False)
+        except BaseException as exc:  # reported below
+            result["error"] = exc
+
+    assert _status(f"{base}/dpdask") == 404  # nothing registered the plugin yet
+    thread = threading.Thread(target=run, daemon=True)
+    started = time.monotonic()
+    thread.start()
+    try:
+        _wait(lambda: _status(f"{base}/dpdask") == 200, timeout=5)
+        runs = _wait(lambda: json.loads(_get(f"{base}/dpdask/json"))["releases"], timeout=5)
+        assert time.monotonic() - started < 5
+        assert (runs[0]["run_id"], runs[0]["state"]) == ("R", "selecting")
+        assert runs[0]["step"] == "selecting strategy" and runs[0]["levels"] == []
+        dom = _chromium("--dump-dom", f"{base}/dpdask")  # still selecting: it is held
+        assert 'class="state state-selecting"' in dom and "selecting strategy" in dom
+        shown = re.search(r'<main id="releases">(.*?)</main>', dom, re.S).group(1)
+        assert "Release slow" in shown and "No release running" not in shown
+        metrics = _get(f"{base}/metrics")
+        assert _metric(metrics, "dpdask_release_state", release="slow", run_id="R",
+                       state="selecting") == 1.0  # fmt: skip
+        assert _metric(metrics, "dpdask_release_state", release="slow", run_id="R",
+                       state="running") == 0.0  # fmt: skip
+
+        slowed.set()  # the strategy is selected: the levels, then the chunks
+
+        def county_eta():
+            (rel,) = json.loads(_get(f"{base}/dpdask/json"))["releases"]
+            lv = {lv["level"]: lv for lv in rel["levels"]}.get("county")
+            return lv if lv and lv["eta"]["seconds"] else None
+
+        county = _wait(county_eta)
+        assert county["chunks"] == 8
+        done = county["progress"]["reconstructed"]["chunks"]
+        assert 1 <= done <= _Chunks.free
+        # the ETA is the chunks left over the chunks done per second since the start
+        eta = county["eta"]
+        assert eta["chunks_left"] == pytest.approx(8 - done)
+        assert eta["seconds"] == pytest.approx(eta["chunks_left"] / eta["chunks_per_second"])
+        elapsed = time.time() - eta["started"]
+        assert 0 < done / eta["chunks_per_second"] <= elapsed + 1e-6
+        dom = _chromium("--dump-dom", f"{base}/dpdask")
+        metrics = _get(f"{base}/metrics")
+    finally:
+        _Chunks.go.set()
+        slowed.set()
+        thread.join(120)
+    assert "error" not in result, result.get("error")
+    rows = dict(re.findall(r'<tr class="level" data-level="(\w+)">(.*?)</tr>', dom))
+    shown = re.sub(r"<[^>]+>", "", re.search(r'<td class="eta nowrap">(.*?)</td>',
+                                              rows["county"]).group(1))  # fmt: skip
+    assert re.fullmatch(r"[\d.]+ (s|min) \([\d.]+ chunks/s\)", shown), shown
+    assert 'class="state state-running"' in dom
+    assert _metric(metrics, "dpdask_release_state", release="slow", run_id="R",
+                   state="running") == 1.0  # fmt: skip
+    assert _metric(metrics, "dpdask_failed_tasks_total", release="slow", run_id="R") == 0.0
+    assert _metric(metrics, "dpdask_level_eta_seconds", release="slow", run_id="R",
+                   level="county") > 0  # fmt: skip
+    t0 = _metric(metrics, "dpdask_release_started_timestamp_seconds", release="slow",
+                 run_id="R")  # fmt: skip
+    t1 = _metric(metrics, "dpdask_release_updated_timestamp_seconds", release="slow",
+                 run_id="R")  # fmt: skip
+    assert t0 is not None and t1 is not None and t0 < t1 <= time.time()
+
+    (final,) = json.loads(_get(f"{base}/dpdask/json"))["releases"]
+    assert final["state"] == "published" and final["step"] is None
+    assert [lv["eta"]["seconds"] for lv in final["levels"]] == [0.0, 0.0]
+    metrics = _get(f"{base}/metrics")
+    assert _metric(metrics, "dpdask_release_state", release="slow", run_id="R",
+                   state="published") == 1.0  # fmt: skip
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install -y chromium)")
+def test_a_failed_runs_page_shows_how_to_resume_it(tmp_path, slowed, loopback_cluster):
+    from dpdask.pipeline.run import run_spec
+    from dpdask.pipeline.spec import load_spec
+    from dpdask.privacy import Ledger
+
+    client, base = loopback_cluster
+    slowed.set()
+    _Chunks.go.set()
+    _Chunks.fail_chunk = 3  # one county chunk's reconstruction fails, after the charge
+    spec = load_spec(_small_spec(tmp_path))
+    with pytest.raises(RuntimeError, match="lost its disk") as info:
+        run_spec(spec, client=client, run_id="F", progress=False)
+    assert "dpdask run" in "\n".join(info.value.__notes__)
+    assert Ledger(tmp_path / "out" / "ledger.sqlite").run("slow", "F").state in (
+        "open", "measuring",
+    )  # fmt: skip
+    text = _get(f"{base}/dpdask/json")
+    (rel,) = json.loads(text)["releases"]
+    assert rel["state"] == "failed" and rel["charged"] is True
+    assert rel["error"] == "RuntimeError: a worker lost its disk"
+    assert rel["resume"] == "dpdask run spec.yaml --run-id F"
+    assert str(tmp_path) not in text  # the page shows no absolute path
+    dom = _chromium("--dump-dom", f"{base}/dpdask")
+    assert 'class="state state-failed"' in dom
+    assert "error: RuntimeError: a worker lost its disk" in dom
+    assert '<code class="resume">dpdask run spec.yaml --run-id F</code>' in dom
+    assert '<td class="eta nowrap">stopped</td>' in dom  # the county level never finished
+    metrics = _get(f"{base}/metrics")
+    assert _metric(metrics, "dpdask_release_state", release="slow", run_id="F",
+                   state="failed") == 1.0  # fmt: skip
+    # the chunk's task, not the tasks that erred because they needed it
+    assert _metric(metrics, "dpdask_failed_tasks_total", release="slow", run_id="F") == 1.0
+
+
+def test_a_failure_report_never_replaces_the_runs_error(tmp_path) -> None:
+    from dpdask.pipeline._outcome import failure_reported
+    from dpdask.pipeline.spec import load_spec
+
+    spec = load_spec(_small_spec(tmp_path))
+    told: list = []
+
+    def broken(exc, state):
+        told.append((type(exc), state))
+        raise OSError("the scheduler is gone")
+
+    with pytest.raises(KeyError) as info, failure_reported(spec, "X", tmp_path / "w", broken):
+        raise KeyError("the run's own error")
+    assert told == [(KeyError, None)]  # no ledger yet: not charged
+    assert info.value.__notes__ == ["run X was not charged; nothing was spent"]
