@@ -304,7 +304,7 @@ class RunTracker:
     def show_link(self) -> None:
         url = dashboard_url(self.client)
         if url is not None:
-            log.warning("run %s: release page at %s", self.ident["run_id"], url)
+            log.warning("run %s: release page at %s", self.ident["release"], url)
 
     def step(self, step: str) -> None:
         """Show what the run does now (``reading data``, ...)."""
