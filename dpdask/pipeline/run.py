@@ -276,10 +276,14 @@ def _open_ledger(spec: ReleaseSpec, *, dry: bool = False) -> Ledger | None:
     return open_ledger(spec.ledger, create=spec.ledger_create, outputs=outputs, dry=dry)
 
 
-def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create: bool) -> _Checked:
+def _preflight(
+    spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create: bool, hold: bool = False
+) -> _Checked:
     """Every check ``run`` makes before it reads data or charges, in that order: the
     output path, the ledger (verified), the dataset's and release's budgets, the run id
-    and, for a resume, that the ledger binds the run to this input, spec and output."""
+    and, for a resume, that the ledger binds the run to this input, spec and output.
+    ``hold`` (a run, not a validation): a new run holds its dataset on a server ledger
+    from before the budget check until its charge commits (:func:`hold_dataset`)."""
     check_input(spec)
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
     output = spec.output.absolute()
@@ -315,7 +319,7 @@ def _preflight(spec: ReleaseSpec, run_id: str | None, overwrite: bool, *, create
     resuming = run is not None
     if run is not None and not done_here:
         check_run_key(run, work)
-    if ledger is not None and create and not resuming:
+    if ledger is not None and hold and not resuming:
         hold_dataset(ledger, dataset)  # a shared ledger: other jobs wait until we charge
     if ledger is not None:
         _check_budgets(spec, ledger, dataset, resuming)
@@ -429,7 +433,7 @@ def run_spec(
         _open_ledger(spec, dry=True)  # raises, naming the fix
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
     with claimed(spec):
-        checked = _preflight(spec, run_id, overwrite, create=False)
+        checked = _preflight(spec, run_id, overwrite, create=False, hold=True)
         with failure_reported(spec, checked.run_id, checked.work):
             return _run_checked(spec, checked, client, overwrite, progress, on_start)
 
@@ -447,7 +451,7 @@ def _run_checked(
     store = load_data(spec, checked.work, checked.source)
     levels = _levels(spec, store)
     if checked.ledger is None:  # every check passed: a new ledger may be born
-        checked = _preflight(spec, checked.run_id, overwrite, create=True)
+        checked = _preflight(spec, checked.run_id, overwrite, create=True, hold=True)
     ledger = checked.ledger
     if ledger is None:  # pragma: no cover - _preflight(create=True) always opens one
         raise LedgerMissingError(f"ledger: no ledger at {spec.ledger}")
