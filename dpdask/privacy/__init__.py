@@ -44,6 +44,7 @@ from dpdask.privacy._levels import noise_scale, split_levels
 from dpdask.privacy._mechanisms import MECHANISM_NORM, check_calibration, mechanism_guarantee
 from dpdask.privacy._sources import bind_source, check_source, hold_dataset, source_dataset
 from dpdask.privacy._store import is_server_url, ledger_exists, ledger_files, migrate_ledger
+from dpdask.privacy._store import shown as ledger_shown
 
 __all__ = [
     "MECHANISM_NORM",
@@ -80,6 +81,7 @@ __all__ = [
     "is_server_url",
     "ledger_exists",
     "ledger_files",
+    "ledger_shown",
     "mechanism_for",
     "mechanism_guarantee",
     "migrate_ledger",
