@@ -151,6 +151,10 @@ def test_jobs_charge_one_authority_through_the_cli(people, shared, capsys):
     )
     assert main(["ledger", "verify", operator, "--release", str(out)]) == 0
     assert _count(admin, "source") == 1
+    # the run's own entry names the ledger it charged, as the operator reached it
+    with psycopg.connect(admin) as con:
+        (body,) = con.execute("SELECT body FROM dpdask.entries WHERE kind = 'run'").fetchone()
+    assert json.loads(body)["ledger"] == summary["ledger"] and password not in body
     capsys.readouterr()
     # the same people under another dataset id, or another file name: refused before
     # anything is read or charged
@@ -260,3 +264,24 @@ def test_jobs_racing_through_the_cli_lose_before_reading(people, pg_ledger):
     assert _count(admin, "release") == 2 and _count(admin, "charge") > 0
     assert Ledger(operator).dataset_remaining("cef") == zCDP(0)
     assert main(["ledger", "verify", operator]) == 0
+
+
+def test_anchor_on_a_server_checks_heads_and_writes_nothing(people, shared, capsys):
+    """The server keeps the chain's head: there is no head file to rewrite. ``anchor``
+    says so, checks the heads it is given (as ``verify`` would) and writes nothing."""
+    admin, operator = shared
+    assert _run(_spec(people, operator, data={"id": "cef"})) == 0
+    out = people / "out" / "tiny.zarr"
+    with psycopg.connect(admin) as con:
+        before = con.execute("SELECT * FROM dpdask.entries ORDER BY seq").fetchall()
+    capsys.readouterr()
+    for args in ([], ["--release", str(out)], ["--head", str(Ledger(operator).head())]):
+        assert main(["ledger", "anchor", operator, *args]) == 0
+        said = capsys.readouterr().out
+        assert "nothing to anchor" in said and "rewritten:" not in said, said
+        assert not args or "in the ledger" in said
+    wrong = f"{len(before)}:{'0' * 64}"  # a head this chain never held
+    assert main(["ledger", "anchor", operator, "--head", wrong]) == 2
+    assert "not in" in _error(capsys)
+    with psycopg.connect(admin) as con:
+        assert con.execute("SELECT * FROM dpdask.entries ORDER BY seq").fetchall() == before

@@ -8,11 +8,13 @@ process. Every test that needs a ledger runs on both backends (``ledger_location
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
 import threading
 from fractions import Fraction
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -45,10 +47,10 @@ def _charge(run="run1", level="county", name="A", privacy=QUARTER, scale=2.0, **
     )
 
 
-def _rows(ledger) -> list[tuple]:
-    """The charges, read from the SQLite file with the standard library (or the server's
-    table with psycopg)."""
-    query = "SELECT body FROM {}entries WHERE kind = 'charge' ORDER BY seq"
+def _bodies(ledger, kind: str) -> list[dict]:
+    """Entry bodies of one kind, read from the SQLite file with the standard library (or
+    the server's table with psycopg), not through the Ledger class."""
+    query = "SELECT body FROM {}entries WHERE kind = '" + kind + "' ORDER BY seq"
     if ledger.head_file is None:
         import psycopg
 
@@ -60,11 +62,13 @@ def _rows(ledger) -> list[tuple]:
             bodies = con.execute(query.format("")).fetchall()
         finally:
             con.close()
-    out = []
-    for (body,) in bodies:
-        b = json.loads(body)
-        out.append((b["release"], b["run_id"], b["level"], b["measurement"], b["privacy"]))
-    return out
+    return [json.loads(body) for (body,) in bodies]
+
+
+def _rows(ledger) -> list[tuple]:
+    """The charges, read independently (:func:`_bodies`)."""
+    keys = ("release", "run_id", "level", "measurement", "privacy")
+    return [tuple(b[k] for k in keys) for b in _bodies(ledger, "charge")]
 
 
 @pytest.fixture
@@ -236,24 +240,14 @@ def test_bad_charges_raise(kw):
         _charge(**kw)
 
 
-def _bodies(path, kind: str) -> list[dict]:
-    """Entry bodies of one kind, read from the SQLite file with the standard library."""
-    con = sqlite3.connect(path)
-    try:
-        rows = con.execute("SELECT body FROM entries WHERE kind = ? ORDER BY seq", (kind,))
-        return [json.loads(body) for (body,) in rows.fetchall()]
-    finally:
-        con.close()
-
-
 def test_a_bound_run_records_its_input_spec_and_output(ledger, tmp_path):
     bind = RunBinding("input-1", "spec-1", str(tmp_path / "a.zarr"))
     with ledger.bound("r", "run1", bind):
         ledger.charge(_charge())
-    (body,) = _bodies(ledger.path, "run")
+    (body,) = _bodies(ledger, "run")
     assert body["binding"] == {"source": "input-1", "spec": "spec-1",
                                "output": str(tmp_path / "a.zarr")}  # fmt: skip
-    assert Ledger(ledger.path).run("r", "run1").binding == bind
+    assert Ledger(ledger._location).run("r", "run1").binding == bind
     # a resume with the same binding charges nothing; any other one is refused, unwritten
     with ledger.bound("r", "run1", bind):
         assert ledger.charge(_charge()) == 0
@@ -297,4 +291,36 @@ def test_a_run_is_published_once_and_where_it_is_bound(ledger, tmp_path):
         with pytest.raises(RunStateError, match="already published"):
             ledger.publish("r", run, b)
     assert len(ledger.entries()) == entries
-    assert [r.output for r in Ledger(ledger.path).published_runs()] == [a, a]
+    assert [r.output for r in Ledger(ledger._location).published_runs()] == [a, a]
+
+
+def test_a_run_records_the_ledger_it_charged(ledger):
+    # the oracle: the location written again by hand, a server's URL without its password
+    where = ledger._location
+    if ledger.head_file is None:
+        u = urlsplit(where)
+        expected = f"{u.scheme}://{u.username}@{u.hostname}:{u.port}{u.path}"
+    else:
+        expected = os.path.abspath(where)
+    ledger.charge(_charge())  # a run opened by its first charge
+    ledger.open_run("r", "run2", "fp-run2")  # and one opened first
+    bodies = _bodies(ledger, "run")
+    assert [b["ledger"] for b in bodies] == [expected, expected]
+    if ledger.head_file is None:
+        password = urlsplit(where).password
+        assert password and all(password not in json.dumps(b) for b in bodies)
+    again = Ledger(where)
+    assert [again.run("r", r).ledger for r in ("run1", "run2")] == [expected, expected]
+    runs = again.report()["releases"]["r"]["runs"]
+    assert [r["ledger"] for r in runs] == [expected, expected]
+
+
+def test_a_run_recorded_without_its_ledger_still_loads(ledger):
+    # a run entry as dpdask wrote it before runs recorded their ledger
+    with ledger._chain.transaction() as (_, append):
+        append("run", {"release": "r", "run_id": "old", "key_fingerprint": "fp-old"})
+    again = Ledger(ledger._location)
+    assert again.run("r", "old").ledger is None
+    assert again.charge(_charge(run="old", key="fp-old")) == 1  # it still charges
+    assert again.run("r", "old").state == "measuring" and again.run("r", "old").ledger is None
+    assert again.report()["releases"]["r"]["runs"][0]["ledger"] is None
