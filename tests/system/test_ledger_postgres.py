@@ -14,7 +14,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 from unittest import mock
 
 import numpy as np
@@ -29,6 +28,7 @@ from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
 from dpdask.publish import release_attributes
 from tests.helpers import make_plan
+from tests.pg_race import race
 from tests.system.test_accounting import RECORDS, _write_spec
 
 
@@ -48,42 +48,16 @@ def shared(pg_ledger):
     return admin, operator
 
 
-_RACER = textwrap.dedent(
-    """
-    import os, sys, time
-    from dpdask.privacy import BudgetExceededError, Charge, Ledger, zCDP
-    url, i, go = sys.argv[1], sys.argv[2], sys.argv[3]
-    ledger = Ledger(url)  # its own connection, opened and verified before the start
-    print("ready", flush=True)
-    while not os.path.exists(go):
-        time.sleep(0.005)
-    try:
-        ledger.open_release(f"r{i}", zCDP(1), "cef")
-        ledger.charge(Charge(f"r{i}", "run", "county", "A", "gaussian", 1.0, 0.5, zCDP(1),
-                             f"fp{i}"))
-        print("published")
-    except BudgetExceededError as exc:
-        print("refused", exc)
-    """
-)
-
-
-def test_twenty_processes_race_for_five_releases(shared, tmp_path):
+def test_twenty_processes_race_for_five_releases(shared):
+    """20 processes (forked from one server that imported dpdask once:
+    ``tests/pg_race.py``), each with its own connection opened before the start, race
+    to charge ``cef``, whose lifetime budget holds exactly 5 of their releases."""
     admin, operator = shared
-    go = tmp_path / "go"
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _RACER, operator, str(i), str(go)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(20)
-    ]  # fmt: skip
-    for p in procs:  # every process connected and waiting: then all start at once
-        assert p.stdout.readline().strip() == "ready", p.stderr.read()
-    go.touch()
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [e for _, e in outs if e]
-    results = [o.split()[0] for o, _ in outs]
-    assert results.count("published") == 5 and results.count("refused") == 15
-    assert all("dataset 'cef'" in o for o, _ in outs if o.startswith("refused"))
+    outcomes = race(operator, 20)
+    assert [i for i, _, _ in outcomes] == list(range(20))  # every process reported
+    results = [o for _, o, _ in outcomes]
+    assert results.count("published") == 5 and results.count("refused") == 15, outcomes
+    assert all("dataset 'cef'" in m for _, o, m in outcomes if o == "refused")
     assert _count(admin, "charge") == 5
     ledger = Ledger(admin)
     assert ledger.dataset_remaining("cef") == zCDP(0)
