@@ -259,3 +259,35 @@ def test_anchor_on_a_server_checks_heads_and_writes_nothing(people, shared, caps
     assert "not in" in _error(capsys)
     with psycopg.connect(admin) as con:
         assert con.execute("SELECT * FROM dpdask.entries ORDER BY seq").fetchall() == before
+
+
+def test_a_job_the_server_refuses_is_one_line_before_reading(people, shared, pg_server, capsys,
+                                                             monkeypatch):  # fmt: skip
+    """A wrong password, an unreachable server, a role without the grant to append:
+    ``dpdask run`` says so in one line, before it reads the data or charges."""
+    import dpdask.pipeline.run as run_module
+
+    admin, operator = shared
+    password = operator.split(":")[2].split("@")[0]
+    reads: list[int] = []
+    monkeypatch.setattr(run_module, "load_data", lambda *a, **k: reads.append(1))
+    with psycopg.connect(admin) as con:
+        before = con.execute("SELECT count(*) FROM dpdask.entries").fetchone()[0]
+    role = operator.split("//")[1].split(":")[0]
+    cases = [
+        (operator.replace(password, "wrong"), "refuses the login", None),
+        ("postgresql://someone:secret@127.0.0.1:1/ledger", "cannot reach", None),
+        (operator, "no grant to append", f"REVOKE INSERT ON dpdask.entries FROM {role}"),
+    ]
+    capsys.readouterr()
+    for n, (url, says, sql) in enumerate(cases):
+        if sql:
+            pg_server.sql(sql, dbname=admin.rsplit("/", 1)[1])
+        spec = _spec(people, url, f"s{n}.yaml", data={"id": "cef"})
+        assert _run(spec) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and says in err.strip().splitlines()[-1], err
+        assert password not in err and "secret" not in err
+    assert reads == [] and not (people / "out").exists()
+    with psycopg.connect(admin) as con:
+        assert con.execute("SELECT count(*) FROM dpdask.entries").fetchone()[0] == before
