@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 from unittest import mock
@@ -29,7 +30,7 @@ from dpdask.privacy import Ledger, zCDP
 from dpdask.publish import release_attributes
 from tests.helpers import make_plan
 from tests.pg_race import race
-from tests.system.test_accounting import RECORDS, _write_spec
+from tests.system.test_accounting import RECORDS, _estimates, _write_spec
 
 
 def _count(url: str, kind: str) -> int:
@@ -204,7 +205,17 @@ def test_the_server_stopped_mid_run_fails_closed_then_resumes(people, own_server
     own_server.resume()
     charges = _count(admin, "charge")
     assert Ledger(operator).run("tiny", "one").state == "measuring"
-    assert _run(spec, "--run-id", "one") == 0  # the same run id resumes: no new charge
+    # the noise measured before the stop (checkpoints), and the release it made then
+    work = people / "out" / ".tiny.zarr.run-one"
+    final = work / "final.zarr"
+    drawn = {p: p.read_bytes() for p in work.rglob("*")
+             if p.is_file() and p.name != "key" and final not in p.parents}  # fmt: skip
+    assert drawn and final.is_dir()
+    shutil.copytree(final, people / "before.zarr")
+    with mock.patch("dpdask.dataflow.release.remove_work"):  # kept, to be compared
+        assert _run(spec, "--run-id", "one") == 0  # the same run id resumes: no new charge
+    assert {p: p.read_bytes() for p in drawn} == drawn  # the same noise, not drawn again
+    assert _estimates(out) == _estimates(people / "before.zarr")
     assert _count(admin, "charge") == charges
     assert Ledger(operator).run("tiny", "one").state == "published"
     assert main(["ledger", "verify", operator, "--release", str(out)]) == 0
