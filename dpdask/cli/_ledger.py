@@ -36,12 +36,12 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     p.add_argument("--operator-role", metavar="ROLE", help="on a server: the role release "
                    "jobs use, which may then only read and append")  # fmt: skip
     p = verbs.add_parser("show", help="spent and remaining budget per dataset and release")
-    p.add_argument("path", help="the ledger file (SQLite)")
+    p.add_argument("path", help="the ledger file (SQLite), or postgresql://USER@HOST/DB")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p = verbs.add_parser(
         "verify", help="check the hash chain, and that each release's recorded head is in it"
     )
-    p.add_argument("path", help="the ledger file (SQLite)")
+    p.add_argument("path", help="the ledger file (SQLite), or postgresql://USER@HOST/DB")
     _heads(
         p,
         "a published release whose ledger head must be in this ledger",
@@ -51,16 +51,17 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     p = verbs.add_parser(
         "abandon", help="give up a run (its key is lost): it can never charge or publish again"
     )
-    p.add_argument("path", help="the ledger file (SQLite)")
+    p.add_argument("path", help="the ledger file (SQLite), or postgresql://USER@HOST/DB")
     p.add_argument("release", help="the release id the run belongs to")
     p.add_argument("run_id", help="the run to abandon (dpdask ledger show lists them)")
     p = verbs.add_parser(
         "anchor",
         help="rewrite a lost head file from the chain, after checking that the chain holds "
         "each given release's head and each kept head; every release the ledger records "
-        "as published must be given, and without a head file at least one release or head",
+        "as published must be given, and without a head file at least one release or head "
+        "(a server keeps its own head: only the given heads are checked, nothing written)",
     )
-    p.add_argument("path", help="the ledger file (SQLite)")
+    p.add_argument("path", help="the ledger file (SQLite), or postgresql://USER@HOST/DB")
     _heads(
         p,
         "a release published from this ledger whose head must be in the chain (give every one)",
@@ -78,6 +79,12 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     if args.verb == "anchor":  # the head file is lost: the chain is checked, not the head
         ledger = Ledger(args.path, check_head=False)
         heads = _given_heads(ledger, args.release, args.head)
+        if ledger.head_file is None:  # a server keeps its head: check the heads, write nothing
+            head = ledger.anchor(h for _, h in heads)
+            print(f"nothing to anchor: the server keeps the head of {ledger.path} (head {head}), "
+                  "there is no head file to rewrite" + "".join(
+                      f"\n  {w}: in the ledger" for w, _ in heads))  # fmt: skip
+            return 0
         _check_vouched(ledger, args.release, heads)
         print(f"head file rewritten: {ledger.anchor(h for _, h in heads)}")
         return 0

@@ -281,7 +281,9 @@ def _preflight(
 ) -> _Checked:
     """Every check ``run`` makes before it reads data or charges, in that order: the
     output path, the ledger (verified), the dataset's and release's budgets, the run id
-    and, for a resume, that the ledger binds the run to this input, spec and output."""
+    and, for a resume, that the ledger binds the run to this input, spec and output.
+    ``hold`` (a run, not a validation): a new run holds its dataset on a server ledger
+    from before the budget check until its charge commits (:func:`hold_dataset`)."""
     check_input(spec)
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
     output = spec.output.absolute()

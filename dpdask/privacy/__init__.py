@@ -45,6 +45,7 @@ from dpdask.privacy._levels import noise_scale, split_levels
 from dpdask.privacy._mechanisms import MECHANISM_NORM, check_calibration, mechanism_guarantee
 from dpdask.privacy._sources import bind_source, check_source, hold_dataset, source_dataset
 from dpdask.privacy._store import is_server_url, ledger_exists, ledger_files, migrate_ledger
+from dpdask.privacy._store import shown as ledger_shown
 from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, Neighbours, as_neighbours
 
 __all__ = [
@@ -86,6 +87,7 @@ __all__ = [
     "is_server_url",
     "ledger_exists",
     "ledger_files",
+    "ledger_shown",
     "mechanism_for",
     "mechanism_guarantee",
     "migrate_ledger",

@@ -70,7 +70,7 @@ from dpdask.privacy._records import (
     dedupe,
     run_body,
 )
-from dpdask.privacy._store import ChainStore, create_store, open_store, shown
+from dpdask.privacy._store import ChainStore, create_store, is_server_url, open_store, shown
 
 __all__ = [
     "RUN_STATES",
@@ -135,7 +135,8 @@ class Ledger:
         self, path: str | os.PathLike[str], *, create: bool = False, check_head: bool = True
     ):
         self.path = shown(path)  # a server URL is shown and recorded without its password
-        self._location = str(path)
+        self._location = str(path)  # and what a run's entry records as the ledger it charged:
+        self._where = str(self.path) if is_server_url(path) else os.path.abspath(path)
         self._bindings: dict[tuple[str, str], RunBinding] = {}
         self._chain: ChainStore = open_store(path, create=create, check_head=check_head)
 
@@ -187,13 +188,12 @@ class Ledger:
         return Chain.contains(head, self._chain.read())
 
     def anchor(self, heads: Iterable[Head] = ()) -> Head:
-        """Rewrite a lost head file from the chain (``dpdask ledger anchor``).
-
-        The chain must verify and hold every head of ``heads`` (those recorded by the
-        releases published from it, and any kept elsewhere); an existing head file must
-        name an entry of the chain (a rolled-back ledger is refused, never re-anchored).
-        Open the ledger with ``check_head=False`` when its head file is missing.
-        """
+        """Rewrite a lost head file from the chain (``dpdask ledger anchor``); the chain
+        must verify and hold every head of ``heads`` (those its published releases
+        recorded, any kept elsewhere), an existing head file must name one of its entries
+        (a rolled-back ledger is never re-anchored). Open it with ``check_head=False``
+        when its head file is missing. A server keeps its head: nothing is written, the
+        heads are only checked."""
         return self._chain.reanchor(heads)
 
     def published_runs(self) -> list[Run]:
@@ -282,6 +282,7 @@ class Ledger:
                         "key_fingerprint": run.key_fingerprint,
                         "output": run.output,
                         "binding": None if run.binding is None else run.binding.to_dict(),
+                        "ledger": run.ledger,
                         "charges": sum(1 for c in st.charges.values() if c.key[:2] == (r, k)),
                     }
                     for (rel, k), run in st.runs.items()
@@ -358,8 +359,8 @@ class Ledger:
             st.release(release)
             run = st.runs.get((release, run_id))
             if run is None:
-                append("run", run_body(release, run_id, key_fingerprint, binding))
-                return Run(release, run_id, key_fingerprint, "open", binding=binding)
+                append("run", run_body(release, run_id, key_fingerprint, binding, self._where))
+                return Run(release, run_id, key_fingerprint, "open", None, binding, self._where)
             _check_run(run, key_fingerprint)
             if binding is not None:
                 check_binding(run, binding)
@@ -444,7 +445,7 @@ class Ledger:
             todo, new_runs, to_measuring = self._plan_charges(st, items)
             for release, run_id, fp in new_runs:
                 bound = self._bindings.get((release, run_id))
-                append("run", run_body(release, run_id, fp, bound))
+                append("run", run_body(release, run_id, fp, bound, self._where))
             for c in todo:
                 append("charge", c.to_dict())
             for release, run_id in to_measuring:

@@ -185,8 +185,11 @@ class RunBinding:
 
 @dataclass(frozen=True)
 class Run:
-    """A run of a release: its key fingerprint, state, the output it was published at
-    and what it is bound to (``None`` for runs recorded before runs were bound)."""
+    """A run of a release: its key fingerprint, state, the output it was published at,
+    what it is bound to (``None`` for runs recorded before runs were bound) and the
+    ledger it charged, as it was named when the run opened: a SQLite file's absolute
+    path or a server's URL without its password (``None`` for runs recorded before
+    runs said so)."""
 
     release: str
     run_id: str
@@ -194,6 +197,7 @@ class Run:
     state: str
     output: str | None = None
     binding: RunBinding | None = None
+    ledger: str | None = None
 
 
 @dataclass
@@ -219,6 +223,7 @@ class _State:
                 st.runs[(b["release"], b["run_id"])] = Run(
                     b["release"], b["run_id"], b["key_fingerprint"], "open",
                     binding=None if bound is None else RunBinding.from_dict(bound),
+                    ledger=b.get("ledger"),
                 )  # fmt: skip
             elif e.kind == "state":
                 run = st.runs[(b["release"], b["run_id"])]
@@ -313,13 +318,17 @@ def dedupe(charges: Charge | Iterable[Charge]) -> list[Charge]:
 
 
 def run_body(
-    release: str, run_id: str, key_fingerprint: str, binding: RunBinding | None
-) -> dict[str, Any]:
-    """The ledger entry that opens a run."""
+    release: str, run_id: str, key_fingerprint: str, binding: RunBinding | None,
+    ledger: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The ledger entry that opens a run (``ledger``: where it is charged, never a
+    password)."""
     body: dict[str, Any] = {"release": release, "run_id": run_id,
                             "key_fingerprint": key_fingerprint}  # fmt: skip
     if binding is not None:
         body["binding"] = binding.to_dict()
+    if ledger is not None:
+        body["ledger"] = ledger
     return body
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "finite",
     "preflight",
     "probe",
+    "register",
     "setup",
     "threshold",
 ]
@@ -183,26 +184,22 @@ def preflight(
     ledger without ``ledger.create``, a run id the ledger has seen. With ``create=False``
     and no ledger yet (``ledger.create: true``) the ledger is ``None``.
     """
-    from dpdask.privacy import PureDP, RunStateError, check_lifetime_covers, check_run_id
+    from dpdask.privacy import (
+        PureDP,
+        RunStateError,
+        check_lifetime_covers,
+        check_run_id,
+        ledger_files,
+    )
     from dpdask.publish import check_output, check_replaced, new_run_id, open_ledger
 
     budget = PureDP(spec["epsilon"])
     check_lifetime_covers(spec["release"], budget, spec.get("dataset_budget"))
 
-    ledger_path = spec["ledger"]
-    output = check_output(
-        spec["output"],
-        overwrite,
-        [
-            ("input data", spec["data"]),
-            ("ledger", ledger_path),
-            ("ledger head file", ledger_path.with_name(ledger_path.name + ".head")),
-            ("release spec", spec["source"]),
-        ],
-    )
-    ledger = open_ledger(
-        ledger_path, create=spec["ledger_create"], outputs=[output], dry=not create
-    )
+    location = spec["ledger"]  # a SQLite file's path or a server's URL
+    protected = [("input data", spec["data"]), *ledger_files(location)]
+    output = check_output(spec["output"], overwrite, [*protected, ("release spec", spec["source"])])
+    ledger = open_ledger(location, create=spec["ledger_create"], outputs=[output], dry=not create)
     if overwrite:
         check_replaced(output, ledger)
     rid = check_run_id(run_id) if run_id is not None else new_run_id()
@@ -268,23 +265,51 @@ def dataset_of(spec: dict[str, Any]) -> str:
     return fingerprint_path(spec["data"]).dataset_id
 
 
-def check_budget(spec: dict[str, Any], ledger: Any, charges: list[Any], dataset: str) -> Any:
+def check_budget(
+    spec: dict[str, Any], ledger: Any, charges: list[Any], dataset: str, *, hold: bool = False
+) -> Any:
     """What the release has left, raising as a run would if the charges do not fit the
-    release's budget or the dataset's lifetime budget (checked before data is read)."""
-    from dpdask.privacy import PureDP, check_dataset_fits, check_release_opening
+    release's budget or the dataset's lifetime budget, or the records are another
+    dataset's source or (as a server's operator) an unregistered one: all checked before
+    data is read. ``hold`` (a run): on a server ledger, hold the dataset against other
+    jobs from before the check until this run's charge commits, so that a job losing the
+    race for the last of a lifetime budget is refused here (:func:`~dpdask.privacy.hold_dataset`).
+    """
+    from dpdask.dataflow import fingerprint_path
+    from dpdask.privacy import (
+        PureDP,
+        check_dataset_fits,
+        check_release_opening,
+        check_source,
+        hold_dataset,
+    )
 
     budget = PureDP(spec["epsilon"])
     if ledger is None:
         return budget
+    if hold:
+        hold_dataset(ledger, dataset)
     release = spec["release"]
     opened, total = check_release_opening(
         ledger, release, budget, dataset, spec.get("dataset_budget")
     )
     check_dataset_fits(ledger, release, budget, dataset, total)
+    check_source(ledger, dataset, fingerprint_path(spec["data"]).content)  # one authority
     if opened is None:
         return budget
     ledger.check(charges)
     return ledger.remaining(release)
+
+
+def register(spec: dict[str, Any], ledger: Any, dataset: str) -> None:
+    """Record the dataset's lifetime budget (``privacy.dataset``) and, on its first
+    release, its source's fingerprint (the ledger's one budget authority)."""
+    from dpdask.dataflow import fingerprint_path
+    from dpdask.privacy import bind_source
+
+    if spec["dataset_budget"] is not None:
+        ledger.set_dataset_total(dataset, spec["dataset_budget"])
+    bind_source(ledger, dataset, fingerprint_path(spec["data"]).content)
 
 
 def finite(theta: Any) -> Any:

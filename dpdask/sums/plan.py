@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.privacy import PureDP
+from dpdask.privacy import PureDP, ledger_shown
 from dpdask.sums._setup import (
     BETA,
     THRESHOLD_LEVEL,
@@ -81,7 +81,8 @@ def validate_spec(
         "release": spec["release"],
         "dataset": dataset,
         "output": str(output),
-        "ledger": str(spec["ledger"]) + ("" if ledger is not None else " (created by run)"),
+        "ledger": str(ledger.path if ledger is not None else ledger_shown(spec["ledger"]))
+        + ("" if ledger is not None else " (created by run)"),  # never a server's password
         "geographies": int(x.shape[0]),
         "cells": int(x.shape[1]),
         "queries": int(st.sums.shape[0]),

@@ -20,6 +20,7 @@ from dpdask.sums._setup import (
     dataset_of,
     preflight,
     probe,
+    register,
     setup,
 )
 from dpdask.sums._setup import threshold as draw_threshold
@@ -71,7 +72,7 @@ def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> di
     key = new_key()
     charges, dry = probe(spec, st, run_id, key, eps_t, eps_m)
     dataset = dataset_of(spec)
-    check_budget(spec, ledger, charges, dataset)  # before the data is read
+    check_budget(spec, ledger, charges, dataset, hold=True)  # before the data is read
     x = read_records(spec, st.bins)  # raises before anything is charged
     if ledger is None:  # every check passed: a new ledger may be born now, not before
         output, ledger, run_id = preflight(spec, overwrite, run_id, create=True)
@@ -79,8 +80,7 @@ def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> di
     k = st.bins.size
     low, high = st.bins.edges[0], st.bins.edges[-1]
 
-    if spec["dataset_budget"] is not None:
-        ledger.set_dataset_total(dataset, spec["dataset_budget"])
+    register(spec, ledger, dataset)  # its lifetime budget and, first, its source
     ledger.open_release(release, budget, dataset)
     ledger.check(charges)  # both charges must fit before either is made
     # the run is bound to its key, input, spec and output before its first charge

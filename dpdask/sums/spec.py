@@ -25,6 +25,8 @@ variance at every threshold it may use, before any data is read
     privacy: {epsilon: 1, threshold_share: 0.1}   # optional dataset: {epsilon: 4} (lifetime)
     output: out/wages.zarr
     ledger: {path: out/ledger.sqlite, create: true}
+                                     # or a shared ledger on a server: postgresql://...
+                                     # or {url: postgresql://...}
 
 Relative paths are relative to the spec file; unknown keys are errors. The list of
 geographies is public and part of the spec: every listed geography is published (a
@@ -35,7 +37,9 @@ What a run does, in order (every step raises before the next one runs):
 
 1. the spec is checked; the output path must be free (or an earlier dpdask release with
    ``--overwrite``) and must not overlap the data or the ledger; the ledger is opened
-   (verified) or created when ``ledger.create``;
+   (verified) or created when ``ledger.create``; on a shared server ledger the dataset
+   is held against other jobs until this run's charge commits, and its budget and
+   source are checked (:func:`~dpdask.privacy.check_source`);
 2. the records are read (pandas) and validated: the two columns exist, no geography is
    missing or unlisted, no value is missing, non-numeric, NaN, negative or outside the
    bins. All problems are reported together, *before anything is charged*;
@@ -117,6 +121,7 @@ from typing import Any
 import pandas as pd
 
 from dpdask.errors import SpecError
+from dpdask.privacy import is_server_url
 from dpdask.specs import check_id, parse_budget, read_spec
 from dpdask.sums.mechanisms import OBJECTIVES
 
@@ -237,6 +242,32 @@ def _lifetime(raw: Any) -> Any:
     return parse_budget(raw, "privacy.dataset", ("epsilon", "zcdp", "rho"))
 
 
+def _ledger(raw: Any, base: pathlib.Path) -> tuple[pathlib.Path | str, bool]:
+    """``ledger``: ``{path: FILE, create: ...}`` (SQLite), a server's ``postgresql://...``
+    URL, or ``{url: URL, create: ...}``; the location (a path, or the URL as given) and
+    whether a run may create it."""
+    if is_server_url(raw):
+        return str(raw), False
+    if not isinstance(raw, dict):
+        raise SpecError(
+            f"ledger: expected {{path: ..., create: true}}, a postgresql://... URL or "
+            f"{{url: ...}}, got {raw!r}"
+        )
+    led = _mapping(raw, "ledger", {"path", "url", "create"}, set())
+    create = led.get("create", False)
+    if not isinstance(create, bool):
+        raise SpecError("ledger.create: true or false")
+    if "url" in led:
+        if "path" in led or not is_server_url(led["url"]):
+            raise SpecError(
+                "ledger.url: give a postgresql://... URL, and either url or path, not both"
+            )
+        return str(led["url"]), create
+    if "path" not in led:
+        raise SpecError("ledger: missing ['path'] (or url: postgresql://...)")
+    return _path(base, led["path"], "ledger.path"), create
+
+
 def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a sum spec; return its parsed form (paths resolved, numbers exact).
 
@@ -344,10 +375,7 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     if t != "none" and not 0 < rho < 1:
         raise SpecError("privacy.threshold_share must lie strictly between 0 and 1")
 
-    led = _mapping(doc["ledger"], "ledger", {"path", "create"}, {"path"})
-    create = led.get("create", False)
-    if not isinstance(create, bool):
-        raise SpecError("ledger.create: true or false")
+    ledger, create = _ledger(doc["ledger"], base)
 
     return {
         "source": p,
@@ -371,7 +399,7 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         "dataset_id": data.get("id"),
         "dataset_budget": lifetime,
         "output": _path(base, doc["output"], "output"),
-        "ledger": _path(base, led["path"], "ledger.path"),
+        "ledger": ledger,
         "ledger_create": create,
     }
 

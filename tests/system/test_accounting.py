@@ -32,6 +32,27 @@ RECORDS = "geo,sex,age\n" + "".join(
 )
 
 
+_SERVER: dict[pathlib.Path, str] = {}  # a test's folder -> the server ledger its specs charge
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request, tmp_path: pathlib.Path) -> str:
+    """The tests that make sense on a server run on both backends: the SQLite file, or a
+    fresh database on the session's PostgreSQL server reached as its administrator (the
+    operator role's refusals: ``test_accounting_postgres``, ``test_ledger_postgres``).
+    Name it before ``tiny``: the specs it writes charge the backend's ledger."""
+    if request.param == "postgresql":
+        admin, _, _ = request.getfixturevalue("pg_ledger")
+        _SERVER[tmp_path] = admin
+        request.addfinalizer(lambda: _SERVER.pop(tmp_path, None))
+    return str(request.param)
+
+
+def _location(tmp: pathlib.Path) -> str:
+    """Where the specs written in ``tmp`` charge: the server's URL or the SQLite file."""
+    return _SERVER.get(tmp, str(tmp / "ledger" / "ledger.sqlite"))
+
+
 def _write_spec(tmp: pathlib.Path, name: str = "spec.yaml", **changes) -> pathlib.Path:
     raw = {
         "release": "tiny",
@@ -48,7 +69,9 @@ def _write_spec(tmp: pathlib.Path, name: str = "spec.yaml", **changes) -> pathli
         "privacy": {"zcdp": 1, "split": {"state": 1, "county": 1}},
         "strategy": "identity",
         "output": str(tmp / "out" / "tiny.zarr"),
-        "ledger": {"path": str(tmp / "ledger" / "ledger.sqlite"), "create": True},
+        "ledger": {"url": _SERVER[tmp], "create": True}
+        if tmp in _SERVER
+        else {"path": str(tmp / "ledger" / "ledger.sqlite"), "create": True},
         "cluster": {"n_workers": 1, "threads_per_worker": 1, "processes": False},
     }
     for key, value in changes.items():
@@ -88,10 +111,10 @@ def _estimates(out: pathlib.Path) -> bytes:
 
 
 def _ledger(tmp: pathlib.Path) -> Ledger:
-    return Ledger(tmp / "ledger" / "ledger.sqlite")
+    return Ledger(_location(tmp))
 
 
-def test_reusing_a_published_run_id_is_refused(tiny, tmp_path, capsys) -> None:
+def test_reusing_a_published_run_id_is_refused(backend, tiny, tmp_path, capsys) -> None:
     assert _run(tiny, "--run-id", "R") == 0
     out = tmp_path / "out" / "tiny.zarr"
     published = _estimates(out)
@@ -113,7 +136,7 @@ def test_reusing_a_published_run_id_is_refused(tiny, tmp_path, capsys) -> None:
     assert run is not None and run.state == "published"
 
 
-def test_a_charged_run_whose_key_is_lost_cannot_draw_again(tiny, tmp_path, capsys) -> None:
+def test_a_charged_run_whose_key_is_lost_cannot_draw_again(backend, tiny, tmp_path, capsys) -> None:
     _charged_then_killed(tiny, "K")
     work = next((tmp_path / "out").glob(".tiny.zarr.run-K"))
     assert stat.S_IMODE(work.stat().st_mode) == 0o700
@@ -139,7 +162,7 @@ def test_a_charged_run_whose_key_is_lost_cannot_draw_again(tiny, tmp_path, capsy
     assert not (tmp_path / "out" / "tiny.zarr").exists()
     assert len(_ledger(tmp_path)) == 2
     # abandoning is recorded, and an abandoned run stays refused
-    assert main(["ledger", "abandon", str(tmp_path / "ledger/ledger.sqlite"), "tiny", "K"]) == 0
+    assert main(["ledger", "abandon", _location(tmp_path), "tiny", "K"]) == 0
     assert _run(tiny, "--run-id", "K") == 2
     assert "abandoned" in capsys.readouterr().err
 
@@ -226,7 +249,7 @@ def test_a_missing_ledger_is_created_only_when_asked(tiny, tmp_path, capsys) -> 
     assert _run(spec) == 0
 
 
-def test_the_dataset_lifetime_budget_holds_across_releases(tiny, tmp_path, capsys) -> None:
+def test_the_dataset_lifetime_budget_holds_across_releases(backend, tiny, tmp_path, capsys) -> None:
     first = _write_spec(tmp_path, "a.yaml", release="first",
                         privacy={"dataset": {"zcdp": 1}})  # fmt: skip
     second = _write_spec(tmp_path, "b.yaml", release="second", output=str(tmp_path / "b.zarr"),
@@ -238,7 +261,7 @@ def test_the_dataset_lifetime_budget_holds_across_releases(tiny, tmp_path, capsy
     assert _run(second) == 2
     assert "lifetime" in capsys.readouterr().err
     assert not (tmp_path / "b.zarr").exists()
-    assert main(["ledger", "show", str(tmp_path / "ledger" / "ledger.sqlite"), "--json"]) == 0
+    assert main(["ledger", "show", _location(tmp_path), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     (dataset,) = shown["datasets"].values()
     assert dataset["remaining"]["rho"] == "0"
@@ -267,7 +290,7 @@ def test_input_copies_are_private_fresh_and_removed(tiny, tmp_path, capsys) -> N
     assert after - before == pytest.approx(400, abs=5)
 
 
-def test_resuming_on_changed_data_is_refused(tiny, tmp_path, capsys) -> None:
+def test_resuming_on_changed_data_is_refused(backend, tiny, tmp_path, capsys) -> None:
     # a named dataset: the same release id stays valid when the data is corrected
     tiny = _write_spec(tmp_path, "named.yaml", data={"id": "people"})
     _charged_then_killed(tiny, "C")
@@ -288,7 +311,7 @@ def test_resuming_on_changed_data_is_refused(tiny, tmp_path, capsys) -> None:
     ],
     ids=["workload", "dataset-budget", "reconstruct"],
 )
-def test_resuming_with_a_changed_spec_is_refused(tiny, tmp_path, capsys, change) -> None:
+def test_resuming_with_a_changed_spec_is_refused(backend, tiny, tmp_path, capsys, change) -> None:
     # hdmm on either workload calibrates the same noise, so the charges alone match
     spec = _write_spec(tmp_path, "hdmm.yaml", strategy="hdmm", data={"id": "people"})
     _charged_then_killed(spec, "S")
@@ -324,7 +347,7 @@ def test_unsafe_outputs_are_refused_and_nothing_is_lost(tiny, tmp_path, capsys, 
     assert len(_ledger(tmp_path)) == 0
 
 
-def test_overwrite_replaces_only_a_release(tiny, tmp_path, capsys) -> None:
+def test_overwrite_replaces_only_a_release(backend, tiny, tmp_path, capsys) -> None:
     first = _write_spec(tmp_path, "a.yaml", release="a")
     assert _run(first) == 0
     out = tmp_path / "out" / "tiny.zarr"
@@ -424,7 +447,7 @@ def test_plan_and_run_draw_the_same_noise(tiny, tmp_path, capsys) -> None:
     assert ledger.contains(Head.parse(attrs["ledger"]["head"]))
 
 
-def test_a_stop_between_publication_and_clean_up_is_finished_later(tiny, tmp_path, capsys):
+def test_a_stop_between_publication_and_clean_up_is_finished_later(backend, tiny, tmp_path, capsys):
     # stopped after the release was renamed into place (and its key removed), before the
     # ledger recorded the publication: the resume records it and cleans up
     with mock.patch.object(Ledger, "publish", side_effect=KeyboardInterrupt):

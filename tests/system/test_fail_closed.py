@@ -29,7 +29,12 @@ from dpdask.privacy import Ledger, zCDP
 from dpdask.privacy import _chain as chain_module
 from dpdask.publish import claim_output, lock_path
 from tests import ROOT
-from tests.system.test_accounting import RECORDS, _write_spec
+from tests.system.test_accounting import (
+    RECORDS,
+    _location,
+    _write_spec,
+    backend,  # noqa: F401 - the fixture, both backends
+)
 
 
 @pytest.fixture
@@ -111,6 +116,7 @@ sys.exit(main(["run", sys.argv[1], "--no-progress", "--run-id", "A"]))
 """
 
 
+@pytest.mark.usefixtures("backend")  # before tiny: its spec charges it
 def test_two_processes_racing_for_one_output_charge_once(tiny, tmp_path):
     # the first run is charged and holds the output; the second, a separate process on
     # the real CLI path, is refused before it is charged; the first then publishes
@@ -136,7 +142,7 @@ def test_two_processes_racing_for_one_output_charge_once(tiny, tmp_path):
     assert second.returncode == 2, second.stderr
     assert "another run is publishing" in second.stderr and "Traceback" not in second.stderr
     assert "run id B" not in second.stderr  # never announced: that run never existed
-    ledger = Ledger(_ledger_path(tmp_path))
+    ledger = Ledger(_location(tmp_path))
     assert [(r.run_id, r.state) for r in ledger.runs("tiny")] == [("A", "published")]
     assert {c.run_id for c in ledger.charges("tiny")} == {"A"}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tiny.zarr"]
@@ -268,6 +274,7 @@ def test_a_full_output_disk_is_one_line_with_the_resume_command(tiny, tmp_path, 
     assert Ledger(_ledger_path(tmp_path)).run("tiny", "D").state == "published"
 
 
+@pytest.mark.usefixtures("backend")
 def test_ctrl_c_after_the_charge_is_one_line_with_the_resume_command(tiny, tmp_path, capsys):
     from dpdask.dataflow.release import Release
 
@@ -279,7 +286,7 @@ def test_ctrl_c_after_the_charge_is_one_line_with_the_resume_command(tiny, tmp_p
     resume = f"dpdask run {period} --run-id K --period 2026-11"
     assert line.startswith("dpdask run: interrupted") and resume in line
     assert main(["run", *resume.split()[2:], "--no-progress"]) == 0
-    assert Ledger(_ledger_path(tmp_path)).run("tiny-2026-11", "K").state == "published"
+    assert Ledger(_location(tmp_path)).run("tiny-2026-11", "K").state == "published"
 
 
 def test_ctrl_c_before_the_charge_leaves_nothing(tiny, tmp_path, capsys):

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
-import textwrap
 from unittest import mock
 
 import numpy as np
@@ -29,7 +29,8 @@ from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
 from dpdask.publish import release_attributes
 from tests.helpers import make_plan
-from tests.system.test_accounting import RECORDS, _write_spec
+from tests.pg_race import race
+from tests.system.test_accounting import RECORDS, _estimates, _write_spec
 
 
 def _count(url: str, kind: str) -> int:
@@ -48,42 +49,16 @@ def shared(pg_ledger):
     return admin, operator
 
 
-_RACER = textwrap.dedent(
-    """
-    import os, sys, time
-    from dpdask.privacy import BudgetExceededError, Charge, Ledger, zCDP
-    url, i, go = sys.argv[1], sys.argv[2], sys.argv[3]
-    ledger = Ledger(url)  # its own connection, opened and verified before the start
-    print("ready", flush=True)
-    while not os.path.exists(go):
-        time.sleep(0.005)
-    try:
-        ledger.open_release(f"r{i}", zCDP(1), "cef")
-        ledger.charge(Charge(f"r{i}", "run", "county", "A", "gaussian", 1.0, 0.5, zCDP(1),
-                             f"fp{i}"))
-        print("published")
-    except BudgetExceededError as exc:
-        print("refused", exc)
-    """
-)
-
-
-def test_twenty_processes_race_for_five_releases(shared, tmp_path):
+def test_twenty_processes_race_for_five_releases(shared):
+    """20 processes (forked from one server that imported dpdask once:
+    ``tests/pg_race.py``), each with its own connection opened before the start, race
+    to charge ``cef``, whose lifetime budget holds exactly 5 of their releases."""
     admin, operator = shared
-    go = tmp_path / "go"
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _RACER, operator, str(i), str(go)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(20)
-    ]  # fmt: skip
-    for p in procs:  # every process connected and waiting: then all start at once
-        assert p.stdout.readline().strip() == "ready", p.stderr.read()
-    go.touch()
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [e for _, e in outs if e]
-    results = [o.split()[0] for o, _ in outs]
-    assert results.count("published") == 5 and results.count("refused") == 15
-    assert all("dataset 'cef'" in o for o, _ in outs if o.startswith("refused"))
+    outcomes = race(operator, 20)
+    assert [i for i, _, _ in outcomes] == list(range(20))  # every process reported
+    results = [o for _, o, _ in outcomes]
+    assert results.count("published") == 5 and results.count("refused") == 15, outcomes
+    assert all("dataset 'cef'" in m for _, o, m in outcomes if o == "refused")
     assert _count(admin, "charge") == 5
     ledger = Ledger(admin)
     assert ledger.dataset_remaining("cef") == zCDP(0)
@@ -151,6 +126,10 @@ def test_jobs_charge_one_authority_through_the_cli(people, shared, capsys):
     )
     assert main(["ledger", "verify", operator, "--release", str(out)]) == 0
     assert _count(admin, "source") == 1
+    # the run's own entry names the ledger it charged, as the operator reached it
+    with psycopg.connect(admin) as con:
+        (body,) = con.execute("SELECT body FROM dpdask.entries WHERE kind = 'run'").fetchone()
+    assert json.loads(body)["ledger"] == summary["ledger"] and password not in body
     capsys.readouterr()
     # the same people under another dataset id, or another file name: refused before
     # anything is read or charged
@@ -226,7 +205,17 @@ def test_the_server_stopped_mid_run_fails_closed_then_resumes(people, own_server
     own_server.resume()
     charges = _count(admin, "charge")
     assert Ledger(operator).run("tiny", "one").state == "measuring"
-    assert _run(spec, "--run-id", "one") == 0  # the same run id resumes: no new charge
+    # the noise measured before the stop (checkpoints), and the release it made then
+    work = people / "out" / ".tiny.zarr.run-one"
+    final = work / "final.zarr"
+    drawn = {p: p.read_bytes() for p in work.rglob("*")
+             if p.is_file() and p.name != "key" and final not in p.parents}  # fmt: skip
+    assert drawn and final.is_dir()
+    shutil.copytree(final, people / "before.zarr")
+    with mock.patch("dpdask.dataflow.release.remove_work"):  # kept, to be compared
+        assert _run(spec, "--run-id", "one") == 0  # the same run id resumes: no new charge
+    assert {p: p.read_bytes() for p in drawn} == drawn  # the same noise, not drawn again
+    assert _estimates(out) == _estimates(people / "before.zarr")
     assert _count(admin, "charge") == charges
     assert Ledger(operator).run("tiny", "one").state == "published"
     assert main(["ledger", "verify", operator, "--release", str(out)]) == 0
@@ -260,3 +249,56 @@ def test_jobs_racing_through_the_cli_lose_before_reading(people, pg_ledger):
     assert _count(admin, "release") == 2 and _count(admin, "charge") > 0
     assert Ledger(operator).dataset_remaining("cef") == zCDP(0)
     assert main(["ledger", "verify", operator]) == 0
+
+
+def test_anchor_on_a_server_checks_heads_and_writes_nothing(people, shared, capsys):
+    """The server keeps the chain's head: there is no head file to rewrite. ``anchor``
+    says so, checks the heads it is given (as ``verify`` would) and writes nothing."""
+    admin, operator = shared
+    assert _run(_spec(people, operator, data={"id": "cef"})) == 0
+    out = people / "out" / "tiny.zarr"
+    with psycopg.connect(admin) as con:
+        before = con.execute("SELECT * FROM dpdask.entries ORDER BY seq").fetchall()
+    capsys.readouterr()
+    for args in ([], ["--release", str(out)], ["--head", str(Ledger(operator).head())]):
+        assert main(["ledger", "anchor", operator, *args]) == 0
+        said = capsys.readouterr().out
+        assert "nothing to anchor" in said and "rewritten:" not in said, said
+        assert not args or "in the ledger" in said
+    wrong = f"{len(before)}:{'0' * 64}"  # a head this chain never held
+    assert main(["ledger", "anchor", operator, "--head", wrong]) == 2
+    assert "not in" in _error(capsys)
+    with psycopg.connect(admin) as con:
+        assert con.execute("SELECT * FROM dpdask.entries ORDER BY seq").fetchall() == before
+
+
+def test_a_job_the_server_refuses_is_one_line_before_reading(people, shared, pg_server, capsys,
+                                                             monkeypatch):  # fmt: skip
+    """A wrong password, an unreachable server, a role without the grant to append:
+    ``dpdask run`` says so in one line, before it reads the data or charges."""
+    import dpdask.pipeline.run as run_module
+
+    admin, operator = shared
+    password = operator.split(":")[2].split("@")[0]
+    reads: list[int] = []
+    monkeypatch.setattr(run_module, "load_data", lambda *a, **k: reads.append(1))
+    with psycopg.connect(admin) as con:
+        before = con.execute("SELECT count(*) FROM dpdask.entries").fetchone()[0]
+    role = operator.split("//")[1].split(":")[0]
+    cases = [
+        (operator.replace(password, "wrong"), "refuses the login", None),
+        ("postgresql://someone:secret@127.0.0.1:1/ledger", "cannot reach", None),
+        (operator, "no grant to append", f"REVOKE INSERT ON dpdask.entries FROM {role}"),
+    ]
+    capsys.readouterr()
+    for n, (url, says, sql) in enumerate(cases):
+        if sql:
+            pg_server.sql(sql, dbname=admin.rsplit("/", 1)[1])
+        spec = _spec(people, url, f"s{n}.yaml", data={"id": "cef"})
+        assert _run(spec) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and says in err.strip().splitlines()[-1], err
+        assert password not in err and "secret" not in err
+    assert reads == [] and not (people / "out").exists()
+    with psycopg.connect(admin) as con:
+        assert con.execute("SELECT count(*) FROM dpdask.entries").fetchone()[0] == before

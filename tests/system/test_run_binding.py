@@ -26,8 +26,10 @@ from tests.system.test_accounting import (
     _charged_then_killed,
     _estimates,
     _ledger,
+    _location,
     _run,
     _write_spec,
+    backend,  # noqa: F401 - the fixture, both backends
 )
 
 
@@ -60,6 +62,7 @@ def _tree(root: pathlib.Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.usefixtures("backend")  # before named: its specs charge it
 def test_a_copied_work_folder_cannot_put_the_noise_on_other_data(named, tmp_path, capsys):
     _charged_then_killed(named, "C")
     work = tmp_path / "out" / ".tiny.zarr.run-C"
@@ -97,6 +100,7 @@ def test_a_copied_work_folder_cannot_put_the_noise_on_other_data(named, tmp_path
     assert _estimates(tmp_path / "out" / "tiny.zarr") == published
 
 
+@pytest.mark.usefixtures("backend")  # before named: its specs charge it
 def test_an_edited_source_json_changes_nothing(named, tmp_path, capsys) -> None:
     _charged_then_killed(named, "E")
     work = tmp_path / "out" / ".tiny.zarr.run-E"
@@ -115,9 +119,10 @@ def test_an_edited_source_json_changes_nothing(named, tmp_path, capsys) -> None:
     assert run.binding.output == str((tmp_path / "out" / "tiny.zarr").resolve())
 
 
+@pytest.mark.usefixtures("backend")  # before named: its specs charge it
 def test_a_run_charged_before_runs_were_bound_is_not_resumed(named, tmp_path, capsys) -> None:
     # an older ledger: the run entry records its key, not its input or spec
-    ledger = Ledger(tmp_path / "ledger" / "ledger.sqlite", create=True)
+    ledger = Ledger(_location(tmp_path), create=True)
     ledger.open_release("tiny", zCDP(1), "people")
     key = new_key()
     ledger.open_run("tiny", "OLD", key.fingerprint())
@@ -132,10 +137,11 @@ def test_a_run_charged_before_runs_were_bound_is_not_resumed(named, tmp_path, ca
     assert len(_ledger(tmp_path).entries()) == entries
     assert not (tmp_path / "out" / "tiny.zarr").exists()
     # abandoned, a new run id runs
-    assert main(["ledger", "abandon", str(ledger.path), "tiny", "OLD"]) == 0
+    assert main(["ledger", "abandon", _location(tmp_path), "tiny", "OLD"]) == 0
     assert _run(named, "--run-id", "NEW") == 0
 
 
+@pytest.mark.usefixtures("backend")  # before named: its specs charge it
 def test_a_published_run_is_never_published_again(named, tmp_path, capsys) -> None:
     # stopped after the release was moved into place, before the ledger recorded it
     with mock.patch.object(Ledger, "publish", side_effect=KeyboardInterrupt):

@@ -166,7 +166,16 @@ def test_the_administrator_may_what_the_operator_may_not(shared):
 
 
 def test_the_operator_cannot_roll_the_ledger_back(shared):
-    # the SQLite attack: copy, publish, restore. The operator has no way to restore
+    """The rollback tests of the SQLite backend have no server equivalent to run.
+
+    On SQLite the attack is on files: copy the ledger and its head file, publish, put
+    the copies back (``test_a_tampered_ledger_is_refused[rollback]``,
+    ``test_a_lost_head_file_is_re_anchored_only_against_the_releases``,
+    ``test_anchor_without_the_releases_is_refused``, the state machine's ``rollback``).
+    On a server the operator holds no file to copy or restore: the chain and its head
+    are the server's, and the operator's role can neither delete the entries written
+    since (nor truncate them) nor restore the database; so those tests stay SQLite's,
+    and this one shows the attack fails at its first step."""
     _, operator, _ = shared
     op = Ledger(operator)
     head = op.head()

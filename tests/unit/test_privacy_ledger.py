@@ -8,11 +8,13 @@ process. Every test that needs a ledger runs on both backends (``ledger_location
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
 import threading
 from fractions import Fraction
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -292,3 +294,35 @@ def test_a_run_is_published_once_and_where_it_is_bound(ledger, tmp_path):
             ledger.publish("r", run, b)
     assert len(ledger.entries()) == entries
     assert [r.output for r in Ledger(ledger._location).published_runs()] == [a, a]
+
+
+def test_a_run_records_the_ledger_it_charged(ledger):
+    # the oracle: the location written again by hand, a server's URL without its password
+    where = ledger._location
+    if ledger.head_file is None:
+        u = urlsplit(where)
+        expected = f"{u.scheme}://{u.username}@{u.hostname}:{u.port}{u.path}"
+    else:
+        expected = os.path.abspath(where)
+    ledger.charge(_charge())  # a run opened by its first charge
+    ledger.open_run("r", "run2", "fp-run2")  # and one opened first
+    bodies = _bodies(ledger, "run")
+    assert [b["ledger"] for b in bodies] == [expected, expected]
+    if ledger.head_file is None:
+        password = urlsplit(where).password
+        assert password and all(password not in json.dumps(b) for b in bodies)
+    again = Ledger(where)
+    assert [again.run("r", r).ledger for r in ("run1", "run2")] == [expected, expected]
+    runs = again.report()["releases"]["r"]["runs"]
+    assert [r["ledger"] for r in runs] == [expected, expected]
+
+
+def test_a_run_recorded_without_its_ledger_still_loads(ledger):
+    # a run entry as dpdask wrote it before runs recorded their ledger
+    with ledger._chain.transaction() as (_, append):
+        append("run", {"release": "r", "run_id": "old", "key_fingerprint": "fp-old"})
+    again = Ledger(ledger._location)
+    assert again.run("r", "old").ledger is None
+    assert again.charge(_charge(run="old", key="fp-old")) == 1  # it still charges
+    assert again.run("r", "old").state == "measuring" and again.run("r", "old").ledger is None
+    assert again.report()["releases"]["r"]["runs"][0]["ledger"] is None
