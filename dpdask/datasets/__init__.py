@@ -17,6 +17,7 @@ from dpdask.datasets._synthetic import (
     synthetic_block,
     synthetic_persons,
 )
+from dpdask.datasets._wide import geography_ids, wide_records, with_geography
 
 __all__ = [
     "CONCENTRATION",
@@ -27,6 +28,9 @@ __all__ = [
     "SyntheticGenerator",
     "SyntheticPersons",
     "draw_populations",
+    "geography_ids",
     "synthetic_block",
     "synthetic_persons",
+    "wide_records",
+    "with_geography",
 ]

@@ -29,6 +29,7 @@ from dpdask.dataflow import (
     write_store,
 )
 from dpdask.domain import Geography
+from dpdask.pipeline._marginal_run import is_marginal_spec, run_marginals, validate_marginals
 from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
@@ -382,6 +383,8 @@ def validate_spec(
     or the data reader's error, naming the problem (and see :func:`validating`).
     """
     validating(spec)
+    if is_marginal_spec(spec):  # records never counted into a data vector
+        return validate_marginals(spec, _preflight(spec, run_id, overwrite, create=False))
     queries = _check_workloads(spec)
     checked = _preflight(spec, run_id, overwrite, create=False)
     _plan, planned = plan_spec(spec)  # the strategy's options fail here, not in run
@@ -424,7 +427,8 @@ def run_spec(
     called once the run exists, before its first charge; see :func:`failure_reported`.
     """
     check_before_charging(spec)
-    _check_workloads(spec)
+    if not is_marginal_spec(spec):
+        _check_workloads(spec)
     if not ledger_exists(spec.ledger) and not spec.ledger_create:
         _open_ledger(spec, dry=True)  # raises, naming the fix
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
@@ -440,6 +444,9 @@ def _run_checked(
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`run_spec` once its output is claimed and its preflight passed."""
     from dpdask.dataflow.release import release
+
+    if is_marginal_spec(spec):
+        return run_marginals(spec, checked, client, overwrite)
 
     plan, report = plan_spec(spec, client=client)
     log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,

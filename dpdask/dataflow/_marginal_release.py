@@ -1,0 +1,193 @@
+"""A marginal release from records: residual measurements per chunk of units on Dask.
+
+The residual strategy (:mod:`dpdask.strategy.residual`) needs no data vector: each
+chunk of a level's units is one task (``measure-residual-<level>-<token>``) that gets
+the chunk's records (unit and attribute codes) and its own
+:class:`~dpdask.noise.StreamKey`, counts the records' marginals, measures
+``sqrt(u_A) H_A m_A`` on the lattice with discrete Gaussian noise
+(:func:`dpdask.measure.residual.measure_records`), reconstructs every requested
+marginal in marginal space (:class:`~dpdask.reconstruct.residual.ResidualEstimates`)
+and writes the chunk's slice of each published table in the work folder. Every level
+is charged once, all or nothing, before any task runs (:func:`charge_marginals`).
+
+Published (``final.zarr`` in the work folder, moved into place by the caller): per
+level a group per marginal, ``<level>/marginals/<a>-<b>-<c>``, with ``estimate``
+(``geography`` by the attributes), and ``variance`` and ``moe90`` (every cell of a
+marginal at a level has the same variance, stored once, 0-d). Within a level the
+marginals are consistent: summing a table over an attribute gives the published table
+without it, exactly up to rounding. Levels are measured independently (each with its
+share of the budget): a parent's tables are unbiased estimates of the sums of its
+children's, not equal to them.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpdask.domain import Domain, Geography
+from dpdask.noise import MeasurementId, SecretKey
+from dpdask.privacy import Charge
+
+__all__ = ["MarginalLevel", "charge_marginals", "levels_of", "marginal_name", "write_marginals"]
+
+MOE90_Z = 1.645
+_CHUNK_BYTES = 64 * 2**20
+
+
+def marginal_name(domain: Domain, attrs: Sequence[int]) -> str:
+    """The group name of a marginal: its attributes' names joined by dashes."""
+    names = list(domain)
+    return "-".join(names[i] for i in attrs) if attrs else "total"
+
+
+@dataclass(frozen=True)
+class MarginalLevel:
+    """One released level: its plan, its units and its records (unit, codes)."""
+
+    name: str
+    plan: Any  # a ResidualPlan at the level's budget
+    ids: tuple[str, ...]
+    units: np.ndarray  # each record's unit at this level
+    codes: np.ndarray  # (records, d)
+
+
+def levels_of(
+    geography: Geography, levels: Sequence[str], plans: Mapping[str, Any], finest: np.ndarray,
+    codes: np.ndarray,
+) -> list[MarginalLevel]:  # fmt: skip
+    """Each released level's records, placed in its units by the public universe."""
+    out = []
+    for lv in levels:
+        if lv == geography.levels[-1]:
+            units = np.asarray(finest, np.int64)
+        else:
+            units = np.asarray(geography.ancestor_index(lv), np.int64)[finest]
+        ids = tuple(str(i) for i in geography.ids[geography.levels.index(lv)])
+        out.append(MarginalLevel(lv, plans[lv], ids, units, codes))
+    return out
+
+
+def charge_marginals(
+    ledger: Any, levels: Sequence[MarginalLevel], release: str, run_id: str, key: SecretKey,
+    total: Any, dataset: str | None,
+) -> list[Charge]:  # fmt: skip
+    """Charge every level's measurement, all or nothing, bound to ``key``, before any
+    record is measured; a resumed run's charges are found and nothing is added."""
+    from dpdask.measure.residual import residual_charge
+
+    fp = key.fingerprint()
+    charges = [residual_charge(L.plan, release, run_id, L.name, "strategy", fp) for L in levels]
+    ledger.open_release(release, total, dataset)
+    ledger.charge(charges)
+    return charges
+
+
+def _chunk_task(
+    path: str, level: str, plan: Any, start: int, stop: int, units: np.ndarray,
+    codes: np.ndarray, key: Any, ident: MeasurementId, receipt: Charge, run_id: str,
+    sets: list[tuple[int, ...]], names: list[str], test_mode: bool,
+) -> int:  # fmt: skip
+    """Measure one chunk's residuals, reconstruct its marginals and write their slices."""
+    import zarr
+
+    from dpdask.measure.residual import measure_records, residual_lattice
+    from dpdask.reconstruct.residual import ResidualEstimates
+
+    y = measure_records(
+        plan, units, codes, stop - start, key, ident, receipt, run_id, test_mode=test_mode
+    )
+    variance = residual_lattice(plan).variance
+    est = ResidualEstimates.from_plan(plan, y)
+    u = dict(zip(plan.marginals.residual_sets(), plan.precision, strict=True))
+    est = ResidualEstimates(
+        est.sizes, est.q, {A: variance / float(u[A]) for A in est.q}, stop - start
+    )
+    root = zarr.open_group(path, mode="r+")
+    for S, name in zip(sets, names, strict=True):
+        arr = root[f"{level}/marginals/{name}/estimate"]
+        arr[start:stop] = est.marginal(S)  # type: ignore[index]
+    return stop - start
+
+
+def write_marginals(
+    path: pathlib.Path, levels: Sequence[MarginalLevel], domain: Domain,
+    sets: Sequence[tuple[int, ...]], key: SecretKey, charges: Sequence[Charge], release: str,
+    run_id: str, client: Any, attrs: Mapping[str, Any], *, test_mode: bool = False,
+) -> dict[str, int]:  # fmt: skip
+    """Write every level's marginal tables to a new zarr group at ``path``.
+
+    The arrays are laid out first (chunked along ``geography`` as the tasks are), then
+    one task per chunk writes its rows; variances come from the plan and the lattice,
+    data-free. Returns the number of chunks of each level.
+    """
+    import dask
+    import xarray as xr
+    import zarr
+    from dask.base import tokenize
+
+    from dpdask.measure import stream_key
+    from dpdask.measure.residual import residual_lattice, strategy_rows
+    from dpdask.reconstruct.residual import ResidualEstimates
+
+    sets = [tuple(sorted(S)) for S in sets]
+    names = [marginal_name(domain, S) for S in sets]
+    attr_names = list(domain)
+    zarr.open_group(str(path), mode="w-", attributes=dict(attrs))
+    tasks = []
+    n_chunks: dict[str, int] = {}
+    for L, charge in zip(levels, charges, strict=True):
+        plan = L.plan
+        g = len(L.ids)
+        per_unit = max(sum(math.prod(domain.shape[i] for i in S) for S in sets), 1) * 8
+        rows = strategy_rows(plan)
+        chunk = max(1, min(g, _CHUNK_BYTES // max(per_unit + 8 * rows, 1)))
+        lat = residual_lattice(plan)
+        u = dict(zip(plan.marginals.residual_sets(), plan.precision, strict=True))
+        zero = {A: np.zeros(tuple(domain.shape[i] for i in A)) for A in u}
+        probe = ResidualEstimates(domain.shape, zero, {A: lat.variance / float(u[A]) for A in u})
+        for S, name in zip(sets, names, strict=True):
+            dims = ["geography", *(attr_names[i] for i in S)]
+            shape = (g, *(domain.shape[i] for i in S))
+            v = float(probe.variance(S))
+            ds = xr.Dataset(
+                {
+                    "estimate": (dims, dask.array.zeros(shape, chunks=(chunk, *shape[1:]))),
+                    "variance": ((), v),
+                    "moe90": ((), MOE90_Z * math.sqrt(v)),
+                },
+                coords={
+                    "geography": list(L.ids),
+                    **{attr_names[i]: np.arange(domain.shape[i]) for i in S},
+                },
+                attrs={"attributes": [attr_names[i] for i in S], "level": L.name},
+            )
+            ds["estimate"].attrs = {"units": "persons"}
+            ds.to_zarr(str(path), group=f"{L.name}/marginals/{name}", compute=False, mode="w")
+        order = np.argsort(L.units, kind="stable")
+        units, codes = L.units[order], L.codes[order]
+        bounds = np.searchsorted(units, np.arange(0, g + chunk, chunk).clip(max=g))
+        token = tokenize(release, run_id, L.name, g, chunk)
+        n_chunks[L.name] = -(-g // chunk)
+        for c, start in enumerate(range(0, g, chunk)):
+            stop = min(g, start + chunk)
+            lo, hi = bounds[c], bounds[c + 1]
+            ident = MeasurementId(release, L.name, c, "strategy")
+            sk = stream_key(key, ident, run_id)
+            tasks.append(
+                dask.delayed(_chunk_task, pure=False)(
+                    str(path), L.name, plan, start, stop, units[lo:hi] - start,
+                    codes[lo:hi], sk, ident, charge, run_id, sets, names, test_mode,
+                    dask_key_name=(f"measure-residual-{L.name}-{token}", c),
+                )
+            )  # fmt: skip
+    if client is None:
+        dask.compute(*tasks, scheduler="sync")
+    else:
+        client.gather(client.compute(tasks))
+    return n_chunks
