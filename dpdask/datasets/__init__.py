@@ -17,7 +17,12 @@ from dpdask.datasets._synthetic import (
     synthetic_block,
     synthetic_persons,
 )
-from dpdask.datasets._wide import geography_ids, wide_records, with_geography
+from dpdask.datasets._wide import (
+    geography_ids,
+    wide_records,
+    with_geography,
+    write_geography_universe,
+)
 
 __all__ = [
     "CONCENTRATION",
@@ -33,4 +38,5 @@ __all__ = [
     "synthetic_persons",
     "wide_records",
     "with_geography",
+    "write_geography_universe",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["geography_ids", "wide_records", "with_geography"]
+__all__ = ["geography_ids", "wide_records", "with_geography", "write_geography_universe"]
 
 
 def wide_records(
@@ -66,3 +66,12 @@ def with_geography(
     unit = rng.choice(units, size=len(df), p=weights / weights.sum())
     ids = np.asarray(geography_ids(units), dtype=object)
     return df.assign(**{column: ids[unit]})
+
+
+def write_geography_universe(path: str, units: int, groups: int, column: str = "geo") -> None:
+    """Write the public universe of :func:`with_geography`'s units as a CSV parent table:
+    ``region`` (``units / groups`` consecutive units each) and ``column``."""
+    ids = geography_ids(units)
+    size = -(-units // groups)
+    regions = [f"r{i // size:02d}" for i in range(units)]
+    pd.DataFrame({"region": regions, column: ids}).to_csv(path, index=False)

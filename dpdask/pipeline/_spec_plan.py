@@ -3,6 +3,7 @@ one for every level, or one per released level (``{levels: {level: ...}}``)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,16 +37,26 @@ def workloads(raw: Any, levels: tuple[str, ...] | None) -> dict[str, Any]:
 
 
 def _marginals(raw: Any) -> dict[str, Any]:
-    """``{marginals: {k: K}}`` (all K-way marginals) or ``{marginals: [sets]}``, each set
+    """``{marginals: {k: K}}`` (all K-way marginals; ``attributes: [...]``: of those
+    attributes only) or ``{marginals: [sets]}``, each set
     a list of attribute names or ``{attributes: [...], weight: w}``."""
     check_keys(raw, ["marginals"], "workload")
     m = raw["marginals"]
     if isinstance(m, Mapping):
-        check_keys(m, ["k"], "workload.marginals")
+        check_keys(m, ["k", "attributes"], "workload.marginals")
         k = m.get("k")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise SpecError(f"workload.marginals.k: expected a non-negative integer, got {k!r}")
-        return {"name": "marginals", "k": k}
+        among = m.get("attributes")
+        if among is None:
+            return {"name": "marginals", "k": k}
+        ok = isinstance(among, list) and all(isinstance(a, str) for a in among)
+        if not ok or len(set(among)) != len(among) or len(among) < k:
+            raise SpecError(
+                f"workload.marginals.attributes: expected at least {k} distinct attribute names"
+            )
+        sets = [list(c) for c in itertools.combinations(among, k)]
+        return {"name": "marginal-sets", "sets": sets, "weights": [1.0] * len(sets)}
     if not isinstance(m, list) or not m:
         raise SpecError("workload.marginals: expected {k: K} or a non-empty list of sets")
     sets, weights = [], []
