@@ -22,6 +22,7 @@ __all__ = [
     "is_marginal_spec",
     "marginal_sets",
     "plan_marginals",
+    "plan_report",
     "run_marginals",
     "validate_marginals",
 ]
@@ -69,6 +70,32 @@ def plan_marginals(spec: ReleaseSpec, levels: tuple[str, ...]) -> dict[str, Any]
         return {lv: base.at(budgets[lv]) for lv in levels}
     except PlanError as exc:
         raise SpecError(f"strategy: {exc}") from None
+
+
+def plan_report(spec: ReleaseSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``dpdask plan`` of a marginal spec: each level's plan and expected error, data-free."""
+    import math
+
+    import numpy as np
+
+    if not spec.levels:
+        raise SpecError("levels: a marginal release names its released levels")
+    plans = plan_marginals(spec, spec.levels)
+    rows = []
+    for lv, p in plans.items():
+        v = np.repeat(p.marginal_variances(), p.marginals.cells())
+        rows.append({
+            "level": lv, "budget": p.privacy.to_dict(), "noise_scale": float(p.noise_scale),
+            "rmse_per_query": float(math.sqrt(v.mean())),
+            "max_query_stddev": float(math.sqrt(v.max())),
+        })  # fmt: skip
+    first = next(iter(plans.values()))
+    report = {
+        "release": spec.release, "workload": spec.workload, "cells": int(spec.domain.size),
+        "strategy": "residual", "budget": spec.privacy.to_dict(),
+        "queries": int(first.marginals.cells().sum()), "levels": rows,
+    }  # fmt: skip
+    return plans, report
 
 
 def _read(spec: ReleaseSpec) -> Any:

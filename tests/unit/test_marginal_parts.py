@@ -98,7 +98,7 @@ def test_spec_workload_forms():
     for bad in ({"marginals": {"k": -1}}, {"marginals": []}, {"marginals": [["a", "a"]]},
                 {"marginals": [{"attributes": ["a"], "weight": 0}]},
                 {"marginals": {"k": 2, "j": 1}}):  # fmt: skip
-        with pytest.raises(SpecError, match="workload.marginals"):
+        with pytest.raises(SpecError, match=r"workload\.marginals"):
             workloads(bad, None)
 
 
