@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -127,7 +128,6 @@ def write_marginals(
     data-free. Returns the number of chunks of each level.
     """
     import dask
-    import xarray as xr
     import zarr
     from dask.base import tokenize
 
@@ -138,7 +138,7 @@ def write_marginals(
     sets = [tuple(sorted(S)) for S in sets]
     names = [marginal_name(domain, S) for S in sets]
     attr_names = list(domain)
-    zarr.open_group(str(path), mode="w-", attributes=dict(attrs))
+    root = zarr.open_group(str(path), mode="w-", attributes=dict(attrs))
     tasks = []
     n_chunks: dict[str, int] = {}
     for L, charge in zip(levels, charges, strict=True):
@@ -155,20 +155,7 @@ def write_marginals(
             dims = ["geography", *(attr_names[i] for i in S)]
             shape = (g, *(domain.shape[i] for i in S))
             v = float(probe.variance(S))
-            ds = xr.Dataset(
-                {
-                    "estimate": (dims, dask.array.zeros(shape, chunks=(chunk, *shape[1:]))),
-                    "variance": ((), v),
-                    "moe90": ((), MOE90_Z * math.sqrt(v)),
-                },
-                coords={
-                    "geography": list(L.ids),
-                    **{attr_names[i]: np.arange(domain.shape[i]) for i in S},
-                },
-                attrs={"attributes": [attr_names[i] for i in S], "level": L.name},
-            )
-            ds["estimate"].attrs = {"units": "persons"}
-            ds.to_zarr(str(path), group=f"{L.name}/marginals/{name}", compute=False, mode="w")
+            _layout(root, f"{L.name}/marginals/{name}", dims, shape, chunk, v, L.ids)
         order = np.argsort(L.units, kind="stable")
         units, codes = L.units[order], L.codes[order]
         bounds = np.searchsorted(units, np.arange(0, g + chunk, chunk).clip(max=g))
@@ -190,4 +177,29 @@ def write_marginals(
         dask.compute(*tasks, scheduler="sync")
     else:
         client.gather(client.compute(tasks))
+    with warnings.catch_warnings():  # consolidated metadata: "not part of Zarr v3" (yet)
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(path))
     return n_chunks
+
+
+def _layout(
+    root: Any, group: str, dims: list[str], shape: tuple[int, ...], chunk: int,
+    variance: float, ids: Sequence[str],
+) -> None:  # fmt: skip
+    """One marginal's group: ``estimate`` (filled by the tasks), 0-d ``variance`` and
+    ``moe90``, and the coordinates, with xarray's dimension names."""
+    g = root.create_group(group, attributes={"attributes": dims[1:]})
+    est = g.create_array(
+        "estimate", shape=shape, chunks=(chunk, *shape[1:]), dtype="float64", fill_value=0.0,
+        dimension_names=dims, attributes={"units": "persons"},
+    )  # fmt: skip
+    del est
+    for name, value in (("variance", variance), ("moe90", MOE90_Z * math.sqrt(variance))):
+        a = g.create_array(name, shape=(), dtype="float64", dimension_names=())
+        a[...] = value
+    geo = g.create_array("geography", shape=(len(ids),), dtype=str, dimension_names=["geography"])
+    geo[:] = np.asarray(ids, dtype=str)
+    for dim, n in zip(dims[1:], shape[1:], strict=True):
+        a = g.create_array(dim, shape=(n,), dtype="int64", dimension_names=[dim])
+        a[:] = np.arange(n)
