@@ -132,3 +132,26 @@ def test_a_ledger_charge_is_made_once_for_all_chunks(tmp_path):
     charge_marginals(ledger, lvls, "wide", "run1", key, zCDP(1), None)
     charge_marginals(ledger, lvls, "wide", "run1", key, zCDP(1), None)  # a retry adds nothing
     assert ledger.spent("wide").rho == pytest.approx(1)
+
+
+def test_records_outside_the_universe_are_refused_before_any_charge(tmp_path, capsys):
+    df, sizes = _records(tmp_path, n=300, d=3)
+    df.loc[5, "geo"] = "elsewhere"
+    df.to_csv(tmp_path / "records.csv", index=False)
+    spec = _spec(tmp_path, sizes, "{marginals: [[a00, a01], {attributes: [a02], weight: 2}]}")
+    assert main(["run", str(spec)]) == 2
+    assert "outside the declared universe" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "wide.zarr").exists()
+    ledger_path = tmp_path / "out" / "ledger.sqlite"
+    assert not ledger_path.exists() or not Ledger(ledger_path).runs("wide-test")
+
+
+def test_a_residual_spec_needs_records(tmp_path, capsys):
+    _df, sizes = _records(tmp_path, n=100, d=3)
+    spec = _spec(tmp_path, sizes, "{marginals: {k: 2}}")
+    text = spec.read_text().replace("format: records", "format: synthetic")
+    text = text.replace("  geography_column: geo\n  geographies: universe.csv\n", "")
+    spec.write_text(text.replace("  path: records.csv\n", ""))
+    assert main(["run", str(spec)]) == 2
+    assert "format: records" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "wide.zarr").exists()
