@@ -12,12 +12,13 @@ is charged once, all or nothing, before any task runs (:func:`charge_marginals`)
 
 Published (``final.zarr`` in the work folder, moved into place by the caller): per
 level a group per marginal, ``<level>/marginals/<a>-<b>-<c>``, with ``estimate``
-(``geography`` by the attributes), and ``variance`` and ``moe90`` (every cell of a
-marginal at a level has the same variance, stored once, 0-d). Within a level the
-marginals are consistent: summing a table over an attribute gives the published table
-without it, exactly up to rounding. Levels are measured independently (each with its
-share of the budget): a parent's tables are unbiased estimates of the sums of its
-children's, not equal to them.
+(``geography`` by the attributes), and ``variance`` and ``moe90`` per unit (every cell
+of a unit's table has the same variance). Within a level the marginals are consistent:
+summing a table over an attribute gives the published table without it, exactly up to
+rounding. Levels are measured independently (each with its share of the budget) and
+then fitted jointly by least squares (:mod:`dpdask.dataflow._marginal_levels`, up to
+``MAX_FIT_UNITS`` finest units; the root attribute ``levels_fitted_jointly`` says
+whether): a parent's tables then equal the sums of its children's.
 """
 
 from __future__ import annotations
@@ -120,12 +121,16 @@ def write_marginals(
     path: pathlib.Path, levels: Sequence[MarginalLevel], domain: Domain,
     sets: Sequence[tuple[int, ...]], key: SecretKey, charges: Sequence[Charge], release: str,
     run_id: str, client: Any, attrs: Mapping[str, Any], *, test_mode: bool = False,
+    geography: Geography | None = None,
 ) -> dict[str, int]:  # fmt: skip
     """Write every level's marginal tables to a new zarr group at ``path``.
 
     The arrays are laid out first (chunked along ``geography`` as the tasks are), then
     one task per chunk writes its rows; variances come from the plan and the lattice,
-    data-free. Returns the number of chunks of each level.
+    data-free. With ``geography`` and more than one level, the levels are then fitted
+    jointly (:mod:`dpdask.dataflow._marginal_levels`, one ``fit-levels`` task per
+    marginal): a parent's tables equal the sums of its children's, and each unit's
+    variance is the fit's. Returns the number of chunks of each level.
     """
     import dask
     import zarr
@@ -138,23 +143,28 @@ def write_marginals(
     sets = [tuple(sorted(S)) for S in sets]
     names = [marginal_name(domain, S) for S in sets]
     attr_names = list(domain)
+    lats = [residual_lattice(L.plan) for L in levels]
+    fit = _joint_fit(geography, levels, [lat.variance for lat in lats])
+    attrs = {**attrs, "levels_fitted_jointly": fit is not None}
     root = zarr.open_group(str(path), mode="w-", attributes=dict(attrs))
     tasks = []
     n_chunks: dict[str, int] = {}
-    for L, charge in zip(levels, charges, strict=True):
+    for lv, (L, charge) in enumerate(zip(levels, charges, strict=True)):
         plan = L.plan
         g = len(L.ids)
         per_unit = max(sum(math.prod(domain.shape[i] for i in S) for S in sets), 1) * 8
         rows = strategy_rows(plan)
         chunk = max(1, min(g, _CHUNK_BYTES // max(per_unit + 8 * rows, 1)))
-        lat = residual_lattice(plan)
+        lat = lats[lv]
         u = dict(zip(plan.marginals.residual_sets(), plan.precision, strict=True))
         zero = {A: np.zeros(tuple(domain.shape[i] for i in A)) for A in u}
         probe = ResidualEstimates(domain.shape, zero, {A: lat.variance / float(u[A]) for A in u})
         for S, name in zip(sets, names, strict=True):
             dims = ["geography", *(attr_names[i] for i in S)]
             shape = (g, *(domain.shape[i] for i in S))
-            v = float(probe.variance(S))
+            v = np.full(g, float(probe.variance(S)))
+            if fit is not None:  # the joint fit's variances, in units of the level's noise
+                v = fit[1][fit[2][lv]] * float(probe.variance(S)) / lat.variance
             _layout(root, f"{L.name}/marginals/{name}", dims, shape, chunk, v, L.ids)
         order = np.argsort(L.units, kind="stable")
         units, codes = L.units[order], L.codes[order]
@@ -177,27 +187,69 @@ def write_marginals(
         dask.compute(*tasks, scheduler="sync")
     else:
         client.gather(client.compute(tasks))
+    if fit is not None:
+        token = tokenize(release, run_id, "fit")
+        fits = [
+            dask.delayed(_fit_task, pure=False)(
+                str(path), name, [L.name for L in levels], fit[0], fit[2],
+                dask_key_name=(f"fit-levels-{token}", j),
+            )
+            for j, name in enumerate(names)
+        ]  # fmt: skip
+        if client is None:
+            dask.compute(*fits, scheduler="sync")
+        else:
+            client.gather(client.compute(fits))
     with warnings.catch_warnings():  # consolidated metadata: "not part of Zarr v3" (yet)
         warnings.simplefilter("ignore")
         zarr.consolidate_metadata(str(path))
     return n_chunks
 
 
+def _joint_fit(
+    geography: Geography | None, levels: Sequence[MarginalLevel], variances: list[float]
+) -> tuple[np.ndarray, np.ndarray, list[slice]] | None:
+    """The joint fit of the levels, or ``None`` (one level, no geography, too many units,
+    or levels whose plans differ in more than their noise)."""
+    from dpdask.dataflow._marginal_levels import MAX_FIT_UNITS, level_fit, level_maps
+
+    if geography is None or len(levels) < 2 or len(levels[-1].ids) > MAX_FIT_UNITS:
+        return None
+    u = levels[0].plan.precision
+    if any(not np.array_equal(L.plan.precision, u) for L in levels):
+        return None
+    return level_fit(level_maps(geography, [L.name for L in levels]), variances)
+
+
+def _fit_task(path: str, name: str, levels: list[str], M: np.ndarray, slices: list[slice]) -> None:
+    """Replace one marginal's tables at every level by the joint fit ``M`` of them all."""
+    import zarr
+
+    root = zarr.open_group(path, mode="r+")
+    arrays = [root[f"{lv}/marginals/{name}/estimate"] for lv in levels]
+    Y = np.concatenate([np.asarray(a[:]).reshape(a.shape[0], -1) for a in arrays])  # type: ignore[union-attr,index]
+    X = M @ Y
+    del Y
+    for a, sl in zip(arrays, slices, strict=True):
+        a[:] = X[sl].reshape(a.shape)  # type: ignore[union-attr,index]
+
+
 def _layout(
     root: Any, group: str, dims: list[str], shape: tuple[int, ...], chunk: int,
-    variance: float, ids: Sequence[str],
+    variance: np.ndarray, ids: Sequence[str],
 ) -> None:  # fmt: skip
-    """One marginal's group: ``estimate`` (filled by the tasks), 0-d ``variance`` and
-    ``moe90``, and the coordinates, with xarray's dimension names."""
+    """One marginal's group: ``estimate`` (filled by the tasks), ``variance`` and
+    ``moe90`` per unit (every cell of a unit's table has the same), and the coordinates,
+    with xarray's dimension names."""
     g = root.create_group(group, attributes={"attributes": dims[1:]})
     est = g.create_array(
         "estimate", shape=shape, chunks=(chunk, *shape[1:]), dtype="float64", fill_value=0.0,
         dimension_names=dims, attributes={"units": "persons"},
     )  # fmt: skip
     del est
-    for name, value in (("variance", variance), ("moe90", MOE90_Z * math.sqrt(variance))):
-        a = g.create_array(name, shape=(), dtype="float64", dimension_names=())
-        a[...] = value
+    for name, value in (("variance", variance), ("moe90", MOE90_Z * np.sqrt(variance))):
+        a = g.create_array(name, shape=(len(ids),), dtype="float64", dimension_names=["geography"])
+        a[:] = value
     geo = g.create_array("geography", shape=(len(ids),), dtype=str, dimension_names=["geography"])
     geo[:] = np.asarray(ids, dtype=str)
     for dim, n in zip(dims[1:], shape[1:], strict=True):

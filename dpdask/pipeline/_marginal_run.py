@@ -202,7 +202,7 @@ def run_marginals(spec: ReleaseSpec, checked: Any, client: Any, overwrite: bool)
 
         shutil.rmtree(final)
     chunks = write_marginals(final, lvls, spec.domain, sets, key, charges, spec.release,
-                    checked.run_id, client, attrs)  # fmt: skip
+                    checked.run_id, client, attrs, geography=geography)  # fmt: skip
     protected = [("input data", spec.data.path), *ledger_files(spec.ledger), ("work folder", work)]
     check_output(output, overwrite, protected)
     move_into_place(final, output, overwrite)

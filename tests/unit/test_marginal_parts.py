@@ -107,3 +107,23 @@ def test_wide_records_have_the_declared_sizes():
     assert df.shape == (2000, 30) and len(sizes) == 30
     for col, n in sizes.items():
         assert df[col].min() >= 0 and df[col].max() < n
+
+
+def test_joint_level_fit_matches_the_two_level_closed_form():
+    from dpdask.dataflow._marginal_levels import level_fit
+
+    # two parents with 3 and 2 children; parent noise variance 4, children 1
+    maps = [np.array([0, 0, 0, 1, 1]), np.arange(5)]
+    M, d, slices = level_fit(maps, [4.0, 1.0])
+    r = 4.0
+    for p, m in ((0, 3), (1, 2)):
+        assert d[slices[0]][p] == pytest.approx(r * m / (r + m))  # V_P m / (r + m)
+    kids = d[slices[1]]
+    np.testing.assert_allclose(kids, [1 - 1 / (r + 3)] * 3 + [1 - 1 / (r + 2)] * 2)
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(7, 4))
+    x = M @ y
+    np.testing.assert_allclose(x[0], x[2:5].sum(axis=0), atol=1e-12)  # parents = sums
+    np.testing.assert_allclose(x[1], x[5:7].sum(axis=0), atol=1e-12)
+    w = 1 / (r + 3)  # the closed form of a child's fit
+    np.testing.assert_allclose(x[2], y[2] + w * (y[0] - y[2:5].sum(axis=0)), atol=1e-12)
