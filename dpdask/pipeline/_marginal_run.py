@@ -30,7 +30,7 @@ __all__ = [
 
 def is_marginal_spec(spec: ReleaseSpec) -> bool:
     """Whether the spec is released by the residual path (module notes)."""
-    return spec.strategy == "residual" or spec.level_workload(None).get("name") == "marginal-sets"
+    return spec.strategy == "residual" or spec.workload.get("name") == "marginal-sets"
 
 
 def marginal_sets(spec: ReleaseSpec) -> tuple[list[tuple[int, ...]], list[float]]:
