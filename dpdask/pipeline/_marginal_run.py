@@ -133,7 +133,9 @@ def validate_marginals(spec: ReleaseSpec, checked: Any) -> dict[str, Any]:
     }
 
 
-def run_marginals(spec: ReleaseSpec, checked: Any, client: Any, overwrite: bool) -> dict[str, Any]:
+def run_marginals(
+    spec: ReleaseSpec, checked: Any, client: Any, overwrite: bool, on_start: Any = None
+) -> dict[str, Any]:
     """Release the spec's marginals once its output is claimed and its preflight passed
     (the tail of :func:`dpdask.pipeline.run_spec` for this path)."""
     from dpdask.dataflow import charge_marginals, levels_of, private_dir, write_marginals
@@ -172,6 +174,8 @@ def run_marginals(spec: ReleaseSpec, checked: Any, client: Any, overwrite: bool)
     lvls = levels_of(geography, levels, plans, finest, codes)
     sets, _ = marginal_sets(spec)
     binding = run_binding(spec, output, checked.source)
+    if on_start is not None:  # the run exists: announce it, before its first charge
+        on_start(checked.run_id, getattr(client, "dashboard_link", None))
     with ledger.bound(spec.release, checked.run_id, binding):
         charges = charge_marginals(
             ledger, lvls, spec.release, checked.run_id, key, spec.privacy, checked.dataset

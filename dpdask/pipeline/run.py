@@ -448,7 +448,7 @@ def _run_checked(
     from dpdask.dataflow.release import release
 
     if marginal.is_marginal_spec(spec):
-        return marginal.run_marginals(spec, checked, client, overwrite)
+        return marginal.run_marginals(spec, checked, client, overwrite, on_start)
 
     plan, report = plan_spec(spec, client=client)
     log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
