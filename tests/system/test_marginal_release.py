@@ -186,3 +186,30 @@ def test_a_stopped_run_resumes_with_its_key_and_is_charged_once(tmp_path, monkey
     ledger = Ledger(tmp_path / "out" / "ledger.sqlite")
     assert ledger.spent("wide-test").rho == pytest.approx(2)  # not charged again
     assert ledger.run("wide-test", "r1").state == "published"
+
+
+def test_thirty_attributes_all_two_way_marginals(tmp_path):
+    df, sizes = wide_records(3000, d=30, seed=8)
+    domain = Domain(sizes)
+    ids = geography_ids(3)
+    df = with_geography(df, 3, seed=9)
+    geo = Geography.flat(ids, "geo")
+    sets = list(itertools.combinations(range(30), 2))
+    plan = plan_residual(MarginalWorkload(domain.shape, sets), zCDP(4), domain=domain)
+    finest = pd.Categorical(df["geo"], categories=ids).codes.astype(np.int64)
+    lvls = levels_of(geo, ["geo"], {"geo": plan}, finest, df[list(sizes)].to_numpy())
+    key = SecretKey.for_testing(12)
+    charges = [residual_charge(plan, "wide", "run1", "geo", "strategy", key.fingerprint())]
+    out = tmp_path / "final.zarr"
+    write_marginals(out, lvls, domain, sets, key, charges, "wide", "run1", None,
+                    {"release": "wide"}, test_mode=True)  # fmt: skip
+    import xarray as xr
+
+    names = list(sizes)
+    z2 = []
+    for S in sets[:: len(sets) // 40]:
+        attrs = [names[i] for i in S]
+        ds = xr.open_zarr(out, group=f"geo/marginals/{'-'.join(attrs)}")
+        err = ds.estimate.values - _truth(df, sizes, ids, attrs)
+        z2.append((err**2 / ds.variance.values[:, None, None]).ravel())
+    assert 0.7 <= float(np.concatenate(z2).mean()) <= 1.4
