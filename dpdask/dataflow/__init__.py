@@ -16,6 +16,14 @@ lazily, and :func:`aggregate_sparse` does so on sparse blocks
 
 from dpdask.dataflow._aggregate import aggregate, level_key
 from dpdask.dataflow._ingest import ingest_records
+from dpdask.dataflow._marginal_records import read_codes
+from dpdask.dataflow._marginal_release import (
+    MarginalLevel,
+    charge_marginals,
+    levels_of,
+    marginal_name,
+    write_marginals,
+)
 from dpdask.dataflow._output import table_variances
 from dpdask.dataflow._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
 from dpdask.dataflow._ri2010 import RI2010_FILE, RI2010_LEVELS, read_ri2010, ri2010_csv
@@ -47,12 +55,14 @@ __all__ = [
     "RI2010_LEVELS",
     "UNKNOWN_GEOGRAPHY",
     "DataStore",
+    "MarginalLevel",
     "SourcePrint",
     "SparseCounts",
     "StoreExistsError",
     "adopt_array",
     "aggregate",
     "aggregate_sparse",
+    "charge_marginals",
     "default_geo_chunk",
     "densify",
     "fingerprint_options",
@@ -60,9 +70,12 @@ __all__ = [
     "geography_universe",
     "ingest_records",
     "level_key",
+    "levels_of",
+    "marginal_name",
     "open_store",
     "prefer_dense",
     "private_dir",
+    "read_codes",
     "read_pl94",
     "read_ri2010",
     "read_store",
@@ -70,6 +83,7 @@ __all__ = [
     "sparsify",
     "synthetic_store",
     "table_variances",
+    "write_marginals",
     "write_sparse_store",
     "write_store",
 ]

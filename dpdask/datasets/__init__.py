@@ -21,6 +21,12 @@ from dpdask.datasets._synthetic import (
     synthetic_block,
     synthetic_persons,
 )
+from dpdask.datasets._wide import (
+    geography_ids,
+    wide_records,
+    with_geography,
+    write_geography_universe,
+)
 
 __all__ = [
     "CONCENTRATION",
@@ -33,7 +39,11 @@ __all__ = [
     "SyntheticGenerator",
     "SyntheticPersons",
     "draw_populations",
+    "geography_ids",
     "synthetic_block",
     "synthetic_persons",
     "synthetic_pl94_blocks",
+    "wide_records",
+    "with_geography",
+    "write_geography_universe",
 ]

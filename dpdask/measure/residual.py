@@ -11,14 +11,30 @@ the true answers; noise is the measure step's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from dpdask.errors import PlanError
+from dpdask.measure._lattice import DEFAULT_MAX_TOTAL, Lattice
+from dpdask.noise import MAX_TABLE_SCALE
 from dpdask.strategy.residual import helmert
 
-__all__ = ["marginal_counts", "reduce_table", "residual_answer", "residual_rows"]
+__all__ = [
+    "marginal_counts",
+    "measure_records",
+    "reduce_table",
+    "residual_answer",
+    "residual_block",
+    "residual_charge",
+    "residual_evaluation_error",
+    "residual_lattice",
+    "residual_rows",
+    "strategy_rows",
+]
 
 
 def _codes(records: Any, columns: Sequence[Any] | None) -> np.ndarray:
@@ -123,3 +139,207 @@ def residual_rows(marginal: np.ndarray) -> np.ndarray:
         H = helmert(out.shape[k])
         out = np.moveaxis(np.tensordot(H, out, axes=([1], [k])), 0, k)
     return out.reshape(-1)
+
+
+# -- measuring a residual plan from records (no strategy operator, no data vector) ------
+def strategy_rows(plan: Any) -> int:
+    """Rows of a residual plan's strategy: ``sum_A prod_{i in A} (n_i - 1)``."""
+    W = plan.marginals
+    return sum(math.prod(W.sizes[i] - 1 for i in A) for A in W.residual_sets())
+
+
+def _gamma(n: int) -> float:
+    u = 2.0**-53
+    return n * u / (1.0 - n * u)
+
+
+def residual_charge(
+    plan: Any, release: str, run_id: str, level: str, measurement: str, key_fingerprint: str | None
+) -> Any:
+    """The charge of one level's residual measurement, checked, not recorded.
+
+    As :func:`dpdask.measure.level_charge`, but the L2 sensitivity is the plan's closed
+    form (every cell's column has norm ``sqrt(sum_A u_A prod_{i in A} (1 - 1/n_i))``),
+    not a column-norm pass over a strategy operator with ``prod n_i`` columns.
+    """
+    from dpdask.privacy import Charge, check_calibration, check_name
+    from dpdask.strategy.residual import ResidualPlan
+
+    if not isinstance(plan, ResidualPlan):
+        raise TypeError(f"a residual measurement needs a ResidualPlan, got {type(plan).__name__}")
+    sens = float(plan.sensitivity)
+    check_calibration(plan.mechanism, sens, float(plan.noise_scale), plan.privacy)
+    return Charge(
+        release=check_name(release, "release"),
+        run_id=check_name(run_id, "run_id"),
+        level=check_name(level, "level"),
+        measurement=check_name(measurement, "measurement"),
+        mechanism=plan.mechanism,
+        sensitivity=sens,
+        noise_scale=float(plan.noise_scale),
+        privacy=plan.privacy,
+        key_fingerprint=key_fingerprint,
+    )
+
+
+def residual_evaluation_error(plan: Any) -> float:
+    """A bound ``e``: every computed row of :func:`residual_rows` times ``sqrt(u_A)``
+    is within ``e ||x||_1`` of the exact product with the plan's stored doubles.
+
+    The marginal ``m_A`` is an exact integer count; each Helmert factor is a dot product
+    of length ``n_i`` (error at most ``gamma_{n_i} |H_i| |y|``, any summation order, FMA
+    or not), then one rounding for ``sqrt(u_A)``. A Helmert row has absolute sum at most
+    2, so ``(x)|H_i| |m_A| <= 2^{|A|} ||x||_1``, and the composed error is at most
+    ``sqrt(u_A) ((1 + u) prod_i (1 + gamma_{n_i}) - 1) 2^{|A|} ||x||_1``; the bound is
+    doubled for the rounding of ``sqrt(u_A)`` itself.
+    """
+    W = plan.marginals
+    worst = 0.0
+    for j, A in enumerate(W.residual_sets()):
+        grow = 1.0 + 2.0**-53
+        for i in A:
+            grow *= 1.0 + _gamma(W.sizes[i])
+        worst = max(worst, math.sqrt(plan.precision[j]) * (grow - 1.0) * 2.0 ** len(A))
+    return 2.0 * worst
+
+
+def residual_lattice(plan: Any, max_total: int = DEFAULT_MAX_TOTAL) -> Lattice:
+    """The lattice of a residual plan's measurement from records (as :func:`lattice`).
+
+    The rule of :mod:`dpdask.measure._lattice` with the plan's closed-form sensitivity,
+    its row count and :func:`residual_evaluation_error` in place of the operator's.
+    """
+    from dpdask.measure._lattice import (
+        _LATTICE_SLACK,
+        _MAX_GRID_SCALE,
+        _SENSITIVITY_PAD,
+        _check_max_total,
+        _fits,
+        _step,
+        _up,
+    )
+
+    max_total = _check_max_total(max_total)
+    if plan.mechanism != "gaussian":
+        raise PlanError(f"a residual plan adds Gaussian noise, not {plan.mechanism!r}")
+    sens, scale = float(plan.sensitivity), float(plan.noise_scale)
+    m = strategy_rows(plan)
+    c = 2.0 * math.sqrt(m)
+    k = max(0, math.ceil(math.log2(c * _LATTICE_SLACK / sens)))
+    k = min(k, math.floor(math.log2(_MAX_GRID_SCALE / scale)))
+    err = residual_evaluation_error(plan) * max_total
+    if err > 0:
+        k = min(k, math.floor(-math.log2(2.0 * err)))
+    while _step(k) < 2 * Fraction(err):
+        k -= 1  # pragma: no cover
+    padded = Fraction(sens) * _SENSITIVITY_PAD
+    sens_eff = _up(padded + Fraction(math.ceil(c * 2**20), 2**20) * _step(k))
+    s_eff = _up(Fraction(scale) * Fraction(sens_eff) / Fraction(sens))
+    while not _fits("discrete_gaussian", sens_eff, s_eff, plan.privacy):
+        s_eff = _up(Fraction(s_eff) * Fraction(1025, 1024))
+        if s_eff > 2.0**60:
+            raise PlanError(f"no discrete Gaussian scale fits {plan.privacy!r}")
+    grid = Fraction(s_eff) / _step(k)
+    if grid > MAX_TABLE_SCALE:
+        raise PlanError(f"noise scale {s_eff:g} is too large for the lattice sampler")
+    return Lattice("discrete_gaussian", False, k, sens_eff, s_eff, grid)
+
+
+def residual_block(plan: Any, units: np.ndarray, codes: np.ndarray, n_units: int) -> np.ndarray:
+    """``sqrt(u_A) H_A m_A`` of every residual, per unit: shape ``(n_units, rows)``.
+
+    ``units`` gives each record's unit (``0 .. n_units - 1``), ``codes`` its attribute
+    codes; one group-by count per residual, never a data vector.
+    """
+    W = plan.marginals
+    sizes = (int(n_units), *W.sizes)
+    table = np.column_stack([np.asarray(units, np.int64), np.asarray(codes, np.int64)])
+    out = np.empty((int(n_units), strategy_rows(plan)))
+    at = 0
+    for j, A in enumerate(W.residual_sets()):
+        m = marginal_counts(table, sizes, [0, *(i + 1 for i in A)]).astype(float)
+        for k, i in enumerate(A):
+            H = helmert(W.sizes[i])
+            m = np.moveaxis(np.tensordot(H, m, axes=([1], [k + 1])), 0, k + 1)
+        rows = m.reshape(int(n_units), -1)
+        out[:, at : at + rows.shape[1]] = math.sqrt(plan.precision[j]) * rows
+        at += rows.shape[1]
+    return out
+
+
+def measure_records(
+    plan: Any,
+    units: np.ndarray,
+    codes: np.ndarray,
+    n_units: int,
+    key: Any,
+    identity: Any,
+    receipt: Any,
+    run_id: str,
+    *,
+    test_mode: bool = False,
+    max_total: int = DEFAULT_MAX_TOTAL,
+) -> np.ndarray:
+    """Noisy rows of a residual plan for one chunk of units, from its records.
+
+    The checks of :func:`dpdask.measure.measure` in its order (key and stream, the
+    charge against ``receipt``, the data, the public bound on a unit's total), then
+    ``sqrt(u_A) H_A m_A`` (:func:`residual_block`) on the lattice
+    (:func:`residual_lattice`) plus discrete Gaussian noise from the chunk's stream.
+
+    Parameters
+    ----------
+    plan : ResidualPlan
+    units, codes : ndarray
+        Each record's unit in the chunk and its attribute codes ``(records, d)``.
+    n_units : int
+        Units in the chunk (units without a record get rows of zeros plus noise).
+    key : SecretKey or StreamKey
+        The release's key or this chunk's stream key.
+    identity : MeasurementId or 4-tuple
+    receipt : Charge
+        The level's recorded charge (:func:`residual_charge`, bound to the key).
+    run_id : str
+    test_mode : bool
+        Allow a test-only key.
+
+    Returns
+    -------
+    ndarray of shape (n_units, rows)
+        Float64 multiples of the grid step.
+    """
+    from dpdask.errors import DataError, NoiseKeyError
+    from dpdask.measure._charges import as_identity, check_receipt, stream_identity
+    from dpdask.noise import KeyedRNG, StreamKey, as_secret_key
+
+    secret = key if isinstance(key, StreamKey) else as_secret_key(key)
+    if secret.test_only and not test_mode:
+        raise NoiseKeyError("refusing a test-only key outside test mode")
+    ident = as_identity(identity)
+    stream = stream_identity(ident, run_id)
+    if isinstance(secret, StreamKey) and not secret.is_for(stream):
+        raise NoiseKeyError("the stream key was made for another measurement or run")
+    charge = residual_charge(
+        plan, ident.release, run_id, ident.level, ident.measurement, secret.fingerprint()
+    )
+    check_receipt(receipt, charge, test_mode)
+    spec = residual_lattice(plan, max_total)
+    units = np.asarray(units)
+    codes = np.asarray(codes)
+    if units.ndim != 1 or codes.ndim != 2 or codes.shape != (units.size, plan.marginals.d):
+        raise DataError(f"records: {units.shape} units for codes of shape {codes.shape}")
+    if units.size and (units.min() < 0 or units.max() >= n_units):
+        raise DataError("records: a unit index outside the chunk")
+    top = int(np.bincount(units, minlength=n_units).max(initial=0)) if units.size else 0
+    if top > max_total:
+        raise DataError(f"a unit holds {top} records, above the public bound {max_total}")
+    grid = np.ldexp(residual_block(plan, units, codes, n_units), spec.k)
+    np.rint(grid, out=grid)
+    if np.abs(grid).max(initial=0.0) >= 2.0**52:
+        raise DataError("counts too large for the lattice (grid answers above 2**52)")
+    noisy = grid.astype(np.int64)
+    del grid
+    noisy += KeyedRNG(secret, stream).sample(spec.mechanism, spec.grid_scale, noisy.shape)
+    out: np.ndarray = noisy.astype(np.float64)
+    np.ldexp(out, -spec.k, out=out)
+    return out

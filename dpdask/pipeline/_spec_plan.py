@@ -3,6 +3,7 @@ one for every level, or one per released level (``{levels: {level: ...}}``)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,6 +14,7 @@ __all__ = ["STRATEGIES", "strategies", "workloads"]
 
 STRATEGIES = (
     "hdmm", "identity", "workload", "hierarchical", "wavelet", "convex", "fitness", "tda-2020",
+    "residual",
 )  # fmt: skip
 
 
@@ -35,9 +37,52 @@ def workloads(raw: Any, levels: tuple[str, ...] | None) -> dict[str, Any]:
     return {"levels": {lv: _workload(per_level[lv]) for lv in levels}}  # in levels' order
 
 
+def _marginals(raw: Any) -> dict[str, Any]:
+    """``{marginals: {k: K}}`` (all K-way marginals; ``attributes: [...]``: of those
+    attributes only) or ``{marginals: [sets]}``, each set
+    a list of attribute names or ``{attributes: [...], weight: w}``."""
+    check_keys(raw, ["marginals"], "workload")
+    m = raw["marginals"]
+    if isinstance(m, Mapping):
+        check_keys(m, ["k", "attributes"], "workload.marginals")
+        k = m.get("k")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise SpecError(f"workload.marginals.k: expected a non-negative integer, got {k!r}")
+        among = m.get("attributes")
+        if among is None:
+            return {"name": "marginals", "k": k}
+        ok = isinstance(among, list) and all(isinstance(a, str) for a in among)
+        if not ok or len(set(among)) != len(among) or len(among) < k:
+            raise SpecError(
+                f"workload.marginals.attributes: expected at least {k} distinct attribute names"
+            )
+        sets = [list(c) for c in itertools.combinations(among, k)]
+        return {"name": "marginal-sets", "sets": sets, "weights": [1.0] * len(sets)}
+    if not isinstance(m, list) or not m:
+        raise SpecError("workload.marginals: expected {k: K} or a non-empty list of sets")
+    sets, weights = [], []
+    for j, item in enumerate(m):
+        where = f"workload.marginals[{j}]"
+        weight: Any = 1
+        if isinstance(item, Mapping):
+            check_keys(item, ["attributes", "weight"], where)
+            weight = item.get("weight", 1)
+            item = item.get("attributes")
+        ok = isinstance(item, list) and all(isinstance(a, str) for a in item)
+        if not ok or len(set(item)) != len(item):
+            raise SpecError(f"{where}: expected a list of distinct attribute names")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+            raise SpecError(f"{where}.weight: expected a positive number, got {weight!r}")
+        sets.append(list(item))
+        weights.append(float(weight))
+    return {"name": "marginal-sets", "sets": sets, "weights": weights}
+
+
 def _workload(raw: Any) -> dict[str, Any]:
     from dpdask.workloads.named import workload_options
 
+    if isinstance(raw, Mapping) and "marginals" in raw:
+        return _marginals(raw)
     if isinstance(raw, str):
         workload: dict[str, Any] = {"name": raw}
     elif isinstance(raw, Mapping):
@@ -56,6 +101,10 @@ def _workload(raw: Any) -> dict[str, Any]:
     return workload
 
 
+def _residual_options(objective: str = "sum") -> None:
+    """The options of ``strategy: residual`` (``objective``: sum or max)."""
+
+
 def _strategy_keys(name: str) -> list[str]:
     """The options :func:`dpdask.strategy.select` uses for strategy ``name``."""
     from dpdask.strategy import baselines, select, tda2020
@@ -65,6 +114,7 @@ def _strategy_keys(name: str) -> list[str]:
     given = ("workload", "privacy", "strategy", "domain", "client")  # plan_spec passes these
     used: dict[str, list[tuple[Callable[..., Any], tuple[str, ...]]]] = {
         "hdmm": [(select, given)],
+        "residual": [(_residual_options, ())],
         "hierarchical": [(baselines.hierarchical, ("n_or_domain",))],
         "convex": [(baselines.convex_ca, ("W",)), (ca_solve, ("W", "weights"))],
         "fitness": [

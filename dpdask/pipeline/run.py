@@ -29,6 +29,7 @@ from dpdask.dataflow import (
     write_store,
 )
 from dpdask.domain import Geography
+from dpdask.pipeline import _marginal_run as marginal
 from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
@@ -194,6 +195,8 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     from dpdask.dataflow.release import LevelPlan
     from dpdask.strategy import select
 
+    if marginal.is_marginal_spec(spec):
+        return marginal.plan_report(spec)
     levels = spec.levels or ()
     shares = spec.level_budgets(levels) if levels else {}
 
@@ -386,6 +389,8 @@ def validate_spec(
     or the data reader's error, naming the problem (and see :func:`validating`).
     """
     validating(spec)
+    if marginal.is_marginal_spec(spec):  # records never counted into a data vector
+        return marginal.validate_marginals(spec, _preflight(spec, run_id, overwrite, create=False))
     queries = _check_workloads(spec)
     checked = _preflight(spec, run_id, overwrite, create=False)
     _plan, planned = plan_spec(spec)  # the strategy's options fail here, not in run
@@ -428,7 +433,8 @@ def run_spec(
     called once the run exists, before its first charge; see :func:`failure_reported`.
     """
     check_before_charging(spec)
-    _check_workloads(spec)
+    if not marginal.is_marginal_spec(spec):
+        _check_workloads(spec)
     if not ledger_exists(spec.ledger) and not spec.ledger_create:
         _open_ledger(spec, dry=True)  # raises, naming the fix
     run_id = check_run_id(run_id) if run_id is not None else new_run_id()
@@ -452,6 +458,9 @@ def _run_checked(
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`run_spec` once its output is claimed and its preflight passed."""
     from dpdask.dataflow.release import release
+
+    if marginal.is_marginal_spec(spec):
+        return marginal.run_marginals(spec, checked, client, overwrite, on_start)
 
     plan, report = plan_spec(spec, client=client)
     tracker.step("reading data")

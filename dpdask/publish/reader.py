@@ -137,6 +137,9 @@ def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
                 }
                 ds[f"{prefix}moe90"] = moe
         nodes[f"/{lv}"] = ds
+        if "marginals" in tree[lv].children:  # a marginal release: one table per marginal
+            for name, node in tree[lv]["marginals"].children.items():
+                nodes[f"/{lv}/marginals/{name}"] = node.to_dataset()
     return xr.DataTree.from_dict(nodes)
 
 
