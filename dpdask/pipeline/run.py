@@ -8,28 +8,21 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import pathlib
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from dpdask.dataflow import (
-    DataStore,
-    SourcePrint,
-    fingerprint_options,
-    fingerprint_path,
-    open_store,
-    private_dir,
-    read_pl94,
-    read_ri2010,
-    write_store,
-)
-from dpdask.domain import Geography
+from dpdask.dataflow import DataStore, SourcePrint, read_pl94
 from dpdask.pipeline import _marginal_run as marginal
+from dpdask.pipeline._data import (
+    check_input,
+    dataset_id,
+    load_data,
+    source_print,
+    synthetic_geography,
+)
 from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
@@ -64,114 +57,6 @@ from dpdask.workloads.named import build_workload
 log = logging.getLogger("dpdask")
 
 __all__ = ["build_workload", "check_input", "load_data", "plan_spec", "run_spec", "validate_spec"]
-
-
-# -- data -----------------------------------------------------------------------------------
-def synthetic_geography(n_units: int, n_states: int) -> Geography:
-    """A state > county hierarchy with ``n_units`` counties in ``n_states`` contiguous states."""
-    n_states = max(1, min(n_states, n_units))
-    sizes = np.diff(np.linspace(0, n_units, n_states + 1).round().astype(int))
-    parent = np.repeat(np.arange(n_states), sizes)
-    states = tuple(f"{s + 1:02d}" for s in range(n_states))
-    counties = tuple(f"{states[p]}{i:04d}" for i, p in enumerate(parent))
-    return Geography(levels=("state", "county"), ids=(states, counties), parents=(parent,))
-
-
-def source_print(spec: ReleaseSpec) -> SourcePrint:
-    """The fingerprint of the spec's input (its files' bytes, or the synthetic options)."""
-    if spec.data.format == "synthetic":
-        return fingerprint_options(
-            "synthetic", {**spec.data.options, "domain": spec.domain.to_dict()}
-        )
-    if spec.data.path is None or not spec.data.path.exists():
-        raise SpecError(f"data.path: {spec.data.path} does not exist")
-    return fingerprint_path(spec.data.path)
-
-
-def check_input(spec: ReleaseSpec) -> None:
-    """Refuse a spec whose input is missing, before a cluster starts or a ledger opens."""
-    if spec.data.format != "synthetic" and (spec.data.path is None or not spec.data.path.exists()):
-        raise SpecError(f"data.path: {spec.data.path} does not exist")
-
-
-def dataset_id(spec: ReleaseSpec, source: SourcePrint | None = None) -> str:
-    """The dataset a spec's releases are charged to: ``data.id``, or the content
-    fingerprint of the input."""
-    return spec.data.id or (source or source_print(spec)).dataset_id
-
-
-def load_data(
-    spec: ReleaseSpec, work: pathlib.Path, source: SourcePrint | None = None
-) -> DataStore:
-    """Open the spec's data as a store; inputs that need converting (P.L. 94-171 files,
-    the Rhode Island 2010 block file, records, synthetic data) are converted into the
-    private folder ``work``, under a name keyed to the source's fingerprint (a changed
-    source is converted again).
-    """
-    fmt = spec.data.format
-    layout = str(spec.data.options.get("layout", "auto"))
-    if fmt == "store":
-        store = open_store(spec.data.path)
-    else:
-        source = source or source_print(spec)
-        cached = private_dir(work) / source.cache_name
-        if cached.exists():
-            store = open_store(cached)
-        elif fmt == "pl94":
-            counts, domain, geo = read_pl94(spec.data.path)
-            store = write_store(
-                cached, counts, domain, geo, source=f"P.L. 94-171 {spec.data.path}",
-                layout=layout,
-            )  # fmt: skip
-        elif fmt == "ri2010":
-            counts, domain, geo = read_ri2010(spec.data.path)
-            origin = f"RI 2010 blocks (ALARM Project, CC BY-SA 4.0) {spec.data.path}"
-            store = write_store(cached, counts, domain, geo, source=origin, layout=layout)
-        elif fmt == "synthetic":
-            store = _synthetic_store(spec, cached)
-        elif fmt == "records":
-            from dpdask.dataflow import ingest_records
-
-            opts = dict(spec.data.options)
-            for key in ("geography_column", "geographies"):  # parse_spec names the fix
-                if key not in opts:
-                    raise SpecError(f"data.{key}: required for format 'records'")
-            store = ingest_records(spec.data.path, spec.domain, store=cached, **opts)
-        else:  # pragma: no cover - parse_spec refuses other formats
-            raise SpecError(f"data.format: {fmt!r}")
-        _owner_only(cached)
-    if store.domain != spec.domain:
-        raise SpecError(f"domain: the spec says {spec.domain} but the data has {store.domain}")
-    return store
-
-
-def _owner_only(path: pathlib.Path) -> None:
-    """Close a converted copy of the input to everyone but its owner (folders 0700,
-    files 0600), whatever the umask it was written under."""
-    for root, _dirs, files in os.walk(path):
-        os.chmod(root, 0o700)
-        for name in files:
-            f = os.path.join(root, name)
-            if not os.path.islink(f):
-                os.chmod(f, 0o600)
-
-
-def _synthetic_store(spec: ReleaseSpec, path: pathlib.Path) -> DataStore:
-    """The spec's synthetic data (:func:`dpdask.dataflow.synthetic_store`) in the layout
-    ``data.layout`` names; ``auto`` is the smaller for the drawn populations (a unit
-    fills at most as many cells as it has persons)."""
-    from dpdask.dataflow import prefer_dense, synthetic_store
-    from dpdask.datasets import draw_populations
-
-    opts = dict(spec.data.options)
-    n = int(opts.get("geographies", 50))
-    geo = synthetic_geography(n, int(opts.get("states", max(1, round(n / 60)))))
-    seed, median = int(opts.get("seed", 0)), float(opts.get("population", 25_000))
-    layout = str(opts.get("layout", "auto"))
-    if layout == "auto":
-        most = int(np.minimum(draw_populations(n, seed, median), spec.domain.size).sum())
-        layout = "dense" if prefer_dense(most, n, spec.domain.size, 4) else "sparse"
-    return synthetic_store(path, spec.domain, geo, seed=seed, population=median, layout=layout)
 
 
 # -- the three verbs ------------------------------------------------------------------------
