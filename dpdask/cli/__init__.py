@@ -11,9 +11,12 @@ scheduler and worker images), and a verb's parser is built only when that verb i
 so ``dpdask bench NAME --help`` lists the options of the one benchmark it imports, and
 ``dpdask run`` imports no benchmark, no audit and no report.
 
-Errors end the command with one line on standard error, never a traceback: refusals
-(exit 2), failures of the system such as a full disk (exit 1) and Ctrl-C (exit 130),
-with the command that resumes a run when the run was charged.
+Errors end the command with one line on standard error, never a traceback (``-vv``
+logs it), with the command that resumes a run when the run was charged; the exit status
+says which kind of error it was (:mod:`dpdask.cli._exit`: 1 a failure of the system, 2
+invalid input, 3 over budget, 4 already published, 5 an unsafe or locked output, 6 the
+ledger refuses, 130 Ctrl-C), and with ``--json`` one object on standard output says it
+too.
 """
 
 from __future__ import annotations
@@ -26,17 +29,16 @@ from collections.abc import Sequence
 from dpdask import __version__
 from dpdask.cli._checks import cmd_audit, cmd_bench, cmd_faults
 from dpdask.cli._common import QUIET, log
+from dpdask.cli._exit import EXIT_CODES, epilog, exit_code, print_refusal
 from dpdask.cli._export import cmd_export, cmd_report
 from dpdask.cli._ledger import cmd_ledger
 from dpdask.cli._release import cmd_plan, cmd_run, cmd_validate
-from dpdask.errors import DPDaskError, LedgerStorageError
+from dpdask.errors import DPDaskError
 
-__all__ = ["FAILED", "INTERRUPTED", "REFUSED", "main"]
+__all__ = ["EXIT_CODES", "main"]
 
-#: exit statuses: a refusal (bad input, a ledger or output that says no), a failure of
-#: the system (a full disk, for the output or the ledger), an interruption (Ctrl-C, as
-#: shells report SIGINT)
-REFUSED, FAILED, INTERRUPTED = 2, 1, 130
+#: the verbs whose ``--json`` prints one object on an error too
+_JSON_VERBS = frozenset({"run", "validate", "plan", "ledger", "export"})
 
 
 COMMANDS = {
@@ -101,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Differentially private release of linear counting queries on Dask.",
         epilog="\n".join(f"  {k:<10} {v[1]}" for k, v in COMMANDS.items())
         + "\n\n-q/--quiet (errors only) and -v/--verbose (more, twice for Dask's own) go "
-        "anywhere on the line.",
+        "anywhere on the line.\n\n" + epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dpdask {__version__}")
@@ -114,32 +116,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         parser.parse_args([command])  # prints the error and exits 2
+    as_json = command in _JSON_VERBS and "--json" in rest
     try:
         if command in ("run", "validate"):  # every model's run; before a cluster starts
             from dpdask.publish import check_interpreter
 
             check_interpreter()
         return COMMANDS[command][0](rest)
-    except KeyboardInterrupt as exc:
-        _say(command, "interrupted", exc)
-        return INTERRUPTED
-    except (DPDaskError, ValueError, FileNotFoundError, PermissionError, MemoryError,
-            TypeError) as exc:  # fmt: skip
-        _say(command, "error", exc)
-        return FAILED if isinstance(exc, LedgerStorageError) else REFUSED
-    except OSError as exc:  # a full disk, a file system gone read-only, ...
-        _say(command, "error", exc)
-        return FAILED
+    except (KeyboardInterrupt, Exception) as exc:  # every error: one line, its own status
+        if not _expected(exc):  # a bug: its traceback with -v
+            log.info("dpdask %s: unexpected error", command, exc_info=exc)
+        line = _say(command, "interrupted" if isinstance(exc, KeyboardInterrupt) else "error", exc)
+        if as_json:
+            print_refusal(exc, line)
+        return exit_code(exc)
 
 
-def _say(command: str, what: str, exc: BaseException) -> None:
+def _expected(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error a command may end with (not a bug)."""
+    return isinstance(exc, (DPDaskError, OSError, ValueError, TypeError, MemoryError,
+                            KeyboardInterrupt))  # fmt: skip
+
+
+def _say(command: str, what: str, exc: BaseException) -> str:
     """One line on standard error: the error, and the notes the run added to it (whether
-    it was charged, and how to resume it)."""
+    it was charged, and how to resume it); returns the message."""
     if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, DPDaskError):
         where = f" ({exc.filename})" if exc.filename else ""
         text = f"{exc.strerror}{where}"
     else:
-        text = str(exc)
+        text = str(exc) if _expected(exc) else f"{type(exc).__name__}: {exc}"
     parts = [text, *getattr(exc, "__notes__", ())]
     line = "; ".join(" ".join(str(p).split()) for p in parts if str(p).strip())
     print(f"dpdask {command}: {what}" + (f": {line}" if line else ""), file=sys.stderr)
+    return line
