@@ -33,6 +33,7 @@ from dpdask.cli._exit import EXIT_CODES, epilog, exit_code, print_refusal
 from dpdask.cli._export import cmd_export, cmd_report
 from dpdask.cli._ledger import cmd_ledger
 from dpdask.cli._release import cmd_plan, cmd_run, cmd_validate
+from dpdask.cli._schema import cmd_schema
 from dpdask.errors import DPDaskError
 
 __all__ = ["EXIT_CODES", "main"]
@@ -56,6 +57,10 @@ COMMANDS = {
     "report": (
         cmd_report,
         "write a release's HTML report: dpdask report OUT.zarr [--out FILE.html] [--truth STORE]",
+    ),
+    "schema": (
+        cmd_schema,
+        "print the JSON Schema of release specs (for editors and CI): dpdask schema",
     ),
     "validate": (cmd_validate, "check a spec and its data, spending nothing: dpdask validate SPEC"),
     "audit": (cmd_audit, "bound a release's epsilon from below: dpdask audit SPEC --trials N"),

@@ -18,6 +18,7 @@ from dpdask.dataflow._aggregate import aggregate, level_key
 from dpdask.dataflow._ingest import ingest_records
 from dpdask.dataflow._output import table_variances
 from dpdask.dataflow._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
+from dpdask.dataflow._progress import Progress
 from dpdask.dataflow._ri2010 import RI2010_FILE, RI2010_LEVELS, read_ri2010, ri2010_csv
 from dpdask.dataflow._source import (
     SourcePrint,
@@ -47,6 +48,7 @@ __all__ = [
     "RI2010_LEVELS",
     "UNKNOWN_GEOGRAPHY",
     "DataStore",
+    "Progress",
     "SourcePrint",
     "SparseCounts",
     "StoreExistsError",

@@ -88,11 +88,11 @@ class TopdownGraph(ReleaseState):
     ) -> list[pathlib.Path]:
         """Measure and fit every chunk not yet checkpointed in ``work`` (module notes);
         return each level's folder of sparse chunks."""
-        from dpdask.dataflow._release_graph import compute_items
+        from dpdask.dataflow._progress import compute_items
 
         folders, todo = self._topdown_graph(work, key)
         if todo is not None:
-            compute_items([todo], client, progress)
+            compute_items([todo], client, progress, "measure-reconstruct")
         return folders
 
     def _topdown_graph(self, work: pathlib.Path, key: Any) -> tuple[list[pathlib.Path], Any]:

@@ -439,9 +439,13 @@ def _run_checked(
     on_start: Callable[[str, str | None], None] | None,
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`run_spec` once its output is claimed and its preflight passed."""
+    from dpdask.dataflow import Progress
     from dpdask.dataflow.release import release
 
+    selecting = Progress("select", {}) if progress else None  # the strategy, data-free
     plan, report = plan_spec(spec, client=client)
+    if selecting is not None:
+        selecting.close()
     log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
              spec.data.format, checked.work)  # fmt: skip
     store = load_data(spec, checked.work, checked.source)
