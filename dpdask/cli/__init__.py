@@ -131,9 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, Exception) as exc:  # every error: one line, its own status
         if not _expected(exc):  # a bug: its traceback with -v
             log.info("dpdask %s: unexpected error", command, exc_info=exc)
-        line = _say(command, "interrupted" if isinstance(exc, KeyboardInterrupt) else "error", exc)
+        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+        line = _say(command, what, exc)
         if as_json:
-            print_refusal(exc, line)
+            print_refusal(exc, line or what)
         return exit_code(exc)
 
 

@@ -104,7 +104,7 @@ def test_reusing_a_published_run_id_is_refused(tiny, tmp_path, capsys) -> None:
         (("--run-id", "R", "--overwrite"), tiny),
         (("--run-id", "R"), _write_spec(tmp_path, "other.yaml", output=str(tmp_path / "o2.zarr"))),
     ]:
-        assert _run(spec, *args) == 2
+        assert _run(spec, *args) == 4
         assert "a new run id is a new run" in capsys.readouterr().err
     assert _estimates(out) == published
     assert not (tmp_path / "o2.zarr").exists()
@@ -127,7 +127,7 @@ def test_a_charged_run_whose_key_is_lost_cannot_draw_again(tiny, tmp_path, capsy
     assert modes == {0o600}
     # the attacker deletes the work folder and its key and resumes the charged run
     shutil.rmtree(work)
-    assert _run(tiny, "--run-id", "K") == 2
+    assert _run(tiny, "--run-id", "K") == 4
     assert "key is gone" in capsys.readouterr().err
     # or brings another key
     work.mkdir(mode=0o700, exist_ok=True)
@@ -156,7 +156,7 @@ def test_a_tampered_ledger_is_refused(tiny, tmp_path, capsys, kind) -> None:
     published = _estimates(out)
     tamper_ledger(ledger_path, kind, snapshot)
     capsys.readouterr()
-    assert main(["ledger", "verify", str(ledger_path)]) == 2
+    assert main(["ledger", "verify", str(ledger_path)]) == 6
     assert "ledger" in capsys.readouterr().err
     again = _write_spec(tmp_path, "again.yaml", release="tiny-two",
                         output=str(tmp_path / "out" / "two.zarr"))  # fmt: skip
@@ -185,7 +185,7 @@ def test_a_lost_head_file_is_re_anchored_only_against_the_releases(tiny, tmp_pat
     head_file.unlink()
     capsys.readouterr()
     # without its head file the ledger is refused, naming the way back
-    assert main(["ledger", "verify", str(ledger_path)]) == 2
+    assert main(["ledger", "verify", str(ledger_path)]) == 6
     assert _run(again, "--run-id", "B") == 2
     assert f"dpdask ledger anchor {ledger_path}" in capsys.readouterr().err
     # a kept head the chain does not hold is not re-anchored
@@ -218,7 +218,7 @@ def test_a_lost_head_file_is_re_anchored_only_against_the_releases(tiny, tmp_pat
 def test_a_missing_ledger_is_created_only_when_asked(tiny, tmp_path, capsys) -> None:
     spec = _write_spec(tmp_path, "nocreate.yaml", ledger=str(tmp_path / "ledger" / "l.sqlite"))
     for verb in ("validate", "run"):
-        assert main([verb, str(spec), "--json"]) == 2
+        assert main([verb, str(spec), "--json"]) == 6
         assert "dpdask ledger init" in capsys.readouterr().err
     assert not (tmp_path / "ledger" / "l.sqlite").exists()
     assert main(["ledger", "init", str(tmp_path / "ledger" / "l.sqlite")]) == 0
@@ -233,7 +233,7 @@ def test_the_dataset_lifetime_budget_holds_across_releases(tiny, tmp_path, capsy
                          privacy={"dataset": {"zcdp": 1}})  # fmt: skip
     assert _run(first) == 0
     capsys.readouterr()
-    assert main(["validate", str(second)]) == 2
+    assert main(["validate", str(second)]) == 3
     assert "dataset" in capsys.readouterr().err
     assert _run(second) == 2
     assert "lifetime" in capsys.readouterr().err
@@ -274,7 +274,7 @@ def test_resuming_on_changed_data_is_refused(tiny, tmp_path, capsys) -> None:
     (tmp_path / "data" / "people.csv").write_text(RECORDS + "0101,1,1\n")
     capsys.readouterr()
     for verb in ("validate", "run"):
-        assert main([verb, str(tiny), "--run-id", "C"]) == 2
+        assert main([verb, str(tiny), "--run-id", "C"]) == 4
         assert "input changed" in capsys.readouterr().err
     assert not (tmp_path / "out" / "tiny.zarr").exists()
 
@@ -296,7 +296,7 @@ def test_resuming_with_a_changed_spec_is_refused(tiny, tmp_path, capsys, change)
     changed = _write_spec(tmp_path, "hdmm.yaml", strategy="hdmm", data={"id": "people"}, **change)
     capsys.readouterr()
     for verb in ("validate", "run"):
-        assert main([verb, str(changed), "--run-id", "S"]) == 2
+        assert main([verb, str(changed), "--run-id", "S"]) == 4
         assert "spec changed" in capsys.readouterr().err
     assert not (tmp_path / "out" / "tiny.zarr").exists()
     assert len(_ledger(tmp_path).entries()) == charged
@@ -316,7 +316,7 @@ def test_unsafe_outputs_are_refused_and_nothing_is_lost(tiny, tmp_path, capsys, 
     files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     spec = _write_spec(tmp_path, "unsafe.yaml", output=str(tmp_path / target))
     capsys.readouterr()
-    assert _run(spec, "--overwrite") == 2
+    assert _run(spec, "--overwrite") == 5
     err = capsys.readouterr().err
     assert "overlaps" in err or "not a dpdask release" in err
     for p, data in files.items():
@@ -331,7 +331,7 @@ def test_overwrite_replaces_only_a_release(tiny, tmp_path, capsys) -> None:
     old = _estimates(out)
     second = _write_spec(tmp_path, "b.yaml", release="b")
     capsys.readouterr()
-    assert _run(second) == 2  # exists, no --overwrite
+    assert _run(second) == 4  # exists, no --overwrite
     assert "--overwrite" in capsys.readouterr().err
     assert _run(second, "--overwrite") == 0
     assert _estimates(out) != old
@@ -444,7 +444,7 @@ def test_a_stop_between_publication_and_clean_up_is_finished_later(tiny, tmp_pat
     left = tmp_path / ".two.zarr.run-Q"
     assert left.exists() and not (left / "key").exists()
     capsys.readouterr()
-    assert _run(second, "--run-id", "Q") == 2
+    assert _run(second, "--run-id", "Q") == 4
     assert "published" in capsys.readouterr().err
     assert not left.exists()
 

@@ -83,7 +83,7 @@ def test_two_periods_publish_and_a_third_is_refused_before_reading(
     monkeypatch.setattr(run_module, "load_data", no_read)
     monkeypatch.setattr(run_module, "source_print", no_read)
     capsys.readouterr()
-    assert main(["run", str(monthly), "--period", "2026-12", "--no-progress"]) == 2
+    assert main(["run", str(monthly), "--period", "2026-12", "--no-progress"]) == 3
     err = capsys.readouterr().err
     assert "lifetime" in err and "rho=0" in err
     assert not (tmp_path / "out" / "pl94-2026-12.zarr").exists()

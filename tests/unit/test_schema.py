@@ -53,8 +53,9 @@ def _fixture_specs(tmp: pathlib.Path) -> list[pathlib.Path]:
         _write_spec(tmp),
         _write_spec(tmp, "topdown.yaml", reconstruct={"method": "topdown", "integer": True}),
         _write_spec(tmp, "server.yaml", ledger={"url": "postgresql://op@db/ledger"}),
-        _write_spec(tmp, "levels.yaml", workload={"levels": {"state": "identity",
-                                                              "county": "marginals"}}),  # fmt: skip
+        _write_spec(
+            tmp, "levels.yaml", workload={"levels": {"state": "identity", "county": "marginals"}}
+        ),
         pathlib.Path(_spec(tmp)),
         pathlib.Path(_spec(tmp, "t.yaml", threshold="{name: recursive, mu: 3}")),
     ]
