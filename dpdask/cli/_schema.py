@@ -162,7 +162,7 @@ def _sums() -> dict[str, Any]:
         "workload": {"anyOf": [{"enum": ["prefix", "total", "range"]}, {"type": "object"}]},
         "threshold": {
             "anyOf": [
-                {"enum": thresholds},
+                {"enum": [*thresholds, "none"]},  # none: no threshold (the bins' top)
                 {
                     "anyOf": [
                         _closed({k: {} for k in sorted(keys)} | {"name": {"const": name}}, ["name"])

@@ -249,7 +249,7 @@ def test_a_rerun_needs_overwrite_and_overwrite_needs_a_dpdask_artefact(door, cap
     door.write(output=str(precious))
     before = door.files()
     for verb in ("validate", "run"):
-        assert door.run(verb, "--overwrite") == 2
+        assert door.run(verb, "--overwrite") == 5
         assert "not a dpdask release" in _one_error(capsys.readouterr().err, verb)
     _unchanged(before, door)
 
@@ -267,7 +267,7 @@ def test_local_overwrite_replaces_only_its_own_files(tmp_path, capsys) -> None:
     assert door.output.read_bytes() == first  # same strategy, same responses: same answers
     # an edited output is no longer dpdask's: its sidecar no longer vouches for it
     door.output.write_bytes(first + b"edited\n")
-    assert door.run("run", "--overwrite") == 2
+    assert door.run("run", "--overwrite") == 5
     assert "not a dpdask release" in _one_error(capsys.readouterr().err, "run")
     assert door.output.read_bytes() == first + b"edited\n"
 
@@ -390,13 +390,13 @@ def test_a_saved_plan_replaces_only_a_plan(tmp_path, capsys) -> None:
     saved = tmp_path / "plan.npz"
     assert door.run("plan", "--save", str(saved)) == 0
     first = saved.read_bytes()
-    assert door.run("plan", "--save", str(saved)) == 2  # exists: needs --overwrite
+    assert door.run("plan", "--save", str(saved)) == 4  # exists: needs --overwrite
     assert saved.read_bytes() == first
     assert door.run("plan", "--save", str(saved), "--overwrite") == 0
     assert Plan.load(saved).noise_scale > 0
     link = tmp_path / "link.npz"
     link.symlink_to(saved)
-    assert door.run("plan", "--save", str(link), "--overwrite") == 2
+    assert door.run("plan", "--save", str(link), "--overwrite") == 5
     assert link.is_symlink()
 
 

@@ -58,6 +58,7 @@ def _fixture_specs(tmp: pathlib.Path) -> list[pathlib.Path]:
         ),
         pathlib.Path(_spec(tmp)),
         pathlib.Path(_spec(tmp, "t.yaml", threshold="{name: recursive, mu: 3}")),
+        pathlib.Path(_spec(tmp, "n.yaml", threshold="none", mechanism="Identity")),
     ]
 
 
