@@ -92,7 +92,13 @@ class TopdownGraph(ReleaseState):
 
         folders, todo = self._topdown_graph(work, key)
         if todo is not None:
-            compute_items([todo], client, progress, "measure-reconstruct")
+            items = [todo]
+            if progress:  # one result per chunk's checkpoint, counted per level
+                layer = todo.dask.layers[todo.key]
+                ours = [k for k in layer if isinstance(k, tuple) and k[0].startswith("checkpoint-")]
+                items = [Delayed(k, todo.dask, layer=todo.key) for k in ours]
+            words = {level_key(L.name): L.name for L in self._levels}
+            compute_items(items, client, progress, "measure-reconstruct", words)
         return folders
 
     def _topdown_graph(self, work: pathlib.Path, key: Any) -> tuple[list[pathlib.Path], Any]:

@@ -15,6 +15,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from dpdask.dataflow import Progress
 from tests.system.test_accounting import RECORDS, _write_spec
 
@@ -32,10 +34,11 @@ def _cli(tmp: pathlib.Path, *argv: str) -> tuple[int, bytes, bytes]:
     return rc, out.read_bytes(), err.read_bytes()
 
 
-def test_a_piped_run_reports_labelled_steps_in_plain_lines(tmp_path):
+@pytest.mark.parametrize("reconstruct", ["ls", "topdown"])
+def test_a_piped_run_reports_labelled_steps_in_plain_lines(tmp_path, reconstruct):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "people.csv").write_text(RECORDS)
-    spec = _write_spec(tmp_path)
+    spec = _write_spec(tmp_path, reconstruct=reconstruct)
     rc, out, err = _cli(tmp_path, "run", str(spec), "--json")
     assert rc == 0, err.decode()
     for stream in (out, err):
