@@ -86,6 +86,10 @@ def test_over_budget_then_already_published(tiny, tmp_path, capsys):
     # its published run id, even asked to replace the output
     _json(capsys, ["run", str(first), "--run-id", "A", "--overwrite"], "published",
           "RunStateError")  # fmt: skip
+    ledger = str(tmp_path / "ledger" / "ledger.sqlite")
+    _json(capsys, ["ledger", "abandon", ledger, "first", "A"], "published", "RunStateError")
+    _json(capsys, ["ledger", "init", ledger], "invalid")  # never over an old one
+    assert _json(capsys, ["ledger", "show", ledger], "ok")["releases"]
 
 
 def test_unsafe_output(tiny, tmp_path, capsys):
