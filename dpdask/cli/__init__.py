@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dpdask import __version__
 from dpdask.cli._checks import cmd_audit, cmd_bench, cmd_faults
 from dpdask.cli._common import QUIET, log
-from dpdask.cli._exit import EXIT_CODES, epilog, exit_code, print_refusal
+from dpdask.cli._exit import EXIT_CODES, epilog, exit_code, print_refusal, print_usage_refusal
 from dpdask.cli._export import cmd_export, cmd_report
 from dpdask.cli._ledger import cmd_ledger
 from dpdask.cli._release import cmd_plan, cmd_run, cmd_validate
@@ -128,6 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             check_interpreter()
         return COMMANDS[command][0](rest)
+    except SystemExit as stop:  # argparse refused the command line (or printed --help)
+        if as_json and stop.code not in (0, None):
+            print_usage_refusal()
+        raise
     except (KeyboardInterrupt, Exception) as exc:  # every error: one line, its own status
         if not _expected(exc):  # a bug: its traceback with -v
             log.info("dpdask %s: unexpected error", command, exc_info=exc)

@@ -40,7 +40,15 @@ from dpdask.errors import (
     StoreExistsError,
 )
 
-__all__ = ["EXIT_CODES", "epilog", "exit_code", "kind_of", "print_refusal", "refusal"]
+__all__ = [
+    "EXIT_CODES",
+    "epilog",
+    "exit_code",
+    "kind_of",
+    "print_refusal",
+    "print_usage_refusal",
+    "refusal",
+]
 
 #: kind -> (exit status, what it means); the README's table says the same
 EXIT_CODES: dict[str, tuple[int, str]] = {
@@ -103,6 +111,19 @@ def refusal(exc: BaseException, message: str) -> dict:
 def print_refusal(exc: BaseException, message: str) -> None:
     """Print :func:`refusal` as one line of JSON on standard output."""
     print(json.dumps(refusal(exc, message)), file=sys.stdout, flush=True)
+
+
+def print_usage_refusal() -> None:
+    """Print the object of a command line argparse refused (it said why on standard
+    error, and exits 2: invalid)."""
+    obj = {
+        "ok": False,
+        "error": "UsageError",
+        "kind": "invalid",
+        "message": "the command line is invalid (standard error says why)",
+        "exit_code": EXIT_CODES["invalid"][0],
+    }
+    print(json.dumps(obj), file=sys.stdout, flush=True)
 
 
 def epilog() -> str:

@@ -71,6 +71,15 @@ def test_invalid_spec(tiny, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_command_line_argparse_refuses(tiny, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["run", str(tiny), "--json", "--no-such-option"])
+    assert stop.value.code == DOCUMENTED["invalid"]
+    out, err = capsys.readouterr()
+    obj = json.loads(out)
+    assert obj["ok"] is False and obj["kind"] == "invalid" and "--no-such-option" in err
+
+
 def test_over_budget_then_already_published(tiny, tmp_path, capsys):
     first = _write_spec(tmp_path, "a.yaml", release="first", privacy={"dataset": {"zcdp": 1}})
     obj = _json(capsys, ["run", str(first), "--run-id", "A"], "ok")
