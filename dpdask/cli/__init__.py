@@ -2,8 +2,8 @@
 
 One module per group of verbs: :mod:`dpdask.cli._release` (``run``, ``validate``,
 ``plan``), :mod:`dpdask.cli._ledger` (``ledger``), :mod:`dpdask.cli._checks`
-(``bench``, ``audit``, ``faults``) and :mod:`dpdask.cli._export` (``export``,
-``report``); :func:`main` dispatches to them. ``python -m dpdask.cli`` runs it too.
+(``bench``, ``audit``, ``faults``), :mod:`dpdask.cli._export` (``export``,
+``report``) and :mod:`dpdask.cli._schema` (``schema``); :func:`main` dispatches to them. ``python -m dpdask.cli`` runs it too.
 
 Why argparse, one parser per verb built when the verb runs (not click, not one tree of
 subparsers): it is the standard library (no dependency for a tool that runs inside
@@ -11,8 +11,8 @@ scheduler and worker images), and a verb's parser is built only when that verb i
 so ``dpdask bench NAME --help`` lists the options of the one benchmark it imports, and
 ``dpdask run`` imports no benchmark, no audit and no report.
 
-Errors end the command with one line on standard error, never a traceback (``-vv``
-logs it), with the command that resumes a run when the run was charged; the exit status
+Errors end the command with one line on standard error, never a traceback (``-v`` logs
+a bug's), with the command that resumes a run when the run was charged; the exit status
 says which kind of error it was (:mod:`dpdask.cli._exit`: 1 a failure of the system, 2
 invalid input, 3 over budget, 4 already published, 5 an unsafe or locked output, 6 the
 ledger refuses, 130 Ctrl-C), and with ``--json`` one object on standard output says it
