@@ -133,7 +133,7 @@ def test_a_charged_run_whose_key_is_lost_cannot_draw_again(tiny, tmp_path, capsy
     work.mkdir(mode=0o700, exist_ok=True)
     key.write_bytes(os.urandom(32))
     key.chmod(0o600)
-    assert _run(tiny, "--run-id", "K") == 2
+    assert _run(tiny, "--run-id", "K") == 4
     assert "another key" in capsys.readouterr().err
     assert sorted(p.name for p in work.iterdir()) == ["key"]  # refused before reading data
     assert not (tmp_path / "out" / "tiny.zarr").exists()
@@ -160,7 +160,7 @@ def test_a_tampered_ledger_is_refused(tiny, tmp_path, capsys, kind) -> None:
     assert "ledger" in capsys.readouterr().err
     again = _write_spec(tmp_path, "again.yaml", release="tiny-two",
                         output=str(tmp_path / "out" / "two.zarr"))  # fmt: skip
-    assert _run(again, "--run-id", "B") == 2
+    assert _run(again, "--run-id", "B") == 6
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
     assert not (tmp_path / "out" / "two.zarr").exists()
@@ -186,7 +186,7 @@ def test_a_lost_head_file_is_re_anchored_only_against_the_releases(tiny, tmp_pat
     capsys.readouterr()
     # without its head file the ledger is refused, naming the way back
     assert main(["ledger", "verify", str(ledger_path)]) == 6
-    assert _run(again, "--run-id", "B") == 2
+    assert _run(again, "--run-id", "B") == 6
     assert f"dpdask ledger anchor {ledger_path}" in capsys.readouterr().err
     # a kept head the chain does not hold is not re-anchored
     assert main(["ledger", "anchor", str(ledger_path), "--head", "1:" + "0" * 64]) == 2
@@ -235,7 +235,7 @@ def test_the_dataset_lifetime_budget_holds_across_releases(tiny, tmp_path, capsy
     capsys.readouterr()
     assert main(["validate", str(second)]) == 3
     assert "dataset" in capsys.readouterr().err
-    assert _run(second) == 2
+    assert _run(second) == 3
     assert "lifetime" in capsys.readouterr().err
     assert not (tmp_path / "b.zarr").exists()
     assert main(["ledger", "show", str(tmp_path / "ledger" / "ledger.sqlite"), "--json"]) == 0

@@ -41,7 +41,7 @@ def test_reusing_a_published_run_id_is_refused(server_tiny, tmp_path, capsys) ->
     other = _spec(tmp_path, operator, "other.yaml", data={"id": "people"},
                   output=str(tmp_path / "o2.zarr"))  # fmt: skip
     for args, s in [(("--run-id", "R", "--overwrite"), spec), (("--run-id", "R"), other)]:
-        assert _run(s, *args) == 2
+        assert _run(s, *args) == 4
         assert "a new run id is a new run" in capsys.readouterr().err
     assert _estimates(out) == published and not (tmp_path / "o2.zarr").exists()
     assert len(Ledger(operator)) == n
@@ -60,7 +60,7 @@ def test_a_charged_run_whose_key_is_lost_is_abandoned_by_the_admin(server_tiny, 
     work = next((tmp_path / "out").glob(".tiny.zarr.run-K"))
     shutil.rmtree(work)  # the attacker deletes the key and resumes the charged run
     capsys.readouterr()
-    assert _run(spec, "--run-id", "K") == 2
+    assert _run(spec, "--run-id", "K") == 4
     assert "key is gone" in capsys.readouterr().err
     work.mkdir(mode=0o700)
     (work / "key").write_bytes(os.urandom(32))
@@ -83,7 +83,7 @@ def test_resuming_on_changed_data_is_refused(server_tiny, tmp_path, capsys) -> N
     (tmp_path / "data" / "people.csv").write_text(RECORDS + "0101,1,1\n")
     capsys.readouterr()
     for verb in ("validate", "run"):
-        assert main([verb, str(spec), "--run-id", "C"]) == 2
+        assert main([verb, str(spec), "--run-id", "C"]) == 4
         assert "input changed" in capsys.readouterr().err
     assert not (tmp_path / "out" / "tiny.zarr").exists()
     assert Ledger(operator).run("tiny", "C").state == "measuring"

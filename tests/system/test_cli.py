@@ -162,7 +162,7 @@ def test_quiet_and_verbose(spec, tmp_path, capsys) -> None:
     assert "dashboard" not in err and "run id" not in err and "reading" not in err
     assert "--overwrite" in err and "overwrite=True" not in err
     # -q (after the verb's own arguments too): errors only
-    assert main(["run", str(spec), "--no-progress", "--quiet"]) == 2
+    assert main(["run", str(spec), "--no-progress", "--quiet"]) == 4
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [err.strip()]
     assert err.startswith("dpdask run: error: ") and "--overwrite" in err

@@ -85,7 +85,7 @@ def test_a_run_whose_output_is_claimed_is_refused_before_anything(tiny, tmp_path
         line = _one_line(capsys.readouterr().err)
         assert "another run is publishing" in line and "nothing was charged" in line
         assert _tree(tmp_path) == before  # no ledger, no work folder, no output
-        assert main(["validate", str(tiny)]) == 2  # validate refuses what run refuses
+        assert main(["validate", str(tiny)]) == 5  # validate refuses what run refuses
         assert "another run is publishing" in capsys.readouterr().err
     assert not lock.exists() and not (tmp_path / "out").exists()  # the claim left nothing
     assert _run(tiny) == 0
@@ -133,7 +133,7 @@ def test_two_processes_racing_for_one_output_charge_once(tiny, tmp_path):
         go.write_text("go")
         _out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
-    assert second.returncode == 2, second.stderr
+    assert second.returncode == 5, second.stderr  # output locked
     assert "another run is publishing" in second.stderr and "Traceback" not in second.stderr
     assert "run id B" not in second.stderr  # never announced: that run never existed
     ledger = Ledger(_ledger_path(tmp_path))

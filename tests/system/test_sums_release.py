@@ -142,7 +142,7 @@ def test_wages_by_county_release(tmp_path, capsys, threshold):
     assert "already holds a release" in capsys.readouterr().err
     # ... and, to another output, the budget is spent (nothing charged either way)
     spec2 = _spec(tmp_path, "spec2.yaml", output="out/wages2.zarr")
-    assert main(["run", spec2]) == 2
+    assert main(["run", spec2]) == 3
     assert "is left" in capsys.readouterr().err
     assert len(Ledger(tmp_path / "out" / "ledger.sqlite").charges()) == before
     assert not (tmp_path / "out" / "wages2.zarr").exists()
@@ -230,7 +230,7 @@ def test_validate_and_plan_charge_nothing_and_match_the_run(tmp_path, capsys):
     assert main(["validate", spec]) == 4
     assert "already holds a release" in capsys.readouterr().err
     spec2 = _spec(tmp_path, "spec2.yaml", output="out/other.zarr")
-    assert main(["validate", spec2]) == 2
+    assert main(["validate", spec2]) == 3
     assert "is left" in capsys.readouterr().err
     assert len(Ledger(ledger_path).charges()) == 2
 
@@ -449,7 +449,7 @@ def test_sum_releases_share_the_dataset_lifetime_budget(tmp_path, capsys, monkey
     second = _spec(tmp_path, "b.yaml", output="out/b.zarr", release="wages-b")
     assert main(["validate", second]) == 3
     assert "lifetime" in capsys.readouterr().err
-    assert main(["run", second]) == 2
+    assert main(["run", second]) == 3
     assert "of its lifetime" in capsys.readouterr().err
     assert reads == []  # refused before the records were read
     assert Ledger(tmp_path / "out" / "ledger.sqlite").head().count == entries
