@@ -140,7 +140,7 @@ def test_a_charged_run_whose_key_is_lost_cannot_draw_again(tiny, tmp_path, capsy
     assert len(_ledger(tmp_path)) == 2
     # abandoning is recorded, and an abandoned run stays refused
     assert main(["ledger", "abandon", str(tmp_path / "ledger/ledger.sqlite"), "tiny", "K"]) == 0
-    assert _run(tiny, "--run-id", "K") == 2
+    assert _run(tiny, "--run-id", "K") == 4
     assert "abandoned" in capsys.readouterr().err
 
 
@@ -189,7 +189,7 @@ def test_a_lost_head_file_is_re_anchored_only_against_the_releases(tiny, tmp_pat
     assert _run(again, "--run-id", "B") == 6
     assert f"dpdask ledger anchor {ledger_path}" in capsys.readouterr().err
     # a kept head the chain does not hold is not re-anchored
-    assert main(["ledger", "anchor", str(ledger_path), "--head", "1:" + "0" * 64]) == 2
+    assert main(["ledger", "anchor", str(ledger_path), "--head", "1:" + "0" * 64]) == 6
     assert "not re-anchored" in capsys.readouterr().err and not head_file.exists()
     # the chain holds the release's head: the head file is rewritten as it was
     assert main(["ledger", "anchor", str(ledger_path), "--release", str(out)]) == 0
@@ -199,14 +199,14 @@ def test_a_lost_head_file_is_re_anchored_only_against_the_releases(tiny, tmp_pat
     current = ledger_path.read_bytes()
     shutil.copy(snapshot, ledger_path)
     capsys.readouterr()
-    assert main(["ledger", "anchor", str(ledger_path)]) == 2
+    assert main(["ledger", "anchor", str(ledger_path)]) == 6
     assert "rolled back" in capsys.readouterr().err
     assert json.loads(head_file.read_text()) == anchored
     # ... nor, with the head file gone too, against a release it no longer holds
     head_file.unlink()
-    assert main(["ledger", "anchor", str(ledger_path), "--release", str(out)]) == 2
+    assert main(["ledger", "anchor", str(ledger_path), "--release", str(out)]) == 6
     assert "not re-anchored" in capsys.readouterr().err and not head_file.exists()
-    assert _run(again, "--run-id", "B") == 2
+    assert _run(again, "--run-id", "B") == 6
     assert not (tmp_path / "out" / "two.zarr").exists()
     # the intact ledger, re-anchored, charges again
     ledger_path.write_bytes(current)
@@ -244,7 +244,7 @@ def test_the_dataset_lifetime_budget_holds_across_releases(tiny, tmp_path, capsy
     assert dataset["remaining"]["rho"] == "0"
     # without privacy.dataset the recorded total still applies to the same data
     third = _write_spec(tmp_path, "c.yaml", release="third", output=str(tmp_path / "c.zarr"))
-    assert _run(third) == 2
+    assert _run(third) == 3
     assert not (tmp_path / "c.zarr").exists()
 
 

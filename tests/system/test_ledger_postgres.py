@@ -174,9 +174,9 @@ def test_an_unregistered_dataset_is_refused_before_reading(people, shared, capsy
     assert "'acs' is not registered" in _error(capsys)
     assert _count(admin, "run") == before and not (people / "out").exists()
     # the operator cannot register it through the CLI either
-    assert main(["ledger", "dataset", operator, "acs", "--zcdp", "10"]) == 2
+    assert main(["ledger", "dataset", operator, "acs", "--zcdp", "10"]) == 6
     assert "only the administrator" in _error(capsys)
-    assert main(["ledger", "abandon", operator, "x", "y"]) == 2
+    assert main(["ledger", "abandon", operator, "x", "y"]) == 4
 
 
 def test_migrate_through_the_cli(people, pg_ledger, capsys):

@@ -462,7 +462,7 @@ def test_sum_releases_share_the_dataset_lifetime_budget(tmp_path, capsys, monkey
         data="{format: records, path: people.csv, geography_column: county, "
         f"value_column: wage, id: {info['dataset']}}}",
     )  # fmt: skip
-    assert main(["run", third]) == 2
+    assert main(["run", third]) == 3
     assert "lifetime" in capsys.readouterr().err
     # a smaller release fits what is left
     fourth = _spec(tmp_path, "d.yaml", output="out/d.zarr", release="wages-d",
