@@ -3,7 +3,8 @@
 One module per group of verbs: :mod:`dpdask.cli._release` (``run``, ``validate``,
 ``plan``), :mod:`dpdask.cli._ledger` (``ledger``), :mod:`dpdask.cli._checks`
 (``bench``, ``audit``, ``faults``), :mod:`dpdask.cli._export` (``export``,
-``report``) and :mod:`dpdask.cli._schema` (``schema``); :func:`main` dispatches to them. ``python -m dpdask.cli`` runs it too.
+``report``) and :mod:`dpdask.cli._schema` (``schema``); :func:`main` dispatches to
+them. ``python -m dpdask.cli`` runs it too.
 
 Why argparse, one parser per verb built when the verb runs (not click, not one tree of
 subparsers): it is the standard library (no dependency for a tool that runs inside
