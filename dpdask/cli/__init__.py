@@ -2,8 +2,9 @@
 
 One module per group of verbs: :mod:`dpdask.cli._release` (``run``, ``validate``,
 ``plan``), :mod:`dpdask.cli._ledger` (``ledger``), :mod:`dpdask.cli._checks`
-(``bench``, ``audit``, ``faults``) and :mod:`dpdask.cli._export` (``export``,
-``report``); :func:`main` dispatches to them. ``python -m dpdask.cli`` runs it too.
+(``bench``, ``audit``, ``faults``), :mod:`dpdask.cli._export` (``export``,
+``report``) and :mod:`dpdask.cli._schema` (``schema``); :func:`main` dispatches to
+them. ``python -m dpdask.cli`` runs it too.
 
 Why argparse, one parser per verb built when the verb runs (not click, not one tree of
 subparsers): it is the standard library (no dependency for a tool that runs inside
@@ -11,9 +12,12 @@ scheduler and worker images), and a verb's parser is built only when that verb i
 so ``dpdask bench NAME --help`` lists the options of the one benchmark it imports, and
 ``dpdask run`` imports no benchmark, no audit and no report.
 
-Errors end the command with one line on standard error, never a traceback: refusals
-(exit 2), failures of the system such as a full disk (exit 1) and Ctrl-C (exit 130),
-with the command that resumes a run when the run was charged.
+Errors end the command with one line on standard error, never a traceback (``-v`` logs
+a bug's), with the command that resumes a run when the run was charged; the exit status
+says which kind of error it was (:mod:`dpdask.cli._exit`: 1 a failure of the system, 2
+invalid input, 3 over budget, 4 already published, 5 an unsafe or locked output, 6 the
+ledger refuses, 130 Ctrl-C), and with ``--json`` one object on standard output says it
+too.
 """
 
 from __future__ import annotations
@@ -26,17 +30,17 @@ from collections.abc import Sequence
 from dpdask import __version__
 from dpdask.cli._checks import cmd_audit, cmd_bench, cmd_faults
 from dpdask.cli._common import QUIET, log
+from dpdask.cli._exit import EXIT_CODES, epilog, exit_code, print_refusal, print_usage_refusal
 from dpdask.cli._export import cmd_export, cmd_report
 from dpdask.cli._ledger import cmd_ledger
 from dpdask.cli._release import cmd_plan, cmd_run, cmd_validate
-from dpdask.errors import DPDaskError, LedgerStorageError
+from dpdask.cli._schema import cmd_schema
+from dpdask.errors import DPDaskError
 
-__all__ = ["FAILED", "INTERRUPTED", "REFUSED", "main"]
+__all__ = ["EXIT_CODES", "main"]
 
-#: exit statuses: a refusal (bad input, a ledger or output that says no), a failure of
-#: the system (a full disk, for the output or the ledger), an interruption (Ctrl-C, as
-#: shells report SIGINT)
-REFUSED, FAILED, INTERRUPTED = 2, 1, 130
+#: the verbs whose ``--json`` prints one object on an error too
+_JSON_VERBS = frozenset({"run", "validate", "plan", "ledger", "export"})
 
 
 COMMANDS = {
@@ -54,6 +58,10 @@ COMMANDS = {
     "report": (
         cmd_report,
         "write a release's HTML report: dpdask report OUT.zarr [--out FILE.html] [--truth STORE]",
+    ),
+    "schema": (
+        cmd_schema,
+        "print the JSON Schema of release specs (for editors and CI): dpdask schema",
     ),
     "validate": (cmd_validate, "check a spec and its data, spending nothing: dpdask validate SPEC"),
     "audit": (cmd_audit, "bound a release's epsilon from below: dpdask audit SPEC --trials N"),
@@ -101,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Differentially private release of linear counting queries on Dask.",
         epilog="\n".join(f"  {k:<10} {v[1]}" for k, v in COMMANDS.items())
         + "\n\n-q/--quiet (errors only) and -v/--verbose (more, twice for Dask's own) go "
-        "anywhere on the line.",
+        "anywhere on the line.\n\n" + epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dpdask {__version__}")
@@ -114,32 +122,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         parser.parse_args([command])  # prints the error and exits 2
+    as_json = command in _JSON_VERBS and "--json" in rest
     try:
         if command in ("run", "validate"):  # every model's run; before a cluster starts
             from dpdask.publish import check_interpreter
 
             check_interpreter()
         return COMMANDS[command][0](rest)
-    except KeyboardInterrupt as exc:
-        _say(command, "interrupted", exc)
-        return INTERRUPTED
-    except (DPDaskError, ValueError, FileNotFoundError, PermissionError, MemoryError,
-            TypeError) as exc:  # fmt: skip
-        _say(command, "error", exc)
-        return FAILED if isinstance(exc, LedgerStorageError) else REFUSED
-    except OSError as exc:  # a full disk, a file system gone read-only, ...
-        _say(command, "error", exc)
-        return FAILED
+    except SystemExit as stop:  # argparse refused the command line (or printed --help)
+        if as_json and stop.code not in (0, None):
+            print_usage_refusal()
+        raise
+    except (KeyboardInterrupt, Exception) as exc:  # every error: one line, its own status
+        if not _expected(exc):  # a bug: its traceback with -v
+            log.info("dpdask %s: unexpected error", command, exc_info=exc)
+        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+        line = _say(command, what, exc)
+        if as_json:
+            print_refusal(exc, line or what)
+        return exit_code(exc)
 
 
-def _say(command: str, what: str, exc: BaseException) -> None:
+def _expected(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error a command may end with (not a bug)."""
+    return isinstance(exc, (DPDaskError, OSError, ValueError, TypeError, MemoryError,
+                            KeyboardInterrupt))  # fmt: skip
+
+
+def _say(command: str, what: str, exc: BaseException) -> str:
     """One line on standard error: the error, and the notes the run added to it (whether
-    it was charged, and how to resume it)."""
+    it was charged, and how to resume it); returns the message."""
     if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, DPDaskError):
         where = f" ({exc.filename})" if exc.filename else ""
         text = f"{exc.strerror}{where}"
     else:
-        text = str(exc)
+        text = str(exc) if _expected(exc) else f"{type(exc).__name__}: {exc}"
     parts = [text, *getattr(exc, "__notes__", ())]
     line = "; ".join(" ".join(str(p).split()) for p in parts if str(p).strip())
     print(f"dpdask {command}: {what}" + (f": {line}" if line else ""), file=sys.stderr)
+    return line

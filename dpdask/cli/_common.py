@@ -27,4 +27,9 @@ def spec_parser(verb: str, description: str) -> argparse.ArgumentParser:
 
 
 def print_result(result: dict, as_json: bool, render) -> None:
-    print(json.dumps(result, default=str) if as_json else render(result))
+    """Print ``result`` as one JSON object (with ``"ok": true`` unless it says otherwise)
+    or as ``render`` writes it."""
+    if as_json:
+        print(json.dumps({"ok": True, **result}, default=str))
+    else:
+        print(render(result))

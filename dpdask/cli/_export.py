@@ -6,6 +6,8 @@ import argparse
 import pathlib
 from collections.abc import Sequence
 
+from dpdask.cli._common import print_result
+
 __all__ = ["cmd_export", "cmd_report"]
 
 
@@ -43,7 +45,13 @@ def cmd_export(argv: Sequence[str]) -> int:
         "numbers, so pandas.read_csv keeps leading zeros) or plain (read with dtype=str)",
     )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument(
+        "--json", action="store_true",
+        help="print one JSON object: the rows written and where, or the error",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.json and args.out == "-":
+        parser.error("--json prints the result on standard output: give --out FILE")
     release = args.release.rstrip("/")
     out = args.out or str(pathlib.Path(release).with_suffix("")) + f"-{args.level}.{args.format}"
     n = export_release(
@@ -51,7 +59,8 @@ def cmd_export(argv: Sequence[str]) -> int:
         geographies=args.geography, overwrite=args.overwrite, ids=args.ids,
     )  # fmt: skip
     if out != "-":
-        print(f"wrote {n} rows of {args.level} to {out}")
+        result = {"rows": n, "level": args.level, "out": out, "format": args.format}
+        print_result(result, args.json, lambda r: f"wrote {n} rows of {args.level} to {out}")
     return 0
 
 

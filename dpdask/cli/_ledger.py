@@ -35,6 +35,7 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     p.add_argument("path", help="the ledger file (SQLite), or postgresql://ADMIN@HOST/DB")
     p.add_argument("--operator-role", metavar="ROLE", help="on a server: the role release "
                    "jobs use, which may then only read and append")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p = verbs.add_parser("show", help="spent and remaining budget per dataset and release")
     p.add_argument("path", help="the ledger file (SQLite), or postgresql://USER@HOST/DB")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -54,6 +55,7 @@ def cmd_ledger(argv: Sequence[str]) -> int:
     p.add_argument("path", help="the ledger file (SQLite), or postgresql://USER@HOST/DB")
     p.add_argument("release", help="the release id the run belongs to")
     p.add_argument("run_id", help="the run to abandon (dpdask ledger show lists them)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p = verbs.add_parser(
         "anchor",
         help="rewrite a lost head file from the chain, after checking that the chain holds "
@@ -67,6 +69,7 @@ def cmd_ledger(argv: Sequence[str]) -> int:
         "a release published from this ledger whose head must be in the chain (give every one)",
         "a head kept elsewhere that must be in the chain",
     )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     add_admin_verbs(verbs)
     args = parser.parse_args(argv)  # fmt: skip
     done = run_admin_verb(args)
@@ -74,7 +77,8 @@ def cmd_ledger(argv: Sequence[str]) -> int:
         return done
     if args.verb == "init":
         ledger = Ledger.init(args.path, args.operator_role)
-        print(f"created ledger {ledger.path} (head {ledger.head()})")
+        made = {"ledger": str(ledger.path), "head": str(ledger.head())}
+        print_result(made, args.json, lambda r: f"created ledger {r['ledger']} (head {r['head']})")
         return 0
     if args.verb == "anchor":  # the head file is lost: the chain is checked, not the head
         ledger = Ledger(args.path, check_head=False)
@@ -86,7 +90,8 @@ def cmd_ledger(argv: Sequence[str]) -> int:
                       f"\n  {w}: in the ledger" for w, _ in heads))  # fmt: skip
             return 0
         _check_vouched(ledger, args.release, heads)
-        print(f"head file rewritten: {ledger.anchor(h for _, h in heads)}")
+        anchored = {"ledger": str(ledger.path), "head": str(ledger.anchor(h for _, h in heads))}
+        print_result(anchored, args.json, lambda r: f"head file rewritten: {r['head']}")
         return 0
     ledger = Ledger(args.path)  # verifies the chain and the head file
     if args.verb == "show":
@@ -105,7 +110,9 @@ def cmd_ledger(argv: Sequence[str]) -> int:
                + "".join(f"\n  {w}: in the ledger" for w in r["checked"]))  # fmt: skip
     else:
         ledger.abandon(args.release, args.run_id)
-        print(f"run {args.run_id} of {args.release} abandoned; what it charged stays spent")
+        gone = {"ledger": str(ledger.path), "release": args.release, "run_id": args.run_id}
+        print_result(gone, args.json, lambda r: f"run {r['run_id']} of {r['release']} abandoned; "
+                     "what it charged stays spent")  # fmt: skip
     return 0
 
 

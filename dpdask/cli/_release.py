@@ -36,7 +36,11 @@ def cmd_run(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--scheduler", help="scheduler address (over the spec's cluster and env; count releases)"
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress", action="store_true",
+        help="no progress on standard error (a bar on a terminal, else a line per step and "
+        "tenth of it)",
+    )  # fmt: skip
     parser.add_argument("--dashboard-address", help="the started cluster's dashboard (127.0.0.1)")
     args = parser.parse_args(argv)
     return _dispatch("run", args)
@@ -53,7 +57,7 @@ def _counts_run(args: argparse.Namespace) -> Result:
                  dashboard_address=args.dashboard_address) as client:  # fmt: skip
         summary = run_spec(
             spec, client=client, run_id=args.run_id, overwrite=args.overwrite,
-            progress=not (args.no_progress or args.json or QUIET[0]),
+            progress=not (args.no_progress or QUIET[0]),  # on standard error
             on_start=lambda rid, link: log.warning(
                 "run %s: run id %s, dashboard at %s (resume an interrupted run with "
                 "--run-id %s)", spec.release, rid, link, rid),
@@ -215,6 +219,10 @@ def _dispatch(verb: str, args: argparse.Namespace) -> int:
     """The one path of every verb: the spec's model, its options checked, its verb."""
     model = model_of(args.spec)
     model.check(verb, args)
+    if verb == "validate":  # the shipped schema first, as an editor or CI would lint it
+        from dpdask.specs import check_schema, read_spec
+
+        check_schema(read_spec(args.spec))
     result, render = getattr(model, verb)(args)
     print_result(result, args.json, render)
     return 0

@@ -26,6 +26,7 @@ from dpdask.dataflow._marginal_release import (
 )
 from dpdask.dataflow._output import table_variances
 from dpdask.dataflow._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
+from dpdask.dataflow._progress import Progress
 from dpdask.dataflow._ri2010 import RI2010_FILE, RI2010_LEVELS, read_ri2010, ri2010_csv
 from dpdask.dataflow._source import (
     SourcePrint,
@@ -56,6 +57,7 @@ __all__ = [
     "UNKNOWN_GEOGRAPHY",
     "DataStore",
     "MarginalLevel",
+    "Progress",
     "SourcePrint",
     "SparseCounts",
     "StoreExistsError",

@@ -36,7 +36,7 @@ from dpdask.dataflow._levels import (
 )
 from dpdask.dataflow._output import level_outputs
 from dpdask.dataflow._output_sparse import sparse_level_outputs
-from dpdask.dataflow._release_graph import compute_items
+from dpdask.dataflow._progress import compute_items
 from dpdask.dataflow._release_state import ReleaseState
 from dpdask.dataflow._topdown import sparse_entries
 
@@ -66,7 +66,7 @@ class Finish(ReleaseState):
         else:
             sources, targets = self._dense_outputs(root, work, raw, levels, ids)
         stored = da.store(sources, targets, lock=False, compute=False)
-        compute_items([stored], client, progress)
+        compute_items([stored], client, progress, "publish")
         self._write_attributes(root, work, out)
         return out
 

@@ -29,6 +29,7 @@ from dpdask.dataflow._checkpoint import write_chunk
 from dpdask.dataflow._levels import (
     aggregate_level,
 )
+from dpdask.dataflow._progress import compute_items
 from dpdask.dataflow._release_state import LevelState, ReleaseState
 from dpdask.publish import marker
 
@@ -88,7 +89,8 @@ class MeasureGraph(ReleaseState):
                     )
                 )
         if pending:
-            compute_items(pending, client, progress)
+            words = {level_key(L.name): L.name for L in self._levels}
+            compute_items(pending, client, progress, "measure-reconstruct", words)
         return folders
 
     def _estimates(self, L: LevelState, x: da.Array, key: Any, reports: str) -> da.Array:
@@ -159,21 +161,3 @@ class MeasureGraph(ReleaseState):
             dtype=np.float64, name=f"reconstruct-{word}-{tok}",
             meta=np.empty((0,) * (1 + len(cell_shape))),
         )  # fmt: skip
-
-
-def compute_items(items: list, client: Any, progress: bool) -> list:
-    if client is not None:
-        futures = client.compute(items)
-        if progress:
-            from distributed import progress as show
-
-            show(futures)
-        return [r for f in client.gather(futures) for r in (f if isinstance(f, list) else [f])]
-    if progress:
-        from dask.diagnostics import ProgressBar
-
-        with ProgressBar():
-            (res,) = (dask.compute(items),)
-    else:
-        res = dask.compute(items)
-    return list(res[0])

@@ -88,11 +88,17 @@ class TopdownGraph(ReleaseState):
     ) -> list[pathlib.Path]:
         """Measure and fit every chunk not yet checkpointed in ``work`` (module notes);
         return each level's folder of sparse chunks."""
-        from dpdask.dataflow._release_graph import compute_items
+        from dpdask.dataflow._progress import compute_items
 
         folders, todo = self._topdown_graph(work, key)
         if todo is not None:
-            compute_items([todo], client, progress)
+            items = [todo]
+            if progress:  # one result per chunk's checkpoint, counted per level
+                layer = todo.dask.layers[todo.key]
+                ours = [k for k in layer if isinstance(k, tuple) and k[0].startswith("checkpoint-")]
+                items = [Delayed(k, todo.dask, layer=todo.key) for k in ours]
+            words = {level_key(L.name): L.name for L in self._levels}
+            compute_items(items, client, progress, "measure-reconstruct", words)
         return folders
 
     def _topdown_graph(self, work: pathlib.Path, key: Any) -> tuple[list[pathlib.Path], Any]:

@@ -342,12 +342,16 @@ def _run_checked(
     on_start: Callable[[str, str | None], None] | None, tracker: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`run_spec` once its output is claimed and its preflight passed."""
+    from dpdask.dataflow import Progress
     from dpdask.dataflow.release import release
 
     if marginal.is_marginal_spec(spec):
         return marginal.run_marginals(spec, checked, client, overwrite, on_start)
 
+    selecting = Progress("select", {}) if progress else None  # the strategy, data-free
     plan, report = plan_spec(spec, client=client)
+    if selecting is not None:
+        selecting.close()
     tracker.step("reading data")
     log.info("run %s of %s: reading %s data into %s", checked.run_id, spec.release,
              spec.data.format, checked.work)  # fmt: skip

@@ -109,6 +109,12 @@ _DATA_KEYS = ("format", "path", "id")
 _SYNTHETIC_KEYS = ("geographies", "states", "seed", "population", "layout")
 _CONVERTED_KEYS = ("layout",)  # pl94 and ri2010 files, converted into a store
 _LEDGER_KEYS = ("path", "create", "url")
+#: the keys of a count spec, and those it must have
+SPEC_KEYS = (
+    "release", "data", "domain", "levels", "workload", "privacy", "strategy", "reconstruct",
+    "output", "ledger", "cluster",
+)  # fmt: skip
+REQUIRED_KEYS = ("release", "data", "domain", "workload", "privacy", "output")
 
 
 @dataclass(frozen=True)
@@ -365,10 +371,7 @@ def parse_spec(
     base = pathlib.Path(base).resolve()
     if not isinstance(raw, Mapping):
         raise SpecError("a release spec is a YAML mapping")
-    known = {
-        "release", "data", "domain", "levels", "workload", "privacy", "strategy",
-        "reconstruct", "output", "ledger", "cluster",
-    }  # fmt: skip
+    known = set(SPEC_KEYS)
     unknown = sorted(set(raw) - known, key=str)
     if unknown:
         raise SpecError(f"unknown field(s) {unknown}; known fields are {sorted(known)}")

@@ -127,7 +127,7 @@ def test_reusing_a_published_run_id_is_refused(backend, tiny, tmp_path, capsys) 
         (("--run-id", "R", "--overwrite"), tiny),
         (("--run-id", "R"), _write_spec(tmp_path, "other.yaml", output=str(tmp_path / "o2.zarr"))),
     ]:
-        assert _run(spec, *args) == 2
+        assert _run(spec, *args) == 4
         assert "a new run id is a new run" in capsys.readouterr().err
     assert _estimates(out) == published
     assert not (tmp_path / "o2.zarr").exists()
@@ -150,20 +150,20 @@ def test_a_charged_run_whose_key_is_lost_cannot_draw_again(backend, tiny, tmp_pa
     assert modes == {0o600}
     # the attacker deletes the work folder and its key and resumes the charged run
     shutil.rmtree(work)
-    assert _run(tiny, "--run-id", "K") == 2
+    assert _run(tiny, "--run-id", "K") == 4
     assert "key is gone" in capsys.readouterr().err
     # or brings another key
     work.mkdir(mode=0o700, exist_ok=True)
     key.write_bytes(os.urandom(32))
     key.chmod(0o600)
-    assert _run(tiny, "--run-id", "K") == 2
+    assert _run(tiny, "--run-id", "K") == 4
     assert "another key" in capsys.readouterr().err
     assert sorted(p.name for p in work.iterdir()) == ["key"]  # refused before reading data
     assert not (tmp_path / "out" / "tiny.zarr").exists()
     assert len(_ledger(tmp_path)) == 2
     # abandoning is recorded, and an abandoned run stays refused
     assert main(["ledger", "abandon", _location(tmp_path), "tiny", "K"]) == 0
-    assert _run(tiny, "--run-id", "K") == 2
+    assert _run(tiny, "--run-id", "K") == 4
     assert "abandoned" in capsys.readouterr().err
 
 
@@ -179,11 +179,11 @@ def test_a_tampered_ledger_is_refused(tiny, tmp_path, capsys, kind) -> None:
     published = _estimates(out)
     tamper_ledger(ledger_path, kind, snapshot)
     capsys.readouterr()
-    assert main(["ledger", "verify", str(ledger_path)]) == 2
+    assert main(["ledger", "verify", str(ledger_path)]) == 6
     assert "ledger" in capsys.readouterr().err
     again = _write_spec(tmp_path, "again.yaml", release="tiny-two",
                         output=str(tmp_path / "out" / "two.zarr"))  # fmt: skip
-    assert _run(again, "--run-id", "B") == 2
+    assert _run(again, "--run-id", "B") == 6
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
     assert not (tmp_path / "out" / "two.zarr").exists()
@@ -208,11 +208,11 @@ def test_a_lost_head_file_is_re_anchored_only_against_the_releases(tiny, tmp_pat
     head_file.unlink()
     capsys.readouterr()
     # without its head file the ledger is refused, naming the way back
-    assert main(["ledger", "verify", str(ledger_path)]) == 2
-    assert _run(again, "--run-id", "B") == 2
+    assert main(["ledger", "verify", str(ledger_path)]) == 6
+    assert _run(again, "--run-id", "B") == 6
     assert f"dpdask ledger anchor {ledger_path}" in capsys.readouterr().err
     # a kept head the chain does not hold is not re-anchored
-    assert main(["ledger", "anchor", str(ledger_path), "--head", "1:" + "0" * 64]) == 2
+    assert main(["ledger", "anchor", str(ledger_path), "--head", "1:" + "0" * 64]) == 6
     assert "not re-anchored" in capsys.readouterr().err and not head_file.exists()
     # the chain holds the release's head: the head file is rewritten as it was
     assert main(["ledger", "anchor", str(ledger_path), "--release", str(out)]) == 0
@@ -222,14 +222,14 @@ def test_a_lost_head_file_is_re_anchored_only_against_the_releases(tiny, tmp_pat
     current = ledger_path.read_bytes()
     shutil.copy(snapshot, ledger_path)
     capsys.readouterr()
-    assert main(["ledger", "anchor", str(ledger_path)]) == 2
+    assert main(["ledger", "anchor", str(ledger_path)]) == 6
     assert "rolled back" in capsys.readouterr().err
     assert json.loads(head_file.read_text()) == anchored
     # ... nor, with the head file gone too, against a release it no longer holds
     head_file.unlink()
-    assert main(["ledger", "anchor", str(ledger_path), "--release", str(out)]) == 2
+    assert main(["ledger", "anchor", str(ledger_path), "--release", str(out)]) == 6
     assert "not re-anchored" in capsys.readouterr().err and not head_file.exists()
-    assert _run(again, "--run-id", "B") == 2
+    assert _run(again, "--run-id", "B") == 6
     assert not (tmp_path / "out" / "two.zarr").exists()
     # the intact ledger, re-anchored, charges again
     ledger_path.write_bytes(current)
@@ -241,7 +241,7 @@ def test_a_lost_head_file_is_re_anchored_only_against_the_releases(tiny, tmp_pat
 def test_a_missing_ledger_is_created_only_when_asked(tiny, tmp_path, capsys) -> None:
     spec = _write_spec(tmp_path, "nocreate.yaml", ledger=str(tmp_path / "ledger" / "l.sqlite"))
     for verb in ("validate", "run"):
-        assert main([verb, str(spec), "--json"]) == 2
+        assert main([verb, str(spec), "--json"]) == 6
         assert "dpdask ledger init" in capsys.readouterr().err
     assert not (tmp_path / "ledger" / "l.sqlite").exists()
     assert main(["ledger", "init", str(tmp_path / "ledger" / "l.sqlite")]) == 0
@@ -256,9 +256,9 @@ def test_the_dataset_lifetime_budget_holds_across_releases(backend, tiny, tmp_pa
                          privacy={"dataset": {"zcdp": 1}})  # fmt: skip
     assert _run(first) == 0
     capsys.readouterr()
-    assert main(["validate", str(second)]) == 2
+    assert main(["validate", str(second)]) == 3
     assert "dataset" in capsys.readouterr().err
-    assert _run(second) == 2
+    assert _run(second) == 3
     assert "lifetime" in capsys.readouterr().err
     assert not (tmp_path / "b.zarr").exists()
     assert main(["ledger", "show", _location(tmp_path), "--json"]) == 0
@@ -267,7 +267,7 @@ def test_the_dataset_lifetime_budget_holds_across_releases(backend, tiny, tmp_pa
     assert dataset["remaining"]["rho"] == "0"
     # without privacy.dataset the recorded total still applies to the same data
     third = _write_spec(tmp_path, "c.yaml", release="third", output=str(tmp_path / "c.zarr"))
-    assert _run(third) == 2
+    assert _run(third) == 3
     assert not (tmp_path / "c.zarr").exists()
 
 
@@ -297,7 +297,7 @@ def test_resuming_on_changed_data_is_refused(backend, tiny, tmp_path, capsys) ->
     (tmp_path / "data" / "people.csv").write_text(RECORDS + "0101,1,1\n")
     capsys.readouterr()
     for verb in ("validate", "run"):
-        assert main([verb, str(tiny), "--run-id", "C"]) == 2
+        assert main([verb, str(tiny), "--run-id", "C"]) == 4
         assert "input changed" in capsys.readouterr().err
     assert not (tmp_path / "out" / "tiny.zarr").exists()
 
@@ -319,7 +319,7 @@ def test_resuming_with_a_changed_spec_is_refused(backend, tiny, tmp_path, capsys
     changed = _write_spec(tmp_path, "hdmm.yaml", strategy="hdmm", data={"id": "people"}, **change)
     capsys.readouterr()
     for verb in ("validate", "run"):
-        assert main([verb, str(changed), "--run-id", "S"]) == 2
+        assert main([verb, str(changed), "--run-id", "S"]) == 4
         assert "spec changed" in capsys.readouterr().err
     assert not (tmp_path / "out" / "tiny.zarr").exists()
     assert len(_ledger(tmp_path).entries()) == charged
@@ -339,7 +339,7 @@ def test_unsafe_outputs_are_refused_and_nothing_is_lost(tiny, tmp_path, capsys, 
     files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     spec = _write_spec(tmp_path, "unsafe.yaml", output=str(tmp_path / target))
     capsys.readouterr()
-    assert _run(spec, "--overwrite") == 2
+    assert _run(spec, "--overwrite") == 5
     err = capsys.readouterr().err
     assert "overlaps" in err or "not a dpdask release" in err
     for p, data in files.items():
@@ -354,7 +354,7 @@ def test_overwrite_replaces_only_a_release(backend, tiny, tmp_path, capsys) -> N
     old = _estimates(out)
     second = _write_spec(tmp_path, "b.yaml", release="b")
     capsys.readouterr()
-    assert _run(second) == 2  # exists, no --overwrite
+    assert _run(second) == 4  # exists, no --overwrite
     assert "--overwrite" in capsys.readouterr().err
     assert _run(second, "--overwrite") == 0
     assert _estimates(out) != old
@@ -467,7 +467,7 @@ def test_a_stop_between_publication_and_clean_up_is_finished_later(backend, tiny
     left = tmp_path / ".two.zarr.run-Q"
     assert left.exists() and not (left / "key").exists()
     capsys.readouterr()
-    assert _run(second, "--run-id", "Q") == 2
+    assert _run(second, "--run-id", "Q") == 4
     assert "published" in capsys.readouterr().err
     assert not left.exists()
 

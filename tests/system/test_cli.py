@@ -53,7 +53,7 @@ def test_run_publishes_and_refuses_to_overspend(spec, tmp_path, capsys) -> None:
     before = sorted(p.name for p in out.rglob("*"))
     # the whole budget is spent: a second run (even with --overwrite) is refused
     # before anything is read or written, and the published release is untouched
-    assert main(["run", str(spec), "--json", "--no-progress", "--overwrite"]) == 2
+    assert main(["run", str(spec), "--json", "--no-progress", "--overwrite"]) == 3
     err = capsys.readouterr().err
     assert "left" in err or "budget" in err
     assert sorted(p.name for p in out.rglob("*")) == before
@@ -157,12 +157,12 @@ def test_quiet_and_verbose(spec, tmp_path, capsys) -> None:
     assert "Sending large graph" not in err
     # refused in preflight: no run existed, so no run id or dashboard is announced;
     # errors speak CLI flags
-    assert main(["run", str(spec), "--no-progress"]) == 2
+    assert main(["run", str(spec), "--no-progress"]) == 4
     err = capsys.readouterr().err
     assert "dashboard" not in err and "run id" not in err and "reading" not in err
     assert "--overwrite" in err and "overwrite=True" not in err
     # -q (after the verb's own arguments too): errors only
-    assert main(["run", str(spec), "--no-progress", "--quiet"]) == 2
+    assert main(["run", str(spec), "--no-progress", "--quiet"]) == 4
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [err.strip()]
     assert err.startswith("dpdask run: error: ") and "--overwrite" in err

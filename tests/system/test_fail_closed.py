@@ -86,11 +86,11 @@ def test_a_run_whose_output_is_claimed_is_refused_before_anything(tiny, tmp_path
     with claim_output(out) as lock:
         assert lock == lock_path(out) and oct(lock.stat().st_mode & 0o777) == "0o600"
         before = _tree(tmp_path)
-        assert _run(tiny) == 2
+        assert _run(tiny) == 5
         line = _one_line(capsys.readouterr().err)
         assert "another run is publishing" in line and "nothing was charged" in line
         assert _tree(tmp_path) == before  # no ledger, no work folder, no output
-        assert main(["validate", str(tiny)]) == 2  # validate refuses what run refuses
+        assert main(["validate", str(tiny)]) == 5  # validate refuses what run refuses
         assert "another run is publishing" in capsys.readouterr().err
     assert not lock.exists() and not (tmp_path / "out").exists()  # the claim left nothing
     assert _run(tiny) == 0
@@ -139,7 +139,7 @@ def test_two_processes_racing_for_one_output_charge_once(tiny, tmp_path):
         go.write_text("go")
         _out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
-    assert second.returncode == 2, second.stderr
+    assert second.returncode == 5, second.stderr  # output locked
     assert "another run is publishing" in second.stderr and "Traceback" not in second.stderr
     assert "run id B" not in second.stderr  # never announced: that run never existed
     ledger = Ledger(_location(tmp_path))
@@ -332,14 +332,14 @@ def _plain_tcp(tmp: pathlib.Path) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("setup", "says"),
+    ("setup", "says", "code"),  # code: the documented exit status of the refusal's kind
     [
-        (_not_a_release, "is not a dpdask release"),
-        (_bad_records, "age"),
-        (_spent, "only"),
-        (_published_run_id, "is published"),
-        (_small_dataset, "privacy.dataset"),
-        (_plain_tcp, "insecure"),
+        (_not_a_release, "is not a dpdask release", 5),
+        (_bad_records, "age", 2),
+        (_spent, "only", 3),
+        (_published_run_id, "is published", 4),
+        (_small_dataset, "privacy.dataset", 2),
+        (_plain_tcp, "insecure", 2),
     ],
     ids=[
         "output-not-a-release",
@@ -350,7 +350,8 @@ def _plain_tcp(tmp: pathlib.Path) -> dict:
         "plain-tcp",
     ],
 )
-def test_a_refused_run_announces_nothing_and_leaves_nothing(tmp_path, capsys, setup, says):
+def test_a_refused_run_announces_nothing_and_leaves_nothing(tmp_path, capsys, setup, says,
+                                                            code):  # fmt: skip
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "people.csv").write_text(RECORDS)
     changes = setup(tmp_path)
@@ -358,10 +359,10 @@ def test_a_refused_run_announces_nothing_and_leaves_nothing(tmp_path, capsys, se
     spec = _write_spec(tmp_path, **changes)
     capsys.readouterr()
     before = _tree(tmp_path)
-    assert main(["validate", str(spec), *args]) == 2  # validate refuses it as run does
+    assert main(["validate", str(spec), *args]) == code  # validate refuses it as run does
     assert says in capsys.readouterr().err
     assert _tree(tmp_path) == before
-    assert _run(spec, *args) == 2
+    assert _run(spec, *args) == code
     err = capsys.readouterr().err
     line = _one_line(err)
     assert says in line
@@ -432,7 +433,7 @@ def test_a_sum_release_whose_output_is_claimed_is_refused_before_anything(tmp_pa
     spec = sum_spec(tmp_path)
     before = _tree(tmp_path)
     with claim_output(tmp_path / "out" / "wages.zarr"):
-        assert main(["run", spec, "--json"]) == 2
+        assert main(["run", spec, "--json"]) == 5
     assert "another run is publishing" in _one_line(capsys.readouterr().err)
     assert _tree(tmp_path) == before  # no ledger, no output
     assert main(["run", spec, "--json"]) == 0

@@ -115,7 +115,7 @@ def test_local_output_never_overwrites_an_input(tmp_path: pathlib.Path, capsys, 
     (tmp_path / "spec.yaml").write_text(text)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     for verb in ("validate", "run"):
-        assert main([verb, str(tmp_path / "spec.yaml")]) == 2
+        assert main([verb, str(tmp_path / "spec.yaml")]) == 5
         assert "overlaps" in capsys.readouterr().err  # one line, nothing written
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 

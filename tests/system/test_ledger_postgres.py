@@ -137,7 +137,7 @@ def test_jobs_charge_one_authority_through_the_cli(people, shared, capsys):
     for n, data in enumerate(({"id": "cef-copy"}, {"id": None})):
         renamed = _spec(people, {"url": operator}, f"s{n}.yaml", data=data, release=f"copy{n}",
                         output=str(people / "out" / f"other{n}.zarr"))  # fmt: skip
-        assert _run(renamed) == 2
+        assert _run(renamed) == 4
         err = _error(capsys)
         assert "source of dataset 'cef'" in err, err
     assert _count(admin, "charge") == charges
@@ -149,13 +149,13 @@ def test_an_unregistered_dataset_is_refused_before_reading(people, shared, capsy
     before = _count(admin, "run")
     spec = _spec(people, operator, data={"id": "acs"}, privacy={"dataset": {"zcdp": 10}})
     capsys.readouterr()
-    assert _run(spec) == 2
+    assert _run(spec) == 6
     assert "'acs' is not registered" in _error(capsys)
     assert _count(admin, "run") == before and not (people / "out").exists()
     # the operator cannot register it through the CLI either
-    assert main(["ledger", "dataset", operator, "acs", "--zcdp", "10"]) == 2
+    assert main(["ledger", "dataset", operator, "acs", "--zcdp", "10"]) == 6
     assert "only the administrator" in _error(capsys)
-    assert main(["ledger", "abandon", operator, "x", "y"]) == 2
+    assert main(["ledger", "abandon", operator, "x", "y"]) == 4
 
 
 def test_migrate_through_the_cli(people, pg_ledger, capsys):
@@ -196,11 +196,11 @@ def test_the_server_stopped_mid_run_fails_closed_then_resumes(people, own_server
 
     capsys.readouterr()
     with mock.patch.object(Release, "_finish", stop_then_finish):
-        assert _run(spec, "--run-id", "one") == 2
+        assert _run(spec, "--run-id", "one") == 1
     assert "ledger server" in _error(capsys)
     out = people / "out" / "tiny.zarr"
     assert not out.exists()  # failed closed: nothing published
-    assert _run(spec, "--run-id", "one") == 2  # the server is still down: refused at once
+    assert _run(spec, "--run-id", "one") == 1  # the server is still down: fails at once
     assert "cannot reach the ledger server" in _error(capsys)
     own_server.resume()
     charges = _count(admin, "charge")

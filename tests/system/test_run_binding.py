@@ -85,7 +85,7 @@ def test_a_copied_work_folder_cannot_put_the_noise_on_other_data(named, tmp_path
     capsys.readouterr()
     for spec, says in ((attack, "input changed"), (same, "publishes to")):
         for verb in (["validate"], ["run", "--json", "--no-progress"]):
-            assert main([verb[0], str(spec), "--run-id", "C", *verb[1:]]) == 2
+            assert main([verb[0], str(spec), "--run-id", "C", *verb[1:]]) == 4
             assert says in _error_line(capsys.readouterr().err)
     assert _tree(tmp_path / "out2") == before  # nothing written
     assert not second.exists()
@@ -95,7 +95,7 @@ def test_a_copied_work_folder_cannot_put_the_noise_on_other_data(named, tmp_path
     assert len(_ledger(tmp_path).charges()) == 2
     published = _estimates(tmp_path / "out" / "tiny.zarr")
     # and the copy stays refused once the run is published
-    assert _run(attack, "--run-id", "C") == 2
+    assert _run(attack, "--run-id", "C") == 4
     assert not second.exists()
     assert _estimates(tmp_path / "out" / "tiny.zarr") == published
 
@@ -108,7 +108,7 @@ def test_an_edited_source_json_changes_nothing(named, tmp_path, capsys) -> None:
     (tmp_path / "data" / "people.csv").write_text(RECORDS + "0101,1,1\n")
     (work / "source.json").write_text(json.dumps({"content": "forged", "spec": "forged"}))
     capsys.readouterr()
-    assert _run(named, "--run-id", "E") == 2
+    assert _run(named, "--run-id", "E") == 4
     assert "input changed" in capsys.readouterr().err
     assert not (tmp_path / "out" / "tiny.zarr").exists()
     # the original input resumes it, whatever the work folder says
@@ -132,7 +132,7 @@ def test_a_run_charged_before_runs_were_bound_is_not_resumed(named, tmp_path, ca
     entries = len(ledger.entries())
     capsys.readouterr()
     for verb in ("validate", "run"):
-        assert main([verb, str(named), "--run-id", "OLD"]) == 2
+        assert main([verb, str(named), "--run-id", "OLD"]) == 4
         assert "older dpdask" in capsys.readouterr().err
     assert len(_ledger(tmp_path).entries()) == entries
     assert not (tmp_path / "out" / "tiny.zarr").exists()
@@ -154,7 +154,7 @@ def test_a_published_run_is_never_published_again(named, tmp_path, capsys) -> No
     shutil.copytree(out.with_name(".tiny.zarr.run-P"), second.with_name(".tiny.zarr.run-P"))
     copy = _write_spec(tmp_path, "copy.yaml", output=str(second), data={"id": "people"})
     capsys.readouterr()
-    assert _run(copy, "--run-id", "P") == 2
+    assert _run(copy, "--run-id", "P") == 4
     assert "publishes to" in capsys.readouterr().err
     assert _ledger(tmp_path).run("tiny", "P").state == "measuring"
     # the run is recorded where it was published, and only there
@@ -163,7 +163,7 @@ def test_a_published_run_is_never_published_again(named, tmp_path, capsys) -> No
     assert run.state == "published" and run.output == str(out.resolve())
     with pytest.raises(ValueError, match="already published"):
         _ledger(tmp_path).publish("tiny", "P", str(second))
-    assert _run(copy, "--run-id", "P") == 2
+    assert _run(copy, "--run-id", "P") == 4
 
 
 def test_a_deleted_ledger_is_not_recreated_beside_its_releases(tiny_created, tmp_path, capsys):
@@ -173,9 +173,9 @@ def test_a_deleted_ledger_is_not_recreated_beside_its_releases(tiny_created, tmp
     ledger_path.with_name("ledger.sqlite.head").unlink()
     published = _estimates(out)
     for args in (("--run-id", "B"), ("--run-id", "B", "--overwrite")):
-        assert _run(spec, *args) == 2
+        assert _run(spec, *args) == 6
         assert "never re-created" in _error_line(capsys.readouterr().err)
-    assert main(["validate", str(spec), "--overwrite"]) == 2
+    assert main(["validate", str(spec), "--overwrite"]) == 6
     assert "never re-created" in capsys.readouterr().err
     assert not ledger_path.exists() and _estimates(out) == published
     # a new ledger for a new output is created, and says so
@@ -205,7 +205,7 @@ def test_a_deleted_ledger_is_not_recreated_beside_another_period(tmp_path, capsy
     ledger_path.unlink()
     ledger_path.with_name("ledger.sqlite.head").unlink()
     capsys.readouterr()
-    assert _run(spec, "--period", "2026-02") == 2
+    assert _run(spec, "--period", "2026-02") == 6
     assert "2026-01" in capsys.readouterr().err
     assert not ledger_path.exists() and not (tmp_path / "out" / "2026-02").exists()
 
@@ -218,7 +218,7 @@ def test_overwrite_refuses_a_release_of_another_ledger(tiny_created, tmp_path, c
     other = _write_spec(tmp_path, "other.yaml", ledger={"path": str(fresh), "create": False})
     capsys.readouterr()
     for verb in (["validate"], ["run", "--no-progress"]):
-        assert main([verb[0], str(other), "--overwrite", *verb[1:]]) == 2
+        assert main([verb[0], str(other), "--overwrite", *verb[1:]]) == 6
         assert "charged to ledger" in capsys.readouterr().err
     assert _estimates(out) == published
     assert len(Ledger(fresh).entries()) == 1
@@ -243,14 +243,14 @@ def test_anchor_without_the_releases_is_refused(tiny, tmp_path, capsys) -> None:
     for rolled in (empty, one):  # rolled back, its head file deleted
         ledger_path.write_bytes(rolled)
         head_file.unlink(missing_ok=True)
-        assert main(["ledger", "anchor", str(ledger_path)]) == 2
+        assert main(["ledger", "anchor", str(ledger_path)]) == 6
         err = capsys.readouterr().err
         assert "not re-anchored" in err and "--release" in err
-        assert main(["ledger", "anchor", str(ledger_path), *outs]) == 2
+        assert main(["ledger", "anchor", str(ledger_path), *outs]) == 6
         assert "not re-anchored" in capsys.readouterr().err and not head_file.exists()
     # the intact ledger: every release it records must be given, then it is re-anchored
     ledger_path.write_bytes(current)
-    assert main(["ledger", "anchor", str(ledger_path), *outs[:2]]) == 2
+    assert main(["ledger", "anchor", str(ledger_path), *outs[:2]]) == 6
     assert str(tmp_path / "b.zarr") in capsys.readouterr().err and not head_file.exists()
     assert main(["ledger", "anchor", str(ledger_path), *outs]) == 0
     assert json.loads(head_file.read_text()) == json.loads(anchored)
@@ -284,7 +284,7 @@ def test_a_sum_run_is_bound_and_published_once(tmp_path, capsys) -> None:
     ledger.path.unlink()
     ledger.head_file.unlink()
     capsys.readouterr()
-    assert main(["run", spec, "--json", "--overwrite"]) == 2
+    assert main(["run", spec, "--json", "--overwrite"]) == 6
     assert "never re-created" in capsys.readouterr().err
     assert (zarr.open_group(str(out), mode="r")["answers"][:] == answers).all()
     assert not ledger.path.exists()

@@ -83,14 +83,14 @@ def test_two_periods_publish_and_a_third_is_refused_before_reading(
     monkeypatch.setattr(run_module, "load_data", no_read)
     monkeypatch.setattr(run_module, "source_print", no_read)
     capsys.readouterr()
-    assert main(["run", str(monthly), "--period", "2026-12", "--no-progress"]) == 2
+    assert main(["run", str(monthly), "--period", "2026-12", "--no-progress"]) == 3
     err = capsys.readouterr().err
     assert "lifetime" in err and "rho=0" in err
     assert not (tmp_path / "out" / "pl94-2026-12.zarr").exists()
     assert len(Ledger(tmp_path / "out" / "ledger.sqlite").runs()) == 2
     # a period that was published is not published again when the timer fires twice
     monkeypatch.undo()
-    assert main(["run", str(monthly), "--period", "2026-11", "--no-progress"]) == 2
+    assert main(["run", str(monthly), "--period", "2026-11", "--no-progress"]) == 4
     assert main(["ledger", "show", str(tmp_path / "out" / "ledger.sqlite"), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert shown["datasets"]["ri-2018-e2e-providence"]["remaining"]["rho"] == "0"

@@ -175,7 +175,7 @@ def test_an_output_never_replaces_what_it_must_protect(door, capsys, aim) -> Non
     door.write(output=str(door.target(aim)))
     before = door.files()
     for verb in ("validate", "run"):
-        assert door.run(verb, "--overwrite") == 2
+        assert door.run(verb, "--overwrite") == 5
         line = _one_error(capsys.readouterr().err, verb)
         assert "overlaps" in line or "not a dpdask release" in line
     _unchanged(before, door)
@@ -189,7 +189,7 @@ def test_a_local_strategy_file_never_replaces_what_it_must_protect(tmp_path, cap
         assert door.run("run") == 0
     door.write(strategy_file=str(target))
     before = door.files()
-    assert door.run("plan", "--overwrite") == 2
+    assert door.run("plan", "--overwrite") == 5
     line = _one_error(capsys.readouterr().err, "plan")
     assert "overlaps" in line or "not a dpdask release" in line
     _unchanged(before, door)
@@ -211,7 +211,7 @@ def test_never_through_a_symbolic_link(door, capsys, link_to) -> None:
     door.write(output=str(link))
     before = door.files()
     for verb in ("validate", "run"):
-        assert door.run(verb, "--overwrite") == 2
+        assert door.run(verb, "--overwrite") == 5
         assert "symbolic link" in _one_error(capsys.readouterr().err, verb)
     _unchanged(before, door)
     assert victim.exists() == (link_to != "nothing")
@@ -223,7 +223,7 @@ def test_a_local_strategy_file_is_never_written_through_a_link(tmp_path, capsys)
     link.symlink_to(door.input)
     door.write(strategy_file=str(link))
     before = door.files()
-    assert door.run("plan", "--overwrite") == 2
+    assert door.run("plan", "--overwrite") == 5
     assert "symbolic link" in _one_error(capsys.readouterr().err, "plan")
     _unchanged(before, door)
 
@@ -236,7 +236,7 @@ def test_a_rerun_needs_overwrite_and_overwrite_needs_a_dpdask_artefact(door, cap
     if honours_run_id:  # honoured, not ignored
         assert summary["run_id"] == "first"
     before = door.files()
-    assert door.run("run") == 2  # no --overwrite: the published output stays
+    assert door.run("run") == 4  # no --overwrite: the published output stays
     assert "already holds" in _one_error(capsys.readouterr().err, "run")
     _unchanged(before, door)
     # a file dpdask did not publish is never replaced, even with --overwrite
@@ -249,7 +249,7 @@ def test_a_rerun_needs_overwrite_and_overwrite_needs_a_dpdask_artefact(door, cap
     door.write(output=str(precious))
     before = door.files()
     for verb in ("validate", "run"):
-        assert door.run(verb, "--overwrite") == 2
+        assert door.run(verb, "--overwrite") == 5
         assert "not a dpdask release" in _one_error(capsys.readouterr().err, verb)
     _unchanged(before, door)
 
@@ -258,7 +258,7 @@ def test_local_overwrite_replaces_only_its_own_files(tmp_path, capsys) -> None:
     door = Door("local", tmp_path)
     assert door.run("run") == 0
     first = door.output.read_bytes()
-    assert door.run("plan") == 2  # the strategy file exists: --overwrite to replace it
+    assert door.run("plan") == 4  # the strategy file exists: --overwrite to replace it
     assert "already holds" in _one_error(capsys.readouterr().err, "plan")
     assert door.run("plan", "--overwrite") == 0
     assert door.run("run", "--overwrite") == 0
@@ -267,7 +267,7 @@ def test_local_overwrite_replaces_only_its_own_files(tmp_path, capsys) -> None:
     assert door.output.read_bytes() == first  # same strategy, same responses: same answers
     # an edited output is no longer dpdask's: its sidecar no longer vouches for it
     door.output.write_bytes(first + b"edited\n")
-    assert door.run("run", "--overwrite") == 2
+    assert door.run("run", "--overwrite") == 5
     assert "not a dpdask release" in _one_error(capsys.readouterr().err, "run")
     assert door.output.read_bytes() == first + b"edited\n"
 
@@ -373,7 +373,7 @@ def test_a_saved_plan_never_replaces_what_it_must_protect(tmp_path, capsys, aim)
     """``dpdask plan --save`` goes through the same output check as a release."""
     door = Door("counts", tmp_path)
     before = door.files()
-    assert door.run("plan", "--save", str(door.target(aim)), "--overwrite") == 2
+    assert door.run("plan", "--save", str(door.target(aim)), "--overwrite") == 5
     assert "overlaps" in _one_error(capsys.readouterr().err, "plan")
     assert door.files() == before
 
@@ -384,19 +384,19 @@ def test_a_saved_plan_replaces_only_a_plan(tmp_path, capsys) -> None:
     door = Door("counts", tmp_path)
     other = tmp_path / "notes.npz"
     other.write_bytes(b"not a plan")
-    assert door.run("plan", "--save", str(other), "--overwrite") == 2
+    assert door.run("plan", "--save", str(other), "--overwrite") == 5
     assert "not a dpdask" in _one_error(capsys.readouterr().err, "plan")
     assert other.read_bytes() == b"not a plan"
     saved = tmp_path / "plan.npz"
     assert door.run("plan", "--save", str(saved)) == 0
     first = saved.read_bytes()
-    assert door.run("plan", "--save", str(saved)) == 2  # exists: needs --overwrite
+    assert door.run("plan", "--save", str(saved)) == 4  # exists: needs --overwrite
     assert saved.read_bytes() == first
     assert door.run("plan", "--save", str(saved), "--overwrite") == 0
     assert Plan.load(saved).noise_scale > 0
     link = tmp_path / "link.npz"
     link.symlink_to(saved)
-    assert door.run("plan", "--save", str(link), "--overwrite") == 2
+    assert door.run("plan", "--save", str(link), "--overwrite") == 5
     assert link.is_symlink()
 
 
@@ -407,6 +407,6 @@ def test_a_run_racing_another_for_its_output_is_refused(door, capsys) -> None:
 
     before = door.files()
     with claim_output(door.output):
-        assert door.run("run") == 2
+        assert door.run("run") == 5
         assert "publishing" in _one_error(capsys.readouterr().err, "run").lower()
     assert door.files() == before

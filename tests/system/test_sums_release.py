@@ -138,11 +138,11 @@ def test_wages_by_county_release(tmp_path, capsys, threshold):
 
     # rerunning is refused: the output exists ...
     before = len(ledger.charges())
-    assert main(["run", spec]) == 2
+    assert main(["run", spec]) == 4
     assert "already holds a release" in capsys.readouterr().err
     # ... and, to another output, the budget is spent (nothing charged either way)
     spec2 = _spec(tmp_path, "spec2.yaml", output="out/wages2.zarr")
-    assert main(["run", spec2]) == 2
+    assert main(["run", spec2]) == 3
     assert "is left" in capsys.readouterr().err
     assert len(Ledger(tmp_path / "out" / "ledger.sqlite").charges()) == before
     assert not (tmp_path / "out" / "wages2.zarr").exists()
@@ -228,10 +228,10 @@ def test_validate_and_plan_charge_nothing_and_match_the_run(tmp_path, capsys):
     assert row["max_bias_per_record"] == pytest.approx(float(root["bias_per_record"][:].max()))
 
     # after the run: validate refuses the taken output, and the spent budget elsewhere
-    assert main(["validate", spec]) == 2
+    assert main(["validate", spec]) == 4
     assert "already holds a release" in capsys.readouterr().err
     spec2 = _spec(tmp_path, "spec2.yaml", output="out/other.zarr")
-    assert main(["validate", spec2]) == 2
+    assert main(["validate", spec2]) == 3
     assert "is left" in capsys.readouterr().err
     assert len(Ledger(ledger_path).charges()) == 2
 
@@ -255,7 +255,7 @@ def test_validate_refuses_bad_records_and_missing_ledger(tmp_path, capsys):
     assert "negative" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     spec = _spec(tmp_path, ledger="{path: out/ledger.sqlite}")
-    assert main(["validate", spec]) == 2
+    assert main(["validate", spec]) == 6
     assert "no ledger" in capsys.readouterr().err
 
 
@@ -448,9 +448,9 @@ def test_sum_releases_share_the_dataset_lifetime_budget(tmp_path, capsys, monkey
     # a second release of the same file, under another release id: 0.5 of 1.5 is left
     reads = _spy_reads(monkeypatch)
     second = _spec(tmp_path, "b.yaml", output="out/b.zarr", release="wages-b")
-    assert main(["validate", second]) == 2
+    assert main(["validate", second]) == 3
     assert "lifetime" in capsys.readouterr().err
-    assert main(["run", second]) == 2
+    assert main(["run", second]) == 3
     assert "of its lifetime" in capsys.readouterr().err
     assert reads == []  # refused before the records were read
     assert Ledger(tmp_path / "out" / "ledger.sqlite").head().count == entries
@@ -463,7 +463,7 @@ def test_sum_releases_share_the_dataset_lifetime_budget(tmp_path, capsys, monkey
         data="{format: records, path: people.csv, geography_column: county, "
         f"value_column: wage, id: {info['dataset']}}}",
     )  # fmt: skip
-    assert main(["run", third]) == 2
+    assert main(["run", third]) == 3
     assert "lifetime" in capsys.readouterr().err
     # a smaller release fits what is left
     fourth = _spec(tmp_path, "d.yaml", output="out/d.zarr", release="wages-d",
@@ -490,7 +490,7 @@ def test_a_count_release_charges_the_same_dataset(tmp_path, capsys):
     ledger.charge(Charge("counts", "r1", "county", "m", "laplace", 1.0, 1.0, PureDP(1.5),
                          key.fingerprint()))  # fmt: skip
     spec = _spec(tmp_path, ledger="{path: out/ledger.sqlite}")
-    assert main(["run", spec]) == 2
+    assert main(["run", spec]) == 3
     assert "lifetime" in capsys.readouterr().err
     assert not (tmp_path / "out" / "wages.zarr").exists()
 
@@ -533,5 +533,5 @@ def test_sum_validate_refuses_what_run_refuses_before_charging(tmp_path, capsys)
     spec = _spec(tmp_path)
     with claim_output(tmp_path / "out" / "wages.zarr"):  # another run publishing there
         for verb in ("validate", "run"):
-            assert main([verb, spec]) == 2
+            assert main([verb, spec]) == 5
             assert "publishing" in capsys.readouterr().err.lower()
