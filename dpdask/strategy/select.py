@@ -211,7 +211,10 @@ def select(
         )
     if model != "central":
         raise PlanError(f"model must be 'central', got {model!r}")
-    if strategy == "tda-2020" or (strategy == "fitness" and options.get("targets") == "tda-2020"):
+    named_targets = options.get("targets")  # a name, or one target per query (an array)
+    if strategy == "tda-2020" or (
+        strategy == "fitness" and isinstance(named_targets, str) and named_targets == "tda-2020"
+    ):
         from dpdask.strategy import tda2020
 
         make = tda2020.tda2020_plan if strategy == "tda-2020" else tda2020.fitness_plan
