@@ -38,6 +38,43 @@ def _named(names: list[str] | None = None) -> dict[str, Any]:
     return {"anyOf": [name, {"type": "object", "properties": {"name": name}, "required": ["name"]}]}
 
 
+_SET = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+#: ``{marginals: {k: K, attributes: [...]}}`` or ``{marginals: [set or {attributes, weight}]}``
+#: (:func:`dpdask.pipeline._spec_plan._marginals`)
+_MARGINALS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "marginals": {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"k": {"type": "integer", "minimum": 0}, "attributes": _SET},
+                    "required": ["k"],
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "anyOf": [
+                            _SET,
+                            {
+                                "type": "object",
+                                "properties": {"attributes": _SET, "weight": _NUMBER},
+                                "required": ["attributes"],
+                                "additionalProperties": False,
+                            },
+                        ]
+                    },
+                },
+            ]
+        }
+    },
+    "required": ["marginals"],
+    "additionalProperties": False,
+}
+
+
 def _per_level(one: dict[str, Any]) -> dict[str, Any]:
     """One value for every level, or ``{levels: {level: value}}``."""
     levels = _closed({"levels": {"type": "object", "additionalProperties": one}}, ["levels"])
@@ -89,12 +126,12 @@ def _counts() -> dict[str, Any]:
         "data": data,
         "domain": {
             "anyOf": [
-                {"enum": ["pl94", "ri2010", "cph"]},
+                {"enum": list(s.NAMED_DOMAINS)},
                 {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
             ]
         },
         "levels": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "workload": _per_level(_named()),
+        "workload": _per_level({"anyOf": [*_named()["anyOf"], _MARGINALS]}),
         "privacy": privacy,
         "strategy": _per_level(_named()),
         "reconstruct": {

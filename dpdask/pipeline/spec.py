@@ -273,30 +273,31 @@ def _ledger(raw: Any, output: pathlib.Path, base: pathlib.Path) -> tuple[pathlib
 
 
 # -- the spec -------------------------------------------------------------------------------
-def parse_domain(value: Any) -> Domain:
-    """The domain a spec (or ``dpdask plan --domain``) names: ``pl94``, ``ri2010``,
-    ``cph`` or a mapping of attribute sizes; a :class:`SpecError` naming ``domain``
-    otherwise."""
-    from dpdask import census
-    from dpdask.workloads import ri2010_domain
+#: the domains a spec may name, each with the function that builds it
+NAMED_DOMAINS: dict[str, str] = {
+    "pl94": "dpdask.census:pl94_domain",
+    "pl94-full": "dpdask.census:pl94_full_domain",
+    "ri2010": "dpdask.workloads:ri2010_domain",
+    "cph": "dpdask.census:cph_domain",
+}
 
-    if value == "pl94":
-        return census.pl94_domain()
-    if value == "pl94-full":
-        return census.pl94_full_domain()
-    if value == "ri2010":
-        return ri2010_domain()
-    if value == "cph":
-        return census.cph_domain()
+
+def parse_domain(value: Any) -> Domain:
+    """The domain a spec (or ``dpdask plan --domain``) names: one of
+    :data:`NAMED_DOMAINS` or a mapping of attribute sizes; a :class:`SpecError` naming
+    ``domain`` otherwise."""
+    import importlib
+
+    if isinstance(value, str) and value in NAMED_DOMAINS:
+        module, name = NAMED_DOMAINS[value].split(":")
+        return getattr(importlib.import_module(module), name)()  # type: ignore[no-any-return]
     if isinstance(value, Mapping):
         try:
             return Domain({str(k): v for k, v in value.items()})
         except ValueError as exc:
             raise SpecError(f"domain: {exc}") from None
-    raise SpecError(
-        "domain: expected 'pl94', 'pl94-full', 'ri2010', 'cph' or a mapping of attribute "
-        f"sizes, got {value!r}"
-    )
+    names = ", ".join(repr(n) for n in NAMED_DOMAINS)
+    raise SpecError(f"domain: expected {names} or a mapping of attribute sizes, got {value!r}")
 
 
 def _levels(value: Any) -> tuple[str, ...] | None:

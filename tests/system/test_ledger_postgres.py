@@ -266,7 +266,7 @@ def test_anchor_on_a_server_checks_heads_and_writes_nothing(people, shared, caps
         assert "nothing to anchor" in said and "rewritten:" not in said, said
         assert not args or "in the ledger" in said
     wrong = f"{len(before)}:{'0' * 64}"  # a head this chain never held
-    assert main(["ledger", "anchor", operator, "--head", wrong]) == 2
+    assert main(["ledger", "anchor", operator, "--head", wrong]) == 6  # the ledger refuses
     assert "not in" in _error(capsys)
     with psycopg.connect(admin) as con:
         assert con.execute("SELECT * FROM dpdask.entries ORDER BY seq").fetchall() == before
@@ -285,17 +285,19 @@ def test_a_job_the_server_refuses_is_one_line_before_reading(people, shared, pg_
     with psycopg.connect(admin) as con:
         before = con.execute("SELECT count(*) FROM dpdask.entries").fetchone()[0]
     role = operator.split("//")[1].split(":")[0]
+    # exit statuses (dpdask.cli._exit): a server that refuses or cannot be reached is a
+    # failure (1: retry or fix the connection); a missing grant is the ledger's refusal (6)
     cases = [
-        (operator.replace(password, "wrong"), "refuses the login", None),
-        ("postgresql://someone:secret@127.0.0.1:1/ledger", "cannot reach", None),
-        (operator, "no grant to append", f"REVOKE INSERT ON dpdask.entries FROM {role}"),
+        (operator.replace(password, "wrong"), "refuses the login", None, 1),
+        ("postgresql://someone:secret@127.0.0.1:1/ledger", "cannot reach", None, 1),
+        (operator, "no grant to append", f"REVOKE INSERT ON dpdask.entries FROM {role}", 6),
     ]
     capsys.readouterr()
-    for n, (url, says, sql) in enumerate(cases):
+    for n, (url, says, sql, code) in enumerate(cases):
         if sql:
             pg_server.sql(sql, dbname=admin.rsplit("/", 1)[1])
         spec = _spec(people, url, f"s{n}.yaml", data={"id": "cef"})
-        assert _run(spec) == 2
+        assert _run(spec) == code
         err = capsys.readouterr().err
         assert "Traceback" not in err and says in err.strip().splitlines()[-1], err
         assert password not in err and "secret" not in err

@@ -123,10 +123,12 @@ def test_a_sum_release_is_one_budget_authority(tmp_path, server, capsys, monkeyp
     other.write_text("county,wage\nc1,10\nc2,20\n")
     # the same records under another id, a dataset nobody registered, and the last of
     # the lifetime budget: refused before the records are read or anything is charged
-    for n, (data_id, path, privacy, message) in enumerate((
-        ("payroll-copy", "people.csv", "{epsilon: 0.5}", "source of dataset 'payroll'"),
-        ("acs", other.name, "{epsilon: 0.5, dataset: {epsilon: 9}}", "'acs' is not registered"),
-        ("payroll", "people.csv", "{epsilon: 1}", "dataset 'payroll'"),
+    # exit statuses (dpdask.cli._exit): the ledger's refusals of a dataset's identity
+    # (4) or of an unregistered dataset (6), and a spent budget (3)
+    for n, (data_id, path, privacy, message, code) in enumerate((
+        ("payroll-copy", "people.csv", "{epsilon: 0.5}", "source of dataset 'payroll'", 4),
+        ("acs", other.name, "{epsilon: 0.5, dataset: {epsilon: 9}}", "'acs' is not registered", 6),
+        ("payroll", "people.csv", "{epsilon: 1}", "dataset 'payroll'", 3),
     )):  # fmt: skip
         spec = _spec(
             tmp_path, operator, f"s{n}.yaml", release=f"w{n}", privacy=privacy,
@@ -135,7 +137,7 @@ def test_a_sum_release_is_one_budget_authority(tmp_path, server, capsys, monkeyp
             f"value_column: wage, id: {data_id}}}",
         )  # fmt: skip
         for verb in ("validate", "run"):
-            assert main([verb, str(spec)]) == 2
+            assert main([verb, str(spec)]) == code, (verb, data_id)
             assert message in _last_error(capsys), (verb, data_id)
         assert not (tmp_path / "out" / f"w{n}.zarr").exists()
     assert reads == []  # every refusal came before the records were read
