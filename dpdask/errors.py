@@ -24,6 +24,12 @@ error                  raised when
 ``InterpreterError``   this Python cannot publish a release (``python -O``)
 ``ClusterError``       the named scheduler did not answer
 ``ConvergenceError``   an optimiser or estimator cannot produce a result
+``ArgumentError``      a function got an argument it cannot use (a value out
+                       of range, an unknown option); ``ArgumentTypeError``
+                       when it is of the wrong type, ``ShapeError`` when
+                       arrays or implicit matrices do not fit together,
+                       ``DomainError`` for an attribute, category, level or
+                       geography the domain does not have
 =====================  =======================================================
 
 Warnings derive from :class:`DPDaskWarning`; :class:`ConvergenceWarning` is
@@ -33,6 +39,8 @@ raised when an estimator stops at its iteration limit before its tolerance.
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
     "BudgetExceededError",
     "BudgetTypeError",
     "ClusterUnreachableError",
@@ -42,6 +50,7 @@ __all__ = [
     "DPDaskWarning",
     "DataError",
     "DataTypeError",
+    "DomainError",
     "GeographyUniverseError",
     "InterpreterError",
     "LedgerConflictError",
@@ -56,6 +65,7 @@ __all__ = [
     "OutputLockedError",
     "PlanError",
     "RunStateError",
+    "ShapeError",
     "SpecError",
     "StoreExistsError",
     "UnsafeOutputError",
@@ -159,6 +169,22 @@ class ClusterUnreachableError(DPDaskError, ConnectionError, ValueError):
 
 class ConvergenceError(DPDaskError, RuntimeError):
     """An optimiser or estimator cannot produce a usable result."""
+
+
+class ArgumentError(DPDaskError, ValueError):
+    """A function got an argument it cannot use: a value out of range, an unknown option."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """A function got an argument of a type it cannot use."""
+
+
+class ShapeError(ArgumentError):
+    """Arrays or implicit matrices whose shapes do not fit together."""
+
+
+class DomainError(ArgumentError):
+    """An attribute, category, level or geography the domain does not have."""
 
 
 class DPDaskWarning(UserWarning):
