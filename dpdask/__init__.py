@@ -82,7 +82,7 @@ def __getattr__(name: str):
 
         return open_release
     if name == "release":
-        from dpdask.dataflow.release import release
+        from dpdask.release import release
 
         return release
     if name == "Session":  # the notebook API: releases through the command line's door

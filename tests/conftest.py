@@ -10,7 +10,7 @@ import pytest
 from hypothesis import settings
 
 from dpdask import Domain, Geography
-from dpdask.dataflow import write_store
+from dpdask.store import write_store
 from tests.helpers import DOMAIN
 
 # Property tests draw the same examples on every run, so that CI is reproducible (a

@@ -8,8 +8,8 @@
 * :func:`parse_workload`: ``NAME[:k=v,...]`` (or a JSON object) as a workload spec;
 * :func:`level_errors`: the squared errors of published workload answers against the
   truth, level by level and chunk by chunk (``truth-<level>`` tasks): the true counts
-  of a chunk are read sparse from the store (:meth:`~dpdask.dataflow.DataStore.to_sparse`)
-  or summed from the level below (:func:`~dpdask.dataflow.aggregate_sparse`), the
+  of a chunk are read sparse from the store (:meth:`~dpdask.store.DataStore.to_sparse`)
+  or summed from the level below (:func:`~dpdask.store.aggregate_sparse`), the
   level's workload is applied to them (:func:`~dpdask.linalg.apply_rows`) and compared
   with the same rows of each release's ``answers``. No level's truth is ever held
   whole: memory grows with a chunk's entries (about four million).
@@ -29,7 +29,7 @@ import numpy as np
 import zarr
 from dask.base import tokenize
 
-from dpdask.dataflow import DataStore, SparseCounts, aggregate_sparse, level_key
+from dpdask.store import DataStore, SparseCounts, aggregate_sparse, level_key
 from dpdask.domain import Geography
 from dpdask.linalg import LinearQuery, apply_rows
 

@@ -35,7 +35,7 @@ import psutil
 from dask.utils import key_split
 from distributed import get_task_stream
 
-from dpdask.dataflow import open_store
+from dpdask.store import open_store
 from dpdask.pipeline.cluster import connect
 from dpdask.pipeline.run import synthetic_geography
 
@@ -119,7 +119,7 @@ def _cluster(workers: int, memory_limit: str) -> Iterator[tuple[Any, list[int]]]
 
 def _make_data(root: pathlib.Path, n: int, n_states: int) -> tuple[Any, float]:
     from dpdask.census import cph_domain
-    from dpdask.dataflow import adopt_array
+    from dpdask.store import adopt_array
     from dpdask.datasets import synthetic_persons
 
     domain = cph_domain()
@@ -139,7 +139,7 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
     import zarr
 
     from dpdask.bench._common import median_time
-    from dpdask.dataflow.release import LevelPlan, release
+    from dpdask.release import LevelPlan, release
     from dpdask.noise import SecretKey
     from dpdask.privacy import zCDP
     from dpdask.strategy import select
@@ -187,7 +187,7 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
 
-    from dpdask.dataflow.release import release
+    from dpdask.release import release
     from dpdask.noise import SecretKey
     from dpdask.privacy import zCDP
     from dpdask.strategy import select

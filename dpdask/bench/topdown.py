@@ -3,7 +3,7 @@
 A synthetic hierarchy (``--levels``, top first; ``--geographies`` finest units,
 ``--fanout`` children per parent of each level below the top, decimals being
 averages; by default one state, ten tracts per county), its synthetic Census-like
-counts written straight into a data store (:func:`dpdask.dataflow.synthetic_store`,
+counts written straight into a data store (:func:`dpdask.store.synthetic_store`,
 sparse by default: memory and disk grow with the persons, not cells x units), one
 budget (zCDP, rho = 1) and one fixed test key; the release is run with least squares
 (``ls``), bottom-up NNLS (``nnls``) and top-down (``topdown``, with ``--integer`` the
@@ -146,7 +146,7 @@ def _data(root: pathlib.Path, args: argparse.Namespace, domain: Any, geo: Any) -
     """The synthetic store (reused from ``--workdir`` when the same data was made)."""
     from dask.base import tokenize
 
-    from dpdask.dataflow import open_store, synthetic_store
+    from dpdask.store import open_store, synthetic_store
     from dpdask.datasets import draw_populations
 
     n = geo.n_units()
@@ -196,7 +196,7 @@ def _release(
     from distributed import get_task_stream
 
     from dpdask.bench.release import _cluster, _WorkerPeaks, task_seconds
-    from dpdask.dataflow.release import release
+    from dpdask.release import release
     from dpdask.noise import SecretKey
     from dpdask.publish import remove_work, work_dir
 

@@ -110,7 +110,7 @@ def _tables(plan: Any, domain: Any) -> list[dict[str, Any]]:
     if names is not None and len(names) == len(qv):
         out += rmse_groups(names, qv, "part")
     try:
-        from dpdask.dataflow import table_variances
+        from dpdask.release import table_variances
         from dpdask.publish import published_tables
 
         tables = published_tables(plan.workload, domain)
@@ -194,7 +194,7 @@ def plan_event(
 
     Parameters
     ----------
-    rel : dpdask.dataflow.release.Release
+    rel : dpdask.release.Release
         The release, built and not yet run.
     ledger : dpdask.privacy.Ledger, optional
         Its ledger; the dataset's and release's balances are read from it.
@@ -213,7 +213,7 @@ def plan_event(
         (units, chunks, cells, budget, noise, predicted RMSE per level and per table),
         and the ledger's balances before and after the run's charge.
     """
-    from dpdask.dataflow import level_key
+    from dpdask.store import level_key
 
     plan = plan or {}
     summary = rel.summary()
@@ -383,7 +383,7 @@ def track(
     Parameters
     ----------
     client : distributed.Client or None
-    rel : dpdask.dataflow.release.Release
+    rel : dpdask.release.Release
     ledger : dpdask.privacy.Ledger, optional
     plan : mapping, optional
         :func:`dpdask.pipeline.run.plan_spec`'s report.

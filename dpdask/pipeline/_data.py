@@ -12,7 +12,7 @@ import pathlib
 
 import numpy as np
 
-from dpdask.dataflow import (
+from dpdask.store import (
     DataStore,
     SourcePrint,
     fingerprint_options,
@@ -98,7 +98,7 @@ def load_data(
         elif fmt == "synthetic":
             store = _synthetic_store(spec, cached)
         elif fmt == "records":
-            from dpdask.dataflow import ingest_records
+            from dpdask.store import ingest_records
 
             opts = dict(spec.data.options)
             for key in ("geography_column", "geographies"):  # parse_spec names the fix
@@ -125,10 +125,10 @@ def _owner_only(path: pathlib.Path) -> None:
 
 
 def _synthetic_store(spec: ReleaseSpec, path: pathlib.Path) -> DataStore:
-    """The spec's synthetic data (:func:`dpdask.dataflow.synthetic_store`) in the layout
+    """The spec's synthetic data (:func:`dpdask.store.synthetic_store`) in the layout
     ``data.layout`` names; ``auto`` is the smaller for the drawn populations (a unit
     fills at most as many cells as it has persons)."""
-    from dpdask.dataflow import prefer_dense, synthetic_store
+    from dpdask.store import prefer_dense, synthetic_store
     from dpdask.datasets import draw_populations
 
     opts = dict(spec.data.options)

@@ -6,7 +6,7 @@ work folder are those of every release (:func:`dpdask.pipeline.run_spec`), but t
 records are never counted into a data vector: each level's plan is the residual plan
 of the marginal workload at the level's share of the budget, every level is charged
 before any record is measured, and the tables are measured and reconstructed per chunk
-of units on Dask (:mod:`dpdask.dataflow._marginal_release`), then published atomically.
+of units on Dask (:mod:`dpdask.release._marginal_release`), then published atomically.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def plan_report(spec: ReleaseSpec) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _read(spec: ReleaseSpec) -> Any:
-    from dpdask.dataflow import read_codes
+    from dpdask.store import read_codes
 
     if spec.data.format != "records":
         raise SpecError("data.format: a marginal release reads person records (format: records)")
@@ -138,7 +138,8 @@ def run_marginals(
 ) -> dict[str, Any]:
     """Release the spec's marginals once its output is claimed and its preflight passed
     (the tail of :func:`dpdask.pipeline.run_spec` for this path)."""
-    from dpdask.dataflow import charge_marginals, levels_of, private_dir, write_marginals
+    from dpdask.release import charge_marginals, levels_of, write_marginals
+    from dpdask.store import private_dir
     from dpdask.noise import KeyFile, new_key
     from dpdask.pipeline._resume import run_binding
     from dpdask.pipeline.run import _preflight

@@ -8,7 +8,7 @@ import json
 import os
 import pathlib
 
-from dpdask.dataflow import SourcePrint, fingerprint_path
+from dpdask.store import SourcePrint, fingerprint_path
 from dpdask.noise import KeyFile
 from dpdask.pipeline.spec import ReleaseSpec
 from dpdask.privacy import Run, RunBinding, RunStateError, check_binding

@@ -1,8 +1,8 @@
 """The ``data`` keys of a ``format: records`` spec: the columns and the public universe.
 
 The units a records release publishes are those of ``data.geographies``, read and
-checked here, before any record is read (:func:`dpdask.dataflow.geography_universe`);
-the records are placed in it by :func:`dpdask.dataflow.ingest_records`.
+checked here, before any record is read (:func:`dpdask.store.geography_universe`);
+the records are placed in it by :func:`dpdask.store.ingest_records`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _levels(value: Any) -> dict[str, int] | None:
 
 
 def records_options(d: Mapping[str, Any], base: pathlib.Path, skip: tuple[str, ...]) -> dict:
-    """The :func:`~dpdask.dataflow.ingest_records` options of a records spec's ``data``
+    """The :func:`~dpdask.store.ingest_records` options of a records spec's ``data``
     (its keys already checked), with the universe read and checked.
 
     Parameters
@@ -61,7 +61,7 @@ def records_options(d: Mapping[str, Any], base: pathlib.Path, skip: tuple[str, .
         Naming ``data.geography_column``, ``data.levels``, ``data.geographies`` or
         ``data.unknown_geography``.
     """
-    from dpdask.dataflow import UNKNOWN_GEOGRAPHY, geography_universe
+    from dpdask.store import UNKNOWN_GEOGRAPHY, geography_universe
 
     opts = {k: v for k, v in d.items() if k not in skip}
     if opts.get("geography_column") is None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dpdask.dataflow import DataStore, SourcePrint, read_pl94
+from dpdask.store import DataStore, SourcePrint, read_pl94
 from dpdask.pipeline import _marginal_run as marginal
 from dpdask.pipeline._data import (
     check_input,
@@ -77,7 +77,7 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     level (``workload: {levels: ...}``), a mapping of level to the plan selected for that
     level's workload with that level's share of the budget.
     """
-    from dpdask.dataflow.release import LevelPlan
+    from dpdask.release import LevelPlan
     from dpdask.strategy import select
 
     if marginal.is_marginal_spec(spec):
@@ -342,8 +342,8 @@ def _run_checked(
     on_start: Callable[[str, str | None], None] | None, tracker: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`run_spec` once its output is claimed and its preflight passed."""
-    from dpdask.dataflow import Progress
-    from dpdask.dataflow.release import release
+    from dpdask.release import Progress
+    from dpdask.release import release
 
     if marginal.is_marginal_spec(spec):
         return marginal.run_marginals(spec, checked, client, overwrite, on_start)

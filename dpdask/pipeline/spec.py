@@ -47,9 +47,9 @@ The keys allowed in each mapping:
 
 ============  ====================================================================
 ``data``      ``format``, ``path``, ``id`` (for ``ri2010`` the CSV file or its folder,
-              :func:`dpdask.dataflow.read_ri2010`); for ``synthetic`` also ``geographies``,
+              :func:`dpdask.store.read_ri2010`); for ``synthetic`` also ``geographies``,
               ``states``, ``seed``, ``population``; for ``records`` the options of
-              :func:`dpdask.dataflow.ingest_records`: ``geography_column`` (required),
+              :func:`dpdask.store.ingest_records`: ``geography_column`` (required),
               ``geographies`` (required: the public universe of units, a CSV file with
               one column per level, coarsest first, and one row per finest unit; or
               ``[id, ...]``, the finest ids; or ``{level: [ids]}``, the table inline;
@@ -123,7 +123,7 @@ class DataSpec:
 
     ``format`` is one of :data:`DATA_FORMATS`; ``path`` the file or folder (absolute);
     ``id`` an optional name of the dataset (same form as release ids); ``options``
-    the format's further keys (synthetic sizes, :func:`~dpdask.dataflow.ingest_records`
+    the format's further keys (synthetic sizes, :func:`~dpdask.store.ingest_records`
     options).
     """
 
@@ -218,7 +218,7 @@ class ReleaseSpec:
 
 # -- data -----------------------------------------------------------------------------------
 def _records_keys() -> list[str]:
-    from dpdask.dataflow import ingest_records
+    from dpdask.store import ingest_records
 
     return keywords(ingest_records, ("source", "domain", "store"))
 
@@ -237,7 +237,7 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
     if fmt != "synthetic" and dpath is None:
         raise SpecError(f"data.path: required for format {fmt!r}")
     if fmt == "ri2010" and dpath is not None:
-        from dpdask.dataflow import ri2010_csv
+        from dpdask.store import ri2010_csv
 
         dpath = ri2010_csv(dpath)  # a folder names its block file: only that file is read
     if d.get("layout", "auto") not in ("auto", "dense", "sparse"):

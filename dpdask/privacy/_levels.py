@@ -5,7 +5,7 @@ a person is in one unit of every level) and each level's measurement adds noise
 calibrated to that level's share. :func:`split_levels` makes the split (exact,
 so the shares sum to the total) and :func:`noise_scale` the calibration; the
 spec (:meth:`dpdask.pipeline.ReleaseSpec.level_budgets`), the dataflow
-(:func:`dpdask.dataflow.release`, :class:`~dpdask.dataflow._level_plan.LevelPlan`)
+(:func:`dpdask.release`, :class:`~dpdask.release._level_plan.LevelPlan`)
 and the plans (:class:`dpdask.strategy.Plan`) all use these two functions, so
 ``plan``, ``run``, the benchmarks and the published attributes agree.
 """

@@ -395,7 +395,7 @@ def export_release(
     ------
     ValueError
         For an unknown format, id style, level, query or geography (nothing is written).
-    dpdask.dataflow.StoreExistsError
+    dpdask.store.StoreExistsError
         If ``out`` (or its metadata file) exists and ``overwrite`` is false (a
         ``FileExistsError`` and a ``ValueError``).
     """

@@ -5,14 +5,14 @@ While a release runs, ``.<output name>.run-<run id>/`` beside its output holds
 - ``raw/<level>/<k>.npy``: every level's reconstructed estimates, a file per Dask chunk
   written whole by its task, and ``raw/<level>-sums/`` the finest level's sums by
   parent (so that consistency never re-reads the largest level;
-  :mod:`dpdask.dataflow._checkpoint`);
+  :mod:`dpdask.release._checkpoint`);
 - ``done/<level>-<chunk>``: a marker per checkpointed chunk, written after its data,
   so that a resumed run skips exactly the finished chunks;
 - ``reports/``: a JSON report per chunk whose reconstruction stopped before converging;
 - ``key``: the run's secret key (:class:`~dpdask.noise.KeyFile`, mode 0600), so that
   a resumed run draws the same noise; the ledger holds only its fingerprint;
 - ``input-<fingerprint>.zarr``: the input converted to a data store
-  (:mod:`dpdask.dataflow._source`). What the run measures is bound in the ledger
+  (:mod:`dpdask.store._source`). What the run measures is bound in the ledger
   (:class:`~dpdask.privacy.RunBinding`), never here: nothing authenticates this folder.
 
 The folder is private to its owner (mode 0700) and is removed, the key overwritten

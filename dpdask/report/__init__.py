@@ -19,10 +19,10 @@ inline; the numbers are embedded too, as JSON (``<script type="application/json"
 id="dpdask-report-data">``). The page loads nothing from anywhere: it can be mailed
 or opened offline.
 
-The truth is a dpdask data store (:func:`dpdask.dataflow.write_store`) of the true
+The truth is a dpdask data store (:func:`dpdask.store.write_store`) of the true
 counts of every finest geography unit, on the release's domain, whose geography has
 the release's levels (same level names and unit ids): its counts are summed up to each
-level (:func:`dpdask.dataflow.aggregate`) and the workload's true answers computed
+level (:func:`dpdask.store.aggregate`) and the workload's true answers computed
 from them. The workload is recognised among the named workloads (``pl94``,
 ``ri2010``, ``sf1-persons``, ``identity``, ``marginals``, ...: a candidate must have
 the published labels and reproduce the published answers from the published
@@ -31,7 +31,7 @@ pass the workload itself otherwise (else only the histogram cells are compared).
 named workload that is not the release's is answered from the published estimates
 and compared with the truth too (realised error only)::
 
-    from dpdask.dataflow import read_pl94, write_store
+    from dpdask.store import read_pl94, write_store
     counts, domain, geography = read_pl94("examples/data/pl94_providence")
     write_store("truth.zarr", counts, domain, geography)
     write_report("out/pl94-providence.zarr", truth="truth.zarr")
@@ -59,7 +59,7 @@ def report_data(
     ----------
     release : str or path-like
         A published release.
-    truth : str, path-like or dpdask.dataflow.DataStore, optional
+    truth : str, path-like or dpdask.store.DataStore, optional
         A data store of the true counts (module notes).
     ledger : str or path-like, optional
         The ledger file, if it moved from where the release records it.
@@ -139,7 +139,7 @@ def write_report(
     out_html : str or path-like, optional
         The page to write (default :func:`default_output`: ``OUT.report.html`` beside
         ``OUT.zarr``); written under a temporary name and renamed when complete.
-    truth : str, path-like or dpdask.dataflow.DataStore, optional
+    truth : str, path-like or dpdask.store.DataStore, optional
         A data store of the true counts: adds the realised errors.
     ledger : str or path-like, optional
         The ledger file, if it moved from where the release records it.

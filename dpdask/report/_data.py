@@ -183,7 +183,7 @@ def _ledger(meta: Mapping[str, Any], override: str | os.PathLike | None) -> dict
 
 # -- the truth -------------------------------------------------------------------------
 def _open_truth(truth: Any, domain: Any) -> Any:
-    from dpdask.dataflow import DataStore, open_store
+    from dpdask.store import DataStore, open_store
 
     store = truth if isinstance(truth, DataStore) else open_store(truth)
     if store.domain.shape != domain.shape:
@@ -197,7 +197,7 @@ def _truth_batches(
     store: Any, level: str, ids: list[str], n_queries: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(release unit indices, true counts of those units) of one level, in batches."""
-    from dpdask.dataflow import aggregate
+    from dpdask.store import aggregate
 
     geo = store.geography
     if level not in geo.levels:
@@ -389,9 +389,9 @@ def collect(
     ----------
     release : str or path-like
         A published release.
-    truth : str, path-like or dpdask.dataflow.DataStore, optional
+    truth : str, path-like or dpdask.store.DataStore, optional
         A data store with the true counts of every finest geography unit, on the
-        release's domain and with its levels (as :func:`dpdask.dataflow.write_store`
+        release's domain and with its levels (as :func:`dpdask.store.write_store`
         writes them): the realised errors are measured against it.
     ledger : str or path-like, optional
         The ledger file, if it is no longer where the release says it was.

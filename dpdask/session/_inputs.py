@@ -129,7 +129,7 @@ def _records(
     attributes: Sequence[str] | None,
     unknown_geography: str,
 ) -> SessionInput:
-    from dpdask.dataflow import geography_universe
+    from dpdask.store import geography_universe
 
     if geography_column is None or geography_column not in frame.columns:
         raise SpecError(
@@ -219,7 +219,7 @@ def _counts(
     domain: Domain | Mapping[str, int] | None,
     dataset: str | None,
 ) -> SessionInput:
-    from dpdask.dataflow import geography_universe, write_store
+    from dpdask.store import geography_universe, write_store
 
     if geographies is None:
         raise SpecError("geographies: counts need their Geography (one row per finest unit)")
@@ -284,7 +284,7 @@ def prepare_input(
     DataError
         For a column of the wrong kind (its name, never its values).
     """
-    from dpdask.dataflow import open_store
+    from dpdask.store import open_store
 
     if isinstance(data, pd.DataFrame):
         found = _records(

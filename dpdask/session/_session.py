@@ -122,7 +122,7 @@ class Session:
         attributes; or the path of a data store.
     geographies : optional
         The public universe of units (records and counts): as
-        :func:`dpdask.dataflow.geography_universe` takes it (finest ids, ``{level:
+        :func:`dpdask.store.geography_universe` takes it (finest ids, ``{level:
         ids}``, a parent table, a CSV path or a :class:`~dpdask.Geography`). Every unit
         is published; none comes from the records.
     geography_column : str, optional

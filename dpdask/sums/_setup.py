@@ -240,7 +240,7 @@ def binding(spec: dict[str, Any], output: pathlib.Path) -> Any:
     import json
     import os
 
-    from dpdask.dataflow import fingerprint_path
+    from dpdask.store import fingerprint_path
     from dpdask.privacy import RunBinding
 
     ignored = ("output", "ledger", "ledger_create", "source")
@@ -256,7 +256,7 @@ def binding(spec: dict[str, Any], output: pathlib.Path) -> Any:
 def dataset_of(spec: dict[str, Any]) -> str:
     """The dataset a sum release is charged to: ``data.id``, or by default the same
     content hash of the records file a count release of that file is charged to."""
-    from dpdask.dataflow import fingerprint_path
+    from dpdask.store import fingerprint_path
 
     if spec.get("dataset_id"):
         return str(spec["dataset_id"])
@@ -275,7 +275,7 @@ def check_budget(
     jobs from before the check until this run's charge commits, so that a job losing the
     race for the last of a lifetime budget is refused here (:func:`~dpdask.privacy.hold_dataset`).
     """
-    from dpdask.dataflow import fingerprint_path
+    from dpdask.store import fingerprint_path
     from dpdask.privacy import (
         PureDP,
         check_dataset_fits,
@@ -304,7 +304,7 @@ def check_budget(
 def register(spec: dict[str, Any], ledger: Any, dataset: str) -> None:
     """Record the dataset's lifetime budget (``privacy.dataset``) and, on its first
     release, its source's fingerprint (the ledger's one budget authority)."""
-    from dpdask.dataflow import fingerprint_path
+    from dpdask.store import fingerprint_path
     from dpdask.privacy import bind_source
 
     if spec["dataset_budget"] is not None:

@@ -1,7 +1,7 @@
 """The Rhode Island 2010 block domain (voting age x race/ethnicity) and its workload.
 
 The ALARM Project's census-2020 block files (``ri_2010_block.csv``; read by
-:func:`dpdask.dataflow.read_ri2010`) give each block's population by eight mutually
+:func:`dpdask.store.read_ri2010`) give each block's population by eight mutually
 exclusive race/ethnicity groups, for all ages and for the voting-age population. The
 domain of those counts is::
 

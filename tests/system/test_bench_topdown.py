@@ -25,8 +25,8 @@ from dpdask.bench._topdown_data import (
 )
 from dpdask.census import pl94_domain
 from dpdask.cli import main
-from dpdask.dataflow import synthetic_store
-from dpdask.dataflow.release import release
+from dpdask.store import synthetic_store
+from dpdask.release import release
 from dpdask.noise import SecretKey
 from dpdask.privacy import split_levels, zCDP
 from dpdask.strategy import select

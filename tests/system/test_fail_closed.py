@@ -99,7 +99,7 @@ def test_a_run_whose_output_is_claimed_is_refused_before_anything(tiny, tmp_path
 _HOLD = """
 import pathlib, sys, time
 from dpdask.cli import main
-from dpdask.dataflow.release import Release
+from dpdask.release import Release
 
 finish = Release._finish
 go = pathlib.Path(sys.argv[2])
@@ -262,7 +262,7 @@ def test_a_run_on_a_full_ledger_disk_says_so_and_resumes(tiny, tmp_path, capsys,
 
 # -- a full output disk, Ctrl-C --------------------------------------------------------
 def test_a_full_output_disk_is_one_line_with_the_resume_command(tiny, tmp_path, capsys):
-    from dpdask.dataflow import release as release_module
+    import dpdask.release as release_module
 
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "out"))
     with mock.patch.object(release_module, "move_into_place", side_effect=full):
@@ -276,7 +276,7 @@ def test_a_full_output_disk_is_one_line_with_the_resume_command(tiny, tmp_path, 
 
 @pytest.mark.usefixtures("backend")
 def test_ctrl_c_after_the_charge_is_one_line_with_the_resume_command(tiny, tmp_path, capsys):
-    from dpdask.dataflow.release import Release
+    from dpdask.release import Release
 
     period = _write_spec(tmp_path, "p.yaml", release="tiny-{period}",
                          output=str(tmp_path / "out" / "{period}.zarr"))  # fmt: skip

@@ -18,8 +18,8 @@ import zarr
 
 import dpdask
 from dpdask import Domain, Geography
-from dpdask.dataflow import write_store
-from dpdask.dataflow.release import release
+from dpdask.store import write_store
+from dpdask.release import release
 from dpdask.linalg import AllRange, Identity, Kron, Prefix, Total, VStack
 from dpdask.noise import SecretKey
 from dpdask.privacy import ApproxDP, PureDP, gaussian_delta, zCDP

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from dask._task_spec import DataNode, Task
 
-from dpdask.dataflow._blocks import ChunkContext, estimate_block, measure_block
-from dpdask.dataflow._level_plan import LevelPlan
-from dpdask.dataflow.release import Release, release
+from dpdask.release._blocks import ChunkContext, estimate_block, measure_block
+from dpdask.release._level_plan import LevelPlan
+from dpdask.release import Release, release
 from dpdask.measure import lattice, noise_mechanism, stream_identity, stream_key
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey, new_key
 from dpdask.privacy import Ledger

@@ -13,7 +13,7 @@ import pytest
 
 import dpdask
 from dpdask.cli import main
-from dpdask.dataflow import charge_marginals, levels_of, write_marginals
+from dpdask.release import charge_marginals, levels_of, write_marginals
 from dpdask.datasets import geography_ids, wide_records, with_geography
 from dpdask.domain import Domain, Geography
 from dpdask.measure.residual import marginal_counts, residual_charge
@@ -167,7 +167,7 @@ def test_a_residual_spec_needs_records(tmp_path, capsys):
 
 
 def test_a_stopped_run_resumes_with_its_key_and_is_charged_once(tmp_path, monkeypatch):
-    import dpdask.dataflow as dataflow
+    import dpdask.release as dataflow
 
     _df, sizes = _records(tmp_path, n=800, d=3)
     spec = _spec(tmp_path, sizes, "{marginals: {k: 2}}")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dpdask.census import pl94_domain, race_label
-from dpdask.dataflow import P1_RACE_COLUMNS, aggregate, read_pl94, read_store, write_store
+from dpdask.store import P1_RACE_COLUMNS, aggregate, read_pl94, read_store, write_store
 from tests import ROOT, requires_shared_data, shared_data
 
 EXAMPLE = ROOT / "examples" / "data" / "pl94_providence"

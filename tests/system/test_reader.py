@@ -16,8 +16,8 @@ import zarr
 import dpdask
 from dpdask import Domain, Geography, census
 from dpdask.cli import main
-from dpdask.dataflow import write_store
-from dpdask.dataflow.release import release
+from dpdask.store import write_store
+from dpdask.release import release
 from dpdask.linalg import Identity, Kron, Prefix, Total, VStack
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
@@ -291,7 +291,7 @@ def test_entries_level_names_its_axes_in_the_domain_order(tmp_path, rng, monkeyp
     """A level published as entries (top-down) shows its estimate with the domain's axes
     in the domain's order, by name: oracle, the true counts of a release without noise
     (the store lists the attributes alphabetically: hisp before votingage)."""
-    from dpdask.dataflow import _output_sparse
+    from dpdask.release import _output_sparse
 
     monkeypatch.setattr(_output_sparse, "DENSE_ESTIMATE_CELLS", 0)
     geo = Geography(

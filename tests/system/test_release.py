@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import zarr
 
-from dpdask.dataflow.release import release
+from dpdask.release import release
 from dpdask.linalg import Identity, Kron, LinearQuery, Prefix, Total, VStack
 from dpdask.measure import lattice
 from dpdask.noise import SecretKey
@@ -118,7 +118,7 @@ def test_resume_after_crash_is_bit_identical(store, tmp_path, monkeypatch) -> No
     ref = release(plan, st, **{**kwargs, "ledger": ref_ledger}).to_zarr(tmp_path / "ref.zarr")
     n_charges = len(ref_ledger.charges("res"))
 
-    from dpdask.dataflow import release as release_module
+    import dpdask.release as release_module
 
     def crash(*args, **kw):
         raise KeyboardInterrupt("killed after measuring")
@@ -149,7 +149,7 @@ def test_over_budget_refuses_before_reading(store, tmp_path, monkeypatch) -> Non
         key=SecretKey.for_testing(1),
     ).to_zarr(tmp_path / "first.zarr")
 
-    from dpdask.dataflow import release as release_module
+    import dpdask.release as release_module
 
     def no_read(*args, **kw):
         raise AssertionError("data was read")
@@ -237,7 +237,7 @@ def test_nonnegative_estimators_are_consistent_and_nonnegative(store, tmp_path, 
 def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) -> None:
     """NNLS is fitted at the finest level with row weights 1 / noise variance; ADMM gets
     each level's scale: both of the noise the measure step draws."""
-    import dpdask.dataflow._blocks as blocks
+    import dpdask.release._blocks as blocks
 
     seen: dict[str, list] = {"nnls": [], "admm": []}
     real_fitter, real_admm = blocks.nonnegative_fitter, blocks.admm
@@ -321,7 +321,7 @@ def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind, level
 def test_estimators_that_stop_early_are_reported(store, tmp_path, monkeypatch, method) -> None:
     """An iteration limit hit shows in the output's attributes, per chunk, and the
     estimate published is still non-negative and consistent."""
-    import dpdask.dataflow._blocks as blocks
+    import dpdask.release._blocks as blocks
 
     real = {"nnls": blocks.nonnegative_fitter, "admm-l1": blocks.admm}[method]
 
@@ -372,7 +372,7 @@ SUPPORTED_WORKLOAD = VStack([Kron([Identity(2), Total(3)]), Kron([Total(2), Pref
 )
 def test_fused_path_equals_measure_then_reconstruct(store, tmp_path, monkeypatch, plan) -> None:
     """``x + A^+ z`` with the keyed noise of the chunk is ``A^+ (A x + z)`` (same key)."""
-    from dpdask.dataflow.release import LevelPlan
+    from dpdask.release import LevelPlan
 
     st, _ = store
     kwargs = dict(release_id="f", run_id="one", test_mode=True, key=SecretKey.for_testing(8))
@@ -448,7 +448,7 @@ def test_data_above_max_total_refused_before_any_charge(store, tmp_path, layout)
     """On the lattice (a non-integer strategy), a geography above the public bound on
     totals is refused before the ledger is charged; at the bound the release runs (from
     a dense or a sparse store)."""
-    from dpdask.dataflow import write_store
+    from dpdask.store import write_store
     from dpdask.errors import DataError
     from dpdask.linalg import Dense
 
@@ -475,7 +475,7 @@ def test_data_above_max_total_refused_before_any_charge(store, tmp_path, layout)
 
 def _wide_store(tmp_path, rng, n_units: int = 240):
     """Two levels (4 states of 60 counties) of the 2 x 3 domain: many independent units."""
-    from dpdask.dataflow import write_store
+    from dpdask.store import write_store
     from dpdask.domain import Geography
 
     parents = np.repeat(np.arange(4), n_units // 4)

@@ -24,7 +24,7 @@ import pytest
 import yaml
 import zarr
 
-from dpdask.dataflow.release import release
+from dpdask.release import release
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger
 from dpdask.publish import work_dir

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dpdask.cli import main
-from dpdask.dataflow import read_pl94, write_store
+from dpdask.store import read_pl94, write_store
 from dpdask.publish import pl94_tables
 from dpdask.report import default_output, report_data, write_report
 from dpdask.workloads import pl94
@@ -186,7 +186,7 @@ def test_page_renders_in_chromium(release, tmp_path) -> None:
 def _named_release(tmp: pathlib.Path, name: str, domain, **options) -> dict:
     """A small release of the named workload ``name`` on ``domain`` (a dense oracle plan),
     and the truth store it was measured from."""
-    from dpdask.dataflow.release import release as run_release
+    from dpdask.release import release as run_release
     from dpdask.domain import Geography
     from dpdask.linalg import Identity
     from dpdask.noise import SecretKey

@@ -18,7 +18,7 @@ import yaml
 import zarr
 
 from dpdask.cli import main
-from dpdask.dataflow import RI2010_LEVELS, aggregate, read_ri2010
+from dpdask.store import RI2010_LEVELS, aggregate, read_ri2010
 from dpdask.errors import DataError
 from dpdask.pipeline import load_spec
 from dpdask.workloads import ri2010_domain

@@ -238,7 +238,7 @@ def test_an_interrupted_release_resumes_with_its_key_and_no_second_charge(tmp_pa
     from unittest import mock
 
     from dpdask import Session
-    from dpdask.dataflow.release import Release
+    from dpdask.release import Release
 
     local = {"n_workers": 1, "threads_per_worker": 1, "processes": False}
     with Session(

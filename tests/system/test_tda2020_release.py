@@ -6,8 +6,8 @@ import numpy as np
 import zarr
 
 from dpdask import Geography, census
-from dpdask.dataflow import write_store
-from dpdask.dataflow.release import release
+from dpdask.store import write_store
+from dpdask.release import release
 from dpdask.datasets import synthetic_pl94_blocks
 from dpdask.privacy import zCDP
 from dpdask.strategy import select

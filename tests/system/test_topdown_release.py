@@ -15,8 +15,8 @@ import pytest
 import zarr
 
 from dpdask import Geography
-from dpdask.dataflow._levels import level_chunks
-from dpdask.dataflow.release import release
+from dpdask.release._levels import level_chunks
+from dpdask.release import release
 from dpdask.noise import SecretKey
 from dpdask.pipeline.spec import SpecError, parse_spec
 from tests.helpers import make_plan
@@ -133,7 +133,7 @@ def test_entries_layout_publishes_the_same_release(store, tmp_path, monkeypatch)
     are the workload applied to the estimates (an independent dense product) and the
     variances are the level's own, once per query."""
     from dpdask import open_release
-    from dpdask.dataflow import _output_sparse
+    from dpdask.release import _output_sparse
 
     dense = zarr.open_group(str(_published(store, tmp_path, "dense.zarr")), mode="r")
     monkeypatch.setattr(_output_sparse, "DENSE_ESTIMATE_CELLS", 0)
@@ -178,7 +178,7 @@ def test_interrupted_run_resumes_bit_for_bit(store, tmp_path, monkeypatch):
     """A run stopped after some chunks (a fit that raises, as a crash would) resumes with
     the same run id: the chunks marked done are loaded, the others measured again with
     the same noise, and the release is the uninterrupted one, byte for byte."""
-    from dpdask.dataflow import _topdown_blocks
+    from dpdask.release import _topdown_blocks
 
     whole = zarr.open_group(str(_published(store, tmp_path, "whole.zarr")), mode="r")
     real = _topdown_blocks.family_block
@@ -190,7 +190,7 @@ def test_interrupted_run_resumes_bit_for_bit(store, tmp_path, monkeypatch):
             raise RuntimeError("killed")
         return real(*args, **kwargs)
 
-    import dpdask.dataflow._topdown as td
+    import dpdask.release._topdown as td
 
     monkeypatch.setattr(td, "family_block", crash_late)
     with pytest.raises(RuntimeError, match="killed"):
@@ -220,7 +220,7 @@ def test_interrupted_run_resumes_bit_for_bit(store, tmp_path, monkeypatch):
 def test_sparse_store_gives_the_dense_stores_release(store, tmp_path):
     """The same counts stored sparse (format 2, read as sparse.COO blocks and summed up
     the hierarchy without densifying) give the same release, byte for byte."""
-    from dpdask.dataflow import write_store
+    from dpdask.store import write_store
 
     st, counts = store
     sparse_st = write_store(
@@ -239,7 +239,7 @@ def test_per_level_strategies_on_a_large_domain_build_without_dense_grams(tmp_pa
     tree model's unit variances are a bottom-up matter): a 4-million-cell domain, whose
     Gram MemoryError guards, builds its release."""
     from dpdask import Domain
-    from dpdask.dataflow import write_sparse_store
+    from dpdask.store import write_sparse_store
     from dpdask.linalg import Identity, Kron, Total, VStack
     from dpdask.privacy import zCDP
     from tests.helpers import DensePlan

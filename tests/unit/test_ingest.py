@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from dpdask import Domain, Geography
-from dpdask.dataflow import StoreExistsError, ingest_records, read_store, write_store
+from dpdask.store import StoreExistsError, ingest_records, read_store, write_store
 from dpdask.errors import GeographyUniverseError
 
 LEVELS = {"state": 2, "county": 5, "tract": 11}
@@ -256,7 +256,7 @@ def test_empty_records(tmp_path, records):
 
 
 def test_validation_happens_before_any_write(tmp_path, records, monkeypatch):
-    import dpdask.dataflow._ingest as ingest_module
+    import dpdask.store._ingest as ingest_module
 
     def no_writes(*args, **kwargs):
         raise AssertionError("the store was opened for writing before validation ended")

@@ -22,8 +22,8 @@ import pytest
 import zarr
 
 from dpdask import Domain, Geography
-from dpdask.dataflow import write_store
-from dpdask.dataflow.release import release
+from dpdask.store import write_store
+from dpdask.release import release
 from dpdask.linalg import (
     Dense,
     Identity,

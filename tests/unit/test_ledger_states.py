@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from dpdask.dataflow.release import Release
+from dpdask.release import Release
 from dpdask.pipeline.run import run_spec
 from dpdask.pipeline.spec import parse_spec
 from dpdask.privacy import Ledger, LedgerError

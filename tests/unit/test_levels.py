@@ -8,7 +8,7 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from dpdask.dataflow._levels import (
+from dpdask.release._levels import (
     aggregate_level,
     bottom_up,
     level_chunks,
@@ -103,7 +103,7 @@ def test_finest_level_must_be_released(rng: np.random.Generator) -> None:
 @pytest.mark.parametrize("units_per_chunk", [1, 2, 4, 50])
 def test_stored_partial_sums_give_the_parent_sums(units_per_chunk, rng) -> None:
     """Per-chunk sums by parent (what a release checkpoints) combine to the parents' sums."""
-    from dpdask.dataflow._aggregate import aggregate_rows
+    from dpdask.store._aggregate import aggregate_rows
 
     geo = _geography(rng)
     lc = level_chunks(geo, geo.levels, cells=6, target_bytes=8 * 6 * units_per_chunk)

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from dpdask.dataflow._level_plan import LevelPlan
+from dpdask.release._level_plan import LevelPlan
 from dpdask.linalg import Prefix
 from dpdask.privacy import (
     ApproxDP,

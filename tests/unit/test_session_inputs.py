@@ -90,7 +90,7 @@ def test_the_dataset_id_of_counts_names_their_content() -> None:
 
 
 def test_a_store_path_is_read_in_place(tmp_path) -> None:
-    from dpdask.dataflow import write_store
+    from dpdask.store import write_store
 
     geo, dom = Geography.from_geoids(UNIVERSE, {"state": 2, "county": 4}), Domain(sex=2)
     write_store(tmp_path / "in.zarr", np.ones((4, 2), dtype=np.int32), dom, geo)

@@ -9,8 +9,8 @@ import sparse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpdask.dataflow import aggregate_sparse, densify, prefer_dense, sparsify
-from dpdask.dataflow._aggregate import aggregate_rows
+from dpdask.store import aggregate_sparse, densify, prefer_dense, sparsify
+from dpdask.store._aggregate import aggregate_rows
 
 
 def _partition(draw, n: int) -> tuple[int, ...]:

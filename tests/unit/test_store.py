@@ -13,7 +13,7 @@ import pytest
 import zarr
 
 from dpdask import Domain, Geography
-from dpdask.dataflow import (
+from dpdask.store import (
     StoreExistsError,
     adopt_array,
     aggregate,
@@ -22,7 +22,7 @@ from dpdask.dataflow import (
     read_store,
     write_store,
 )
-from dpdask.dataflow._aggregate import level_key
+from dpdask.store._aggregate import level_key
 from dpdask.publish import publishing
 
 LEVELS = {"state": 1, "county": 3, "tract": 6}

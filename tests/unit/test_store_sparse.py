@@ -11,9 +11,9 @@ import pytest
 import sparse
 import zarr
 
-import dpdask.dataflow._entries as entries_module
+import dpdask.store._entries as entries_module
 from dpdask import Domain, Geography
-from dpdask.dataflow import (
+from dpdask.store import (
     SparseCounts,
     StoreExistsError,
     adopt_array,

@@ -7,9 +7,9 @@ import pickle
 import numpy as np
 import pytest
 
-import dpdask.dataflow._entries as entries_module
+import dpdask.store._entries as entries_module
 from dpdask import Domain, Geography
-from dpdask.dataflow import StoreExistsError, synthetic_store
+from dpdask.store import StoreExistsError, synthetic_store
 from dpdask.datasets import SyntheticGenerator, synthetic_block, synthetic_persons
 
 DOMAIN = Domain(sex=2, hisp=2, age=30)

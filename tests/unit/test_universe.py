@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpdask import Domain, Geography
-from dpdask.dataflow import geography_universe, ingest_records, read_store
+from dpdask.store import geography_universe, ingest_records, read_store
 from dpdask.errors import GeographyUniverseError, SpecError
 from dpdask.pipeline.spec import load_spec, parse_spec
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.dataflow import DataStore
+from dpdask.store import DataStore
 from dpdask.privacy import ApproxDP, Budget, Ledger, PureDP, zCDP, zcdp_epsilon
 from dpdask.testing.audit._bounds import epsilon_lower_bound, rho_lower_bound, tail_counts
 from dpdask.testing.audit._result import AuditResult
@@ -50,7 +50,7 @@ def _run_side(
     client: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run ``n_batches`` releases; the statistic of every copy under D and under D'."""
-    from dpdask.dataflow.release import release
+    from dpdask.release import release
 
     z0, z1 = [], []
     for b in range(n_batches):
@@ -97,7 +97,7 @@ def audit_release(
     levels : sequence of str, optional
         Released levels, coarsest first (default: the store's).
     budget_split : mapping or sequence, optional
-        Each level's share, as for :func:`dpdask.dataflow.release`.
+        Each level's share, as for :func:`dpdask.release`.
     reconstruct : str
         The release's estimator.
     trials : int

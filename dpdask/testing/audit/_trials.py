@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.dataflow import DataStore, write_store
+from dpdask.store import DataStore, write_store
 from dpdask.domain import Geography
 from dpdask.privacy import MECHANISM_NORM, ApproxDP, Budget, PureDP, split_levels, zCDP
 
@@ -134,7 +134,7 @@ def design_statistic(
 ) -> Design:
     """The statistic of a plan under its claimed budget: the person's cell (where the
     sensitivity is attained), each level's direction, and the null mean and sd."""
-    from dpdask.dataflow.release import LevelPlan
+    from dpdask.release import LevelPlan
 
     budgets = split_levels(total, levels, split)
     lps: dict[str, LevelPlan] = {}

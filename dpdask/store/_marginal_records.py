@@ -1,9 +1,9 @@
 """Person records as codes for a marginal release: placed in the universe, checked.
 
-The marginal release (:mod:`dpdask.dataflow._marginal_release`) never counts records
+The marginal release (:mod:`dpdask.release._marginal_release`) never counts records
 into a data vector over the domain (the UCI Adult table's has 6.4e17 cells): it keeps
 each record's finest unit of the public universe and its attribute codes. Values are
-checked as :func:`~dpdask.dataflow.ingest_records` checks them (the same scan of
+checked as :func:`~dpdask.store.ingest_records` checks them (the same scan of
 :mod:`dask.dataframe` partitions, the same errors), records outside the universe are
 refused or dropped the same way.
 """
@@ -17,10 +17,10 @@ import dask
 import numpy as np
 import pandas as pd
 
-from dpdask.dataflow._ingest import _read, _universe
-from dpdask.dataflow._record_values import Column, columns_of, encode, text
-from dpdask.dataflow._universe import UNKNOWN_GEOGRAPHY, Matcher, outside_error
 from dpdask.domain import Domain, Geography
+from dpdask.store._ingest import _read, _universe
+from dpdask.store._record_values import Column, columns_of, encode, text
+from dpdask.store._universe import UNKNOWN_GEOGRAPHY, Matcher, outside_error
 
 __all__ = ["read_codes"]
 

@@ -1,6 +1,6 @@
 """Finishing a release: consistency across levels, answers, the published record.
 
-Part of :class:`dpdask.dataflow.release.Release` (a mixin): the checkpointed
+Part of :class:`dpdask.release._release.Release` (a mixin): the checkpointed
 estimates are made consistent (``consistent-<level>``), fitted non-negative where
 asked, answered (``answer-<level>``) and written with the release's attributes into
 ``final.zarr`` in the work folder, ready to be moved into place.
@@ -21,28 +21,28 @@ import zarr
 from dask.base import tokenize
 
 from dpdask import __version__
-from dpdask.dataflow._aggregate import aggregate_rows, level_key
-from dpdask.dataflow._blocks import (
+from dpdask.release._blocks import (
     FIT_AFTER_CONSISTENCY,
     NONNEGATIVE,
 )
-from dpdask.dataflow._checkpoint import read_chunks
-from dpdask.dataflow._levels import (
+from dpdask.release._checkpoint import read_chunks
+from dpdask.release._levels import (
     bottom_up,
     nonneg_down,
     nonneg_fit_up,
     partial_rows,
     top_down,
 )
-from dpdask.dataflow._output import level_outputs
-from dpdask.dataflow._output_sparse import sparse_level_outputs
-from dpdask.dataflow._progress import compute_items
-from dpdask.dataflow._release_state import ReleaseState
-from dpdask.dataflow._topdown import sparse_entries
+from dpdask.release._output import level_outputs
+from dpdask.release._output_sparse import sparse_level_outputs
+from dpdask.release._progress import compute_items
+from dpdask.release._state import ReleaseState
+from dpdask.release._topdown import sparse_entries
+from dpdask.store import aggregate_rows, level_key
 
 
 class Finish(ReleaseState):
-    """The finishing steps of a :class:`~dpdask.dataflow.release.Release`."""
+    """The finishing steps of a :class:`~dpdask.release._release.Release`."""
 
     def _finish(
         self, work: pathlib.Path, raw: Sequence[pathlib.Path], client: Any, progress: bool
@@ -79,7 +79,7 @@ class Finish(ReleaseState):
         ids: list[np.ndarray],
     ) -> tuple[list[da.Array], list[zarr.Array]]:
         """Consistent (and, for NNLS and ADMM, non-negative) estimates of every level from
-        their checkpoints, and their outputs (:func:`~dpdask.dataflow._output.level_outputs`)."""
+        their checkpoints, and their outputs (:func:`~dpdask.release._output.level_outputs`)."""
         cells = tuple(self.domain.shape)
         estimates = [
             read_chunks(

@@ -11,7 +11,7 @@ Layout of a store at ``path`` (a local directory), dense (format 1)::
 
 or sparse (format 2), where ``counts`` gives way to the non-zero counts as entries
 (chunked along the entry axis, dimension names ``("entry",)`` and
-``("geography_edge",)``; see :mod:`dpdask.dataflow._entries`)::
+``("geography_edge",)``; see :mod:`dpdask.store._entries`)::
 
       entries/unit              int64 (nnz,): finest-unit row, non-decreasing
       entries/cell              int64 (nnz,): flat cell (C order over domain.shape),
@@ -46,8 +46,10 @@ import numpy as np
 import zarr
 from dask.base import tokenize
 
-from dpdask.dataflow._entries import SparseCounts, dense_to_sparse, open_entries, row_bounds
-from dpdask.dataflow._store_write import (
+from dpdask.domain import Domain, Geography
+from dpdask.publish import check_target
+from dpdask.store._entries import SparseCounts, dense_to_sparse, open_entries, row_bounds
+from dpdask.store._store_write import (
     DENSE_VERSION,
     FORMAT,
     SPARSE_VERSION,
@@ -63,8 +65,6 @@ from dpdask.dataflow._store_write import (
     raise_bad_row,
     store_dense,
 )
-from dpdask.domain import Domain, Geography
-from dpdask.publish import check_target
 
 __all__ = [
     "DataStore",

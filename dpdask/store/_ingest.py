@@ -2,7 +2,7 @@
 
 Each record carries a geography id and one value per domain attribute. The units the
 store holds, and a release from it publishes, are those of a public geography
-*universe* declared by the caller (:mod:`dpdask.dataflow._universe`), never those
+*universe* declared by the caller (:mod:`dpdask.store._universe`), never those
 found in the records: every unit of the universe gets counts (zeros where no record
 falls), and a record outside it is refused or, when asked, dropped. Ingestion is two
 steps:
@@ -38,15 +38,19 @@ import numpy as np
 import pandas as pd
 from dask.base import tokenize
 
-from dpdask.dataflow._entries import write_sorted
-from dpdask.dataflow._record_values import Column, columns_of, encode, text
-from dpdask.dataflow._store_write import (
+from dpdask.domain import Domain, Geography
+from dpdask.errors import GeographyUniverseError
+from dpdask.publish import check_target
+from dpdask.store._entries import write_sorted
+from dpdask.store._record_values import Column, columns_of, encode, text
+from dpdask.store._store import DataStore, open_store
+from dpdask.store._store_write import (
     _publish_store,
     check_integer_dtype,
     check_layout,
     choose_layout,
 )
-from dpdask.dataflow._universe import (
+from dpdask.store._universe import (
     UNKNOWN_GEOGRAPHY,
     Matcher,
     Universe,
@@ -54,10 +58,6 @@ from dpdask.dataflow._universe import (
     outside_error,
     prefix_levels,
 )
-from dpdask.dataflow.store import DataStore, open_store
-from dpdask.domain import Domain, Geography
-from dpdask.errors import GeographyUniverseError
-from dpdask.publish import check_target
 
 __all__ = ["ingest_records"]
 
@@ -254,7 +254,7 @@ def ingest_records(
         holding one (a header row naming the levels, values read as text), or a
         list of finest ids (their ancestors are their prefixes under ``levels``;
         without ``levels`` one level named after ``geography_column``). See
-        :func:`dpdask.dataflow.geography_universe`. Every unit gets a row, with
+        :func:`dpdask.store.geography_universe`. Every unit gets a row, with
         zeros where no record falls.
     unknown_geography : {"refuse", "drop"}
         What records outside the universe (an unknown or missing id, or a prefix

@@ -20,12 +20,12 @@ import numpy as np
 import zarr
 from dask.base import tokenize
 
-from dpdask.dataflow._entries import write_parts
-from dpdask.dataflow._store_write import _publish_store
-from dpdask.dataflow.store import DataStore, open_store
 from dpdask.datasets import CONCENTRATION, POPULATION_MEDIAN, SyntheticGenerator
 from dpdask.domain import Domain, Geography
 from dpdask.publish import check_target
+from dpdask.store._entries import write_parts
+from dpdask.store._store import DataStore, open_store
+from dpdask.store._store_write import _publish_store
 
 __all__ = ["synthetic_store"]
 

@@ -1,24 +1,24 @@
 """Top-down estimation of a release: each parent's estimate split among its children.
 
-``reconstruct="topdown"`` (issue 24), part of :class:`dpdask.dataflow.release.Release` (a
+``reconstruct="topdown"`` (issue 24), part of :class:`dpdask.release._release.Release` (a
 mixin). Levels are chunked so that no family (the children of one parent) spans two
-chunks (:func:`~dpdask.dataflow._levels.level_chunks` with ``whole_families``), and
+chunks (:func:`~dpdask.release._levels.level_chunks` with ``whole_families``), and
 sized by the level's strategy rows, not its cells. One Dask graph then runs, level by
 level:
 
 * the top level (tasks ``measure-reconstruct-<level>``): each chunk measured with its
   keyed noise and fitted non-negative per unit
-  (:func:`~dpdask.dataflow._topdown_blocks.top_block`);
+  (:func:`~dpdask.release._topdown_blocks.top_block`);
 * every finer level (tasks ``measure-reconstruct-<level>``): each chunk of whole
   families measured and fitted, family by family, inside the parent's final estimate
-  (:func:`~dpdask.dataflow._topdown_blocks.family_block`): non-negative children that
+  (:func:`~dpdask.release._topdown_blocks.family_block`): non-negative children that
   add up to the parent cell by cell, zero off the parent's support;
 * every chunk's estimate, a :class:`sparse.COO` block, is written to the run's work
-  folder (``checkpoint-<level>``, :func:`~dpdask.dataflow._checkpoint.write_sparse`) and
+  folder (``checkpoint-<level>``, :func:`~dpdask.release._checkpoint.write_sparse`) and
   marked done.
 
 The counts of every level are read sparse where the store is sparse
-(:meth:`~dpdask.dataflow.store.DataStore.to_sparse`, summed up the hierarchy without
+(:meth:`~dpdask.store.DataStore.to_sparse`, summed up the hierarchy without
 densifying) and dense otherwise; the measure step takes either. Measurements live only
 inside their task: memory and disk grow with the estimates' entries and the strategy
 rows of one chunk, not with cells times geographies.
@@ -41,12 +41,12 @@ from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
-from dpdask.dataflow._aggregate import level_key
-from dpdask.dataflow._blocks import ChunkContext
-from dpdask.dataflow._checkpoint import read_sparse, write_sparse
-from dpdask.dataflow._release_state import ReleaseState
-from dpdask.dataflow._topdown_blocks import family_block, top_block
 from dpdask.publish import marker
+from dpdask.release._blocks import ChunkContext
+from dpdask.release._checkpoint import read_sparse, write_sparse
+from dpdask.release._state import ReleaseState
+from dpdask.release._topdown_blocks import family_block, top_block
+from dpdask.store import level_key
 
 __all__ = ["TopdownGraph", "sparse_entries"]
 
@@ -66,14 +66,14 @@ def sparse_entries(folder: pathlib.Path | str, k: int) -> int:
 
 
 class TopdownGraph(ReleaseState):
-    """The top-down steps of a :class:`~dpdask.dataflow.release.Release` (module notes)."""
+    """The top-down steps of a :class:`~dpdask.release._release.Release` (module notes)."""
 
     def _topdown_counts(self) -> list[Any]:
         """Every released level's counts, lazily, chunked as the level chunks: sparse
         blocks for a sparse store, dense ones otherwise."""
         if getattr(self.store, "layout", "dense") != "sparse":
             return self._level_data()  # type: ignore[attr-defined]
-        from dpdask.dataflow._sparse import aggregate_sparse
+        from dpdask.store import aggregate_sparse
 
         arrays = [self.store.to_sparse(self.lc.chunks[-1])]  # type: ignore[attr-defined]
         for i in range(len(self.levels) - 1, 0, -1):
@@ -88,7 +88,7 @@ class TopdownGraph(ReleaseState):
     ) -> list[pathlib.Path]:
         """Measure and fit every chunk not yet checkpointed in ``work`` (module notes);
         return each level's folder of sparse chunks."""
-        from dpdask.dataflow._progress import compute_items
+        from dpdask.release._progress import compute_items
 
         folders, todo = self._topdown_graph(work, key)
         if todo is not None:

@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import zarr
 
-from dpdask.dataflow._entries import write_sorted
-from dpdask.dataflow._sparse import _coalesce
-from dpdask.dataflow._store_write import _publish_store, check_integer_dtype
-from dpdask.dataflow.store import DataStore, open_store
 from dpdask.domain import Domain, Geography
 from dpdask.publish import check_target
+from dpdask.store._entries import write_sorted
+from dpdask.store._sparse import _coalesce
+from dpdask.store._store import DataStore, open_store
+from dpdask.store._store_write import _publish_store, check_integer_dtype
 
 __all__ = ["write_sparse_store"]
 
@@ -89,7 +89,7 @@ def write_sparse_store(
     source : str
         Free text recorded in the attributes.
     geo_chunk : int, optional
-        Rows per chunk of :meth:`~dpdask.dataflow.DataStore.to_dask` (default:
+        Rows per chunk of :meth:`~dpdask.store.DataStore.to_dask` (default:
         about 64 MiB of dense counts).
 
     Returns

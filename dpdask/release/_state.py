@@ -1,4 +1,4 @@
-"""What a :class:`~dpdask.dataflow.release.Release` holds, declared once for its parts.
+"""What a :class:`~dpdask.release._release.Release` holds, declared once for its parts.
 
 The release's steps live in mixins (:mod:`._release_run`, :mod:`._release_graph`,
 :mod:`._release_finish`); they share the state that ``Release.__init__`` sets, typed
@@ -14,9 +14,9 @@ from dpdask.noise import SecretKey
 from dpdask.privacy import Budget, Charge, Ledger
 
 if TYPE_CHECKING:
-    from dpdask.dataflow._level_plan import LevelPlan
-    from dpdask.dataflow._levels import LevelChunks
-    from dpdask.dataflow.store import DataStore
+    from dpdask.release._level_plan import LevelPlan
+    from dpdask.release._levels import LevelChunks
+    from dpdask.store import DataStore
 
 __all__ = ["LevelState", "ReleaseState"]
 
@@ -33,7 +33,7 @@ class LevelState:
 
 
 class ReleaseState:
-    """The state ``Release.__init__`` sets (:mod:`dpdask.dataflow.release`)."""
+    """The state ``Release.__init__`` sets (:mod:`dpdask.release._release`)."""
 
     store: DataStore
     levels: tuple[str, ...]

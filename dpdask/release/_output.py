@@ -1,6 +1,6 @@
 """The published release: per level, estimates, workload answers and their variances.
 
-The layout is in :mod:`dpdask.dataflow.release`; the labels in
+The layout is in :mod:`dpdask.release._release`; the labels in
 :mod:`dpdask.publish`. Every per-geography array is chunked along the geography axis in
 regular chunks of about :data:`OUTPUT_CHUNK_BYTES` (:func:`output_rows`), at least one
 row; the level's Dask chunks (uneven, aligned to parents) are rechunked to them before
@@ -51,8 +51,6 @@ import numpy as np
 import zarr
 from dask.base import tokenize
 
-from dpdask.dataflow._aggregate import level_key
-from dpdask.dataflow._blocks import answer_block
 from dpdask.domain import Domain
 from dpdask.publish import (
     CODE_SUFFIX,
@@ -63,6 +61,8 @@ from dpdask.publish import (
     query_descriptions,
     query_labels,
 )
+from dpdask.release._blocks import answer_block
+from dpdask.store import level_key
 
 __all__ = [
     "OUTPUT_CHUNK_BYTES",

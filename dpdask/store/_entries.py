@@ -18,7 +18,7 @@ part's size known, one task per entry chunk gathers its slice of the parts and
 writes it (pass 2). Memory is then bounded by a part and a chunk, whatever ``nnz``.
 
 :class:`SparseCounts` reads them back: dense rows, :class:`sparse.COO` rows, and the
-tasks of :meth:`dpdask.dataflow.DataStore.to_sparse`.
+tasks of :meth:`dpdask.store.DataStore.to_sparse`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 import sparse
 import zarr
 
-from dpdask.dataflow._sparse import coo_rows, sparse_meta
+from dpdask.store._sparse import coo_rows, sparse_meta
 
 __all__ = [
     "ENTRY_CHUNK",
@@ -257,7 +257,7 @@ class SparseCounts:
 
     ``store.counts`` of a sparse store: it has the ``shape`` ``(n_units,
     *domain.shape)``, ``dtype`` and ``chunks`` (those of
-    :meth:`~dpdask.dataflow.DataStore.to_dask`) of the dense array and indexing by
+    :meth:`~dpdask.store.DataStore.to_dask`) of the dense array and indexing by
     rows (``counts[r]``, ``counts[a:b]``, ``counts[a:b, ...]``) gives dense NumPy rows,
     reading only the entries of those rows. The entry arrays are ``unit``, ``cell``,
     ``count`` and ``offsets``.

@@ -1,6 +1,6 @@
 """A release run's key and charges: bound in the ledger before any data is read.
 
-Part of :class:`dpdask.dataflow.release.Release` (a mixin): a new run gets a fresh
+Part of :class:`dpdask.release._release.Release` (a mixin): a new run gets a fresh
 key, kept owner-only in the work folder until publication; a resumed run needs the
 key it was opened with; every level is charged, all or nothing, with the key's
 fingerprint.
@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.dataflow._release_state import ReleaseState
-from dpdask.dataflow._source import private_dir
 from dpdask.errors import DataError
 from dpdask.noise import KeyFile, SecretKey, new_key
 from dpdask.privacy import Charge, Run, RunStateError
+from dpdask.release._state import ReleaseState
+from dpdask.store import private_dir
 
 
 def _largest_range_total(counts: Any, top: np.ndarray, step: int = 1 << 24) -> int:
@@ -42,7 +42,7 @@ def _largest_range_total(counts: Any, top: np.ndarray, step: int = 1 << 24) -> i
 
 
 class RunKeys(ReleaseState):
-    """The key and charge steps of a :class:`~dpdask.dataflow.release.Release`."""
+    """The key and charge steps of a :class:`~dpdask.release._release.Release`."""
 
     def _check_totals(self, client: Any) -> None:
         """Refuse data above the public bound ``max_total`` before anything is charged.

@@ -1,6 +1,6 @@
 """The per-chunk work of a top-down release: measure, then fit (NumPy and sparse in and out).
 
-These functions run inside Dask tasks (:mod:`dpdask.dataflow._topdown`). Each measures
+These functions run inside Dask tasks (:mod:`dpdask.release._topdown`). Each measures
 one chunk of one level with the chunk's keyed noise (the chunk's
 :class:`~dpdask.noise.StreamKey`, never the release's key) and fits it at once, so that
 measurements never leave the task and never reach the disk: what is kept is the fitted
@@ -16,7 +16,7 @@ estimate, a :class:`sparse.COO` block ``(g, n)`` (geographies by flat cells).
   ``integer`` rounded by the controlled rounding of
   :func:`dpdask.reconstruct.topdown.round_children` against the integer parent.
 
-A task's measurement is the one :func:`~dpdask.dataflow._blocks.measure_block` takes for
+A task's measurement is the one :func:`~dpdask.release._blocks.measure_block` takes for
 its chunk (same identity, same stream), so a retried or resumed task reproduces it bit
 for bit. Fits that stop before converging are reported in ``report_dir``.
 """
@@ -31,8 +31,6 @@ import numpy as np
 import sparse
 from scipy import sparse as sp
 
-from dpdask.dataflow._blas import task_blas
-from dpdask.dataflow._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct import nnls
 from dpdask.reconstruct.nnls import nonnegative_fitter
@@ -42,6 +40,8 @@ from dpdask.reconstruct.topdown import (
     round_children,
     round_top,
 )
+from dpdask.release._blas import task_blas
+from dpdask.release._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 
 __all__ = ["family_block", "parent_rows", "top_block"]
 

@@ -6,7 +6,7 @@ whose blocks are 2-D :class:`sparse.COO` arrays, coordinates sorted row-major. M
 then grows with the entries, not with units x cells.
 
 * :func:`aggregate_sparse` sums rows by ancestor, with the graph of
-  :func:`~dpdask.dataflow._aggregate.aggregate_rows` (``<name>-partial``,
+  :func:`~dpdask.store._aggregate.aggregate_rows` (``<name>-partial``,
   ``<name>-combine``, ``<name>``) and sparse blocks all along;
 * :func:`prefer_dense` tells whether a level is smaller dense, and :func:`densify`
   / :func:`sparsify` convert between sparse and dense blocks ("dense only where it
@@ -26,7 +26,7 @@ import sparse
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from dpdask.dataflow._aggregate import _acc_dtype
+from dpdask.store._aggregate import _acc_dtype
 
 __all__ = ["aggregate_sparse", "coo_rows", "densify", "prefer_dense", "sparse_meta", "sparsify"]
 
@@ -171,7 +171,7 @@ def aggregate_sparse(
     """Row sums by group of a sparse array, lazily: output row ``j`` is the sum of the
     rows ``i`` of ``values`` with ``ancestors[i] == j``.
 
-    :func:`~dpdask.dataflow._aggregate.aggregate_rows` for ``sparse.COO`` blocks:
+    :func:`~dpdask.store._aggregate.aggregate_rows` for ``sparse.COO`` blocks:
     the same graph (each input chunk sums its rows by ancestor, partial sums aimed at
     one output chunk are added ``split_every`` at a time, one task per output chunk),
     with every intermediate sparse, so nothing grows with units x cells.

@@ -81,7 +81,7 @@ class LevelPlan:
 
     def fused(self, reconstruct: str) -> bool:
         """Whether measure and least squares fuse into ``x + A^+ z`` for this level
-        (:func:`~dpdask.dataflow._blocks.estimate_block`): a least-squares estimator and a
+        (:func:`~dpdask.release._blocks.estimate_block`): a least-squares estimator and a
         strategy of full column rank with a structured pseudo-inverse."""
         if reconstruct not in ("ls", "wls") or self.pinv() is None:
             return False

@@ -1,8 +1,8 @@
-"""The release dataflow: zarr data stores chunked along geography, ingestion, aggregation.
+"""Input stores: the counts a release reads, in zarr, chunked along geography.
 
 A data store is a zarr v3 group with the counts of every finest geography unit and
-the domain and geography hierarchy beside them (see :mod:`dpdask.dataflow.store` for
-the layout): dense (``(n_geographies, *domain.shape)``, chunked along geography only)
+the domain and geography hierarchy beside them (see :class:`DataStore` for the
+layout): dense (``(n_geographies, *domain.shape)``, chunked along geography only)
 or sparse (the non-zero counts as (unit, cell, count) entries), whichever is smaller.
 Stores come from person records (:func:`ingest_records`, counted into a public universe
 of units, :func:`geography_universe`), from the Census P.L. 94-171
@@ -11,34 +11,26 @@ summary file (:func:`read_pl94`), from the Rhode Island 2010 block file
 (:func:`write_sparse_store`) or from the synthetic person model
 (:func:`synthetic_store`); :func:`aggregate` gives the counts of any coarser level,
 lazily, and :func:`aggregate_sparse` does so on sparse blocks
-(:meth:`DataStore.to_sparse`).
+(:meth:`DataStore.to_sparse`). Records as attribute codes for marginal releases come
+from :func:`read_codes`; the input's fingerprint (what a run is bound to) from
+:func:`fingerprint_path`.
 """
 
-from dpdask.dataflow._aggregate import aggregate, level_key
-from dpdask.dataflow._ingest import ingest_records
-from dpdask.dataflow._marginal_records import read_codes
-from dpdask.dataflow._marginal_release import (
-    MarginalLevel,
-    charge_marginals,
-    levels_of,
-    marginal_name,
-    write_marginals,
-)
-from dpdask.dataflow._output import table_variances
-from dpdask.dataflow._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
-from dpdask.dataflow._progress import Progress
-from dpdask.dataflow._ri2010 import RI2010_FILE, RI2010_LEVELS, read_ri2010, ri2010_csv
-from dpdask.dataflow._source import (
+from dpdask.publish import StoreExistsError
+from dpdask.store._aggregate import aggregate, aggregate_rows, level_key
+from dpdask.store._ingest import ingest_records
+from dpdask.store._marginal_records import read_codes
+from dpdask.store._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
+from dpdask.store._ri2010 import RI2010_FILE, RI2010_LEVELS, read_ri2010, ri2010_csv
+from dpdask.store._source import (
     SourcePrint,
     fingerprint_options,
     fingerprint_path,
     private_dir,
 )
-from dpdask.dataflow._sparse import aggregate_sparse, densify, prefer_dense, sparsify
-from dpdask.dataflow._sparse_store import write_sparse_store
-from dpdask.dataflow._synthetic_store import synthetic_store
-from dpdask.dataflow._universe import UNKNOWN_GEOGRAPHY, geography_universe
-from dpdask.dataflow.store import (
+from dpdask.store._sparse import aggregate_sparse, densify, prefer_dense, sparsify
+from dpdask.store._sparse_store import write_sparse_store
+from dpdask.store._store import (
     DataStore,
     SparseCounts,
     adopt_array,
@@ -47,7 +39,8 @@ from dpdask.dataflow.store import (
     read_store,
     write_store,
 )
-from dpdask.publish import StoreExistsError
+from dpdask.store._synthetic_store import synthetic_store
+from dpdask.store._universe import UNKNOWN_GEOGRAPHY, geography_universe
 
 __all__ = [
     "P1_RACE_COLUMNS",
@@ -56,15 +49,13 @@ __all__ = [
     "RI2010_LEVELS",
     "UNKNOWN_GEOGRAPHY",
     "DataStore",
-    "MarginalLevel",
-    "Progress",
     "SourcePrint",
     "SparseCounts",
     "StoreExistsError",
     "adopt_array",
     "aggregate",
+    "aggregate_rows",
     "aggregate_sparse",
-    "charge_marginals",
     "default_geo_chunk",
     "densify",
     "fingerprint_options",
@@ -72,8 +63,6 @@ __all__ = [
     "geography_universe",
     "ingest_records",
     "level_key",
-    "levels_of",
-    "marginal_name",
     "open_store",
     "prefer_dense",
     "private_dir",
@@ -84,8 +73,6 @@ __all__ = [
     "ri2010_csv",
     "sparsify",
     "synthetic_store",
-    "table_variances",
-    "write_marginals",
     "write_sparse_store",
     "write_store",
 ]

@@ -22,8 +22,6 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from dpdask.dataflow._aggregate import aggregate_rows, level_key
-from dpdask.dataflow._blocks import nonnegative_block
 from dpdask.domain import Geography
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct.consistency import (
@@ -32,6 +30,8 @@ from dpdask.reconstruct.consistency import (
     project_children,
     up_weights,
 )
+from dpdask.release._blocks import nonnegative_block
+from dpdask.store import aggregate_rows, level_key
 
 _FIT_CELLS = 2**19  # cells per nonnegative-<level> task
 
@@ -355,7 +355,7 @@ def nonneg_fit_up(
     """Non-negative estimates that stay consistent, fitted at the finest level and summed up.
 
     The finest level's consistent estimates are fitted with non-negative ones in the
-    metric of ``M`` with row ``weights`` (:func:`~dpdask.dataflow._blocks.nonnegative_block`,
+    metric of ``M`` with row ``weights`` (:func:`~dpdask.release._blocks.nonnegative_block`,
     tasks ``nonnegative-<level>`` of about ``2^19`` cells: one unit of the CPH domain,
     whose solve takes a fraction of a second to a second, so that chunks of several
     such units do not leave workers idle at the end; thousands of small units); every

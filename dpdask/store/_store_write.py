@@ -3,8 +3,8 @@
 Every writer checks its input first, builds the store in a temporary directory
 (:func:`dpdask.publish.publishing`) and renames it into place only when complete. A
 dense store (format 1) holds ``counts``; a sparse one (format 2) holds the entry
-arrays of :mod:`dpdask.dataflow._entries`. Which one is smaller is
-:func:`~dpdask.dataflow._sparse.prefer_dense` of the number of non-zero counts.
+arrays of :mod:`dpdask.store._entries`. Which one is smaller is
+:func:`~dpdask.store._sparse.prefer_dense` of the number of non-zero counts.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import numpy as np
 import zarr
 from dask.base import tokenize
 
-from dpdask.dataflow._entries import write_parts, write_sorted
-from dpdask.dataflow._sparse import prefer_dense
 from dpdask.domain import Domain, Geography
 from dpdask.publish import publishing
+from dpdask.store._entries import write_parts, write_sorted
+from dpdask.store._sparse import prefer_dense
 
 __all__ = ["FORMAT", "LAYOUTS", "default_geo_chunk"]
 

@@ -3,7 +3,7 @@
 A column holds integer codes (numbers, or text such as ``" 3"``) or, with
 ``categories``, labels compared as text. Each value is checked: a missing value, a
 value that is not an integer code, a code out of range or an unknown category is
-reported with the value, for :mod:`dpdask.dataflow._ingest` to name its row.
+reported with the value, for :mod:`dpdask.store._ingest` to name its row.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def columns_of(
     categories: Mapping[str, Sequence[Any]] | None,
 ) -> tuple[Column, ...]:
     """The column of each attribute of ``domain``, in its order (see
-    :func:`~dpdask.dataflow.ingest_records` for the arguments); a ValueError names an
+    :func:`~dpdask.store.ingest_records` for the arguments); a ValueError names an
     attribute without a column, an unknown attribute or wrong categories."""
     if attribute_columns is None:
         mapping = {a: a for a in domain}

@@ -1,6 +1,6 @@
 """The measure-and-reconstruct graph of a release, checkpointed chunk by chunk.
 
-Part of :class:`dpdask.dataflow.release.Release` (a mixin): the counts of every
+Part of :class:`dpdask.release._release.Release` (a mixin): the counts of every
 level (``aggregate-<level>``), the per-chunk measurement and reconstruction tasks
 (``measure-<level>``, ``reconstruct-<level>``, or fused
 ``measure-reconstruct-<level>``) with their ``streamkey-<level>`` blocks, and the
@@ -17,25 +17,25 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from dpdask.dataflow._aggregate import level_key
-from dpdask.dataflow._blocks import (
+from dpdask.publish import marker
+from dpdask.release._blocks import (
     LS_FIRST,
     ChunkContext,
     estimate_block,
     measure_block,
     reconstruct_block,
 )
-from dpdask.dataflow._checkpoint import write_chunk
-from dpdask.dataflow._levels import (
+from dpdask.release._checkpoint import write_chunk
+from dpdask.release._levels import (
     aggregate_level,
 )
-from dpdask.dataflow._progress import compute_items
-from dpdask.dataflow._release_state import LevelState, ReleaseState
-from dpdask.publish import marker
+from dpdask.release._progress import compute_items
+from dpdask.release._state import LevelState, ReleaseState
+from dpdask.store import level_key
 
 
 class MeasureGraph(ReleaseState):
-    """The measuring steps of a :class:`~dpdask.dataflow.release.Release`."""
+    """The measuring steps of a :class:`~dpdask.release._release.Release`."""
 
     def _level_data(self) -> list[da.Array]:
         """Counts of every released level, lazily, chunked as the level chunks."""
@@ -50,7 +50,7 @@ class MeasureGraph(ReleaseState):
         self, work: pathlib.Path, key: Any, client: Any, progress: bool
     ) -> list[pathlib.Path]:
         """Measure and reconstruct every chunk not yet checkpointed in ``work``; return
-        each level's folder of chunks (:mod:`dpdask.dataflow._checkpoint`).
+        each level's folder of chunks (:mod:`dpdask.release._checkpoint`).
 
         Each finished chunk leaves a marker file written after its data: a resumed run
         skips exactly those.

@@ -1,0 +1,32 @@
+"""The release graph: aggregate, measure, reconstruct, make consistent, answer, publish.
+
+:func:`release` builds a lazy :class:`Release` from a data store (:mod:`dpdask.store`)
+and a plan; :meth:`Release.to_zarr` runs it as one Dask graph, chunk by chunk
+(``_blocks``), level by level (``_levels``), top-down (``_topdown``) or by least
+squares with consistency (``_graph``, ``_finish``), and publishes it
+(``_output``, ``_output_sparse``). Marginal releases over records run per chunk
+of units (:func:`write_marginals`). :class:`Progress` reports steps on standard error.
+"""
+
+from dpdask.release._marginal_release import (
+    MarginalLevel,
+    charge_marginals,
+    levels_of,
+    marginal_name,
+    write_marginals,
+)
+from dpdask.release._output import table_variances
+from dpdask.release._progress import Progress
+from dpdask.release._release import Release, release
+
+__all__ = [
+    "MarginalLevel",
+    "Progress",
+    "Release",
+    "charge_marginals",
+    "levels_of",
+    "marginal_name",
+    "release",
+    "table_variances",
+    "write_marginals",
+]
