@@ -5,7 +5,7 @@ The package follows the data path, select -> measure -> reconstruct -> publish:
 :mod:`dpdask.workloads` builds real workloads, :mod:`dpdask.strategy` selects what
 to measure (:func:`select`), :mod:`dpdask.measure` measures with keyed noise
 (:mod:`dpdask.noise`) charged to the ledger (:mod:`dpdask.privacy`),
-:mod:`dpdask.reconstruct` estimates, :mod:`dpdask.dataflow` runs a whole release
+:mod:`dpdask.reconstruct` estimates, :mod:`dpdask.release` runs a whole release
 over zarr data on a Dask cluster (:func:`release`), :mod:`dpdask.publish` writes it
 safely and reads it back (:func:`open_release`), :mod:`dpdask.pipeline` wires
 them for release specs and the command line, and :class:`Session` (:mod:`dpdask.session`)

@@ -322,7 +322,7 @@ def release(
         One plan whose budget is split over the levels, or a plan per level (each
         spending its own budget).
     data : DataStore or path
-        The input counts (see :mod:`dpdask.dataflow`).
+        The input counts (see :mod:`dpdask.store`).
     levels : sequence of str, optional
         Released levels, coarsest first; default all of the store's levels. The
         finest must be the store's finest.

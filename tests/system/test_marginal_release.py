@@ -167,21 +167,21 @@ def test_a_residual_spec_needs_records(tmp_path, capsys):
 
 
 def test_a_stopped_run_resumes_with_its_key_and_is_charged_once(tmp_path, monkeypatch):
-    import dpdask.release as dataflow
+    import dpdask.release as release_pkg
 
     _df, sizes = _records(tmp_path, n=800, d=3)
     spec = _spec(tmp_path, sizes, "{marginals: {k: 2}}")
-    real = dataflow.write_marginals
+    real = release_pkg.write_marginals
 
     def crash(*args, **kwargs):
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr(dataflow, "write_marginals", crash)
+    monkeypatch.setattr(release_pkg, "write_marginals", crash)
     assert main(["run", str(spec), "--run-id", "r1"]) == 1
     ledger = Ledger(tmp_path / "out" / "ledger.sqlite")
     assert ledger.spent("wide-test").rho == pytest.approx(2)  # charged before the crash
     assert not (tmp_path / "out" / "wide.zarr").exists()
-    monkeypatch.setattr(dataflow, "write_marginals", real)
+    monkeypatch.setattr(release_pkg, "write_marginals", real)
     assert main(["run", str(spec), "--run-id", "r1"]) == 0
     ledger = Ledger(tmp_path / "out" / "ledger.sqlite")
     assert ledger.spent("wide-test").rho == pytest.approx(2)  # not charged again
