@@ -29,9 +29,9 @@ import numpy as np
 import zarr
 from dask.base import tokenize
 
-from dpdask.store import DataStore, SparseCounts, aggregate_sparse, level_key
 from dpdask.domain import Geography
 from dpdask.linalg import LinearQuery, apply_rows
+from dpdask.store import DataStore, SparseCounts, aggregate_sparse, level_key
 
 __all__ = [
     "TRUTH_ANSWER_CELLS",

@@ -163,7 +163,7 @@ def _marginals(t: int) -> LinearQuery:
 def _competitors(W: LinearQuery, c: np.ndarray, cost2: float) -> tuple[dict[str, Any], float]:
     """Each competitor's largest variance / target at squared privacy cost ``cost2``."""
     from dpdask.strategy import baselines
-    from dpdask.strategy.error import query_variances
+    from dpdask.strategy.analysis import query_variances
     from dpdask.strategy.fitness import paper_hm
 
     d = W.shape[1]
@@ -251,7 +251,7 @@ def _table2(repeats: int) -> list[dict[str, Any]]:
 
 def _sum_section(sizes: list[int]) -> list[dict[str, Any]]:
     from dpdask.strategy import baselines
-    from dpdask.strategy.error import query_variances
+    from dpdask.strategy.analysis import query_variances
     from dpdask.strategy.fitness import solve
 
     rows = []

@@ -35,9 +35,9 @@ import psutil
 from dask.utils import key_split
 from distributed import get_task_stream
 
-from dpdask.store import open_store
 from dpdask.pipeline.cluster import connect
 from dpdask.pipeline.run import synthetic_geography
+from dpdask.store import open_store
 
 __all__ = ["add_arguments", "run"]
 
@@ -119,8 +119,8 @@ def _cluster(workers: int, memory_limit: str) -> Iterator[tuple[Any, list[int]]]
 
 def _make_data(root: pathlib.Path, n: int, n_states: int) -> tuple[Any, float]:
     from dpdask.census import cph_domain
-    from dpdask.store import adopt_array
     from dpdask.datasets import synthetic_persons
+    from dpdask.store import adopt_array
 
     domain = cph_domain()
     store_path = root / f"cph-{n}.zarr"
@@ -139,9 +139,9 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
     import zarr
 
     from dpdask.bench._common import median_time
-    from dpdask.release import LevelPlan, release
     from dpdask.noise import SecretKey
     from dpdask.privacy import zCDP
+    from dpdask.release import LevelPlan, release
     from dpdask.strategy import select
     from dpdask.workloads.named import build_workload
 
@@ -187,9 +187,9 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
 
-    from dpdask.release import release
     from dpdask.noise import SecretKey
     from dpdask.privacy import zCDP
+    from dpdask.release import release
     from dpdask.strategy import select
     from dpdask.workloads.named import build_workload
 

@@ -146,8 +146,8 @@ def _data(root: pathlib.Path, args: argparse.Namespace, domain: Any, geo: Any) -
     """The synthetic store (reused from ``--workdir`` when the same data was made)."""
     from dask.base import tokenize
 
-    from dpdask.store import open_store, synthetic_store
     from dpdask.datasets import draw_populations
+    from dpdask.store import open_store, synthetic_store
 
     n = geo.n_units()
     if args.persons is not None:
@@ -196,9 +196,9 @@ def _release(
     from distributed import get_task_stream
 
     from dpdask.bench.release import _cluster, _WorkerPeaks, task_seconds
-    from dpdask.release import release
     from dpdask.noise import SecretKey
     from dpdask.publish import remove_work, work_dir
+    from dpdask.release import release
 
     out = pathlib.Path(store.path).parent / f"out-{method}.zarr"
     run_id = f"bench-{args.seed}"  # one run id: every estimator sees the same noise

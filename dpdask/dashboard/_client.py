@@ -110,8 +110,8 @@ def _tables(plan: Any, domain: Any) -> list[dict[str, Any]]:
     if names is not None and len(names) == len(qv):
         out += rmse_groups(names, qv, "part")
     try:
-        from dpdask.release import table_variances
         from dpdask.publish import published_tables
+        from dpdask.release import table_variances
 
         tables = published_tables(plan.workload, domain)
         tv = None if tables is None else table_variances(plan, tables[2], domain)

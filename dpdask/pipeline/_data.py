@@ -12,6 +12,8 @@ import pathlib
 
 import numpy as np
 
+from dpdask.domain import Geography
+from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.store import (
     DataStore,
     SourcePrint,
@@ -23,8 +25,6 @@ from dpdask.store import (
     read_ri2010,
     write_store,
 )
-from dpdask.domain import Geography
-from dpdask.pipeline.spec import ReleaseSpec, SpecError
 
 __all__ = [
     "check_input",
@@ -128,8 +128,8 @@ def _synthetic_store(spec: ReleaseSpec, path: pathlib.Path) -> DataStore:
     """The spec's synthetic data (:func:`dpdask.store.synthetic_store`) in the layout
     ``data.layout`` names; ``auto`` is the smaller for the drawn populations (a unit
     fills at most as many cells as it has persons)."""
-    from dpdask.store import prefer_dense, synthetic_store
     from dpdask.datasets import draw_populations
+    from dpdask.store import prefer_dense, synthetic_store
 
     opts = dict(spec.data.options)
     n = int(opts.get("geographies", 50))

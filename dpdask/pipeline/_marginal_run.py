@@ -138,13 +138,13 @@ def run_marginals(
 ) -> dict[str, Any]:
     """Release the spec's marginals once its output is claimed and its preflight passed
     (the tail of :func:`dpdask.pipeline.run_spec` for this path)."""
-    from dpdask.release import charge_marginals, levels_of, write_marginals
-    from dpdask.store import private_dir
     from dpdask.noise import KeyFile, new_key
     from dpdask.pipeline._resume import run_binding
     from dpdask.pipeline.run import _preflight
     from dpdask.privacy import RunStateError, bind_source, ledger_files
     from dpdask.publish import RELEASE_FORMAT, check_output, move_into_place, remove_work
+    from dpdask.release import charge_marginals, levels_of, write_marginals
+    from dpdask.store import private_dir
 
     geography, finest, codes = _read(spec)  # raises before anything is charged
     levels = tuple(spec.levels or geography.levels)

@@ -8,10 +8,10 @@ import json
 import os
 import pathlib
 
-from dpdask.store import SourcePrint, fingerprint_path
 from dpdask.noise import KeyFile
 from dpdask.pipeline.spec import ReleaseSpec
 from dpdask.privacy import Run, RunBinding, RunStateError, check_binding
+from dpdask.store import SourcePrint, fingerprint_path
 
 __all__ = ["check_run_key", "check_same_run", "run_binding", "spec_print"]
 

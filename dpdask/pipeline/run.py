@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dpdask.store import DataStore, SourcePrint, read_pl94
 from dpdask.pipeline import _marginal_run as marginal
 from dpdask.pipeline._data import (
     check_input,
@@ -52,6 +51,7 @@ from dpdask.publish import (
     remove_work,
     work_dir,
 )
+from dpdask.store import DataStore, SourcePrint, read_pl94
 from dpdask.workloads.named import build_workload
 
 log = logging.getLogger("dpdask")
@@ -342,8 +342,7 @@ def _run_checked(
     on_start: Callable[[str, str | None], None] | None, tracker: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`run_spec` once its output is claimed and its preflight passed."""
-    from dpdask.release import Progress
-    from dpdask.release import release
+    from dpdask.release import Progress, release
 
     if marginal.is_marginal_spec(spec):
         return marginal.run_marginals(spec, checked, client, overwrite, on_start)

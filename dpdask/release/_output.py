@@ -125,7 +125,7 @@ def _coordinates(domain: Domain | None) -> dict[str, Any]:
 def table_variances(plan: Any, queries: Any, domain: Domain) -> np.ndarray | None:
     """Variances of further queries of a level's estimates for a unit of variance
     (as :meth:`LevelPlan.query_variances` for the workload), or None if not computable."""
-    from dpdask.strategy.error import ErrorAnalysis
+    from dpdask.strategy.analysis import ErrorAnalysis
 
     base = getattr(plan, "base", None)
     if base is None or getattr(base, "groups", None) is not None:

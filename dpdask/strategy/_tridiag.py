@@ -27,7 +27,7 @@ its inverse Gram, ``(A^T A)^-1 = R^T R`` with ``R`` a row scaling and column sca
 eigendecomposition.
 
 Gaussian OPT_0 (:func:`._optimize.opt_0_l2`) uses it for these workloads at every
-size; :func:`.convex.ca_solve` only beyond :data:`._optimize.CONVEX_MAX_N` values,
+size; :func:`.convex.ca_solve` only beyond :data:`.convex.CONVEX_MAX_N` values,
 where the dense solver cannot go.
 """
 
@@ -90,7 +90,7 @@ def uses_tridiagonal(G: Gram, min_n: int = 1) -> bool:
     inverse, and an ``n x n`` strategy within ``dpdask.linalg.max-dense-elements``.
 
     Gaussian OPT_0 (:func:`._optimize.opt_0_l2`) takes every size; :func:`.convex.ca_solve`
-    only sizes beyond :data:`._optimize.CONVEX_MAX_N`, so that its dense solver remains
+    only sizes beyond :data:`.convex.CONVEX_MAX_N`, so that its dense solver remains
     an independent check of this one up to that size.
     """
     if G.n < min_n or tridiagonal_inverse(G) is None:

@@ -39,10 +39,10 @@ import numpy as np
 
 from dpdask.errors import ConvergenceError, ConvergenceWarning
 from dpdask.linalg import Dense, Diagonal, Identity, Sparse, aslinearquery, check_dense_size
-from dpdask.strategy._optimize import CONVEX_MAX_N
 from dpdask.strategy._tridiag import tridiagonal_ca
 
 __all__ = [
+    "CONVEX_MAX_N",
     "ConvexSolution",
     "ca_solve",
     "ca_solve_gram",
@@ -52,6 +52,8 @@ __all__ = [
     "workload_gram",
 ]
 
+#: Largest attribute solved densely here; prefix, all-range of any size by :mod:`._tridiag`.
+CONVEX_MAX_N = 2048
 
 # -- the convex optimum (CA) --------------------------------------------------
 _EXPLICIT_GRAMS = (Dense, Sparse, Identity, Diagonal)

@@ -48,7 +48,7 @@ from dpdask.linalg import Kron, LinearQuery, VStack, from_dict, to_dict
 from dpdask.noise import draw_variance
 from dpdask.privacy import Budget, PureDP, calibrate, mechanism_for, noise_scale, zCDP
 from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, convert
-from dpdask.strategy.error import ErrorAnalysis, svd_bound
+from dpdask.strategy.analysis import ErrorAnalysis, svd_bound
 
 __all__ = ["Plan", "mechanism_of"]
 

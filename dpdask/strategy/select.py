@@ -21,10 +21,9 @@ from dpdask.domain import Domain
 from dpdask.errors import PlanError
 from dpdask.linalg import LinearQuery
 from dpdask.privacy import MECHANISM_NORM, Budget, mechanism_for
-from dpdask.strategy._hdmm import TEMPLATES, Candidate, default_templates, optimize
-from dpdask.strategy._tasks import blas_limit
 from dpdask.strategy._terms import KronTerms, kron_terms
-from dpdask.strategy.error import ErrorAnalysis
+from dpdask.strategy.analysis import ErrorAnalysis
+from dpdask.strategy.hdmm import TEMPLATES, Candidate, blas_limit, default_templates, optimize
 from dpdask.strategy.plan import Plan
 
 __all__ = [

@@ -240,8 +240,8 @@ def binding(spec: dict[str, Any], output: pathlib.Path) -> Any:
     import json
     import os
 
-    from dpdask.store import fingerprint_path
     from dpdask.privacy import RunBinding
+    from dpdask.store import fingerprint_path
 
     ignored = ("output", "ledger", "ledger_create", "source")
     fields = {k: v for k, v in spec.items() if k not in ignored}
@@ -275,7 +275,6 @@ def check_budget(
     jobs from before the check until this run's charge commits, so that a job losing the
     race for the last of a lifetime budget is refused here (:func:`~dpdask.privacy.hold_dataset`).
     """
-    from dpdask.store import fingerprint_path
     from dpdask.privacy import (
         PureDP,
         check_dataset_fits,
@@ -283,6 +282,7 @@ def check_budget(
         check_source,
         hold_dataset,
     )
+    from dpdask.store import fingerprint_path
 
     budget = PureDP(spec["epsilon"])
     if ledger is None:
@@ -304,8 +304,8 @@ def check_budget(
 def register(spec: dict[str, Any], ledger: Any, dataset: str) -> None:
     """Record the dataset's lifetime budget (``privacy.dataset``) and, on its first
     release, its source's fingerprint (the ledger's one budget authority)."""
-    from dpdask.store import fingerprint_path
     from dpdask.privacy import bind_source
+    from dpdask.store import fingerprint_path
 
     if spec["dataset_budget"] is not None:
         ledger.set_dataset_total(dataset, spec["dataset_budget"])

@@ -453,11 +453,11 @@ def test_track_reports_a_multi_chunk_release(cluster, tmp_path, rng) -> None:
     """A small release (the tract level in 4 chunks) run through ``track``: every chunk
     of every level is counted through each stage, from the real task stream."""
     from dpdask import Domain, Geography
-    from dpdask.store import write_store
-    from dpdask.release import release
     from dpdask.linalg import Identity, Kron, Prefix, Total, VStack
     from dpdask.noise import SecretKey
     from dpdask.privacy import Ledger, zCDP
+    from dpdask.release import release
+    from dpdask.store import write_store
     from dpdask.strategy import Plan
 
     _lc, client, base = cluster
@@ -804,9 +804,9 @@ def _small_spec(tmp_path: pathlib.Path) -> pathlib.Path:
 def slowed(monkeypatch):
     """Releases in chunks of 5 counties whose ``county`` reconstructions :class:`_Chunks`
     slows, holds or breaks; the strategy's selection held until ``select`` is set."""
-    import dpdask.release._graph as graph
-    import dpdask.release as release_module
     import dpdask.pipeline.run as run_module
+    import dpdask.release as release_module
+    import dpdask.release._graph as graph
 
     build = release_module.release
     monkeypatch.setattr(release_module, "release",

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 from dask._task_spec import DataNode, Task
 
-from dpdask.release._blocks import ChunkContext, estimate_block, measure_block
-from dpdask.release._level_plan import LevelPlan
-from dpdask.release import Release, release
 from dpdask.measure import lattice, noise_mechanism, stream_identity, stream_key
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey, new_key
 from dpdask.privacy import Ledger
 from dpdask.publish import work_dir
+from dpdask.release import Release, release
+from dpdask.release._blocks import ChunkContext, estimate_block, measure_block
+from dpdask.release._level_plan import LevelPlan
 from dpdask.testing.fault_injection import place_key
 from tests.helpers import make_plan
 

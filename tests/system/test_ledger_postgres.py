@@ -24,10 +24,10 @@ import yaml
 import zarr
 
 from dpdask.cli import main
-from dpdask.release import Release, release
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
 from dpdask.publish import release_attributes
+from dpdask.release import Release, release
 from tests.helpers import make_plan
 from tests.pg_race import race
 from tests.system.test_accounting import RECORDS, _estimates, _write_spec

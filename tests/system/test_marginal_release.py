@@ -13,12 +13,12 @@ import pytest
 
 import dpdask
 from dpdask.cli import main
-from dpdask.release import charge_marginals, levels_of, write_marginals
 from dpdask.datasets import geography_ids, wide_records, with_geography
 from dpdask.domain import Domain, Geography
 from dpdask.measure.residual import marginal_counts, residual_charge
 from dpdask.noise import SecretKey, new_key
 from dpdask.privacy import Ledger, zCDP
+from dpdask.release import charge_marginals, levels_of, write_marginals
 from dpdask.strategy.residual import MarginalWorkload, plan_residual
 
 UNITS = 6

@@ -16,8 +16,6 @@ import zarr
 import dpdask
 from dpdask import Domain, Geography, census
 from dpdask.cli import main
-from dpdask.store import write_store
-from dpdask.release import release
 from dpdask.linalg import Identity, Kron, Prefix, Total, VStack
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
@@ -28,6 +26,8 @@ from dpdask.publish import (
     query_labels,
 )
 from dpdask.publish.reader import COLUMNS, open_release, release_table
+from dpdask.release import release
+from dpdask.store import write_store
 from dpdask.workloads import pl94, sf1_persons
 from tests import ROOT
 from tests.helpers import DensePlan

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import zarr
 
-from dpdask.release import release
 from dpdask.linalg import Identity, Kron, LinearQuery, Prefix, Total, VStack
 from dpdask.measure import lattice
 from dpdask.noise import SecretKey
 from dpdask.privacy import BudgetExceededError, Ledger, PureDP, zCDP
+from dpdask.release import release
 from tests.helpers import DOMAIN, DensePlan, make_plan
 
 
@@ -448,9 +448,9 @@ def test_data_above_max_total_refused_before_any_charge(store, tmp_path, layout)
     """On the lattice (a non-integer strategy), a geography above the public bound on
     totals is refused before the ledger is charged; at the bound the release runs (from
     a dense or a sparse store)."""
-    from dpdask.store import write_store
     from dpdask.errors import DataError
     from dpdask.linalg import Dense
+    from dpdask.store import write_store
 
     st, counts = store
     if layout == "sparse":
@@ -475,8 +475,8 @@ def test_data_above_max_total_refused_before_any_charge(store, tmp_path, layout)
 
 def _wide_store(tmp_path, rng, n_units: int = 240):
     """Two levels (4 states of 60 counties) of the 2 x 3 domain: many independent units."""
-    from dpdask.store import write_store
     from dpdask.domain import Geography
+    from dpdask.store import write_store
 
     parents = np.repeat(np.arange(4), n_units // 4)
     geo = Geography(

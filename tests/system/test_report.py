@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from dpdask.cli import main
-from dpdask.store import read_pl94, write_store
 from dpdask.publish import pl94_tables
 from dpdask.report import default_output, report_data, write_report
+from dpdask.store import read_pl94, write_store
 from dpdask.workloads import pl94
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -186,11 +186,11 @@ def test_page_renders_in_chromium(release, tmp_path) -> None:
 def _named_release(tmp: pathlib.Path, name: str, domain, **options) -> dict:
     """A small release of the named workload ``name`` on ``domain`` (a dense oracle plan),
     and the truth store it was measured from."""
-    from dpdask.release import release as run_release
     from dpdask.domain import Geography
     from dpdask.linalg import Identity
     from dpdask.noise import SecretKey
     from dpdask.privacy import Ledger, zCDP
+    from dpdask.release import release as run_release
     from dpdask.workloads.named import named
     from tests.helpers import DensePlan
 

@@ -18,9 +18,9 @@ import yaml
 import zarr
 
 from dpdask.cli import main
-from dpdask.store import RI2010_LEVELS, aggregate, read_ri2010
 from dpdask.errors import DataError
 from dpdask.pipeline import load_spec
+from dpdask.store import RI2010_LEVELS, aggregate, read_ri2010
 from dpdask.workloads import ri2010_domain
 from tests import ROOT, requires_shared_data, shared_data
 

@@ -6,10 +6,10 @@ import numpy as np
 import zarr
 
 from dpdask import Geography, census
-from dpdask.store import write_store
-from dpdask.release import release
 from dpdask.datasets import synthetic_pl94_blocks
 from dpdask.privacy import zCDP
+from dpdask.release import release
+from dpdask.store import write_store
 from dpdask.strategy import select
 from dpdask.strategy.tda2020 import PERSONS_RHO_ADD_REMOVE, level_budget
 from dpdask.workloads import pl94_full

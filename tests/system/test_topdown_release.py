@@ -15,10 +15,10 @@ import pytest
 import zarr
 
 from dpdask import Geography
-from dpdask.release._levels import level_chunks
-from dpdask.release import release
 from dpdask.noise import SecretKey
 from dpdask.pipeline.spec import SpecError, parse_spec
+from dpdask.release import release
+from dpdask.release._levels import level_chunks
 from tests.helpers import make_plan
 
 
@@ -239,9 +239,9 @@ def test_per_level_strategies_on_a_large_domain_build_without_dense_grams(tmp_pa
     tree model's unit variances are a bottom-up matter): a 4-million-cell domain, whose
     Gram MemoryError guards, builds its release."""
     from dpdask import Domain
-    from dpdask.store import write_sparse_store
     from dpdask.linalg import Identity, Kron, Total, VStack
     from dpdask.privacy import zCDP
+    from dpdask.store import write_sparse_store
     from tests.helpers import DensePlan
 
     dom = Domain(a=2000, b=2000)

@@ -12,7 +12,7 @@ from dpdask import Domain
 from dpdask.errors import ConvergenceError, ConvergenceWarning
 from dpdask.linalg import AllRange, Identity, Kron, Ones, Prefix, RangeQueries, Sparse, VStack
 from dpdask.strategy import baselines as B
-from dpdask.strategy.error import query_variances, squared_error
+from dpdask.strategy.analysis import query_variances, squared_error
 from dpdask.workloads import age_pyramid, marginals, pl94, random_ranges
 from tests import requires_cvxpy
 

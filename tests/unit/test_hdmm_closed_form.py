@@ -11,9 +11,9 @@ from dpdask import Domain, select
 from dpdask.linalg import AllRange, Identity, Kron, Ones, Prefix, VStack
 from dpdask.privacy import PureDP, zCDP
 from dpdask.strategy import optimize
-from dpdask.strategy._closed_form import members, workload_subsets
-from dpdask.strategy._opt_marginals import marginals_spectrum
 from dpdask.strategy._terms import kron_terms
+from dpdask.strategy.hdmm._closed_form import members, workload_subsets
+from dpdask.strategy.hdmm._opt_marginals import marginals_spectrum
 from dpdask.workloads import marginals
 
 RTOL = 1e-9

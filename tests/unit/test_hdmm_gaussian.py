@@ -7,10 +7,11 @@ import pytest
 from dpdask import Domain, select
 from dpdask.linalg import AllRange, Identity, Kron, Prefix
 from dpdask.privacy import PureDP, zCDP
-from dpdask.strategy import _hdmm, _pieces, _tasks, opt_0
+from dpdask.strategy import opt_0
 from dpdask.strategy._gram import Gram
-from dpdask.strategy._optimize import CONVEX_TOL
 from dpdask.strategy.convex import ca_solve
+from dpdask.strategy.hdmm import _hdmm, _pieces, _tasks
+from dpdask.strategy.hdmm._optimize import CONVEX_TOL
 
 GAP = 1e-3  # within 0.1% of the optimum
 

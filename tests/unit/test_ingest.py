@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from dpdask import Domain, Geography
-from dpdask.store import StoreExistsError, ingest_records, read_store, write_store
 from dpdask.errors import GeographyUniverseError
+from dpdask.store import StoreExistsError, ingest_records, read_store, write_store
 
 LEVELS = {"state": 2, "county": 5, "tract": 11}
 DOMAIN = Domain(sex=2, hisp=2, age=7)

@@ -22,8 +22,6 @@ import pytest
 import zarr
 
 from dpdask import Domain, Geography
-from dpdask.store import write_store
-from dpdask.release import release
 from dpdask.linalg import (
     Dense,
     Identity,
@@ -37,6 +35,8 @@ from dpdask.linalg import (
 from dpdask.measure import lattice, measure
 from dpdask.noise import KeyedRNG, MeasurementId, _samplers, new_key
 from dpdask.privacy import ApproxDP, Ledger, PureDP, check_calibration, zCDP
+from dpdask.release import release
+from dpdask.store import write_store
 from tests.helpers import DensePlan as Plan
 
 DOMAIN = Domain(a=2, b=3)

@@ -8,6 +8,8 @@ import dask.array as da
 import numpy as np
 import pytest
 
+from dpdask.domain import Geography
+from dpdask.reconstruct import tree_consistent
 from dpdask.release._levels import (
     aggregate_level,
     bottom_up,
@@ -16,8 +18,6 @@ from dpdask.release._levels import (
     partial_sum_block,
     top_down,
 )
-from dpdask.domain import Geography
-from dpdask.reconstruct import tree_consistent
 
 
 def _geography(rng: np.random.Generator, n_county: int = 5) -> Geography:

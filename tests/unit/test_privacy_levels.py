@@ -7,7 +7,6 @@ from fractions import Fraction
 
 import pytest
 
-from dpdask.release._level_plan import LevelPlan
 from dpdask.linalg import Prefix
 from dpdask.privacy import (
     ApproxDP,
@@ -17,6 +16,7 @@ from dpdask.privacy import (
     split_levels,
     zCDP,
 )
+from dpdask.release._level_plan import LevelPlan
 from dpdask.strategy import select
 
 LEVELS = ("state", "county", "tract")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from dpdask import Domain, Geography
-from dpdask.store import write_store
 from dpdask.release._run import _largest_range_total
+from dpdask.store import write_store
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 1 << 24])

@@ -126,7 +126,7 @@ def test_sum_optimum_is_the_svd_bound_and_not_above_opt_m(d):
     dom = Domain({f"a{i}": 2 + i % 3 for i in range(d)})
     W = marginals(dom, 2)
     plan = dpdask.select(W, zCDP("0.5"), "residual", domain=dom)
-    bound = plan.svd_bound()  # dpdask.strategy.error.svd_bound: no strategy does better
+    bound = plan.svd_bound()  # dpdask.strategy.analysis.svd_bound: no strategy does better
     assert plan.expected_error() == pytest.approx(bound, rel=1e-9)
     opt_m = dpdask.select(W, zCDP("0.5"), domain=dom, templates=["marginals"], restarts=2)
     assert plan.expected_error() <= opt_m.expected_error() * (1 + 1e-9)

@@ -15,8 +15,9 @@ from dpdask import Domain, census, select
 from dpdask.cli import main
 from dpdask.linalg import AllRange, Identity, Kron, Ones, Prefix, VStack
 from dpdask.privacy import PureDP, zCDP
-from dpdask.strategy import PIdentity, _tasks, optimize, squared_error
+from dpdask.strategy import PIdentity, optimize, squared_error
 from dpdask.strategy._terms import kron_terms
+from dpdask.strategy.hdmm import _tasks
 from dpdask.workloads import sf1_persons
 
 KEY = re.compile(r"^optimize(-[a-z]+)+-[0-9a-f]{32}$")
@@ -101,8 +102,8 @@ def test_task_keys(monkeypatch: pytest.MonkeyPatch) -> None:
         seen.extend(t.key for t in tasks)
         return real(tasks, client, inline=inline)
 
-    monkeypatch.setattr("dpdask.strategy._pieces.run_tasks", spy)
-    monkeypatch.setattr("dpdask.strategy._hdmm.INLINE_MAX_CELLS", 0)  # keys: the Dask path
+    monkeypatch.setattr("dpdask.strategy.hdmm._pieces.run_tasks", spy)
+    monkeypatch.setattr("dpdask.strategy.hdmm._hdmm.INLINE_MAX_CELLS", 0)  # keys: the Dask path
     dom = Domain(age=12, sex2=2, race=5)
     select(Kron([Prefix(12), Identity(2), AllRange(5)]), PureDP(1), domain=dom, restarts=2)
     assert seen and all(KEY.match(k) for k in seen)
@@ -118,7 +119,7 @@ def test_task_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_distributed_client_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     distributed = pytest.importorskip("distributed")
-    monkeypatch.setattr("dpdask.strategy._hdmm.INLINE_MAX_CELLS", 0)  # through the client
+    monkeypatch.setattr("dpdask.strategy.hdmm._hdmm.INLINE_MAX_CELLS", 0)  # through the client
     W, dom = _stand_in()
     local = select(W, PureDP(1), domain=dom, restarts=2, templates=["kron", "union"])
     with (

@@ -13,6 +13,7 @@ import pytest
 import zarr
 
 from dpdask import Domain, Geography
+from dpdask.publish import publishing
 from dpdask.store import (
     StoreExistsError,
     adopt_array,
@@ -23,7 +24,6 @@ from dpdask.store import (
     write_store,
 )
 from dpdask.store._aggregate import level_key
-from dpdask.publish import publishing
 
 LEVELS = {"state": 1, "county": 3, "tract": 6}
 

@@ -23,11 +23,11 @@ from dpdask.strategy import (
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._lbfgs import lbfgs
 from dpdask.strategy._marginals import complement_sizes, marginals_loss
-from dpdask.strategy._opt_kron import _random_factors
-from dpdask.strategy._opt_marginals import marginals_spectrum
-from dpdask.strategy._pidentity import pidentity_loss
 from dpdask.strategy._terms import kron_terms
 from dpdask.strategy.baselines import hierarchical
+from dpdask.strategy.hdmm._opt_kron import _random_factors
+from dpdask.strategy.hdmm._opt_marginals import marginals_spectrum
+from dpdask.strategy.hdmm._pidentity import pidentity_loss
 
 
 def finite_difference(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:

@@ -12,11 +12,11 @@ from threadpoolctl import threadpool_info
 from dpdask import Domain, select
 from dpdask.linalg import AllRange, Identity, Kron, Ones, Prefix, VStack
 from dpdask.privacy import PureDP
-from dpdask.strategy import _pieces, _tasks
 from dpdask.strategy._gram import Gram
-from dpdask.strategy._opt_kron import factor_kind
-from dpdask.strategy._optimize import fit_0, opt_0
 from dpdask.strategy._terms import kron_terms
+from dpdask.strategy.hdmm import _pieces, _tasks
+from dpdask.strategy.hdmm._opt_kron import factor_kind
+from dpdask.strategy.hdmm._optimize import fit_0, opt_0
 
 
 def _union() -> tuple[VStack, Domain]:
@@ -115,7 +115,7 @@ def test_drive_all_on_a_distributed_client_matches_lockstep() -> None:
 def test_distributed_select_matches_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every template, through drive_all on a client: the in-process candidates, loss for loss."""
     distributed = pytest.importorskip("distributed")
-    monkeypatch.setattr("dpdask.strategy._hdmm.INLINE_MAX_CELLS", 0)  # through the scheduler
+    monkeypatch.setattr("dpdask.strategy.hdmm._hdmm.INLINE_MAX_CELLS", 0)  # through the scheduler
     W, dom = _union()
     local = select(W, PureDP(1), domain=dom, restarts=3)
     with (

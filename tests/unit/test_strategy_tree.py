@@ -12,7 +12,7 @@ from dpdask.privacy import PureDP
 from dpdask.strategy import PIdentity
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
-from dpdask.strategy._opt0_tree import (
+from dpdask.strategy.hdmm._opt0_tree import (
     TREE_MIN_N,
     opt_0_tree,
     pidentity_loss_large,
@@ -20,7 +20,7 @@ from dpdask.strategy._opt0_tree import (
     tree_start,
     uses_tree,
 )
-from dpdask.strategy._pidentity import pidentity_loss
+from dpdask.strategy.hdmm._pidentity import pidentity_loss
 
 
 def _dense_gram(W) -> Gram:

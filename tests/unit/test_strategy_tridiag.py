@@ -12,7 +12,6 @@ from dpdask.privacy import zCDP
 from dpdask.strategy import convex
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
-from dpdask.strategy._optimize import CONVEX_MAX_N
 from dpdask.strategy._tridiag import (
     SpectralStrategy,
     ca_solve_tridiagonal,
@@ -20,6 +19,7 @@ from dpdask.strategy._tridiag import (
     tridiagonal_inverse,
     uses_tridiagonal,
 )
+from dpdask.strategy.convex import CONVEX_MAX_N
 
 
 def _tridiagonal(d: np.ndarray, e: np.ndarray) -> np.ndarray:

@@ -9,8 +9,8 @@ import pytest
 
 import dpdask.store._entries as entries_module
 from dpdask import Domain, Geography
-from dpdask.store import StoreExistsError, synthetic_store
 from dpdask.datasets import SyntheticGenerator, synthetic_block, synthetic_persons
+from dpdask.store import StoreExistsError, synthetic_store
 
 DOMAIN = Domain(sex=2, hisp=2, age=30)
 

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpdask import Domain, Geography
-from dpdask.store import geography_universe, ingest_records, read_store
 from dpdask.errors import GeographyUniverseError, SpecError
 from dpdask.pipeline.spec import load_spec, parse_spec
+from dpdask.store import geography_universe, ingest_records, read_store
 
 DOMAIN = Domain(sex=2)
 PREFIXES = {"state": 2, "county": 4}

@@ -27,7 +27,7 @@ from dpdask.domain import Domain
 from dpdask.errors import PlanError
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Ones, VStack
 from dpdask.privacy import Budget, Calibration, noise_scale, zCDP
-from dpdask.strategy.error import svd_bound
+from dpdask.strategy.analysis import svd_bound
 from dpdask.strategy.plan import Plan, mechanism_of
 from dpdask.strategy.residual._solve import ResidualSolution
 from dpdask.strategy.residual._workload import MarginalWorkload, marginal_covariance

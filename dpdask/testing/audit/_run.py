@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.store import DataStore
 from dpdask.privacy import ApproxDP, Budget, Ledger, PureDP, zCDP, zcdp_epsilon
+from dpdask.store import DataStore
 from dpdask.testing.audit._bounds import epsilon_lower_bound, rho_lower_bound, tail_counts
 from dpdask.testing.audit._result import AuditResult
 from dpdask.testing.audit._trials import (

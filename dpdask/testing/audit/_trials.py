@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.store import DataStore, write_store
 from dpdask.domain import Geography
 from dpdask.privacy import MECHANISM_NORM, ApproxDP, Budget, PureDP, split_levels, zCDP
+from dpdask.store import DataStore, write_store
 
 __all__ = [
     "Design",

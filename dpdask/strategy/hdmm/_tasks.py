@@ -15,11 +15,11 @@ problems costs more than it saves, while a large OPT_0 gains from it. Keys read
 identical problems (the same factor Gram, ``p`` and seed) are solved once.
 
 Without waiting. :func:`submit_tasks` hands tasks to a distributed client and
-returns their futures (for :func:`dpdask.strategy._pieces.drive_all`).
+returns their futures (for :func:`dpdask.strategy.hdmm._pieces.drive_all`).
 
 In process. ``run_tasks(..., inline=True)`` runs the tasks one after the other in
 the calling thread, with no graph, no keys and no scheduler: HDMM does that for
-problems under :data:`dpdask.strategy._hdmm.INLINE_MAX_CELLS` cells, whose tasks
+problems under :data:`dpdask.strategy.hdmm._hdmm.INLINE_MAX_CELLS` cells, whose tasks
 take milliseconds and would spend most of their time being scheduled.
 """
 

@@ -2,7 +2,7 @@
 
 Identity (the full marginal), Total (the empty marginal) and the workload's own
 marginals (one per distinct set of attributes on which a term asks more than the
-total, equally weighted) are weighted marginals strategies (:mod:`._marginals`),
+total, equally weighted) are weighted marginals strategies (:mod:`dpdask.strategy._marginals`),
 so their loss ``||A||_p^2 ||W A^+||_F^2`` is a sum over the ``2^d`` eigenspaces,
 computed from the workload's spectrum ``h`` without touching the cells.
 
@@ -59,7 +59,8 @@ def _asks_total_only(terms: KronTerms, j: int, i: int) -> bool:
 
 
 def workload_subsets(terms: KronTerms) -> list[int]:
-    """Indices (see :mod:`._marginals`) of the marginals that answer each term, distinct."""
+    """Indices (see :mod:`dpdask.strategy._marginals`) of the distinct marginals that
+    answer each term."""
     out: list[int] = []
     for j in range(terms.k):
         bits = tuple(0 if _asks_total_only(terms, j, i) else 1 for i in range(terms.d))

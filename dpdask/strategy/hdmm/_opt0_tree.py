@@ -26,8 +26,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpdask.strategy._gram import Gram
-from dpdask.strategy._optimize import _checked_loss, minimize
-from dpdask.strategy._pidentity import _CANCELLATION, column_scale
+from dpdask.strategy.hdmm._optimize import _checked_loss, minimize
+from dpdask.strategy.hdmm._pidentity import _CANCELLATION, column_scale
 
 __all__ = [
     "SPARSE_DENSITY",

@@ -23,9 +23,9 @@ import numpy as np
 from dpdask.linalg import Identity, Kron, LinearQuery, Ones
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
-from dpdask.strategy._optimize import default_p, fit_0, opt_0
-from dpdask.strategy._pidentity import PIdentity
 from dpdask.strategy._terms import KronTerms
+from dpdask.strategy.hdmm._optimize import default_p, fit_0, opt_0
+from dpdask.strategy.hdmm._pidentity import PIdentity
 
 __all__ = ["FactorResult", "KronResult", "factor_kind", "fixed_factor", "opt_kron"]
 

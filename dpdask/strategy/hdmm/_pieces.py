@@ -28,14 +28,15 @@ import numpy as np
 
 from dpdask.linalg import LinearQuery
 from dpdask.strategy._gram import Gram
-from dpdask.strategy._opt0_tree import opt_0_tree, uses_tree
-from dpdask.strategy._opt_kron import KronResult, opt_kron
-from dpdask.strategy._opt_marginals import fit_marginals
-from dpdask.strategy._optimize import CONVEX_MAX_N, default_p, opt_0, opt_0_l2
-from dpdask.strategy._pidentity import PIdentity
-from dpdask.strategy._tasks import Task, distributed_client, run_tasks, submit_tasks
 from dpdask.strategy._terms import KronTerms
 from dpdask.strategy._tridiag import uses_tridiagonal
+from dpdask.strategy.convex import CONVEX_MAX_N
+from dpdask.strategy.hdmm._opt0_tree import opt_0_tree, uses_tree
+from dpdask.strategy.hdmm._opt_kron import KronResult, opt_kron
+from dpdask.strategy.hdmm._opt_marginals import fit_marginals
+from dpdask.strategy.hdmm._optimize import default_p, opt_0, opt_0_l2
+from dpdask.strategy.hdmm._pidentity import PIdentity
+from dpdask.strategy.hdmm._tasks import Task, distributed_client, run_tasks, submit_tasks
 
 __all__ = [
     "SHORT",
@@ -113,7 +114,7 @@ class ConvexPiece(Piece):
     """Gaussian OPT_0 as the convex program over ``X = A^T A`` (:func:`opt_0_l2`).
 
     All BLAS threads for the dense solver's ``O(n^3)`` products, one for
-    :mod:`._tridiag`'s ``O(n)`` factorisations and ``O(n^2)`` eigendecompositions.
+    :mod:`dpdask.strategy._tridiag`'s ``O(n)`` factorisations and ``O(n^2)`` eigendecompositions.
     """
 
     G: Gram

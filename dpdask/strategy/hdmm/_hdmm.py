@@ -25,7 +25,7 @@ part 1 answers the terms that ask only the total of ``a`` (its factor on ``a`` i
 the total), part 2 the rest. Part 1 also answers the total-of-``a`` component of
 the other terms, so part 2 is fitted to their residual: each term's factor on
 ``a`` projected onto ``I - J/n_a``. The union's error is exact (least squares over
-both parts, :mod:`._pair`) and the budget split between the parts is optimised on
+both parts, :mod:`dpdask.strategy._pair`) and the budget split between the parts is optimised on
 it. Each attribute that splits the terms is screened with one start per part
 (run to convergence: short runs rank the splits wrongly on SF1), and the best
 split gets the restarts. On domains too large for vectors over
@@ -54,15 +54,17 @@ import numpy as np
 
 from dpdask.errors import PlanError
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, VStack
-from dpdask.strategy._closed_form import MAX_ATTRIBUTES, members
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
 from dpdask.strategy._marginals import WeightedMarginals
-from dpdask.strategy._opt_kron import FactorResult, factor_kind
-from dpdask.strategy._opt_marginals import marginals_spectrum
-from dpdask.strategy._optimize import budget_split
 from dpdask.strategy._pair import PAIR_MAX_CELLS, PairAnalysis
-from dpdask.strategy._pieces import (
+from dpdask.strategy._terms import KronTerms
+from dpdask.strategy.analysis import ErrorAnalysis
+from dpdask.strategy.hdmm._closed_form import MAX_ATTRIBUTES, members
+from dpdask.strategy.hdmm._opt_kron import FactorResult, factor_kind
+from dpdask.strategy.hdmm._opt_marginals import marginals_spectrum
+from dpdask.strategy.hdmm._optimize import budget_split
+from dpdask.strategy.hdmm._pieces import (
     SHORT,
     Context,
     ConvexPiece,
@@ -76,8 +78,6 @@ from dpdask.strategy._pieces import (
     opt0_strategy,
     solve_pieces,
 )
-from dpdask.strategy._terms import KronTerms
-from dpdask.strategy.error import ErrorAnalysis
 
 __all__ = ["INLINE_MAX_CELLS", "SHORT", "TEMPLATES", "Candidate", "default_templates", "optimize"]
 

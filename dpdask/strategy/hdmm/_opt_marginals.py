@@ -1,7 +1,7 @@
 """OPT_M: HDMM's weighted-marginals template, the weights of all ``2^d`` marginals.
 
 The loss and its gradient depend on the workload only through its spectrum ``h``
-(:func:`marginals_spectrum`; the algebra is in :mod:`._marginals`). The weights are
+(:func:`marginals_spectrum`; the algebra is in :mod:`dpdask.strategy._marginals`). The weights are
 found by :func:`._optimize.minimize`, bounded at zero, then scaled to unit
 sensitivity.
 """
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpdask.strategy._marginals import complement_sizes, marginals_loss, workload_spectrum
-from dpdask.strategy._optimize import minimize
 from dpdask.strategy._terms import KronTerms
+from dpdask.strategy.hdmm._optimize import minimize
 
 __all__ = ["MarginalsResult", "fit_marginals", "marginals_spectrum", "opt_marginals"]
 
@@ -29,7 +29,7 @@ class MarginalsResult:
 
 
 def marginals_spectrum(terms: KronTerms) -> np.ndarray:
-    """``h(s)`` of the workload (see :mod:`._marginals`)."""
+    """``h(s)`` of the workload (see :mod:`dpdask.strategy._marginals`)."""
     tr, to = terms.traces_totals()
     return workload_spectrum(tr, to, terms.weights**2, terms.sizes)
 

@@ -6,13 +6,13 @@ of the mechanism's noise variance at sensitivity 1 (``2 / epsilon^2`` for Laplac
 ``1 / (2 rho)`` for Gaussian noise under zCDP).
 
 * OPT_0 fits a p-Identity strategy to one Gram matrix (:mod:`._pidentity`). For
-  the L2 norm (Gaussian noise) and up to :data:`CONVEX_MAX_N` cells,
+  the L2 norm (Gaussian noise) and up to :data:`dpdask.strategy.convex.CONVEX_MAX_N` cells,
   :func:`opt_0_l2` solves it instead as the convex program over ``X = A^T A``
-  (:mod:`.convex`), whose optimum is global and certified by a dual bound: a
+  (:mod:`dpdask.strategy.convex`), whose optimum is global and certified by a dual bound: a
   p-Identity with ``p = n`` reaches the same optimum by L-BFGS over ``n^2``
   parameters, at ``O(n^3)`` per iteration and hundreds of iterations, where the
   dual Newton method takes ``O(n^3)`` per iteration and about ten. Prefix and
-  all-range workloads, of any size, are solved by :mod:`._tridiag` (the same
+  all-range workloads, of any size, are solved by :mod:`dpdask.strategy._tridiag` (the same
   program and certificate, ``O(n)`` per evaluation of the dual).
 * OPT_x (a Kronecker product of factors) is in :mod:`._opt_kron`.
 * OPT_+ fits one Kronecker strategy per group of terms and splits the budget:
@@ -23,7 +23,7 @@ of the mechanism's noise variance at sensitivity 1 (``2 / epsilon^2`` for Laplac
 * OPT_M (the weights of all ``2^d`` marginals) is in :mod:`._opt_marginals`.
 
 Solver (:func:`minimize`). ``method="lbfgs"`` (the default, :data:`METHOD`) is the
-vectorised projected L-BFGS of :mod:`._lbfgs`; ``method="scipy"`` is SciPy's
+vectorised projected L-BFGS of :mod:`dpdask.strategy._lbfgs`; ``method="scipy"`` is SciPy's
 L-BFGS-B. Both use the analytic gradients and reach the same optima (tested);
 SciPy's adds a fixed set-up cost per call and bound handling per iteration, which
 dominate on the many small factor problems of OPT_x and, on the largest
@@ -42,10 +42,9 @@ from dpdask.linalg import LinearQuery
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
 from dpdask.strategy._lbfgs import lbfgs
-from dpdask.strategy._pidentity import PIdentity, pidentity_loss
+from dpdask.strategy.hdmm._pidentity import PIdentity, pidentity_loss
 
 __all__ = [
-    "CONVEX_MAX_N",
     "CONVEX_TOL",
     "budget_split",
     "default_p",
@@ -56,7 +55,8 @@ __all__ = [
 ]
 
 METHOD = "lbfgs"
-"""Default solver: ``"lbfgs"`` (vectorised, :mod:`._lbfgs`) or ``"scipy"`` (L-BFGS-B)."""
+"""Default solver: ``"lbfgs"`` (vectorised, :mod:`dpdask.strategy._lbfgs`) or
+``"scipy"`` (L-BFGS-B)."""
 
 
 def default_p(n: int, norm: int = 1) -> int:
@@ -173,10 +173,6 @@ def fit_0(
     return x.reshape(p, n), f, nit
 
 
-CONVEX_MAX_N = 2048
-"""Largest attribute on which Gaussian OPT_0 is solved by the dense convex program of
-:mod:`.convex`; prefix and all-range workloads of any size by :mod:`._tridiag`."""
-
 CONVEX_TOL = 1e-4
 """Relative duality gap at which :func:`opt_0_l2` stops."""
 
@@ -198,7 +194,7 @@ def opt_0_l2(G: Gram, *, tol: float = CONVEX_TOL) -> tuple[LinearQuery, float, i
     loss : float
         ``tr(G (A^T A)^+)``, the error at unit sensitivity.
     nit : int
-        Newton iterations (evaluations of the dual for :mod:`._tridiag`).
+        Newton iterations (evaluations of the dual for :mod:`dpdask.strategy._tridiag`).
     lower_bound : float
         The dual bound: no strategy has a loss below it.
     """
