@@ -1,6 +1,6 @@
 """The restricted union Gram on a working set of (child, cell) pairs, and its simplex projection.
 
-An active-set fit (:mod:`dpdask.reconstruct._topdown_active`) keeps, of the ``K x |S|``
+An active-set fit (:mod:`dpdask.reconstruct.topdown._active`) keeps, of the ``K x |S|``
 variables of a family (``K`` children on the parent's support ``S``), only a *working
 set*: pairs ``(c, j)`` stored flat, sorted by cell and then child, every cell of ``S``
 holding at least one. The others are zero.
@@ -28,8 +28,8 @@ import math
 import numpy as np
 
 from dpdask.reconstruct._kron_gram import ScaledKronGram
-from dpdask.reconstruct._topdown_fista import project_threshold
 from dpdask.reconstruct._union_gram import ScaledUnionGram
+from dpdask.reconstruct.topdown._fista import project_threshold
 
 __all__ = ["WorkingGram", "WorkingSet", "segment_project", "segment_thresholds"]
 
@@ -199,7 +199,7 @@ def segment_project(v: np.ndarray, ws: WorkingSet, t: np.ndarray) -> np.ndarray:
     The cells are taken in buckets of the same padded width (a power of two at least
     their number of pairs, the padding at minus infinity): in each, the columns of
     ``(width, cells)`` are projected at once by sorting
-    (:func:`~dpdask.reconstruct._topdown_fista.project_threshold`), which gives each
+    (:func:`~dpdask.reconstruct.topdown._fista.project_threshold`), which gives each
     cell's threshold ``tau_j`` (:func:`segment_thresholds`); then ``u = max(v - tau,
     0)``. A cell of one pair is ``t_j``.
     """

@@ -162,7 +162,7 @@ def test_newton_stall_hands_over_to_fista(
 ) -> None:
     """A stalled Newton fit (forced: no progress is ever enough) is finished by FISTA
     from its iterate, to the oracle's objective."""
-    import dpdask.reconstruct._topdown_newton as newton
+    import dpdask.reconstruct.topdown._newton as newton
 
     monkeypatch.setattr(newton, "_STALL", 2)
     monkeypatch.setattr(newton, "_STALL_RATIO", 0.0)

@@ -2,7 +2,7 @@
 
 Oracles independent of :mod:`dpdask.reconstruct._working_gram`: the strategy's dense
 matrix and its Jacobi-scaled Gram (as in :mod:`tests.unit.test_union_gram_restricted`),
-:func:`~dpdask.reconstruct._topdown_fista.project_threshold` on dense columns (the
+:func:`~dpdask.reconstruct.topdown._fista.project_threshold` on dense columns (the
 pairs outside the working set at minus infinity), and the QP oracles of
 :mod:`tests.unit.test_topdown` for whole fits.
 """
@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Prefix, Total, VStack
-from dpdask.reconstruct._topdown_fista import project_threshold
 from dpdask.reconstruct._union_gram import scaled_union_gram
 from dpdask.reconstruct._working_gram import WorkingGram, segment_project
 from dpdask.reconstruct.topdown import children_fitter, fit_children
+from dpdask.reconstruct.topdown._fista import project_threshold
 from tests import requires_cvxpy
 from tests.unit.test_topdown import _assert_feasible, _cvxpy, _kkt_gap, _objective, _slsqp
 from tests.unit.test_union_gram_restricted import _KINDS, _oracle, _union
@@ -176,8 +176,8 @@ def test_active_without_a_union_gram_is_fista(rng: np.random.Generator) -> None:
 def test_marginals_and_the_proportional_start(rng: np.random.Generator) -> None:
     """``Level.marginals`` against a dense contraction, and the proportional split is
     feasible (each cell sums to ``t``, even where no child is positive)."""
-    from dpdask.reconstruct._topdown_level import Level
-    from dpdask.reconstruct._topdown_solve import proportional
+    from dpdask.reconstruct.topdown._level import Level
+    from dpdask.reconstruct.topdown._solve import proportional
 
     A = VStack([Kron([Identity(3), Total(4), Prefix(5)]), Kron([Total(3), Identity(4), Total(5)])])
     level = Level(A, None, "kron")
@@ -210,7 +210,7 @@ def test_marginals_and_the_proportional_start(rng: np.random.Generator) -> None:
 def test_whole_family_kkt_through_the_working_set(K: int, S: int, frac: float, seed: int) -> None:
     """The KKT residual from the working set (with the pairs off it that could bind)
     equals the dense one, ``||U - P(U - R)|| / sqrt(K S)``."""
-    from dpdask.reconstruct._topdown_active import _kkt
+    from dpdask.reconstruct.topdown._active import _kkt
 
     rng = np.random.default_rng(seed)
     t = rng.uniform(0.01, 5.0, size=S)

@@ -14,7 +14,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import dpdask.reconstruct._topdown_fitter as topdown_fitter
+import dpdask.reconstruct.topdown._fitter as topdown_fitter
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Prefix, Total, VStack
 from dpdask.reconstruct.topdown import SupportEstimate, children_fitter
 from tests import requires_cvxpy

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 import dpdask.reconstruct._union_gram as union_gram
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Ones, Prefix, Total, VStack
-from dpdask.reconstruct._topdown_level import Level
 from dpdask.reconstruct._union_gram import scaled_union_gram
 from dpdask.reconstruct.topdown import fit_children
+from dpdask.reconstruct.topdown._level import Level
 from tests import requires_cvxpy
 from tests.unit.test_topdown import _assert_feasible, _cvxpy, _objective, _problem
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpdask.reconstruct._kron_gram import ScaledKronGram, kron_rows
-from dpdask.reconstruct._topdown_fista import project
+from dpdask.reconstruct.topdown._fista import project
 
 __all__ = ["SimplexAdmm"]
 

@@ -7,7 +7,7 @@ and the scaled Gram ``G~ = S G S`` in one of four forms (``kind``):
 * ``"kron"``: the Kronecker factors of a Kronecker strategy of small factors
   (:mod:`dpdask.reconstruct._kron_gram`), whose products restricted to a set of cells
   cost a fraction of a full one, and whose eigenvectors give the ADMM start
-  (:mod:`dpdask.reconstruct._topdown_admm`);
+  (:mod:`dpdask.reconstruct.topdown._admm`);
 * ``"union"``: a union of Kronecker products (HDMM's OPT_+), its principal submatrix
   on the support applied through the parts' marginals, at a cost that grows with the
   support, not the domain (:meth:`~dpdask.reconstruct._union_gram.ScaledUnionGram.restricted`);
@@ -29,12 +29,12 @@ import numpy as np
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._inputs import row_weighted
 from dpdask.reconstruct._kron_gram import ScaledKronGram, scaled_kron_gram
-from dpdask.reconstruct._topdown_admm import SimplexAdmm
 from dpdask.reconstruct._union_gram import (
     RestrictedUnionGram,
     ScaledUnionGram,
     scaled_union_gram,
 )
+from dpdask.reconstruct.topdown._admm import SimplexAdmm
 
 __all__ = ["DENSE_GRAM", "GRAMS", "Level", "SupportGram"]
 

@@ -3,7 +3,7 @@
 :func:`dpdask.reconstruct.topdown.children_fitter` builds a :class:`ChildrenFitter`
 (documented there); its entry points turn a family's measurements or least-squares
 estimates into the linear terms on the parent's support, a few rows at a time, and
-hand them to :func:`dpdask.reconstruct._topdown_solve.solve_support`.
+hand them to :func:`dpdask.reconstruct.topdown._solve.solve_support`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from threadpoolctl import ThreadpoolController
 from dpdask.linalg import LinearQuery, Scaled
 from dpdask.reconstruct._inputs import as_batch
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
-from dpdask.reconstruct._topdown_level import Level
-from dpdask.reconstruct._topdown_solve import solve_support
 from dpdask.reconstruct.structured import KronPairInverse, structured_pinv
+from dpdask.reconstruct.topdown._level import Level
+from dpdask.reconstruct.topdown._solve import solve_support
 
 __all__ = ["ChildrenFitter", "SupportEstimate"]
 
@@ -132,7 +132,7 @@ class ChildrenFitter:
     ]:
         """The scaled linear terms on the support ``(K, |S|)``, the objective's constant,
         the scaled estimates on the support and their marginals there
-        (:meth:`~dpdask.reconstruct._topdown_level.Level.marginals`; each None when not
+        (:meth:`~dpdask.reconstruct.topdown._level.Level.marginals`; each None when not
         known), and the whole-domain linear terms for the ADMM start (a callable, or
         None), formed a few rows at a time."""
         level = self.level

@@ -13,7 +13,7 @@ county's support is shared by a few of its tracts). Each *round*:
    of the cell's positive children) is below minus a threshold: the most violating
    ones, so that the violations left fill at most half of the stopping rule's budget
    (:func:`dpdask.reconstruct._newton._freeing_threshold`).
-3. FISTA (as :mod:`dpdask.reconstruct._topdown_fista`, with adaptive restart) on the
+3. FISTA (as :mod:`dpdask.reconstruct.topdown._fista`, with adaptive restart) on the
    working set only, every other pair held at zero: the products with ``H`` child by
    child through the parts' marginals over the working set's pairs
    (:class:`~dpdask.reconstruct._working_gram.WorkingGram`), the projection onto the
@@ -35,13 +35,13 @@ from __future__ import annotations
 import numpy as np
 
 from dpdask.reconstruct._newton import _freeing_threshold
-from dpdask.reconstruct._topdown_fista import L_MARGIN, project
 from dpdask.reconstruct._working_gram import (
     WorkingGram,
     WorkingSet,
     segment_project,
     segment_thresholds,
 )
+from dpdask.reconstruct.topdown._fista import L_MARGIN, project
 
 __all__ = ["active_fista"]
 

@@ -68,8 +68,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpdask.reconstruct._newton import _conjugate_residual, _freeing_threshold, _inner_budget
-from dpdask.reconstruct._topdown_fista import project_threshold
-from dpdask.reconstruct._topdown_level import SupportGram
+from dpdask.reconstruct.topdown._fista import project_threshold
+from dpdask.reconstruct.topdown._level import SupportGram
 
 __all__ = ["kkt_residual", "simplex_newton"]
 
