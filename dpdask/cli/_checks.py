@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any
 
-from dpdask.bench import BENCHES
 from dpdask.cli._common import print_result, spec_parser
 
-__all__ = ["cmd_audit", "cmd_bench", "cmd_faults"]
+__all__ = ["BENCH_GROUP", "benches", "cmd_audit", "cmd_bench", "cmd_faults", "format_report"]
+
+#: The entry-point group benchmarks register under (the ``dpdask-benchmarks``
+#: distribution in ``benchmarks/`` registers every ``dpdask bench NAME``).
+BENCH_GROUP = "dpdask.bench"
+
+
+def benches() -> dict[str, Any]:
+    """The installed benchmarks, ``{name: entry point}``: each loads a module with
+    ``add_arguments(parser)`` and ``run(args) -> dict`` (JSON-safe figures)."""
+    return {ep.name: ep for ep in entry_points(group=BENCH_GROUP)}
 
 
 def cmd_bench(argv: Sequence[str]) -> int:
@@ -18,11 +28,19 @@ def cmd_bench(argv: Sequence[str]) -> int:
         prog="dpdask bench",
         description="Run a benchmark; `dpdask bench NAME --help` lists its options.",
     )
-    parser.add_argument("name", choices=sorted(BENCHES), help="which benchmark")
-    if not argv or argv[0] not in BENCHES:
+    found = benches()
+    if not found:
+        from dpdask.errors import ArgumentError
+
+        raise ArgumentError(
+            "no benchmark is installed: they ship apart from the package, install them "
+            "from a checkout with `pip install -e benchmarks`"
+        )
+    parser.add_argument("name", choices=sorted(found), help="which benchmark")
+    if not argv or argv[0] not in found:
         parser.parse_args(argv)  # prints the usage (or the error) and exits
     name = argv[0]
-    module = importlib.import_module(BENCHES[name])
+    module = found[name].load()
     doc = (module.__doc__ or "").strip().splitlines()
     sub = argparse.ArgumentParser(prog=f"dpdask bench {name}", description=doc[0] if doc else None)
     sub.add_argument("--json", action="store_true", help="print one JSON object")
@@ -32,8 +50,6 @@ def cmd_bench(argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        from dpdask.bench import format_report
-
         print(format_report(name, result))
     return 0
 
@@ -88,3 +104,26 @@ def cmd_faults(argv: Sequence[str]) -> int:
     )  # fmt: skip
     print_result(summary, args.json, format_summary)
     return 1 if summary["failures"] else 0
+
+
+def format_report(name: str, result: dict[str, Any]) -> str:
+    """A readable rendering of a benchmark's result dictionary."""
+    lines = [f"dpdask bench {name}"]
+    for key, value in result.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            cols = list(value[0])
+            rows = [[_fmt(r.get(c)) for c in cols] for r in value]
+            widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+            lines.append(f"\n{key}:")
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+            for r in rows:
+                lines.append("  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
+        else:
+            lines.append(f"{key}: {_fmt(value)}")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

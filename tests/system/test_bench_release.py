@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from dpdask.bench.release import task_seconds
+from dpdask_benchmarks.release import task_seconds
 
 
 def _record(key, *spans, action="compute"):

@@ -14,15 +14,15 @@ import math
 import numpy as np
 import pytest
 import zarr
-
-from dpdask.bench import _topdown_data as data
-from dpdask.bench._topdown_data import (
+from dpdask_benchmarks import _topdown_data as data
+from dpdask_benchmarks._topdown_data import (
     hierarchy,
     level_errors,
     parse_fanout,
     parse_workload,
     spread_populations,
 )
+
 from dpdask.census import pl94_domain
 from dpdask.cli import main
 from dpdask.noise import SecretKey
@@ -219,7 +219,7 @@ def test_bench_topdown_refuses_an_unknown_level(capsys) -> None:
 def test_a_store_in_workdir_is_reused(tmp_path) -> None:
     import argparse
 
-    from dpdask.bench import topdown
+    from dpdask_benchmarks import topdown
 
     parser = argparse.ArgumentParser()
     topdown.add_arguments(parser)

@@ -104,11 +104,11 @@ def _parsers_of(argv: list[str], monkeypatch) -> list:
 
 
 def _commands() -> list[list[str]]:
-    from dpdask.bench import BENCHES
     from dpdask.cli import COMMANDS
+    from dpdask.cli._checks import benches
 
     return [[c] for c in sorted(set(COMMANDS) - {"bench"})] + [
-        ["bench", name] for name in sorted(BENCHES)
+        ["bench", name] for name in sorted(benches())
     ]
 
 
@@ -166,3 +166,16 @@ def test_quiet_and_verbose(spec, tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [err.strip()]
     assert err.startswith("dpdask run: error: ") and "--overwrite" in err
+
+
+def test_bench_lists_the_installed_benchmarks_and_says_how_to_install_none(monkeypatch, capsys):
+    """`dpdask bench` finds benchmarks by entry point (the `benchmarks/` distribution);
+    without any it says how to install them, in one line, exit 2."""
+    from dpdask.cli import _checks, main
+
+    names = set(_checks.benches())
+    assert {"release", "select", "ldp", "topdown", "census"} <= names
+    monkeypatch.setattr(_checks, "entry_points", lambda group: [])
+    assert main(["bench", "select"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install -e benchmarks" in err

@@ -68,7 +68,7 @@ def test_bench_ldp_runs_from_the_command_line(capsys) -> None:
 def test_bench_ldp_defaults_are_the_issue_grid_and_speed_sizes() -> None:
     import argparse
 
-    from dpdask.bench import ldp as bench_ldp
+    from dpdask_benchmarks import ldp as bench_ldp
 
     parser = argparse.ArgumentParser()
     bench_ldp.add_arguments(parser)
@@ -79,7 +79,7 @@ def test_bench_ldp_defaults_are_the_issue_grid_and_speed_sizes() -> None:
 
 
 def test_grid_summary_reports_a_losing_cell() -> None:
-    from dpdask.ldp.bench import grid_summary
+    from dpdask_benchmarks.ldp import grid_summary
 
     rows = [
         {"workload": "prefix", "n": 64, "epsilon": 1.0, "improvement": 2.0,

@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"publish", "ldp"},
     {"store", "release", "sums"},
     {"pipeline", "dashboard", "report", "reader"},
-    {"cli", "bench", "testing", "session", "__init__", "__main__"},
+    {"cli", "testing", "session", "__init__", "__main__"},
 ]
 LAYER = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 MAX_LINES = 500

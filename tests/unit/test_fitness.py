@@ -410,7 +410,7 @@ def test_bench_fitness_smoke() -> None:
     """``dpdask bench fitness`` runs and reports the paper's figures beside its own."""
     import argparse
 
-    from dpdask.bench import fitness as bench
+    from dpdask_benchmarks import fitness as bench
 
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

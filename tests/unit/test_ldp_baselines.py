@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from dpdask import Domain
 from dpdask.ldp import LaplaceFactorization, baselines, lower_bound
 from dpdask.ldp.baselines import (
     fourier,
@@ -17,9 +18,10 @@ from dpdask.ldp.baselines import (
     hierarchical_matrix,
     randomized_response,
 )
-from dpdask.ldp.bench import parities, workload
 from dpdask.ldp.strategy import check_ldp
 from dpdask.linalg import Identity, Prefix
+from dpdask.workloads import marginals
+from dpdask.workloads.parity import parities
 
 EPS = [0.5, 1.0, 4.0]
 
@@ -64,7 +66,7 @@ def test_hierarchical_levels_and_support():
 
 
 def test_fourier_uses_only_needed_coefficients():
-    W = workload("3way_marginals", 16)  # 4 binary attributes
+    W = marginals(Domain(**{f"a{i}": 2 for i in range(4)}), 3)  # 4 binary attributes
     G = W.gram().dense()
     alphas = fourier_coefficients(G)
     weights = [bin(a).count("1") for a in alphas]

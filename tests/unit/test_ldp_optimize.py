@@ -182,7 +182,7 @@ def test_optimize_survives_a_start_that_loses_support_when_polished():
     """3-way parity on 3 bits (one query) at eps = 4: the best start's optimum is nearly
     rank-deficient, and re-projecting it for the polish made ``Q^T D^-1 Q`` singular,
     which used to raise; the unpolished start must compete instead."""
-    from dpdask.ldp.bench import parities
+    from dpdask.workloads.parity import parities
 
     W = parities(3, 3)
     for eps in (4.0, 6.0):

@@ -195,7 +195,7 @@ def test_cli_plan_json(capsys: pytest.CaptureFixture) -> None:
 def test_bench_select_smoke() -> None:
     import argparse
 
-    from dpdask.bench import select as bench
+    from dpdask_benchmarks import select as bench
 
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

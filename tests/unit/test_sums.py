@@ -269,7 +269,7 @@ def test_two_charges_and_measurement(tmp_path, small):
 # -- benchmark smoke test --------------------------------------------------------------------
 @pytest.mark.skipif(not (DATA / "AER_CPS1988.csv").exists(), reason="../shared/data/cps absent")
 def test_bench_sums_rows():
-    from dpdask.bench import sums as bench
+    from dpdask_benchmarks import sums as bench
 
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

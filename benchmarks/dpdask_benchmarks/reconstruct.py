@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.bench._common import PeakRSS, median_time
 from dpdask.linalg import Identity, Kron, Ones, VStack
 from dpdask.noise import KeyedRNG
 from dpdask.reconstruct import HierarchicalTree, admm, nnls
+from dpdask_benchmarks._common import PeakRSS, median_time
 
 __all__ = ["add_arguments", "run"]
 

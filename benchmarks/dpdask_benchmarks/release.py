@@ -138,12 +138,12 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import zarr
 
-    from dpdask.bench._common import median_time
     from dpdask.noise import SecretKey
     from dpdask.privacy import zCDP
     from dpdask.release import LevelPlan, release
     from dpdask.strategy import select
     from dpdask.workloads.named import build_workload
+    from dpdask_benchmarks._common import median_time
 
     n = int(args.union_geographies)
     store, _ = _make_data(root, n, 1)

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.bench._common import median_time
 from dpdask.domain import Domain
 from dpdask.workloads import marginals, sf1_persons
+from dpdask_benchmarks._common import median_time
 
 __all__ = ["add_arguments", "run"]
 

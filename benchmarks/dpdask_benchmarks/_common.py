@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-__all__ = ["PeakRSS", "format_report", "median_time"]
+__all__ = ["PeakRSS", "median_time"]
 
 
 def median_time(fn: Callable[[], Any], repeats: int = 3) -> tuple[float, list[float], Any]:
@@ -65,26 +65,3 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self._rss())
-
-
-def format_report(name: str, result: dict[str, Any]) -> str:
-    """A readable rendering of a benchmark's result dictionary."""
-    lines = [f"dpdask bench {name}"]
-    for key, value in result.items():
-        if isinstance(value, list) and value and isinstance(value[0], dict):
-            cols = list(value[0])
-            rows = [[_fmt(r.get(c)) for c in cols] for r in value]
-            widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-            lines.append(f"\n{key}:")
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
-            for r in rows:
-                lines.append("  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-        else:
-            lines.append(f"{key}: {_fmt(value)}")
-    return "\n".join(lines)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)

@@ -1,15 +1,9 @@
-"""``dpdask bench ldp``: the local-model figures of issue 22 (paper 002, section 6).
+"""``dpdask bench ldp``: the local model's optimised strategies against every baseline.
 
-Three parts, each a JSON record:
-
-* ``grid``: for each workload (Histogram, Prefix, All Range, all marginals, 3-way marginals,
-  3-way parities), ``epsilon`` in {0.5, 1, 2, 4} and ``n`` in {64, 256, 1024}: the sample
-  complexity (``alpha = 0.01``) of the optimised strategy, of every baseline, the lower
-  bound, and the improvement over the best baseline (``best baseline / optimised``).
-* ``speed``: optimisation wall time at ``n = 256`` and ``n = 1024``.
-* ``aggregate``: counting ``N`` simulated responses over ``g`` geographies from Parquet.
-
-Run as ``python -m dpdask.ldp.bench [--part grid|speed|aggregate] [--n 64 256] --json``.
+The grid (workloads x domain sizes x epsilon: sample complexity of the optimised
+strategy and of the best baseline, and a ``summary`` of it), the optimisation's wall
+time, and the server's aggregation of many responses. Without ``--n``, the grid covers
+issue 22's domain sizes (64, 256 and 1024) and the speed part times ``n = 256`` and ``n = 1024``.
 """
 
 from __future__ import annotations
@@ -27,33 +21,68 @@ import numpy as np
 
 from dpdask.ldp.bounds import lower_bound
 from dpdask.ldp.optimize import optimize
-from dpdask.linalg import AllRange, Dense, Identity, Kron, LinearQuery, Prefix, Total, VStack
+from dpdask.linalg import AllRange, Identity, Kron, LinearQuery, Prefix, Total, VStack
+from dpdask.workloads.parity import parities
 
 __all__ = [
+    "GRID_NS",
+    "SPEED_NS",
     "WORKLOADS",
+    "add_arguments",
     "aggregate_speed",
     "grid",
     "grid_summary",
-    "main",
-    "parities",
+    "run",
     "workload",
 ]
 
+#: Domain sizes of the grid and of the speed part when ``--n`` is not given.
+GRID_NS = (64, 256, 1024)
+SPEED_NS = (256, 1024)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--part", choices=["grid", "speed", "aggregate", "all"], default="grid",
+        help="which figures: the strategy grid, optimisation speed, aggregation",
+    )  # fmt: skip
+    parser.add_argument(
+        "--n", type=int, nargs="+", default=None,
+        help=f"domain sizes (default: {' '.join(map(str, GRID_NS))} for the grid, "
+        f"{' '.join(map(str, SPEED_NS))} for speed)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--epsilon", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0],
+        help="epsilons of the grid",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workload", nargs="+", default=list(WORKLOADS), help="workloads of the grid"
+    )
+    parser.add_argument("--people", type=int, default=100_000_000, help="for --part aggregate")
+    parser.add_argument("--geographies", type=int, default=3000, help="for --part aggregate")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random starts")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.part in ("grid", "all"):
+        rows = grid(list(args.n or GRID_NS), args.epsilon, args.workload, seed=args.seed)
+        out["grid"] = rows
+        out["grid_summary"] = grid_summary(rows)
+    if args.part in ("speed", "all"):
+        out["speed"] = []
+        for n in args.n or SPEED_NS:
+            t0 = time.perf_counter()
+            optimize(Prefix(n), 1.0, seed=args.seed)
+            out["speed"].append(
+                {"n": n, "workload": "prefix", "wall_time_s": time.perf_counter() - t0}
+            )
+    if args.part in ("aggregate", "all"):
+        out["aggregate"] = aggregate_speed(args.people, args.geographies, seed=args.seed)
+    return out
+
+
 WORKLOADS = ("histogram", "prefix", "all_range", "all_marginals", "3way_marginals", "3way_parity")
-
-
-def parities(d: int, k: int) -> Dense:
-    """All ``k``-way parity queries on ``d`` binary attributes, as 0/1 counting queries.
-
-    Query ``alpha`` (``|alpha| = k``) counts the people whose ``k`` attributes have odd
-    parity: ``(1 - chi_alpha(u)) / 2``. Attribute 0 is the most significant bit of ``u``.
-    """
-    import itertools
-
-    u = np.arange(2**d)
-    bits = (u[None, :] >> np.arange(d - 1, -1, -1)[:, None]) & 1  # d x n
-    rows = [bits[list(c)].sum(axis=0) % 2 for c in itertools.combinations(range(d), k)]
-    return Dense(np.array(rows, dtype=float))
 
 
 def workload(name: str, n: int) -> LinearQuery:
@@ -181,37 +210,3 @@ def aggregate_speed(people: int, geographies: int, n: int = 64, seed: int = 0) -
         "aggregate_s": wall,
         "counted": int(est.counts.sum()),
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point (``python -m dpdask.ldp.bench``)."""
-    ap = argparse.ArgumentParser(prog="dpdask bench ldp")
-    ap.add_argument("--part", choices=["grid", "speed", "aggregate", "all"], default="all")
-    ap.add_argument("--n", type=int, nargs="+", default=[64, 256, 1024])
-    ap.add_argument("--epsilon", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
-    ap.add_argument("--workload", nargs="+", default=list(WORKLOADS))
-    ap.add_argument("--people", type=int, default=100_000_000)
-    ap.add_argument("--geographies", type=int, default=3000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    out: dict[str, Any] = {}
-    if args.part in ("grid", "all"):
-        out["grid"] = grid(args.n, args.epsilon, args.workload, seed=args.seed)
-        out["grid_summary"] = grid_summary(out["grid"])
-    if args.part in ("speed", "all"):
-        out["speed"] = []
-        for n in (256, 1024):
-            t0 = time.perf_counter()
-            optimize(Prefix(n), 1.0, seed=args.seed)
-            out["speed"].append(
-                {"n": n, "workload": "prefix", "wall_time_s": time.perf_counter() - t0}
-            )
-    if args.part in ("aggregate", "all"):
-        out["aggregate"] = aggregate_speed(args.people, args.geographies, seed=args.seed)
-    print(json.dumps(out, indent=None if args.json else 2))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

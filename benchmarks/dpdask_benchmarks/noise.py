@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.bench._common import median_time
 from dpdask.noise import KeyedRNG, MeasurementId, new_key
+from dpdask_benchmarks._common import median_time
 
 __all__ = ["add_arguments", "run"]
 

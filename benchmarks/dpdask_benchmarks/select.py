@@ -65,10 +65,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from dpdask.bench._common import median_time
 from dpdask.domain import Domain
 from dpdask.linalg import AllRange, Prefix
 from dpdask.privacy import PureDP, zCDP
+from dpdask_benchmarks._common import median_time
 
 CASES = ("opt0", "ratios", "gaussian", "small", "sf1", "sf1-reference", "marginals", "residual")
 BASELINE_MAX_N = 4096  # baselines and SVD bound need an n x n eigendecomposition

@@ -15,21 +15,6 @@ The helpers the benchmarks share are public here: :func:`median_time`,
 
 from __future__ import annotations
 
-from dpdask.bench._common import PeakRSS, format_report, median_time
+from dpdask_benchmarks._common import PeakRSS, median_time
 
-__all__ = ["BENCHES", "PeakRSS", "format_report", "median_time"]
-
-BENCHES: dict[str, str] = {
-    "linalg": "dpdask.bench.linalg",
-    "datasets": "dpdask.bench.datasets",
-    "noise": "dpdask.bench.noise",
-    "release": "dpdask.bench.release",
-    "select": "dpdask.bench.select",
-    "fitness": "dpdask.bench.fitness",
-    "reconstruct": "dpdask.bench.reconstruct",
-    "sums": "dpdask.bench.sums",
-    "ldp": "dpdask.bench.ldp",
-    "topdown": "dpdask.bench.topdown",
-    "fits": "dpdask.bench.fits",
-    "census": "dpdask.bench.census",
-}
+__all__ = ["PeakRSS", "median_time"]

@@ -21,9 +21,9 @@ import tempfile
 import time
 from typing import Any
 
-from dpdask.bench._common import PeakRSS
 from dpdask.census import cph_domain
 from dpdask.datasets import synthetic_block, synthetic_persons
+from dpdask_benchmarks._common import PeakRSS
 
 __all__ = ["add_arguments", "run"]
 

@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.bench._common import median_time
 from dpdask.domain import Domain
 from dpdask.linalg import Dense, Identity, LinearQuery, Ones, Prefix, VStack
+from dpdask_benchmarks._common import median_time
 
 __all__ = ["add_arguments", "run"]
 

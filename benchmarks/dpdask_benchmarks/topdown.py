@@ -41,7 +41,7 @@ Reported:
 * ``accuracy``: per level, the realised root-mean-square error of the published
   workload ``answers`` against the truth's (``rmse_topdown``, ``rmse_bottomup_nnls``,
   ``rmse_ls``) and ``topdown_over_nnls``. The truth is computed after each release
-  chunk by chunk (:func:`dpdask.bench._topdown_data.level_errors`), never a whole
+  chunk by chunk (:func:`dpdask_benchmarks._topdown_data.level_errors`), never a whole
   level at once, and only the sums of squares are kept.
 """
 
@@ -55,7 +55,7 @@ import tempfile
 import time
 from typing import Any
 
-from dpdask.bench._topdown_data import (
+from dpdask_benchmarks._topdown_data import (
     hierarchy,
     level_errors,
     parse_fanout,
@@ -195,10 +195,10 @@ def _release(
     """One release on a fresh cluster, then its errors; the output is removed."""
     from distributed import get_task_stream
 
-    from dpdask.bench.release import _cluster, _WorkerPeaks, task_seconds
     from dpdask.noise import SecretKey
     from dpdask.publish import remove_work, work_dir
     from dpdask.release import release
+    from dpdask_benchmarks.release import _cluster, _WorkerPeaks, task_seconds
 
     out = pathlib.Path(store.path).parent / f"out-{method}.zarr"
     run_id = f"bench-{args.seed}"  # one run id: every estimator sees the same noise
@@ -235,7 +235,7 @@ def _release(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dpdask.bench.release import _cluster
+    from dpdask_benchmarks.release import _cluster
 
     domain, geo, specs, shares = _setup(args)
     methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
