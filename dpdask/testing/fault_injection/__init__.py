@@ -52,7 +52,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from dpdask.testing.fault_injection._draw import FAULT_KINDS, calibrate, draw_fault
+from dpdask.testing.fault_injection._draw import FAULT_KINDS, draw_fault, timing_run
 from dpdask.testing.fault_injection._files import (
     TRIAL_CLUSTER,
     compare_releases,
@@ -136,7 +136,7 @@ def run_trials(
     rng = random.Random(seed)
     # the spec resolved once (period, estimator, input path), then rewritten per trial
     spec_file = trial_spec(source, root / "spec", reconstruct=reconstruct, period=period)
-    window = calibrate(spec_file, root / "calibration")
+    window = timing_run(spec_file, root / "calibration")
     kinds = [FAULT_KINDS[i % len(FAULT_KINDS)] for i in range(trials)]
     rng.shuffle(kinds)
     details: list[dict[str, Any]] = []

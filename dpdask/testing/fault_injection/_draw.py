@@ -11,13 +11,13 @@ from typing import Any
 from dpdask.testing.fault_injection._files import trial_spec
 from dpdask.testing.fault_injection._watch import KillPlan, watched_run
 
-__all__ = ["FAULT_KINDS", "calibrate", "draw_fault"]
+__all__ = ["FAULT_KINDS", "draw_fault", "timing_run"]
 
 
 FAULT_KINDS = ("worker", "client", "both")
 
 
-def calibrate(spec_path: pathlib.Path, folder: pathlib.Path) -> dict:
+def timing_run(spec_path: pathlib.Path, folder: pathlib.Path) -> dict:
     """One uninterrupted run, to see when workers, the key, the markers and the end come."""
     from dpdask.pipeline.spec import load_spec
     from dpdask.publish import work_dir
