@@ -44,13 +44,7 @@ from typing import Any
 from dpdask import config
 from dpdask.errors import ArgumentError, ArgumentTypeError, ClusterUnreachableError
 
-__all__ = [
-    "ClusterChoice",
-    "ClusterUnreachableError",
-    "choose_cluster",
-    "connect",
-    "security_from",
-]
+__all__ = ["ClusterChoice", "ClusterUnreachableError", "choose_cluster", "connect", "security_from"]
 
 log = logging.getLogger("dpdask")
 
@@ -239,8 +233,7 @@ def choose_cluster(
         without TLS settings, TLS settings without a ``tls://`` address, or a
         malformed ``cluster`` (a ``ValueError``).
     dpdask.errors.ArgumentTypeError
-        If ``cluster`` is neither an address nor a mapping, or ``insecure`` not a bool
-        (a ``TypeError``).
+        If ``cluster`` is neither an address nor a mapping, or ``insecure`` not a bool.
     """
     import dask.config
 
