@@ -14,7 +14,7 @@ __all__ = ["BENCH_GROUP", "benches", "cmd_audit", "cmd_bench", "cmd_faults", "fo
 
 #: The entry-point group benchmarks register under (the ``dpdask-benchmarks``
 #: distribution in ``benchmarks/`` registers every ``dpdask bench NAME``).
-BENCH_GROUP = "dpdask.bench"
+BENCH_GROUP = "dpdask.benchmarks"
 
 
 def benches() -> dict[str, Any]:

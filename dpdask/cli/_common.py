@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["QUIET", "log", "print_result", "spec_parser"]
 
@@ -26,7 +28,9 @@ def spec_parser(verb: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def print_result(result: dict, as_json: bool, render) -> None:
+def print_result(
+    result: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]
+) -> None:
     """Print ``result`` as one JSON object (with ``"ok": true`` unless it says otherwise)
     or as ``render`` writes it."""
     if as_json:

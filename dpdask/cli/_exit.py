@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from dpdask.errors import (
     BudgetExceededError,
@@ -96,7 +97,7 @@ def exit_code(exc: BaseException) -> int:
     return EXIT_CODES[kind_of(exc)][0]
 
 
-def refusal(exc: BaseException, message: str) -> dict:
+def refusal(exc: BaseException, message: str) -> dict[str, Any]:
     """The object ``--json`` prints when a command ends with ``exc``."""
     kind = kind_of(exc)
     return {

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dpdask.cli._common import print_result
 from dpdask.cli._ledger_admin import add_admin_verbs, run_admin_verb
+from dpdask.errors import ArgumentError
 
 if TYPE_CHECKING:
     from dpdask.privacy import Head, Ledger
@@ -128,7 +129,7 @@ def _given_heads(
         attrs = release_attributes(out)
         recorded = (attrs or {}).get("ledger") or {}
         if not recorded.get("head"):
-            raise ValueError(f"{out} is not a dpdask release that records a ledger head")
+            raise ArgumentError(f"{out} is not a dpdask release that records a ledger head")
         if recorded.get("id") != ledger.ledger_id:
             raise LedgerTamperedError(
                 f"{out} was charged to another ledger (id {recorded.get('id')}), not "
@@ -162,7 +163,8 @@ def _check_vouched(ledger: Ledger, releases: Sequence[str], heads: Sequence[obje
             "give each with --release, so that the chain is checked against them; it is not "
             "re-anchored"
         )
-    if not heads and not ledger.head_file.exists():
+    head_file = ledger.head_file  # a file ledger's: a server's returned before
+    if not heads and (head_file is None or not head_file.exists()):
         raise LedgerTamperedError(
             f"nothing vouches for {ledger.path}: without its head file a ledger rolled back "
             "to an earlier state looks intact. Give every release published from it with "
@@ -170,8 +172,8 @@ def _check_vouched(ledger: Ledger, releases: Sequence[str], heads: Sequence[obje
         )
 
 
-def _ledger_table(report: dict) -> str:
-    def show(b: dict) -> str:
+def _ledger_table(report: dict[str, Any]) -> str:
+    def show(b: dict[str, Any]) -> str:
         return ", ".join(f"{k}={v}" for k, v in b.items() if k != "type")
 
     lines = [f"ledger {report['ledger']}", f"head {report['head']}", ""]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from dpdask.errors import ArgumentError
+
 if TYPE_CHECKING:
     from dpdask.privacy import Budget
 
@@ -46,7 +48,7 @@ def run_admin_verb(args: argparse.Namespace) -> int | None:
         from dpdask.privacy import ApproxDP, PureDP, as_fraction, zCDP
 
         if args.delta is not None and args.epsilon is None:
-            raise ValueError("dpdask ledger dataset: --delta goes with --epsilon")
+            raise ArgumentError("dpdask ledger dataset: --delta goes with --epsilon")
         if args.zcdp is not None:
             total: Budget = zCDP(args.zcdp)
         elif args.delta is None or as_fraction(args.delta, "--delta") == 0:

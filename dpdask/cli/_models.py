@@ -92,7 +92,8 @@ def _local_plan(args: argparse.Namespace) -> Result:
     from dpdask.ldp.spec import plan_spec
 
     plan = plan_spec(args.spec, overwrite=args.overwrite)  # writes the devices' strategy file
-    return plan.summary(as_dict=True), lambda r: plan.summary()
+    summary: Any = plan.summary(as_dict=True)  # a dict (its type says str | dict)
+    return summary, lambda r: str(plan.summary())
 
 
 # -- sums -------------------------------------------------------------------------------------

@@ -12,11 +12,14 @@ import argparse
 import os
 import pathlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpdask.cli._common import QUIET, log, print_result, spec_parser
 from dpdask.cli._models import LOCAL, SUMS, Model, Result, lines
 from dpdask.errors import SpecError
+
+if TYPE_CHECKING:
+    from dpdask.strategy import Plan
 
 __all__ = ["MODELS", "cmd_plan", "cmd_run", "cmd_validate", "model_of"]
 
@@ -120,7 +123,8 @@ def cmd_plan(argv: Sequence[str]) -> int:
     plan = _plan_workload(args, parser)
     if args.save:
         _save_plan(plan, args.save, args.overwrite)
-    print_result(plan.summary(as_dict=True), args.json, lambda r: plan.summary())
+    summary: Any = plan.summary(as_dict=True)  # a dict (its type says str | dict)
+    print_result(summary, args.json, lambda r: str(plan.summary()))
     return 0
 
 
@@ -164,9 +168,9 @@ def _is_plan_file(path: pathlib.Path) -> bool:
 
 def _save_plan(
     plan: Any,
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     overwrite: bool,
-    protected: Iterable[tuple[str, str | os.PathLike | None]] = (),
+    protected: Iterable[tuple[str, str | os.PathLike[str] | None]] = (),
 ) -> None:
     """``--save``: through the one output check (never an input, the ledger, the spec
     or a link; an existing file only with ``--overwrite`` and only a plan dpdask saved),
@@ -228,7 +232,7 @@ def _dispatch(verb: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_workload(args: argparse.Namespace, parser: argparse.ArgumentParser):
+def _plan_workload(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Plan:
     """``dpdask plan --workload NAME``: the plan of a named workload (no spec, no data)."""
     from dpdask.domain import Domain
     from dpdask.pipeline.spec import SpecError, parse_domain
@@ -270,7 +274,7 @@ def _plan_workload(args: argparse.Namespace, parser: argparse.ArgumentParser):
                   seed=args.seed)  # fmt: skip
 
 
-def _levels_table(report: dict) -> str:
+def _levels_table(report: dict[str, Any]) -> str:
     lines = [f"{'level':<14}{'budget':>22}{'noise':>12}{'rmse/query':>14}{'max sd':>10}"]
     for lv in report["levels"]:
         budget = ", ".join(f"{k}={v}" for k, v in lv["budget"].items() if k != "type")
@@ -282,7 +286,7 @@ def _levels_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _release_table(summary: dict) -> str:
+def _release_table(summary: dict[str, Any]) -> str:
     lines = [
         f"published {summary['release']} (run {summary['run_id']}) to {summary['output']}",
         f"ledger: {summary['ledger']}",

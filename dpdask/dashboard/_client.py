@@ -123,7 +123,9 @@ def _tables(plan: Any, domain: Any) -> list[dict[str, Any]]:
     return out
 
 
-def shown_path(path: Any, base: Any = None) -> str | None:
+def shown_path(
+    path: str | os.PathLike[str] | None, base: str | os.PathLike[str] | None = None
+) -> str | None:
     """A path as the dashboard shows it: relative to ``base`` (the spec's folder), or
     its last part without one; never absolute (the page may be seen by others)."""
     if path is None:

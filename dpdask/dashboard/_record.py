@@ -187,7 +187,7 @@ class ReleaseRecord:
         name = _key_name(key)
         if name is None:
             return set()
-        out = set()
+        out: set[tuple[str, str]] = set()
         for m in self.pattern.finditer(name):
             level = self.by_word[m.group(2)]
             out.update((level, stage) for stage in _STAGE_OF[m.group(1)])

@@ -28,6 +28,7 @@ from dpdask.store import (
 
 __all__ = [
     "check_input",
+    "data_path",
     "dataset_id",
     "load_data",
     "source_print",
@@ -56,6 +57,13 @@ def source_print(spec: ReleaseSpec) -> SourcePrint:
     return fingerprint_path(spec.data.path)
 
 
+def data_path(spec: ReleaseSpec) -> pathlib.Path:
+    """The spec's ``data.path``, which every format but ``synthetic`` requires."""
+    if spec.data.path is None:
+        raise SpecError(f"data.path: required for format {spec.data.format!r}")
+    return spec.data.path
+
+
 def check_input(spec: ReleaseSpec) -> None:
     """Refuse a spec whose input is missing, before a cluster starts or a ledger opens."""
     if spec.data.format != "synthetic" and (spec.data.path is None or not spec.data.path.exists()):
@@ -79,20 +87,20 @@ def load_data(
     fmt = spec.data.format
     layout = str(spec.data.options.get("layout", "auto"))
     if fmt == "store":
-        store = open_store(spec.data.path)
+        store = open_store(data_path(spec))
     else:
         source = source or source_print(spec)
         cached = private_dir(work) / source.cache_name
         if cached.exists():
             store = open_store(cached)
         elif fmt == "pl94":
-            counts, domain, geo = read_pl94(spec.data.path)
+            counts, domain, geo = read_pl94(data_path(spec))
             store = write_store(
                 cached, counts, domain, geo, source=f"P.L. 94-171 {spec.data.path}",
                 layout=layout,
             )  # fmt: skip
         elif fmt == "ri2010":
-            counts, domain, geo = read_ri2010(spec.data.path)
+            counts, domain, geo = read_ri2010(data_path(spec))
             origin = f"RI 2010 blocks (ALARM Project, CC BY-SA 4.0) {spec.data.path}"
             store = write_store(cached, counts, domain, geo, source=origin, layout=layout)
         elif fmt == "synthetic":

@@ -42,7 +42,9 @@ def _levels(value: Any) -> dict[str, int] | None:
     return {str(k): v for k, v in value.items()}
 
 
-def records_options(d: Mapping[str, Any], base: pathlib.Path, skip: tuple[str, ...]) -> dict:
+def records_options(
+    d: Mapping[str, Any], base: pathlib.Path, skip: tuple[str, ...]
+) -> dict[str, Any]:
     """The :func:`~dpdask.store.ingest_records` options of a records spec's ``data``
     (its keys already checked), with the universe read and checked.
 

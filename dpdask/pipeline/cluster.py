@@ -42,15 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpdask import config
-from dpdask.errors import ClusterUnreachableError
+from dpdask.errors import ArgumentError, ArgumentTypeError, ClusterUnreachableError
 
-__all__ = [
-    "ClusterChoice",
-    "ClusterUnreachableError",
-    "choose_cluster",
-    "connect",
-    "security_from",
-]
+__all__ = ["ClusterChoice", "ClusterUnreachableError", "choose_cluster", "connect", "security_from"]
 
 log = logging.getLogger("dpdask")
 
@@ -76,10 +70,10 @@ _INSECURE = (
 )
 
 
-def _split_address(address: str) -> tuple[str, str]:
+def _split_address(address: str | None) -> tuple[str, str]:
     """``(scheme, host)`` of a scheduler address (a bare ``host:port`` is TCP)."""
     if not isinstance(address, str) or not address.strip():
-        raise ValueError(f"a scheduler address is a non-empty string, got {address!r}")
+        raise ArgumentError(f"a scheduler address is a non-empty string, got {address!r}")
     address = address.strip()
     scheme, sep, rest = address.partition("://")
     if not sep:
@@ -118,28 +112,28 @@ def security_from(tls: Any) -> Any:
 
     Raises
     ------
-    ValueError
-        If a field is missing, unknown or not a non-empty string.
+    dpdask.errors.ArgumentError
+        If a field is missing, unknown or not a non-empty string (a ``ValueError``).
     """
     from distributed import Security
 
     if isinstance(tls, Security):
         return tls
     if not isinstance(tls, Mapping):
-        raise ValueError(f"cluster.tls is a mapping {{ca_file, cert, key}}, got {tls!r}")
+        raise ArgumentError(f"cluster.tls is a mapping {{ca_file, cert, key}}, got {tls!r}")
     fields = ("ca_file", "cert", "key")
     unknown = sorted(set(tls) - set(fields))
     missing = [f for f in fields if not tls.get(f)]
     if unknown or missing:
-        raise ValueError(
+        raise ArgumentError(
             f"cluster.tls needs exactly {list(fields)}"
             + (f"; missing {missing}" if missing else "")
             + (f"; unknown {unknown}" if unknown else "")
         )
     for f in fields:
         if not isinstance(tls[f], str):
-            raise ValueError(f"cluster.tls.{f} is a path, got {tls[f]!r}")
-    return Security(
+            raise ArgumentError(f"cluster.tls.{f} is a path, got {tls[f]!r}")
+    return Security(  # type: ignore[no-untyped-call]
         tls_ca_file=tls["ca_file"],
         tls_client_cert=tls["cert"],
         tls_client_key=tls["key"],
@@ -147,26 +141,26 @@ def security_from(tls: Any) -> Any:
     )
 
 
-def _check_transport(address: str, insecure: bool, security: Any, source: str) -> None:
+def _check_transport(address: str | None, insecure: bool, security: Any, source: str) -> None:
     """Refuse, before connecting, an address that would carry keys unencrypted."""
     scheme, host = _split_address(address)
     where = "" if source == FROM_SPEC else f" (from {source})"
     if scheme in _ENCRYPTED:
         if security is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"{address}{where} is a TLS address but no TLS settings were given; set "
                 "cluster.tls {ca_file, cert, key}, pass a distributed.Security, or set Dask's "
                 "distributed.comm.tls.{ca-file, client.cert, client.key}"
             )
         return
     if scheme not in _PLAIN:
-        raise ValueError(f"unknown scheduler protocol {scheme!r} in {address!r}{where}")
+        raise ArgumentError(f"unknown scheduler protocol {scheme!r} in {address!r}{where}")
     if security is not None:
-        raise ValueError(
+        raise ArgumentError(
             f"TLS settings were given but {address}{where} is not a tls:// address; use tls://"
         )
     if scheme != "inproc" and not insecure and not _is_loopback(host):
-        raise ValueError(f"refusing {address}{where}: {_INSECURE}")
+        raise ArgumentError(f"refusing {address}{where}: {_INSECURE}")
 
 
 def _config_security() -> Any:
@@ -176,7 +170,7 @@ def _config_security() -> Any:
     and client certificate."""
     from distributed import Security
 
-    sec = Security(require_encryption=True)
+    sec: Any = Security(require_encryption=True)  # type: ignore[no-untyped-call]
     return sec if sec.tls_ca_file and sec.tls_client_cert else None
 
 
@@ -212,7 +206,7 @@ class ClusterChoice:
 
 def _address_from(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{where}: a scheduler address is a non-empty string, got {value!r}")
+        raise ArgumentError(f"{where}: a scheduler address is a non-empty string, got {value!r}")
     return value.strip()
 
 
@@ -234,17 +228,17 @@ def choose_cluster(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ArgumentError
         For a remote plain-TCP address without ``insecure``, a ``tls://`` address
         without TLS settings, TLS settings without a ``tls://`` address, or a
-        malformed ``cluster``.
-    TypeError
+        malformed ``cluster`` (a ``ValueError``).
+    dpdask.errors.ArgumentTypeError
         If ``cluster`` is neither an address nor a mapping, or ``insecure`` not a bool.
     """
     import dask.config
 
     if not isinstance(insecure, bool):
-        raise TypeError(f"insecure must be a bool, got {insecure!r}")
+        raise ArgumentTypeError(f"insecure must be a bool, got {insecure!r}")
     spec_address: str | None = None
     options: dict[str, Any] = {}
     slurm: Mapping[str, Any] | None = None
@@ -252,32 +246,36 @@ def choose_cluster(
         spec_address = _address_from(cluster, "cluster")
     elif cluster is not None:
         if not isinstance(cluster, Mapping):
-            raise TypeError(f"cluster is an address or a mapping, got {type(cluster).__name__}")
+            raise ArgumentTypeError(
+                f"cluster is an address or a mapping, got {type(cluster).__name__}"
+            )
         options = dict(cluster)
         if "address" in options:
             spec_address = _address_from(options.pop("address"), "cluster.address")
         spec_insecure = options.pop("insecure", False)
         if not isinstance(spec_insecure, bool):
-            raise TypeError(f"cluster.insecure must be true or false, got {spec_insecure!r}")
+            raise ArgumentTypeError(
+                f"cluster.insecure must be true or false, got {spec_insecure!r}"
+            )
         insecure = insecure or spec_insecure
         tls = options.pop("tls", None)
         if tls is not None:
             if security is not None:
-                raise ValueError("TLS settings given twice (cluster.tls and security=)")
+                raise ArgumentError("TLS settings given twice (cluster.tls and security=)")
             security = tls
         if "slurm" in options:
             slurm = options.pop("slurm")
             if not isinstance(slurm, Mapping):
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"cluster.slurm is a mapping of SLURMCluster options, got {slurm!r}"
                 )
             if spec_address is not None or options:
-                raise ValueError(
+                raise ArgumentError(
                     "cluster.slurm goes with cluster.insecure only, not "
                     f"{sorted(['address'] * (spec_address is not None) + list(options))}"
                 )
         if spec_address is not None and options:
-            raise ValueError(
+            raise ArgumentError(
                 f"a scheduler address goes with insecure and tls only, not {sorted(options)}"
             )
     if security is not None:
@@ -291,7 +289,7 @@ def choose_cluster(
         choice = ClusterChoice("address", FROM_SPEC, spec_address, {}, insecure, security)
     elif slurm is not None:
         if security is not None:
-            raise ValueError(
+            raise ArgumentError(
                 "cluster.slurm: the scheduler runs in this process and encrypts with a "
                 "temporary certificate of its own; cluster.tls does not apply"
             )
@@ -313,7 +311,7 @@ def choose_cluster(
             choice = dataclasses.replace(choice, security=_config_security())
         _check_transport(choice.address, choice.insecure, choice.security, choice.source)
     elif choice.security is not None:
-        raise ValueError(
+        raise ArgumentError(
             "TLS settings (cluster.tls) go with a tls:// scheduler address (cluster.address, "
             f"--scheduler, {ENV_VAR} or dask config {CONFIG_KEY}); a local cluster's "
             "workers run on this machine"
@@ -383,10 +381,10 @@ def connect(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ArgumentError
         Before connecting, for a remote plain-TCP address without ``insecure``, a
         ``tls://`` address without TLS settings, or ``cluster.slurm`` without
-        dask-jobqueue installed.
+        dask-jobqueue installed (a ``ValueError``).
     ClusterUnreachableError
         If the scheduler does not answer within ``dpdask.cluster.connect-timeout``.
     """
@@ -396,7 +394,7 @@ def connect(
     choice = choose_cluster(cluster, scheduler=scheduler, insecure=insecure, security=security)
     log.info("cluster: %s", choice.describe())
     if dashboard_address is not None and choice.kind == "address":
-        raise ValueError(
+        raise ArgumentError(
             f"--dashboard-address: dpdask does not start the scheduler at {choice.address} "
             "(its dashboard listens where it was started)"
         )
@@ -405,7 +403,7 @@ def connect(
         kwargs = {} if choice.security is None else {"security": choice.security}
         timeout = config.get("cluster.connect-timeout")
         try:
-            client = Client(address, timeout=timeout, **kwargs)
+            client = Client(address, timeout=timeout, **kwargs)  # type: ignore[no-untyped-call]
         except (OSError, TimeoutError) as exc:
             where = "" if choice.source == FROM_SPEC else f" (from {choice.source})"
             raise ClusterUnreachableError(
@@ -431,8 +429,8 @@ def connect(
         settings["distributed.dashboard.link"] = f"{{scheme}}://{host}:{{port}}/status"
     with (
         dask.config.set(settings),
-        LocalCluster(**options) as lc,
-        Client(lc) as client,
+        LocalCluster(**options) as lc,  # type: ignore[no-untyped-call]
+        Client(lc) as client,  # type: ignore[no-untyped-call]
     ):
         yield client
 
@@ -453,7 +451,7 @@ def _slurm(
     try:
         from dask_jobqueue import SLURMCluster
     except ImportError:
-        raise ValueError(
+        raise ArgumentError(
             "cluster.slurm needs dask-jobqueue, which is not installed "
             "(pip install dask-jobqueue); or start `dask scheduler` and `dask worker` "
             "with srun and give the address (deploy/slurm-dpdask.sh)"
@@ -463,7 +461,7 @@ def _slurm(
     opts = dict(options)
     for k in ("security", "protocol"):
         if k in opts:
-            raise ValueError(
+            raise ArgumentError(
                 f"cluster.slurm.{k}: dpdask sets it (TLS unless cluster.insecure: true)"
             )
     import dask.config
@@ -479,14 +477,14 @@ def _slurm(
     opts["scheduler_options"] = scheduler_options
     jobs = opts.pop("jobs", None)
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise ValueError(f"cluster.slurm.jobs: expected a positive integer, got {jobs!r}")
+        raise ArgumentError(f"cluster.slurm.jobs: expected a positive integer, got {jobs!r}")
     if jobs is None and not opts.get("n_workers"):
         jobs = 1
     if not insecure:
         try:
-            security = Security.temporary()
+            security = Security.temporary()  # type: ignore[no-untyped-call]
         except ImportError:
-            raise ValueError(
+            raise ArgumentError(
                 "cluster.slurm: the TLS between the scheduler and its SLURM jobs uses a "
                 "temporary certificate, which needs the cryptography package (pip install "
                 "cryptography); on a network you trust, set cluster.insecure: true"
@@ -496,5 +494,5 @@ def _slurm(
     with SLURMCluster(**opts) as cluster:
         if jobs is not None:
             cluster.scale(jobs=jobs)
-        with Client(cluster) as client:
+        with Client(cluster) as client:  # type: ignore[no-untyped-call]
             yield client

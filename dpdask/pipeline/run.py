@@ -17,6 +17,7 @@ from typing import Any
 from dpdask.pipeline import _marginal_run as marginal
 from dpdask.pipeline._data import (
     check_input,
+    data_path,
     dataset_id,
     load_data,
     source_print,
@@ -56,7 +57,15 @@ from dpdask.workloads.named import build_workload
 
 log = logging.getLogger("dpdask")
 
-__all__ = ["build_workload", "check_input", "load_data", "plan_spec", "run_spec", "validate_spec"]
+__all__ = [
+    "build_workload",
+    "check_input",
+    "dataset_id",
+    "load_data",
+    "plan_spec",
+    "run_spec",
+    "validate_spec",
+]
 
 
 # -- the three verbs ------------------------------------------------------------------------
@@ -239,7 +248,7 @@ def _check_data(spec: ReleaseSpec, checked: _Checked) -> dict[str, int]:
         n = int(spec.data.options.get("geographies", 50))
         geo = synthetic_geography(n, int(spec.data.options.get("states", max(1, round(n / 60)))))
     elif fmt == "pl94":
-        _counts, domain, geo = read_pl94(spec.data.path)
+        _counts, domain, geo = read_pl94(data_path(spec))
         if domain != spec.domain:
             raise SpecError(f"domain: the spec says {spec.domain} but the data has {domain}")
     elif fmt == "store":

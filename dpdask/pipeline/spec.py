@@ -100,7 +100,15 @@ from dpdask.privacy import Budget, is_server_url, split_levels
 from dpdask.specs import ID_RULE as _ID  # the one id rule of every kind of spec
 from dpdask.specs import read_spec
 
-__all__ = ["DataSpec", "ReleaseSpec", "SpecError", "load_spec", "parse_domain", "parse_spec"]
+__all__ = [
+    "PRIVACY_KEYS",
+    "DataSpec",
+    "ReleaseSpec",
+    "SpecError",
+    "load_spec",
+    "parse_domain",
+    "parse_spec",
+]
 
 
 DATA_FORMATS = ("pl94", "ri2010", "store", "records", "synthetic")
@@ -348,7 +356,7 @@ def _with_period(release: str, output: Any, period: str | None) -> tuple[str, An
 
 
 def parse_spec(
-    raw: Mapping[str, Any], base: str | os.PathLike = ".", period: str | None = None
+    raw: Mapping[str, Any], base: str | os.PathLike[str] = ".", period: str | None = None
 ) -> ReleaseSpec:
     """Validate a spec given as a mapping; relative paths resolve against ``base``.
 
@@ -408,7 +416,7 @@ def parse_spec(
     )  # fmt: skip
 
 
-def load_spec(path: str | os.PathLike, period: str | None = None) -> ReleaseSpec:
+def load_spec(path: str | os.PathLike[str], period: str | None = None) -> ReleaseSpec:
     """Read and validate a YAML release spec (for a scheduled one, of ``period``).
 
     Raises

@@ -43,11 +43,12 @@ import itertools
 import json
 import os
 import pathlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, DomainError, StoreExistsError
 from dpdask.publish._labels import QUERY_DIM
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,15 +86,15 @@ _ROWS_PER_BATCH = 1_000_000  # rows of the long table built in memory at once
 _OLD_QUERY = "query"  # the workload's label array in releases written before
 
 
-def check_release(path: str | os.PathLike) -> pathlib.Path:
+def check_release(path: str | os.PathLike[str]) -> pathlib.Path:
     """``path`` as a path, if a dpdask release is there.
 
     Raises
     ------
     FileNotFoundError
         If nothing is at ``path``.
-    ValueError
-        If ``path`` is not a dpdask release.
+    dpdask.errors.ArgumentError
+        If ``path`` is not a dpdask release (a ``ValueError``).
     """
     from dpdask.publish._safety import release_attributes
 
@@ -101,11 +102,11 @@ def check_release(path: str | os.PathLike) -> pathlib.Path:
     if not path.exists():
         raise FileNotFoundError(f"no release at {path}")
     if release_attributes(path) is None:
-        raise ValueError(f"{path} is not a dpdask release (no dpdask release attributes)")
+        raise ArgumentError(f"{path} is not a dpdask release (no dpdask release attributes)")
     return path
 
 
-def provenance(path: str | os.PathLike, level: str | None = None) -> dict[str, Any]:
+def provenance(path: str | os.PathLike[str], level: str | None = None) -> dict[str, Any]:
     """Where an export's numbers come from: the release's record, for file metadata.
 
     Parameters
@@ -162,13 +163,13 @@ def _select(
     if wanted is None:
         return [np.arange(a.size) for a in available]
     picks: list[list[int]] = [[] for _ in available]
-    where = {}
+    where: dict[str, tuple[int, int]] = {}
     for k, a in enumerate(available):
         for i, lab in enumerate(a.tolist()):
             where.setdefault(lab, (k, i))
     missing = [w for w in wanted if w not in where]
     if missing:
-        raise ValueError(f"unknown {what}(s) {missing[:5]}")
+        raise ArgumentError(f"unknown {what}(s) {missing[:5]}")
     for w in dict.fromkeys(wanted):
         k, i = where[w]
         picks[k].append(i)
@@ -199,7 +200,7 @@ def query_spaces(g: Any) -> list[tuple[str, str, str, str, str]]:
 
 
 def _batches(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     level: str,
     queries: Sequence[str] | None,
     geographies: Sequence[str] | None,
@@ -213,8 +214,8 @@ def _batches(
     root = zarr.open_group(str(path), mode="r")
     levels = level_order(dict(root.attrs), [name for name, _ in root.groups()])
     if level not in levels:
-        raise ValueError(f"the release has no level {level!r}; its levels are {levels}")
-    g = root[level]
+        raise DomainError(f"the release has no level {level!r}; its levels are {levels}")
+    g: Any = root[level]  # a zarr.Group
     ids = _labels(g, "ids")
     parent = _labels(g, "parent_id") if "parent_id" in g else None
     spaces = [s[:4] for s in query_spaces(g)]
@@ -256,13 +257,13 @@ def _batches(
             yield df.sort_values("geography", kind="stable", key=_order(ids[u]))
 
 
-def _order(ids: np.ndarray):
+def _order(ids: np.ndarray) -> Callable[[pd.Series], pd.Series]:
     rank = {v: i for i, v in enumerate(ids.tolist())}
     return lambda s: s.map(rank)
 
 
 def release_table(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     level: str,
     *,
     queries: Sequence[str] | None = None,
@@ -291,9 +292,9 @@ def release_table(
 
     Raises
     ------
-    ValueError
-        If the level, a query label or a geography id is unknown, or ``path`` is not a
-        dpdask release.
+    dpdask.errors.ArgumentError
+        If the level (:class:`~dpdask.errors.DomainError`), a query label or a
+        geography id is unknown, or ``path`` is not a dpdask release (a ``ValueError``).
     """
     import pandas as pd
 
@@ -303,7 +304,7 @@ def release_table(
     return pd.concat(frames, ignore_index=True)[list(COLUMNS)]
 
 
-def sidecar_path(out: str | os.PathLike) -> pathlib.Path:
+def sidecar_path(out: str | os.PathLike[str]) -> pathlib.Path:
     """The CSV export's metadata file: ``OUT.csv`` -> ``OUT.csv-metadata.json``."""
     out = pathlib.Path(out)
     return out.with_name(f"{out.name}-metadata.json")
@@ -354,9 +355,9 @@ def _sidecar(out: pathlib.Path, prov: dict[str, Any], ids: str, rows: int) -> di
 
 
 def export_release(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     level: str,
-    out: str | os.PathLike,
+    out: str | os.PathLike[str],
     format: str = "parquet",
     *,
     queries: Sequence[str] | None = None,
@@ -393,22 +394,21 @@ def export_release(
 
     Raises
     ------
-    ValueError
-        For an unknown format, id style, level, query or geography (nothing is written).
+    dpdask.errors.ArgumentError
+        For an unknown format, id style, level (:class:`~dpdask.errors.DomainError`),
+        query or geography (a ``ValueError``; nothing is written).
     dpdask.store.StoreExistsError
         If ``out`` (or its metadata file) exists and ``overwrite`` is false (a
         ``FileExistsError`` and a ``ValueError``).
     """
     import sys
 
-    from dpdask.errors import StoreExistsError
-
     if format not in ("parquet", "csv"):
-        raise ValueError(f"format {format!r} is not one of parquet, csv")
+        raise ArgumentError(f"format {format!r} is not one of parquet, csv")
     if ids not in ("level", "plain"):
-        raise ValueError(f"ids {ids!r} is not one of level, plain")
+        raise ArgumentError(f"ids {ids!r} is not one of level, plain")
     if str(out) == "-" and format != "csv":
-        raise ValueError("only csv can be written to standard output")
+        raise ArgumentError("only csv can be written to standard output")
     prov = provenance(path, level)
     levels = prov["levels"]
     k = levels.index(level) if level in levels else -1
@@ -461,7 +461,7 @@ def _write_csv(tmp: pathlib.Path, frames: Iterator[pd.DataFrame]) -> int:
     return n
 
 
-def _write_parquet(tmp: pathlib.Path, frames: Iterator[pd.DataFrame], prov: dict) -> int:
+def _write_parquet(tmp: pathlib.Path, frames: Iterator[pd.DataFrame], prov: dict[str, Any]) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 

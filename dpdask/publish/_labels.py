@@ -58,6 +58,7 @@ import numpy as np
 
 from dpdask import census
 from dpdask.domain import Domain
+from dpdask.errors import DomainError
 from dpdask.linalg import Kron, LinearQuery, VStack
 from dpdask.workloads.products import indicator, product
 from dpdask.workloads.ri2010 import RACEETH_LABELS
@@ -282,20 +283,20 @@ def pl94_tables(domain: Domain) -> tuple[list[str], list[str], VStack]:
 
     Raises
     ------
-    ValueError
+    DomainError
         If the domain lacks an attribute or an attribute has the wrong size.
     """
     from dpdask.workloads.pl94 import VOTING_AGE
 
     for attr, size in (("hisp", 2), ("race", len(census.race_combinations()))):
         if attr not in domain or domain[attr] != size:
-            raise ValueError(f"the P.L. 94-171 tables need attribute {attr!r} of size {size}")
+            raise DomainError(f"the P.L. 94-171 tables need attribute {attr!r} of size {size}")
     if "votingage" in domain and domain["votingage"] == 2:
         adult = {"votingage": indicator(2, [[1]])}
     elif "age" in domain and domain["age"] > VOTING_AGE:
         adult = {"age": indicator(domain["age"], [range(VOTING_AGE, domain["age"])])}
     else:
-        raise ValueError("the P.L. 94-171 tables need attribute 'votingage' (2) or 'age'")
+        raise DomainError("the P.L. 94-171 tables need attribute 'votingage' (2) or 'age'")
     groups, names = _race_lines()
     race = indicator(domain["race"], groups)
     race_rest = indicator(domain["race"], groups[1:])
@@ -304,7 +305,7 @@ def pl94_tables(domain: Domain) -> tuple[list[str], list[str], VStack]:
     labels: list[str] = []
     descriptions: list[str] = []
 
-    def add(table: str, universe: dict, prefix: str) -> None:
+    def add(table: str, universe: dict[str, Any], prefix: str) -> None:
         rows: list[str] = []
         if table in ("P1", "P3"):
             parts.append(product(domain, {**universe, "race": race}))
@@ -341,7 +342,7 @@ def published_tables(
 
 
 # -- what a release records about its workload and strategy -----------------------------
-def _per_level(records: Sequence[dict], levels: Sequence[str]) -> dict[str, Any]:
+def _per_level(records: Sequence[dict[str, Any]], levels: Sequence[str]) -> dict[str, Any]:
     if all(r == records[0] for r in records):
         return records[0]
     return {"levels": dict(zip(levels, records, strict=True))}

@@ -14,6 +14,7 @@ import logging
 import os
 import pathlib
 from collections.abc import Iterable
+from typing import Any
 
 from dpdask.privacy import Head, Ledger, LedgerMissingError, LedgerTamperedError, is_server_url
 from dpdask.publish._safety import release_attributes
@@ -23,7 +24,7 @@ __all__ = ["check_replaced", "open_ledger", "period_outputs"]
 log = logging.getLogger("dpdask")
 
 
-def period_outputs(output: str | os.PathLike, period: str | None) -> list[pathlib.Path]:
+def period_outputs(output: str | os.PathLike[str], period: str | None) -> list[pathlib.Path]:
     """``output`` and, when it belongs to the period ``period`` of a scheduled spec,
     the outputs of the spec's other periods (``period`` in the path replaced by any
     text); a superset is harmless: every path found is only read."""
@@ -35,7 +36,9 @@ def period_outputs(output: str | os.PathLike, period: str | None) -> list[pathli
     return [out, *sorted(found - {out})]
 
 
-def _charged_elsewhere(outputs: Iterable[pathlib.Path]) -> tuple[pathlib.Path, dict] | None:
+def _charged_elsewhere(
+    outputs: Iterable[pathlib.Path],
+) -> tuple[pathlib.Path, dict[str, Any]] | None:
     """The first output holding a release charged to a ledger, with that record."""
     for out in outputs:
         recorded = (release_attributes(out) or {}).get("ledger")
@@ -45,7 +48,11 @@ def _charged_elsewhere(outputs: Iterable[pathlib.Path]) -> tuple[pathlib.Path, d
 
 
 def open_ledger(
-    path: str | os.PathLike, *, create: bool, outputs: Iterable[pathlib.Path], dry: bool = False
+    path: str | os.PathLike[str],
+    *,
+    create: bool,
+    outputs: Iterable[pathlib.Path],
+    dry: bool = False,
 ) -> Ledger | None:
     """The ledger at ``path`` (verified), created only if ``create`` and no release of
     ``outputs`` was charged to a ledger; says on the ``dpdask`` logger that it did.

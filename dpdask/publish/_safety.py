@@ -57,7 +57,7 @@ ARTEFACT_FORMAT = "dpdask-artefact"
 _WORK_FOLDER = re.compile(r"\A\..+\.run-[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
-def release_attributes(path: str | os.PathLike) -> dict | None:
+def release_attributes(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The ``dpdask`` attributes of the release published at ``path``, or ``None`` if
     ``path`` is not a dpdask release (missing, a file, another store, unreadable)."""
     meta = pathlib.Path(path) / "zarr.json"
@@ -70,7 +70,7 @@ def release_attributes(path: str | os.PathLike) -> dict | None:
     return None
 
 
-def sidecar(path: str | os.PathLike) -> pathlib.Path:
+def sidecar(path: str | os.PathLike[str]) -> pathlib.Path:
     """The sidecar of a published file: ``<name>.dpdask.json`` beside it."""
     p = pathlib.Path(path)
     return p.with_name(p.name + ".dpdask.json")
@@ -84,7 +84,7 @@ def _sha256(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
-def artefact_attributes(path: str | os.PathLike) -> dict | None:
+def artefact_attributes(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The sidecar record of the file dpdask published at ``path``, or ``None`` if there
     is no such file, no sidecar (or a link), or the file's bytes are not those the
     sidecar vouches for."""
@@ -109,9 +109,9 @@ def _overlaps(a: pathlib.Path, b: pathlib.Path) -> bool:
 
 
 def check_output(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     overwrite: bool = False,
-    protected: Iterable[tuple[str, str | os.PathLike | None]] = (),
+    protected: Iterable[tuple[str, str | os.PathLike[str] | None]] = (),
     *,
     artefact: Callable[[pathlib.Path], bool] | None = None,
 ) -> pathlib.Path:
@@ -179,7 +179,7 @@ def check_output(
     return out
 
 
-def check_target(path: str | os.PathLike, overwrite: bool = False) -> pathlib.Path:
+def check_target(path: str | os.PathLike[str], overwrite: bool = False) -> pathlib.Path:
     """Refuse early if ``path`` exists (unless ``overwrite``); return it as a Path.
 
     Raises
@@ -225,7 +225,7 @@ def publish_file(
     overwrite: bool = False,
     record: dict[str, Any] | None = None,
     *,
-    protected: Iterable[tuple[str, str | os.PathLike | None]] = (),
+    protected: Iterable[tuple[str, str | os.PathLike[str] | None]] = (),
     artefact: Callable[[pathlib.Path], bool] | None = None,
 ) -> pathlib.Path:
     """Publish one file atomically: ``write(tmp)`` builds it under a hidden sibling name,
@@ -272,7 +272,7 @@ def publish_file(
 
 
 @contextmanager
-def publishing(path: str | os.PathLike, overwrite: bool = False) -> Iterator[pathlib.Path]:
+def publishing(path: str | os.PathLike[str], overwrite: bool = False) -> Iterator[pathlib.Path]:
     """Yield a temporary directory that becomes ``path`` when the block ends without error.
 
     Parameters

@@ -46,7 +46,7 @@ import itertools
 import os
 import pathlib
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import numpy as np
 
@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "COLUMNS",
     "MOE90_Z",
+    "ReleaseChunks",
     "entry_rows",
     "export_release",
     "level_order",
@@ -77,20 +78,27 @@ __all__ = [
     "shown_name",
 ]
 
+#: how :func:`open_release` may chunk: as :func:`xarray.open_datatree` takes it (one
+#: size, ``"auto"``, or a size per dimension; ``None`` reads lazily without Dask)
+ReleaseChunks: TypeAlias = (
+    int | str | tuple[int, ...] | Mapping[str, int | str | tuple[int, ...] | None] | None
+)
+
 _OLD_QUERY_DIM = "query"  # the workload's dimension in releases written before
 _OLD_LABEL_SUFFIX = "_label"  # their category names' coordinate
 
 
-def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
+def open_release(path: str | os.PathLike[str], *, chunks: ReleaseChunks = None) -> xr.DataTree:
     """Open a published release as an :class:`xarray.DataTree`, one child per level.
 
     Parameters
     ----------
     path : str or path-like
         The release (a zarr v3 group written by :meth:`dpdask.release.Release.to_zarr`).
-    chunks : optional
-        As :func:`xarray.open_datatree`: ``None`` (default) reads lazily, loading what is
-        indexed; ``{}`` gives Dask arrays chunked as stored (one geography unit per chunk).
+    chunks : int, str, tuple of int or mapping of str to those, optional
+        As :func:`xarray.open_datatree` (:data:`ReleaseChunks`): ``None`` (default) reads
+        lazily, loading what is indexed; ``{}`` gives Dask arrays chunked as stored (one
+        geography unit per chunk).
 
     Returns
     -------
@@ -106,8 +114,8 @@ def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
     ------
     FileNotFoundError
         If nothing is at ``path``.
-    ValueError
-        If ``path`` is not a dpdask release.
+    dpdask.errors.ArgumentError
+        If ``path`` is not a dpdask release (a ``ValueError``).
 
     Examples
     --------
@@ -130,7 +138,7 @@ def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
         for prefix in ("", "table_"):
             var = f"{prefix}variance"
             if var in ds:
-                moe = MOE90_Z * np.sqrt(ds[var])
+                moe = cast("xr.DataArray", MOE90_Z * np.sqrt(ds[var]))  # a ufunc keeps the type
                 moe.attrs = {
                     "units": "persons",
                     "long_name": "90% margin of error (1.645 standard deviations)",
@@ -143,7 +151,7 @@ def open_release(path: str | os.PathLike, *, chunks: Any = None) -> xr.DataTree:
     return xr.DataTree.from_dict(nodes)
 
 
-def level_order(attrs: Mapping[str, Any], groups: Iterable[str]) -> list[str]:
+def level_order(attrs: Mapping[Any, Any], groups: Iterable[str]) -> list[str]:
     """A release's levels coarsest first: as its root attribute ``levels`` lists them,
     then any other group, in the order given.
 
@@ -201,8 +209,8 @@ def _current_names(ds: xr.Dataset) -> xr.Dataset:
         codes = ds[attr].values if attr in ds.variables else np.arange(names.size)
         ds = ds.drop_vars([old, *([attr] if attr in ds.variables else [])])
         ds = ds.assign_coords({attr: names, f"{attr}{CODE_SUFFIX}": (attr, codes)})
-    names = set(ds.dims) | set(ds.coords)
-    renames = {n: shown_name(str(n)) for n in names if shown_name(str(n)) != n}
+    shown = set(ds.dims) | set(ds.coords)
+    renames = {n: shown_name(str(n)) for n in shown if shown_name(str(n)) != n}
     return ds.rename(renames) if renames else ds
 
 
@@ -244,7 +252,7 @@ def _entries_block(path: str, a: int, b: int, shape: tuple[int, ...]) -> Any:
     return sparse.COO(coords, values, shape=(b - a, *shape), sorted=True, has_duplicates=False)
 
 
-def _domain_order(attrs: Mapping[str, Any]) -> list[str]:
+def _domain_order(attrs: Mapping[Any, Any]) -> list[str]:
     record = attrs.get("dpdask")
     domain = record.get("domain") if isinstance(record, Mapping) else None
     return [str(a) for a in domain] if isinstance(domain, Mapping) else []
@@ -272,14 +280,14 @@ def _with_sparse_estimate(path: pathlib.Path, ds: xr.Dataset, order: list[str]) 
     bounds = [*list(range(0, n_units, _GEOGRAPHIES_PER_CHUNK)), n_units]
     name = f"release-estimate-{tokenize(str(path), n_units)}"
     zeros = (0,) * len(shape)
-    dsk = {
+    dsk: dict[Any, Any] = {
         (name, k, *zeros): (_entries_block, str(path), a, b, shape)
         for k, (a, b) in enumerate(itertools.pairwise(bounds))
     }
     chunks = (tuple(np.diff(bounds).tolist()), *((s,) for s in shape))
     meta = sparse.COO.from_numpy(np.empty((0,) * (1 + len(shape))))
-    arr = da.Array(HighLevelGraph.from_collections(name, dsk, ()), name, chunks, np.float64,
-                   meta=meta)  # fmt: skip
+    graph = HighLevelGraph.from_collections(name, dsk, ())
+    arr = da.Array(graph, name, chunks, np.float64, meta=meta)  # type: ignore[no-untyped-call]
     entries = ds["estimate"].rename("entry_estimate")
     ds = ds.drop_vars("estimate").assign(entry_estimate=entries)
     est = xr.DataArray(arr, dims=("geography", *attrs), attrs=dict(g["estimate"].attrs))

@@ -41,17 +41,35 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-__all__ = ["default_output", "report_data", "workload_spec", "write_report"]
+if TYPE_CHECKING:  # pragma: no cover
+    from dpdask.linalg import LinearQuery
+    from dpdask.store import DataStore
+
+__all__ = [
+    "ReportWorkload",
+    "Truth",
+    "default_output",
+    "report_data",
+    "workload_spec",
+    "write_report",
+]
+
+#: the true counts a report compares with: a data store, or its path
+Truth: TypeAlias = "str | os.PathLike[str] | DataStore"
+#: a workload to compare: a name, ``{"name": NAME, **options}``, the workload itself, or
+#: one workload per level
+ReportWorkload: TypeAlias = "str | Mapping[str, Any] | LinearQuery"
 
 
 def report_data(
-    release: str | os.PathLike,
+    release: str | os.PathLike[str],
     *,
-    truth: Any = None,
-    ledger: str | os.PathLike | None = None,
-    workload: Any = None,
+    truth: Truth | None = None,
+    ledger: str | os.PathLike[str] | None = None,
+    workload: ReportWorkload | None = None,
 ) -> dict[str, Any]:
     """The numbers a report shows, as plain data (what the page embeds as JSON).
 
@@ -82,9 +100,12 @@ def report_data(
     ------
     FileNotFoundError
         If the release (or the truth) is not there.
-    ValueError
-        If ``release`` is not a dpdask release, the truth does not match it, or
-        ``workload`` names no workload that can be built on its domain.
+    dpdask.errors.ArgumentError
+        If ``release`` is not a dpdask release, or ``workload`` names no workload that
+        can be built on its domain (a ``ValueError``).
+    dpdask.errors.DataError
+        If the truth does not match the release (its levels: a
+        :class:`~dpdask.errors.DomainError`).
     """
     from dpdask.report._data import collect
 
@@ -98,15 +119,15 @@ def workload_spec(value: str) -> str | dict[str, Any]:
 
     Raises
     ------
-    ValueError
-        If a mapping is not valid YAML or has no ``name``.
+    dpdask.errors.ArgumentError
+        If a mapping is not valid YAML or has no ``name`` (a ``ValueError``).
     """
     from dpdask.report._workload import workload_spec as parse
 
     return parse(value)
 
 
-def default_output(release: str | os.PathLike) -> pathlib.Path:
+def default_output(release: str | os.PathLike[str]) -> pathlib.Path:
     """Where a report goes by default: beside the release, ``OUT.zarr`` -> ``OUT.report.html``.
 
     Parameters
@@ -123,12 +144,12 @@ def default_output(release: str | os.PathLike) -> pathlib.Path:
 
 
 def write_report(
-    release_path: str | os.PathLike,
-    out_html: str | os.PathLike | None = None,
+    release_path: str | os.PathLike[str],
+    out_html: str | os.PathLike[str] | None = None,
     *,
-    truth: Any = None,
-    ledger: str | os.PathLike | None = None,
-    workload: Any = None,
+    truth: Truth | None = None,
+    ledger: str | os.PathLike[str] | None = None,
+    workload: ReportWorkload | None = None,
 ) -> pathlib.Path:
     """Write a release's report: one self-contained HTML page (module notes).
 
@@ -157,9 +178,12 @@ def write_report(
     ------
     FileNotFoundError
         If the release (or the truth) is not there.
-    ValueError
-        If ``release_path`` is not a dpdask release, the truth does not match it, or
-        ``workload`` names no workload that can be built on its domain.
+    dpdask.errors.ArgumentError
+        If ``release_path`` is not a dpdask release, or ``workload`` names no workload
+        that can be built on its domain (a ``ValueError``).
+    dpdask.errors.DataError
+        If the truth does not match the release (its levels: a
+        :class:`~dpdask.errors.DomainError`).
 
     Examples
     --------

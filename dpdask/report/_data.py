@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, DataError, DomainError
 from dpdask.publish.reader import MOE90_Z
 
 __all__ = ["collect", "estimate_rows", "read_rows"]
@@ -119,7 +120,7 @@ def _plan(meta: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _ledger(meta: Mapping[str, Any], override: str | os.PathLike | None) -> dict[str, Any]:
+def _ledger(meta: Mapping[str, Any], override: str | os.PathLike[str] | None) -> dict[str, Any]:
     """The ledger as the release records it, and as the ledger file says now (if reachable)."""
     from dpdask.dashboard import budget_text
     from dpdask.privacy import Head, Ledger, LedgerMissingError, LedgerTamperedError
@@ -187,7 +188,7 @@ def _open_truth(truth: Any, domain: Any) -> Any:
 
     store = truth if isinstance(truth, DataStore) else open_store(truth)
     if store.domain.shape != domain.shape:
-        raise ValueError(
+        raise DataError(
             f"the truth store's domain {store.domain} does not match the release's {domain}"
         )
     return store
@@ -201,7 +202,7 @@ def _truth_batches(
 
     geo = store.geography
     if level not in geo.levels:
-        raise ValueError(
+        raise DomainError(
             f"the truth store has no level {level!r}; its levels are {list(geo.levels)}"
         )
     truth_ids = list(geo.ids[geo.level_index(level)])
@@ -210,7 +211,7 @@ def _truth_batches(
     else:
         rank = {u: i for i, u in enumerate(ids)}
         if len(truth_ids) != len(ids) or set(truth_ids) != rank.keys():
-            raise ValueError(f"level {level!r}: the truth store's units differ from the release's")
+            raise DataError(f"level {level!r}: the truth store's units differ from the release's")
         where = np.array([rank[u] for u in truth_ids], dtype=np.int64)
     x = aggregate(store.to_dask(), geo, level)
     step = max(1, _CELLS_PER_BATCH // max(1, n_queries))
@@ -259,7 +260,9 @@ def estimate_rows(g: Any, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarra
 
 
 # -- one level -------------------------------------------------------------------------
-def _spaces(g: Any, level: str, store: Any, rebuilt: Any, domain: Any, notes: list[str]) -> list:
+def _spaces(
+    g: Any, level: str, store: Any, rebuilt: Any, domain: Any, notes: list[str]
+) -> list[tuple[Any, ...]]:
     """(labels, answers, variances, kind, Q) of every table space of one level: the
     published ones (``Q``: their queries, when rebuilt for a truth) and, for a named
     workload that is not the release's, its queries answered from the estimates
@@ -377,10 +380,10 @@ def _level(
 
 
 def collect(
-    release: str | os.PathLike,
+    release: str | os.PathLike[str],
     *,
     truth: Any = None,
-    ledger: str | os.PathLike | None = None,
+    ledger: str | os.PathLike[str] | None = None,
     workload: Any = None,
 ) -> dict[str, Any]:
     """Everything a report shows, as plain data.
@@ -418,7 +421,7 @@ def collect(
         raise FileNotFoundError(f"no release at {path}")
     meta = release_attributes(path)
     if meta is None:
-        raise ValueError(f"{path} is not a dpdask release (no dpdask release attributes)")
+        raise ArgumentError(f"{path} is not a dpdask release (no dpdask release attributes)")
     root = zarr.open_group(str(path), mode="r")
     groups = dict(root.groups())
     levels = [lv["level"] for lv in meta.get("levels") or [] if lv.get("level") in groups]

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ArgumentTypeError, DPDaskError
+
 __all__ = ["Rebuilt", "answers_match", "describe", "level_workloads", "rebuild", "workload_spec"]
 
 _CHECKED_UNITS = 16  # units whose published answers a candidate workload must reproduce
@@ -67,8 +69,8 @@ def workload_spec(value: str) -> str | dict[str, Any]:
 
     Raises
     ------
-    ValueError
-        If a mapping is not valid YAML or has no ``name``.
+    dpdask.errors.ArgumentError
+        If a mapping is not valid YAML or has no ``name`` (a ``ValueError``).
     """
     text = value.strip()
     if not text.startswith("{"):
@@ -78,9 +80,9 @@ def workload_spec(value: str) -> str | dict[str, Any]:
     try:
         spec = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ValueError(f"--workload {value!r}: not a YAML mapping ({exc})") from None
+        raise ArgumentError(f"--workload {value!r}: not a YAML mapping ({exc})") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"--workload {value!r}: needs a name, e.g. {{name: marginals, k: 2}}")
+        raise ArgumentError(f"--workload {value!r}: needs a name, e.g. {{name: marginals, k: 2}}")
     return spec
 
 
@@ -98,10 +100,10 @@ def rebuild(spec: str | Mapping[str, Any], domain: Any) -> Any:
 
     Raises
     ------
-    ValueError
-        For an unknown name or options, or a workload that cannot be built on ``domain``.
+    dpdask.errors.ArgumentError
+        For an unknown name or options, or a workload that cannot be built on ``domain``
+        (a ``ValueError``).
     """
-    from dpdask.errors import DPDaskError
     from dpdask.workloads.named import build_workload
 
     spec = {"name": spec} if isinstance(spec, str) else dict(spec)
@@ -109,7 +111,7 @@ def rebuild(spec: str | Mapping[str, Any], domain: Any) -> Any:
         return build_workload(spec, domain)
     except (ValueError, TypeError, DPDaskError) as exc:
         msg = str(exc).removeprefix("workload: ")
-        raise ValueError(f"workload {describe(spec)!r} on the release's domain: {msg}") from None
+        raise ArgumentError(f"workload {describe(spec)!r} on the release's domain: {msg}") from None
 
 
 def _is_spec(workload: Any) -> bool:
@@ -197,10 +199,11 @@ def level_workloads(
 
     Raises
     ------
-    ValueError
-        If ``workload`` names no workload that can be built on the domain.
-    TypeError
-        If a given workload is not a :class:`~dpdask.linalg.LinearQuery`.
+    dpdask.errors.ArgumentError
+        If ``workload`` names no workload that can be built on the domain (a
+        ``ValueError``).
+    dpdask.errors.ArgumentTypeError
+        If a given workload is not a :class:`~dpdask.linalg.LinearQuery` (a ``TypeError``).
     """
     from dpdask.linalg import LinearQuery
 
@@ -215,7 +218,9 @@ def level_workloads(
         W = workload.get(lv) if isinstance(workload, Mapping) else workload
         if W is not None and given is None:
             if not isinstance(W, LinearQuery):
-                raise TypeError(f"workload for level {lv!r}: expected a LinearQuery, not {type(W)}")
+                raise ArgumentTypeError(
+                    f"workload for level {lv!r}: expected a LinearQuery, not {type(W)}"
+                )
             out[lv] = Rebuilt(W, "")
             continue
         if given is not None and _labels_match(g, given, domain):

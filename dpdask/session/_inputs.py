@@ -23,7 +23,7 @@ import os
 import pathlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -31,7 +31,28 @@ import pandas as pd
 from dpdask.domain import Domain, Geography
 from dpdask.errors import DataError, SpecError
 
-__all__ = ["SessionInput", "counts_dataset_id", "prepare_input", "universe_table"]
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
+
+__all__ = [
+    "SessionData",
+    "SessionGeographies",
+    "SessionInput",
+    "UnknownGeography",
+    "counts_dataset_id",
+    "prepare_input",
+    "universe_table",
+]
+
+#: a session's data: person records, counts ``(finest units, *domain)``, a DataArray of
+#: counts, or the path of a data store
+SessionData: TypeAlias = "pd.DataFrame | np.ndarray | xr.DataArray | str | os.PathLike[str]"
+#: the public universe of units, as :func:`dpdask.store.geography_universe` takes it
+SessionGeographies: TypeAlias = (
+    Geography | Mapping[str, Sequence[str]] | pd.DataFrame | str | os.PathLike[str] | Sequence[str]
+)
+#: what to do with records outside the universe
+UnknownGeography: TypeAlias = Literal["refuse", "drop"]
 
 RECORDS_FILE = "records.csv"
 UNIVERSE_FILE = "geographies.csv"
@@ -123,11 +144,11 @@ def _records(
     folder: pathlib.Path,
     *,
     geography_column: str | None,
-    geographies: Any,
+    geographies: SessionGeographies | None,
     levels: Mapping[str, int] | None,
     domain: Domain | Mapping[str, int] | None,
     attributes: Sequence[str] | None,
-    unknown_geography: str,
+    unknown_geography: UnknownGeography,
 ) -> SessionInput:
     from dpdask.store import geography_universe
 
@@ -212,10 +233,10 @@ def _records(
 
 
 def _counts(
-    values: Any,
+    values: Any,  # numpy counts, or an xarray DataArray (duck-typed: its dims)
     folder: pathlib.Path,
     *,
-    geographies: Any,
+    geographies: SessionGeographies | None,
     domain: Domain | Mapping[str, int] | None,
     dataset: str | None,
 ) -> SessionInput:
@@ -264,16 +285,16 @@ def _counts(
 
 
 def prepare_input(
-    data: Any,
+    data: SessionData,
     folder: pathlib.Path,
     *,
     geography_column: str | None = None,
-    geographies: Any = None,
+    geographies: SessionGeographies | None = None,
     levels: Mapping[str, int] | None = None,
     domain: Domain | Mapping[str, int] | None = None,
     attributes: Sequence[str] | None = None,
     dataset: str | None = None,
-    unknown_geography: str = "refuse",
+    unknown_geography: UnknownGeography = "refuse",
 ) -> SessionInput:
     """Write ``data`` into the private ``folder`` as a spec's input (module notes).
 

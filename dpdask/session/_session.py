@@ -19,94 +19,30 @@ import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpdask.domain import Domain, Geography
 from dpdask.errors import BudgetExceededError, SpecError
-from dpdask.privacy import Budget, PureDP, zCDP
-from dpdask.session._inputs import SessionInput, prepare_input
+from dpdask.privacy import Budget, zCDP
+from dpdask.session._inputs import (
+    SessionData,
+    SessionGeographies,
+    SessionInput,
+    UnknownGeography,
+    prepare_input,
+)
+from dpdask.session._session_plan import SessionPlan, Spending, budget_mapping, total
+
+if TYPE_CHECKING:  # pragma: no cover
+    import xarray as xr
+    from distributed import Client
+
+    from dpdask.pipeline.spec import ReleaseSpec
+    from dpdask.privacy import Ledger
 
 log = logging.getLogger("dpdask")
 
 __all__ = ["Session", "SessionPlan", "Spending", "budget_mapping"]
-
-
-def budget_mapping(budget: Budget | Mapping[str, Any]) -> dict[str, Any]:
-    """A budget in a spec's form: ``{zcdp: ...}`` or ``{epsilon: ..., delta: ...}``,
-    exact (fractions as text); a mapping is taken as a spec's ``privacy`` budget.
-
-    Examples
-    --------
-    >>> from dpdask.privacy import ApproxDP, zCDP
-    >>> budget_mapping(zCDP("1/3"))
-    {'zcdp': '1/3'}
-    >>> budget_mapping(ApproxDP(1, "1e-9"))
-    {'epsilon': '1', 'delta': '1/1000000000'}
-    """
-    if isinstance(budget, Mapping):
-        return dict(budget)
-    if isinstance(budget, zCDP):
-        return {"zcdp": str(budget.rho)}
-    if isinstance(budget, PureDP):
-        return {"epsilon": str(budget.epsilon)}
-    fields = budget.to_dict()
-    if set(fields) == {"type", "epsilon", "delta"}:
-        return {"epsilon": fields["epsilon"], "delta": fields["delta"]}
-    raise SpecError(f"budget: {budget!r} has no spec form")
-
-
-@dataclass(frozen=True)
-class Spending:
-    """Budget spent or left, for this session and for its dataset.
-
-    ``session``: the session's own (charged by its runs; left of its ``budget=`` cap,
-    ``None`` without one). ``dataset``: the dataset's, as the ledger records it (left of
-    its lifetime budget, ``None`` without one).
-    """
-
-    session: Budget | None
-    dataset: Budget | None
-
-
-@dataclass(frozen=True)
-class SessionPlan:
-    """A plan of :meth:`Session.plan`: what to release, selected without the data.
-
-    Attributes
-    ----------
-    workload, strategy : str or dict
-        As a spec's ``workload`` and ``strategy``.
-    budget : Budget
-        The release's total, split over ``levels`` (``split``: the shares).
-    levels : tuple of str
-        The released levels, coarsest first.
-    plan : Plan or dict
-        The selected strategy (one per level for per-level workloads or strategies).
-    report : dict
-        What ``dpdask plan`` reports: per level its budget, noise scale and expected
-        errors (``report["levels"]``).
-    """
-
-    workload: Any
-    budget: Budget
-    levels: tuple[str, ...]
-    strategy: Any
-    split: dict[str, Any] | None
-    plan: Any = field(repr=False)
-    report: dict[str, Any] = field(repr=False)
-
-    @property
-    def expected(self) -> dict[str, dict[str, float]]:
-        """Per level: ``rmse_per_query`` and ``max_query_stddev`` (persons)."""
-        return {
-            row["level"]: {k: row[k] for k in ("rmse_per_query", "max_query_stddev")}
-            for row in self.report["levels"]
-        }
-
-
-def _total(budgets: list[Budget]) -> Budget | None:
-    return sum(budgets[1:], start=budgets[0]) if budgets else None
 
 
 class Session:
@@ -171,9 +107,9 @@ class Session:
 
     def __init__(
         self,
-        data: Any,
+        data: SessionData,
         *,
-        geographies: Any = None,
+        geographies: SessionGeographies | None = None,
         geography_column: str | None = None,
         levels: Mapping[str, int] | None = None,
         domain: Domain | Mapping[str, int] | None = None,
@@ -184,12 +120,14 @@ class Session:
         ledger: str | pathlib.Path | None = None,
         create_ledger: bool | None = None,
         folder: str | pathlib.Path = "dpdask-releases",
-        client: Any = None,
+        client: Client | None = None,
         cluster: str | Mapping[str, Any] | None = None,
-        unknown_geography: str = "refuse",
+        unknown_geography: UnknownGeography = "refuse",
     ) -> None:
         self.folder = pathlib.Path(folder).absolute()
-        self.ledger = ledger if ledger is not None else self.folder / "ledger.sqlite"
+        self.ledger: str | pathlib.Path = (
+            ledger if ledger is not None else self.folder / "ledger.sqlite"
+        )
         self._create = (ledger is None) if create_ledger is None else bool(create_ledger)
         self.budget = budget
         self._lifetime = None if dataset_budget is None else budget_mapping(dataset_budget)
@@ -224,7 +162,11 @@ class Session:
         return self.input.domain
 
     def spec_mapping(
-        self, plan: SessionPlan, release: str, output: pathlib.Path, reconstruct: Any = "ls"
+        self,
+        plan: SessionPlan,
+        release: str,
+        output: pathlib.Path,
+        reconstruct: str | Mapping[str, Any] = "ls",
     ) -> dict[str, Any]:
         """The release spec (as a mapping, YAML's form) a release of ``plan`` runs; its
         input paths are relative to the session's private folder."""
@@ -233,9 +175,10 @@ class Session:
             privacy["split"] = {lv: str(v) for lv, v in plan.split.items()}
         if self._lifetime is not None:
             privacy["dataset"] = self._lifetime
-        ledger: Any = self.ledger
+        ledger = self.ledger
+        ledger_entry: str | dict[str, Any]
         if isinstance(ledger, str) and "://" in ledger:
-            ledger_entry: Any = ledger
+            ledger_entry = ledger
         else:
             ledger_entry = {"path": str(pathlib.Path(ledger).absolute()), "create": self._create}
         return {
@@ -251,7 +194,7 @@ class Session:
             "ledger": ledger_entry,
         }
 
-    def _spec(self, raw: Mapping[str, Any]) -> Any:
+    def _spec(self, raw: Mapping[str, Any]) -> ReleaseSpec:
         from dpdask.pipeline.spec import parse_spec
 
         return parse_spec(raw, base=self._private)
@@ -322,7 +265,7 @@ class Session:
         run_id: str | None = None,
         overwrite: bool = False,
         progress: bool = True,
-    ) -> Any:
+    ) -> xr.DataTree:
         """Charge the ledger, measure, reconstruct and publish ``plan``; read it back.
 
         The run is ``dpdask run`` of the equivalent spec (:meth:`spec_mapping`): the
@@ -359,8 +302,8 @@ class Session:
             Above the session's cap, the release's, or the dataset's remaining budget,
             before anything is charged.
         """
-        from dpdask import open_release
         from dpdask.pipeline.run import run_spec
+        from dpdask.publish.reader import open_release
 
         if not isinstance(plan, SessionPlan):
             raise SpecError("plan: give a plan made by Session.plan")
@@ -405,7 +348,7 @@ class Session:
             return False
         return run is not None and run.state in ("open", "measuring")
 
-    def _ledger(self) -> Any:
+    def _ledger(self) -> Ledger | None:
         from dpdask.privacy import Ledger, ledger_exists
 
         return Ledger(self.ledger) if ledger_exists(self.ledger) else None
@@ -437,7 +380,7 @@ class Session:
         dataset = self.dataset
         releases = {c.release for c in ledger.charges()}
         theirs = [ledger.spent(r) for r in sorted(releases) if ledger.dataset(r) == dataset]
-        return Spending(_total(mine), _total(theirs))
+        return Spending(total(mine), total(theirs))
 
     @property
     def remaining(self) -> Spending:
@@ -456,7 +399,7 @@ class Session:
 
     # -- the cluster ------------------------------------------------------------------------
     @property
-    def client(self) -> Any:
+    def client(self) -> Client:
         """The Dask client releases run on: the one given, or one the session started
         (as ``dpdask run`` starts it) and closes with the session."""
         if self._client is None:

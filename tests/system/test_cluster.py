@@ -8,6 +8,7 @@ import dask.config
 import distributed  # registers its configuration defaults
 import pytest
 
+from dpdask.errors import ArgumentError, ArgumentTypeError
 from dpdask.pipeline.cluster import connect
 
 
@@ -67,7 +68,7 @@ _REFUSAL = "plain TCP to a remote scheduler would carry per-chunk keys unencrypt
 )
 def test_remote_plain_tcp_is_refused_before_connecting(no_connect, address) -> None:
     for cluster in (address, {"address": address}, {"address": address, "insecure": False}):
-        with pytest.raises(ValueError, match=_REFUSAL) as info:
+        with pytest.raises(ArgumentError, match=_REFUSAL) as info:
             with connect(cluster):
                 pass
         assert "cluster.insecure: true" in str(info.value)
@@ -124,7 +125,7 @@ def test_a_scheduler_address_takes_no_local_cluster_options(no_connect) -> None:
     with pytest.raises(ValueError, match="n_workers"):
         with connect({"address": "tcp://127.0.0.1:8786", "n_workers": 2}):
             pass
-    with pytest.raises(TypeError, match="insecure"):
+    with pytest.raises(ArgumentTypeError, match="insecure"):
         with connect({"address": "tcp://10.1.2.3:8786", "insecure": "yes"}):
             pass
     assert no_connect == []

@@ -16,6 +16,7 @@ import zarr
 import dpdask
 from dpdask import Domain, Geography, census
 from dpdask.cli import main
+from dpdask.errors import ArgumentError
 from dpdask.linalg import Identity, Kron, Prefix, Total, VStack
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
@@ -147,7 +148,7 @@ def test_open_release_adds_margins_and_refuses_other_stores(published, tmp_path)
     with pytest.raises(FileNotFoundError):
         open_release(tmp_path / "nowhere.zarr")
     zarr.open_group(str(tmp_path / "other.zarr"), mode="w", zarr_format=3)
-    with pytest.raises(ValueError, match="not a dpdask release"):
+    with pytest.raises(ArgumentError, match="not a dpdask release"):
         open_release(tmp_path / "other.zarr")
 
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from dpdask.cli import main
+from dpdask.errors import DataError
 from dpdask.publish import pl94_tables
 from dpdask.report import default_output, report_data, write_report
 from dpdask.store import read_pl94, write_store
@@ -162,7 +163,7 @@ def test_unreachable_ledger_and_mismatched_truth(release, tmp_path) -> None:
 
     geo = Geography.from_geoids(["11", "12"], {"s": 1, "c": 2})
     write_store(tmp_path / "small.zarr", np.ones((2, 2), dtype=np.int64), Domain(a=2), geo)
-    with pytest.raises(ValueError, match="domain"):
+    with pytest.raises(DataError, match="domain"):
         report_data(release["out"], truth=tmp_path / "small.zarr")
 
 
