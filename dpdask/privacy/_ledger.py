@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dpdask.errors import ArgumentTypeError
 from dpdask.privacy._budget import Budget
 from dpdask.privacy._chain import (
     Chain,
@@ -377,7 +378,7 @@ class Ledger:
         """
         check_run_id(run_id)
         if not isinstance(binding, RunBinding):
-            raise TypeError(f"expected a RunBinding, got {binding!r}")
+            raise ArgumentTypeError(f"expected a RunBinding, got {binding!r}")
         self._bindings[(release, run_id)] = binding
         try:
             yield
