@@ -39,7 +39,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dpdask.errors import ArgumentTypeError
 from dpdask.privacy._budget import Budget
 from dpdask.privacy._chain import (
     Chain,
@@ -377,8 +376,7 @@ class Ledger:
         bound to whether or not it happens in the block.
         """
         check_run_id(run_id)
-        if not isinstance(binding, RunBinding):
-            raise ArgumentTypeError(f"expected a RunBinding, got {binding!r}")
+        RunBinding.check(binding)
         self._bindings[(release, run_id)] = binding
         try:
             yield

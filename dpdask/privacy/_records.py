@@ -185,6 +185,13 @@ class RunBinding:
     def from_dict(cls, d: dict[str, Any]) -> RunBinding:
         return cls(d["source"], d["spec"], d["output"])
 
+    @staticmethod
+    def check(value: object) -> RunBinding:
+        """``value`` if it is a :class:`RunBinding`, else :class:`ArgumentTypeError`."""
+        if not isinstance(value, RunBinding):
+            raise ArgumentTypeError(f"expected a RunBinding, got {value!r}")
+        return value
+
 
 @dataclass(frozen=True)
 class Run:
