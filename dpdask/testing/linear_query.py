@@ -250,13 +250,20 @@ def check_compositions(op: LinearQuery, D: Matrix, rtol: float = RTOL) -> None:
 
 
 def check_dask(op: LinearQuery, D: Matrix, rtol: float = RTOL) -> None:
-    """``op @ dask_array`` applies ``op`` to every geography (row) of a chunked array."""
+    """``op @ dask_array`` applies ``op`` to every geography (row) of a chunked array, flat
+    ``(g, n)`` or, for a Kronecker product with ``op`` as a factor, ``(g, *domain)``."""
     import dask.array as da
 
-    B = _vector(_rng(op), 5, op.shape[1])
+    rng = _rng(op)
+    B = _vector(rng, 5, op.shape[1])
     x: Any = da.from_array(B, chunks=(2, -1))  # type: ignore[no-untyped-call]
-    got = (op @ x).compute(scheduler="sync")
-    _close(got, B @ D.T, "A @ dask array", rtol)
+    _close((op @ x).compute(scheduler="sync"), B @ D.T, "A @ dask array", rtol)
+    S = np.array([[1.0, 0.5], [-1.0, 2.0]])
+    K, KD = Kron([Dense(S), op]), np.kron(S, D)
+    T = _vector(rng, 5, 2, op.shape[1])
+    t: Any = da.from_array(T, chunks=(3, 1, -1))  # type: ignore[no-untyped-call]
+    got = (K @ t).compute(scheduler="sync")
+    _close(got, T.reshape(5, -1) @ KD.T, "Kron @ dask array of tensors", rtol)
 
 
 def check_pickle(op: LinearQuery, D: Matrix, rtol: float = RTOL) -> None:
