@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeAlias
 
-from dpdask.errors import LedgerConflictError, NoiseKeyError
+from dpdask.errors import ArgumentError, ArgumentTypeError, LedgerConflictError, NoiseKeyError
 from dpdask.linalg import LinearQuery
 from dpdask.measure._checks import MeasurePlan, cached_sensitivity, check_plan
 from dpdask.noise import MeasurementId, SecretKey, StreamKey, as_secret_key
@@ -48,11 +48,11 @@ def as_identity(identity: object) -> MeasurementId:
     if isinstance(identity, Mapping):
         keys = {"release", "level", "chunk", "measurement"}
         if set(identity) != keys:
-            raise ValueError(f"a measurement identity has exactly the keys {sorted(keys)}")
+            raise ArgumentError(f"a measurement identity has exactly the keys {sorted(keys)}")
         return MeasurementId(**identity)
     if isinstance(identity, tuple) and len(identity) == 4:
         return MeasurementId(*identity)
-    raise TypeError(
+    raise ArgumentTypeError(
         "identity must be a MeasurementId(release, level, chunk, measurement), "
         f"a mapping or a 4-tuple, got {identity!r}"
     )
@@ -135,14 +135,16 @@ def charge_level(
         If ``key`` is missing.
     """
     if not isinstance(ledger, Ledger):
-        raise TypeError(f"ledger must be a dpdask.privacy.Ledger, got {type(ledger).__name__}")
+        raise ArgumentTypeError(
+            f"ledger must be a dpdask.privacy.Ledger, got {type(ledger).__name__}"
+        )
     if key is None:
-        raise TypeError(
+        raise ArgumentTypeError(
             "charge_level needs key=: the charge records the fingerprint of the key "
             "whose noise it pays for"
         )
     if isinstance(key, StreamKey):
-        raise TypeError("charge_level takes the release's SecretKey, not a StreamKey")
+        raise ArgumentTypeError("charge_level takes the release's SecretKey, not a StreamKey")
     fingerprint = as_secret_key(key).fingerprint()
     charge, _ = level_charge(plan, release, run_id, level, measurement, fingerprint)
     ledger.charge(charge)
@@ -210,5 +212,5 @@ def stream_key(key: SecretKey | bytes, identity: MeasurementIdLike, run_id: str)
     True
     """
     if isinstance(key, StreamKey):
-        raise TypeError("a stream key cannot make other stream keys; pass the SecretKey")
+        raise ArgumentTypeError("a stream key cannot make other stream keys; pass the SecretKey")
     return as_secret_key(key).stream_key(stream_identity(identity, run_id))

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from dpdask.domain import Domain
-from dpdask.errors import DataError, DataTypeError, PlanError
+from dpdask.errors import ArgumentTypeError, BudgetTypeError, DataError, DataTypeError, PlanError
 from dpdask.linalg import (
     Dense,
     Diagonal,
@@ -140,7 +140,7 @@ def check_plan(plan: MeasurePlan) -> tuple[LinearQuery, str, float, Budget, Doma
     closed: any object may arrive here, so every attribute is checked at run time)."""
     for attr in ("strategy", "mechanism", "noise_scale", "privacy", "domain"):
         if not hasattr(plan, attr):
-            raise TypeError(f"the plan has no {attr!r} attribute")
+            raise ArgumentTypeError(f"the plan has no {attr!r} attribute")
     A, mech, scale, privacy, domain = (
         plan.strategy,
         plan.mechanism,
@@ -149,19 +149,21 @@ def check_plan(plan: MeasurePlan) -> tuple[LinearQuery, str, float, Budget, Doma
         plan.domain,
     )
     if not isinstance(A, LinearQuery):
-        raise TypeError(f"plan.strategy must be a LinearQuery, got {type(A).__name__}")
+        raise ArgumentTypeError(f"plan.strategy must be a LinearQuery, got {type(A).__name__}")
     if mech not in MECHANISM_NORM:
         raise PlanError(f"plan.mechanism {mech!r} is not one of {sorted(MECHANISM_NORM)}")
     if isinstance(scale, bool) or not isinstance(scale, int | float | np.integer | np.floating):
-        raise TypeError(f"plan.noise_scale must be a number, got {scale!r}")
+        raise ArgumentTypeError(f"plan.noise_scale must be a number, got {scale!r}")
     scale = float(scale)
     if not (math.isfinite(scale) and scale > 0):
         raise PlanError(f"plan.noise_scale must be positive and finite, got {scale!r}")
     if not isinstance(privacy, Budget):
-        raise TypeError(f"plan.privacy must be a PureDP, ApproxDP or zCDP, got {privacy!r}")
+        raise BudgetTypeError(f"plan.privacy must be a PureDP, ApproxDP or zCDP, got {privacy!r}")
     if domain is not None:
         if not isinstance(domain, Domain):
-            raise TypeError(f"plan.domain must be a Domain or None, got {type(domain).__name__}")
+            raise ArgumentTypeError(
+                f"plan.domain must be a Domain or None, got {type(domain).__name__}"
+            )
         if domain.size != A.shape[1]:
             raise PlanError(
                 f"plan.domain has {domain.size} cells but the strategy has {A.shape[1]} columns"

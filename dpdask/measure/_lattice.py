@@ -58,7 +58,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from dpdask.errors import DataError, DataTypeError, DPDaskError, PlanError
+from dpdask.errors import ArgumentTypeError, DataError, DataTypeError, DPDaskError, PlanError
 from dpdask.linalg import evaluation_error
 from dpdask.measure._checks import (
     MeasurePlan,
@@ -200,7 +200,7 @@ def _exact_integral_sensitivity(sens: float, p: int) -> float:
 
 def _check_max_total(max_total: object) -> int:
     if isinstance(max_total, bool) or not isinstance(max_total, int | np.integer):
-        raise TypeError(f"max_total must be an integer, got {max_total!r}")
+        raise ArgumentTypeError(f"max_total must be an integer, got {max_total!r}")
     if not 1 <= int(max_total) <= 2**52:
         raise PlanError(f"max_total must be between 1 and 2**52, got {max_total}")
     return int(max_total)

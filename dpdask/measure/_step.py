@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.errors import DataError, NoiseKeyError, PlanError
+from dpdask.errors import ArgumentError, ArgumentTypeError, DataError, NoiseKeyError, PlanError
 from dpdask.measure._charges import (
     MeasurementIdLike,
     as_identity,
@@ -163,16 +163,16 @@ def _measure(
 ) -> np.ndarray:
     # 1. plan, key, identity (no data touched)
     if not isinstance(test_mode, bool):
-        raise TypeError("test_mode must be a bool")
+        raise ArgumentTypeError("test_mode must be a bool")
     if not isinstance(unsafe_float, bool):
-        raise TypeError("unsafe_float must be a bool")
+        raise ArgumentTypeError("unsafe_float must be a bool")
     secret = key if isinstance(key, StreamKey) else as_secret_key(key)
     if secret.test_only and not test_mode:
         raise NoiseKeyError("refusing a test-only key outside test mode")
     ident = as_identity(identity)
     if run_id is None:
         if not test_mode:
-            raise ValueError("run_id is required: it identifies the charge and the noise")
+            raise ArgumentError("run_id is required: it identifies the charge and the noise")
         run_id = "test"
     stream = stream_identity(ident, run_id)
     if isinstance(secret, StreamKey) and not secret.is_for(stream):
@@ -191,9 +191,9 @@ def _measure(
         check_receipt(ledger, charge, test_mode)
     elif ledger is None:
         if not test_mode:
-            raise ValueError("a ledger (or the level's Charge) is required outside test mode")
+            raise ArgumentError("a ledger (or the level's Charge) is required outside test mode")
     else:
-        raise TypeError(f"ledger must be a Ledger or a Charge, got {type(ledger).__name__}")
+        raise ArgumentTypeError(f"ledger must be a Ledger or a Charge, got {type(ledger).__name__}")
     # 4. the data
     data, single = check_data(x, A, plan.domain, dims)
     spec: Lattice | None = None

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.errors import PlanError
+from dpdask.errors import ArgumentTypeError, DataError, DomainError, PlanError
 from dpdask.measure._lattice import DEFAULT_MAX_TOTAL, Lattice
 from dpdask.noise import MAX_TABLE_SCALE
 from dpdask.strategy.residual import helmert
@@ -43,7 +43,7 @@ def _codes(records: Any, columns: Sequence[Any] | None) -> np.ndarray:
         return np.asarray(records[cols].to_numpy())
     arr = np.asarray(records)
     if arr.ndim != 2:
-        raise ValueError(f"records must be a 2-D array of codes, got shape {arr.shape}")
+        raise DataError(f"records must be a 2-D array of codes, got shape {arr.shape}")
     return arr if columns is None else arr[:, list(columns)]
 
 
@@ -84,13 +84,13 @@ def marginal_counts(
     A = sorted({int(i) for i in attrs})
     codes = _codes(records, columns)
     if codes.shape[1] != len(sizes):
-        raise ValueError(f"records have {codes.shape[1]} columns, the domain {len(sizes)}")
+        raise DataError(f"records have {codes.shape[1]} columns, the domain {len(sizes)}")
     if codes.size and not np.issubdtype(codes.dtype, np.integer):
-        raise ValueError("record codes must be integers")
+        raise DataError("record codes must be integers")
     shape = tuple(sizes[i] for i in A)
     sub = codes[:, A].astype(np.int64)
     if sub.size and (sub.min() < 0 or np.any(sub.max(axis=0) >= np.asarray(shape))):
-        raise ValueError(f"record codes outside the attribute ranges {shape}")
+        raise DataError(f"record codes outside the attribute ranges {shape}")
     flat = np.ravel_multi_index(tuple(sub.T), shape) if A else np.zeros(len(sub), np.int64)
     size = int(np.prod(shape)) if A else 1
     if weights is None:
@@ -98,7 +98,7 @@ def marginal_counts(
     else:
         w = np.asarray(weights)
         if w.shape != (len(sub),) or not np.issubdtype(w.dtype, np.integer) or np.any(w < 0):
-            raise ValueError("weights must be one non-negative integer per record")
+            raise DataError("weights must be one non-negative integer per record")
         out = np.bincount(flat, weights=w, minlength=size).astype(np.int64)
     return out.reshape(shape)
 
@@ -113,7 +113,7 @@ def reduce_table(table: Any, table_attrs: Sequence[int], attrs: Iterable[int]) -
     pos = {int(a): k for k, a in enumerate(table_attrs)}
     missing = [a for a in keep if a not in pos]
     if missing:
-        raise ValueError(f"attributes {missing} are not axes of the table {tuple(table_attrs)}")
+        raise DomainError(f"attributes {missing} are not axes of the table {tuple(table_attrs)}")
     drop = tuple(k for a, k in pos.items() if a not in keep)
     out = table.sum(axis=drop) if drop else table
     if hasattr(out, "todense"):
@@ -166,7 +166,9 @@ def residual_charge(
     from dpdask.strategy.residual import ResidualPlan
 
     if not isinstance(plan, ResidualPlan):
-        raise TypeError(f"a residual measurement needs a ResidualPlan, got {type(plan).__name__}")
+        raise ArgumentTypeError(
+            f"a residual measurement needs a ResidualPlan, got {type(plan).__name__}"
+        )
     sens = float(plan.sensitivity)
     check_calibration(plan.mechanism, sens, float(plan.noise_scale), plan.privacy)
     return Charge(

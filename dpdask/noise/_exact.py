@@ -36,7 +36,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpdask.errors import PlanError
+from dpdask.errors import ArgumentError, ArgumentTypeError, PlanError
 
 __all__ = [
     "as_rational",
@@ -52,14 +52,14 @@ _LIMIT = 1 << 62
 def as_rational(value: object, name: str = "scale") -> Fraction:
     """``value`` as an exact positive :class:`~fractions.Fraction` (floats converted exactly)."""
     if isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, not a boolean")
+        raise ArgumentTypeError(f"{name} must be a number, not a boolean")
     if isinstance(value, float | np.floating) and not math.isfinite(float(value)):
         raise PlanError(f"{name} must be finite, got {value!r}")
     try:
         # any other type is Fraction's to refuse (TypeError, re-raised below)
         r = Fraction(value) if not isinstance(value, np.floating) else Fraction(float(value))  # type: ignore[call-overload]
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a rational number, got {value!r}") from exc
+        raise ArgumentTypeError(f"{name} must be a rational number, got {value!r}") from exc
     if r <= 0:
         raise PlanError(f"{name} must be positive, got {value!r}")
     return r
@@ -102,10 +102,10 @@ def bernoulli_exp(gen: np.random.Generator, n: np.ndarray, d: int) -> np.ndarray
     """
     d = int(d)
     if not 1 <= d <= _LIMIT:
-        raise ValueError(f"the denominator must be in [1, 2**62], got {d}")
+        raise ArgumentError(f"the denominator must be in [1, 2**62], got {d}")
     n = np.asarray(n, dtype=np.int64).reshape(-1)
     if n.size and int(n.min()) < 0:
-        raise ValueError("bernoulli_exp needs non-negative numerators")
+        raise ArgumentError("bernoulli_exp needs non-negative numerators")
     whole, frac = np.divmod(n, d)
     out = np.ones(n.size, dtype=bool)
     # exp(-1) ** floor(gamma): all of floor(gamma) trials must succeed

@@ -32,7 +32,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from dpdask.errors import NoiseKeyError
+from dpdask.errors import ArgumentError, ArgumentTypeError, NoiseKeyError
 
 __all__ = [
     "KEY_BYTES",
@@ -93,7 +93,7 @@ class SecretKey:
             _test_only = raw.test_only
             raw = raw._raw
         if not isinstance(raw, bytes | bytearray | memoryview):
-            raise TypeError(f"a secret key is {KEY_BYTES} bytes, got {type(raw).__name__}")
+            raise ArgumentTypeError(f"a secret key is {KEY_BYTES} bytes, got {type(raw).__name__}")
         raw = bytes(raw)
         if len(raw) != KEY_BYTES:
             raise NoiseKeyError(f"a secret key is {KEY_BYTES} bytes, got {len(raw)}")
@@ -104,7 +104,7 @@ class SecretKey:
     def for_testing(cls, seed: int) -> SecretKey:
         """A key derived from ``seed``, flagged test-only (never for a real release)."""
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-            raise TypeError("a test seed is an integer")
+            raise ArgumentTypeError("a test seed is an integer")
         digest = hashlib.blake2b(
             str(int(seed)).encode(), digest_size=KEY_BYTES, person=_PERSON_TEST
         ).digest()
@@ -216,14 +216,16 @@ class StreamKey:
     test_only: bool
 
     def __init__(self, *args: object, **kwargs: object):
-        raise TypeError("make a StreamKey on the client with SecretKey.stream_key(identity)")
+        raise ArgumentTypeError(
+            "make a StreamKey on the client with SecretKey.stream_key(identity)"
+        )
 
     @classmethod
     def _make(cls, philox: int, identity: bytes, fingerprint: str, test_only: bool) -> StreamKey:
         if isinstance(philox, bool) or not isinstance(philox, int) or not 0 <= philox < 2**128:
             raise NoiseKeyError("a stream key is a 128-bit integer")
         if not isinstance(identity, bytes) or not isinstance(fingerprint, str):
-            raise TypeError("a stream key needs the identity's encoding and a fingerprint")
+            raise ArgumentTypeError("a stream key needs the identity's encoding and a fingerprint")
         self = object.__new__(cls)
         self._philox = philox
         self._identity = identity
@@ -333,11 +335,13 @@ class MeasurementId:
         for name in ("release", "level", "measurement"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"MeasurementId.{name} must be a non-empty string, got {value!r}")
+                raise ArgumentError(
+                    f"MeasurementId.{name} must be a non-empty string, got {value!r}"
+                )
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int | np.integer):
-            raise ValueError(f"MeasurementId.chunk must be an integer, got {self.chunk!r}")
+            raise ArgumentError(f"MeasurementId.chunk must be an integer, got {self.chunk!r}")
         if self.chunk < 0:
-            raise ValueError(f"MeasurementId.chunk must be >= 0, got {self.chunk}")
+            raise ArgumentError(f"MeasurementId.chunk must be >= 0, got {self.chunk}")
         object.__setattr__(self, "chunk", int(self.chunk))
 
     def as_dict(self) -> dict[str, str | int]:
@@ -378,7 +382,7 @@ def _encode(value: object, out: bytearray) -> None:
     if value is None:
         _put(out, b"n", b"")
     elif isinstance(value, bool | np.bool_):
-        raise TypeError("booleans are not allowed in a measurement identity")
+        raise ArgumentTypeError("booleans are not allowed in a measurement identity")
     elif isinstance(value, int | np.integer):
         v = int(value)
         _put(out, b"i", v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
@@ -393,13 +397,13 @@ def _encode(value: object, out: bytearray) -> None:
     elif isinstance(value, Mapping):
         keys = list(value)
         if not all(isinstance(k, str) for k in keys):
-            raise TypeError("identity mappings need string keys")
+            raise ArgumentTypeError("identity mappings need string keys")
         out += b"m" + len(keys).to_bytes(8, "big")
         for k in sorted(keys):
             _encode(k, out)
             _encode(value[k], out)
     else:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"cannot use a {type(value).__name__} in a measurement identity "
             "(use str, int, bytes, None, tuples or mappings)"
         )

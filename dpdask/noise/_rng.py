@@ -9,7 +9,7 @@ from typing import NoReturn
 import numpy as np
 import numpy.typing as npt
 
-from dpdask.errors import PlanError
+from dpdask.errors import ArgumentTypeError, PlanError
 from dpdask.linalg import LinearQuery
 from dpdask.noise import _samplers
 from dpdask.noise._keys import IdentityLike, SecretKey, StreamKey, as_secret_key, encode_identity
@@ -80,7 +80,7 @@ class KeyedRNG:
         return f"KeyedRNG(identity={self.identity!r}{flag})"
 
     def __reduce__(self) -> NoReturn:
-        raise TypeError(
+        raise ArgumentTypeError(
             "a KeyedRNG is not picklable: send the key and identity and rebuild it, "
             "so that the stream always starts at its beginning"
         )

@@ -40,7 +40,7 @@ from typing import SupportsFloat
 import numpy as np
 import numpy.typing as npt
 
-from dpdask.errors import PlanError
+from dpdask.errors import ArgumentError, ArgumentTypeError, PlanError
 from dpdask.linalg import LinearQuery, aslinearquery
 from dpdask.noise import _exact, _table
 
@@ -60,19 +60,19 @@ def as_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     """Validate a sample shape: a non-negative int or a sequence of them."""
     items = (shape,) if isinstance(shape, int | np.integer) else shape
     if isinstance(items, str | bytes) or not isinstance(items, Sequence | np.ndarray):
-        raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}")
+        raise ArgumentTypeError(f"shape must be an int or a sequence of ints, got {shape!r}")
     if not all(isinstance(s, int | np.integer) and not isinstance(s, bool) for s in items):
-        raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}")
+        raise ArgumentTypeError(f"shape must be an int or a sequence of ints, got {shape!r}")
     out = tuple(int(s) for s in items)
     if any(s < 0 for s in out):
-        raise ValueError(f"shape must have non-negative entries, got {shape!r}")
+        raise ArgumentError(f"shape must have non-negative entries, got {shape!r}")
     return out
 
 
 def check_scale(scale: SupportsFloat, name: str, upper: float = math.inf) -> float:
     """A positive, finite noise scale (below ``upper``) as a float, else ``ValueError``."""
     if isinstance(scale, bool):
-        raise TypeError(f"{name} must be a number, not a boolean")
+        raise ArgumentTypeError(f"{name} must be a number, not a boolean")
     value = float(scale)
     if not (math.isfinite(value) and 0.0 < value <= upper):
         raise PlanError(f"{name} must be positive and finite (at most {upper:g}), got {scale!r}")

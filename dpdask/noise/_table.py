@@ -79,7 +79,7 @@ from typing import TypeAlias
 
 import numpy as np
 
-from dpdask.errors import PlanError
+from dpdask.errors import ArgumentError, PlanError
 from dpdask.noise._exact import as_rational, bernoulli_exp, bernoulli_exp_scalar
 
 __all__ = [
@@ -129,9 +129,9 @@ class MagnitudeTable:
 
     def __init__(self, family: str, param: Fraction, folded: bool, bits: int = 63):
         if family not in ("gauss", "laplace"):
-            raise ValueError(f"unknown family {family!r}")
+            raise ArgumentError(f"unknown family {family!r}")
         if not 1 <= bits <= 63:
-            raise ValueError("bits must be in [1, 63]")
+            raise ArgumentError("bits must be in [1, 63]")
         self.family, self.param, self.folded, self.bits = family, Fraction(param), folded, bits
         prec = 50
         while True:
@@ -189,7 +189,7 @@ class MagnitudeTable:
             n_hi.append(hi.add(n_hi[-1], v_hi))
             m += 1
             if m > 1 << 26:  # pragma: no cover - parameters are bounded far below
-                raise ValueError("distribution too wide for a table")
+                raise PlanError("distribution too wide for a table")
 
     def _build(self, prec: int) -> np.ndarray | None:
         n_lo, n_hi, s_lo, s_hi = self._chains(prec, prec - 10)
@@ -280,7 +280,7 @@ def _fit(value: Fraction, square: bool) -> Fraction:
         r = Fraction(math.ceil(value * 2**j), 2**j)
         if (r * r if square else r).numerator < 1 << 60:
             return r
-    raise ValueError(f"parameter {value} is too large")  # pragma: no cover
+    raise PlanError(f"parameter {value} is too large")  # pragma: no cover
 
 
 def block_parameter(family: str, scale: float | Fraction) -> tuple[Fraction, int]:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import numpy as np
 
-from dpdask.errors import PlanError
+from dpdask.errors import BudgetTypeError, PlanError
 from dpdask.privacy._convert import (
     _check_sensitivity,
     gaussian_delta,
@@ -61,7 +61,7 @@ def as_fraction(value: object, name: str = "value") -> Fraction:
         For NaN, infinities and unparsable strings.
     """
     if isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be a number, not a boolean")
+        raise BudgetTypeError(f"{name} must be a number, not a boolean")
     if isinstance(value, Fraction | int | np.integer):
         return Fraction(int(value)) if isinstance(value, np.integer) else Fraction(value)
     if isinstance(value, float | np.floating):
@@ -78,7 +78,7 @@ def as_fraction(value: object, name: str = "value") -> Fraction:
             return Fraction(value.strip())
         except (ValueError, ZeroDivisionError) as exc:
             raise PlanError(f"{name}: cannot parse {value!r} as an exact number") from exc
-    raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    raise BudgetTypeError(f"{name} must be a number, got {type(value).__name__}")
 
 
 def _float_up(q: Fraction) -> float:
@@ -113,7 +113,7 @@ class Budget:
         """``other`` expressed in this budget's definition, or ``TypeError``."""
         if type(other) is type(self):
             return other
-        raise TypeError(
+        raise BudgetTypeError(
             f"cannot express {other!r} as {type(self).__name__} exactly; "
             "convert explicitly (e.g. zCDP.to_approx(delta))"
         )
@@ -253,7 +253,7 @@ def parallel(budgets: Iterable[Budget]) -> Budget:
         raise PlanError("parallel composition of no budgets")
     for b in items:
         if not isinstance(b, Budget):
-            raise TypeError(f"expected budgets, got {b!r}")
+            raise BudgetTypeError(f"expected budgets, got {b!r}")
     wide = next((b for b in items if not isinstance(b, PureDP)), items[0])
     coerced = [wide._coerce(b) for b in items]
     return wide._new(max(vs) for vs in zip(*(c._values() for c in coerced), strict=True))

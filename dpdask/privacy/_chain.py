@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from dpdask.errors import (
+    ArgumentError,
     LedgerError,
     LedgerMissingError,
     LedgerStorageError,
@@ -92,7 +93,7 @@ class Head:
         """Read ``COUNT:HASH`` (as :meth:`__str__` writes it)."""
         count, sep, digest = str(text).strip().partition(":")
         if not sep or not count.isdigit() or len(digest) != 64:
-            raise ValueError(f"a ledger head is COUNT:HASH (64 hex digits), got {text!r}")
+            raise ArgumentError(f"a ledger head is COUNT:HASH (64 hex digits), got {text!r}")
         return cls(int(count), digest.lower())
 
     def to_dict(self) -> dict[str, Any]:

@@ -376,8 +376,7 @@ class Ledger:
         bound to whether or not it happens in the block.
         """
         check_run_id(run_id)
-        if not isinstance(binding, RunBinding):
-            raise TypeError(f"expected a RunBinding, got {binding!r}")
+        RunBinding.check(binding)
         self._bindings[(release, run_id)] = binding
         try:
             yield

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-from dpdask.errors import PlanError
+from dpdask.errors import BudgetTypeError, PlanError
 from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, zCDP
 
 __all__ = ["noise_scale", "split_levels"]
@@ -69,7 +69,7 @@ def split_levels(
     {'state': zCDP(rho=0.25), 'county': zCDP(rho=0.75)}
     """
     if not isinstance(total, Budget):
-        raise TypeError(f"total must be a PureDP, zCDP or ApproxDP budget, got {total!r}")
+        raise BudgetTypeError(f"total must be a PureDP, zCDP or ApproxDP budget, got {total!r}")
     if isinstance(levels, str):
         raise PlanError(f"levels must be a sequence of level names, not the string {levels!r}")
     levels = tuple(levels)
@@ -135,7 +135,7 @@ def noise_scale(mechanism: str, sensitivity: float, budget: Budget) -> float:
     1.0
     """
     if not isinstance(budget, Budget):
-        raise TypeError(f"budget must be a PureDP, zCDP or ApproxDP budget, got {budget!r}")
+        raise BudgetTypeError(f"budget must be a PureDP, zCDP or ApproxDP budget, got {budget!r}")
     if mechanism not in ("laplace", "gaussian"):
         raise PlanError(f"unknown mechanism {mechanism!r}; expected 'laplace' or 'gaussian'")
     if isinstance(budget, PureDP):
@@ -148,4 +148,4 @@ def noise_scale(mechanism: str, sensitivity: float, budget: Budget) -> float:
                 f"a {type(budget).__name__} budget needs Gaussian noise, not {mechanism}"
             )
         return float(budget.gaussian_sigma(sensitivity))
-    raise TypeError(f"unsupported budget {budget!r}")  # pragma: no cover - no other budgets
+    raise BudgetTypeError(f"unsupported budget {budget!r}")  # pragma: no cover - no other budgets

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from dpdask.errors import PlanError
+from dpdask.errors import BudgetTypeError, PlanError
 from dpdask.privacy._budget import ApproxDP, Budget, PureDP, zCDP
 from dpdask.privacy._convert import _check_sensitivity, zcdp_delta
 
@@ -107,7 +107,9 @@ def check_calibration(
         accounted in that kind of budget (a Gaussian in a pure-DP budget).
     """
     if not isinstance(privacy, Budget):
-        raise TypeError(f"the plan's privacy must be a PureDP, ApproxDP or zCDP, got {privacy!r}")
+        raise BudgetTypeError(
+            f"the plan's privacy must be a PureDP, ApproxDP or zCDP, got {privacy!r}"
+        )
     natural = mechanism_guarantee(mechanism, sensitivity, noise_scale)
     ok: bool
     if isinstance(privacy, PureDP | zCDP):
@@ -128,7 +130,7 @@ def check_calibration(
                 math.nextafter(float(natural.rho), math.inf), float(privacy.epsilon)
             ) <= float(privacy.delta)
     else:  # pragma: no cover - no other budget classes
-        raise TypeError(f"unsupported budget {privacy!r}")
+        raise BudgetTypeError(f"unsupported budget {privacy!r}")
     if not ok:
         raise PlanError(
             f"{mechanism} noise of scale {noise_scale!r} on a strategy of "

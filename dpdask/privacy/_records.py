@@ -12,7 +12,10 @@ from fractions import Fraction
 from typing import Any
 
 from dpdask.errors import (
+    ArgumentError,
+    ArgumentTypeError,
     BudgetExceededError,
+    BudgetTypeError,
     LedgerConflictError,
     NoiseKeyError,
     PlanError,
@@ -48,7 +51,7 @@ def check_run_id(run_id: object) -> str:
         Naming what is wrong.
     """
     if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
-        raise ValueError(
+        raise ArgumentError(
             f"run id {run_id!r} must be 1-128 characters of letters, digits, '_', '.', '-', "
             "starting with a letter or digit"
         )
@@ -94,7 +97,7 @@ class Charge:
         for name in ("release", "run_id", "level", "measurement"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"charge {name} must be a non-empty string, got {value!r}")
+                raise ArgumentError(f"charge {name} must be a non-empty string, got {value!r}")
         if self.mechanism not in MECHANISM_NORM:
             raise PlanError(f"unknown mechanism {self.mechanism!r}")
         for name in ("sensitivity", "noise_scale"):
@@ -103,7 +106,7 @@ class Charge:
                 raise PlanError(f"charge {name} must be finite and positive, got {value!r}")
             object.__setattr__(self, name, value)
         if not isinstance(self.privacy, Budget):
-            raise TypeError(f"charge privacy must be a Budget, got {self.privacy!r}")
+            raise BudgetTypeError(f"charge privacy must be a Budget, got {self.privacy!r}")
         if self.key_fingerprint is not None and not (
             isinstance(self.key_fingerprint, str) and self.key_fingerprint
         ):
@@ -181,6 +184,13 @@ class RunBinding:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunBinding:
         return cls(d["source"], d["spec"], d["output"])
+
+    @staticmethod
+    def check(value: object) -> RunBinding:
+        """``value`` if it is a :class:`RunBinding`, else :class:`ArgumentTypeError`."""
+        if not isinstance(value, RunBinding):
+            raise ArgumentTypeError(f"expected a RunBinding, got {value!r}")
+        return value
 
 
 @dataclass(frozen=True)
@@ -308,7 +318,7 @@ def dedupe(charges: Charge | Iterable[Charge]) -> list[Charge]:
     seen: dict[tuple[str, str, str, str], Charge] = {}
     for c in items:
         if not isinstance(c, Charge):
-            raise TypeError(f"expected a Charge, got {type(c).__name__}")
+            raise ArgumentTypeError(f"expected a Charge, got {type(c).__name__}")
         if c.key in seen and not (
             seen[c.key].same_as(c) and seen[c.key].key_fingerprint == c.key_fingerprint
         ):
@@ -371,13 +381,13 @@ def check_name(value: object, what: str) -> str:
     """``value`` if it is a non-empty string (a release, run, level, measurement or
     dataset name); raises ``ValueError`` naming ``what`` otherwise."""
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+        raise ArgumentError(f"{what} must be a non-empty string, got {value!r}")
     return value
 
 
 def _check_budget(value: object, what: str) -> None:
     if not isinstance(value, Budget):
-        raise TypeError(f"{what} must be a PureDP, ApproxDP or zCDP budget, got {value!r}")
+        raise BudgetTypeError(f"{what} must be a PureDP, ApproxDP or zCDP budget, got {value!r}")
 
 
 def _as_kind(budget: Budget, charge: Budget) -> Budget:

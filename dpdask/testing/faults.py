@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
-from dpdask.linalg import LinearQuery
+from dpdask.linalg import LinearQuery, NormTerms
 
 
 class SlowOperator(LinearQuery):
@@ -31,10 +32,10 @@ class SlowOperator(LinearQuery):
         time.sleep(self.delay)
         return self.base._apply_axis(T, axis)
 
-    def _norm_terms(self, p: int):
+    def _norm_terms(self, p: int) -> NormTerms:
         return self.base._norm_terms(p)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.base, self.delay)
 
     def _rounding(self) -> tuple[float, float]:

@@ -6,6 +6,8 @@ import pathlib
 import shutil
 import sqlite3
 
+from dpdask.errors import ArgumentError
+
 __all__ = ["TAMPER_KINDS", "tamper_ledger"]
 
 TAMPER_KINDS = ("truncate", "half", "delete", "rollback", "drop-last", "delete-charges", "edit")
@@ -32,7 +34,7 @@ def tamper_ledger(
         path.unlink()
     elif kind == "rollback":
         if snapshot is None:
-            raise ValueError("rollback needs a snapshot of the ledger")
+            raise ArgumentError("rollback needs a snapshot of the ledger")
         shutil.copy(snapshot, path)
     elif kind in ("drop-last", "delete-charges", "edit"):
         con = sqlite3.connect(path)
@@ -57,4 +59,4 @@ def tamper_ledger(
         finally:
             con.close()
     else:
-        raise ValueError(f"unknown tampering {kind!r}; one of {TAMPER_KINDS}")
+        raise ArgumentError(f"unknown tampering {kind!r}; one of {TAMPER_KINDS}")

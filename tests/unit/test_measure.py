@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import dpdask.measure._step as measure_step
 from dpdask import Domain
-from dpdask.errors import DataError, DataTypeError, NoiseKeyError, PlanError
+from dpdask.errors import ArgumentTypeError, DataError, DataTypeError, NoiseKeyError, PlanError
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Ones, Prefix, VStack
 from dpdask.measure import (
     charge_level,
@@ -231,7 +231,7 @@ def test_level_is_charged_once_for_all_chunks(ledger, data):
 
 
 def test_charge_level_needs_the_key(ledger):
-    with pytest.raises(TypeError, match="key="):
+    with pytest.raises(ArgumentTypeError, match="key="):
         charge_level(make_plan(), ledger, "r", "run1", "county", "A")
     assert len(ledger) == 0
 
@@ -269,7 +269,7 @@ def test_stream_keys_draw_the_same_noise_and_only_their_own(ledger, data):
     for other_ident, other_run in [(MeasurementId("r", "county", 3, "A"), "run1"), (ident, "run2")]:
         with pytest.raises(ValueError, match="another measurement or run"):
             measure(plan, data, sk, other_ident, ledger, other_run)
-    with pytest.raises(TypeError):
+    with pytest.raises(ArgumentTypeError):
         stream_key(sk, ident, "run1")
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from scipy import integrate, stats
 from scipy.optimize import brentq
 
-from dpdask.errors import NoiseKeyError, PlanError
+from dpdask.errors import BudgetTypeError, NoiseKeyError, PlanError
 from dpdask.privacy import (
     MECHANISM_NORM,
     ApproxDP,
@@ -125,14 +125,14 @@ def test_parallel_composition_is_the_largest(values):
 def test_parallel_composition_mixed():
     assert parallel([PureDP(1), zCDP("0.25")]) == zCDP("0.5")
     assert parallel([ApproxDP(1, "1e-9"), ApproxDP("0.5", "1e-6")]) == ApproxDP(1, "1e-6")
-    with pytest.raises(TypeError):
+    with pytest.raises(BudgetTypeError):
         parallel([zCDP(1), ApproxDP(1, "1e-9")])
     with pytest.raises(ValueError):
         parallel([])
 
 
 def test_incompatible_composition_raises():
-    with pytest.raises(TypeError):
+    with pytest.raises(BudgetTypeError):
         zCDP(1) + ApproxDP(1, "1e-6")
     with pytest.raises(ValueError, match="exceeds"):
         PureDP(1) - PureDP(2)

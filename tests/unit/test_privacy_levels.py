@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import pytest
 
+from dpdask.errors import BudgetTypeError
 from dpdask.linalg import Prefix
 from dpdask.privacy import (
     ApproxDP,
@@ -80,7 +81,7 @@ def test_split_refuses(levels, shares, message: str) -> None:
 
 
 def test_split_needs_a_budget() -> None:
-    with pytest.raises(TypeError, match="budget"):
+    with pytest.raises(BudgetTypeError, match="budget"):
         split_levels(1.0, LEVELS)  # type: ignore[arg-type]
 
 

@@ -10,6 +10,8 @@ import numpy as np
 from scipy.special import logsumexp
 from scipy.stats import beta, norm
 
+from dpdask.errors import ArgumentError, ShapeError
+
 __all__ = [
     "TailCounts",
     "clopper_pearson",
@@ -82,9 +84,9 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
 def _check_counts(k: int, n: int, alpha: float) -> tuple[int, int]:
     k, n = int(k), int(n)
     if n < 1 or not 0 <= k <= n:
-        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+        raise ArgumentError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
     if not 0.0 < float(alpha) < 1.0:
-        raise ValueError(f"alpha must lie strictly between 0 and 1, got {alpha!r}")
+        raise ArgumentError(f"alpha must lie strictly between 0 and 1, got {alpha!r}")
     return k, n
 
 
@@ -119,7 +121,8 @@ def thresholds(n: int, m: int = 12) -> np.ndarray:
     """The ``m`` thresholds of the tests: upper normal quantiles of ``p`` log-spaced from
     1/2 down to ``1 / n`` (fixed before any trial)."""
     p = np.geomspace(0.5, 1.0 / max(int(n), 2), int(m))
-    return norm.isf(p)
+    out: np.ndarray = norm.isf(p)
+    return out
 
 
 def tail_counts(
@@ -145,7 +148,7 @@ def tail_counts(
     """
     z0, z1 = np.asarray(z0, dtype=float).ravel(), np.asarray(z1, dtype=float).ravel()
     if z0.size != z1.size or z0.size == 0:
-        raise ValueError(f"need as many trials on both datasets, got {z0.size} and {z1.size}")
+        raise ShapeError(f"need as many trials on both datasets, got {z0.size} and {z1.size}")
     n = z0.size
     t = thresholds(n, m)
     alpha = (1.0 - float(confidence)) / (4 * len(t))
@@ -178,7 +181,8 @@ def _renyi_bernoulli(b: float, a: float, alphas: np.ndarray) -> np.ndarray:
             alphas * math.log1p(-b) + (1 - alphas) * math.log1p(-a),
         ]
     )
-    return logsumexp(terms, axis=0) / (alphas - 1.0)
+    out: np.ndarray = logsumexp(terms, axis=0) / (alphas - 1.0)
+    return out
 
 
 def rho_lower_bound(tails: TailCounts) -> float:

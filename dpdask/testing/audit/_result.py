@@ -57,7 +57,11 @@ class AuditResult:
     @property
     def flagged(self) -> bool:
         """Whether the release is caught exceeding its claim."""
-        rho = self.claimed_rho is not None and self.rho_lower_bound > self.claimed_rho
+        rho = (
+            self.claimed_rho is not None
+            and self.rho_lower_bound is not None
+            and self.rho_lower_bound > self.claimed_rho
+        )
         return self.max_excess > 0 or rho
 
     @property

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, BudgetTypeError
 from dpdask.privacy import ApproxDP, Budget, Ledger, PureDP, zCDP, zcdp_epsilon
 from dpdask.store import DataStore
 from dpdask.testing.audit._bounds import epsilon_lower_bound, rho_lower_bound, tail_counts
@@ -125,7 +126,7 @@ def audit_release(
     started = time.perf_counter()
     trials, batch = int(trials), int(batch)
     if trials < 1 or batch < 1:
-        raise ValueError(f"trials and batch must be positive, got {trials} and {batch}")
+        raise ArgumentError(f"trials and batch must be positive, got {trials} and {batch}")
     levels = tuple(store.geography.levels if levels is None else levels)
     claim: Budget = plan.privacy
     if isinstance(claim, PureDP):
@@ -224,7 +225,9 @@ def audit_release(
 def _claimed_epsilon(claim: Budget, delta: float) -> float:
     if isinstance(claim, PureDP | ApproxDP):
         return float(claim.epsilon)
-    return zcdp_epsilon(float(claim.rho), delta)
+    if isinstance(claim, zCDP):
+        return zcdp_epsilon(float(claim.rho), delta)
+    raise BudgetTypeError(f"unsupported budget {claim!r}")
 
 
 def _moments(z0: np.ndarray, z1: np.ndarray) -> dict[str, float]:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from dpdask.domain import Geography
+from dpdask.errors import ArgumentError, BudgetTypeError
 from dpdask.privacy import MECHANISM_NORM, ApproxDP, Budget, PureDP, split_levels, zCDP
 from dpdask.store import DataStore, write_store
 
@@ -53,7 +54,7 @@ def control_budget(budget: Budget, mechanism: str) -> Budget:
             else:
                 lo = mid
         return ApproxDP(hi, budget.delta)
-    raise TypeError(f"no positive control for budget {budget!r} ({mechanism})")
+    raise BudgetTypeError(f"no positive control for budget {budget!r} ({mechanism})")
 
 
 def with_budget(plan: Any, budget: Budget) -> Any:
@@ -79,13 +80,15 @@ class Trial:
         return x
 
 
-def pick_trial(store: DataStore, levels: Sequence[str], blocks: int) -> tuple[list[int], dict]:
+def pick_trial(
+    store: DataStore, levels: Sequence[str], blocks: int
+) -> tuple[list[int], dict[str, str]]:
     """Rows of the first finest unit and its siblings (under the level above), and the
     ids of its ancestors at the released levels."""
     geo = store.geography
     finest = geo.levels[-1]
     if levels[-1] != finest:
-        raise ValueError(f"the finest released level must be the data's finest, {finest!r}")
+        raise ArgumentError(f"the finest released level must be the data's finest, {finest!r}")
     ancestors = {lv: int(geo.ancestor_index(lv)[0]) for lv in levels[:-1]}
     if len(levels) > 1:
         parent = geo.ancestor_index(levels[-2])
@@ -163,7 +166,8 @@ def read_statistic(out: pathlib.Path, design: Design, levels: Sequence[str], k: 
     root = zarr.open_group(str(out), mode="r")
     s = 0.0
     for lv in levels:
-        est = np.asarray(root[lv]["estimate"][:], dtype=float)
+        group: Any = root[lv]  # a zarr group per level
+        est = np.asarray(group["estimate"][:], dtype=float)
         if lv == levels[-1]:
             est = est[::k]  # the first block of each copy holds the person
         s = s + est.reshape(est.shape[0], -1) @ design.directions[lv]

@@ -52,6 +52,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from dpdask.errors import ArgumentError
 from dpdask.testing.fault_injection._draw import FAULT_KINDS, draw_fault, timing_run
 from dpdask.testing.fault_injection._files import (
     TRIAL_CLUSTER,
@@ -126,11 +127,11 @@ def run_trials(
         If the uninterrupted calibration run fails.
     """
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive integer, got {trials!r}")
+        raise ArgumentError(f"trials must be a positive integer, got {trials!r}")
     t0 = time.monotonic()
     source = pathlib.Path(spec_path)
     temporary = workdir is None
-    root = pathlib.Path(tempfile.mkdtemp(prefix="dpdask-faults-") if temporary else workdir)
+    root = pathlib.Path(tempfile.mkdtemp(prefix="dpdask-faults-") if workdir is None else workdir)
     root = root.absolute()
     root.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)

@@ -17,7 +17,7 @@ __all__ = ["FAULT_KINDS", "draw_fault", "timing_run"]
 FAULT_KINDS = ("worker", "client", "both")
 
 
-def timing_run(spec_path: pathlib.Path, folder: pathlib.Path) -> dict:
+def timing_run(spec_path: pathlib.Path, folder: pathlib.Path) -> dict[str, Any]:
     """One uninterrupted run, to see when workers, the key, the markers and the end come."""
     from dpdask.pipeline.spec import load_spec
     from dpdask.publish import work_dir

@@ -132,7 +132,7 @@ def compare_releases(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> li
     if not arrays_a:
         diffs.append("no arrays")
     for name in sorted(set(arrays_a) & set(arrays_b)):
-        x, y = arrays_a[name][...], arrays_b[name][...]
+        x, y = np.asarray(arrays_a[name][...]), np.asarray(arrays_b[name][...])
         if x.shape != y.shape or x.dtype != y.dtype:
             diffs.append(f"{name}: {x.shape} {x.dtype} vs {y.shape} {y.dtype}")
         elif x.dtype.kind in "biufcmM":
@@ -141,8 +141,8 @@ def compare_releases(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> li
                 diffs.append(f"{name}: {n} bytes differ")
         elif not np.array_equal(x, y):
             diffs.append(f"{name}: values differ")
-    attrs_a = dict(ga.attrs).get("dpdask", {})
-    attrs_b = dict(gb.attrs).get("dpdask", {})
+    attrs_a: Any = dict(ga.attrs).get("dpdask", {})  # JSON, as zarr reads it
+    attrs_b: Any = dict(gb.attrs).get("dpdask", {})
     for key in _COMPARED_ATTRS:
         if attrs_a.get(key) != attrs_b.get(key):
             diffs.append(f"attrs[dpdask][{key!r}] differ")

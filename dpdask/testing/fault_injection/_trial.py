@@ -4,6 +4,7 @@ comparison with an uninterrupted reference."""
 from __future__ import annotations
 
 import collections
+import os
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,10 +19,11 @@ _RESUMES = 3  # resumes tried before a trial is declared stuck
 
 
 # -- the checks ------------------------------------------------------------------------------
-def ledger_state(path: pathlib.Path, release: str, run_id: str) -> dict[str, Any]:
+def ledger_state(path: str | os.PathLike[str], release: str, run_id: str) -> dict[str, Any]:
     """The run's state, charges and charge entries in the ledger at ``path``."""
     from dpdask.privacy import Ledger
 
+    path = pathlib.Path(path)
     if not path.exists():
         return {"exists": False, "run": None, "charges": [], "entries": 0}
     ledger = Ledger(path)

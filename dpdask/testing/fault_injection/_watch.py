@@ -58,7 +58,8 @@ def _descendants(pid: int) -> list[Any]:
     import psutil
 
     try:
-        return psutil.Process(pid).children(recursive=True)
+        children: list[Any] = psutil.Process(pid).children(recursive=True)
+        return children
     except psutil.Error:
         return []
 
