@@ -138,7 +138,7 @@ def bias_record(result: ThresholdResult | None) -> dict[str, Any]:
             f"with probability >= {1 - BETA}{each}, -bias_i <= ((1 - r) N + alpha / q) * "
             "bias_per_record_i, N the (unreleased) number of records, r = p / q = "
             f"{r}, alpha = 8 max(p, q - p) / eps_threshold * ln(4 K / beta) = {alpha:.6g}; "
-            "the bias is never positive (see dpdask.sums.spec)"
+            "the bias is never positive (see dpdask.sums.sum_spec)"
         ),
     }
 

@@ -16,7 +16,7 @@ import dpdask
 from dpdask.ldp import LocalStrategy, aggregate, count_responses, randomize, simulate_counts
 from dpdask.ldp import client as ldp_client
 from dpdask.ldp.baselines import hadamard, randomized_response
-from dpdask.ldp.plan import LdpPlan, select_local
+from dpdask.ldp.local_plan import LdpPlan, select_local
 from dpdask.linalg import Identity, Prefix
 from dpdask.noise import SecretKey
 from dpdask.privacy import PureDP, zCDP
@@ -275,7 +275,7 @@ def test_plan_writes_the_client_file(tmp_path):
 def test_local_spec_plan_then_run(tmp_path, rng):
     import shutil
 
-    from dpdask.ldp.spec import plan_spec, run_spec
+    from dpdask.ldp.local_spec import plan_spec, run_spec
 
     spec = tmp_path / "spec.yaml"
     shutil.copy(EXAMPLES / "spec.yaml", spec)
@@ -295,7 +295,7 @@ def test_local_spec_plan_then_run(tmp_path, rng):
 
 
 def test_local_spec_is_strict(tmp_path):
-    from dpdask.ldp.spec import load_spec
+    from dpdask.ldp.local_spec import load_spec
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(

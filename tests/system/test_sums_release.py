@@ -426,7 +426,7 @@ def _content_id(path: pathlib.Path) -> str:
 
 
 def _spy_reads(monkeypatch) -> list:
-    import dpdask.sums.release as rel
+    import dpdask.sums.sum_release as rel
 
     reads: list = []
     real = rel.read_records

@@ -1,6 +1,6 @@
-"""``dpdask validate`` and ``dpdask plan`` for sum specs (:mod:`dpdask.sums.spec`).
+"""``dpdask validate`` and ``dpdask plan`` for sum specs (:mod:`dpdask.sums.sum_spec`).
 
-:func:`validate_spec` makes every check :func:`dpdask.sums.release.run_spec` makes before
+:func:`validate_spec` makes every check :func:`dpdask.sums.sum_release.run_spec` makes before
 it charges (the spec, the output path, the ledger, the run id, the records, the budget),
 writing and spending nothing. :func:`plan_spec` reads no data: the threshold is drawn
 from the data, so it reports the mechanism at every threshold the run may use (SVT: its
@@ -28,7 +28,7 @@ from dpdask.sums._setup import (
     probe,
     setup,
 )
-from dpdask.sums.spec import load_spec
+from dpdask.sums.sum_spec import load_spec
 from dpdask.sums.thresholds import exponential_grid, recursive_margin, svt_truncation_bound
 
 __all__ = ["format_plan", "plan_spec", "validate_spec"]
@@ -188,7 +188,7 @@ def plan_spec(path: str | os.PathLike) -> dict[str, Any]:
             "probability": 1 - BETA,
             "text": (
                 f"-bias_i <= ({frac:g} N + {additive:.6g}) * bias_per_record_i at the drawn "
-                "threshold, N the number of records (see dpdask.sums.spec)"
+                "threshold, N the number of records (see dpdask.sums.sum_spec)"
             ),
         }
     elif dry is not None:

@@ -1,5 +1,5 @@
 """Running a sum release: the threshold, the mechanism, the charges, the noise and the
-published group, in the order :mod:`dpdask.sums.spec` documents (with the bias bound)."""
+published group, in the order :mod:`dpdask.sums.sum_spec` documents (with the bias bound)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from dpdask.sums._setup import (
     setup,
 )
 from dpdask.sums._setup import threshold as draw_threshold
-from dpdask.sums.spec import load_spec
+from dpdask.sums.sum_spec import load_spec
 
 __all__ = ["THRESHOLD_LEVEL", "run_spec"]
 
@@ -35,7 +35,7 @@ _CHUNK = 256  # geographies per measured chunk
 def run_spec(
     path: str | os.PathLike, *, overwrite: bool = False, run_id: str | None = None
 ) -> dict[str, Any]:
-    """Run the sum release of the spec at ``path`` (:mod:`dpdask.sums.spec`); return a summary.
+    """Run the sum release of the spec at ``path`` (:mod:`dpdask.sums.sum_spec`); return a summary.
 
     Raises
     ------
@@ -118,7 +118,7 @@ def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> di
     per_record = np.asarray(mech.bias_per_record(), dtype=float).reshape(shape)
     raw = answers
     if spec["postprocess"] == "isotonic":
-        from dpdask.sums.error import monotone
+        from dpdask.sums.metrics import monotone
 
         rows = answers.reshape(-1, st.m)
         weights = np.broadcast_to(1.0 / variance, answers.shape).reshape(rows.shape)

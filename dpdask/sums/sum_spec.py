@@ -2,10 +2,10 @@
 
 A sum spec is a YAML mapping with ``model: sums``, read by :func:`load_spec`. ``dpdask
 validate SPEC`` makes every check a run makes, charging nothing
-(:func:`dpdask.sums.plan.validate_spec`); ``dpdask plan SPEC`` shows the mechanism's
+(:func:`dpdask.sums.sum_plan.validate_spec`); ``dpdask plan SPEC`` shows the mechanism's
 variance at every threshold it may use, before any data is read
-(:func:`dpdask.sums.plan.plan_spec`); ``dpdask run SPEC`` runs it
-(:func:`dpdask.sums.release.run_spec`; also ``python -m dpdask.sums.spec
+(:func:`dpdask.sums.sum_plan.plan_spec`); ``dpdask run SPEC`` runs it
+(:func:`dpdask.sums.sum_release.run_spec`; also ``python -m dpdask.sums.sum_spec
 {run,validate,plan} SPEC``). Example::
 
     model: sums
@@ -405,11 +405,11 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dpdask.sums.spec {run,validate,plan} SPEC [--json] [--overwrite]``."""
-    from dpdask.sums.plan import plan_spec, validate_spec
-    from dpdask.sums.release import run_spec
+    """``python -m dpdask.sums.sum_spec {run,validate,plan} SPEC [--json] [--overwrite]``."""
+    from dpdask.sums.sum_plan import plan_spec, validate_spec
+    from dpdask.sums.sum_release import run_spec
 
-    ap = argparse.ArgumentParser(prog="dpdask.sums.spec")
+    ap = argparse.ArgumentParser(prog="dpdask.sums.sum_spec")
     ap.add_argument("command", choices=["run", "validate", "plan"])
     ap.add_argument("spec")
     ap.add_argument("--json", action="store_true")
@@ -426,12 +426,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def __getattr__(name: str) -> Any:
-    # run_spec's home is dpdask.sums.release, which reads specs with this module
+    # run_spec's home is dpdask.sums.sum_release, which reads specs with this module
     if name == "run_spec":
-        from dpdask.sums.release import run_spec
+        from dpdask.sums.sum_release import run_spec
 
         return run_spec
-    raise AttributeError(f"module 'dpdask.sums.spec' has no attribute {name!r}")
+    raise AttributeError(f"module 'dpdask.sums.sum_spec' has no attribute {name!r}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,7 @@
 
 A local spec is a YAML mapping with ``model: local``; ``dpdask plan`` / ``dpdask run``
 dispatch such a spec here (:func:`plan_spec`, :func:`run_spec`; also
-``python -m dpdask.ldp.spec plan|run SPEC``). Example (``examples/ldp/spec.yaml``)::
+``python -m dpdask.ldp.local_spec plan|run SPEC``). Example (``examples/ldp/spec.yaml``)::
 
     model: local
     release: survey-prefix
@@ -46,7 +46,7 @@ import pandas as pd
 
 from dpdask.errors import SpecError
 from dpdask.ldp.aggregate import aggregate
-from dpdask.ldp.plan import LdpPlan, select_local
+from dpdask.ldp.local_plan import LdpPlan, select_local
 from dpdask.ldp.strategy import FORMAT, LocalStrategy
 from dpdask.privacy import PureDP
 from dpdask.specs import check_id, check_keys, parse_budget, read_spec
@@ -375,8 +375,8 @@ def run_spec(path: str | os.PathLike, *, overwrite: bool = False) -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dpdask.ldp.spec plan|run SPEC [--json] [--overwrite]``."""
-    ap = argparse.ArgumentParser(prog="dpdask.ldp.spec")
+    """``python -m dpdask.ldp.local_spec plan|run SPEC [--json] [--overwrite]``."""
+    ap = argparse.ArgumentParser(prog="dpdask.ldp.local_spec")
     ap.add_argument("command", choices=["plan", "run"])
     ap.add_argument("spec")
     ap.add_argument("--json", action="store_true")
