@@ -23,6 +23,7 @@ import dask.array as da
 import numpy as np
 import pandas as pd
 
+from dpdask.errors import ArgumentError, DataError
 from dpdask.ldp.strategy import LocalStrategy
 from dpdask.linalg import LinearQuery, aslinearquery
 
@@ -48,27 +49,27 @@ def _count_partition(
     df: pd.DataFrame, m: int, response: str, geography: str | None
 ) -> tuple[np.ndarray, np.ndarray]:
     if response not in df.columns:
-        raise ValueError(f"no {response!r} column in the responses")
+        raise DataError(f"no {response!r} column in the responses")
     r = df[response]
     if r.isna().any():
-        raise ValueError("a response is missing")
+        raise DataError("a response is missing")
     vals = r.to_numpy()
     if not np.issubdtype(vals.dtype, np.integer):
         as_int = vals.astype(np.int64)
         if not np.array_equal(as_int, vals):
-            raise ValueError("responses must be integer output indices")
+            raise DataError("responses must be integer output indices")
         vals = as_int
     vals = vals.astype(np.int64, copy=False)
     if vals.size and (vals.min() < 0 or vals.max() >= m):
         bad = vals[(vals < 0) | (vals >= m)][0]
-        raise ValueError(f"response {bad} is out of range 0..{m - 1}")
+        raise DataError(f"response {bad} is out of range 0..{m - 1}")
     if geography is None:
         return np.zeros(1, dtype=object), np.bincount(vals, minlength=m)[None, :]
     if geography not in df.columns:
-        raise ValueError(f"no {geography!r} column in the responses")
+        raise DataError(f"no {geography!r} column in the responses")
     g = df[geography]
     if g.isna().any():
-        raise ValueError("a geography id is missing")
+        raise DataError("a geography id is missing")
     codes, uniques = pd.factorize(g.to_numpy(), sort=True)
     counts = np.bincount(codes * m + vals, minlength=len(uniques) * m).reshape(-1, m)
     return np.asarray(uniques), counts
@@ -123,7 +124,7 @@ def count_responses(
         for p in ddf[cols].to_delayed()
     ]
     if not parts:
-        raise ValueError("no responses")
+        raise DataError("no responses")
     geos, counts = dask.compute(_tree(parts), scheduler=scheduler)[0]
     return geos, counts
 
@@ -162,7 +163,7 @@ class LocalEstimate:
         """Workload answers per geography, ``(g, p)``: ``V* y`` or ``W x_nonnegative``."""
         x = self.x_nonnegative if nonnegative else self.x
         if x is None:
-            raise ValueError("no non-negative estimate: aggregate with wnnls=True")
+            raise ArgumentError("no non-negative estimate: aggregate with wnnls=True")
         return self.workload.apply(x)
 
 

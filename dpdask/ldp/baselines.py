@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, PlanError
 from dpdask.ldp.strategy import LocalStrategy, as_epsilon, sym_pinv, workload_gram
 from dpdask.linalg import LinearQuery
 
@@ -100,7 +101,7 @@ def _tree_levels(n: int, branching: int) -> list[np.ndarray]:
 def hierarchical_matrix(n: int, epsilon: Any, branching: int = 4) -> np.ndarray:
     """Float ``Q`` of the hierarchical mechanism with Hadamard-response oracles."""
     if branching < 2:
-        raise ValueError("branching must be >= 2")
+        raise ArgumentError("branching must be >= 2")
     if n < 2:
         return randomized_response_matrix(n, epsilon)
     levels = _tree_levels(n, branching)
@@ -130,7 +131,7 @@ def hierarchical(
         scored.append((objective(Q, G), b))  # average-case: the cheap criterion
     f, b = min(scored)
     if not math.isfinite(f):
-        raise ValueError("no hierarchical strategy supports the workload")
+        raise PlanError("no hierarchical strategy supports the workload")
     return hierarchical(n, epsilon, b)
 
 
@@ -155,10 +156,10 @@ def fourier(W: Any, epsilon: Any) -> LocalStrategy:
     G = workload_gram(W)
     n = G.shape[0]
     if n < 2 or n & (n - 1):
-        raise ValueError("the Fourier mechanism needs n = 2^d")
+        raise PlanError("the Fourier mechanism needs n = 2^d")
     alphas = fourier_coefficients(G)
     if alphas.size == 0:
-        raise ValueError("the workload needs no non-constant Fourier coefficient")
+        raise PlanError("the workload needs no non-constant Fourier coefficient")
     e = _e(epsilon)
     chi = _sylvester(n)[alphas]  # |T| x n, entries +-1
     hi = np.where(chi > 0, e, 1.0) / (1.0 + e)
@@ -182,7 +183,7 @@ class LaplaceFactorization:
         self.A = np.asarray(A, dtype=float)
         self.epsilon = as_epsilon(epsilon)
         if self.epsilon <= 0:
-            raise ValueError("the Laplace factorization needs epsilon > 0")
+            raise PlanError("the Laplace factorization needs epsilon > 0")
         self.sensitivity = 2.0 * float(np.abs(self.A).sum(axis=0).max())
         self.name = name
         self.info = dict(info or {})

@@ -12,6 +12,7 @@ import math
 import os
 from typing import Any
 
+from dpdask.errors import BudgetTypeError, PlanError
 from dpdask.ldp.bounds import lower_bound
 from dpdask.ldp.optimize import optimize
 from dpdask.ldp.strategy import LocalStrategy, as_epsilon
@@ -132,8 +133,10 @@ def select_local(workload: Any, privacy: Any, *, alpha: float = 0.01, **options:
         If ``epsilon`` is not positive.
     """
     if not isinstance(privacy, PureDP):
-        raise TypeError(f"the local model needs a PureDP budget, got {type(privacy).__name__}")
+        raise BudgetTypeError(
+            f"the local model needs a PureDP budget, got {type(privacy).__name__}"
+        )
     if privacy.epsilon <= 0:
-        raise ValueError("the local model needs epsilon > 0")
+        raise PlanError("the local model needs epsilon > 0")
     S = optimize(workload, privacy, alpha=alpha, **options)
     return LdpPlan(workload, S, privacy, alpha)

@@ -136,9 +136,9 @@ def _workload(doc: dict[str, Any]):
         name, opts = w, {}
     else:
         raise SpecError(f"workload: a name or {{name: ..., options}}, got {w!r}")
+    if "domain" in doc and not isinstance(doc["domain"], dict):
+        raise SpecError(f"domain: expected a mapping of attribute sizes, got {doc['domain']!r}")
     try:
-        if "domain" in doc and not isinstance(doc["domain"], dict):
-            raise ValueError(f"expected a mapping of attribute sizes, got {doc['domain']!r}")
         domain = Domain(**doc["domain"]) if "domain" in doc else None
     except (TypeError, ValueError) as exc:
         raise SpecError(f"domain: {exc}") from None

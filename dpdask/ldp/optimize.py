@@ -32,6 +32,7 @@ import numpy as np
 from scipy.linalg import LinAlgError, cho_factor, cho_solve
 from threadpoolctl import threadpool_limits
 
+from dpdask.errors import PlanError
 from dpdask.ldp.baselines import baselines as make_baselines
 from dpdask.ldp.projection import feasible_floors, project
 from dpdask.ldp.strategy import LocalStrategy, as_epsilon, workload_gram
@@ -127,7 +128,7 @@ def pgd(
     Q, lam = project(Q, z, epsilon, return_shift=True)
     f, g = objective_gradient(Q, G)
     if g is None:
-        raise ValueError("the start does not support the workload (Q^T D^-1 Q is singular)")
+        raise PlanError("the start does not support the workload (Q^T D^-1 Q is singular)")
     unit = np.linalg.norm(Q) / max(np.linalg.norm(g), 1e-300)
     alpha, kappa = 0.05 * unit, None
     history = [f]
@@ -284,7 +285,7 @@ def optimize(
     t_starts = time.perf_counter() - t0 - t_base
     finite = [r for r in runs if r["Q"] is not None and math.isfinite(r["objective"])]
     if not finite and not base:
-        raise ValueError("no start supports the workload")
+        raise PlanError("no start supports the workload")
     cands: dict[str, Any] = dict(base)
     starts_report = {r["start"]: r["objective"] for r in runs}
     history: list[float] = []

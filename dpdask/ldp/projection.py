@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.ldp.strategy import as_epsilon
 
 __all__ = ["feasible_floors", "project"]
@@ -93,18 +94,18 @@ def project(
     R = np.asarray(R, dtype=float)
     z = np.asarray(z, dtype=float)
     if R.ndim != 2 or z.shape != (R.shape[0],):
-        raise ValueError(f"R must be m x n and z of length m, got {R.shape} and {z.shape}")
+        raise ShapeError(f"R must be m x n and z of length m, got {R.shape} and {z.shape}")
     e = math.exp(float(as_epsilon(epsilon)))
     lo_sum, hi_sum = float(z.sum()), float(e * z.sum())
     if (z < 0).any() or lo_sum > 1.0 + 1e-12 or hi_sum < 1.0 - 1e-12:
-        raise ValueError(f"infeasible floors: sum z = {lo_sum!r}, e^eps sum z = {hi_sum!r}")
+        raise ArgumentError(f"infeasible floors: sum z = {lo_sum!r}, e^eps sum z = {hi_sum!r}")
     up = e * z
     if method == "newton":
         lam = _newton_shifts(R, z, up, lo_sum, shift0)
     elif method == "sort":
         lam = _sorted_shifts(R, z, up, lo_sum)
     else:
-        raise ValueError(f"method must be 'newton' or 'sort', got {method!r}")
+        raise ArgumentError(f"method must be 'newton' or 'sort', got {method!r}")
     Q = np.clip(R + lam[None, :], z[:, None], up[:, None])
     return (Q, lam) if return_shift else Q
 

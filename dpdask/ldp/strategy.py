@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ArgumentTypeError, BudgetTypeError, PlanError, ShapeError
 from dpdask.linalg import LinearQuery
 
 __all__ = [
@@ -65,15 +66,15 @@ def as_epsilon(epsilon: Any) -> Fraction:
     """
     eps = getattr(epsilon, "epsilon", epsilon)
     if isinstance(eps, bool):
-        raise TypeError("epsilon must be a number, got a bool")
+        raise BudgetTypeError("epsilon must be a number, got a bool")
     if isinstance(eps, float) and not math.isfinite(eps):
-        raise ValueError(f"epsilon must be finite, got {eps}")
+        raise PlanError(f"epsilon must be finite, got {eps}")
     try:
         frac = Fraction(eps) if not isinstance(eps, np.floating) else Fraction(float(eps))
     except (TypeError, ValueError) as err:
-        raise TypeError(f"epsilon must be a number or PureDP, got {epsilon!r}") from err
+        raise BudgetTypeError(f"epsilon must be a number or PureDP, got {epsilon!r}") from err
     if frac < 0:
-        raise ValueError(f"epsilon must be >= 0, got {eps}")
+        raise PlanError(f"epsilon must be >= 0, got {eps}")
     return frac
 
 
@@ -111,18 +112,18 @@ def check_ldp(counts: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) 
     """
     K = np.asarray(counts)
     if K.ndim != 2 or K.shape[0] < 1 or K.shape[1] < 1:
-        raise ValueError(f"a strategy is a non-empty m x n matrix, got shape {K.shape}")
+        raise PlanError(f"a strategy is a non-empty m x n matrix, got shape {K.shape}")
     if not np.issubdtype(K.dtype, np.integer):
-        raise TypeError(f"strategy weights must be integers, got {K.dtype}")
+        raise ArgumentTypeError(f"strategy weights must be integers, got {K.dtype}")
     if int(denominator) <= 0:
-        raise ValueError("the denominator must be positive")
+        raise PlanError("the denominator must be positive")
     if (K < 0).any():
         o, u = np.argwhere(K < 0)[0]
-        raise ValueError(f"negative probability at row {o}, column {u}")
+        raise PlanError(f"negative probability at row {o}, column {u}")
     sums = [sum(col) for col in K.T.tolist()]  # Python ints: exact
     bad = [u for u, s in enumerate(sums) if s != int(denominator)]
     if bad:
-        raise ValueError(
+        raise PlanError(
             f"column {bad[0]} sums to {sums[bad[0]]}/{denominator}, not exactly 1 "
             f"({len(bad)} bad column(s))"
         )
@@ -131,7 +132,7 @@ def check_ldp(counts: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) 
     for o, (hi, lo) in enumerate(zip(K.max(axis=1).tolist(), K.min(axis=1).tolist(), strict=True)):
         if hi * den > lo * num:
             ratio = hi / lo if lo else math.inf
-            raise ValueError(
+            raise PlanError(
                 f"row {o} violates {float(as_epsilon(epsilon)):g}-LDP: max/min = {ratio:.17g}"
             )
 
@@ -166,15 +167,15 @@ def quantize(Q: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) -> np.
     """
     Q = np.array(Q, dtype=float)
     if Q.ndim != 2 or not np.isfinite(Q).all():
-        raise ValueError("a strategy is a finite m x n matrix")
+        raise PlanError("a strategy is a finite m x n matrix")
     if (Q < -1e-12).any():
-        raise ValueError("a strategy has non-negative entries")
+        raise PlanError("a strategy has non-negative entries")
     Q = np.clip(Q, 0.0, None)
     Q[Q.max(axis=1) < 1e-13] = 0.0
     Q = Q[Q.max(axis=1) > 0] if (Q.max(axis=1) > 0).any() else Q
     col = Q.sum(axis=0)
     if (np.abs(col - 1.0) > 1e-6).any():
-        raise ValueError(f"columns must sum to one (worst: {col[np.argmax(np.abs(col - 1))]!r})")
+        raise PlanError(f"columns must sum to one (worst: {col[np.argmax(np.abs(col - 1))]!r})")
     Q = Q / col
     p = Q.mean(axis=1)
     last: Exception | None = None
@@ -185,7 +186,7 @@ def quantize(Q: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) -> np.
             return K
         except ValueError as err:
             last = err
-    raise ValueError(f"not an epsilon-LDP strategy: {last}")
+    raise PlanError(f"not an epsilon-LDP strategy: {last}")
 
 
 def workload_gram(W: Any) -> np.ndarray:
@@ -194,7 +195,7 @@ def workload_gram(W: Any) -> np.ndarray:
         return np.asarray(W.gram().dense(), dtype=float)
     A = np.asarray(W, dtype=float)
     if A.ndim != 2:
-        raise ValueError("a workload is a 2-D matrix")
+        raise ShapeError("a workload is a 2-D matrix")
     return A.T @ A
 
 
@@ -303,13 +304,13 @@ class LocalStrategy:
 
     def _gram(self, W: Any) -> np.ndarray:
         if W is None:
-            raise ValueError("a workload is needed")
+            raise ArgumentError("a workload is needed")
         cached = getattr(self, "_wcache", None)
         if cached is not None and cached[0] is W:
             return cached[1]
         G = workload_gram(W)
         if G.shape != (self.shape[1],) * 2:
-            raise ValueError(f"workload has {G.shape[0]} columns, strategy has {self.shape[1]}")
+            raise ShapeError(f"workload has {G.shape[0]} columns, strategy has {self.shape[1]}")
         self._wcache = (W, G)
         return G
 
@@ -319,7 +320,7 @@ class LocalStrategy:
 
     def _require(self, a: dict[str, Any]) -> None:
         if not a["supported"]:
-            raise ValueError(
+            raise PlanError(
                 f"strategy {self.name!r} does not support the workload (W not in Q's row space)"
             )
 
@@ -372,7 +373,7 @@ class LocalStrategy:
     def sample_complexity(self, W: Any, alpha: float = 0.01) -> float:
         """People needed for normalised worst-case variance ``alpha`` (Corollary 5.2)."""
         if not alpha > 0:
-            raise ValueError("alpha must be positive")
+            raise ArgumentError("alpha must be positive")
         return self.worst_variance(W) / (_rows(W) * float(alpha))
 
     def summary(self, W: Any, alpha: float = 0.01) -> dict[str, Any]:
@@ -414,10 +415,10 @@ class LocalStrategy:
         """
         doc = json.loads(text)
         if doc.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} file (format={doc.get('format')!r})")
+            raise PlanError(f"not a {FORMAT} file (format={doc.get('format')!r})")
         cols = np.array(doc["columns"], dtype=np.int64)
         if cols.shape != (int(doc["n"]), int(doc["m"])):
-            raise ValueError("columns do not match n and m")
+            raise PlanError("columns do not match n and m")
         return cls(
             cols.T, Fraction(doc["epsilon"]), denominator=int(doc["denominator"]), name=doc["name"]
         )

@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, BudgetTypeError, PlanError
 from dpdask.linalg import Dense, Diagonal, Identity, LinearQuery
 from dpdask.noise import KeyedRNG
 from dpdask.privacy import PureDP
@@ -88,16 +89,18 @@ _DENSE_LIMIT = 25_000_000  # entries of a dense strategy / reconstruction matrix
 
 def _check_privacy(privacy: Any) -> PureDP:
     if not isinstance(privacy, PureDP):
-        raise TypeError(f"sum mechanisms are pure DP (Laplace noise, paper 004); got {privacy!r}")
+        raise BudgetTypeError(
+            f"sum mechanisms are pure DP (Laplace noise, paper 004); got {privacy!r}"
+        )
     if privacy.epsilon <= 0:
-        raise ValueError("the measurement budget must be positive")
+        raise PlanError("the measurement budget must be positive")
     return privacy
 
 
 def _check_theta(theta: Any) -> float:
     t = math.inf if theta is None else float(theta)
     if not t > 0:
-        raise ValueError(f"the truncation threshold must be positive, got {theta!r}")
+        raise ArgumentError(f"the truncation threshold must be positive, got {theta!r}")
     return t
 
 
@@ -147,7 +150,7 @@ class SumMechanism:
                 return WT
             M = _dense(self.strategy)
             if M is None or WT is None:
-                raise ValueError("the strategy is too large for a dense reconstruction")
+                raise PlanError("the strategy is too large for a dense reconstruction")
             self._recon = WT @ np.linalg.pinv(M)
         return self._recon
 
@@ -197,7 +200,7 @@ class SumMechanism:
         """``|bias_i| <= n * bias_per_record()_i`` for ``n = n_truncated`` records above theta."""
         n = float(n_truncated)
         if not (n >= 0 and math.isfinite(n)):
-            raise ValueError(f"n_truncated must be non-negative, got {n_truncated!r}")
+            raise ArgumentError(f"n_truncated must be non-negative, got {n_truncated!r}")
         return n * self.bias_per_record()
 
     # -- answers ---------------------------------------------------------------------
@@ -245,14 +248,14 @@ def relative_weights(sums: SumWorkload, theta: float | None = None) -> np.ndarra
     else:  # large implicit workloads: 0/1 predicates (prefixes, ranges) are non-negative
         proxy = np.asarray(W @ v, dtype=float)
     if not (np.isfinite(proxy).all() and (proxy > 0).all()):
-        raise ValueError("the relative objective needs every query to cover a bin")
+        raise PlanError("the relative objective needs every query to cover a bin")
     return 1.0 / np.sqrt(proxy)
 
 
 def _objective(name: str, objective: str | None) -> str:
     obj = DEFAULT_OBJECTIVE.get(name, "total") if objective is None else objective
     if obj not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
+        raise ArgumentError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
     return obj
 
 
@@ -290,7 +293,7 @@ def select_strategy(
     from dpdask.strategy.select import select
 
     if name not in DEFAULT_OBJECTIVE:
-        raise ValueError(f"only TiMM and TaMM select a strategy, not {name!r}")
+        raise ArgumentError(f"only TiMM and TaMM select a strategy, not {name!r}")
     obj = _objective(name, objective)
     t = None if theta is None or math.isinf(float(theta)) else float(theta)
     values = sums.truncated_values(t if name == "TaMM" else None)
@@ -357,7 +360,7 @@ def sum_mechanism(
     """
     privacy = _check_privacy(privacy)
     if name not in MECHANISMS:
-        raise ValueError(f"unknown sum mechanism {name!r}; choose one of {MECHANISMS}")
+        raise ArgumentError(f"unknown sum mechanism {name!r}; choose one of {MECHANISMS}")
     if name == "SQM":
         th = np.full(sums.shape[0], math.inf) if theta is None else np.asarray(theta, float)
         return SQMechanism(sums, th, privacy)
@@ -388,7 +391,7 @@ def sum_mechanism(
     else:
         sens = float(M.sensitivity(1))
     if not (sens > 0 and math.isfinite(sens)):
-        raise ValueError(f"the strategy's L1 sensitivity is {sens}")
+        raise PlanError(f"the strategy's L1 sensitivity is {sens}")
     scale = sens / float(privacy.epsilon)
     info = {k: v for k, v in info.items() if isinstance(v, int | float | str | bool | type(None))}
     return SumMechanism(name, sums, t, privacy, M, scale, template, info)

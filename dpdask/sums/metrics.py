@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpdask.errors import ArgumentError
 from dpdask.reconstruct.isotonic import isotonic
 
 __all__ = ["monotone", "relative_error"]
@@ -20,7 +21,7 @@ def relative_error(noisy: np.ndarray, true: np.ndarray, delta: float = 100.0) ->
     [0.1, 0.05]
     """
     if not float(delta) > 0:
-        raise ValueError(f"delta must be positive, got {delta!r}")
+        raise ArgumentError(f"delta must be positive, got {delta!r}")
     y = np.asarray(true, dtype=float)
     return np.abs(np.asarray(noisy, dtype=float) - y) / np.maximum(y, float(delta))
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, PlanError
 from dpdask.linalg import Dense
 from dpdask.noise import KeyedRNG
 from dpdask.privacy import PureDP
@@ -49,16 +50,16 @@ class SQMechanism:
         m = self.sums.shape[0]
         th = np.broadcast_to(np.asarray(self.thetas, dtype=float), (m,)).copy()
         if not (th > 0).all():
-            raise ValueError("thresholds must be positive (inf: no truncation)")
+            raise ArgumentError("thresholds must be positive (inf: no truncation)")
         self.thetas = th
         if self.sums.shape[0] * self.sums.shape[1] > _DENSE_LIMIT:
-            raise ValueError("SQM needs a dense workload")
+            raise ArgumentError("SQM needs a dense workload")
         W = np.asarray(self.sums.counting.dense(), dtype=float)
         self._W = W
         self._T = np.minimum(self.sums.weights[None, :], th[:, None])  # t_ij = min(d_j, theta_i)
         self.sensitivities = np.abs(W * self._T).max(axis=1)
         if not (self.sensitivities > 0).all():
-            raise ValueError("every SQM query must cover a bin")
+            raise PlanError("every SQM query must cover a bin")
         self.noise_scales = self.sensitivities * m / float(self.privacy.epsilon)
 
     @property
@@ -98,7 +99,7 @@ class SQMechanism:
         """``|bias_i| <= n * bias_per_record()_i`` for ``n`` records above ``theta_i``."""
         n = float(n_truncated)
         if not (n >= 0 and math.isfinite(n)):
-            raise ValueError(f"n_truncated must be non-negative, got {n_truncated!r}")
+            raise ArgumentError(f"n_truncated must be non-negative, got {n_truncated!r}")
         return n * self.bias_per_record()
 
     # -- a release: the queries measured together ---------------------------------------
