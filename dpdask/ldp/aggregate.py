@@ -18,10 +18,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 import pandas as pd
+from dask.base import compute
+from dask.delayed import delayed
 
 from dpdask.errors import ArgumentError, DataError
 from dpdask.ldp.strategy import LocalStrategy
@@ -38,7 +39,7 @@ def read_responses(source: Any, *, blocksize: str | int = "128MiB") -> Any:
         return source
     if isinstance(source, pd.DataFrame):
         nparts = max(1, len(source) // 5_000_000)
-        return dd.from_pandas(source, npartitions=nparts)
+        return dd.from_pandas(source, npartitions=nparts)  # type: ignore[no-untyped-call]
     path = os.fspath(source)
     if path.endswith(".csv") or path.endswith(".csv.gz"):
         return dd.read_csv(path, blocksize=blocksize)
@@ -75,7 +76,9 @@ def _count_partition(
     return np.asarray(uniques), counts
 
 
-def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple:
+def _merge(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
     ga, ca = a
     gb, cb = b
     if len(ga) == len(gb) and (ga == gb).all():
@@ -89,7 +92,7 @@ def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -
 
 def _tree(parts: list[Any]) -> Any:
     while len(parts) > 1:
-        nxt = [dask.delayed(_merge)(a, b) for a, b in zip(parts[::2], parts[1::2], strict=False)]
+        nxt = [delayed(_merge)(a, b) for a, b in zip(parts[::2], parts[1::2], strict=False)]
         if len(parts) % 2:
             nxt.append(parts[-1])
         parts = nxt
@@ -114,18 +117,17 @@ def count_responses(
 
     Raises
     ------
-    ValueError
+    DataError
         On a missing column or value, a non-integer or an out-of-range index.
     """
     ddf = read_responses(responses)
     cols = [response] if geography is None else [response, geography]
     parts = [
-        dask.delayed(_count_partition)(p, int(m), response, geography)
-        for p in ddf[cols].to_delayed()
+        delayed(_count_partition)(p, int(m), response, geography) for p in ddf[cols].to_delayed()
     ]
     if not parts:
         raise DataError("no responses")
-    geos, counts = dask.compute(_tree(parts), scheduler=scheduler)[0]
+    geos, counts = compute(_tree(parts), scheduler=scheduler)[0]  # type: ignore[no-untyped-call]
     return geos, counts
 
 
@@ -152,12 +154,13 @@ class LocalEstimate:
     x: np.ndarray
     x_nonnegative: np.ndarray | None
     workload: LinearQuery
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def people(self) -> np.ndarray:
         """Responses per geography."""
-        return self.counts.sum(axis=1)
+        people: np.ndarray = self.counts.sum(axis=1)
+        return people
 
     def answers(self, nonnegative: bool = False) -> np.ndarray:
         """Workload answers per geography, ``(g, p)``: ``V* y`` or ``W x_nonnegative``."""
@@ -198,7 +201,7 @@ def aggregate(
 
     Raises
     ------
-    ValueError
+    DataError, PlanError
         If the responses are invalid or the strategy does not support ``W``.
     """
     Wq = W if isinstance(W, LinearQuery) else aslinearquery(np.asarray(W, dtype=float))
@@ -207,7 +210,7 @@ def aggregate(
     geos, counts = count_responses(
         responses, m, response=response, geography=geography, scheduler=scheduler
     )
-    Y = da.from_array(counts.astype(float), chunks=(int(chunk), m))
+    Y = da.from_array(counts.astype(float), chunks=(int(chunk), m))  # type: ignore[no-untyped-call]
     x = (Y @ E.T).compute(scheduler=scheduler)
     x_nn = None
     if wnnls:

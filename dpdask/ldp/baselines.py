@@ -123,7 +123,7 @@ def hierarchical(
     from dpdask.ldp.optimize import objective
 
     G = workload_gram(W)
-    scored = []
+    scored: list[tuple[float, int]] = []
     for b in (2, 4, 8, 16):
         if b > max(n, 2) and scored:
             break
@@ -150,7 +150,7 @@ def fourier(W: Any, epsilon: Any) -> LocalStrategy:
 
     Raises
     ------
-    ValueError
+    PlanError
         If ``n`` is not a power of two or ``W`` needs no non-constant coefficient.
     """
     G = workload_gram(W)
@@ -179,7 +179,13 @@ class LaplaceFactorization:
 
     Q = None
 
-    def __init__(self, A: np.ndarray, epsilon: Any, name: str = "matrix_mechanism", info=None):
+    def __init__(
+        self,
+        A: np.ndarray,
+        epsilon: Any,
+        name: str = "matrix_mechanism",
+        info: dict[str, Any] | None = None,
+    ) -> None:
         self.A = np.asarray(A, dtype=float)
         self.epsilon = as_epsilon(epsilon)
         if self.epsilon <= 0:
@@ -190,7 +196,8 @@ class LaplaceFactorization:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.A.shape)  # type: ignore[return-value]
+        m, n = self.A.shape
+        return int(m), int(n)
 
     def __repr__(self) -> str:
         return f"LaplaceFactorization(m={self.A.shape[0]}, n={self.A.shape[1]})"
@@ -199,7 +206,8 @@ class LaplaceFactorization:
         """``tr[(A^T A)^+ G]`` (``inf`` if ``W`` is unsupported), kept for the last ``W``."""
         cached = getattr(self, "_last", None)
         if cached is not None and cached[0] is W:
-            return cached[1]
+            err: float = cached[1]
+            return err
         G = workload_gram(W)
         Xp, proj = sym_pinv(self.A.T @ self.A)
         if np.abs(G - proj @ G @ proj).sum() > 1e-7 * max(np.trace(G), 1e-300) * G.shape[0]:
@@ -233,7 +241,9 @@ class LaplaceFactorization:
         }
 
 
-def matrix_mechanism(W: Any, epsilon: Any, *, restarts: int = 1, seed: int = 0):
+def matrix_mechanism(
+    W: Any, epsilon: Any, *, restarts: int = 1, seed: int = 0
+) -> LaplaceFactorization:
     """The local matrix mechanism with the better of HDMM's central strategy and ``I``."""
     n = int(W.shape[1])
     cands = [LaplaceFactorization(np.eye(n), epsilon, info={"strategy": "identity"})]

@@ -23,6 +23,7 @@ import math
 import secrets
 import sys
 from fractions import Fraction
+from typing import Any
 
 __all__ = ["load", "main", "respond", "verify"]
 
@@ -41,7 +42,7 @@ def _errors() -> tuple[type[ValueError], type[ValueError]]:
 _StrategyError, _RecordError = _errors()
 
 
-def load(text: str) -> dict:
+def load(text: str) -> dict[str, Any]:
     """Parse a strategy file and check its shape and column sums (fails closed).
 
     Raises
@@ -50,7 +51,7 @@ def load(text: str) -> dict:
         If the format is unknown, a weight is not a non-negative integer, or a column does
         not sum exactly to the denominator.
     """
-    doc = json.loads(text)
+    doc: dict[str, Any] = json.loads(text)
     if doc.get("format") != FORMAT:
         raise _StrategyError(f"not a {FORMAT} strategy file")
     total = doc["denominator"]
@@ -77,7 +78,7 @@ def _exp_lower(eps: Fraction) -> Fraction:
             return Fraction(math.floor(total * 2**64), 2**64)
 
 
-def verify(doc: dict, epsilon: str | int | Fraction | None = None) -> None:
+def verify(doc: dict[str, Any], epsilon: str | int | Fraction | None = None) -> None:
     """Check exactly that the strategy is ``epsilon``-LDP (default: the file's own epsilon).
 
     Raises
@@ -96,7 +97,7 @@ def verify(doc: dict, epsilon: str | int | Fraction | None = None) -> None:
             raise _StrategyError(f"row {o} is not {eps}-LDP")
 
 
-def respond(record: int, doc: dict) -> int:
+def respond(record: int, doc: dict[str, Any]) -> int:
     """The randomized response of one person of type ``record`` (secure randomness).
 
     Raises

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from dpdask.errors import ArgumentTypeError, DataError, DataTypeError
 from dpdask.ldp.strategy import LocalStrategy
@@ -29,7 +30,7 @@ def generator(key: Any, identity: Any = ("dpdask.ldp", "simulate")) -> np.random
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         If ``key`` is none of these.
     """
     if isinstance(key, np.random.Generator):
@@ -61,7 +62,7 @@ def randomize(
     types: Any,
     key: Any,
     identity: Any = ("dpdask.ldp", "simulate"),
-) -> np.ndarray:
+) -> NDArray[np.int64]:
     """One response per person: ``P(response = o | type u) = counts[o, u] / denominator``.
 
     Parameters
@@ -93,7 +94,8 @@ def randomize(
     if n * T < 2**62:  # one searchsorted over all columns laid end to end
         flat = (cum.T + (np.arange(n, dtype=np.int64) * T)[:, None]).ravel()
         idx = np.searchsorted(flat, t * T + draw, side="right")
-        return idx - t * m
+        responses: NDArray[np.int64] = idx - t * m
+        return responses
     out = np.empty(t.size, dtype=np.int64)  # pragma: no cover - huge domains
     for u in np.unique(t):
         sel = t == u

@@ -33,6 +33,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from dpdask.errors import ArgumentError, ArgumentTypeError, BudgetTypeError, PlanError, ShapeError
 from dpdask.linalg import LinearQuery
@@ -59,9 +60,9 @@ def as_epsilon(epsilon: Any) -> Fraction:
 
     Raises
     ------
-    TypeError
+    BudgetTypeError
         If ``epsilon`` is not a number or a pure-DP budget.
-    ValueError
+    PlanError
         If it is negative or not finite.
     """
     eps = getattr(epsilon, "epsilon", epsilon)
@@ -105,9 +106,9 @@ def check_ldp(counts: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) 
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         If ``counts`` is not an integer matrix.
-    ValueError
+    PlanError
         If any condition fails (the message names the first offending row or column).
     """
     K = np.asarray(counts)
@@ -162,7 +163,7 @@ def quantize(Q: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) -> np.
 
     Raises
     ------
-    ValueError
+    PlanError
         If ``Q`` is not (close to) a valid ``epsilon``-LDP strategy.
     """
     Q = np.array(Q, dtype=float)
@@ -189,14 +190,15 @@ def quantize(Q: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) -> np.
     raise PlanError(f"not an epsilon-LDP strategy: {last}")
 
 
-def workload_gram(W: Any) -> np.ndarray:
+def workload_gram(W: Any) -> NDArray[np.float64]:
     """``G = W^T W`` as a dense ``n x n`` array (from an implicit workload's ``gram()``)."""
     if isinstance(W, LinearQuery):
         return np.asarray(W.gram().dense(), dtype=float)
     A = np.asarray(W, dtype=float)
     if A.ndim != 2:
         raise ShapeError("a workload is a 2-D matrix")
-    return A.T @ A
+    G: NDArray[np.float64] = A.T @ A
+    return G
 
 
 def _rows(W: Any) -> int:
@@ -248,8 +250,8 @@ class LocalStrategy:
         *,
         denominator: int = DENOMINATOR,
         name: str = "custom",
-        info: dict | None = None,
-    ):
+        info: dict[str, Any] | None = None,
+    ) -> None:
         K = np.asarray(counts)
         check_ldp(K, epsilon, denominator)
         self.counts = K.astype(np.int64)
@@ -262,7 +264,12 @@ class LocalStrategy:
 
     @classmethod
     def from_probabilities(
-        cls, Q: np.ndarray, epsilon: Any, *, name: str = "custom", info: dict | None = None
+        cls,
+        Q: np.ndarray,
+        epsilon: Any,
+        *,
+        name: str = "custom",
+        info: dict[str, Any] | None = None,
     ) -> LocalStrategy:
         """Quantise a float strategy (see :func:`quantize`) and check it exactly."""
         return cls(quantize(Q, epsilon), epsilon, name=name, info=info)
@@ -278,7 +285,8 @@ class LocalStrategy:
     @property
     def shape(self) -> tuple[int, int]:
         """``(m, n)``: outputs by types."""
-        return tuple(self.counts.shape)  # type: ignore[return-value]
+        m, n = self.counts.shape
+        return int(m), int(n)
 
     def __repr__(self) -> str:
         m, n = self.shape
@@ -302,12 +310,13 @@ class LocalStrategy:
         self._cache = {key: out}  # one workload at a time
         return out
 
-    def _gram(self, W: Any) -> np.ndarray:
+    def _gram(self, W: Any) -> NDArray[np.float64]:
         if W is None:
             raise ArgumentError("a workload is needed")
         cached = getattr(self, "_wcache", None)
         if cached is not None and cached[0] is W:
-            return cached[1]
+            G: NDArray[np.float64] = cached[1]
+            return G
         G = workload_gram(W)
         if G.shape != (self.shape[1],) * 2:
             raise ShapeError(f"workload has {G.shape[0]} columns, strategy has {self.shape[1]}")
@@ -324,7 +333,7 @@ class LocalStrategy:
                 f"strategy {self.name!r} does not support the workload (W not in Q's row space)"
             )
 
-    def estimator(self, W: Any = None) -> np.ndarray:
+    def estimator(self, W: Any = None) -> NDArray[np.float64]:
         """``E = X^+ Q^T D^-1`` (``n x m``): ``x_hat = E y`` and ``V* = W E``.
 
         With a workload, first checks that the workload is supported.
@@ -335,14 +344,16 @@ class LocalStrategy:
         s = Q.sum(axis=1)
         P = np.divide(Q, s[:, None], out=np.zeros_like(Q), where=s[:, None] > 0)
         Xp, _ = sym_pinv(Q.T @ P)
-        return Xp @ P.T
+        E: NDArray[np.float64] = Xp @ P.T
+        return E
 
-    def reconstruction(self, W: Any) -> np.ndarray:
+    def reconstruction(self, W: Any) -> NDArray[np.float64]:
         """``V* = W (Q^T D^-1 Q)^+ Q^T D^-1``, ``p x m`` (Theorem 3.3; dense)."""
         E = self.estimator(W)
         if isinstance(W, LinearQuery):
             return np.asarray(W @ E, dtype=float)
-        return np.asarray(W, dtype=float) @ E
+        V: NDArray[np.float64] = np.asarray(W, dtype=float) @ E
+        return V
 
     def objective(self, W: Any) -> float:
         """``tr[(Q^T D^-1 Q)^+ W^T W]`` (Theorem 3.4), ``inf`` when ``W`` is unsupported."""
@@ -351,7 +362,7 @@ class LocalStrategy:
             return math.inf
         return float(np.sum(a["Xp"] * a["G"]))
 
-    def person_variances(self, W: Any) -> np.ndarray:
+    def person_variances(self, W: Any) -> NDArray[np.float64]:
         """Variance added by one person of each type: ``sum_o ||v*_o||^2 Q[o,u] - ||w_u||^2``."""
         a = self._analysis(self._gram(W))
         self._require(a)
@@ -360,7 +371,8 @@ class LocalStrategy:
             P = a["P"]
             d = np.einsum("ou,ou->o", P @ M, P)  # ||v*_o||^2 = p_o^T X^+ G X^+ p_o
             a["person"] = d @ self.Q - np.diag(a["G"])
-        return a["person"].copy()
+        person: NDArray[np.float64] = a["person"].copy()
+        return person
 
     def worst_variance(self, W: Any) -> float:
         """Worst-case total variance per person (Corollary 3.1, divided by ``N``)."""
@@ -410,7 +422,7 @@ class LocalStrategy:
 
         Raises
         ------
-        ValueError
+        PlanError
             If the format is unknown or the weights are not ``epsilon``-LDP.
         """
         doc = json.loads(text)

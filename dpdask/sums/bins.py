@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from dpdask.errors import ArgumentError, DataError, ShapeError
 from dpdask.linalg import Diagonal, LinearQuery, RangeQueries
@@ -31,7 +32,7 @@ class NumericBins:
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If the edges are not finite and strictly increasing, or fewer than two.
 
     Examples
@@ -104,7 +105,7 @@ class NumericBins:
 
         Raises
         ------
-        ValueError
+        ArgumentError
             If ``theta`` is not positive (``inf`` means no truncation).
         """
         return truncate_values(self.values, theta)
@@ -122,7 +123,7 @@ class NumericBins:
         if isinstance(every, bool) or int(every) != every or every < 1 or every > self.size:
             raise ArgumentError(f"every must be an integer in [1, {self.size}], got {every!r}")
         hi = np.arange(int(every) - 1, self.size, int(every))
-        return RangeQueries(self.size, np.zeros_like(hi), hi)
+        return RangeQueries(self.size, np.zeros_like(hi).tolist(), hi.tolist())
 
     def ranges(self, low: Sequence[float], high: Sequence[float]) -> RangeQueries:
         """Range queries over values: row ``i`` covers the bins inside ``(low[i], high[i]]``.
@@ -132,7 +133,7 @@ class NumericBins:
 
         Raises
         ------
-        ValueError
+        ArgumentError
             If a range holds no bin.
         """
         lo_v = np.asarray(low, dtype=float).ravel()
@@ -145,18 +146,19 @@ class NumericBins:
         if (hi < lo).any():
             bad = int(np.flatnonzero(hi < lo)[0])
             raise ArgumentError(f"range ({lo_v[bad]}, {hi_v[bad]}] holds no bin")
-        return RangeQueries(self.size, lo, hi)
+        return RangeQueries(self.size, lo.tolist(), hi.tolist())
 
     def __repr__(self) -> str:
         return f"NumericBins(k={self.size}, [{self.edges[0]:g}, {self.edges[-1]:g}])"
 
 
-def truncate_values(values: np.ndarray, theta: float) -> np.ndarray:
+def truncate_values(values: np.ndarray, theta: float) -> NDArray[np.float64]:
     """``min(values, theta)``; ``theta`` must be positive (``inf``: no truncation)."""
     t = float(theta)
     if not t > 0:  # also refuses NaN
         raise ArgumentError(f"the truncation threshold must be positive, got {theta!r}")
-    return np.minimum(np.asarray(values, dtype=float), t)
+    clipped: NDArray[np.float64] = np.minimum(np.asarray(values, dtype=float), t)
+    return clipped
 
 
 def weighted(workload: LinearQuery, weights: np.ndarray) -> LinearQuery:
@@ -164,4 +166,5 @@ def weighted(workload: LinearQuery, weights: np.ndarray) -> LinearQuery:
     w = np.asarray(weights, dtype=float).ravel()
     if workload.shape[1] != w.size:
         raise ShapeError(f"the workload has {workload.shape[1]} columns but {w.size} weights")
-    return workload @ Diagonal(w)
+    product: LinearQuery = workload @ Diagonal(w)
+    return product

@@ -42,7 +42,7 @@ def _charges(charges: list[Any]) -> list[dict[str, Any]]:
 
 
 def validate_spec(
-    path: str | os.PathLike, *, run_id: str | None = None, overwrite: bool = False
+    path: str | os.PathLike[str], *, run_id: str | None = None, overwrite: bool = False
 ) -> dict[str, Any]:
     """Check a sum spec and its records as a run would; charge, write and create nothing.
 
@@ -142,7 +142,7 @@ def _recursive_plan(dry: Any) -> dict[str, Any]:
     }
 
 
-def plan_spec(path: str | os.PathLike) -> dict[str, Any]:
+def plan_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The data-free plan of a sum spec (module notes); reads no records, charges nothing.
 
     Returns

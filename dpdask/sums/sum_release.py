@@ -33,7 +33,7 @@ _CHUNK = 256  # geographies per measured chunk
 
 
 def run_spec(
-    path: str | os.PathLike, *, overwrite: bool = False, run_id: str | None = None
+    path: str | os.PathLike[str], *, overwrite: bool = False, run_id: str | None = None
 ) -> dict[str, Any]:
     """Run the sum release of the spec at ``path`` (:mod:`dpdask.sums.sum_spec`); return a summary.
 
@@ -88,6 +88,8 @@ def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> di
 
     result = None
     if dry is not None:
+        if eps_t is None:  # pragma: no cover - a threshold is charged only with its budget
+            raise RuntimeError("a threshold without a budget")
         charge_t = charges[1]
         ledger.charge(charge_t)  # durably, before the threshold's noise is drawn
         ident = MeasurementId(release, THRESHOLD_LEVEL, 0, "threshold")

@@ -116,7 +116,7 @@ def exponential_grid(s: float, c: float, top: float) -> np.ndarray:
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If ``s <= 0``, ``c <= 1`` or the grid would exceed 10,000 points.
     """
     s, c, top = float(s), float(c), float(top)
@@ -257,7 +257,7 @@ def svt_truncation_bound(result: ThresholdResult, beta: float = 0.05) -> tuple[f
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If ``result`` is not an SVT threshold or ``beta`` is not in ``(0, 1)``.
     """
     if result.method != "svt":
@@ -431,7 +431,7 @@ def recursive_truncation_bound(
 
     Raises
     ------
-    ValueError
+    ArgumentError
         For an SVT or grid-rounded threshold, or ``beta`` outside ``(0, 1)``.
     """
     if result.method != "recursive":
