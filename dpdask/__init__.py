@@ -49,9 +49,9 @@ def select(
     **options: Any,
 ) -> Any:
     """Plan a release: :func:`dpdask.strategy.select` (central model, the default), or
-    with ``model="local"`` a local-model collection, :func:`dpdask.ldp.plan.select_local`
+    with ``model="local"`` a local-model collection, :func:`dpdask.ldp.local_plan.select_local`
     (every person randomizes their own record, paper 002; pure DP only; returns an
-    :class:`~dpdask.ldp.plan.LdpPlan` with the per-person worst-case variance, the sample
+    :class:`~dpdask.ldp.local_plan.LdpPlan` with the per-person worst-case variance, the sample
     complexity and the comparison with every baseline; ``strategy`` is not used and
     ``options`` go to :func:`dpdask.ldp.optimize`, a ``client`` as its ``scheduler``).
 
@@ -65,7 +65,7 @@ def select(
     ('local', True)
     """
     if model == "local":
-        from dpdask.ldp.plan import select_local
+        from dpdask.ldp.local_plan import select_local
 
         client = options.pop("client", None)
         if client is not None:

@@ -74,7 +74,7 @@ class Model:
 
 # -- local model (ldp) ------------------------------------------------------------------------
 def _local_run(args: argparse.Namespace) -> Result:
-    from dpdask.ldp.spec import load_spec, output_of, run_spec
+    from dpdask.ldp.local_spec import load_spec, output_of, run_spec
     from dpdask.publish import claim_output
 
     doc, base = load_spec(args.spec)
@@ -83,13 +83,13 @@ def _local_run(args: argparse.Namespace) -> Result:
 
 
 def _local_validate(args: argparse.Namespace) -> Result:
-    from dpdask.ldp.spec import validate_spec
+    from dpdask.ldp.local_spec import validate_spec
 
     return validate_spec(args.spec, overwrite=args.overwrite), lines
 
 
 def _local_plan(args: argparse.Namespace) -> Result:
-    from dpdask.ldp.spec import plan_spec
+    from dpdask.ldp.local_spec import plan_spec
 
     plan = plan_spec(args.spec, overwrite=args.overwrite)  # writes the devices' strategy file
     summary: Any = plan.summary(as_dict=True)  # a dict (its type says str | dict)
@@ -98,19 +98,19 @@ def _local_plan(args: argparse.Namespace) -> Result:
 
 # -- sums -------------------------------------------------------------------------------------
 def _sums_run(args: argparse.Namespace) -> Result:
-    from dpdask.sums.release import run_spec
+    from dpdask.sums.sum_release import run_spec
 
     return run_spec(args.spec, overwrite=args.overwrite, run_id=args.run_id), _indented
 
 
 def _sums_validate(args: argparse.Namespace) -> Result:
-    from dpdask.sums.plan import validate_spec
+    from dpdask.sums.sum_plan import validate_spec
 
     return validate_spec(args.spec, run_id=args.run_id, overwrite=args.overwrite), lines
 
 
 def _sums_plan(args: argparse.Namespace) -> Result:
-    from dpdask.sums.plan import format_plan, plan_spec
+    from dpdask.sums.sum_plan import format_plan, plan_spec
 
     return plan_spec(args.spec), format_plan
 

@@ -155,7 +155,7 @@ def _counts() -> dict[str, Any]:
 
 
 def _local() -> dict[str, Any]:
-    from dpdask.ldp import spec as s
+    from dpdask.ldp import local_spec as s
     from dpdask.specs import ID_RULE
 
     known: dict[str, Any] = {
@@ -182,7 +182,7 @@ def _local() -> dict[str, Any]:
 
 def _sums() -> dict[str, Any]:
     from dpdask.specs import ID_RULE
-    from dpdask.sums import spec as s
+    from dpdask.sums import sum_spec as s
 
     data = _closed(
         {k: {"type": "string", "minLength": 1} for k in sorted(s._DATA_KEYS)},

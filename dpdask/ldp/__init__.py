@@ -8,7 +8,7 @@ collector counts the responses and reconstructs the workload answers with the op
 for a workload (:mod:`.projection`, :mod:`.optimize`), provides the published mechanisms
 as baselines (:mod:`.baselines`), the device's randomizer (:mod:`.client`, standard
 library only), a simulator (:mod:`.simulate`), the server's aggregation (:mod:`.aggregate`)
-and the local-model plan, :func:`dpdask.ldp.plan.select_local` (:mod:`.plan`).
+and the local-model plan, :func:`dpdask.ldp.local_plan.select_local` (:mod:`.local_plan`).
 """
 
 from dpdask.ldp.aggregate import LocalEstimate, aggregate, count_responses

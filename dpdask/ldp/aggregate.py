@@ -18,11 +18,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
 import pandas as pd
+from dask.base import compute
+from dask.delayed import delayed
 
+from dpdask.errors import ArgumentError, DataError
 from dpdask.ldp.strategy import LocalStrategy
 from dpdask.linalg import LinearQuery, aslinearquery
 
@@ -37,7 +39,7 @@ def read_responses(source: Any, *, blocksize: str | int = "128MiB") -> Any:
         return source
     if isinstance(source, pd.DataFrame):
         nparts = max(1, len(source) // 5_000_000)
-        return dd.from_pandas(source, npartitions=nparts)
+        return dd.from_pandas(source, npartitions=nparts)  # type: ignore[no-untyped-call]
     path = os.fspath(source)
     if path.endswith(".csv") or path.endswith(".csv.gz"):
         return dd.read_csv(path, blocksize=blocksize)
@@ -48,33 +50,35 @@ def _count_partition(
     df: pd.DataFrame, m: int, response: str, geography: str | None
 ) -> tuple[np.ndarray, np.ndarray]:
     if response not in df.columns:
-        raise ValueError(f"no {response!r} column in the responses")
+        raise DataError(f"no {response!r} column in the responses")
     r = df[response]
     if r.isna().any():
-        raise ValueError("a response is missing")
+        raise DataError("a response is missing")
     vals = r.to_numpy()
     if not np.issubdtype(vals.dtype, np.integer):
         as_int = vals.astype(np.int64)
         if not np.array_equal(as_int, vals):
-            raise ValueError("responses must be integer output indices")
+            raise DataError("responses must be integer output indices")
         vals = as_int
     vals = vals.astype(np.int64, copy=False)
     if vals.size and (vals.min() < 0 or vals.max() >= m):
         bad = vals[(vals < 0) | (vals >= m)][0]
-        raise ValueError(f"response {bad} is out of range 0..{m - 1}")
+        raise DataError(f"response {bad} is out of range 0..{m - 1}")
     if geography is None:
         return np.zeros(1, dtype=object), np.bincount(vals, minlength=m)[None, :]
     if geography not in df.columns:
-        raise ValueError(f"no {geography!r} column in the responses")
+        raise DataError(f"no {geography!r} column in the responses")
     g = df[geography]
     if g.isna().any():
-        raise ValueError("a geography id is missing")
+        raise DataError("a geography id is missing")
     codes, uniques = pd.factorize(g.to_numpy(), sort=True)
     counts = np.bincount(codes * m + vals, minlength=len(uniques) * m).reshape(-1, m)
     return np.asarray(uniques), counts
 
 
-def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple:
+def _merge(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
     ga, ca = a
     gb, cb = b
     if len(ga) == len(gb) and (ga == gb).all():
@@ -88,7 +92,7 @@ def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -
 
 def _tree(parts: list[Any]) -> Any:
     while len(parts) > 1:
-        nxt = [dask.delayed(_merge)(a, b) for a, b in zip(parts[::2], parts[1::2], strict=False)]
+        nxt = [delayed(_merge)(a, b) for a, b in zip(parts[::2], parts[1::2], strict=False)]
         if len(parts) % 2:
             nxt.append(parts[-1])
         parts = nxt
@@ -113,18 +117,17 @@ def count_responses(
 
     Raises
     ------
-    ValueError
+    DataError
         On a missing column or value, a non-integer or an out-of-range index.
     """
     ddf = read_responses(responses)
     cols = [response] if geography is None else [response, geography]
     parts = [
-        dask.delayed(_count_partition)(p, int(m), response, geography)
-        for p in ddf[cols].to_delayed()
+        delayed(_count_partition)(p, int(m), response, geography) for p in ddf[cols].to_delayed()
     ]
     if not parts:
-        raise ValueError("no responses")
-    geos, counts = dask.compute(_tree(parts), scheduler=scheduler)[0]
+        raise DataError("no responses")
+    geos, counts = compute(_tree(parts), scheduler=scheduler)[0]  # type: ignore[no-untyped-call]
     return geos, counts
 
 
@@ -151,18 +154,19 @@ class LocalEstimate:
     x: np.ndarray
     x_nonnegative: np.ndarray | None
     workload: LinearQuery
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def people(self) -> np.ndarray:
         """Responses per geography."""
-        return self.counts.sum(axis=1)
+        people: np.ndarray = self.counts.sum(axis=1)
+        return people
 
     def answers(self, nonnegative: bool = False) -> np.ndarray:
         """Workload answers per geography, ``(g, p)``: ``V* y`` or ``W x_nonnegative``."""
         x = self.x_nonnegative if nonnegative else self.x
         if x is None:
-            raise ValueError("no non-negative estimate: aggregate with wnnls=True")
+            raise ArgumentError("no non-negative estimate: aggregate with wnnls=True")
         return self.workload.apply(x)
 
 
@@ -197,7 +201,7 @@ def aggregate(
 
     Raises
     ------
-    ValueError
+    DataError, PlanError
         If the responses are invalid or the strategy does not support ``W``.
     """
     Wq = W if isinstance(W, LinearQuery) else aslinearquery(np.asarray(W, dtype=float))
@@ -206,7 +210,7 @@ def aggregate(
     geos, counts = count_responses(
         responses, m, response=response, geography=geography, scheduler=scheduler
     )
-    Y = da.from_array(counts.astype(float), chunks=(int(chunk), m))
+    Y = da.from_array(counts.astype(float), chunks=(int(chunk), m))  # type: ignore[no-untyped-call]
     x = (Y @ E.T).compute(scheduler=scheduler)
     x_nn = None
     if wnnls:

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, PlanError
 from dpdask.ldp.strategy import LocalStrategy, as_epsilon, sym_pinv, workload_gram
 from dpdask.linalg import LinearQuery
 
@@ -100,7 +101,7 @@ def _tree_levels(n: int, branching: int) -> list[np.ndarray]:
 def hierarchical_matrix(n: int, epsilon: Any, branching: int = 4) -> np.ndarray:
     """Float ``Q`` of the hierarchical mechanism with Hadamard-response oracles."""
     if branching < 2:
-        raise ValueError("branching must be >= 2")
+        raise ArgumentError("branching must be >= 2")
     if n < 2:
         return randomized_response_matrix(n, epsilon)
     levels = _tree_levels(n, branching)
@@ -122,7 +123,7 @@ def hierarchical(
     from dpdask.ldp.optimize import objective
 
     G = workload_gram(W)
-    scored = []
+    scored: list[tuple[float, int]] = []
     for b in (2, 4, 8, 16):
         if b > max(n, 2) and scored:
             break
@@ -130,7 +131,7 @@ def hierarchical(
         scored.append((objective(Q, G), b))  # average-case: the cheap criterion
     f, b = min(scored)
     if not math.isfinite(f):
-        raise ValueError("no hierarchical strategy supports the workload")
+        raise PlanError("no hierarchical strategy supports the workload")
     return hierarchical(n, epsilon, b)
 
 
@@ -149,16 +150,16 @@ def fourier(W: Any, epsilon: Any) -> LocalStrategy:
 
     Raises
     ------
-    ValueError
+    PlanError
         If ``n`` is not a power of two or ``W`` needs no non-constant coefficient.
     """
     G = workload_gram(W)
     n = G.shape[0]
     if n < 2 or n & (n - 1):
-        raise ValueError("the Fourier mechanism needs n = 2^d")
+        raise PlanError("the Fourier mechanism needs n = 2^d")
     alphas = fourier_coefficients(G)
     if alphas.size == 0:
-        raise ValueError("the workload needs no non-constant Fourier coefficient")
+        raise PlanError("the workload needs no non-constant Fourier coefficient")
     e = _e(epsilon)
     chi = _sylvester(n)[alphas]  # |T| x n, entries +-1
     hi = np.where(chi > 0, e, 1.0) / (1.0 + e)
@@ -178,18 +179,25 @@ class LaplaceFactorization:
 
     Q = None
 
-    def __init__(self, A: np.ndarray, epsilon: Any, name: str = "matrix_mechanism", info=None):
+    def __init__(
+        self,
+        A: np.ndarray,
+        epsilon: Any,
+        name: str = "matrix_mechanism",
+        info: dict[str, Any] | None = None,
+    ) -> None:
         self.A = np.asarray(A, dtype=float)
         self.epsilon = as_epsilon(epsilon)
         if self.epsilon <= 0:
-            raise ValueError("the Laplace factorization needs epsilon > 0")
+            raise PlanError("the Laplace factorization needs epsilon > 0")
         self.sensitivity = 2.0 * float(np.abs(self.A).sum(axis=0).max())
         self.name = name
         self.info = dict(info or {})
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.A.shape)  # type: ignore[return-value]
+        m, n = self.A.shape
+        return int(m), int(n)
 
     def __repr__(self) -> str:
         return f"LaplaceFactorization(m={self.A.shape[0]}, n={self.A.shape[1]})"
@@ -198,7 +206,8 @@ class LaplaceFactorization:
         """``tr[(A^T A)^+ G]`` (``inf`` if ``W`` is unsupported), kept for the last ``W``."""
         cached = getattr(self, "_last", None)
         if cached is not None and cached[0] is W:
-            return cached[1]
+            err: float = cached[1]
+            return err
         G = workload_gram(W)
         Xp, proj = sym_pinv(self.A.T @ self.A)
         if np.abs(G - proj @ G @ proj).sum() > 1e-7 * max(np.trace(G), 1e-300) * G.shape[0]:
@@ -232,7 +241,9 @@ class LaplaceFactorization:
         }
 
 
-def matrix_mechanism(W: Any, epsilon: Any, *, restarts: int = 1, seed: int = 0):
+def matrix_mechanism(
+    W: Any, epsilon: Any, *, restarts: int = 1, seed: int = 0
+) -> LaplaceFactorization:
     """The local matrix mechanism with the better of HDMM's central strategy and ``I``."""
     n = int(W.shape[1])
     cands = [LaplaceFactorization(np.eye(n), epsilon, info={"strategy": "identity"})]

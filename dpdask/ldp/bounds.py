@@ -85,7 +85,7 @@ def lower_bound(W: Any, epsilon: Any, alpha: float | None = None) -> float:
     """
     G = workload_gram(W)
     n = G.shape[0]
-    per_person = max((objective_lower_bound(W, epsilon) - float(np.trace(G))) / n, 0.0)
+    per_person: float = max((objective_lower_bound(W, epsilon) - float(np.trace(G))) / n, 0.0)
     if alpha is None:
         return per_person
     return per_person / (int(W.shape[0]) * float(alpha))

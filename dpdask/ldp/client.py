@@ -9,7 +9,9 @@ the collector can check the promised ``epsilon`` itself with :func:`verify` (exa
 arithmetic: every row's largest weight is at most ``e^epsilon`` times its smallest).
 
 This file has no dependency beyond the standard library so that it can be copied to a
-device as it is (``examples/ldp/client.py`` is a copy). Run as a script::
+device as it is (``examples/ldp/client.py`` is a copy); what it refuses raises dpdask's
+:class:`~dpdask.errors.PlanError` (the strategy file) or :class:`~dpdask.errors.DataError`
+(the record), or plain :class:`ValueError` where dpdask is not installed. Run as a script::
 
     python client.py strategy.json TYPE [--epsilon EPS]
 """
@@ -21,13 +23,26 @@ import math
 import secrets
 import sys
 from fractions import Fraction
+from typing import Any
 
 __all__ = ["load", "main", "respond", "verify"]
 
 FORMAT = "dpdask-ldp-strategy/1"
 
 
-def load(text: str) -> dict:
+def _errors() -> tuple[type[ValueError], type[ValueError]]:
+    """dpdask's ``PlanError`` and ``DataError`` (both ``ValueError``), or ``ValueError``."""
+    try:
+        from dpdask.errors import DataError, PlanError
+    except ImportError:  # pragma: no cover - a copy on a device without dpdask
+        return ValueError, ValueError
+    return PlanError, DataError
+
+
+_StrategyError, _RecordError = _errors()
+
+
+def load(text: str) -> dict[str, Any]:
     """Parse a strategy file and check its shape and column sums (fails closed).
 
     Raises
@@ -36,20 +51,20 @@ def load(text: str) -> dict:
         If the format is unknown, a weight is not a non-negative integer, or a column does
         not sum exactly to the denominator.
     """
-    doc = json.loads(text)
+    doc: dict[str, Any] = json.loads(text)
     if doc.get("format") != FORMAT:
-        raise ValueError(f"not a {FORMAT} strategy file")
+        raise _StrategyError(f"not a {FORMAT} strategy file")
     total = doc["denominator"]
     if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
-        raise ValueError("the denominator must be a positive integer")
+        raise _StrategyError("the denominator must be a positive integer")
     cols = doc["columns"]
     if len(cols) != doc["n"] or any(len(c) != doc["m"] for c in cols):
-        raise ValueError("columns do not match n and m")
+        raise _StrategyError("columns do not match n and m")
     for u, col in enumerate(cols):
         if any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in col):
-            raise ValueError(f"column {u} has a weight that is not a non-negative integer")
+            raise _StrategyError(f"column {u} has a weight that is not a non-negative integer")
         if sum(col) != total:
-            raise ValueError(f"column {u} does not sum to the denominator")
+            raise _StrategyError(f"column {u} does not sum to the denominator")
     return doc
 
 
@@ -63,7 +78,7 @@ def _exp_lower(eps: Fraction) -> Fraction:
             return Fraction(math.floor(total * 2**64), 2**64)
 
 
-def verify(doc: dict, epsilon: str | int | Fraction | None = None) -> None:
+def verify(doc: dict[str, Any], epsilon: str | int | Fraction | None = None) -> None:
     """Check exactly that the strategy is ``epsilon``-LDP (default: the file's own epsilon).
 
     Raises
@@ -73,16 +88,16 @@ def verify(doc: dict, epsilon: str | int | Fraction | None = None) -> None:
     """
     eps = Fraction(doc["epsilon"] if epsilon is None else epsilon)
     if eps < 0:
-        raise ValueError("epsilon must be >= 0")
+        raise _StrategyError("epsilon must be >= 0")
     bound = _exp_lower(eps)
     cols = doc["columns"]
     for o in range(doc["m"]):
         row = [col[o] for col in cols]
         if max(row) * bound.denominator > min(row) * bound.numerator:
-            raise ValueError(f"row {o} is not {eps}-LDP")
+            raise _StrategyError(f"row {o} is not {eps}-LDP")
 
 
-def respond(record: int, doc: dict) -> int:
+def respond(record: int, doc: dict[str, Any]) -> int:
     """The randomized response of one person of type ``record`` (secure randomness).
 
     Raises
@@ -91,16 +106,16 @@ def respond(record: int, doc: dict) -> int:
         If ``record`` is not a type of the strategy.
     """
     if not isinstance(record, int) or isinstance(record, bool):
-        raise ValueError("the record is a type index (an int)")
+        raise _RecordError("the record is a type index (an int)")
     if not 0 <= record < doc["n"]:
-        raise ValueError(f"type {record} is not in 0..{doc['n'] - 1}")
+        raise _RecordError(f"type {record} is not in 0..{doc['n'] - 1}")
     draw = secrets.randbelow(doc["denominator"])
     acc = 0
     for o, w in enumerate(doc["columns"][record]):
         acc += w
         if draw < acc:
             return o
-    raise ValueError("the column does not sum to the denominator")  # load() rules this out
+    raise _StrategyError("the column does not sum to the denominator")  # load() rules this out
 
 
 def main(argv: list[str] | None = None) -> int:

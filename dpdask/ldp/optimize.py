@@ -27,11 +27,14 @@ import math
 import time
 from typing import Any
 
-import dask
 import numpy as np
+from dask.base import compute
+from dask.delayed import delayed
+from numpy.typing import NDArray
 from scipy.linalg import LinAlgError, cho_factor, cho_solve
 from threadpoolctl import threadpool_limits
 
+from dpdask.errors import PlanError
 from dpdask.ldp.baselines import baselines as make_baselines
 from dpdask.ldp.projection import feasible_floors, project
 from dpdask.ldp.strategy import LocalStrategy, as_epsilon, workload_gram
@@ -39,9 +42,10 @@ from dpdask.ldp.strategy import LocalStrategy, as_epsilon, workload_gram
 __all__ = ["objective", "objective_gradient", "optimize", "pgd", "random_start"]
 
 
-def _normalised_rows(Q: np.ndarray) -> np.ndarray:
+def _normalised_rows(Q: np.ndarray) -> NDArray[np.float64]:
     s = Q.sum(axis=1)
-    return np.divide(Q, s[:, None], out=np.zeros_like(Q), where=s[:, None] > 0)
+    P: NDArray[np.float64] = np.divide(Q, s[:, None], out=np.zeros_like(Q), where=s[:, None] > 0)
+    return P
 
 
 def objective(Q: np.ndarray, G: np.ndarray) -> float:
@@ -73,7 +77,7 @@ def objective_gradient(Q: np.ndarray, G: np.ndarray) -> tuple[float, np.ndarray 
     return f, r[:, None] - 2.0 * PY
 
 
-def _floor_gradient(Q: np.ndarray, z: np.ndarray, e: float, g: np.ndarray) -> np.ndarray:
+def _floor_gradient(Q: np.ndarray, z: np.ndarray, e: float, g: np.ndarray) -> NDArray[np.float64]:
     """Gradient of ``L(Pi_z(R))`` in ``z`` at ``Q = Pi_z(R)``, by the chain rule."""
     lower = Q <= z[:, None] * (1 + 1e-9)
     upper = Q >= e * z[:, None] * (1 - 1e-9)
@@ -81,7 +85,8 @@ def _floor_gradient(Q: np.ndarray, z: np.ndarray, e: float, g: np.ndarray) -> np
     nfree = free.sum(axis=0)
     gbar = np.where(nfree > 0, (g * free).sum(axis=0) / np.maximum(nfree, 1), 0.0)
     coef = lower + e * upper
-    return (coef * (g - gbar[None, :])).sum(axis=1)
+    grad: NDArray[np.float64] = (coef * (g - gbar[None, :])).sum(axis=1)
+    return grad
 
 
 def random_start(m: int, n: int, epsilon: Any, rng: np.random.Generator) -> np.ndarray:
@@ -127,8 +132,8 @@ def pgd(
     Q, lam = project(Q, z, epsilon, return_shift=True)
     f, g = objective_gradient(Q, G)
     if g is None:
-        raise ValueError("the start does not support the workload (Q^T D^-1 Q is singular)")
-    unit = np.linalg.norm(Q) / max(np.linalg.norm(g), 1e-300)
+        raise PlanError("the start does not support the workload (Q^T D^-1 Q is singular)")
+    unit = float(np.linalg.norm(Q)) / max(float(np.linalg.norm(g)), 1e-300)
     alpha, kappa = 0.05 * unit, None
     history = [f]
     evaluations, stall = 1, 0
@@ -139,7 +144,12 @@ def pgd(
         Q1, lam1 = project(R, z, epsilon, shift0=lam, return_shift=True)
         gz = _floor_gradient(Q1, z, e, g)
         if kappa is None:
-            kappa = floor_ratio * np.linalg.norm(z) / max(np.linalg.norm(gz), 1e-300) / alpha
+            kappa = (
+                floor_ratio
+                * float(np.linalg.norm(z))
+                / max(float(np.linalg.norm(gz)), 1e-300)
+                / alpha
+            )
         z_new = feasible_floors(z - kappa * alpha * gz, epsilon)
         Q_new, lam_new = project(R, z_new, epsilon, shift0=lam1, return_shift=True)
         f_new, g_new = objective_gradient(Q_new, G)
@@ -267,7 +277,7 @@ def optimize(
     specs += [(k, np.array(b.Q)) for k, b in base.items() if b.Q is not None]
     seeds = np.random.SeedSequence(seed).generate_state(len(specs) + 1)
     tasks = [
-        dask.delayed(_run_start)(
+        delayed(_run_start)(
             k,
             Qb,
             G,
@@ -280,11 +290,11 @@ def optimize(
         for (k, Qb), s in zip(specs, seeds[: len(specs)], strict=True)
     ]
     t_base = time.perf_counter() - t0
-    runs = list(dask.compute(*tasks, scheduler=scheduler))
+    runs = list(compute(*tasks, scheduler=scheduler))  # type: ignore[no-untyped-call]
     t_starts = time.perf_counter() - t0 - t_base
     finite = [r for r in runs if r["Q"] is not None and math.isfinite(r["objective"])]
     if not finite and not base:
-        raise ValueError("no start supports the workload")
+        raise PlanError("no start supports the workload")
     cands: dict[str, Any] = dict(base)
     starts_report = {r["start"]: r["objective"] for r in runs}
     history: list[float] = []

@@ -28,7 +28,9 @@ import math
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.ldp.strategy import as_epsilon
 
 __all__ = ["feasible_floors", "project"]
@@ -80,7 +82,7 @@ def project(
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If the floors make the polytope empty.
 
     Examples
@@ -93,25 +95,25 @@ def project(
     R = np.asarray(R, dtype=float)
     z = np.asarray(z, dtype=float)
     if R.ndim != 2 or z.shape != (R.shape[0],):
-        raise ValueError(f"R must be m x n and z of length m, got {R.shape} and {z.shape}")
+        raise ShapeError(f"R must be m x n and z of length m, got {R.shape} and {z.shape}")
     e = math.exp(float(as_epsilon(epsilon)))
     lo_sum, hi_sum = float(z.sum()), float(e * z.sum())
     if (z < 0).any() or lo_sum > 1.0 + 1e-12 or hi_sum < 1.0 - 1e-12:
-        raise ValueError(f"infeasible floors: sum z = {lo_sum!r}, e^eps sum z = {hi_sum!r}")
+        raise ArgumentError(f"infeasible floors: sum z = {lo_sum!r}, e^eps sum z = {hi_sum!r}")
     up = e * z
     if method == "newton":
         lam = _newton_shifts(R, z, up, lo_sum, shift0)
     elif method == "sort":
         lam = _sorted_shifts(R, z, up, lo_sum)
     else:
-        raise ValueError(f"method must be 'newton' or 'sort', got {method!r}")
+        raise ArgumentError(f"method must be 'newton' or 'sort', got {method!r}")
     Q = np.clip(R + lam[None, :], z[:, None], up[:, None])
     return (Q, lam) if return_shift else Q
 
 
 def _newton_shifts(
     R: np.ndarray, z: np.ndarray, up: np.ndarray, lo_sum: float, shift0: np.ndarray | None
-) -> np.ndarray:
+) -> NDArray[np.float64]:
     m, n = R.shape
     zc, uc = z[:, None], up[:, None]
     V = np.subtract(zc, R)
@@ -119,7 +121,7 @@ def _newton_shifts(
     np.subtract(uc, R, out=V)
     hi = V.max(axis=0)  # f(hi) = e^eps sum z >= 1
     if shift0 is not None and np.shape(shift0) == (n,):
-        lam = np.clip(np.asarray(shift0, dtype=float), lo, hi)
+        lam: NDArray[np.float64] = np.clip(np.asarray(shift0, dtype=float), lo, hi)
     else:
         lam = np.clip((1.0 - R.sum(axis=0)) / m, lo, hi)
     free = np.empty(R.shape, dtype=bool)
@@ -146,7 +148,9 @@ def _newton_shifts(
     return lam
 
 
-def _sorted_shifts(R: np.ndarray, z: np.ndarray, up: np.ndarray, lo_sum: float) -> np.ndarray:
+def _sorted_shifts(
+    R: np.ndarray, z: np.ndarray, up: np.ndarray, lo_sum: float
+) -> NDArray[np.float64]:
     m, n = R.shape
     # breakpoints, one column per type, sorted along axis 1 of the transposed array
     t = np.concatenate([z[None, :] - R.T, up[None, :] - R.T], axis=1)  # (n, 2m)
@@ -162,7 +166,7 @@ def _sorted_shifts(R: np.ndarray, z: np.ndarray, up: np.ndarray, lo_sum: float) 
     prev = np.maximum(j - 1, 0)
     s_prev = slope[rows, prev]
     f_prev = f[rows, prev]
-    lam = np.where(
+    lam: NDArray[np.float64] = np.where(
         (j > 0) & (s_prev > 0),
         ts[rows, prev] + (1.0 - f_prev) / np.where(s_prev > 0, s_prev, 1.0),
         ts[rows, j],

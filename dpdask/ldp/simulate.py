@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from dpdask.errors import ArgumentTypeError, DataError, DataTypeError
 from dpdask.ldp.strategy import LocalStrategy
 from dpdask.noise import SecretKey, StreamKey
 
@@ -28,7 +30,7 @@ def generator(key: Any, identity: Any = ("dpdask.ldp", "simulate")) -> np.random
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         If ``key`` is none of these.
     """
     if isinstance(key, np.random.Generator):
@@ -38,18 +40,20 @@ def generator(key: Any, identity: Any = ("dpdask.ldp", "simulate")) -> np.random
     if isinstance(key, SecretKey | bytes):
         secret = key if isinstance(key, SecretKey) else SecretKey(key)
         return np.random.Generator(np.random.Philox(key=secret.derive(identity)))
-    raise TypeError(f"key must be a SecretKey, StreamKey or numpy Generator, got {type(key)}")
+    raise ArgumentTypeError(
+        f"key must be a SecretKey, StreamKey or numpy Generator, got {type(key)}"
+    )
 
 
 def _types(types: Any, n: int) -> np.ndarray:
     t = np.asarray(types)
     if t.ndim != 1:
-        raise ValueError("types must be a 1-D array of type indices")
+        raise DataError("types must be a 1-D array of type indices")
     if t.size and not np.issubdtype(t.dtype, np.integer):
-        raise TypeError(f"types must be integers, got {t.dtype}")
+        raise DataTypeError(f"types must be integers, got {t.dtype}")
     t = t.astype(np.int64)
     if t.size and (t.min() < 0 or t.max() >= n):
-        raise ValueError(f"types must be in 0..{n - 1}")
+        raise DataError(f"types must be in 0..{n - 1}")
     return t
 
 
@@ -58,7 +62,7 @@ def randomize(
     types: Any,
     key: Any,
     identity: Any = ("dpdask.ldp", "simulate"),
-) -> np.ndarray:
+) -> NDArray[np.int64]:
     """One response per person: ``P(response = o | type u) = counts[o, u] / denominator``.
 
     Parameters
@@ -90,7 +94,8 @@ def randomize(
     if n * T < 2**62:  # one searchsorted over all columns laid end to end
         flat = (cum.T + (np.arange(n, dtype=np.int64) * T)[:, None]).ravel()
         idx = np.searchsorted(flat, t * T + draw, side="right")
-        return idx - t * m
+        responses: NDArray[np.int64] = idx - t * m
+        return responses
     out = np.empty(t.size, dtype=np.int64)  # pragma: no cover - huge domains
     for u in np.unique(t):
         sel = t == u
@@ -114,7 +119,7 @@ def simulate_counts(
     single = X.ndim == 1
     X = np.atleast_2d(X)
     if X.shape[1] != n or (X < 0).any() or not np.issubdtype(X.dtype, np.integer):
-        raise ValueError(f"x must be non-negative integer counts over {n} types")
+        raise DataError(f"x must be non-negative integer counts over {n} types")
     rng = generator(key, identity)
     P = np.array(strategy.Q, dtype=float)
     P /= P.sum(axis=0)

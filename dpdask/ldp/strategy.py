@@ -33,7 +33,9 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from dpdask.errors import ArgumentError, ArgumentTypeError, BudgetTypeError, PlanError, ShapeError
 from dpdask.linalg import LinearQuery
 
 __all__ = [
@@ -58,22 +60,22 @@ def as_epsilon(epsilon: Any) -> Fraction:
 
     Raises
     ------
-    TypeError
+    BudgetTypeError
         If ``epsilon`` is not a number or a pure-DP budget.
-    ValueError
+    PlanError
         If it is negative or not finite.
     """
     eps = getattr(epsilon, "epsilon", epsilon)
     if isinstance(eps, bool):
-        raise TypeError("epsilon must be a number, got a bool")
+        raise BudgetTypeError("epsilon must be a number, got a bool")
     if isinstance(eps, float) and not math.isfinite(eps):
-        raise ValueError(f"epsilon must be finite, got {eps}")
+        raise PlanError(f"epsilon must be finite, got {eps}")
     try:
         frac = Fraction(eps) if not isinstance(eps, np.floating) else Fraction(float(eps))
     except (TypeError, ValueError) as err:
-        raise TypeError(f"epsilon must be a number or PureDP, got {epsilon!r}") from err
+        raise BudgetTypeError(f"epsilon must be a number or PureDP, got {epsilon!r}") from err
     if frac < 0:
-        raise ValueError(f"epsilon must be >= 0, got {eps}")
+        raise PlanError(f"epsilon must be >= 0, got {eps}")
     return frac
 
 
@@ -104,25 +106,25 @@ def check_ldp(counts: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) 
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         If ``counts`` is not an integer matrix.
-    ValueError
+    PlanError
         If any condition fails (the message names the first offending row or column).
     """
     K = np.asarray(counts)
     if K.ndim != 2 or K.shape[0] < 1 or K.shape[1] < 1:
-        raise ValueError(f"a strategy is a non-empty m x n matrix, got shape {K.shape}")
+        raise PlanError(f"a strategy is a non-empty m x n matrix, got shape {K.shape}")
     if not np.issubdtype(K.dtype, np.integer):
-        raise TypeError(f"strategy weights must be integers, got {K.dtype}")
+        raise ArgumentTypeError(f"strategy weights must be integers, got {K.dtype}")
     if int(denominator) <= 0:
-        raise ValueError("the denominator must be positive")
+        raise PlanError("the denominator must be positive")
     if (K < 0).any():
         o, u = np.argwhere(K < 0)[0]
-        raise ValueError(f"negative probability at row {o}, column {u}")
+        raise PlanError(f"negative probability at row {o}, column {u}")
     sums = [sum(col) for col in K.T.tolist()]  # Python ints: exact
     bad = [u for u, s in enumerate(sums) if s != int(denominator)]
     if bad:
-        raise ValueError(
+        raise PlanError(
             f"column {bad[0]} sums to {sums[bad[0]]}/{denominator}, not exactly 1 "
             f"({len(bad)} bad column(s))"
         )
@@ -131,7 +133,7 @@ def check_ldp(counts: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) 
     for o, (hi, lo) in enumerate(zip(K.max(axis=1).tolist(), K.min(axis=1).tolist(), strict=True)):
         if hi * den > lo * num:
             ratio = hi / lo if lo else math.inf
-            raise ValueError(
+            raise PlanError(
                 f"row {o} violates {float(as_epsilon(epsilon)):g}-LDP: max/min = {ratio:.17g}"
             )
 
@@ -161,20 +163,20 @@ def quantize(Q: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) -> np.
 
     Raises
     ------
-    ValueError
+    PlanError
         If ``Q`` is not (close to) a valid ``epsilon``-LDP strategy.
     """
     Q = np.array(Q, dtype=float)
     if Q.ndim != 2 or not np.isfinite(Q).all():
-        raise ValueError("a strategy is a finite m x n matrix")
+        raise PlanError("a strategy is a finite m x n matrix")
     if (Q < -1e-12).any():
-        raise ValueError("a strategy has non-negative entries")
+        raise PlanError("a strategy has non-negative entries")
     Q = np.clip(Q, 0.0, None)
     Q[Q.max(axis=1) < 1e-13] = 0.0
     Q = Q[Q.max(axis=1) > 0] if (Q.max(axis=1) > 0).any() else Q
     col = Q.sum(axis=0)
     if (np.abs(col - 1.0) > 1e-6).any():
-        raise ValueError(f"columns must sum to one (worst: {col[np.argmax(np.abs(col - 1))]!r})")
+        raise PlanError(f"columns must sum to one (worst: {col[np.argmax(np.abs(col - 1))]!r})")
     Q = Q / col
     p = Q.mean(axis=1)
     last: Exception | None = None
@@ -185,17 +187,18 @@ def quantize(Q: np.ndarray, epsilon: Any, denominator: int = DENOMINATOR) -> np.
             return K
         except ValueError as err:
             last = err
-    raise ValueError(f"not an epsilon-LDP strategy: {last}")
+    raise PlanError(f"not an epsilon-LDP strategy: {last}")
 
 
-def workload_gram(W: Any) -> np.ndarray:
+def workload_gram(W: Any) -> NDArray[np.float64]:
     """``G = W^T W`` as a dense ``n x n`` array (from an implicit workload's ``gram()``)."""
     if isinstance(W, LinearQuery):
         return np.asarray(W.gram().dense(), dtype=float)
     A = np.asarray(W, dtype=float)
     if A.ndim != 2:
-        raise ValueError("a workload is a 2-D matrix")
-    return A.T @ A
+        raise ShapeError("a workload is a 2-D matrix")
+    G: NDArray[np.float64] = A.T @ A
+    return G
 
 
 def _rows(W: Any) -> int:
@@ -247,8 +250,8 @@ class LocalStrategy:
         *,
         denominator: int = DENOMINATOR,
         name: str = "custom",
-        info: dict | None = None,
-    ):
+        info: dict[str, Any] | None = None,
+    ) -> None:
         K = np.asarray(counts)
         check_ldp(K, epsilon, denominator)
         self.counts = K.astype(np.int64)
@@ -261,7 +264,12 @@ class LocalStrategy:
 
     @classmethod
     def from_probabilities(
-        cls, Q: np.ndarray, epsilon: Any, *, name: str = "custom", info: dict | None = None
+        cls,
+        Q: np.ndarray,
+        epsilon: Any,
+        *,
+        name: str = "custom",
+        info: dict[str, Any] | None = None,
     ) -> LocalStrategy:
         """Quantise a float strategy (see :func:`quantize`) and check it exactly."""
         return cls(quantize(Q, epsilon), epsilon, name=name, info=info)
@@ -277,7 +285,8 @@ class LocalStrategy:
     @property
     def shape(self) -> tuple[int, int]:
         """``(m, n)``: outputs by types."""
-        return tuple(self.counts.shape)  # type: ignore[return-value]
+        m, n = self.counts.shape
+        return int(m), int(n)
 
     def __repr__(self) -> str:
         m, n = self.shape
@@ -301,15 +310,16 @@ class LocalStrategy:
         self._cache = {key: out}  # one workload at a time
         return out
 
-    def _gram(self, W: Any) -> np.ndarray:
+    def _gram(self, W: Any) -> NDArray[np.float64]:
         if W is None:
-            raise ValueError("a workload is needed")
+            raise ArgumentError("a workload is needed")
         cached = getattr(self, "_wcache", None)
         if cached is not None and cached[0] is W:
-            return cached[1]
+            G: NDArray[np.float64] = cached[1]
+            return G
         G = workload_gram(W)
         if G.shape != (self.shape[1],) * 2:
-            raise ValueError(f"workload has {G.shape[0]} columns, strategy has {self.shape[1]}")
+            raise ShapeError(f"workload has {G.shape[0]} columns, strategy has {self.shape[1]}")
         self._wcache = (W, G)
         return G
 
@@ -319,11 +329,11 @@ class LocalStrategy:
 
     def _require(self, a: dict[str, Any]) -> None:
         if not a["supported"]:
-            raise ValueError(
+            raise PlanError(
                 f"strategy {self.name!r} does not support the workload (W not in Q's row space)"
             )
 
-    def estimator(self, W: Any = None) -> np.ndarray:
+    def estimator(self, W: Any = None) -> NDArray[np.float64]:
         """``E = X^+ Q^T D^-1`` (``n x m``): ``x_hat = E y`` and ``V* = W E``.
 
         With a workload, first checks that the workload is supported.
@@ -334,14 +344,16 @@ class LocalStrategy:
         s = Q.sum(axis=1)
         P = np.divide(Q, s[:, None], out=np.zeros_like(Q), where=s[:, None] > 0)
         Xp, _ = sym_pinv(Q.T @ P)
-        return Xp @ P.T
+        E: NDArray[np.float64] = Xp @ P.T
+        return E
 
-    def reconstruction(self, W: Any) -> np.ndarray:
+    def reconstruction(self, W: Any) -> NDArray[np.float64]:
         """``V* = W (Q^T D^-1 Q)^+ Q^T D^-1``, ``p x m`` (Theorem 3.3; dense)."""
         E = self.estimator(W)
         if isinstance(W, LinearQuery):
             return np.asarray(W @ E, dtype=float)
-        return np.asarray(W, dtype=float) @ E
+        V: NDArray[np.float64] = np.asarray(W, dtype=float) @ E
+        return V
 
     def objective(self, W: Any) -> float:
         """``tr[(Q^T D^-1 Q)^+ W^T W]`` (Theorem 3.4), ``inf`` when ``W`` is unsupported."""
@@ -350,7 +362,7 @@ class LocalStrategy:
             return math.inf
         return float(np.sum(a["Xp"] * a["G"]))
 
-    def person_variances(self, W: Any) -> np.ndarray:
+    def person_variances(self, W: Any) -> NDArray[np.float64]:
         """Variance added by one person of each type: ``sum_o ||v*_o||^2 Q[o,u] - ||w_u||^2``."""
         a = self._analysis(self._gram(W))
         self._require(a)
@@ -359,7 +371,8 @@ class LocalStrategy:
             P = a["P"]
             d = np.einsum("ou,ou->o", P @ M, P)  # ||v*_o||^2 = p_o^T X^+ G X^+ p_o
             a["person"] = d @ self.Q - np.diag(a["G"])
-        return a["person"].copy()
+        person: NDArray[np.float64] = a["person"].copy()
+        return person
 
     def worst_variance(self, W: Any) -> float:
         """Worst-case total variance per person (Corollary 3.1, divided by ``N``)."""
@@ -372,7 +385,7 @@ class LocalStrategy:
     def sample_complexity(self, W: Any, alpha: float = 0.01) -> float:
         """People needed for normalised worst-case variance ``alpha`` (Corollary 5.2)."""
         if not alpha > 0:
-            raise ValueError("alpha must be positive")
+            raise ArgumentError("alpha must be positive")
         return self.worst_variance(W) / (_rows(W) * float(alpha))
 
     def summary(self, W: Any, alpha: float = 0.01) -> dict[str, Any]:
@@ -409,15 +422,15 @@ class LocalStrategy:
 
         Raises
         ------
-        ValueError
+        PlanError
             If the format is unknown or the weights are not ``epsilon``-LDP.
         """
         doc = json.loads(text)
         if doc.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} file (format={doc.get('format')!r})")
+            raise PlanError(f"not a {FORMAT} file (format={doc.get('format')!r})")
         cols = np.array(doc["columns"], dtype=np.int64)
         if cols.shape != (int(doc["n"]), int(doc["m"])):
-            raise ValueError("columns do not match n and m")
+            raise PlanError("columns do not match n and m")
         return cls(
             cols.T, Fraction(doc["epsilon"]), denominator=int(doc["denominator"]), name=doc["name"]
         )

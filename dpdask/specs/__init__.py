@@ -1,7 +1,7 @@
 """What every kind of spec shares: one strict YAML reader, one id rule, one budget parser.
 
-Count (:mod:`dpdask.pipeline.spec`), local-model (:mod:`dpdask.ldp.spec`) and sum
-(:mod:`dpdask.sums.spec`) specs are read through this package, so that they refuse the
+Count (:mod:`dpdask.pipeline.spec`), local-model (:mod:`dpdask.ldp.local_spec`) and sum
+(:mod:`dpdask.sums.sum_spec`) specs are read through this package, so that they refuse the
 same things with the same one-line :class:`~dpdask.errors.SpecError` naming the field:
 
 * :func:`read_spec` reads a spec file as *strict* YAML: at most :data:`MAX_SPEC_BYTES`,

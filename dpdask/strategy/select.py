@@ -173,7 +173,7 @@ def select(
     model : {"central"}
         Only the central model is planned here. The local model (every person
         randomizes their own record, paper 002) is planned by
-        :func:`dpdask.ldp.plan.select_local`; ``model="local"`` raises a
+        :func:`dpdask.ldp.local_plan.select_local`; ``model="local"`` raises a
         :class:`~dpdask.errors.PlanError` that says so.
     weights : mapping of str to float, or str, optional
         HDMM only: per-query-group weights (a group's squared error counts ``w``
@@ -206,7 +206,7 @@ def select(
     if model == "local":
         raise PlanError(
             "dpdask.select plans the central model; plan a local-model collection with "
-            "dpdask.ldp.plan.select_local(workload, privacy, ...)"
+            "dpdask.ldp.local_plan.select_local(workload, privacy, ...)"
         )
     if model != "central":
         raise PlanError(f"model must be 'central', got {model!r}")

@@ -18,7 +18,6 @@ name                                     what
 
 from dpdask.sums.accounting import split_budget, threshold_charge
 from dpdask.sums.bins import NumericBins
-from dpdask.sums.error import monotone, relative_error
 from dpdask.sums.mechanisms import (
     DEFAULT_OBJECTIVE,
     MECHANISMS,
@@ -29,6 +28,7 @@ from dpdask.sums.mechanisms import (
     select_strategy,
     sum_mechanism,
 )
+from dpdask.sums.metrics import monotone, relative_error
 from dpdask.sums.thresholds import (
     ThresholdResult,
     exponential_grid,

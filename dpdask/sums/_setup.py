@@ -65,7 +65,8 @@ class Setup:
     def per_bin(self, x: np.ndarray) -> np.ndarray:
         """The counts of all records over the bins (the thresholds' histogram)."""
         k = self.bins.size
-        return np.asarray(x).reshape(-1, k).sum(axis=0)
+        counts: np.ndarray = np.asarray(x).reshape(-1, k).sum(axis=0)
+        return counts
 
     def thetas(self, result: ThresholdResult | None, mechanism: str) -> Any:
         """The threshold(s) a mechanism is built with (SQM: one per row, tiled over groups)."""
@@ -89,9 +90,9 @@ def setup(spec: dict[str, Any]) -> Setup:
         except ValueError as err:
             raise SpecError(f"workload.ranges: {err}") from err
     attr = spec["value_column"]
-    by = dict(spec.get("by", {}))
+    by: dict[str, list[Any]] = dict(spec.get("by", {}))
     try:
-        domain = Domain(**{b: len(c) for b, c in by.items()}, **{attr: k})
+        domain = Domain([*((b, len(c)) for b, c in by.items()), (attr, k)])
     except ValueError as err:
         raise SpecError(f"by / data.value_column: {err}") from err
     sums = SumWorkload(domain, attr, bins.values, queries, by=list(by))
@@ -138,7 +139,7 @@ def bias_record(result: ThresholdResult | None) -> dict[str, Any]:
             f"with probability >= {1 - BETA}{each}, -bias_i <= ((1 - r) N + alpha / q) * "
             "bias_per_record_i, N the (unreleased) number of records, r = p / q = "
             f"{r}, alpha = 8 max(p, q - p) / eps_threshold * ln(4 K / beta) = {alpha:.6g}; "
-            "the bias is never positive (see dpdask.sums.spec)"
+            "the bias is never positive (see dpdask.sums.sum_spec)"
         ),
     }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpdask.errors import BudgetTypeError, PlanError
 from dpdask.noise import SecretKey, as_secret_key
 from dpdask.privacy import Charge, PureDP, as_fraction
 from dpdask.sums.thresholds import ThresholdResult
@@ -25,10 +26,10 @@ def split_budget(privacy: PureDP, rho: Any) -> tuple[PureDP | None, PureDP]:
     (PureDP(epsilon=0.001), PureDP(epsilon=0.009))
     """
     if not isinstance(privacy, PureDP):
-        raise TypeError(f"sum releases are pure DP; got {privacy!r}")
+        raise BudgetTypeError(f"sum releases are pure DP; got {privacy!r}")
     r = as_fraction(rho, "rho")
     if not 0 <= r < 1:
-        raise ValueError(f"rho must lie in [0, 1), got {rho!r}")
+        raise PlanError(f"rho must lie in [0, 1), got {rho!r}")
     if r == 0:
         return None, privacy
     first, second = privacy.split([r, 1 - r])

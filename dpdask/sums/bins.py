@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
-from dpdask.errors import DataError
+from dpdask.errors import ArgumentError, DataError, ShapeError
 from dpdask.linalg import Diagonal, LinearQuery, RangeQueries
 
 __all__ = ["NumericBins"]
@@ -31,7 +32,7 @@ class NumericBins:
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If the edges are not finite and strictly increasing, or fewer than two.
 
     Examples
@@ -48,16 +49,16 @@ class NumericBins:
     def __init__(self, edges: Sequence[float] | np.ndarray):
         e = np.asarray(edges, dtype=float).ravel()
         if e.size < 2:
-            raise ValueError("NumericBins needs at least two edges (one bin)")
+            raise ArgumentError("NumericBins needs at least two edges (one bin)")
         if not np.isfinite(e).all() or not (np.diff(e) > 0).all():
-            raise ValueError("bin edges must be finite and strictly increasing")
+            raise ArgumentError("bin edges must be finite and strictly increasing")
         self.edges = e
 
     @classmethod
     def uniform(cls, low: float, high: float, k: int) -> NumericBins:
         """``k`` bins of equal width over ``[low, high]`` (e.g. 1,000 of $20 over [0, 20,000])."""
         if isinstance(k, bool) or int(k) != k or k < 1:
-            raise ValueError(f"the number of bins must be a positive integer, got {k!r}")
+            raise ArgumentError(f"the number of bins must be a positive integer, got {k!r}")
         return cls(np.linspace(float(low), float(high), int(k) + 1))
 
     @property
@@ -104,7 +105,7 @@ class NumericBins:
 
         Raises
         ------
-        ValueError
+        ArgumentError
             If ``theta`` is not positive (``inf`` means no truncation).
         """
         return truncate_values(self.values, theta)
@@ -120,9 +121,9 @@ class NumericBins:
         ``every=1`` gives all ``k`` prefixes; ``every=10`` every 10th (Q2 on 1,000 bins).
         """
         if isinstance(every, bool) or int(every) != every or every < 1 or every > self.size:
-            raise ValueError(f"every must be an integer in [1, {self.size}], got {every!r}")
+            raise ArgumentError(f"every must be an integer in [1, {self.size}], got {every!r}")
         hi = np.arange(int(every) - 1, self.size, int(every))
-        return RangeQueries(self.size, np.zeros_like(hi), hi)
+        return RangeQueries(self.size, np.zeros_like(hi).tolist(), hi.tolist())
 
     def ranges(self, low: Sequence[float], high: Sequence[float]) -> RangeQueries:
         """Range queries over values: row ``i`` covers the bins inside ``(low[i], high[i]]``.
@@ -132,36 +133,38 @@ class NumericBins:
 
         Raises
         ------
-        ValueError
+        ArgumentError
             If a range holds no bin.
         """
         lo_v = np.asarray(low, dtype=float).ravel()
         hi_v = np.asarray(high, dtype=float).ravel()
         if lo_v.shape != hi_v.shape:
-            raise ValueError("low and high have different lengths")
+            raise ShapeError("low and high have different lengths")
         u = self.values
         lo = np.searchsorted(u, lo_v, side="right")
         hi = np.searchsorted(u, hi_v, side="right") - 1
         if (hi < lo).any():
             bad = int(np.flatnonzero(hi < lo)[0])
-            raise ValueError(f"range ({lo_v[bad]}, {hi_v[bad]}] holds no bin")
-        return RangeQueries(self.size, lo, hi)
+            raise ArgumentError(f"range ({lo_v[bad]}, {hi_v[bad]}] holds no bin")
+        return RangeQueries(self.size, lo.tolist(), hi.tolist())
 
     def __repr__(self) -> str:
         return f"NumericBins(k={self.size}, [{self.edges[0]:g}, {self.edges[-1]:g}])"
 
 
-def truncate_values(values: np.ndarray, theta: float) -> np.ndarray:
+def truncate_values(values: np.ndarray, theta: float) -> NDArray[np.float64]:
     """``min(values, theta)``; ``theta`` must be positive (``inf``: no truncation)."""
     t = float(theta)
     if not t > 0:  # also refuses NaN
-        raise ValueError(f"the truncation threshold must be positive, got {theta!r}")
-    return np.minimum(np.asarray(values, dtype=float), t)
+        raise ArgumentError(f"the truncation threshold must be positive, got {theta!r}")
+    clipped: NDArray[np.float64] = np.minimum(np.asarray(values, dtype=float), t)
+    return clipped
 
 
 def weighted(workload: LinearQuery, weights: np.ndarray) -> LinearQuery:
     """``W diag(weights)`` as an implicit product."""
     w = np.asarray(weights, dtype=float).ravel()
     if workload.shape[1] != w.size:
-        raise ValueError(f"the workload has {workload.shape[1]} columns but {w.size} weights")
-    return workload @ Diagonal(w)
+        raise ShapeError(f"the workload has {workload.shape[1]} columns but {w.size} weights")
+    product: LinearQuery = workload @ Diagonal(w)
+    return product

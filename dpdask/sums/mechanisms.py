@@ -61,7 +61,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from dpdask.errors import ArgumentError, BudgetTypeError, PlanError
 from dpdask.linalg import Dense, Diagonal, Identity, LinearQuery
 from dpdask.noise import KeyedRNG
 from dpdask.privacy import PureDP
@@ -88,16 +90,18 @@ _DENSE_LIMIT = 25_000_000  # entries of a dense strategy / reconstruction matrix
 
 def _check_privacy(privacy: Any) -> PureDP:
     if not isinstance(privacy, PureDP):
-        raise TypeError(f"sum mechanisms are pure DP (Laplace noise, paper 004); got {privacy!r}")
+        raise BudgetTypeError(
+            f"sum mechanisms are pure DP (Laplace noise, paper 004); got {privacy!r}"
+        )
     if privacy.epsilon <= 0:
-        raise ValueError("the measurement budget must be positive")
+        raise PlanError("the measurement budget must be positive")
     return privacy
 
 
 def _check_theta(theta: Any) -> float:
     t = math.inf if theta is None else float(theta)
     if not t > 0:
-        raise ValueError(f"the truncation threshold must be positive, got {theta!r}")
+        raise ArgumentError(f"the truncation threshold must be positive, got {theta!r}")
     return t
 
 
@@ -147,7 +151,7 @@ class SumMechanism:
                 return WT
             M = _dense(self.strategy)
             if M is None or WT is None:
-                raise ValueError("the strategy is too large for a dense reconstruction")
+                raise PlanError("the strategy is too large for a dense reconstruction")
             self._recon = WT @ np.linalg.pinv(M)
         return self._recon
 
@@ -163,31 +167,35 @@ class SumMechanism:
         )
 
     # -- error -----------------------------------------------------------------------
-    def query_variances(self) -> np.ndarray:
+    def query_variances(self) -> NDArray[np.float64]:
         """``2 b^2 diag(W T (M^T M)^+ T W^T)``: the variance of every answer."""
         try:
             R = self.reconstruction()
         except ValueError:
             return np.asarray(self.plan().query_variances(), dtype=float)
-        return 2.0 * self.noise_scale**2 * np.einsum("ij,ij->i", R, R)
+        variances: NDArray[np.float64] = 2.0 * self.noise_scale**2 * np.einsum("ij,ij->i", R, R)
+        return variances
 
     def variances_at(self, noise_scale: float) -> np.ndarray:
         """The variance of every answer when the rows of ``M`` get Laplace scale ``noise_scale``."""
         return self.query_variances() * (float(noise_scale) / self.noise_scale) ** 2
 
-    def true_answers(self, x: np.ndarray) -> np.ndarray:
+    def true_answers(self, x: np.ndarray) -> NDArray[np.float64]:
         """``W D x``, the untruncated sums."""
-        return self.sums.weighted() @ np.asarray(x, dtype=float)
+        answers: NDArray[np.float64] = self.sums.weighted() @ np.asarray(x, dtype=float)
+        return answers
 
-    def bias(self, x: np.ndarray) -> np.ndarray:
+    def bias(self, x: np.ndarray) -> NDArray[np.float64]:
         """``W (T - D) x``: the truncation bias of every answer (needs the data; <= 0)."""
         x = np.asarray(x, dtype=float)
         diff = self.cell_weights - self.sums.weights
-        return self.sums.counting @ (diff * x)
+        bias: NDArray[np.float64] = self.sums.counting @ (diff * x)
+        return bias
 
-    def expected_squared_error(self, x: np.ndarray) -> np.ndarray:
+    def expected_squared_error(self, x: np.ndarray) -> NDArray[np.float64]:
         """``bias^2 + variance`` per query (appendix A.3 / A.4 for TiMM / TaMM)."""
-        return self.bias(x) ** 2 + self.query_variances()
+        error: NDArray[np.float64] = self.bias(x) ** 2 + self.query_variances()
+        return error
 
     def bias_per_record(self) -> np.ndarray:
         """``max_j |W_ij| (d_j - t_j)``: the most one truncated record lowers query ``i``."""
@@ -197,11 +205,11 @@ class SumMechanism:
         """``|bias_i| <= n * bias_per_record()_i`` for ``n = n_truncated`` records above theta."""
         n = float(n_truncated)
         if not (n >= 0 and math.isfinite(n)):
-            raise ValueError(f"n_truncated must be non-negative, got {n_truncated!r}")
+            raise ArgumentError(f"n_truncated must be non-negative, got {n_truncated!r}")
         return n * self.bias_per_record()
 
     # -- answers ---------------------------------------------------------------------
-    def answer(self, measurements: np.ndarray) -> np.ndarray:
+    def answer(self, measurements: np.ndarray) -> NDArray[np.float64]:
         """``W T M^+ z`` for measurements ``z`` of shape ``(rows,)`` or ``(g, rows)``."""
         z = np.asarray(measurements, dtype=float)
         try:
@@ -211,9 +219,10 @@ class SumMechanism:
 
             xh = least_squares(self.strategy, z).x
             return self.output.apply(xh) if xh.ndim == 2 else self.output @ xh
-        return z @ R.T
+        answers: NDArray[np.float64] = z @ R.T
+        return answers
 
-    def sample(self, x: np.ndarray, rng: KeyedRNG, size: int = 1) -> np.ndarray:
+    def sample(self, x: np.ndarray, rng: KeyedRNG, size: int = 1) -> NDArray[np.float64]:
         """``size`` independent noisy answers (float Laplace; for simulation and benchmarks).
 
         Returns an array of shape ``(size, m)``. Uses ``rng.laplace(..., unsafe_float=True)``:
@@ -223,10 +232,11 @@ class SumMechanism:
         rows = self.strategy.shape[0]
         noise = rng.laplace(self.noise_scale, (int(size), rows), unsafe_float=True)
         exact = self.output @ x
-        return exact[None, :] + self.answer(noise)
+        noisy: NDArray[np.float64] = exact[None, :] + self.answer(noise)
+        return noisy
 
 
-def relative_weights(sums: SumWorkload, theta: float | None = None) -> np.ndarray:
+def relative_weights(sums: SumWorkload, theta: float | None = None) -> NDArray[np.float64]:
     """``1 / sqrt(|W| v)`` per query on ``attr``, ``v`` the values truncated at ``theta``.
 
     ``|W| v`` is every query's answer on a histogram of one record per bin, a public
@@ -235,7 +245,7 @@ def relative_weights(sums: SumWorkload, theta: float | None = None) -> np.ndarra
 
     Raises
     ------
-    ValueError
+    PlanError
         If a query's proxy is not positive (a query that covers no bin).
     """
     W = sums.attr_workload
@@ -245,14 +255,15 @@ def relative_weights(sums: SumWorkload, theta: float | None = None) -> np.ndarra
     else:  # large implicit workloads: 0/1 predicates (prefixes, ranges) are non-negative
         proxy = np.asarray(W @ v, dtype=float)
     if not (np.isfinite(proxy).all() and (proxy > 0).all()):
-        raise ValueError("the relative objective needs every query to cover a bin")
-    return 1.0 / np.sqrt(proxy)
+        raise PlanError("the relative objective needs every query to cover a bin")
+    weights: NDArray[np.float64] = 1.0 / np.sqrt(proxy)
+    return weights
 
 
 def _objective(name: str, objective: str | None) -> str:
     obj = DEFAULT_OBJECTIVE.get(name, "total") if objective is None else objective
     if obj not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
+        raise ArgumentError(f"unknown objective {objective!r}; choose one of {OBJECTIVES}")
     return obj
 
 
@@ -290,7 +301,7 @@ def select_strategy(
     from dpdask.strategy.select import select
 
     if name not in DEFAULT_OBJECTIVE:
-        raise ValueError(f"only TiMM and TaMM select a strategy, not {name!r}")
+        raise ArgumentError(f"only TiMM and TaMM select a strategy, not {name!r}")
     obj = _objective(name, objective)
     t = None if theta is None or math.isinf(float(theta)) else float(theta)
     values = sums.truncated_values(t if name == "TaMM" else None)
@@ -350,14 +361,14 @@ def sum_mechanism(
 
     Raises
     ------
-    ValueError
+    ArgumentError
         For an unknown mechanism or a bad threshold.
-    TypeError
+    BudgetTypeError
         If ``privacy`` is not pure DP.
     """
     privacy = _check_privacy(privacy)
     if name not in MECHANISMS:
-        raise ValueError(f"unknown sum mechanism {name!r}; choose one of {MECHANISMS}")
+        raise ArgumentError(f"unknown sum mechanism {name!r}; choose one of {MECHANISMS}")
     if name == "SQM":
         th = np.full(sums.shape[0], math.inf) if theta is None else np.asarray(theta, float)
         return SQMechanism(sums, th, privacy)
@@ -388,7 +399,7 @@ def sum_mechanism(
     else:
         sens = float(M.sensitivity(1))
     if not (sens > 0 and math.isfinite(sens)):
-        raise ValueError(f"the strategy's L1 sensitivity is {sens}")
+        raise PlanError(f"the strategy's L1 sensitivity is {sens}")
     scale = sens / float(privacy.epsilon)
     info = {k: v for k, v in info.items() if isinstance(v, int | float | str | bool | type(None))}
     return SumMechanism(name, sums, t, privacy, M, scale, template, info)

@@ -19,7 +19,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
+from dpdask.errors import ArgumentError, PlanError
 from dpdask.linalg import Dense
 from dpdask.noise import KeyedRNG
 from dpdask.privacy import PureDP
@@ -49,16 +51,17 @@ class SQMechanism:
         m = self.sums.shape[0]
         th = np.broadcast_to(np.asarray(self.thetas, dtype=float), (m,)).copy()
         if not (th > 0).all():
-            raise ValueError("thresholds must be positive (inf: no truncation)")
+            raise ArgumentError("thresholds must be positive (inf: no truncation)")
         self.thetas = th
         if self.sums.shape[0] * self.sums.shape[1] > _DENSE_LIMIT:
-            raise ValueError("SQM needs a dense workload")
-        W = np.asarray(self.sums.counting.dense(), dtype=float)
+            raise ArgumentError("SQM needs a dense workload")
+        W: NDArray[np.float64] = np.asarray(self.sums.counting.dense(), dtype=np.float64)
         self._W = W
-        self._T = np.minimum(self.sums.weights[None, :], th[:, None])  # t_ij = min(d_j, theta_i)
-        self.sensitivities = np.abs(W * self._T).max(axis=1)
+        # t_ij = min(d_j, theta_i)
+        self._T: NDArray[np.float64] = np.minimum(self.sums.weights[None, :], th[:, None])
+        self.sensitivities: NDArray[np.float64] = np.abs(W * self._T).max(axis=1)
         if not (self.sensitivities > 0).all():
-            raise ValueError("every SQM query must cover a bin")
+            raise PlanError("every SQM query must cover a bin")
         self.noise_scales = self.sensitivities * m / float(self.privacy.epsilon)
 
     @property
@@ -66,39 +69,47 @@ class SQMechanism:
         """The largest threshold (``inf`` if a query is not truncated)."""
         return float(self.thetas.max())
 
-    def query_variances(self) -> np.ndarray:
+    def query_variances(self) -> NDArray[np.float64]:
         """``2 (m s_i / eps)^2``: the paper's variance of every answer."""
-        return 2.0 * self.noise_scales**2
+        variances: NDArray[np.float64] = 2.0 * self.noise_scales**2
+        return variances
 
     def variances_at(self, noise_scale: float) -> np.ndarray:
         """``2 (s_i b)^2``: the variances when :meth:`plan`'s rows get Laplace scale ``b``."""
         return 2.0 * (self.sensitivities * float(noise_scale)) ** 2
 
-    def true_answers(self, x: np.ndarray) -> np.ndarray:
+    def true_answers(self, x: np.ndarray) -> NDArray[np.float64]:
         """``W D x``, the untruncated sums."""
-        return self._W @ (self.sums.weights * np.asarray(x, dtype=float))
+        answers: NDArray[np.float64] = self._W @ (self.sums.weights * np.asarray(x, dtype=float))
+        return answers
 
-    def truncated_answers(self, x: np.ndarray) -> np.ndarray:
+    def truncated_answers(self, x: np.ndarray) -> NDArray[np.float64]:
         """``Trunc_theta_i(q_i)(x)`` for every query."""
-        return (self._W * self._T) @ np.asarray(x, dtype=float)
+        answers: NDArray[np.float64] = (self._W * self._T) @ np.asarray(x, dtype=float)
+        return answers
 
-    def bias(self, x: np.ndarray) -> np.ndarray:
+    def bias(self, x: np.ndarray) -> NDArray[np.float64]:
         """``Trunc_theta_i(q_i)(x) - q_i(x)`` (needs the data; never positive)."""
-        return self.truncated_answers(x) - self.true_answers(x)
+        bias: NDArray[np.float64] = self.truncated_answers(x) - self.true_answers(x)
+        return bias
 
-    def expected_squared_error(self, x: np.ndarray) -> np.ndarray:
+    def expected_squared_error(self, x: np.ndarray) -> NDArray[np.float64]:
         """``bias^2 + variance`` per query."""
-        return self.bias(x) ** 2 + self.query_variances()
+        error: NDArray[np.float64] = self.bias(x) ** 2 + self.query_variances()
+        return error
 
-    def bias_per_record(self) -> np.ndarray:
+    def bias_per_record(self) -> NDArray[np.float64]:
         """``max_j |W_ij| (d_j - t_ij)``: the most one truncated record lowers query ``i``."""
-        return np.abs(self._W * (self.sums.weights[None, :] - self._T)).max(axis=1)
+        per_record: NDArray[np.float64] = np.abs(
+            self._W * (self.sums.weights[None, :] - self._T)
+        ).max(axis=1)
+        return per_record
 
     def bias_bound(self, n_truncated: float) -> np.ndarray:
         """``|bias_i| <= n * bias_per_record()_i`` for ``n`` records above ``theta_i``."""
         n = float(n_truncated)
         if not (n >= 0 and math.isfinite(n)):
-            raise ValueError(f"n_truncated must be non-negative, got {n_truncated!r}")
+            raise ArgumentError(f"n_truncated must be non-negative, got {n_truncated!r}")
         return n * self.bias_per_record()
 
     # -- a release: the queries measured together ---------------------------------------
@@ -118,8 +129,11 @@ class SQMechanism:
         """``s_i z_i``: answers from :meth:`plan`'s measurements, ``(rows,)`` or ``(g, rows)``."""
         return np.asarray(measurements, dtype=float) * self.sensitivities
 
-    def sample(self, x: np.ndarray, rng: KeyedRNG, size: int = 1) -> np.ndarray:
+    def sample(self, x: np.ndarray, rng: KeyedRNG, size: int = 1) -> NDArray[np.float64]:
         """``size`` independent noisy answers (float Laplace, the paper's scales), ``(size, m)``."""
         m = self.sums.shape[0]
         z = rng.laplace(1.0, (int(size), m), unsafe_float=True)
-        return self.truncated_answers(x)[None, :] + z * self.noise_scales[None, :]
+        noisy: NDArray[np.float64] = (
+            self.truncated_answers(x)[None, :] + z * self.noise_scales[None, :]
+        )
+        return noisy

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.errors import DataError
+from dpdask.errors import ArgumentError, DataError, PlanError
 from dpdask.noise import KeyedRNG
 from dpdask.privacy import PureDP, as_fraction
 
@@ -97,7 +97,7 @@ class ThresholdResult:
     def value(self) -> float:
         """The threshold of a single run."""
         if self.theta.size != 1:
-            raise ValueError(f"{self.theta.size} thresholds; use .theta")
+            raise ArgumentError(f"{self.theta.size} thresholds; use .theta")
         return float(self.theta[0])
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,17 +116,17 @@ def exponential_grid(s: float, c: float, top: float) -> np.ndarray:
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If ``s <= 0``, ``c <= 1`` or the grid would exceed 10,000 points.
     """
     s, c, top = float(s), float(c), float(top)
     if not (s > 0 and math.isfinite(s)):
-        raise ValueError(f"the first candidate s must be positive, got {s!r}")
+        raise ArgumentError(f"the first candidate s must be positive, got {s!r}")
     if not (c > 1 and math.isfinite(c)):
-        raise ValueError(f"the growth rate c must exceed 1, got {c!r}")
+        raise ArgumentError(f"the growth rate c must exceed 1, got {c!r}")
     k = 1 if s >= top else math.ceil(math.log(top / s) / math.log(c) - 1e-12) + 1
     if k > 10_000:
-        raise ValueError(f"the grid s c^(i-1) needs {k} points to reach {top}; raise s or c")
+        raise ArgumentError(f"the grid s c^(i-1) needs {k} points to reach {top}; raise s or c")
     grid = s * c ** np.arange(k, dtype=float)
     if grid[-1] < top:  # rounding
         grid = np.append(grid, grid[-1] * c)
@@ -146,14 +146,14 @@ def _check_hist(counts: Any, values: Any) -> tuple[np.ndarray, np.ndarray]:
     if (x < 0).any():
         raise DataError("counts must be non-negative")
     if not np.isfinite(u).all() or (u <= 0).any():
-        raise ValueError("representative values must be positive and finite")
+        raise ArgumentError("representative values must be positive and finite")
     return x.astype(np.int64), u
 
 
 def _check_epsilon(epsilon: Any) -> Fraction:
     eps = as_fraction(epsilon, "epsilon")
     if eps <= 0:
-        raise ValueError(f"the threshold budget epsilon must be positive, got {epsilon!r}")
+        raise PlanError(f"the threshold budget epsilon must be positive, got {epsilon!r}")
     return eps
 
 
@@ -161,7 +161,7 @@ def _laplace(rng: KeyedRNG, scale: Fraction, shape: tuple[int, ...], unsafe: boo
     if unsafe:
         return rng.laplace(float(scale), shape, unsafe_float=True)
     if scale < _MIN_DISCRETE_SCALE:
-        raise ValueError(
+        raise PlanError(
             f"discrete Laplace scale {float(scale):.3g} is below {float(_MIN_DISCRETE_SCALE)}: "
             "epsilon is too large for this threshold mechanism"
         )
@@ -210,9 +210,9 @@ def svt_threshold(
     eps = _check_epsilon(epsilon)
     rf = as_fraction(r, "r")
     if not 0 < rf < 1:
-        raise ValueError(f"r must lie strictly between 0 and 1, got {r!r}")
+        raise ArgumentError(f"r must lie strictly between 0 and 1, got {r!r}")
     if isinstance(size, bool) or int(size) != size or size < 1:
-        raise ValueError(f"size must be a positive integer, got {size!r}")
+        raise ArgumentError(f"size must be a positive integer, got {size!r}")
     grid = exponential_grid(s, c, float(u.max()))
     order = np.argsort(u, kind="stable")
     cum = np.concatenate([[0], np.cumsum(x[order])])
@@ -257,14 +257,14 @@ def svt_truncation_bound(result: ThresholdResult, beta: float = 0.05) -> tuple[f
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If ``result`` is not an SVT threshold or ``beta`` is not in ``(0, 1)``.
     """
     if result.method != "svt":
-        raise ValueError(f"the bound holds for SVT thresholds, not {result.method!r}")
+        raise ArgumentError(f"the bound holds for SVT thresholds, not {result.method!r}")
     b = float(beta)
     if not 0 < b < 1:
-        raise ValueError(f"beta must lie in (0, 1), got {beta!r}")
+        raise ArgumentError(f"beta must lie in (0, 1), got {beta!r}")
     r = Fraction(result.params["r"])
     p, q = r.numerator, r.denominator
     k = int(result.params["candidates"])
@@ -283,7 +283,7 @@ def recursive_statistic(counts: Any, values: Any, beta: float, theta0: float) ->
     x, u = _check_hist(counts, values)
     beta, theta0 = float(beta), float(theta0)
     if not (beta > 0 and theta0 > 0):
-        raise ValueError("beta and theta0 must be positive")
+        raise ArgumentError("beta and theta0 must be positive")
     g = np.ceil(np.log(np.maximum(u, theta0) / theta0) / beta - 1e-9)
     g = np.maximum(g, 0.0)
     order = np.argsort(-u, kind="stable")
@@ -338,7 +338,7 @@ def recursive_threshold(
     eps = _check_epsilon(epsilon)
     b = float(2 * eps / 5) if beta is None else float(beta)
     if isinstance(size, bool) or int(size) != size or size < 1:
-        raise ValueError(f"size must be a positive integer, got {size!r}")
+        raise ArgumentError(f"size must be a positive integer, got {size!r}")
     L = recursive_statistic(counts, values, b, theta0)
     y = _laplace(rng, 1 / eps, (int(size),), unsafe_float)
     theta = float(theta0) * np.exp(float(mu) + b * (L + y))
@@ -384,7 +384,7 @@ def recursive_margin(
     """
     eps, b, mu, failure = float(epsilon), float(beta), float(mu), float(failure)
     if not (eps > 0 and b > 0 and 0 < failure < 1):
-        raise ValueError("epsilon and beta must be positive and the failure in (0, 1)")
+        raise ArgumentError("epsilon and beta must be positive and the failure in (0, 1)")
     a = mu / b - _SLACK  # the bound needs Y > -a
     if discrete:
         p = math.exp(-eps)  # P(Y <= -k) = p^k / (1 + p): the least t with P(Y < -t) <= failure
@@ -431,13 +431,13 @@ def recursive_truncation_bound(
 
     Raises
     ------
-    ValueError
+    ArgumentError
         For an SVT or grid-rounded threshold, or ``beta`` outside ``(0, 1)``.
     """
     if result.method != "recursive":
-        raise ValueError(f"the bound holds for recursive thresholds, not {result.method!r}")
+        raise ArgumentError(f"the bound holds for recursive thresholds, not {result.method!r}")
     if result.params.get("grid", True):
-        raise ValueError("no bound is derived for a threshold rounded down to a grid")
+        raise ArgumentError("no bound is derived for a threshold rounded down to a grid")
     pr = result.params
     shift, fail = recursive_margin(
         float(result.privacy.epsilon), pr["beta"], pr["mu"], beta,

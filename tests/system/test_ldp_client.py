@@ -6,6 +6,7 @@ import json
 import math
 import pathlib
 import runpy
+import sys
 
 import numpy as np
 import pandas as pd
@@ -13,10 +14,11 @@ import pytest
 from scipy import stats
 
 import dpdask
+from dpdask.errors import ArgumentTypeError, BudgetTypeError, DataError, PlanError
 from dpdask.ldp import LocalStrategy, aggregate, count_responses, randomize, simulate_counts
 from dpdask.ldp import client as ldp_client
 from dpdask.ldp.baselines import hadamard, randomized_response
-from dpdask.ldp.plan import LdpPlan, select_local
+from dpdask.ldp.local_plan import LdpPlan, select_local
 from dpdask.linalg import Identity, Prefix
 from dpdask.noise import SecretKey
 from dpdask.privacy import PureDP, zCDP
@@ -58,25 +60,41 @@ def test_client_uses_the_system_csprng(strategy, monkeypatch):
 @pytest.mark.parametrize("record", [-1, 5, True, 1.0, "2"])
 def test_client_rejects_bad_records(strategy, record):
     doc = ldp_client.load(strategy.to_json())
-    with pytest.raises(ValueError):
+    with pytest.raises(DataError):
         ldp_client.respond(record, doc)
 
 
 def test_client_fails_closed_on_tampered_files(strategy):
     doc = json.loads(strategy.to_json())
     doc["columns"][0][0] += 1  # column no longer sums to the denominator
-    with pytest.raises(ValueError, match="sum"):
+    with pytest.raises(PlanError, match="sum"):
         ldp_client.load(json.dumps(doc))
     doc = json.loads(strategy.to_json())
-    with pytest.raises(ValueError, match="LDP"):
+    with pytest.raises(PlanError, match="LDP"):
         ldp_client.verify(doc, "0.5")  # a smaller promise than the strategy keeps
     doc["format"] = "other"
-    with pytest.raises(ValueError, match="strategy file"):
+    with pytest.raises(PlanError, match="strategy file"):
         ldp_client.load(json.dumps(doc))
 
 
 def test_example_client_is_the_library_client():
     assert (EXAMPLES / "client.py").read_text() == pathlib.Path(ldp_client.__file__).read_text()
+
+
+def test_client_copied_alone_refuses_with_plain_value_errors(strategy, monkeypatch):
+    """On a device without dpdask the copy still fails closed, with ``ValueError``."""
+    from dpdask.errors import DPDaskError
+
+    doc = json.loads(strategy.to_json())
+    doc["format"] = "other"
+    monkeypatch.setitem(sys.modules, "dpdask.errors", None)  # import fails as without dpdask
+    alone = runpy.run_path(str(EXAMPLES / "client.py"))
+    with pytest.raises(ValueError, match="strategy file") as refused:
+        alone["load"](json.dumps(doc))
+    assert not isinstance(refused.value, DPDaskError)
+    with pytest.raises(ValueError, match="type index") as refused:
+        alone["respond"]("2", json.loads(strategy.to_json()))
+    assert not isinstance(refused.value, DPDaskError)
 
 
 def test_example_strategy_file_is_valid_and_runs(capsys):
@@ -115,7 +133,7 @@ def test_randomize_validates_types(strategy, rng, types):
 
 
 def test_randomize_refuses_numpy_global_state(strategy):
-    with pytest.raises(TypeError):
+    with pytest.raises(ArgumentTypeError):
         randomize(strategy, np.zeros(3, dtype=int), 7)
 
 
@@ -182,16 +200,16 @@ def test_aggregate_partitions_merge(strategy, responses):
 )
 def test_aggregate_rejects_bad_responses(strategy, bad, match):
     df = pd.DataFrame({"response": bad, "geography": [1, 1]})
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(DataError, match=match):
         aggregate(df, strategy, Prefix(5))
 
 
 def test_aggregate_rejects_missing_values(strategy):
     df = pd.DataFrame({"response": [0, None], "geography": [1, 1]})
-    with pytest.raises(ValueError, match="missing"):
+    with pytest.raises(DataError, match="missing"):
         count_responses(df, 8)
     df = pd.DataFrame({"response": [0, 1], "geography": [1, None]})
-    with pytest.raises(ValueError, match="missing"):
+    with pytest.raises(DataError, match="missing"):
         count_responses(df, 8)
 
 
@@ -238,7 +256,7 @@ def test_select_local_returns_a_plan():
 
 
 def test_select_local_needs_pure_dp():
-    with pytest.raises(TypeError):
+    with pytest.raises(BudgetTypeError):
         select_local(Prefix(4), zCDP(1))
     with pytest.raises(TypeError):
         dpdask.select(Prefix(4), zCDP(1), model="local")
@@ -275,7 +293,7 @@ def test_plan_writes_the_client_file(tmp_path):
 def test_local_spec_plan_then_run(tmp_path, rng):
     import shutil
 
-    from dpdask.ldp.spec import plan_spec, run_spec
+    from dpdask.ldp.local_spec import plan_spec, run_spec
 
     spec = tmp_path / "spec.yaml"
     shutil.copy(EXAMPLES / "spec.yaml", spec)
@@ -295,7 +313,7 @@ def test_local_spec_plan_then_run(tmp_path, rng):
 
 
 def test_local_spec_is_strict(tmp_path):
-    from dpdask.ldp.spec import load_spec
+    from dpdask.ldp.local_spec import load_spec
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(

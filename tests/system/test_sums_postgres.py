@@ -110,7 +110,7 @@ def test_a_sum_spec_names_the_server_as_url(tmp_path, server, capsys):
 
 def test_a_sum_release_is_one_budget_authority(tmp_path, server, capsys, monkeypatch):
     import dpdask.sums._records as records
-    import dpdask.sums.release as rel
+    import dpdask.sums.sum_release as rel
 
     admin, operator = server
     assert main(["run", str(_spec(tmp_path, operator))]) == 0

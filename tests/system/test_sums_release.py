@@ -275,6 +275,13 @@ def test_identity_plan_variance_grows_with_theta(tmp_path, capsys):
         assert r["noise_scale"] >= 1 / 0.9 - 1e-12
 
 
+def test_a_by_column_may_have_any_attribute_name(tmp_path, capsys):
+    """``by`` columns become the domain's attributes by name: ``attrs`` is one like any."""
+    spec = _spec(tmp_path, by="{attrs: [F, M]}", mechanism="Identity")
+    assert main(["plan", spec, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["thresholds"]
+
+
 def test_sqm_spec_release(tmp_path, capsys):
     df = _records(tmp_path / "people.csv")
     spec = _spec(
@@ -426,7 +433,7 @@ def _content_id(path: pathlib.Path) -> str:
 
 
 def _spy_reads(monkeypatch) -> list:
-    import dpdask.sums.release as rel
+    import dpdask.sums.sum_release as rel
 
     reads: list = []
     real = rel.read_records

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpdask.errors import ArgumentError
 from dpdask.ldp import LocalStrategy, baselines, optimize, project
 from dpdask.ldp.optimize import (
     _floor_gradient,
@@ -72,11 +73,11 @@ def test_projection_is_vectorised_and_warm_starts():
 
 
 def test_projection_refuses_empty_polytopes():
-    with pytest.raises(ValueError, match="infeasible"):
+    with pytest.raises(ArgumentError, match="infeasible"):
         project(np.zeros((3, 2)), np.full(3, 0.5), 1.0)
-    with pytest.raises(ValueError, match="infeasible"):
+    with pytest.raises(ArgumentError, match="infeasible"):
         project(np.zeros((3, 2)), np.full(3, 0.01), 1.0)
-    with pytest.raises(ValueError, match="method"):
+    with pytest.raises(ArgumentError, match="method"):
         project(np.zeros((2, 2)), np.full(2, 0.4), 1.0, method="bisect")
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from dpdask.errors import ArgumentTypeError, PlanError
 from dpdask.ldp import LocalStrategy, lower_bound
 from dpdask.ldp.baselines import hadamard, randomized_response
 from dpdask.ldp.bounds import objective_lower_bound
@@ -60,7 +61,7 @@ def test_check_ldp_accepts_rr_and_fails_closed_at_the_boundary():
     # 2 types, e^eps = 3 exactly representable as a ratio of integers: 3/4, 1/4
     K = np.array([[3, 1], [1, 3]], dtype=np.int64)
     check_ldp(K, math.log(3) + 1e-12, denominator=4)
-    with pytest.raises(ValueError, match="LDP"):
+    with pytest.raises(PlanError, match="LDP"):
         check_ldp(K, math.log(3) - 1e-12, denominator=4)
 
 
@@ -73,12 +74,12 @@ def test_check_ldp_accepts_rr_and_fails_closed_at_the_boundary():
     ],
 )
 def test_check_ldp_rejects(K, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(PlanError, match=match):
         check_ldp(K, 1.0, denominator=4)
 
 
 def test_check_ldp_rejects_floats():
-    with pytest.raises(TypeError):
+    with pytest.raises(ArgumentTypeError):
         check_ldp(np.array([[0.5, 0.5], [0.5, 0.5]]), 1.0, denominator=1)
 
 
@@ -91,7 +92,7 @@ def test_strategy_is_exact_and_read_only(small_case):
 
 
 def test_quantize_rejects_a_non_private_matrix():
-    with pytest.raises(ValueError):
+    with pytest.raises(PlanError):
         quantize(np.eye(3), 1.0)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dpdask import Domain
+from dpdask.errors import ArgumentError, BudgetTypeError, PlanError
 from dpdask.linalg import Prefix
 from dpdask.measure import charge_level, measure
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey
@@ -56,9 +57,9 @@ def test_bins_values_histogram_truncation():
     )
     with pytest.raises(ValueError, match="lie in"):
         bins.histogram([101.0])
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ArgumentError, match="positive"):
         bins.truncated(0)
-    with pytest.raises(ValueError, match="strictly increasing"):
+    with pytest.raises(ArgumentError, match="strictly increasing"):
         NumericBins([0, 1, 1])
 
 
@@ -121,7 +122,7 @@ def test_svt_deterministic_limit_and_reproducible(small):
     np.testing.assert_array_equal(a.theta, b.theta)
     assert np.isin(a.theta[np.isfinite(a.theta)], grid).all()
     assert a.privacy == PureDP("0.5") and a.to_dict()["method"] == "svt"
-    with pytest.raises(ValueError, match="too large"):
+    with pytest.raises(PlanError, match="too large"):
         svt_threshold(x, u, 1e12, KeyedRNG.for_testing(5, "s"), s=20)
 
 
@@ -226,11 +227,11 @@ def test_strategy_chosen_by_select(small):
     hier = sum_mechanism("TaMM", sums, 60.0, PureDP(1), strategy="hierarchical")
     assert hier.template == "hierarchical"
     assert tamm.query_variances().sum() <= hier.query_variances().sum() * 1.0001
-    with pytest.raises(TypeError, match="pure DP"):
+    with pytest.raises(BudgetTypeError, match="pure DP"):
         from dpdask.privacy import zCDP
 
         sum_mechanism("TaMM", sums, 60.0, zCDP(1))
-    with pytest.raises(ValueError, match="unknown sum mechanism"):
+    with pytest.raises(ArgumentError, match="unknown sum mechanism"):
         sum_mechanism("MM", sums, 60.0, PureDP(1))
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dpdask import Domain
+from dpdask.errors import ArgumentError
 from dpdask.noise import KeyedRNG
 from dpdask.privacy import PureDP
 from dpdask.sums import (
@@ -66,9 +67,9 @@ def test_defaults_and_errors(small):
     tamm = sum_mechanism("TaMM", sums, 150.0, PureDP(1), restarts=1)
     timm = sum_mechanism("TiMM", sums, 150.0, PureDP(1), restarts=1)
     assert tamm.info["objective"] == "relative" and timm.info["objective"] == "total"
-    with pytest.raises(ValueError, match="unknown objective"):
+    with pytest.raises(ArgumentError, match="unknown objective"):
         sum_mechanism("TaMM", sums, 150.0, PureDP(1), objective="max")
-    with pytest.raises(ValueError, match="only TiMM and TaMM"):
+    with pytest.raises(ArgumentError, match="only TiMM and TaMM"):
         select_strategy("Identity", sums, 150.0, PureDP(1))
 
 

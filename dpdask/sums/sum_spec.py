@@ -2,10 +2,10 @@
 
 A sum spec is a YAML mapping with ``model: sums``, read by :func:`load_spec`. ``dpdask
 validate SPEC`` makes every check a run makes, charging nothing
-(:func:`dpdask.sums.plan.validate_spec`); ``dpdask plan SPEC`` shows the mechanism's
+(:func:`dpdask.sums.sum_plan.validate_spec`); ``dpdask plan SPEC`` shows the mechanism's
 variance at every threshold it may use, before any data is read
-(:func:`dpdask.sums.plan.plan_spec`); ``dpdask run SPEC`` runs it
-(:func:`dpdask.sums.release.run_spec`; also ``python -m dpdask.sums.spec
+(:func:`dpdask.sums.sum_plan.plan_spec`); ``dpdask run SPEC`` runs it
+(:func:`dpdask.sums.sum_release.run_spec`; also ``python -m dpdask.sums.sum_spec
 {run,validate,plan} SPEC``). Example::
 
     model: sums
@@ -121,7 +121,7 @@ from typing import Any
 import pandas as pd
 
 from dpdask.errors import SpecError
-from dpdask.privacy import is_server_url
+from dpdask.privacy import PureDP, is_server_url
 from dpdask.specs import check_id, parse_budget, read_spec
 from dpdask.sums.mechanisms import OBJECTIVES
 
@@ -268,7 +268,7 @@ def _ledger(raw: Any, base: pathlib.Path) -> tuple[pathlib.Path | str, bool]:
     return _path(base, led["path"], "ledger.path"), create
 
 
-def load_spec(path: str | os.PathLike) -> dict[str, Any]:
+def load_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check a sum spec; return its parsed form (paths resolved, numbers exact).
 
     Raises
@@ -318,11 +318,11 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
     low, high, width = (_number(b[k], f"bins.{k}") for k in ("low", "high", "width"))
     if not (low >= 0 and high > low and width > 0):
         raise SpecError("bins: need 0 <= low < high and width > 0")
-    k = (high - low) / width
-    if k.denominator != 1 or k > 100_000:
+    n_bins = (high - low) / width
+    if n_bins.denominator != 1 or n_bins > 100_000:
         raise SpecError("bins: (high - low) / width must be a whole number of bins (<= 100,000)")
 
-    workload = _workload(doc.get("workload", "prefix"), float(low), float(high), int(k))
+    workload = _workload(doc.get("workload", "prefix"), float(low), float(high), int(n_bins))
     by = _by(doc.get("by", {}), data)
 
     t = doc.get("threshold", "svt")
@@ -368,7 +368,10 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
 
     pr = _mapping(doc["privacy"], "privacy", {"epsilon", "threshold_share", "dataset"}, {"epsilon"})
     lifetime = None if "dataset" not in pr else _lifetime(pr["dataset"])
-    eps = parse_budget(pr, "privacy", ("epsilon", "threshold_share", "dataset")).epsilon
+    budget = parse_budget(pr, "privacy", ("epsilon", "threshold_share", "dataset"))
+    if not isinstance(budget, PureDP):  # pragma: no cover - only epsilon is allowed above
+        raise SpecError(f"privacy: sum releases are pure DP (epsilon), got {budget!r}")
+    eps = budget.epsilon
     rho = _number(pr.get("threshold_share", "0.1" if t != "none" else 0), "threshold_share")
     if t == "none" and rho != 0:
         raise SpecError("privacy.threshold_share: must be 0 (or absent) with threshold: none")
@@ -384,7 +387,7 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
         "geography_column": data["geography_column"],
         "value_column": data["value_column"],
         "geographies": ids,
-        "bins": (low, high, int(k)),
+        "bins": (low, high, int(n_bins)),
         "workload": workload,
         "by": by,
         "threshold": t,
@@ -405,11 +408,11 @@ def load_spec(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dpdask.sums.spec {run,validate,plan} SPEC [--json] [--overwrite]``."""
-    from dpdask.sums.plan import plan_spec, validate_spec
-    from dpdask.sums.release import run_spec
+    """``python -m dpdask.sums.sum_spec {run,validate,plan} SPEC [--json] [--overwrite]``."""
+    from dpdask.sums.sum_plan import plan_spec, validate_spec
+    from dpdask.sums.sum_release import run_spec
 
-    ap = argparse.ArgumentParser(prog="dpdask.sums.spec")
+    ap = argparse.ArgumentParser(prog="dpdask.sums.sum_spec")
     ap.add_argument("command", choices=["run", "validate", "plan"])
     ap.add_argument("spec")
     ap.add_argument("--json", action="store_true")
@@ -426,12 +429,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def __getattr__(name: str) -> Any:
-    # run_spec's home is dpdask.sums.release, which reads specs with this module
+    # run_spec's home is dpdask.sums.sum_release, which reads specs with this module
     if name == "run_spec":
-        from dpdask.sums.release import run_spec
+        from dpdask.sums.sum_release import run_spec
 
         return run_spec
-    raise AttributeError(f"module 'dpdask.sums.spec' has no attribute {name!r}")
+    raise AttributeError(f"module 'dpdask.sums.sum_spec' has no attribute {name!r}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
+from dpdask.errors import ArgumentError
 from dpdask.reconstruct.isotonic import isotonic
 
 __all__ = ["monotone", "relative_error"]
 
 
-def relative_error(noisy: np.ndarray, true: np.ndarray, delta: float = 100.0) -> np.ndarray:
+def relative_error(
+    noisy: np.ndarray, true: np.ndarray, delta: float = 100.0
+) -> NDArray[np.float64]:
     """``|y~ - y| / max(y, delta)`` elementwise (paper 004 uses ``delta = 100``).
 
     ``true`` broadcasts against ``noisy`` (e.g. ``(m,)`` against ``(trials, m)``).
@@ -20,9 +24,12 @@ def relative_error(noisy: np.ndarray, true: np.ndarray, delta: float = 100.0) ->
     [0.1, 0.05]
     """
     if not float(delta) > 0:
-        raise ValueError(f"delta must be positive, got {delta!r}")
+        raise ArgumentError(f"delta must be positive, got {delta!r}")
     y = np.asarray(true, dtype=float)
-    return np.abs(np.asarray(noisy, dtype=float) - y) / np.maximum(y, float(delta))
+    err: NDArray[np.float64] = np.abs(np.asarray(noisy, dtype=float) - y) / np.maximum(
+        y, float(delta)
+    )
+    return err
 
 
 def monotone(answers: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:

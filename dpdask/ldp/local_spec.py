@@ -2,7 +2,7 @@
 
 A local spec is a YAML mapping with ``model: local``; ``dpdask plan`` / ``dpdask run``
 dispatch such a spec here (:func:`plan_spec`, :func:`run_spec`; also
-``python -m dpdask.ldp.spec plan|run SPEC``). Example (``examples/ldp/spec.yaml``)::
+``python -m dpdask.ldp.local_spec plan|run SPEC``). Example (``examples/ldp/spec.yaml``)::
 
     model: local
     release: survey-prefix
@@ -46,8 +46,9 @@ import pandas as pd
 
 from dpdask.errors import SpecError
 from dpdask.ldp.aggregate import aggregate
-from dpdask.ldp.plan import LdpPlan, select_local
+from dpdask.ldp.local_plan import LdpPlan, select_local
 from dpdask.ldp.strategy import FORMAT, LocalStrategy
+from dpdask.linalg import LinearQuery
 from dpdask.privacy import PureDP
 from dpdask.specs import check_id, check_keys, parse_budget, read_spec
 
@@ -81,7 +82,7 @@ _RECONSTRUCT = ("ls", "wnnls")
 _STRATEGY_PREFIX = ('{"format":"' + FORMAT.split("/")[0] + "/").encode()
 
 
-def load_spec(path: str | os.PathLike) -> tuple[dict[str, Any], pathlib.Path]:
+def load_spec(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pathlib.Path]:
     """Read and check a local spec; returns it and its folder.
 
     Raises
@@ -123,7 +124,7 @@ def load_spec(path: str | os.PathLike) -> tuple[dict[str, Any], pathlib.Path]:
     return doc, p.parent
 
 
-def _workload(doc: dict[str, Any]):
+def _workload(doc: dict[str, Any]) -> LinearQuery:
     from dpdask.domain import Domain
     from dpdask.workloads.named import named
 
@@ -136,9 +137,9 @@ def _workload(doc: dict[str, Any]):
         name, opts = w, {}
     else:
         raise SpecError(f"workload: a name or {{name: ..., options}}, got {w!r}")
+    if "domain" in doc and not isinstance(doc["domain"], dict):
+        raise SpecError(f"domain: expected a mapping of attribute sizes, got {doc['domain']!r}")
     try:
-        if "domain" in doc and not isinstance(doc["domain"], dict):
-            raise ValueError(f"expected a mapping of attribute sizes, got {doc['domain']!r}")
         domain = Domain(**doc["domain"]) if "domain" in doc else None
     except (TypeError, ValueError) as exc:
         raise SpecError(f"domain: {exc}") from None
@@ -189,7 +190,9 @@ def _is_strategy_file(path: pathlib.Path) -> bool:
         return False
 
 
-def _strategy_target(doc, base, path, overwrite):
+def _strategy_target(
+    doc: dict[str, Any], base: pathlib.Path, path: str | os.PathLike[str], overwrite: bool
+) -> tuple[pathlib.Path, list[tuple[str, pathlib.Path]]]:
     """The checked ``strategy_file`` path: never an input, the spec or the output."""
     from dpdask.publish import check_output
 
@@ -200,7 +203,7 @@ def _strategy_target(doc, base, path, overwrite):
     return target, protected
 
 
-def plan_spec(path: str | os.PathLike, *, overwrite: bool = False) -> LdpPlan:
+def plan_spec(path: str | os.PathLike[str], *, overwrite: bool = False) -> LdpPlan:
     """Optimise the strategy of a local spec and write its ``strategy_file``.
 
     The strategy file is checked before the optimisation (module notes): an earlier
@@ -289,7 +292,7 @@ def _run_inputs(
     return W, S, doc.get("reconstruct", "ls"), responses, target, protected, columns
 
 
-def validate_spec(path: str | os.PathLike, *, overwrite: bool = False) -> dict[str, Any]:
+def validate_spec(path: str | os.PathLike[str], *, overwrite: bool = False) -> dict[str, Any]:
     """Check a local spec, its strategy file, its output and every response as ``run``
     would; write nothing.
 
@@ -298,7 +301,7 @@ def validate_spec(path: str | os.PathLike, *, overwrite: bool = False) -> dict[s
     SpecError
         On any problem ``run`` would raise for (a bad spec, a strategy file that does not
         keep the spec's epsilon or fit its workload, a missing column).
-    ValueError
+    DataError
         A missing or out-of-range response.
     dpdask.publish.UnsafeOutputError, dpdask.publish.StoreExistsError
         An output ``run`` would refuse.
@@ -322,7 +325,7 @@ def validate_spec(path: str | os.PathLike, *, overwrite: bool = False) -> dict[s
     }
 
 
-def run_spec(path: str | os.PathLike, *, overwrite: bool = False) -> dict[str, Any]:
+def run_spec(path: str | os.PathLike[str], *, overwrite: bool = False) -> dict[str, Any]:
     """Aggregate the responses of a local spec with its strategy file; write ``output``
     (with its sidecar, atomically; module notes).
 
@@ -331,7 +334,7 @@ def run_spec(path: str | os.PathLike, *, overwrite: bool = False) -> dict[str, A
     SpecError
         If the spec or its strategy file is bad (the strategy does not keep the spec's
         epsilon), or a column is missing.
-    ValueError
+    DataError
         If responses are invalid.
     dpdask.publish.UnsafeOutputError, dpdask.publish.StoreExistsError
         If the output is not safe to write (before anything is read).
@@ -375,8 +378,8 @@ def run_spec(path: str | os.PathLike, *, overwrite: bool = False) -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dpdask.ldp.spec plan|run SPEC [--json] [--overwrite]``."""
-    ap = argparse.ArgumentParser(prog="dpdask.ldp.spec")
+    """``python -m dpdask.ldp.local_spec plan|run SPEC [--json] [--overwrite]``."""
+    ap = argparse.ArgumentParser(prog="dpdask.ldp.local_spec")
     ap.add_argument("command", choices=["plan", "run"])
     ap.add_argument("spec")
     ap.add_argument("--json", action="store_true")

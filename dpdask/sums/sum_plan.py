@@ -1,6 +1,6 @@
-"""``dpdask validate`` and ``dpdask plan`` for sum specs (:mod:`dpdask.sums.spec`).
+"""``dpdask validate`` and ``dpdask plan`` for sum specs (:mod:`dpdask.sums.sum_spec`).
 
-:func:`validate_spec` makes every check :func:`dpdask.sums.release.run_spec` makes before
+:func:`validate_spec` makes every check :func:`dpdask.sums.sum_release.run_spec` makes before
 it charges (the spec, the output path, the ledger, the run id, the records, the budget),
 writing and spending nothing. :func:`plan_spec` reads no data: the threshold is drawn
 from the data, so it reports the mechanism at every threshold the run may use (SVT: its
@@ -28,7 +28,7 @@ from dpdask.sums._setup import (
     probe,
     setup,
 )
-from dpdask.sums.spec import load_spec
+from dpdask.sums.sum_spec import load_spec
 from dpdask.sums.thresholds import exponential_grid, recursive_margin, svt_truncation_bound
 
 __all__ = ["format_plan", "plan_spec", "validate_spec"]
@@ -42,7 +42,7 @@ def _charges(charges: list[Any]) -> list[dict[str, Any]]:
 
 
 def validate_spec(
-    path: str | os.PathLike, *, run_id: str | None = None, overwrite: bool = False
+    path: str | os.PathLike[str], *, run_id: str | None = None, overwrite: bool = False
 ) -> dict[str, Any]:
     """Check a sum spec and its records as a run would; charge, write and create nothing.
 
@@ -142,7 +142,7 @@ def _recursive_plan(dry: Any) -> dict[str, Any]:
     }
 
 
-def plan_spec(path: str | os.PathLike) -> dict[str, Any]:
+def plan_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The data-free plan of a sum spec (module notes); reads no records, charges nothing.
 
     Returns
@@ -188,7 +188,7 @@ def plan_spec(path: str | os.PathLike) -> dict[str, Any]:
             "probability": 1 - BETA,
             "text": (
                 f"-bias_i <= ({frac:g} N + {additive:.6g}) * bias_per_record_i at the drawn "
-                "threshold, N the number of records (see dpdask.sums.spec)"
+                "threshold, N the number of records (see dpdask.sums.sum_spec)"
             ),
         }
     elif dry is not None:

@@ -12,6 +12,7 @@ import math
 import os
 from typing import Any
 
+from dpdask.errors import BudgetTypeError, PlanError
 from dpdask.ldp.bounds import lower_bound
 from dpdask.ldp.optimize import optimize
 from dpdask.ldp.strategy import LocalStrategy, as_epsilon
@@ -73,9 +74,9 @@ class LdpPlan:
         """Lower bound on the worst-case variance per person of any factorization mechanism."""
         return lower_bound(self.workload, self.privacy)
 
-    def summary(self, as_dict: bool = False) -> str | dict:
+    def summary(self, as_dict: bool = False) -> str | dict[str, Any]:
         """What to expect, and how the chosen strategy compares with every baseline."""
-        d = {
+        d: dict[str, Any] = {
             "model": "local",
             "epsilon": str(as_epsilon(self.privacy)),
             "queries": int(self.workload.shape[0]),
@@ -109,7 +110,7 @@ class LdpPlan:
             lines.append(f"  {k}: {v['ratio_to_chosen']:.3g} x the variance")
         return "\n".join(lines)
 
-    def save_strategy(self, path: str | os.PathLike) -> None:
+    def save_strategy(self, path: str | os.PathLike[str]) -> None:
         """Write the devices' JSON strategy file."""
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(self.strategy.to_json())
@@ -126,14 +127,16 @@ def select_local(workload: Any, privacy: Any, *, alpha: float = 0.01, **options:
 
     Raises
     ------
-    TypeError
+    BudgetTypeError
         If ``privacy`` is not pure DP (local randomizers here are ``epsilon``-LDP).
-    ValueError
+    PlanError
         If ``epsilon`` is not positive.
     """
     if not isinstance(privacy, PureDP):
-        raise TypeError(f"the local model needs a PureDP budget, got {type(privacy).__name__}")
+        raise BudgetTypeError(
+            f"the local model needs a PureDP budget, got {type(privacy).__name__}"
+        )
     if privacy.epsilon <= 0:
-        raise ValueError("the local model needs epsilon > 0")
+        raise PlanError("the local model needs epsilon > 0")
     S = optimize(workload, privacy, alpha=alpha, **options)
     return LdpPlan(workload, S, privacy, alpha)

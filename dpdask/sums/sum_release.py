@@ -1,5 +1,5 @@
 """Running a sum release: the threshold, the mechanism, the charges, the noise and the
-published group, in the order :mod:`dpdask.sums.spec` documents (with the bias bound)."""
+published group, in the order :mod:`dpdask.sums.sum_spec` documents (with the bias bound)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from dpdask.sums._setup import (
     setup,
 )
 from dpdask.sums._setup import threshold as draw_threshold
-from dpdask.sums.spec import load_spec
+from dpdask.sums.sum_spec import load_spec
 
 __all__ = ["THRESHOLD_LEVEL", "run_spec"]
 
@@ -33,9 +33,9 @@ _CHUNK = 256  # geographies per measured chunk
 
 
 def run_spec(
-    path: str | os.PathLike, *, overwrite: bool = False, run_id: str | None = None
+    path: str | os.PathLike[str], *, overwrite: bool = False, run_id: str | None = None
 ) -> dict[str, Any]:
-    """Run the sum release of the spec at ``path`` (:mod:`dpdask.sums.spec`); return a summary.
+    """Run the sum release of the spec at ``path`` (:mod:`dpdask.sums.sum_spec`); return a summary.
 
     Raises
     ------
@@ -88,6 +88,8 @@ def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> di
 
     result = None
     if dry is not None:
+        if eps_t is None:  # pragma: no cover - a threshold is charged only with its budget
+            raise RuntimeError("a threshold without a budget")
         charge_t = charges[1]
         ledger.charge(charge_t)  # durably, before the threshold's noise is drawn
         ident = MeasurementId(release, THRESHOLD_LEVEL, 0, "threshold")
@@ -118,7 +120,7 @@ def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> di
     per_record = np.asarray(mech.bias_per_record(), dtype=float).reshape(shape)
     raw = answers
     if spec["postprocess"] == "isotonic":
-        from dpdask.sums.error import monotone
+        from dpdask.sums.metrics import monotone
 
         rows = answers.reshape(-1, st.m)
         weights = np.broadcast_to(1.0 / variance, answers.shape).reshape(rows.shape)
