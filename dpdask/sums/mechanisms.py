@@ -65,7 +65,7 @@ from numpy.typing import NDArray
 
 from dpdask.errors import ArgumentError, BudgetTypeError, PlanError
 from dpdask.linalg import Dense, Diagonal, Identity, LinearQuery
-from dpdask.noise import KeyedRNG
+from dpdask.noise import KeyedRNG, draw_variance
 from dpdask.privacy import PureDP
 from dpdask.strategy.plan import Plan
 from dpdask.sums.sqm import SQMechanism
@@ -168,17 +168,20 @@ class SumMechanism:
 
     # -- error -----------------------------------------------------------------------
     def query_variances(self) -> NDArray[np.float64]:
-        """``2 b^2 diag(W T (M^T M)^+ T W^T)``: the variance of every answer."""
+        """``2 b^2 diag(W T (M^T M)^+ T W^T)``: the variance of every answer under the
+        plan's nominal Laplace noise (scale ``b``)."""
         try:
-            R = self.reconstruction()
+            self.reconstruction()
         except ValueError:
             return np.asarray(self.plan().query_variances(), dtype=float)
-        variances: NDArray[np.float64] = 2.0 * self.noise_scale**2 * np.einsum("ij,ij->i", R, R)
-        return variances
+        return self.variances_at(draw_variance("laplace", self.noise_scale))
 
-    def variances_at(self, noise_scale: float) -> np.ndarray:
-        """The variance of every answer when the rows of ``M`` get Laplace scale ``noise_scale``."""
-        return self.query_variances() * (float(noise_scale) / self.noise_scale) ** 2
+    def variances_at(self, row_variance: float) -> NDArray[np.float64]:
+        """The variance of every answer when each row of ``M`` gets noise of variance
+        ``row_variance`` (the noise drawn: :attr:`dpdask.measure.Lattice.variance`)."""
+        R = self.reconstruction()
+        variances: NDArray[np.float64] = float(row_variance) * np.einsum("ij,ij->i", R, R)
+        return variances
 
     def true_answers(self, x: np.ndarray) -> NDArray[np.float64]:
         """``W D x``, the untruncated sums."""

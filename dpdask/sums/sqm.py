@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from dpdask.errors import ArgumentError, PlanError
 from dpdask.linalg import Dense
-from dpdask.noise import KeyedRNG
+from dpdask.noise import KeyedRNG, draw_variance
 from dpdask.privacy import PureDP
 from dpdask.strategy.plan import Plan
 from dpdask.workloads.sums import SumWorkload
@@ -62,7 +62,8 @@ class SQMechanism:
         self.sensitivities: NDArray[np.float64] = np.abs(W * self._T).max(axis=1)
         if not (self.sensitivities > 0).all():
             raise PlanError("every SQM query must cover a bin")
-        self.noise_scales = self.sensitivities * m / float(self.privacy.epsilon)
+        self.row_scale = m / float(self.privacy.epsilon)  # Laplace scale of a plan row
+        self.noise_scales = self.sensitivities * self.row_scale
 
     @property
     def theta(self) -> float:
@@ -70,13 +71,15 @@ class SQMechanism:
         return float(self.thetas.max())
 
     def query_variances(self) -> NDArray[np.float64]:
-        """``2 (m s_i / eps)^2``: the paper's variance of every answer."""
-        variances: NDArray[np.float64] = 2.0 * self.noise_scales**2
-        return variances
+        """``2 (m s_i / eps)^2``: the paper's variance of every answer (continuous
+        Laplace noise of scale ``m / eps`` on every row of :meth:`plan`)."""
+        return self.variances_at(draw_variance("laplace", self.row_scale))
 
-    def variances_at(self, noise_scale: float) -> np.ndarray:
-        """``2 (s_i b)^2``: the variances when :meth:`plan`'s rows get Laplace scale ``b``."""
-        return 2.0 * (self.sensitivities * float(noise_scale)) ** 2
+    def variances_at(self, row_variance: float) -> NDArray[np.float64]:
+        """``s_i^2 v``: the variances when :meth:`plan`'s rows get noise of variance ``v``
+        (the noise drawn: :attr:`dpdask.measure.Lattice.variance`)."""
+        variances: NDArray[np.float64] = self.sensitivities**2 * float(row_variance)
+        return variances
 
     def true_answers(self, x: np.ndarray) -> NDArray[np.float64]:
         """``W D x``, the untruncated sums."""

@@ -109,7 +109,7 @@ def _row(mech: Any, theta: float | None) -> dict[str, Any]:
     from dpdask.measure import lattice
 
     lat = lattice(mech.plan(), np.int64)
-    var = np.asarray(mech.variances_at(float(lat.noise_scale)), dtype=float)
+    var = np.asarray(mech.variances_at(lat.variance), dtype=float)
     return {
         "theta": finite(theta),
         "noise_scale": float(lat.noise_scale),

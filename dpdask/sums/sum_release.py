@@ -116,7 +116,7 @@ def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> di
     shape = (*st.group_shape, st.m)
     answers = np.concatenate(parts, axis=0).reshape(x.shape[0], *shape)
     lat = lattice(plan, np.int64)
-    variance = np.asarray(mech.variances_at(float(lat.noise_scale)), dtype=float).reshape(shape)
+    variance = np.asarray(mech.variances_at(lat.variance), dtype=float).reshape(shape)
     per_record = np.asarray(mech.bias_per_record(), dtype=float).reshape(shape)
     raw = answers
     if spec["postprocess"] == "isotonic":
@@ -169,9 +169,9 @@ def _release(spec: dict[str, Any], *, overwrite: bool, run_id: str | None) -> di
             "sums": eps_m.to_dict(),
         },
         "variance": (
-            "variance[i] = 2 s^2 ||row i of W T M^+||^2 with the published noise scale s: "
-            "an upper bound on the discrete Laplace noise's variance; answers are biased "
-            "by truncation only (bias_bound)"
+            "variance[i] = v ||row i of W T M^+||^2, v the variance of the discrete "
+            "Laplace noise drawn on each measured row (scale noise_scale on its lattice); "
+            "answers are biased by truncation only (bias_bound)"
         ),
         "bias_bound": bias_record(result),
         "postprocess": (

@@ -35,6 +35,7 @@ def test_sqm_plan_rows_and_noise(by):
     np.testing.assert_allclose(sqm.answer(M @ x), Q @ x, rtol=1e-12)
     np.testing.assert_allclose(sqm.answer(np.stack([M @ x, M @ x])), np.stack([Q @ x] * 2))
     # the published variance at the lattice's scale is at most the paper's
-    b = float(lattice(plan, np.int64).noise_scale)
-    assert np.all(sqm.variances_at(b) <= sqm.query_variances() * (1 + 1e-6))
-    np.testing.assert_allclose(sqm.variances_at(b), 2 * (s * b) ** 2)
+    lat = lattice(plan, np.int64)
+    assert np.all(sqm.variances_at(lat.variance) <= sqm.query_variances() * (1 + 1e-6))
+    b = float(lat.noise_scale)  # continuous Laplace at the lattice's scale: 2 (s_i b)^2
+    np.testing.assert_allclose(sqm.variances_at(2 * b**2), 2 * (s * b) ** 2)
