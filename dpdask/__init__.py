@@ -12,14 +12,27 @@ them for release specs and the command line, and :class:`Session` (:mod:`dpdask.
 runs them from a notebook. Errors derive from :class:`DPDaskError` (:mod:`dpdask.errors`).
 """
 
+from __future__ import annotations
+
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from dpdask import config  # noqa: F401  (registers configuration defaults)
 from dpdask.domain import Domain, Geography
 from dpdask.errors import DPDaskError, DPDaskWarning
 from dpdask.strategy import Plan
 from dpdask.strategy import select as _select_central
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from dpdask.dataflow.release import release
+    from dpdask.ldp.plan import LdpPlan
+    from dpdask.linalg import LinearQuery
+    from dpdask.privacy import Budget
+    from dpdask.publish.reader import open_release
+    from dpdask.session import Session
 
 try:
     __version__ = version("dpdask")
@@ -40,14 +53,47 @@ __all__ = [
 ]
 
 
+@overload
+def select(
+    workload: LinearQuery,
+    privacy: Budget | None = None,
+    strategy: str = "hdmm",
+    *,
+    model: Literal["central"] = "central",
+    **options: Any,
+) -> Plan: ...
+
+
+@overload
+def select(
+    workload: LinearQuery | NDArray[np.float64],
+    privacy: Budget | None = None,
+    strategy: str = "hdmm",
+    *,
+    model: Literal["local"],
+    **options: Any,
+) -> LdpPlan: ...
+
+
+@overload
+def select(
+    workload: LinearQuery | NDArray[np.float64],
+    privacy: Budget | None = None,
+    strategy: str = "hdmm",
+    *,
+    model: str,
+    **options: Any,
+) -> Plan | LdpPlan: ...
+
+
 def select(
     workload: Any,
-    privacy: Any = None,
+    privacy: Budget | None = None,
     strategy: str = "hdmm",
     *,
     model: str = "central",
     **options: Any,
-) -> Any:
+) -> Plan | LdpPlan:
     """Plan a release: :func:`dpdask.strategy.select` (central model, the default), or
     with ``model="local"`` a local-model collection, :func:`dpdask.ldp.local_plan.select_local`
     (every person randomizes their own record, paper 002; pure DP only; returns an
@@ -74,7 +120,7 @@ def select(
     return _select_central(workload, privacy, strategy, model=model, **options)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # imported on first use, not with the package: open_release needs xarray, and the
     # release graph and the measure step import most of dpdask
     if name == "open_release":

@@ -61,6 +61,7 @@ from functools import cache
 import numpy as np
 
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError, DomainError
 
 __all__ = [
     "HHGQ",
@@ -177,8 +178,8 @@ def race_index(races: Iterable[int | str]) -> int:
 
     Raises
     ------
-    ValueError
-        If the set is empty or names an unknown race.
+    ArgumentError
+        If the set is empty; ``DomainError`` if it names an unknown race.
 
     Examples
     --------
@@ -189,14 +190,14 @@ def race_index(races: Iterable[int | str]) -> int:
     for r in races:
         if isinstance(r, str):
             if r not in RACES:
-                raise ValueError(f"unknown race {r!r}; races are {RACES}")
+                raise DomainError(f"unknown race {r!r}; races are {RACES}")
             idx.add(RACES.index(r))
         else:
             if not 0 <= int(r) < len(RACES):
-                raise ValueError(f"race index {r!r} is outside 0..{len(RACES) - 1}")
+                raise DomainError(f"race index {r!r} is outside 0..{len(RACES) - 1}")
             idx.add(int(r))
     if not idx:
-        raise ValueError("a race combination needs at least one race")
+        raise ArgumentError("a race combination needs at least one race")
     return _race_lookup()[tuple(sorted(idx))]
 
 
@@ -221,7 +222,7 @@ def n_races() -> np.ndarray:
 def relation_index(name: str) -> int:
     """The relationship value of a category name in :data:`RELATIONSHIPS`."""
     if name not in RELATIONSHIPS:
-        raise ValueError(f"unknown relationship {name!r}; categories are {RELATIONSHIPS}")
+        raise DomainError(f"unknown relationship {name!r}; categories are {RELATIONSHIPS}")
     return RELATIONSHIPS.index(name)
 
 

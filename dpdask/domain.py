@@ -14,8 +14,11 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+from dpdask.errors import ArgumentError, DomainError, ShapeError
 
 __all__ = ["Domain", "Geography"]
 
@@ -34,7 +37,7 @@ class Domain(Mapping[str, int]):
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If a name is not an identifier, is repeated, or a size is not a positive
         integer. The message names the attribute.
 
@@ -56,11 +59,13 @@ class Domain(Mapping[str, int]):
         checked: dict[str, int] = {}
         for name, size in items:
             if not isinstance(name, str) or not _NAME.match(name):
-                raise ValueError(f"attribute name {name!r} is not a valid identifier")
+                raise ArgumentError(f"attribute name {name!r} is not a valid identifier")
             if name in checked:
-                raise ValueError(f"attribute {name!r} is given twice")
+                raise ArgumentError(f"attribute {name!r} is given twice")
             if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
-                raise ValueError(f"attribute {name!r} has size {size!r}; sizes are integers >= 1")
+                raise ArgumentError(
+                    f"attribute {name!r} has size {size!r}; sizes are integers >= 1"
+                )
             checked[name] = int(size)
         self._attrs = checked
 
@@ -69,7 +74,7 @@ class Domain(Mapping[str, int]):
         try:
             return self._attrs[name]
         except KeyError:
-            raise ValueError(
+            raise DomainError(
                 f"unknown attribute {name!r}; the domain has {list(self._attrs)}"
             ) from None
 
@@ -94,7 +99,7 @@ class Domain(Mapping[str, int]):
         inner = ", ".join(f"{k}={v}" for k, v in self._attrs.items())
         return f"Domain({inner})"
 
-    def __dask_tokenize__(self) -> tuple:
+    def __dask_tokenize__(self) -> tuple[Any, ...]:
         return ("dpdask.Domain", tuple(self._attrs.items()))
 
     # Properties --------------------------------------------------------
@@ -153,8 +158,8 @@ class Geography:
 
     Raises
     ------
-    ValueError
-        If the arrays do not describe a tree (wrong lengths, parent out of range,
+    ArgumentError
+        If the arrays do not describe a tree (wrong lengths: ``ShapeError``, parent out of range,
         a parent with no child).
 
     Examples
@@ -176,27 +181,27 @@ class Geography:
         ids = tuple(tuple(str(u) for u in lv) for lv in self.ids)
         parents = tuple(np.asarray(p, dtype=np.int64) for p in self.parents)
         if not levels:
-            raise ValueError("a geography needs at least one level")
+            raise ArgumentError("a geography needs at least one level")
         for name in levels:
             if not isinstance(name, str) or not _NAME.match(name):
-                raise ValueError(f"geography level name {name!r} is not a valid identifier")
+                raise ArgumentError(f"geography level name {name!r} is not a valid identifier")
         if len(set(levels)) != len(levels):
-            raise ValueError(f"geography level names are repeated: {levels}")
+            raise ArgumentError(f"geography level names are repeated: {levels}")
         if len(ids) != len(levels):
-            raise ValueError(f"{len(levels)} levels but ids for {len(ids)}")
+            raise ShapeError(f"{len(levels)} levels but ids for {len(ids)}")
         if len(parents) != max(len(levels) - 1, 0):
-            raise ValueError(f"{len(levels)} levels need {len(levels) - 1} parent arrays")
+            raise ShapeError(f"{len(levels)} levels need {len(levels) - 1} parent arrays")
         for i, p in enumerate(parents, start=1):
             name = levels[i]
             if p.shape != (len(ids[i]),):
-                raise ValueError(f"level {name!r}: {len(ids[i])} units but {p.size} parents")
+                raise ShapeError(f"level {name!r}: {len(ids[i])} units but {p.size} parents")
             if p.size and (p.min() < 0 or p.max() >= len(ids[i - 1])):
-                raise ValueError(f"level {name!r}: a parent index is out of range")
+                raise ArgumentError(f"level {name!r}: a parent index is out of range")
             if np.unique(p).size != len(ids[i - 1]):
-                raise ValueError(f"level {levels[i - 1]!r}: some unit has no child")
+                raise ArgumentError(f"level {levels[i - 1]!r}: some unit has no child")
         for name, lv in zip(levels, ids, strict=True):
             if len(set(lv)) != len(lv):
-                raise ValueError(f"level {name!r}: unit ids are not unique")
+                raise ArgumentError(f"level {name!r}: unit ids are not unique")
         for p in parents:
             p.setflags(write=False)
         object.__setattr__(self, "levels", levels)
@@ -230,27 +235,27 @@ class Geography:
 
         Raises
         ------
-        ValueError
+        ArgumentError
             If the prefix lengths do not increase strictly or a GEOID has the
             wrong length (the message names the GEOID).
         """
         names = list(levels)
         widths = [levels[n] for n in names]
         if not names:
-            raise ValueError("levels is empty; give at least one {level: prefix length}")
+            raise ArgumentError("levels is empty; give at least one {level: prefix length}")
         for n, w in zip(names, widths, strict=True):
             if isinstance(w, bool) or not isinstance(w, int | np.integer) or w < 1:
-                raise ValueError(f"level {n!r}: prefix length {w!r} is not a positive integer")
+                raise ArgumentError(f"level {n!r}: prefix length {w!r} is not a positive integer")
         if any(b <= a for a, b in itertools.pairwise(widths)):
-            raise ValueError(f"prefix lengths must increase from coarse to fine, got {levels}")
+            raise ArgumentError(f"prefix lengths must increase from coarse to fine, got {levels}")
         finest = np.unique(np.asarray([str(g) for g in geoids], dtype=str))
         if finest.size == 0:
-            raise ValueError("no geography ids given")
+            raise ArgumentError("no geography ids given")
         lengths = np.char.str_len(finest)
         bad = np.flatnonzero(lengths != widths[-1])
         if bad.size:
             g = str(finest[bad[0]])
-            raise ValueError(
+            raise ArgumentError(
                 f"geography id {g!r} has {len(g)} characters; level {names[-1]!r} "
                 f"needs {widths[-1]}"
             )
@@ -272,21 +277,21 @@ class Geography:
 
         Raises
         ------
-        ValueError
+        ArgumentError
             If a finest unit appears twice or a unit has two different parents
             (the message names them).
         """
         names = list(table.keys()) if levels is None else list(levels)
         if not names:
-            raise ValueError("the parent table has no level columns")
+            raise ArgumentError("the parent table has no level columns")
         for n in names:
             if n not in table:
-                raise ValueError(f"the parent table has no column {n!r}")
+                raise DomainError(f"the parent table has no column {n!r}")
         cols = [np.asarray([str(v) for v in table[n]], dtype=str) for n in names]
         finest = cols[-1]
         uniq, counts = np.unique(finest, return_counts=True)
         if (counts > 1).any():
-            raise ValueError(
+            raise ArgumentError(
                 f"level {names[-1]!r}: unit {str(uniq[np.argmax(counts > 1)])!r} "
                 "appears in more than one row of the parent table"
             )
@@ -306,7 +311,7 @@ class Geography:
                 clash = np.flatnonzero(parent[inv] != prev_inv)
                 if clash.size:
                     j = clash[0]
-                    raise ValueError(
+                    raise ArgumentError(
                         f"level {name!r}: unit {str(col[j])!r} has two parents at level "
                         f"{names[i - 1]!r}: {str(cols[i - 1][first[inv[j]]])!r} and "
                         f"{str(cols[i - 1][j])!r}"
@@ -332,7 +337,7 @@ class Geography:
         inner = ", ".join(f"{n}={len(lv)}" for n, lv in zip(self.levels, self.ids, strict=True))
         return f"Geography({inner})"
 
-    def __dask_tokenize__(self) -> tuple:
+    def __dask_tokenize__(self) -> tuple[Any, ...]:
         return ("dpdask.Geography", self.levels, self.ids, tuple(p.tobytes() for p in self.parents))
 
     # Queries -----------------------------------------------------------
@@ -345,7 +350,7 @@ class Geography:
         if level is None:
             return len(self.levels) - 1
         if level not in self.levels:
-            raise ValueError(f"unknown geography level {level!r}; levels are {self.levels}")
+            raise DomainError(f"unknown geography level {level!r}; levels are {self.levels}")
         return self.levels.index(level)
 
     def ancestor_index(self, level: str, of: str | None = None) -> np.ndarray:
@@ -353,12 +358,12 @@ class Geography:
 
         Raises
         ------
-        ValueError
+        ArgumentError
             If ``level`` is finer than ``of``.
         """
         target, source = self.level_index(level), self.level_index(of)
         if target > source:
-            raise ValueError(
+            raise ArgumentError(
                 f"level {level!r} is finer than {self.levels[source]!r}; it has no ancestor there"
             )
         idx = np.arange(len(self.ids[source]), dtype=np.int64)

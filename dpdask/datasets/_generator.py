@@ -11,6 +11,7 @@ drawing many geographies of a large domain holds little more than its entries.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from dpdask.datasets._synthetic import (
     draw_populations,
 )
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["SyntheticGenerator"]
 
@@ -82,7 +84,7 @@ class SyntheticGenerator:
         concentration: float | None = C.CONCENTRATION,
     ) -> None:
         if not isinstance(domain, Domain):
-            raise ValueError(f"domain must be a dpdask.Domain, got {type(domain).__name__}")
+            raise ArgumentTypeError(f"domain must be a dpdask.Domain, got {type(domain).__name__}")
         seed = _check_seed(seed)
         pops = draw_populations(int(n_geographies), seed, population)
         self._spec = _build_spec(domain, pops, seed, _check_concentration(concentration), 1)
@@ -98,7 +100,7 @@ class SyntheticGenerator:
 
     def _check(self, start: int, stop: int) -> tuple[int, int]:
         if not 0 <= int(start) <= int(stop) <= self.population.size:
-            raise ValueError(
+            raise ArgumentError(
                 f"need 0 <= start <= stop <= {self.population.size}, got {start}, {stop}"
             )
         return int(start), int(stop)
@@ -121,7 +123,7 @@ class SyntheticGenerator:
         start, stop = self._check(start, stop)
         return _entries(self._spec, start, stop)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         # The model's tables (8 x 2 x cells float64: 60 MiB on the CPH domain) are
         # rebuilt where the generator lands (a fraction of a second) instead of
         # being shipped in every graph that holds one.
@@ -131,7 +133,7 @@ class SyntheticGenerator:
             (spec.model.domain, spec.population, spec.seed, spec.concentration),
         )
 
-    def __dask_tokenize__(self) -> tuple:
+    def __dask_tokenize__(self) -> tuple[Any, ...]:
         spec = self._spec
         return (
             "SyntheticGenerator",

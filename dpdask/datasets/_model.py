@@ -45,6 +45,7 @@ import numpy as np
 from dpdask.census import RELATIONSHIPS, n_races, race_combinations, race_index
 from dpdask.datasets import _constants as C
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError
 
 __all__ = [
     "GROUPS",
@@ -79,7 +80,8 @@ _MAX_MODEL_CELLS = 2**23  # 8 groups x (probabilities + cumulative) x 8 bytes = 
 def group_shares() -> np.ndarray:
     """Share of each of :data:`GROUPS` in Rhode Island 2010 (sums to 1)."""
     pop = np.array([C.RI_2010_POP[g] for g in GROUPS], dtype=np.float64)
-    return pop / pop.sum()
+    shares: np.ndarray = pop / pop.sum()
+    return shares
 
 
 @cache
@@ -129,7 +131,7 @@ def age_given_group() -> np.ndarray:
     under = np.array([1.0 - C.RI_2010_VAP[g] / C.RI_2010_POP[g] for g in GROUPS])
     kids = np.where(child, shape, 0.0) / shape[child].sum()
     adults = np.where(child, 0.0, shape) / shape[~child].sum()
-    out = under[:, None] * kids + (1.0 - under[:, None]) * adults
+    out: np.ndarray = under[:, None] * kids + (1.0 - under[:, None]) * adults
     out.setflags(write=False)
     return out
 
@@ -138,7 +140,7 @@ def age_given_group() -> np.ndarray:
 def male_share() -> np.ndarray:
     """``P(sex = male | age)`` for ages 0..114, interpolated from the assumed table."""
     ages, shares = zip(*C.MALE_SHARE_BY_AGE, strict=True)
-    out = np.interp(np.arange(N_AGE), ages, shares)
+    out: np.ndarray = np.interp(np.arange(N_AGE), ages, shares)
     out.setflags(write=False)
     return out
 
@@ -215,7 +217,7 @@ def relation_given_age() -> np.ndarray:
             break
     else:  # pragma: no cover - the constants are fixed
         raise RuntimeError("relation-by-age fit did not converge; check the assumed tables")
-    out = joint / joint.sum(axis=1, keepdims=True)
+    out: np.ndarray = joint / joint.sum(axis=1, keepdims=True)
     out.setflags(write=False)
     return out
 
@@ -258,12 +260,12 @@ class PersonModel:
 
         Raises
         ------
-        ValueError
+        ArgumentError
             If the domain has more than 2**23 cells (the model keeps two float64
             arrays of 8 x cells in memory).
         """
         if domain.size > _MAX_MODEL_CELLS:
-            raise ValueError(
+            raise ArgumentError(
                 f"the synthetic person model supports domains up to {_MAX_MODEL_CELLS:,} cells "
                 f"per geography; {domain!r} has {domain.size:,}"
             )
@@ -299,4 +301,5 @@ class PersonModel:
     def probabilities(self, mix: np.ndarray | None = None) -> np.ndarray:
         """Flat cell probabilities of a geography whose group mix is ``mix`` (default: RI)."""
         mix = self.shares if mix is None else np.asarray(mix, dtype=np.float64)
-        return mix @ self.bases
+        probabilities: np.ndarray = mix @ self.bases
+        return probabilities

@@ -26,6 +26,7 @@ from dpdask import census
 from dpdask.datasets._generator import SyntheticGenerator
 from dpdask.datasets._synthetic import _check_seed
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError
 
 __all__ = ["GQ_SHARES", "SyntheticBlocks", "synthetic_pl94_blocks"]
 
@@ -68,7 +69,10 @@ class SyntheticBlocks:
     @property
     def population(self) -> np.ndarray:
         """``(n_blocks,)`` int64 persons per block."""
-        return self.counts.reshape(self.counts.shape[0], -1).sum(axis=1, dtype=np.int64)
+        per_block: np.ndarray = self.counts.reshape(self.counts.shape[0], -1).sum(
+            axis=1, dtype=np.int64
+        )
+        return per_block
 
 
 def _block_sizes(n_blocks: int, persons: int, rng: np.random.Generator) -> np.ndarray:
@@ -97,7 +101,7 @@ def synthetic_pl94_blocks(n_blocks: int, persons: int, *, seed: int = 0) -> Synt
 
     Raises
     ------
-    ValueError
+    ArgumentError
         For a non-positive number of blocks, negative persons or a bad seed.
 
     Examples
@@ -108,7 +112,7 @@ def synthetic_pl94_blocks(n_blocks: int, persons: int, *, seed: int = 0) -> Synt
     """
     seed = _check_seed(seed)
     if int(n_blocks) < 1 or int(persons) < 0:
-        raise ValueError(f"need n_blocks >= 1 and persons >= 0, got {n_blocks}, {persons}")
+        raise ArgumentError(f"need n_blocks >= 1 and persons >= 0, got {n_blocks}, {persons}")
     n_blocks, persons = int(n_blocks), int(persons)
     rng = np.random.default_rng(np.random.PCG64([seed, _STREAM]))
     sizes = _block_sizes(n_blocks, persons, rng)

@@ -21,16 +21,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import dask
 import numpy as np
 import zarr
 import zarr.errors
 import zarr.storage
-from dask.base import tokenize
+from dask.base import compute, tokenize
+from dask.delayed import delayed
 
 from dpdask.datasets import _constants as C
 from dpdask.datasets._model import PersonModel
 from dpdask.domain import Domain, Geography
+from dpdask.errors import ArgumentError, ArgumentTypeError, ShapeError
 
 __all__ = ["SyntheticPersons", "draw_populations", "synthetic_block", "synthetic_persons"]
 
@@ -58,14 +59,15 @@ class SyntheticPersons:
         of its counts.
     """
 
-    array: zarr.Array
+    array: zarr.Array[Any]
     geography: Geography
     population: np.ndarray
 
     @property
     def domain(self) -> Domain:
         """The domain of the histograms."""
-        return Domain(self.array.attrs["dpdask"]["domain"])
+        meta: Any = self.array.attrs["dpdask"]
+        return Domain(meta["domain"])
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +83,7 @@ class _Spec:
 
 def _check_seed(seed: int) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise ArgumentError(f"seed must be a non-negative integer, got {seed!r}")
     return int(seed)
 
 
@@ -89,7 +91,7 @@ def _check_concentration(concentration: float | None) -> float | None:
     if concentration is None:
         return None
     if not float(concentration) > 0 or not np.isfinite(concentration):
-        raise ValueError(
+        raise ArgumentError(
             f"concentration must be positive and finite, or None; got {concentration!r}"
         )
     return float(concentration)
@@ -120,16 +122,16 @@ def draw_populations(
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If a given population is negative, not an integer, of the wrong length, or
-        could overflow an int32 count.
+        could overflow an int32 count (``ShapeError`` for the wrong length).
     """
     seed = _check_seed(seed)
     limit = np.iinfo(DTYPE).max
     if np.ndim(population) == 0:
         median = float(population)  # type: ignore[arg-type]
         if not median > 0 or median * C.POPULATION_CAP > limit:
-            raise ValueError(
+            raise ArgumentError(
                 f"population median must be in (0, {limit / C.POPULATION_CAP:,.0f}], got {median!r}"
             )
         rng = np.random.Generator(np.random.PCG64([seed, _POPULATION_STREAM]))
@@ -138,13 +140,13 @@ def draw_populations(
         return np.rint(sizes).astype(np.int64)
     given = np.asarray(population)
     if given.shape != (n_geographies,):
-        raise ValueError(f"{n_geographies} geographies but {given.shape} populations")
+        raise ShapeError(f"{n_geographies} geographies but {given.shape} populations")
     if given.size and not np.issubdtype(given.dtype, np.integer):
         if not np.all(np.mod(given, 1) == 0):
-            raise ValueError("populations must be whole numbers")
+            raise ArgumentError("populations must be whole numbers")
     given = given.astype(np.int64)
     if given.size and (given.min() < 0 or given.max() > limit):
-        raise ValueError(f"populations must lie in 0..{limit:,} (int32 counts)")
+        raise ArgumentError(f"populations must lie in 0..{limit:,} (int32 counts)")
     return given
 
 
@@ -230,19 +232,19 @@ def synthetic_block(
         ``(stop - start, *domain.shape)`` int32 counts.
     """
     if not 0 <= start <= stop:
-        raise ValueError(f"need 0 <= start <= stop, got start={start}, stop={stop}")
+        raise ArgumentError(f"need 0 <= start <= stop, got start={start}, stop={stop}")
     if np.ndim(population) == 0:
         pops = draw_populations(stop, seed, population)
     else:
         pops = draw_populations(len(population), seed, population)  # type: ignore[arg-type]
         if pops.size < stop:
-            raise ValueError(f"populations are given for {pops.size} geographies, need {stop}")
+            raise ShapeError(f"populations are given for {pops.size} geographies, need {stop}")
     concentration = _check_concentration(concentration)
     spec = _build_spec(domain, pops, _check_seed(seed), concentration, max(stop - start, 1))
     return _block(spec, start, stop).reshape((stop - start, *domain.shape))
 
 
-def _write_chunk(array: zarr.Array, spec: _Spec, index: int) -> int:
+def _write_chunk(array: zarr.Array[Any], spec: _Spec, index: int) -> int:
     lo = index * spec.chunk
     block = _block(spec, lo, min(lo + spec.chunk, spec.population.size))
     array[lo : lo + block.shape[0]] = block.reshape((block.shape[0], *spec.model.domain.shape))
@@ -250,8 +252,12 @@ def _write_chunk(array: zarr.Array, spec: _Spec, index: int) -> int:
 
 
 def _create_array(
-    store: Any, shape: tuple[int, ...], chunks: tuple[int, ...], attrs: dict, overwrite: bool
-) -> zarr.Array:
+    store: Any,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    attrs: dict[str, Any],
+    overwrite: bool,
+) -> zarr.Array[Any]:
     if store is None:
         store = zarr.storage.MemoryStore()
     try:
@@ -333,8 +339,9 @@ def synthetic_persons(
 
     Raises
     ------
-    ValueError
-        On a bad argument (the message names it).
+    ArgumentError
+        On a bad argument (the message names it); ``ArgumentTypeError`` for a
+        ``domain`` that is not a :class:`~dpdask.Domain` or a non-integer ``n_geographies``.
     FileExistsError
         If ``store`` holds zarr data and ``overwrite`` is false.
 
@@ -354,21 +361,21 @@ def synthetic_persons(
     [10, 0, 250, 3]
     """
     if not isinstance(domain, Domain):
-        raise ValueError(f"domain must be a dpdask.Domain, got {type(domain).__name__}")
+        raise ArgumentTypeError(f"domain must be a dpdask.Domain, got {type(domain).__name__}")
     if isinstance(n_geographies, bool) or not isinstance(n_geographies, int | np.integer):
-        raise ValueError(f"n_geographies must be an integer, got {n_geographies!r}")
+        raise ArgumentTypeError(f"n_geographies must be an integer, got {n_geographies!r}")
     if n_geographies < 1:
-        raise ValueError(f"n_geographies must be at least 1, got {n_geographies}")
+        raise ArgumentError(f"n_geographies must be at least 1, got {n_geographies}")
     seed = _check_seed(seed)
     concentration = _check_concentration(concentration)
     if chunk is None:
         chunk = max(1, _CHUNK_BYTES // (domain.size * DTYPE.itemsize))
     if isinstance(chunk, bool) or not isinstance(chunk, int | np.integer) or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+        raise ArgumentError(f"chunk must be a positive integer, got {chunk!r}")
     chunk = int(min(chunk, n_geographies))
     in_memory = store is None or isinstance(store, zarr.storage.MemoryStore)
     if in_memory and scheduler not in _LOCAL_SCHEDULERS:
-        raise ValueError(
+        raise ArgumentError(
             f"an in-memory store needs a local scheduler {_LOCAL_SCHEDULERS}, got {scheduler!r}"
         )
     pops = draw_populations(int(n_geographies), seed, population)
@@ -391,11 +398,11 @@ def synthetic_persons(
         written = [_write_chunk(array, spec, i) for i in range(n_chunks)]
     else:
         token = tokenize(domain, pops, seed, concentration, chunk, str(array.store))
-        spec_node = dask.delayed(spec, name=f"synthetic-person-model-{token}")
-        write = dask.delayed(_write_chunk, pure=True)
+        spec_node = delayed(spec, name=f"synthetic-person-model-{token}")
+        write = delayed(_write_chunk, pure=True)
         name = f"synthesize-persons-{token}"
         tasks = [write(array, spec_node, i, dask_key_name=(name, i)) for i in range(n_chunks)]
-        written = list(dask.compute(*tasks, scheduler=scheduler))
+        written = list(compute(*tasks, scheduler=scheduler))  # type: ignore[no-untyped-call]
     if sum(written) != int(pops.sum()):  # pragma: no cover - a multinomial always sums to n
         raise RuntimeError(f"wrote {sum(written):,} persons, expected {int(pops.sum()):,}")
     width = max(6, len(str(int(n_geographies) - 1)))

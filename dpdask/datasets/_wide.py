@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dpdask.errors import ArgumentError
+
 __all__ = ["geography_ids", "wide_records", "with_geography", "write_geography_universe"]
 
 
@@ -41,7 +43,7 @@ def wide_records(
     cycle = (2, 3, 5, 4, 8, 2, 6)
     sizes = tuple(sizes) if sizes is not None else tuple(cycle[i % len(cycle)] for i in range(d))
     if len(sizes) != d or any(s < 1 for s in sizes):
-        raise ValueError(f"sizes must be {d} positive integers")
+        raise ArgumentError(f"sizes must be {d} positive integers")
     traits = rng.normal(size=(n, 3))
     cols = {}
     for i, size in enumerate(sizes):

@@ -11,13 +11,15 @@ one.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from dask.base import tokenize
+from numpy.typing import NDArray
 
 from dpdask import config
+from dpdask.errors import ArgumentError, ArgumentTypeError, ShapeError
 
 if TYPE_CHECKING:
     from dpdask.linalg._norms import NormTerms
@@ -27,7 +29,7 @@ __all__ = ["LinearQuery", "Product", "Scaled", "Sum", "Transpose", "aslinearquer
 
 def _check_p(p: float) -> int:
     if p not in (1, 2):
-        raise ValueError(f"sensitivity is defined for p = 1 and p = 2, not p = {p!r}")
+        raise ArgumentError(f"sensitivity is defined for p = 1 and p = 2, not p = {p!r}")
     return int(p)
 
 
@@ -66,7 +68,7 @@ class LinearQuery:
     def _rmatmat(self, Y: np.ndarray) -> np.ndarray:  # (m, k) -> (n, k)
         raise NotImplementedError
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         """A deterministic description used for tokenising and repr."""
         return (id(self),)
 
@@ -102,7 +104,7 @@ class LinearQuery:
         """``self.T @ self``, implicit where the structure allows."""
         return Product(self.T, self)
 
-    def dense(self) -> np.ndarray:
+    def dense(self) -> NDArray[np.float64]:
         """Materialise as a dense array.
 
         Raises
@@ -113,7 +115,7 @@ class LinearQuery:
         check_dense_size(self.size, f"a {self.shape[0]} x {self.shape[1]} {type(self).__name__}")
         return np.asarray(self._matmat(np.eye(self.shape[1])), dtype=float)
 
-    def column_norms(self, p: float = 2) -> np.ndarray:
+    def column_norms(self, p: float = 2) -> NDArray[np.float64]:
         """The L1 or L2 norm of every column, as a flat vector of length ``n``."""
         p = _check_p(p)
         return self._norm_terms(p).evaluate() ** (1.0 / p)
@@ -134,7 +136,7 @@ class LinearQuery:
         check_dense_size(self.size, f"the pseudo-inverse of a {self.shape} {type(self).__name__}")
         return Dense(np.linalg.pinv(self.dense()))
 
-    def apply(self, X: np.ndarray) -> np.ndarray:
+    def apply(self, X: np.ndarray) -> NDArray[np.float64]:
         """Apply to each row of a batch: ``(g, n)`` or ``(g, *shape)`` -> ``(g, m)``.
 
         This is how the data of ``g`` geographies, stacked along the first axis,
@@ -143,7 +145,7 @@ class LinearQuery:
         X = np.asarray(X)
         g = X.shape[0]
         if math.prod(X.shape[1:]) != self.shape[1]:
-            raise ValueError(
+            raise ShapeError(
                 f"operator has {self.shape[1]} columns but each geography has "
                 f"shape {X.shape[1:]} ({math.prod(X.shape[1:])} cells)"
             )
@@ -163,13 +165,13 @@ class LinearQuery:
         X = _as_numeric(other)
         if X.ndim == 1:
             if X.shape[0] != self.shape[1]:
-                raise ValueError(f"shape mismatch: operator {self.shape} @ vector {X.shape}")
+                raise ShapeError(f"shape mismatch: operator {self.shape} @ vector {X.shape}")
             return self._matmat(X[:, None])[:, 0]
         if X.ndim == 2:
             if X.shape[0] != self.shape[1]:
-                raise ValueError(f"shape mismatch: operator {self.shape} @ matrix {X.shape}")
+                raise ShapeError(f"shape mismatch: operator {self.shape} @ matrix {X.shape}")
             return self._matmat(X)
-        raise ValueError(
+        raise ShapeError(
             f"cannot apply a {self.shape} operator to an array of shape {X.shape}; "
             "use .apply() for a batch of geographies"
         )
@@ -180,22 +182,22 @@ class LinearQuery:
             return self.T @ X
         if X.ndim == 2:
             return (self.T @ X.T).T
-        raise ValueError(f"cannot multiply an array of shape {X.shape} by an operator")
+        raise ShapeError(f"cannot multiply an array of shape {X.shape} by an operator")
 
     def _compose(self, other: LinearQuery) -> LinearQuery:
         if self.shape[1] != other.shape[0]:
-            raise ValueError(f"shape mismatch: {self.shape} @ {other.shape}")
+            raise ShapeError(f"shape mismatch: {self.shape} @ {other.shape}")
         return Product(self, other)
 
     def __mul__(self, c: Any) -> LinearQuery:
-        if not np.isscalar(c):
+        if not _is_scalar(c):
             return NotImplemented
         return Scaled(self, float(c))
 
     __rmul__ = __mul__
 
     def __truediv__(self, c: Any) -> LinearQuery:
-        if not np.isscalar(c):
+        if not _is_scalar(c):
             return NotImplemented
         return Scaled(self, 1.0 / float(c))
 
@@ -231,6 +233,18 @@ class LinearQuery:
         return out
 
 
+def _is_scalar(c: Any) -> bool:
+    # NumPy's test, as a plain bool: its type guard would narrow ``c`` to types
+    # ``float()`` does not accept (complex, bytes)
+    return bool(np.isscalar(c))
+
+
+def _sum_arrays(arrays: Iterable[np.ndarray]) -> np.ndarray:
+    """The sum of a non-empty iterable of arrays, as the built-in ``sum`` gives it."""
+    total: Any = sum(arrays)
+    return np.asarray(total)
+
+
 def _is_dask_array(x: Any) -> bool:
     return type(x).__module__.startswith("dask.array") and hasattr(x, "chunks")
 
@@ -240,7 +254,7 @@ def _as_numeric(x: Any) -> np.ndarray:
         x = x.todense()
     X = np.asarray(x)
     if X.dtype == object:
-        raise TypeError("cannot apply an operator to an object array")
+        raise ArgumentTypeError("cannot apply an operator to an object array")
     return X
 
 
@@ -268,7 +282,7 @@ class Transpose(LinearQuery):
     def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
         return self.base._matmat(Y)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.base,)
 
     @property
@@ -290,7 +304,7 @@ class Product(LinearQuery):
 
     def __init__(self, A: LinearQuery, B: LinearQuery):
         if A.shape[1] != B.shape[0]:
-            raise ValueError(f"shape mismatch: {A.shape} @ {B.shape}")
+            raise ShapeError(f"shape mismatch: {A.shape} @ {B.shape}")
         self.A, self.B = A, B
         self.shape = (A.shape[0], B.shape[1])
 
@@ -303,7 +317,7 @@ class Product(LinearQuery):
     def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
         return self.A._apply_axis(self.B._apply_axis(T, axis), axis)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.A, self.B)
 
     @property
@@ -330,7 +344,7 @@ class Scaled(LinearQuery):
     def _norm_terms(self, p: int) -> NormTerms:
         return self.A._norm_terms(p).scale(abs(self.c) ** p)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.A, self.c)
 
     @property
@@ -357,23 +371,23 @@ class Sum(LinearQuery):
     def __init__(self, terms: Sequence[LinearQuery]):
         terms = list(terms)
         if not terms:
-            raise ValueError("Sum needs at least one term")
+            raise ArgumentError("Sum needs at least one term")
         shapes = {t.shape for t in terms}
         if len(shapes) != 1:
-            raise ValueError(f"Sum terms have different shapes: {sorted(shapes)}")
+            raise ShapeError(f"Sum terms have different shapes: {sorted(shapes)}")
         self.terms = terms
         self.shape = terms[0].shape
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
-        return sum(t._matmat(X) for t in self.terms)
+        return _sum_arrays(t._matmat(X) for t in self.terms)
 
     def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
-        return sum(t._rmatmat(Y) for t in self.terms)
+        return _sum_arrays(t._rmatmat(Y) for t in self.terms)
 
     def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
-        return sum(t._apply_axis(T, axis) for t in self.terms)
+        return _sum_arrays(t._apply_axis(T, axis) for t in self.terms)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return tuple(self.terms)
 
     @property
@@ -382,4 +396,4 @@ class Sum(LinearQuery):
 
     def dense(self) -> np.ndarray:
         check_dense_size(self.size, f"a {self.shape} Sum")
-        return sum(t.dense() for t in self.terms)
+        return _sum_arrays(t.dense() for t in self.terms)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from dpdask.errors import ShapeError
 from dpdask.linalg._base import LinearQuery, check_dense_size
 from dpdask.linalg._norms import NormTerms
 
@@ -26,15 +27,17 @@ class Dense(LinearQuery):
     def __init__(self, matrix: Any):
         M = np.asarray(matrix, dtype=float)
         if M.ndim != 2:
-            raise ValueError(f"Dense needs a 2-D array, got shape {M.shape}")
+            raise ShapeError(f"Dense needs a 2-D array, got shape {M.shape}")
         self.matrix = M
         self.shape = M.shape
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
-        return self.matrix @ X
+        out: np.ndarray = self.matrix @ X
+        return out
 
     def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
-        return self.matrix.T @ Y
+        out: np.ndarray = self.matrix.T @ Y
+        return out
 
     def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
         # first or last axis: one matrix product on a reshaped view (no copy); a
@@ -43,6 +46,7 @@ class Dense(LinearQuery):
         shp = T.shape
         n, m = shp[axis], self.shape[0]
         pre, post = math.prod(shp[:axis]), math.prod(shp[axis + 1 :])
+        out: np.ndarray
         if post == 1:
             out = T.reshape(pre, n) @ self.matrix.T
         elif n <= 4 and m <= 4:
@@ -60,13 +64,16 @@ class Dense(LinearQuery):
             # product writes the result in place of the axis, with no transposed copy
             out = np.matmul(self.matrix, T.reshape(pre, n, post))
         else:
-            return np.moveaxis(np.tensordot(self.matrix, T, axes=([1], [axis])), 0, axis)
+            moved: np.ndarray = np.moveaxis(
+                np.tensordot(self.matrix, T, axes=([1], [axis])), 0, axis
+            )
+            return moved
         return out.reshape((*shp[:axis], m, *shp[axis + 1 :]))
 
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.single((np.abs(self.matrix) ** p).sum(axis=0))
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.matrix,)
 
     @property
@@ -108,7 +115,7 @@ class Sparse(LinearQuery):
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.single(np.asarray(abs(self.matrix).power(p).sum(axis=0)).ravel())
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         M = self.matrix
         return (M.shape, M.data, M.indices, M.indptr)
 
@@ -121,4 +128,4 @@ class Sparse(LinearQuery):
 
     def dense(self) -> np.ndarray:
         check_dense_size(self.size, f"a {self.shape} Sparse")
-        return self.matrix.toarray()
+        return np.asarray(self.matrix.toarray())

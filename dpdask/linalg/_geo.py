@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
+from numpy.typing import NDArray
+
+from dpdask.errors import ShapeError
 
 if TYPE_CHECKING:
     from dpdask.linalg._base import LinearQuery
@@ -19,7 +22,7 @@ DENSE_BATCH_CELLS = 2**23
 """Cells of dense rows formed at once by :func:`apply_rows` (64 MiB of float64)."""
 
 
-def apply_rows(op: LinearQuery, x: object, *, exact_only: bool = False) -> np.ndarray:
+def apply_rows(op: LinearQuery, x: object, *, exact_only: bool = False) -> NDArray[np.float64]:
     """``op`` applied to each row (geography) of a dense or sparse chunk, float64 ``(g, m)``.
 
     A dense ``(g, n)`` or ``(g, *shape)`` array goes through :meth:`LinearQuery.apply` at
@@ -51,7 +54,7 @@ def apply_rows(op: LinearQuery, x: object, *, exact_only: bool = False) -> np.nd
     from scipy import sparse as sp
 
     if hasattr(x, "tocsr") or sp.issparse(x):
-        csr = sp.csr_array(x.tocsr() if hasattr(x, "tocsr") else x)  # type: ignore[attr-defined]
+        csr = sp.csr_array(x.tocsr() if hasattr(x, "tocsr") else x)
         csr.sum_duplicates()
         fast = not exact_only or csr.dtype.kind in "iub"
         return sparse_rows(op, csr) if fast else _dense_batches(op, csr)
@@ -116,7 +119,8 @@ def _kron_marginal(op: LinearQuery, csr: Any) -> np.ndarray | None:
     if kept:
         key = key + np.ravel_multi_index([multi[i] for i in kept], [sizes[i] for i in kept])
     scale = math.prod(w for w in weights if w is not None)
-    marginal = np.bincount(key, weights=csr.data.astype(np.float64), minlength=g * n_kept)
+    counts = np.bincount(key, weights=csr.data.astype(np.float64), minlength=g * n_kept)
+    marginal = np.asarray(counts, dtype=np.float64)
     marginal = marginal.reshape(g, n_kept)
     if scale != 1.0:
         marginal *= scale
@@ -149,22 +153,23 @@ def apply_per_geography(op: LinearQuery, x: da.Array, name: str = "matvec") -> d
         Shape ``(n_geo, m)``, float64, chunked like ``x`` along the first axis.
     """
     if x.ndim < 2:
-        raise ValueError(f"per-geography data needs at least 2 dimensions, got shape {x.shape}")
+        raise ShapeError(f"per-geography data needs at least 2 dimensions, got shape {x.shape}")
     n = math.prod(x.shape[1:])
     if n != op.shape[1]:
-        raise ValueError(
+        raise ShapeError(
             f"operator has {op.shape[1]} columns but each geography has shape "
             f"{x.shape[1:]} ({n} cells)"
         )
+    arr: Any = x  # dask's methods are untyped
     if any(len(c) > 1 for c in x.chunks[1:]):
-        x = x.rechunk({i: -1 for i in range(1, x.ndim)})
-    return da.map_blocks(
+        arr = arr.rechunk({i: -1 for i in range(1, x.ndim)})
+    out: da.Array = arr.map_blocks(
         _apply_block,
-        x,
         op,
         dtype=np.float64,
-        chunks=(x.chunks[0], (op.shape[0],)),
+        chunks=(arr.chunks[0], (op.shape[0],)),
         drop_axis=list(range(2, x.ndim)) if x.ndim > 2 else None,
-        name=f"{name}-{tokenize(op, x)}",
+        name=f"{name}-{tokenize(op, arr)}",
         meta=np.empty((0, 0), dtype=np.float64),
     )
+    return out

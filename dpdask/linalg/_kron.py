@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import reduce
+from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ArgumentTypeError
 from dpdask.linalg._base import LinearQuery, check_dense_size
 from dpdask.linalg._norms import NormTerms
 from dpdask.linalg._primitives import Ones
@@ -41,10 +43,10 @@ class Kron(LinearQuery):
     def __init__(self, factors: Sequence[LinearQuery]):
         factors = list(factors)
         if not factors:
-            raise ValueError("Kron needs at least one factor")
+            raise ArgumentError("Kron needs at least one factor")
         for f in factors:
             if not isinstance(f, LinearQuery):
-                raise TypeError(f"Kron factors must be LinearQuery, got {type(f).__name__}")
+                raise ArgumentTypeError(f"Kron factors must be LinearQuery, got {type(f).__name__}")
         self.factors = factors
         self.shape = (
             math.prod(f.shape[0] for f in factors),
@@ -103,7 +105,7 @@ class Kron(LinearQuery):
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.kron([f._norm_terms(p) for f in self.factors])
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return tuple(self.factors)
 
     def _compose(self, other: LinearQuery) -> LinearQuery:

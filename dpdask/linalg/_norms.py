@@ -19,6 +19,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ class NormTerms:
         return NormTerms(sizes, tuple(coefs), tuple(vecs))._merged()
 
     @staticmethod
-    def union(parts: Sequence[NormTerms], weights: Sequence[float]) -> NormTerms:
+    def union(parts: Sequence[NormTerms], weights: Sequence[float] | np.ndarray) -> NormTerms:
         """Terms of a stack of parts with the given weights (already raised to the p)."""
         axes = {p.sizes for p in parts}
         if len(axes) > 1:
@@ -77,7 +78,7 @@ class NormTerms:
 
     def _merged(self) -> NormTerms:
         """Combine terms with identical vectors (adding their coefficients)."""
-        seen: dict[tuple, int] = {}
+        seen: dict[tuple[Any, ...], int] = {}
         coefs: list[float] = []
         vecs: list[tuple[np.ndarray, ...]] = []
         for c, vs in zip(self.coefs, self.vecs, strict=True):

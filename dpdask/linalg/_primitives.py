@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg._base import LinearQuery, Scaled, check_dense_size
 from dpdask.linalg._explicit import Dense, Sparse
 from dpdask.linalg._norms import NormTerms
@@ -25,9 +26,9 @@ __all__ = [
 
 
 def check_size(n: Any, what: str, noun: str = "size") -> int:
-    """``n`` as an int, or a ValueError saying ``what`` needs a positive integer ``noun``."""
+    """``n`` as an int, or an ArgumentError saying ``what`` needs a positive integer ``noun``."""
     if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
-        raise ValueError(f"{what} needs a positive integer {noun}, got {n!r}")
+        raise ArgumentError(f"{what} needs a positive integer {noun}, got {n!r}")
     return int(n)
 
 
@@ -45,7 +46,8 @@ class Identity(LinearQuery):
     def _matmat(self, X: np.ndarray) -> np.ndarray:
         return np.asarray(X, dtype=float)
 
-    _rmatmat = _matmat
+    def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
+        return np.asarray(Y, dtype=float)
 
     def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
         return np.asarray(T, dtype=float)
@@ -53,7 +55,7 @@ class Identity(LinearQuery):
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.single(np.ones(self.n))
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.n,)
 
     @property
@@ -97,7 +99,7 @@ class Ones(LinearQuery):
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.single(np.full(self.n, float(self.m)))
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.n, self.m)
 
     @property
@@ -142,7 +144,7 @@ class Prefix(LinearQuery):
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.single(np.arange(self.n, 0, -1, dtype=float))
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.n,)
 
     def gram(self) -> LinearQuery:
@@ -175,23 +177,24 @@ class RangeQueries(LinearQuery):
         Interval bounds, ``0 <= lo <= hi < n``.
     """
 
-    def __init__(self, n: int, lo: Sequence[int], hi: Sequence[int]):
+    def __init__(self, n: int, lo: Sequence[int] | np.ndarray, hi: Sequence[int] | np.ndarray):
         self.n = check_size(n, "RangeQueries")
         lo_a = np.asarray(lo, dtype=np.int64).ravel()
         hi_a = np.asarray(hi, dtype=np.int64).ravel()
         if lo_a.shape != hi_a.shape:
-            raise ValueError("RangeQueries: lo and hi have different lengths")
+            raise ShapeError("RangeQueries: lo and hi have different lengths")
         if lo_a.size == 0:
-            raise ValueError("RangeQueries needs at least one interval")
+            raise ArgumentError("RangeQueries needs at least one interval")
         if (lo_a < 0).any() or (hi_a >= self.n).any() or (lo_a > hi_a).any():
-            raise ValueError(f"RangeQueries: intervals must satisfy 0 <= lo <= hi < {self.n}")
+            raise ArgumentError(f"RangeQueries: intervals must satisfy 0 <= lo <= hi < {self.n}")
         self.lo, self.hi = lo_a, hi_a
         self.shape = (lo_a.size, self.n)
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
         S = np.zeros((self.n + 1, X.shape[1]))
         np.cumsum(X, axis=0, out=S[1:])
-        return S[self.hi + 1] - S[self.lo]
+        out: np.ndarray = S[self.hi + 1] - S[self.lo]
+        return out
 
     def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
         D = np.zeros((self.n + 1, Y.shape[1]))
@@ -205,7 +208,7 @@ class RangeQueries(LinearQuery):
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.single(self._coverage())
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.n, self.lo, self.hi)
 
     def _sparse(self) -> sp.csr_array:
@@ -222,7 +225,7 @@ class RangeQueries(LinearQuery):
 
     def dense(self) -> np.ndarray:
         check_dense_size(self.size, "a RangeQueries")
-        return self._sparse().toarray()
+        return np.asarray(self._sparse().toarray())
 
 
 class AllRange(RangeQueries):
@@ -237,7 +240,7 @@ class AllRange(RangeQueries):
         j = np.arange(self.n, dtype=float)
         return (j + 1) * (self.n - j)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.n,)
 
     def gram(self) -> LinearQuery:
@@ -257,26 +260,29 @@ class Diagonal(LinearQuery):
     def __init__(self, d: Sequence[float] | np.ndarray):
         d_a = np.asarray(d, dtype=float).ravel()
         if d_a.size == 0:
-            raise ValueError("Diagonal needs at least one entry")
+            raise ArgumentError("Diagonal needs at least one entry")
         if not np.isfinite(d_a).all():
-            raise ValueError("Diagonal entries must be finite")
+            raise ArgumentError("Diagonal entries must be finite")
         self.d = d_a
         self.shape = (d_a.size, d_a.size)
 
     def _matmat(self, X: np.ndarray) -> np.ndarray:
-        return self.d[:, None] * X
+        out: np.ndarray = self.d[:, None] * X
+        return out
 
-    _rmatmat = _matmat
+    def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
+        return self._matmat(Y)
 
     def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
         shape = [1] * T.ndim
         shape[axis] = self.d.size
-        return T * self.d.reshape(shape)
+        out: np.ndarray = T * self.d.reshape(shape)
+        return out
 
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.single(np.abs(self.d) ** p)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.d,)
 
     @property

@@ -39,6 +39,7 @@ import math
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ArgumentTypeError
 from dpdask.linalg._base import LinearQuery, Product, Scaled, Sum, Transpose
 from dpdask.linalg._explicit import Dense, Sparse
 from dpdask.linalg._kron import Kron
@@ -64,7 +65,7 @@ def gamma(n: int) -> float:
     n = max(int(n), 0)
     nu = n * UNIT_ROUNDOFF
     if nu >= 0.5:
-        raise ValueError(f"gamma({n}) is not a useful error bound in double precision")
+        raise ArgumentError(f"gamma({n}) is not a useful error bound in double precision")
     return nu / (1.0 - nu)
 
 
@@ -131,7 +132,7 @@ def rounding_pair(op: LinearQuery) -> tuple[float, float]:
         return max(cs), max(Ms)
     if isinstance(op, Transpose):
         return _transpose_pair(op.base)
-    raise TypeError(
+    raise ArgumentTypeError(
         f"no floating-point error bound for a {type(op).__name__} operator; define "
         "_rounding() on it (dpdask.linalg._rounding) to measure it on a lattice"
     )
@@ -155,7 +156,7 @@ def _transpose_pair(base: LinearQuery) -> tuple[float, float]:
         return gamma(2 * m + base.n), 1.0
     flipped = base.T
     if isinstance(flipped, Transpose):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"no floating-point error bound for the transpose of a {type(base).__name__}"
         )
     return rounding_pair(flipped)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from dpdask.errors import ArgumentError, ArgumentTypeError
 from dpdask.linalg._base import LinearQuery, Product, Scaled, Sum, Transpose
 from dpdask.linalg._explicit import Dense, Sparse
 from dpdask.linalg._kron import Kron
@@ -32,8 +33,8 @@ from dpdask.linalg._union import VStack
 
 __all__ = ["from_dict", "register", "to_dict"]
 
-Encoder = Callable[[Any, "_Writer"], dict]
-Decoder = Callable[[dict, "_Reader"], LinearQuery]
+Encoder = Callable[[Any, "_Writer"], dict[str, Any]]
+Decoder = Callable[[dict[str, Any], "_Reader"], LinearQuery]
 
 _REGISTRY: dict[str, tuple[type, Encoder, Decoder, str]] = {}
 
@@ -56,7 +57,7 @@ def register(cls: type, encode: Encoder, decode: Decoder, name: str | None = Non
     key = name or cls.__name__
     module = cls.__module__
     if not module.startswith("dpdask."):
-        raise ValueError("only dpdask operator classes can be registered")
+        raise ArgumentError("only dpdask operator classes can be registered")
     _REGISTRY[key] = (cls, encode, decode, module)
 
 
@@ -64,24 +65,24 @@ class _Writer:
     def __init__(self, arrays: dict[str, np.ndarray] | None):
         self.arrays = arrays
 
-    def array(self, a: Any) -> dict:
+    def array(self, a: Any) -> dict[str, Any]:
         a = np.asarray(a)
         if a.dtype == object:
-            raise TypeError("cannot serialise an object array")
+            raise ArgumentTypeError("cannot serialise an object array")
         if self.arrays is None:
             return {"__array__": a.ravel().tolist(), "dtype": a.dtype.str, "shape": list(a.shape)}
         key = f"a{len(self.arrays)}"
         self.arrays[key] = a
         return {"__ref__": key}
 
-    def op(self, op: LinearQuery) -> dict:
+    def op(self, op: LinearQuery) -> dict[str, Any]:
         for key, (cls, encode, _, module) in _REGISTRY.items():
             if type(op) is cls:
                 out = {"type": key, **encode(op, self)}
                 if not module.startswith("dpdask.linalg"):
                     out["module"] = module
                 return out
-        raise TypeError(
+        raise ArgumentTypeError(
             f"no serialisation for operator type {type(op).__qualname__}; "
             "register one with dpdask.linalg._serialize.register"
         )
@@ -91,26 +92,26 @@ class _Reader:
     def __init__(self, arrays: Any):
         self.arrays = arrays
 
-    def array(self, d: dict) -> np.ndarray:
+    def array(self, d: dict[str, Any]) -> np.ndarray:
         if "__ref__" in d:
             if self.arrays is None:
-                raise ValueError("operator refers to stored arrays but none were given")
+                raise ArgumentError("operator refers to stored arrays but none were given")
             return np.asarray(self.arrays[d["__ref__"]])
         return np.asarray(d["__array__"], dtype=np.dtype(d["dtype"])).reshape(d["shape"])
 
-    def op(self, d: dict) -> LinearQuery:
+    def op(self, d: dict[str, Any]) -> LinearQuery:
         kind = d.get("type")
         if kind not in _REGISTRY and isinstance(d.get("module"), str):
             module = d["module"]
             if not module.startswith("dpdask."):
-                raise ValueError(f"refusing to import {module!r} while loading an operator")
+                raise ArgumentError(f"refusing to import {module!r} while loading an operator")
             importlib.import_module(module)
         if kind not in _REGISTRY:
-            raise ValueError(f"unknown operator type {kind!r} in serialised data")
+            raise ArgumentError(f"unknown operator type {kind!r} in serialised data")
         return _REGISTRY[kind][2](d, self)
 
 
-def to_dict(op: LinearQuery, arrays: dict[str, np.ndarray] | None = None) -> dict:
+def to_dict(op: LinearQuery, arrays: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """A dictionary describing ``op``; JSON-safe unless ``arrays`` collects the arrays.
 
     Examples
@@ -122,7 +123,7 @@ def to_dict(op: LinearQuery, arrays: dict[str, np.ndarray] | None = None) -> dic
     return _Writer(arrays).op(op)
 
 
-def from_dict(d: dict, arrays: Any = None) -> LinearQuery:
+def from_dict(d: dict[str, Any], arrays: Any = None) -> LinearQuery:
     """Rebuild an operator from :func:`to_dict`'s output (and its arrays, if stored apart)."""
     return _Reader(arrays).op(d)
 
@@ -149,7 +150,7 @@ register(
 )
 
 
-def _encode_sparse(o: Sparse, w: _Writer) -> dict:
+def _encode_sparse(o: Sparse, w: _Writer) -> dict[str, Any]:
     M = o.matrix.tocsr()
     return {
         "shape": list(M.shape),
@@ -159,7 +160,7 @@ def _encode_sparse(o: Sparse, w: _Writer) -> dict:
     }
 
 
-def _decode_sparse(d: dict, r: _Reader) -> Sparse:
+def _decode_sparse(d: dict[str, Any], r: _Reader) -> Sparse:
     M = sp.csr_array(
         (r.array(d["data"]), r.array(d["indices"]), r.array(d["indptr"])), shape=tuple(d["shape"])
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpdask.errors import ArgumentError
 from dpdask.linalg._primitives import RangeQueries, check_size
 
 __all__ = ["interval_tree", "tree_intervals"]
@@ -47,7 +48,7 @@ def tree_intervals(n: int, branching: int = 2, root: bool = True) -> tuple[np.nd
     """
     n = check_size(n, "tree_intervals", "domain size")
     if isinstance(branching, bool) or not isinstance(branching, int | np.integer) or branching < 2:
-        raise ValueError(f"branching must be an integer >= 2, got {branching!r}")
+        raise ArgumentError(f"branching must be an integer >= 2, got {branching!r}")
     b = int(branching)
     levels_lo, levels_hi = [np.array([0])], [np.array([n - 1])]
     lo, hi = levels_lo[0], levels_hi[0]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg._base import LinearQuery, Scaled, Sum, check_dense_size
 from dpdask.linalg._norms import NormTerms
 
@@ -35,22 +37,22 @@ class VStack(LinearQuery):
     def __init__(
         self,
         parts: Sequence[LinearQuery],
-        weights: Sequence[float] | None = None,
+        weights: Sequence[float] | np.ndarray | None = None,
         names: Sequence[str] | None = None,
     ):
         parts = list(parts)
         if not parts:
-            raise ValueError("VStack needs at least one part")
+            raise ArgumentError("VStack needs at least one part")
         ncols = {p.shape[1] for p in parts}
         if len(ncols) != 1:
-            raise ValueError(f"VStack parts have different numbers of columns: {sorted(ncols)}")
+            raise ShapeError(f"VStack parts have different numbers of columns: {sorted(ncols)}")
         w = np.ones(len(parts)) if weights is None else np.asarray(weights, dtype=float).ravel()
         if w.shape != (len(parts),):
-            raise ValueError(f"VStack has {len(parts)} parts but {w.size} weights")
+            raise ShapeError(f"VStack has {len(parts)} parts but {w.size} weights")
         if not np.isfinite(w).all():
-            raise ValueError("VStack weights must be finite")
+            raise ArgumentError("VStack weights must be finite")
         if names is not None and len(names) != len(parts):
-            raise ValueError(f"VStack has {len(parts)} parts but {len(names)} names")
+            raise ShapeError(f"VStack has {len(parts)} parts but {len(names)} names")
         self.parts = parts
         self.weights = w
         self.names = tuple(names) if names is not None else None
@@ -73,18 +75,21 @@ class VStack(LinearQuery):
         return out
 
     def _apply_axis(self, T: np.ndarray, axis: int) -> np.ndarray:
-        if self._kron_shape() is None:
+        from dpdask.linalg._kron import Kron
+
+        in_shape = self._kron_shape()
+        if in_shape is None:
             return np.concatenate([p._apply_axis(T, axis) for p in self._weighted()], axis=axis)
         # A union of Kronecker products over one domain (a Census workload): many
         # parts total out the same attributes, so each needed marginal of the data is
         # summed once, from the largest marginal already computed, and each part
         # applies only its remaining factors to that small tensor.
         shp = T.shape
-        in_shape = self._kron_shape()
         X = T.reshape((*shp[:axis], *in_shape, *shp[axis + 1 :]))
         memo: dict[frozenset[int], np.ndarray] = {frozenset(): X}
         outs = []
-        for part, w in zip(self.parts, self.weights, strict=True):
+        krons = [p for p in self.parts if isinstance(p, Kron)]  # every part (_kron_shape)
+        for part, w in zip(krons, self.weights, strict=True):
             totals = part.total_axes()
             R = part._apply_factors(_marginal(memo, totals, axis), axis, False, skip=totals)
             R = R.reshape((*shp[:axis], part.shape[0], *shp[axis + 1 :]))
@@ -105,7 +110,7 @@ class VStack(LinearQuery):
             [part._norm_terms(p) for part in self.parts], np.abs(self.weights) ** p
         )
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (tuple(self.parts), self.weights)
 
     def gram(self) -> LinearQuery:
@@ -132,6 +137,8 @@ def _marginal(
     if totals in memo:
         return memo[totals]
     base = max((k for k in memo if k <= totals), key=len)
-    out = memo[base].sum(axis=tuple(axis + i for i in sorted(totals - base)), keepdims=True)
+    out: np.ndarray = memo[base].sum(
+        axis=tuple(axis + i for i in sorted(totals - base)), keepdims=True
+    )
     memo[totals] = out
     return out

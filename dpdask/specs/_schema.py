@@ -24,7 +24,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from dpdask.errors import SpecError
+from dpdask.errors import ArgumentError, SpecError
 
 __all__ = ["SCHEMA_FILE", "check_schema", "release_spec_schema", "schema_problems"]
 
@@ -51,7 +51,10 @@ _TYPES: dict[str, Any] = {
 @cache
 def release_spec_schema() -> dict[str, Any]:
     """The shipped release-spec schema (a dict; do not modify it)."""
-    return json.loads(resources.files(__package__).joinpath(SCHEMA_FILE).read_text("utf-8"))
+    schema: dict[str, Any] = json.loads(
+        resources.files(__package__).joinpath(SCHEMA_FILE).read_text("utf-8")
+    )
+    return schema
 
 
 def _where(path: tuple[Any, ...]) -> str:
@@ -60,11 +63,12 @@ def _where(path: tuple[Any, ...]) -> str:
 
 def _ref(root: Mapping[str, Any], ref: str) -> Mapping[str, Any]:
     if not ref.startswith("#/"):
-        raise ValueError(f"schema: only local references are supported, got {ref!r}")
+        raise ArgumentError(f"schema: only local references are supported, got {ref!r}")
     node: Any = root
     for part in ref[2:].split("/"):
         node = node[part]
-    return node
+    target: Mapping[str, Any] = node
+    return target
 
 
 def schema_problems(
@@ -75,13 +79,13 @@ def schema_problems(
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If the schema uses a keyword outside the supported subset (module notes).
     """
     root = schema if root is None else root
     unknown = set(schema) - _KEYWORDS - _ANNOTATIONS
     if unknown:
-        raise ValueError(f"schema: unsupported keyword(s) {sorted(unknown)}")
+        raise ArgumentError(f"schema: unsupported keyword(s) {sorted(unknown)}")
     where = _where(path)
     if "$ref" in schema:
         yield from schema_problems(value, _ref(root, schema["$ref"]), root, path)

@@ -24,7 +24,7 @@ __all__ = ["MAX_SPEC_BYTES", "read_spec", "spec_model"]
 MAX_SPEC_BYTES = 1 << 20
 
 
-class _Refused(yaml.MarkedYAMLError):
+class _Refused(yaml.MarkedYAMLError):  # type: ignore[misc]  # PyYAML has no stubs here
     """A construct a strict spec does not allow (raised with its position)."""
 
 
@@ -32,7 +32,7 @@ class _Refused(yaml.MarkedYAMLError):
 MAX_DEPTH = 64
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no stubs here
     """:class:`yaml.SafeLoader` without anchors, aliases, merge keys or repeated keys."""
 
     _depth = 0
@@ -56,7 +56,8 @@ class _StrictLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
         if not isinstance(node, yaml.MappingNode):
-            return super().construct_mapping(node, deep=deep)
+            plain: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+            return plain
         first: dict[Any, Any] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -74,7 +75,8 @@ class _StrictLoader(yaml.SafeLoader):
                     key_node.start_mark,
                 )  # fmt: skip
             first[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
 
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
@@ -98,7 +100,7 @@ def _text(path: pathlib.Path) -> str:
         raise SpecError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
-def read_spec(path: str | os.PathLike) -> Any:
+def read_spec(path: str | os.PathLike[str]) -> Any:
     """The YAML document of the spec file at ``path``, read strictly (module notes).
 
     Parameters

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError
 from dpdask.linalg import Identity, Kron, VStack
 from dpdask.workloads.products import product
 
@@ -30,7 +31,7 @@ def marginal(domain: Domain, attrs: Sequence[str] | str) -> Kron:
 
     Raises
     ------
-    ValueError
+    DomainError
         If an attribute is not in the domain.
 
     Examples
@@ -59,7 +60,7 @@ def marginals(domain: Domain, k: int) -> VStack:
 
     Raises
     ------
-    ValueError
+    ArgumentError
         If ``k`` is not in ``0..len(domain)``.
 
     Examples
@@ -70,7 +71,7 @@ def marginals(domain: Domain, k: int) -> VStack:
     (('a*b', 'a*c', 'b*c'), (26, 24))
     """
     if isinstance(k, bool) or not 0 <= k <= len(domain):
-        raise ValueError(f"k-way marginals need 0 <= k <= {len(domain)}, got k = {k!r}")
+        raise ArgumentError(f"k-way marginals need 0 <= k <= {len(domain)}, got k = {k!r}")
     combos = list(itertools.combinations(domain.attrs, k))
     return VStack(
         [marginal(domain, c) for c in combos], names=[marginal_name(domain, c) for c in combos]

@@ -12,7 +12,7 @@ from typing import Any
 
 from dpdask import census
 from dpdask.domain import Domain
-from dpdask.errors import SpecError
+from dpdask.errors import ArgumentError, DomainError, ShapeError, SpecError
 from dpdask.linalg import LinearQuery
 from dpdask.workloads.marginals import identity, marginal, marginals
 from dpdask.workloads.pl94 import pl94
@@ -38,10 +38,10 @@ def _one_dim(build: Callable[[int], LinearQuery]) -> Callable[..., LinearQuery]:
     def make(domain: Domain | None, n: int | None = None) -> LinearQuery:
         if n is None:
             if domain is None or len(domain.shape) != 1:
-                raise ValueError("needs option n or a one-attribute domain")
+                raise ArgumentError("needs option n or a one-attribute domain")
             n = domain.shape[0]
         if domain is not None and domain.size != int(n):
-            raise ValueError(f"n = {n} does not match the domain's {domain.size} cells")
+            raise ShapeError(f"n = {n} does not match the domain's {domain.size} cells")
         return build(int(n))
 
     return make
@@ -49,7 +49,7 @@ def _one_dim(build: Callable[[int], LinearQuery]) -> Callable[..., LinearQuery]:
 
 def _needs(domain: Domain | None) -> Domain:
     if domain is None:
-        raise ValueError("needs a domain")
+        raise ArgumentError("needs a domain")
     return domain
 
 
@@ -87,7 +87,7 @@ _DEFAULT_DOMAINS: dict[str, Callable[[], Domain]] = {
 def _canonical(name: str) -> str:
     name = _ALIASES.get(name, name)
     if name not in _BUILDERS:
-        raise ValueError(f"unknown workload {name!r}; use one of {', '.join(WORKLOAD_NAMES)}")
+        raise ArgumentError(f"unknown workload {name!r}; use one of {', '.join(WORKLOAD_NAMES)}")
     return name
 
 
@@ -96,7 +96,7 @@ def canonical_name(name: str) -> str:
 
     Raises
     ------
-    ValueError
+    ArgumentError
         For an unknown name, listing the known ones.
     """
     return _canonical(name)
@@ -124,7 +124,7 @@ def workload_options(name: str) -> tuple[str, ...] | None:
 
     Raises
     ------
-    ValueError
+    ArgumentError
         For an unknown name.
     """
     canonical = _canonical(name)
@@ -167,17 +167,18 @@ def named(name: str, domain: Domain | None = None, **options: Any) -> LinearQuer
 
     Raises
     ------
-    ValueError
+    ArgumentError
         For an unknown name, a missing domain or option, or an option that does not
-        fit the domain (the message says which).
+        fit the domain (the message says which); ``DomainError`` for an attribute
+        the domain lacks, ``ShapeError`` for ``n`` other than the domain's size.
     """
     canonical = _canonical(name)
     try:
         return _BUILDERS[canonical](domain, **options)
     except TypeError as exc:
-        raise ValueError(f"workload {name!r}: bad options {sorted(options)}: {exc}") from None
+        raise ArgumentError(f"workload {name!r}: bad options {sorted(options)}: {exc}") from None
     except KeyError as exc:
-        raise ValueError(f"workload {name!r}: {exc} is not in the domain {domain}") from None
+        raise DomainError(f"workload {name!r}: {exc} is not in the domain {domain}") from None
 
 
 def build_workload(workload: Mapping[str, Any], domain: Domain) -> LinearQuery:

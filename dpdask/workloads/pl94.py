@@ -19,6 +19,7 @@ import numpy as np
 
 from dpdask import census
 from dpdask.domain import Domain
+from dpdask.errors import DomainError
 from dpdask.linalg import Identity, LinearQuery, VStack
 from dpdask.workloads.products import indicator, product
 
@@ -37,7 +38,7 @@ def voting_age_factor(domain: Domain) -> tuple[str, LinearQuery]:
 
     Raises
     ------
-    ValueError
+    DomainError
         If the domain has neither attribute (or ``age`` has no one of voting age).
     """
     if "votingage" in domain:
@@ -46,14 +47,14 @@ def voting_age_factor(domain: Domain) -> tuple[str, LinearQuery]:
     if "age" in domain:
         n = domain["age"]
         if n <= VOTING_AGE:
-            raise ValueError(f"attribute 'age' has {n} values, so nobody is {VOTING_AGE} or over")
+            raise DomainError(f"attribute 'age' has {n} values, so nobody is {VOTING_AGE} or over")
         return "age", indicator(n, [range(0, VOTING_AGE), range(VOTING_AGE, n)])
-    raise ValueError(f"the domain {domain!r} has neither a 'votingage' nor an 'age' attribute")
+    raise DomainError(f"the domain {domain!r} has neither a 'votingage' nor an 'age' attribute")
 
 
 def _require_size(domain: Domain, attr: str, size: int) -> None:
     if domain[attr] != size:
-        raise ValueError(f"attribute {attr!r} must have {size} values, not {domain[attr]}")
+        raise DomainError(f"attribute {attr!r} must have {size} values, not {domain[attr]}")
 
 
 def pl94(domain: Domain | None = None) -> VStack:
@@ -76,7 +77,7 @@ def pl94(domain: Domain | None = None) -> VStack:
 
     Raises
     ------
-    ValueError
+    DomainError
         If a required attribute is missing or has the wrong size.
 
     Examples

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dpdask import census
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError, DomainError
 from dpdask.linalg import Identity, LinearQuery, Sparse, VStack
 from dpdask.workloads.products import indicator, product
 
@@ -83,7 +84,7 @@ def hhinstlevels_recode() -> Sparse:
 def _check(domain: Domain) -> None:
     expected = census.pl94_full_domain()
     if tuple(domain.items()) != tuple(expected.items()):
-        raise ValueError(f"the pl94-full workload needs the domain {expected!r}, got {domain!r}")
+        raise DomainError(f"the pl94-full workload needs the domain {expected!r}, got {domain!r}")
 
 
 def pl94_full_group(name: str, domain: Domain | None = None) -> LinearQuery:
@@ -91,13 +92,14 @@ def pl94_full_group(name: str, domain: Domain | None = None) -> LinearQuery:
 
     Raises
     ------
-    ValueError
-        For an unknown group or a domain other than the 2,016-cell histogram.
+    ArgumentError
+        For an unknown group; ``DomainError`` for a domain other than the 2,016-cell
+        histogram.
     """
     domain = census.pl94_full_domain() if domain is None else domain
     _check(domain)
     if name not in _FACTORS:
-        raise ValueError(f"unknown query group {name!r}; groups are {PL94_FULL_GROUPS}")
+        raise ArgumentError(f"unknown query group {name!r}; groups are {PL94_FULL_GROUPS}")
     factors: dict[str, LinearQuery] = {
         attr: hhinstlevels_recode() if kind == "R" else Identity(domain[attr])
         for attr, kind in _FACTORS[name].items()
@@ -120,7 +122,7 @@ def pl94_full(domain: Domain | None = None) -> VStack:
 
     Raises
     ------
-    ValueError
+    DomainError
         If the domain is not the 2,016-cell histogram.
 
     Examples

@@ -9,16 +9,20 @@ Attributes without predicates get the single predicate *True* (the total,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, SupportsIndex
 
 import numpy as np
 import scipy.sparse as sp
 
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import Kron, LinearQuery, Ones, Sparse, aslinearquery
 
-__all__ = ["indicator", "product"]
+__all__ = ["ValueGroup", "indicator", "product"]
+
+ValueGroup = Iterable[SupportsIndex] | slice
+"""The values of one attribute a predicate row counts: a list, range or array, or a slice."""
 
 
 def product(domain: Domain, factors: Mapping[str, Any] | None = None) -> Kron:
@@ -39,9 +43,9 @@ def product(domain: Domain, factors: Mapping[str, Any] | None = None) -> Kron:
 
     Raises
     ------
-    ValueError
-        If an attribute is not in the domain or a factor has the wrong number of
-        columns.
+    ArgumentError
+        ``DomainError`` if an attribute is not in the domain, ``ShapeError`` if a
+        factor has the wrong number of columns.
 
     Examples
     --------
@@ -61,7 +65,7 @@ def product(domain: Domain, factors: Mapping[str, Any] | None = None) -> Kron:
             continue
         f = aslinearquery(factors[name])
         if f.shape[1] != size:
-            raise ValueError(
+            raise ShapeError(
                 f"the factor on attribute {name!r} has {f.shape[1]} columns but the "
                 f"attribute has {size} values"
             )
@@ -71,7 +75,7 @@ def product(domain: Domain, factors: Mapping[str, Any] | None = None) -> Kron:
 
 def indicator(
     n: int,
-    groups: Sequence[Sequence[int] | slice | range],
+    groups: Sequence[ValueGroup],
     weights: Sequence[float] | np.ndarray | None = None,
 ) -> Sparse:
     """A predicate matrix over one attribute: row ``k`` counts the values in ``groups[k]``.
@@ -93,8 +97,9 @@ def indicator(
 
     Raises
     ------
-    ValueError
-        If a value is outside ``0..n-1`` or repeated within a group.
+    ArgumentError
+        If a value is outside ``0..n-1`` or repeated within a group (``ShapeError``
+        for ``weights`` of the wrong shape).
 
     Examples
     --------
@@ -106,14 +111,14 @@ def indicator(
     for k, g in enumerate(groups):
         idx = np.arange(n)[g] if isinstance(g, slice) else np.asarray(list(g), dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise ValueError(f"row {k} counts a value outside 0..{n - 1}")
+            raise ArgumentError(f"row {k} counts a value outside 0..{n - 1}")
         if np.unique(idx).size != idx.size:
-            raise ValueError(f"row {k} counts a value twice")
+            raise ArgumentError(f"row {k} counts a value twice")
         rows.append(np.full(idx.size, k))
         cols.append(idx)
     r = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     c = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=float)
     if w.shape != (n,):
-        raise ValueError(f"weights has shape {w.shape}, expected ({n},)")
+        raise ShapeError(f"weights has shape {w.shape}, expected ({n},)")
     return Sparse(sp.csr_array((w[c], (r, c)), shape=(len(groups), n)))

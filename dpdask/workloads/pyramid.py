@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError, DomainError
 from dpdask.linalg import Identity, RangeQueries, VStack
 from dpdask.workloads.pl94 import VOTING_AGE
 from dpdask.workloads.products import product
@@ -36,8 +37,9 @@ def age_ranges(
 
     Raises
     ------
-    ValueError
-        If ``kind`` is unknown, or ``voting_age`` is asked on fewer than 19 ages.
+    ArgumentError
+        If ``kind`` is unknown; ``DomainError`` if ``voting_age`` is asked on fewer
+        than 19 ages.
     """
     a = np.arange(n)
     if kind == "suffix":
@@ -45,10 +47,10 @@ def age_ranges(
     elif kind == "prefix":
         lo, hi = np.zeros(n, dtype=np.int64), a
     else:
-        raise ValueError(f"kind must be 'suffix' or 'prefix', not {kind!r}")
+        raise ArgumentError(f"kind must be 'suffix' or 'prefix', not {kind!r}")
     if voting_age:
         if n <= VOTING_AGE:
-            raise ValueError(f"the voting-age query needs ages up to at least {VOTING_AGE}")
+            raise DomainError(f"the voting-age query needs ages up to at least {VOTING_AGE}")
         lo, hi = np.append(lo, VOTING_AGE), np.append(hi, n - 1)
     return RangeQueries(n, lo, hi)
 

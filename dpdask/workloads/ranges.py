@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ArgumentTypeError
 from dpdask.linalg import AllRange, Prefix, RangeQueries
 
 __all__ = ["all_range", "prefix", "random_ranges"]
@@ -52,14 +53,14 @@ def random_ranges(n: int, k: int, rng: np.random.Generator) -> RangeQueries:
 
     Raises
     ------
-    TypeError
+    ArgumentTypeError
         If ``rng`` is not a :class:`numpy.random.Generator`.
-    ValueError
+    ArgumentError
         If ``k < 1``.
     """
     if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        raise ArgumentTypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-        raise ValueError(f"random_ranges needs k >= 1 queries, got {k!r}")
+        raise ArgumentError(f"random_ranges needs k >= 1 queries, got {k!r}")
     ends = rng.integers(0, n, size=(2, int(k)))
     return RangeQueries(n, ends.min(axis=0), ends.max(axis=0))

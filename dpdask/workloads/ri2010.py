@@ -14,6 +14,7 @@ that is not Hispanic or Latino, each of the six races alone and two or more race
 from __future__ import annotations
 
 from dpdask.domain import Domain
+from dpdask.errors import DomainError
 from dpdask.linalg import Identity, VStack
 from dpdask.workloads.products import product
 
@@ -69,7 +70,7 @@ def ri2010(domain: Domain | None = None) -> VStack:
 
     Raises
     ------
-    ValueError
+    DomainError
         If ``votingage`` or ``raceeth`` is missing or has the wrong size.
 
     Examples
@@ -81,9 +82,9 @@ def ri2010(domain: Domain | None = None) -> VStack:
     domain = ri2010_domain() if domain is None else domain
     for attr, size in (("votingage", 2), ("raceeth", len(RACEETH))):
         if attr not in domain:
-            raise ValueError(f"the ri2010 workload needs attribute {attr!r} ({size} values)")
+            raise DomainError(f"the ri2010 workload needs attribute {attr!r} ({size} values)")
         if domain[attr] != size:
-            raise ValueError(f"attribute {attr!r} must have {size} values, not {domain[attr]}")
+            raise DomainError(f"attribute {attr!r} must have {size} values, not {domain[attr]}")
     parts = [
         product(domain, {}),
         product(domain, {"votingage": Identity(2)}),

@@ -71,14 +71,15 @@ domain); "other relatives" under 18 are the other relatives of the householder.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from dpdask import census
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError, DomainError
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, VStack
-from dpdask.workloads.products import indicator, product
+from dpdask.workloads.products import ValueGroup, indicator, product
 
 __all__ = [
     "P12_AGE_BANDS",
@@ -164,7 +165,7 @@ class _Codes:
         return indicator(_N_RACE, [range(_N_RACE), *self.singles, self.multi])
 
     def race_p8(self) -> LinearQuery:
-        groups: list[Iterable[int]] = [range(_N_RACE), self.one_race, *self.singles, self.multi]
+        groups: list[ValueGroup] = [range(_N_RACE), self.one_race, *self.singles, self.multi]
         for j in range(2, 7):
             groups.append(self.by_count[j])
             groups.extend([c] for c in self.by_count[j])
@@ -175,7 +176,7 @@ class _Codes:
         return Dense(np.vstack([census.n_races(), census.race_membership().T]))
 
     # age factors -------------------------------------------------------------
-    def age(self, groups: Sequence[Iterable[int]]) -> LinearQuery:
+    def age(self, groups: Sequence[ValueGroup]) -> LinearQuery:
         return indicator(self.n_age, list(groups))
 
     def ages_from(self, lo: int) -> range:
@@ -194,7 +195,7 @@ Products = list[dict[str, LinearQuery]]
 
 def _sex_by_age(
     age_lines: LinearQuery,
-    universe: dict[str, LinearQuery],
+    universe: Mapping[str, LinearQuery],
     total_age: LinearQuery | None = None,
 ) -> Products:
     """A sex-by-age table within a universe: its total line, then sex x ``age_lines``.
@@ -208,11 +209,18 @@ def _sex_by_age(
     return [total, {**universe, "sex": Identity(2), "age": age_lines}]
 
 
+def _by_iteration(
+    age_lines: Callable[[], LinearQuery], universe: Mapping[str, LinearQuery]
+) -> Callable[[], Products]:
+    """The sex-by-age table of one race / ethnicity iteration, built when called."""
+    return lambda: _sex_by_age(age_lines(), universe)
+
+
 def _iterations(c: _Codes) -> dict[str, dict[str, LinearQuery]]:
     """Race / ethnicity iterations A-O: the filter each applies (hisp and/or race)."""
     nh = indicator(2, [[0]])
     hisp = indicator(2, [[1]])
-    groups = [*c.singles, c.multi]  # A-F: each race alone, G: two or more races
+    groups: list[ValueGroup] = [*c.singles, c.multi]  # A-F: each race alone, G: two or more races
     out: dict[str, dict[str, LinearQuery]] = {}
     for letter, g in zip("ABCDEFG", groups, strict=True):
         out[letter] = {"race": indicator(_N_RACE, [g])}
@@ -232,10 +240,10 @@ def _tables(c: _Codes) -> dict[str, Callable[[], Products]]:
     rel = census.relation_index
     iters = _iterations(c)
 
-    def p5(extra: dict) -> Products:
+    def p5(extra: dict[str, LinearQuery]) -> Products:
         return [{**extra}, {**extra, "hisp": Identity(2), "race": c.race_p3()}]
 
-    def p9(extra: dict) -> Products:
+    def p9(extra: dict[str, LinearQuery]) -> Products:
         return [
             {**extra, "hisp": indicator(2, [range(2), [1]])},
             {**extra, "hisp": indicator(2, [[0]]), "race": c.race_p8()},
@@ -313,7 +321,7 @@ def _tables(c: _Codes) -> dict[str, Callable[[], Products]]:
         "P12": lambda: _sex_by_age(c.p12_age(), {}),
     }
     for letter in "ABCDEFGHI":
-        tables[f"P12{letter}"] = lambda f=iters[letter]: _sex_by_age(c.p12_age(), f)
+        tables[f"P12{letter}"] = _by_iteration(c.p12_age, iters[letter])
     tables["P14"] = lambda: _sex_by_age(
         c.age([range(0, 20), *([a] for a in range(20))]), {}, total_age=c.age([range(0, 20)])
     )
@@ -323,7 +331,7 @@ def _tables(c: _Codes) -> dict[str, Callable[[], Products]]:
     tables["P34"] = p34
     tables["PCT12"] = lambda: _sex_by_age(c.pct12_age(), {})
     for letter in "ABCDEFGHIJKLMNO":
-        tables[f"PCT12{letter}"] = lambda f=iters[letter]: _sex_by_age(c.pct12_age(), f)
+        tables[f"PCT12{letter}"] = _by_iteration(c.pct12_age, iters[letter])
     tables["PCT13"] = lambda: _sex_by_age(c.p12_age(), hh)
     tables["votingage"] = lambda: [{"age": c.age([range(0, 18), c.ages_from(18)])}]
     return tables
@@ -344,7 +352,7 @@ def check_person_domain(
 
     Raises
     ------
-    ValueError
+    DomainError
         Naming the first attribute that is missing or has the wrong size.
     """
 
@@ -353,10 +361,10 @@ def check_person_domain(
 
     for attr, n in sizes.items():
         if (got := size(attr)) != n:
-            raise ValueError(f"{what} needs attribute {attr!r} with {n} values, not {got}")
+            raise DomainError(f"{what} needs attribute {attr!r} with {n} values, not {got}")
     got = size("age")
     if isinstance(got, str) or got < min_age:
-        raise ValueError(
+        raise DomainError(
             f"{what} needs single years of age up to at least {min_age - 1} (attribute 'age' "
             f"with >= {min_age} values), not {got}"
         )
@@ -367,7 +375,7 @@ def _select(tables: Sequence[str] | None) -> list[str]:
         return list(TABLES)
     unknown = [t for t in tables if t not in TABLES]
     if unknown:
-        raise ValueError(f"unknown SF1 tables {unknown}; encoded tables are {list(TABLES)}")
+        raise ArgumentError(f"unknown SF1 tables {unknown}; encoded tables are {list(TABLES)}")
     return list(tables)
 
 
@@ -392,8 +400,9 @@ def sf1_tables(
 
     Raises
     ------
-    ValueError
-        If the domain lacks an attribute or has a wrong size, or a table is unknown.
+    ArgumentError
+        If a table is unknown; ``DomainError`` if the domain lacks an attribute or
+        has a wrong size.
     """
     domain = census.cph_domain() if domain is None else domain
     check_person_domain(

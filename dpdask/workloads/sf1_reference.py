@@ -68,6 +68,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpdask.domain import Domain
+from dpdask.errors import DomainError
 from dpdask.linalg import Identity, Kron, LinearQuery, VStack
 from dpdask.workloads.products import indicator, product
 from dpdask.workloads.sf1 import P12_AGE_BANDS, PCT12_AGE_BANDS, age_bands, check_person_domain
@@ -105,7 +106,7 @@ def race_code(races: set[int] | frozenset[int] | list[int] | tuple[int, ...]) ->
     code = 0
     for i in set(races):
         if not 0 <= int(i) < 6:
-            raise ValueError(f"race index {i} is outside 0..5")
+            raise DomainError(f"race index {i} is outside 0..5")
         code |= 1 << int(i)
     return code
 
@@ -183,7 +184,7 @@ def sf1_hdmm_reference_tables(domain: Domain | None = None) -> dict[str, list[Kr
 
     Raises
     ------
-    ValueError
+    DomainError
         If an attribute is missing or has the wrong size.
     """
     domain = hdmm_reference_domain() if domain is None else domain

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import Diagonal, Identity, Kron, LinearQuery, Ones
 from dpdask.workloads.products import product
 
@@ -56,8 +57,9 @@ def sum_query(
 
     Raises
     ------
-    ValueError
-        If ``values`` or ``workload`` do not fit ``domain[attr]``, or ``attr`` is in ``by``.
+    ArgumentError
+        If ``attr`` is in ``by``; ``ShapeError`` if ``values`` or ``workload`` do
+        not fit ``domain[attr]``.
 
     Examples
     --------
@@ -72,12 +74,12 @@ def sum_query(
     n = domain[attr]
     d = np.asarray(values, dtype=float).ravel()
     if d.shape != (n,):
-        raise ValueError(f"attribute {attr!r} has {n} values but {d.size} numbers were given")
+        raise ShapeError(f"attribute {attr!r} has {n} values but {d.size} numbers were given")
     if attr in by:
-        raise ValueError(f"cannot break the sums of {attr!r} down by {attr!r} itself")
+        raise ArgumentError(f"cannot break the sums of {attr!r} down by {attr!r} itself")
     W = Ones(n) if workload is None else workload
     if W.shape[1] != n:
-        raise ValueError(f"the workload on {attr!r} has {W.shape[1]} columns, not {n}")
+        raise ShapeError(f"the workload on {attr!r} has {W.shape[1]} columns, not {n}")
     return product(domain, {attr: W @ Diagonal(d), **{b: Identity(domain[b]) for b in by}})
 
 
@@ -121,7 +123,7 @@ class SumWorkload:
     ):
         d = np.asarray(values, dtype=float).ravel()
         if not np.isfinite(d).all() or (d <= 0).any():
-            raise ValueError("the representative values must be positive and finite")
+            raise ArgumentError("the representative values must be positive and finite")
         self.domain = domain
         self.attr = attr
         self.by = tuple(by)
@@ -146,14 +148,16 @@ class SumWorkload:
             return self.attr_values.copy()
         t = float(theta)
         if not t > 0:
-            raise ValueError(f"the truncation threshold must be positive, got {theta!r}")
-        return np.minimum(self.attr_values, t)
+            raise ArgumentError(f"the truncation threshold must be positive, got {theta!r}")
+        truncated: np.ndarray = np.minimum(self.attr_values, t)
+        return truncated
 
     def cell_weights(self, theta: float | None = None) -> np.ndarray:
         """The diagonal of ``D`` (``theta=None``) or ``T`` over the whole domain."""
         if theta is None:
             return self.weights.copy()
-        return np.minimum(self.weights, float(theta))
+        weights: np.ndarray = np.minimum(self.weights, float(theta))
+        return weights
 
     def weighted(self, theta: float | None = None) -> Kron:
         """``W D`` (``theta=None``) or ``W T`` as a Kronecker product (for strategy selection)."""
@@ -165,7 +169,8 @@ class SumWorkload:
         """``max_j |W_ij| v_j`` per query: the most one record can add to query ``i``."""
         v = np.asarray(cell_values, dtype=float).ravel()
         if v.shape != (self.shape[1],):
-            raise ValueError(f"expected {self.shape[1]} cell values, got {v.shape}")
+            raise ShapeError(f"expected {self.shape[1]} cell values, got {v.shape}")
         if self.shape[0] * self.shape[1] > _FLAT_SUPPORT_LIMIT:
-            raise ValueError("the workload is too large for a dense support computation")
-        return np.abs(self.counting.dense() * v[None, :]).max(axis=1)
+            raise ArgumentError("the workload is too large for a dense support computation")
+        largest: np.ndarray = np.abs(self.counting.dense() * v[None, :]).max(axis=1)
+        return largest
