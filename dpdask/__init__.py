@@ -27,11 +27,11 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-    from dpdask.dataflow.release import release
-    from dpdask.ldp.plan import LdpPlan
+    from dpdask.ldp.local_plan import LdpPlan
     from dpdask.linalg import LinearQuery
     from dpdask.privacy import Budget
     from dpdask.publish.reader import open_release
+    from dpdask.release import release
     from dpdask.session import Session
 
 try:
