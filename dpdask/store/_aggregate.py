@@ -157,9 +157,12 @@ def aggregate(
 
     Raises
     ------
-    ValueError
-        If the first axis of ``counts`` does not match the units of ``of``, or
-        ``level`` is finer than ``of``.
+    dpdask.errors.ShapeError
+        If the first axis of ``counts`` does not match the units of ``of``.
+    dpdask.errors.ArgumentError
+        If ``split_every < 2`` or ``level`` is finer than ``of`` (from
+        :meth:`~dpdask.Geography.ancestor_index`; a :class:`~dpdask.errors.DomainError`
+        if it is not a level of ``geography``).
 
     Examples
     --------

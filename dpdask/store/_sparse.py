@@ -213,9 +213,11 @@ def aggregate_sparse(
 
     Raises
     ------
-    ValueError
-        If ``values`` is not 2-D, ``ancestors`` does not match its rows or points
-        outside the output, or ``split_every < 2``.
+    dpdask.errors.ShapeError
+        If ``values`` is not 2-D, or ``ancestors`` does not match its rows or points
+        outside the output.
+    dpdask.errors.ArgumentError
+        If ``split_every < 2``.
 
     Examples
     --------
