@@ -401,6 +401,8 @@ def open_store(path: str | os.PathLike[str]) -> DataStore:
         counts = array_at(group, "counts") if version == DENSE_VERSION else None
     except KeyError as exc:
         raise DataError(f"{path}: data store is missing {exc}") from None
+    except DataError as exc:  # a group where an array belongs
+        raise DataError(f"{path}: {exc}") from None
     geography = Geography(levels, ids, parents)
     if counts is None:
         try:

@@ -160,6 +160,11 @@ def test_open_store_rejects_other_things(tmp_path, counts, small_domain, geograp
     group.attrs["dpdask"] = {**meta, "format_version": 99}
     with pytest.raises(DataError, match="version 99 is not supported"):
         open_store(tmp_path / "s")
+    group.attrs["dpdask"] = meta
+    del group["counts"]
+    group.require_group("counts")  # a group where the counts array belongs
+    with pytest.raises(DataError, match=r"/s: counts is a group, not an array"):
+        open_store(tmp_path / "s")
 
 
 # -- adopting an existing array ------------------------------------------------
