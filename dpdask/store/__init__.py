@@ -12,13 +12,14 @@ summary file (:func:`read_pl94`), from the Rhode Island 2010 block file
 (:func:`synthetic_store`); :func:`aggregate` gives the counts of any coarser level,
 lazily, and :func:`aggregate_sparse` does so on sparse blocks
 (:meth:`DataStore.to_sparse`). Records as attribute codes for marginal releases come
-from :func:`read_codes`; the input's fingerprint (what a run is bound to) from
+from :func:`read_codes` (the types of their inputs: :data:`RecordSource`,
+:data:`Universe`); the input's fingerprint (what a run is bound to) from
 :func:`fingerprint_path`.
 """
 
 from dpdask.publish import StoreExistsError
 from dpdask.store._aggregate import aggregate, aggregate_rows, level_key
-from dpdask.store._ingest import ingest_records
+from dpdask.store._ingest import RecordSource, ingest_records
 from dpdask.store._marginal_records import read_codes
 from dpdask.store._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
 from dpdask.store._ri2010 import RI2010_FILE, RI2010_LEVELS, read_ri2010, ri2010_csv
@@ -40,7 +41,7 @@ from dpdask.store._store import (
     write_store,
 )
 from dpdask.store._synthetic_store import synthetic_store
-from dpdask.store._universe import UNKNOWN_GEOGRAPHY, geography_universe
+from dpdask.store._universe import UNKNOWN_GEOGRAPHY, Universe, geography_universe
 
 __all__ = [
     "P1_RACE_COLUMNS",
@@ -49,9 +50,11 @@ __all__ = [
     "RI2010_LEVELS",
     "UNKNOWN_GEOGRAPHY",
     "DataStore",
+    "RecordSource",
     "SourcePrint",
     "SparseCounts",
     "StoreExistsError",
+    "Universe",
     "adopt_array",
     "aggregate",
     "aggregate_rows",

@@ -19,17 +19,22 @@ unit contiguous) each input chunk touches few ancestors, so every task is small.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any, TypeAlias
 
 import dask.array as da
 import numpy as np
+import numpy.typing as npt
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from dpdask.domain import Geography
+from dpdask.errors import ArgumentError, ShapeError
 
 __all__ = ["aggregate", "aggregate_rows", "level_key"]
 
-_Partial = tuple[np.ndarray, np.ndarray]  # (sorted unique ancestor indices, their sums)
+# (sorted unique ancestor indices, their sums)
+_Partial: TypeAlias = tuple[npt.NDArray[np.int64], npt.NDArray[Any]]
 
 
 def level_key(level: str) -> str:
@@ -38,12 +43,27 @@ def level_key(level: str) -> str:
     return word or "level"
 
 
-def _acc_dtype(dtype: np.dtype) -> np.dtype:
+def _acc_dtype(dtype: npt.DTypeLike) -> np.dtype[np.int64 | np.float64]:
     """What sums are kept in: int64 for counts, float64 for estimates."""
     return np.dtype(np.int64) if np.dtype(dtype).kind in "biu" else np.dtype(np.float64)
 
 
-def _partial(block: np.ndarray, ancestors: np.ndarray) -> _Partial:
+def graph_array(
+    name: str,
+    dsk: Mapping[Any, Any],
+    dependency: da.Array,
+    chunks: tuple[tuple[int, ...], ...],
+    dtype: npt.DTypeLike,
+    meta: Any = None,
+) -> da.Array:
+    """The Dask array of tasks ``dsk`` (keys ``(name, ...)``) over ``dependency``'s."""
+    deps: list[Any] = [dependency]  # dask.array.Array is a collection; its stubs disagree
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=deps)
+    out: da.Array = da.Array(graph, name, chunks=chunks, dtype=dtype, meta=meta)  # type: ignore[no-untyped-call]
+    return out
+
+
+def _partial(block: npt.NDArray[Any], ancestors: npt.NDArray[np.int64]) -> _Partial:
     """Sum the rows of ``block`` by their ancestor index."""
     acc = _acc_dtype(block.dtype)
     if ancestors.size > 1 and (np.diff(ancestors) < 0).any():
@@ -66,7 +86,9 @@ def _restrict(part: _Partial, lo: int, hi: int) -> _Partial:
     return idx[a:b], sums[a:b]
 
 
-def _add_into(out: np.ndarray, positions: np.ndarray, sums: np.ndarray) -> None:
+def _add_into(
+    out: npt.NDArray[Any], positions: npt.NDArray[np.int64], sums: npt.NDArray[Any]
+) -> None:
     """``out[positions] += sums`` for sorted unique positions, in place (slices when contiguous)."""
     if positions.size and positions[-1] - positions[0] + 1 == positions.size:
         out[positions[0] : positions[-1] + 1] += sums
@@ -84,7 +106,9 @@ def _combine(parts: list[_Partial], lo: int, hi: int) -> _Partial:
     return union, out
 
 
-def _finish(parts: list[_Partial], lo: int, hi: int, tail: tuple, dtype: np.dtype) -> np.ndarray:
+def _finish(
+    parts: list[_Partial], lo: int, hi: int, tail: tuple[int, ...], dtype: np.dtype[Any]
+) -> npt.NDArray[Any]:
     """Dense sums of ancestors ``lo .. hi-1`` from partial sums (zero for a childless one)."""
     parts = [_restrict(p, lo, hi) for p in parts]
     if len(parts) == 1 and parts[0][0].size == hi - lo:
@@ -96,7 +120,7 @@ def _finish(parts: list[_Partial], lo: int, hi: int, tail: tuple, dtype: np.dtyp
 
 
 def aggregate(
-    counts: da.Array | np.ndarray,
+    counts: da.Array | npt.NDArray[Any],
     geography: Geography,
     level: str,
     *,
@@ -133,9 +157,12 @@ def aggregate(
 
     Raises
     ------
-    ValueError
-        If the first axis of ``counts`` does not match the units of ``of``, or
-        ``level`` is finer than ``of``.
+    dpdask.errors.ShapeError
+        If the first axis of ``counts`` does not match the units of ``of``.
+    dpdask.errors.ArgumentError
+        If ``split_every < 2`` or ``level`` is finer than ``of`` (from
+        :meth:`~dpdask.Geography.ancestor_index`; a :class:`~dpdask.errors.DomainError`
+        if it is not a level of ``geography``).
 
     Examples
     --------
@@ -147,23 +174,26 @@ def aggregate(
     [[2, 4], [4, 5]]
     """
     if split_every < 2:
-        raise ValueError(f"split_every must be at least 2, got {split_every}")
+        raise ArgumentError(f"split_every must be at least 2, got {split_every}")
     source = geography.levels[geography.level_index(of)]
     ancestors = geography.ancestor_index(level, of=source)
-    if not isinstance(counts, da.Array):
-        counts = da.asarray(counts, chunks=(chunks or max(1, counts.shape[0]), *counts.shape[1:]))
-    if counts.ndim < 1 or counts.shape[0] != ancestors.size:
-        raise ValueError(
-            f"counts have {counts.shape[0] if counts.ndim else 0} rows but level {source!r} "
+    if isinstance(counts, da.Array):
+        lazy = counts
+    else:
+        first = (chunks or max(1, counts.shape[0]), *counts.shape[1:])
+        lazy = da.asarray(counts, chunks=first)  # type: ignore[no-untyped-call]
+    if lazy.ndim < 1 or lazy.shape[0] != ancestors.size:
+        raise ShapeError(
+            f"counts have {lazy.shape[0] if lazy.ndim else 0} rows but level {source!r} "
             f"has {ancestors.size} units"
         )
     if level == source:
-        return counts
+        return lazy
     n_out = geography.n_units(level)
-    step = int(chunks or counts.chunks[0][0])
+    step = int(chunks or lazy.chunks[0][0])
     out_bounds = np.unique(np.arange(0, n_out + step, step).clip(max=n_out))
     return aggregate_rows(
-        counts,
+        lazy,
         ancestors,
         tuple(np.diff(out_bounds).tolist()),
         f"aggregate-{level_key(level)}",
@@ -173,7 +203,7 @@ def aggregate(
 
 def aggregate_rows(
     values: da.Array,
-    ancestors: np.ndarray,
+    ancestors: npt.NDArray[np.integer[Any]],
     out_chunks: tuple[int, ...],
     name: str,
     *,
@@ -206,10 +236,11 @@ def aggregate_rows(
         float64 otherwise. Rows no input row maps to are zero.
     """
     if split_every < 2:
-        raise ValueError(f"split_every must be at least 2, got {split_every}")
+        raise ArgumentError(f"split_every must be at least 2, got {split_every}")
     counts = values
     if any(len(c) > 1 for c in counts.chunks[1:]):
-        counts = counts.rechunk({i: -1 for i in range(1, counts.ndim)})
+        wide: Any = counts  # dask's rechunk is untyped
+        counts = wide.rechunk({i: -1 for i in range(1, counts.ndim)})
     ancestors = np.asarray(ancestors)
     out_bounds = np.concatenate([[0], np.cumsum(out_chunks, dtype=np.int64)])
     in_bounds = np.concatenate([[0], np.cumsum(counts.chunks[0])])
@@ -218,8 +249,8 @@ def aggregate_rows(
     pname, cname, oname = f"{name}-partial-{token}", f"{name}-combine-{token}", f"{name}-{token}"
     tail = (0,) * (counts.ndim - 1)
     shape_tail = tuple(counts.shape[1:])
-    dsk: dict = {}
-    feeds: list[list[tuple]] = [[] for _ in range(out_bounds.size - 1)]
+    dsk: dict[Any, Any] = {}
+    feeds: list[list[tuple[Any, ...]]] = [[] for _ in range(out_bounds.size - 1)]
     for i in range(in_bounds.size - 1):
         anc = ancestors[in_bounds[i] : in_bounds[i + 1]]
         dsk[(pname, i)] = (_partial, (counts.name, i, *tail), anc)
@@ -237,6 +268,5 @@ def aggregate_rows(
                 keys.append(key)
             depth += 1
         dsk[(oname, j, *tail)] = (_finish, keys, lo, hi, shape_tail, dtype)
-    graph = HighLevelGraph.from_collections(oname, dsk, dependencies=[counts])
-    chunks = (tuple(int(c) for c in out_chunks), *((s,) for s in counts.shape[1:]))
-    return da.Array(graph, oname, chunks=chunks, dtype=dtype)
+    chunks = (tuple(int(c) for c in out_chunks), *((int(s),) for s in counts.shape[1:]))
+    return graph_array(oname, dsk, counts, chunks, dtype)

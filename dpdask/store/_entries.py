@@ -26,16 +26,19 @@ from __future__ import annotations
 import itertools
 import pathlib
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeAlias
 
-import dask
 import dask.array as da
 import numpy as np
+import numpy.typing as npt
 import sparse
 import zarr
+from dask.base import compute, tokenize
+from dask.delayed import delayed
 
+from dpdask.errors import ArgumentError, ArgumentTypeError, DataError, ShapeError
 from dpdask.store._sparse import coo_rows, sparse_meta
 
 __all__ = [
@@ -54,10 +57,19 @@ _PARTS = ".parts"
 
 # What a pass-1 task returns: the number of entries of each of its units, or, when
 # its input is bad, ``None`` and ``(row, problem code)`` of the first bad row.
-Spilled = tuple[np.ndarray | None, tuple[int, int] | None]
+Spilled: TypeAlias = tuple[npt.NDArray[np.int64] | None, tuple[int, int] | None]
+EntryArrays: TypeAlias = dict[str, zarr.Array[Any]]  # unit, cell, count, offsets
 
 
-def create_entries(group: zarr.Group, n_units: int, nnz: int, dtype: np.dtype) -> dict:
+def array_at(group: zarr.Group, name: str) -> zarr.Array[Any]:
+    """The array ``name`` of ``group``; a :class:`DataError` if it is a group."""
+    node = group[name]
+    if not isinstance(node, zarr.Array):
+        raise DataError(f"{name} is a group, not an array")
+    return node
+
+
+def create_entries(group: zarr.Group, n_units: int, nnz: int, dtype: np.dtype[Any]) -> EntryArrays:
     """Create the four empty entry arrays; return them by name."""
     chunk = (max(1, min(ENTRY_CHUNK, nnz)),)
     arrays = {
@@ -84,11 +96,11 @@ def create_entries(group: zarr.Group, n_units: int, nnz: int, dtype: np.dtype) -
 
 def write_sorted(
     group: zarr.Group,
-    units: np.ndarray,
-    cells: np.ndarray,
-    counts: np.ndarray,
+    units: npt.NDArray[np.integer[Any]],
+    cells: npt.NDArray[np.integer[Any]],
+    counts: npt.NDArray[np.integer[Any]],
     n_units: int,
-    dtype: np.dtype,
+    dtype: np.dtype[Any],
 ) -> int:
     """Write entries held in memory, sorted by (unit, cell), unique, positive; return nnz."""
     arrays = create_entries(group, n_units, int(units.size), dtype)
@@ -101,12 +113,12 @@ def write_sorted(
 
 
 def spill(
-    entries: tuple[np.ndarray, np.ndarray, np.ndarray] | tuple[int, int],
+    entries: tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]] | tuple[int, int],
     lo: int,
     hi: int,
     folder: str,
     index: int,
-    dtype: np.dtype,
+    dtype: np.dtype[Any],
 ) -> Spilled:
     """Pass 1: save one part's cells and counts; return the entries per unit.
 
@@ -117,7 +129,7 @@ def spill(
     """
     if len(entries) == 2:
         return None, (int(entries[0]), int(entries[1]))
-    units, cells, counts = entries  # type: ignore[misc]
+    units, cells, counts = entries
     base = pathlib.Path(folder)
     np.save(base / f"{index}-cell.npy", np.asarray(cells, dtype=np.int64))
     np.save(base / f"{index}-count.npy", np.asarray(counts).astype(dtype, copy=False))
@@ -126,11 +138,11 @@ def spill(
 
 
 def _gather(
-    arrays: dict,
+    arrays: EntryArrays,
     folder: str,
     pieces: list[tuple[int, int, int]],
     e0: int,
-    units: tuple[int, np.ndarray],
+    units: tuple[int, npt.NDArray[np.int64]],
 ) -> int:
     """Pass 2: write entries ``e0 ..`` from the parts' slices ``(index, start, stop)``."""
     base = pathlib.Path(folder)
@@ -154,7 +166,7 @@ def write_parts(
     group: zarr.Group,
     parts: Sequence[tuple[int, int, Any]],
     n_units: int,
-    dtype: np.dtype,
+    dtype: np.dtype[Any],
     raise_bad: Callable[[int, int], None],
     scheduler: Any = None,
 ) -> int:
@@ -175,12 +187,12 @@ def write_parts(
     folder = root / _PARTS
     folder.mkdir()
     tasks = [
-        dask.delayed(spill, pure=True)(
+        delayed(spill, pure=True)(
             entries, lo, hi, str(folder), i, dtype, dask_key_name=(f"store-spill-{_token(root)}", i)
         )
         for i, (lo, hi, entries) in enumerate(parts)
     ]
-    spilled: list[Spilled] = list(dask.compute(*tasks, scheduler=scheduler))
+    spilled: list[Spilled] = list(compute(*tasks, scheduler=scheduler))  # type: ignore[no-untyped-call]
     bad = [p for _, p in spilled if p is not None]
     if bad:
         raise_bad(*min(bad))
@@ -191,7 +203,7 @@ def write_parts(
     nnz = int(offsets[-1])
     arrays = create_entries(group, n_units, nnz, dtype)
     starts = offsets[[lo for lo, _, _ in parts] + [n_units]]  # entry range of every part
-    writes = []
+    writes: list[Any] = []
     for e0 in range(0, nnz, arrays["unit"].chunks[0]):
         e1 = min(e0 + arrays["unit"].chunks[0], nnz)
         first, last = np.searchsorted(starts, [e0, e1], side="right") - 1
@@ -204,7 +216,7 @@ def write_parts(
         u1 = int(np.searchsorted(offsets, e1 - 1, side="right"))
         bounds = np.clip(offsets[u0 : u1 + 1], e0, e1) - e0
         writes.append(
-            dask.delayed(_gather, pure=True)(
+            delayed(_gather, pure=True)(
                 arrays,
                 str(folder),
                 pieces,
@@ -213,7 +225,7 @@ def write_parts(
                 dask_key_name=(f"store-entries-{_token(root)}", len(writes)),
             )
         )
-    written = sum(dask.compute(*writes, scheduler=scheduler))
+    written = sum(compute(*writes, scheduler=scheduler))  # type: ignore[no-untyped-call]
     if written != nnz:  # pragma: no cover - pass 2 writes what pass 1 counted
         raise RuntimeError(f"wrote {written:,} entries, expected {nnz:,}")
     arrays["offsets"][:] = offsets
@@ -221,34 +233,40 @@ def write_parts(
     return nnz
 
 
-def _pairs(bounds: Sequence[int] | np.ndarray) -> list[tuple[int, int]]:
+def _pairs(bounds: Sequence[int] | npt.NDArray[np.int64]) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
 
 def _token(root: pathlib.Path) -> str:
-    return dask.base.tokenize(str(root))
+    return tokenize(str(root))
 
 
-def read_coo(arrays: dict, a: int, b: int, e0: int, e1: int, n_cells: int) -> sparse.COO:
+def read_coo(arrays: EntryArrays, a: int, b: int, e0: int, e1: int, n_cells: int) -> sparse.COO:
     """Rows ``a .. b-1`` as a ``(b - a, n_cells)`` int64 COO, from their entries ``e0 .. e1-1``."""
     if e1 <= e0:
         empty = np.empty(0, dtype=np.int64)
         return coo_rows(empty, empty, empty, b - a, n_cells)
-    rows = arrays["unit"][e0:e1] - a
-    cells = arrays["cell"][e0:e1]
-    counts = arrays["count"][e0:e1].astype(np.int64, copy=False)
+    rows = np.asarray(arrays["unit"][e0:e1]) - a
+    cells = np.asarray(arrays["cell"][e0:e1])
+    counts = np.asarray(arrays["count"][e0:e1]).astype(np.int64, copy=False)
     return coo_rows(rows, cells, counts, b - a, n_cells)
 
 
 def read_dense(
-    arrays: dict, a: int, b: int, e0: int, e1: int, shape: tuple[int, ...], dtype: np.dtype
-) -> np.ndarray:
+    arrays: EntryArrays,
+    a: int,
+    b: int,
+    e0: int,
+    e1: int,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+) -> npt.NDArray[Any]:
     """Rows ``a .. b-1`` as a dense ``(b - a, *shape)`` array of ``dtype``."""
     n_cells = int(np.prod(shape, dtype=np.int64))
     out = np.zeros((b - a) * n_cells, dtype=dtype)
     if e1 > e0:
-        rows = arrays["unit"][e0:e1] - a
-        out[rows * n_cells + arrays["cell"][e0:e1]] = arrays["count"][e0:e1]
+        rows = np.asarray(arrays["unit"][e0:e1]) - a
+        out[rows * n_cells + np.asarray(arrays["cell"][e0:e1])] = arrays["count"][e0:e1]
     return out.reshape((b - a, *shape))
 
 
@@ -265,9 +283,11 @@ class SparseCounts:
 
     def __init__(self, group: zarr.Group, shape: tuple[int, ...], geo_chunk: int) -> None:
         try:
-            self.arrays = {k: group[f"entries/{k}"] for k in ("unit", "cell", "count", "offsets")}
+            self.arrays: EntryArrays = {
+                k: array_at(group, f"entries/{k}") for k in ("unit", "cell", "count", "offsets")
+            }
         except KeyError as exc:
-            raise ValueError(f"sparse data store is missing {exc.args[0]}") from None
+            raise DataError(f"sparse data store is missing {exc.args[0]}") from None
         self.shape = tuple(int(s) for s in shape)
         self.chunks = (max(1, min(int(geo_chunk), self.shape[0])), *self.shape[1:])
 
@@ -277,7 +297,7 @@ class SparseCounts:
     offsets = property(lambda self: self.arrays["offsets"])
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[Any]:
         """Dtype of the stored counts."""
         return np.dtype(self.arrays["count"].dtype)
 
@@ -295,15 +315,15 @@ class SparseCounts:
         return int(np.prod(self.shape[1:], dtype=np.int64))
 
     @cached_property
-    def all_offsets(self) -> np.ndarray:
+    def all_offsets(self) -> npt.NDArray[np.int64]:
         """The whole offsets array (``n_units + 1`` int64), read once."""
         return np.asarray(self.arrays["offsets"][:])
 
     def _bounds(self, a: int, b: int) -> tuple[int, int]:
         if "all_offsets" in self.__dict__:
             return int(self.all_offsets[a]), int(self.all_offsets[b])
-        e0, e1 = self.arrays["offsets"].get_orthogonal_selection(np.array([a, b]))
-        return int(e0), int(e1)
+        ends = np.asarray(self.arrays["offsets"].get_orthogonal_selection(np.array([a, b])))
+        return int(ends[0]), int(ends[1])
 
     def _check_range(self, a: int, b: int) -> tuple[int, int]:
         a, b = int(a), int(b)
@@ -311,7 +331,7 @@ class SparseCounts:
             raise IndexError(f"rows {a}:{b} are outside 0:{self.shape[0]}")
         return a, b
 
-    def rows(self, a: int, b: int) -> np.ndarray:
+    def rows(self, a: int, b: int) -> npt.NDArray[Any]:
         """Dense rows ``a .. b-1``, shape ``(b - a, *domain.shape)``."""
         a, b = self._check_range(a, b)
         return read_dense(self.arrays, a, b, *self._bounds(a, b), self.shape[1:], self.dtype)
@@ -321,13 +341,13 @@ class SparseCounts:
         a, b = self._check_range(a, b)
         return read_coo(self.arrays, a, b, *self._bounds(a, b), self.n_cells)
 
-    def bounds(self) -> np.ndarray:
+    def bounds(self) -> npt.NDArray[np.int64]:
         """Row bounds of blocks of about :data:`BLOCK_ENTRIES` entries each."""
         off, n = self.all_offsets, self.shape[0]
         cuts = np.searchsorted(off, np.arange(BLOCK_ENTRIES, off[-1], BLOCK_ENTRIES))
         return np.unique(np.concatenate([[0], cuts, [n]])).astype(np.int64)
 
-    def to_sparse(self, name: str, bounds: np.ndarray) -> da.Array:
+    def to_sparse(self, name: str, bounds: npt.NDArray[np.int64]) -> da.Array:
         """``(n_units, n_cells)`` int64 COO blocks between row ``bounds``, keys ``name``."""
         off = self.all_offsets
         pairs = _pairs(bounds)
@@ -336,7 +356,8 @@ class SparseCounts:
             for i, (a, b) in enumerate(pairs)
         }
         chunks = (tuple(b - a for a, b in pairs), (self.n_cells,))
-        return da.Array(dsk, name, chunks=chunks, dtype=np.int64, meta=sparse_meta(np.int64))
+        meta = sparse_meta(np.dtype(np.int64))
+        return da.Array(dsk, name, chunks=chunks, dtype=np.int64, meta=meta)  # type: ignore[no-untyped-call]
 
     def to_dask(self, name: str) -> da.Array:
         """The dense counts, chunks of ``self.chunks[0]`` rows, keys ``name``."""
@@ -358,20 +379,24 @@ class SparseCounts:
         }
         chunks = (tuple(np.diff(bounds).tolist()), *((s,) for s in tail))
         meta = np.empty((0,) * self.ndim, self.dtype)
-        return da.Array(dsk, name, chunks=chunks, dtype=self.dtype, meta=meta)
+        return da.Array(dsk, name, chunks=chunks, dtype=self.dtype, meta=meta)  # type: ignore[no-untyped-call]
 
-    def __getitem__(self, key: Any) -> np.ndarray:
+    def __getitem__(self, key: Any) -> npt.NDArray[Any]:
         first, rest = (key[0], key[1:]) if isinstance(key, tuple) and key else (key, ())
         n = self.shape[0]
         if first is Ellipsis:
-            return self.rows(0, n)[key]
+            out: npt.NDArray[Any] = self.rows(0, n)[key]
+            return out
         if isinstance(first, int | np.integer):
             r = int(first) + n if int(first) < 0 else int(first)
             if not 0 <= r < n:
                 raise IndexError(f"row {first} is outside a store of {n} rows")
-            return self.rows(r, r + 1)[(0, *rest)]
+            row: npt.NDArray[Any] = self.rows(r, r + 1)[(0, *rest)]
+            return row
         if not isinstance(first, slice):
-            raise TypeError(f"index rows of sparse counts by an int or a slice, got {first!r}")
+            raise ArgumentTypeError(
+                f"index rows of sparse counts by an int or a slice, got {first!r}"
+            )
         picked = range(*first.indices(n))
         if not picked:
             return np.zeros((0, *self.shape[1:]), dtype=self.dtype)[(slice(None), *rest)]
@@ -380,7 +405,7 @@ class SparseCounts:
         relative = slice(picked.start - lo, stop if stop >= 0 else None, picked.step)
         return self.rows(lo, hi)[(relative, *rest)]
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: Any = None, copy: Any = None) -> npt.NDArray[Any]:
         out = self.rows(0, self.shape[0])
         return out if dtype is None else out.astype(dtype)
 
@@ -388,21 +413,21 @@ class SparseCounts:
         return f"<SparseCounts shape={self.shape} dtype={self.dtype} nnz={self.nnz:,}>"
 
 
-def row_bounds(chunks: Sequence[int], n: int) -> np.ndarray:
+def row_bounds(chunks: Sequence[int], n: int) -> npt.NDArray[np.int64]:
     """``[0, c0, c0 + c1, ..., n]`` from chunk sizes, which must add up to ``n``."""
     sizes = np.asarray(tuple(chunks))
     if sizes.ndim != 1 or (sizes.size and sizes.dtype.kind not in "iu"):
-        raise ValueError(f"chunks must be a sequence of integers, got {tuple(chunks)[:10]}")
+        raise ArgumentError(f"chunks must be a sequence of integers, got {tuple(chunks)[:10]}")
     if (sizes < 0).any() or int(sizes.sum()) != n:
         more = " ..." if sizes.size > 10 else ""
-        raise ValueError(
+        raise ShapeError(
             f"chunks must be non-negative and add up to the {n:,} units, got "
             f"{tuple(int(c) for c in sizes[:10])}{more} (sum {int(sizes.sum()):,})"
         )
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
-def _dense_coo(counts: zarr.Array, a: int, b: int) -> sparse.COO:
+def _dense_coo(counts: zarr.Array[Any], a: int, b: int) -> sparse.COO:
     """Rows ``a .. b-1`` of a dense ``counts`` array as a ``(b - a, n_cells)`` int64 COO."""
     n_cells = int(np.prod(counts.shape[1:], dtype=np.int64))
     flat = np.asarray(counts[a:b]).reshape(b - a, n_cells)
@@ -410,16 +435,19 @@ def _dense_coo(counts: zarr.Array, a: int, b: int) -> sparse.COO:
     return coo_rows(rows, cells, flat[rows, cells].astype(np.int64), b - a, n_cells)
 
 
-def dense_to_sparse(counts: zarr.Array, name: str, bounds: np.ndarray) -> da.Array:
+def dense_to_sparse(counts: zarr.Array[Any], name: str, bounds: npt.NDArray[np.int64]) -> da.Array:
     """A dense store's counts as int64 COO blocks between row ``bounds``, keys ``name``."""
     n_cells = int(np.prod(counts.shape[1:], dtype=np.int64))
     pairs = _pairs(bounds)
     dsk = {(name, i, 0): (_dense_coo, counts, a, b) for i, (a, b) in enumerate(pairs)}
     chunks = (tuple(b - a for a, b in pairs), (n_cells,))
-    return da.Array(dsk, name, chunks=chunks, dtype=np.int64, meta=sparse_meta(np.int64))
+    meta = sparse_meta(np.dtype(np.int64))
+    return da.Array(dsk, name, chunks=chunks, dtype=np.int64, meta=meta)  # type: ignore[no-untyped-call]
 
 
-def open_entries(group: zarr.Group, meta: dict, shape: tuple[int, ...]) -> SparseCounts:
+def open_entries(
+    group: zarr.Group, meta: Mapping[str, Any], shape: tuple[int, ...]
+) -> SparseCounts:
     """The entries of a sparse store, their shapes, dtypes and ends checked."""
     n = shape[0]
     view = SparseCounts(group, shape, int(meta.get("geo_chunk", 1)))
@@ -427,18 +455,18 @@ def open_entries(group: zarr.Group, meta: dict, shape: tuple[int, ...]) -> Spars
     for name in ("unit", "cell", "count"):
         arr = view.arrays[name]
         if arr.shape != (nnz,):
-            raise ValueError(f"entries/{name} has shape {arr.shape}; nnz is {nnz}")
+            raise DataError(f"entries/{name} has shape {arr.shape}; nnz is {nnz}")
         if name != "count" and arr.dtype != np.int64:
-            raise ValueError(f"entries/{name} has dtype {arr.dtype}, not int64")
+            raise DataError(f"entries/{name} has dtype {arr.dtype}, not int64")
     if view.dtype.kind not in "iu":
-        raise ValueError(f"entries/count has dtype {view.dtype}; counts must be integers")
+        raise DataError(f"entries/count has dtype {view.dtype}; counts must be integers")
     offsets = view.arrays["offsets"]
     if offsets.shape != (n + 1,) or offsets.dtype != np.int64:
-        raise ValueError(
+        raise DataError(
             f"entries/offsets has shape {offsets.shape} ({offsets.dtype}); "
             f"{n:,} finest units need ({n + 1},) int64"
         )
-    ends = offsets.get_orthogonal_selection(np.array([0, n]))
+    ends = np.asarray(offsets.get_orthogonal_selection(np.array([0, n])))
     if int(ends[0]) != 0 or int(ends[1]) != nnz:
-        raise ValueError(f"entries/offsets run {ends[0]}..{ends[1]}, not 0..{nnz}")
+        raise DataError(f"entries/offsets run {ends[0]}..{ends[1]}, not 0..{nnz}")
     return view

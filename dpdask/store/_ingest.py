@@ -17,7 +17,7 @@ steps:
    entries (the sparse layout, straight from the merged (unit, cell) counts) when
    they take less room than the dense array, as at block level on a large domain.
 
-A bad attribute value raises :class:`ValueError` naming the column, the value and
+A bad attribute value raises :class:`~dpdask.errors.DataError` naming the column, the value and
 the row (records counted from 0 across the input, in read order), with the number of
 rows that have problems; records outside the universe raise a
 :class:`~dpdask.errors.GeographyUniverseError` giving their number per level only.
@@ -31,15 +31,16 @@ import pathlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
-import dask
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
-from dask.base import tokenize
+from dask.base import compute, tokenize
+from dask.delayed import delayed
 
 from dpdask.domain import Domain, Geography
-from dpdask.errors import GeographyUniverseError
+from dpdask.errors import DataError, GeographyUniverseError, SpecError
 from dpdask.publish import check_target
 from dpdask.store._entries import write_sorted
 from dpdask.store._record_values import Column, columns_of, encode, text
@@ -59,9 +60,18 @@ from dpdask.store._universe import (
     prefix_levels,
 )
 
-__all__ = ["ingest_records"]
+if TYPE_CHECKING:
+    import dask.dataframe as dd
 
-_Levels = Mapping[str, int] | Mapping[str, Sequence[str]] | pd.DataFrame | Geography | None
+__all__ = ["RecordSource", "ingest_records"]
+
+_Levels: TypeAlias = (
+    Mapping[str, int] | Mapping[str, Sequence[str]] | pd.DataFrame | Geography | None
+)
+RecordSource: TypeAlias = (
+    "str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | pd.DataFrame | dd.DataFrame"
+)
+"""Person records: a file, a glob pattern or a list of files, or a pandas / dask DataFrame."""
 
 
 @dataclass(frozen=True)
@@ -74,12 +84,12 @@ class _Problem:
 @dataclass(frozen=True)
 class _Scan:
     n_rows: int
-    outside: np.ndarray  # per level, records outside the universe because of it
+    outside: npt.NDArray[np.int64]  # per level, records outside the universe because of it
     n_outside: int
     n_bad: int  # records inside the universe with a bad attribute value
     problem: _Problem | None
-    keys: np.ndarray  # unit * domain.size + cell, unique, sorted
-    counts: np.ndarray
+    keys: npt.NDArray[np.int64]  # unit * domain.size + cell, unique, sorted
+    counts: npt.NDArray[np.int64]
 
 
 def _scan_partition(
@@ -122,18 +132,19 @@ def _scan_partition(
     return _Scan(n, outside, n_outside, 0, None, keys, counts.astype(np.int64))
 
 
-def _read(source: Any, columns: list[str], blocksize: str | int) -> Any:
+def _read(source: RecordSource, columns: list[str], blocksize: str | int) -> Any:
     """A dask DataFrame of ``columns`` from a path, a list of paths, or a DataFrame."""
     import dask.dataframe as dd
 
     if isinstance(source, dd.DataFrame):
         ddf = source
     elif isinstance(source, pd.DataFrame):
-        ddf = dd.from_pandas(source, npartitions=max(1, len(source) // 1_000_000 + 1), sort=False)
+        parts = max(1, len(source) // 1_000_000 + 1)
+        ddf = dd.from_pandas(source, npartitions=parts, sort=False)  # type: ignore[no-untyped-call]
     else:
         paths = [source] if isinstance(source, str | os.PathLike) else list(source)
         if not paths:
-            raise ValueError("no input files given")
+            raise DataError("no input files given")
         names = [str(p) for p in paths]
         for name in names:
             if not any(ch in name for ch in "*?[") and not pathlib.Path(name).exists():
@@ -156,13 +167,13 @@ def _read(source: Any, columns: list[str], blocksize: str | int) -> Any:
                 compression=compression,
             )
         else:
-            raise ValueError(
+            raise DataError(
                 f"cannot tell the format of {names[:3]}; use .csv/.tsv (optionally .gz) or "
                 ".parquet files, or pass a DataFrame"
             )
     missing = [c for c in columns if c not in ddf.columns]
     if missing:
-        raise ValueError(
+        raise DataError(
             f"the records have no column {missing}; their columns are {list(ddf.columns)}"
         )
     return ddf[columns]
@@ -174,7 +185,7 @@ def _universe(
     """The declared universe, and the GEOID prefix lengths of its levels if given."""
     values = list(levels.values()) if isinstance(levels, Mapping) else []
     if levels is None or (values and all(isinstance(v, int | np.integer) for v in values)):
-        prefixes = None if levels is None else prefix_levels(levels)
+        prefixes = None if levels is None else prefix_levels(cast(Mapping[str, int], levels))
         if geographies is None:
             raise GeographyUniverseError(
                 "geographies: person records need a public geography universe (a list of "
@@ -185,12 +196,12 @@ def _universe(
         return geography_universe(geographies, prefixes, level=name), prefixes
     table = values and all(not isinstance(v, str | int | np.integer) for v in values)
     if not (isinstance(levels, Geography | pd.DataFrame) or table):
-        raise ValueError(
+        raise SpecError(
             "levels must be None, {level: GEOID prefix length}, a parent table "
             "({level: ids} or a DataFrame) or a Geography"
         )
     if geographies is not None:
-        raise ValueError(
+        raise SpecError(
             "levels is a parent table (a universe) and geographies another: give the "
             "universe once, as geographies"
         )
@@ -198,21 +209,21 @@ def _universe(
 
 
 def ingest_records(
-    source: Any,
+    source: RecordSource,
     domain: Domain,
     geography_column: str,
     attribute_columns: Mapping[str, str] | Sequence[str] | None = None,
     levels: _Levels = None,
     *,
-    store: str | os.PathLike,
+    store: str | os.PathLike[str],
     geographies: Universe | None = None,
-    unknown_geography: str = "refuse",
+    unknown_geography: Literal["refuse", "drop"] = "refuse",
     categories: Mapping[str, Sequence[Any]] | None = None,
     geo_chunk: int | None = None,
-    dtype: np.dtype | str = "int32",
+    dtype: npt.DTypeLike = "int32",
     overwrite: bool = False,
     blocksize: str | int = "64MB",
-    layout: str = "auto",
+    layout: Literal["auto", "dense", "sparse"] = "auto",
 ) -> DataStore:
     """Count person records into the units of a public universe, after validating every
     record.
@@ -288,11 +299,17 @@ def ingest_records(
         If no universe is given, or (with ``unknown_geography="refuse"``) some
         records are outside it: the message gives their number per level, never
         their ids. Nothing is written.
-    ValueError
+    dpdask.errors.DataError
         On any bad attribute value (missing value, non-integer code, code out of
         range, unknown category: the message names the column, the value and the
-        row), on a universe that is not a geography, on arguments that do not fit
-        the domain, or when the input holds no record. Nothing is written.
+        row), on input files or columns it cannot read, or when the input holds no
+        record. Nothing is written.
+    dpdask.errors.SpecError
+        On a universe that is not a geography or options that do not fit the domain
+        (the message names the option: ``levels``, ``geographies``,
+        ``attribute_columns``, ``categories``, ``unknown_geography``); a
+        :class:`~dpdask.errors.DomainError` names an attribute the domain lacks.
+        Nothing is written.
     StoreExistsError
         If ``store`` exists and ``overwrite`` is false.
     FileNotFoundError
@@ -300,9 +317,9 @@ def ingest_records(
     """
     check_target(store, overwrite)
     check_layout(layout)
-    dtype = check_integer_dtype(dtype, "dtype")
+    stored = check_integer_dtype(dtype, "dtype")
     if unknown_geography not in UNKNOWN_GEOGRAPHY:
-        raise ValueError(
+        raise SpecError(
             f"unknown_geography: {unknown_geography!r} is not one of {list(UNKNOWN_GEOGRAPHY)}"
         )
     columns = columns_of(domain, attribute_columns, categories)
@@ -312,9 +329,9 @@ def ingest_records(
     ddf = _read(source, [geography_column, *(c.column for c in columns)], blocksize)
     token = tokenize(ddf, columns, geography, prefixes, drop)
     parts = ddf.to_delayed()
-    scans = dask.compute(
+    scans: tuple[_Scan, ...] = compute(  # type: ignore[no-untyped-call]
         *[
-            dask.delayed(_scan_partition, pure=True)(
+            delayed(_scan_partition, pure=True)(
                 part,
                 geography_column,
                 columns,
@@ -339,22 +356,22 @@ def ingest_records(
     if problem is not None:
         row, p = problem
         more = f" ({n_bad:,} rows have problems; the first is shown)" if n_bad > 1 else ""
-        raise ValueError(f"column {p.column!r}, row {row}: {p.message}{more}; nothing was written")
+        raise DataError(f"column {p.column!r}, row {row}: {p.message}{more}; nothing was written")
     if offset == 0:  # records all dropped still publish the universe: that is data-free
-        raise ValueError("the records are empty; nothing was written")
+        raise DataError("the records are empty; nothing was written")
 
     keys, counts = _merge(scans)
-    if counts.size and counts.max() > np.iinfo(dtype).max:
-        raise ValueError(f"a count of {counts.max()} does not fit dtype {dtype}; nothing written")
+    if counts.size and counts.max() > np.iinfo(stored).max:
+        raise DataError(f"a count of {counts.max()} does not fit dtype {stored}; nothing written")
 
     src = source if isinstance(source, str | os.PathLike) else type(source).__name__
-    args = (store, domain, geography, dtype, geo_chunk, overwrite, f"records from {src}")
+    args = (store, domain, geography, stored, geo_chunk, overwrite, f"records from {src}")
     n = geography.n_units()
-    if choose_layout(layout, int(keys.size), n, domain, dtype) == "sparse":
+    if choose_layout(layout, int(keys.size), n, domain, stored) == "sparse":
 
         def fill_entries(root: Any, group: Any) -> int:
             units, cells = np.divmod(keys, domain.size)
-            return write_sorted(group, units, cells, counts, n, dtype)
+            return write_sorted(group, units, cells, counts, n, stored)
 
         _publish_store(*args, fill_entries, layout="sparse")
         return open_store(store)
@@ -364,7 +381,7 @@ def ingest_records(
         for a in range(0, geography.n_units(), step):
             b = min(a + step, geography.n_units())
             lo, hi = np.searchsorted(keys, [a * domain.size, b * domain.size])
-            block = np.zeros((b - a) * domain.size, dtype=dtype)
+            block = np.zeros((b - a) * domain.size, dtype=stored)
             block[keys[lo:hi] - a * domain.size] = counts[lo:hi]
             target[a:b] = block.reshape((b - a, *domain.shape))
 
@@ -372,7 +389,7 @@ def ingest_records(
     return open_store(store)
 
 
-def _merge(scans: Sequence[_Scan]) -> tuple[np.ndarray, np.ndarray]:
+def _merge(scans: Sequence[_Scan]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Global (unit * size + cell) keys, sorted and unique, with their summed counts."""
     parts = [s for s in scans if s.keys.size]
     if not parts:

@@ -13,21 +13,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import dask
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
+from dask.base import compute
+from dask.delayed import delayed
 
 from dpdask.domain import Domain, Geography
-from dpdask.store._ingest import _read, _universe
+from dpdask.errors import DataError, SpecError
+from dpdask.store._ingest import RecordSource, _read, _universe
 from dpdask.store._record_values import Column, columns_of, encode, text
-from dpdask.store._universe import UNKNOWN_GEOGRAPHY, Matcher, outside_error
+from dpdask.store._universe import UNKNOWN_GEOGRAPHY, Matcher, Universe, outside_error
 
 __all__ = ["read_codes"]
 
 
 def _codes_of(
     df: pd.DataFrame, geo_column: str, columns: tuple[Column, ...], matcher: Matcher, drop: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, str | None]:
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], int, str | None]:
     unit, outside = matcher.locate(text(df[geo_column]))
     inside = unit >= 0
     if not inside.all() and not drop:
@@ -44,37 +47,39 @@ def _codes_of(
 
 
 def read_codes(
-    source: Any,
+    source: RecordSource,
     domain: Domain,
     geography_column: str,
     *,
-    geographies: Any,
+    geographies: Universe,
     levels: Mapping[str, int] | None = None,
     attribute_columns: Mapping[str, str] | Sequence[str] | None = None,
     categories: Mapping[str, Sequence[Any]] | None = None,
     unknown_geography: str = "refuse",
     blocksize: str | int = "64MB",
-) -> tuple[Geography, np.ndarray, np.ndarray]:
+) -> tuple[Geography, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The universe, each record's finest unit and its codes ``(records, d)``.
 
     Raises
     ------
     GeographyUniverseError
         Records outside the universe (counts only), unless ``unknown_geography="drop"``.
-    ValueError
+    dpdask.errors.DataError
         A bad attribute value (naming the column), or no record at all.
+    dpdask.errors.SpecError
+        An option that does not fit (naming it).
     """
     if unknown_geography not in UNKNOWN_GEOGRAPHY:
-        raise ValueError(
+        raise SpecError(
             f"unknown_geography: {unknown_geography!r} is not one of {UNKNOWN_GEOGRAPHY}"
         )
     columns = columns_of(domain, attribute_columns, categories)
     geography, prefixes = _universe(levels, geographies, geography_column)
     matcher, drop = Matcher.of(geography, prefixes), unknown_geography == "drop"
     ddf = _read(source, [geography_column, *(c.column for c in columns)], blocksize)
-    parts = dask.compute(
+    parts: tuple[Any, ...] = compute(  # type: ignore[no-untyped-call]
         *[
-            dask.delayed(_codes_of, pure=True)(p, geography_column, columns, matcher, drop)
+            delayed(_codes_of, pure=True)(p, geography_column, columns, matcher, drop)
             for p in ddf.to_delayed()
         ]
     )
@@ -84,9 +89,9 @@ def read_codes(
         raise outside_error(n_out, per_level, geography.levels)
     problems = [p[4] for p in parts if p[4] is not None]
     if problems:
-        raise ValueError(f"records: {problems[0]}; nothing was charged or written")
+        raise DataError(f"records: {problems[0]}; nothing was charged or written")
     unit = np.concatenate([p[0] for p in parts])
     codes = np.concatenate([p[1] for p in parts])
     if unit.size == 0:
-        raise ValueError("records: the input holds no record")
+        raise DataError("records: the input holds no record")
     return geography, unit, codes

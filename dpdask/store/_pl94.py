@@ -28,10 +28,12 @@ import os
 import pathlib
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from dpdask.census import pl94_domain, race_combinations
 from dpdask.domain import Domain, Geography
+from dpdask.errors import DataError
 
 __all__ = ["P1_RACE_COLUMNS", "PL94_LEVELS", "read_pl94"]
 
@@ -66,7 +68,7 @@ _SEG_LOGRECNO = 4  # FILEID, STUSAB, CHARITER, CIFSN, LOGRECNO, then the table l
 def _one(folder: pathlib.Path, pattern: str, what: str) -> pathlib.Path:
     found = sorted(folder.glob(pattern))
     if len(found) != 1:
-        raise ValueError(
+        raise DataError(
             f"{folder}: expected one {what} file matching {pattern!r}, found "
             f"{[p.name for p in found] or 'none'}"
         )
@@ -78,11 +80,13 @@ def _read_pipe(path: pathlib.Path, min_fields: int) -> pd.DataFrame:
         path, sep="|", header=None, dtype=str, keep_default_na=False, encoding="latin-1"
     )
     if table.shape[1] < min_fields:
-        raise ValueError(f"{path.name}: {table.shape[1]} fields per line, expected {min_fields}")
+        raise DataError(f"{path.name}: {table.shape[1]} fields per line, expected {min_fields}")
     return table
 
 
-def _lines(segment: pd.DataFrame, first: int, n: int, name: str, path: pathlib.Path) -> np.ndarray:
+def _lines(
+    segment: pd.DataFrame, first: int, n: int, name: str, path: pathlib.Path
+) -> npt.NDArray[np.int64]:
     """Table lines ``1..n`` (1-based) starting at field ``first``, as int64 (rows, n + 1)."""
     block = segment.iloc[:, first : first + n]
     try:
@@ -90,14 +94,16 @@ def _lines(segment: pd.DataFrame, first: int, n: int, name: str, path: pathlib.P
     except ValueError:
         bad = ~block.apply(lambda c: c.str.fullmatch(r"\d+")).to_numpy()
         r, c = np.argwhere(bad)[0]
-        raise ValueError(
+        raise DataError(
             f"{path.name}: table {name} line {c + 1} of LOGRECNO "
             f"{segment.iloc[r, _SEG_LOGRECNO]} is {block.iat[r, c]!r}, not a count"
         ) from None
     return np.concatenate([np.zeros((len(values), 1), np.int64), values], axis=1)
 
 
-def _check_sums(table: np.ndarray, name: str, first_race: int, ids: np.ndarray) -> None:
+def _check_sums(
+    table: npt.NDArray[np.int64], name: str, first_race: int, ids: npt.NDArray[np.str_]
+) -> None:
     """Race lines add up to the subtotal lines and the total of a P1-shaped table."""
     cols = np.asarray(P1_RACE_COLUMNS) + first_race - 3
     sizes = np.array([len(c) for c in race_combinations()])
@@ -109,13 +115,13 @@ def _check_sums(table: np.ndarray, name: str, first_race: int, ids: np.ndarray) 
         diff = table[:, parts].sum(axis=1) - table[:, line]
         if diff.any():
             i = int(np.flatnonzero(diff)[0])
-            raise ValueError(
+            raise DataError(
                 f"table {name} of block {ids[i]}: the race lines add up to "
                 f"{table[i, parts].sum()} but line {line} says {table[i, line]}"
             )
 
 
-def read_pl94(folder: str | os.PathLike) -> tuple[np.ndarray, Domain, Geography]:
+def read_pl94(folder: str | os.PathLike[str]) -> tuple[npt.NDArray[np.int64], Domain, Geography]:
     """Read a P.L. 94-171 summary file (2020 format) into block-level PL94 counts.
 
     Parameters
@@ -139,7 +145,7 @@ def read_pl94(folder: str | os.PathLike) -> tuple[np.ndarray, Domain, Geography]
     ------
     FileNotFoundError
         If ``folder`` does not exist.
-    ValueError
+    dpdask.errors.DataError
         If a file is missing or malformed, the segments disagree on the blocks, the
         race lines do not add up to the totals, or a derived cell is negative (the
         message names the file, block and line).
@@ -158,7 +164,7 @@ def read_pl94(folder: str | os.PathLike) -> tuple[np.ndarray, Domain, Geography]
     geo = _read_pipe(geo_path, _GEO_GEOCODE + 1)
     blocks = geo[(geo[_GEO_SUMLEV] == _BLOCK_SUMLEV) & (geo[_GEO_GEOCOMP] == "00")]
     if blocks.empty:
-        raise ValueError(f"{geo_path.name}: no block records (summary level {_BLOCK_SUMLEV})")
+        raise DataError(f"{geo_path.name}: no block records (summary level {_BLOCK_SUMLEV})")
     logrecno = blocks[_GEO_LOGRECNO].to_numpy()
     geocode = blocks[_GEO_GEOCODE].to_numpy().astype(str)
 
@@ -170,10 +176,10 @@ def read_pl94(folder: str | os.PathLike) -> tuple[np.ndarray, Domain, Geography]
         seg = _read_pipe(path, _SEG_LOGRECNO + 1 + sum(n_fields))
         index = pd.Index(seg[_SEG_LOGRECNO])
         if not index.is_unique:
-            raise ValueError(f"{path.name}: LOGRECNO values repeat")
+            raise DataError(f"{path.name}: LOGRECNO values repeat")
         pos = index.get_indexer(logrecno)
         if (pos < 0).any():
-            raise ValueError(
+            raise DataError(
                 f"{path.name}: no record for block {geocode[np.argmax(pos < 0)]} "
                 f"(LOGRECNO {logrecno[np.argmax(pos < 0)]})"
             )
@@ -188,7 +194,7 @@ def read_pl94(folder: str | os.PathLike) -> tuple[np.ndarray, Domain, Geography]
     for table, name in ((p2, "P2"), (p4, "P4")):
         if (table[:, 2] + table[:, 3] != table[:, 1]).any():
             i = int(np.flatnonzero(table[:, 2] + table[:, 3] != table[:, 1])[0])
-            raise ValueError(f"table {name} of block {geocode[i]}: Hispanic + not != total")
+            raise DataError(f"table {name} of block {geocode[i]}: Hispanic + not != total")
 
     race = np.asarray(P1_RACE_COLUMNS)
     nonhisp_all, hisp_all = p2[:, race + 2], p1[:, race] - p2[:, race + 2]
@@ -202,12 +208,12 @@ def read_pl94(folder: str | os.PathLike) -> tuple[np.ndarray, Domain, Geography]
     )  # (block, votingage, hisp, race)
     if (cells < 0).any():
         b, v, h, r = (int(i) for i in np.argwhere(cells < 0)[0])
-        raise ValueError(
+        raise DataError(
             f"block {geocode[b]}: derived count {cells[b, v, h, r]} < 0 for votingage={v}, "
             f"hisp={h}, race={r} (P1..P4 lines {race[r]} / {race[r] + 2} disagree)"
         )
     geography = Geography.from_geoids(geocode, PL94_LEVELS)
     if geography.n_units() != len(geocode):
-        raise ValueError(f"{geo_path.name}: block GEOIDs repeat")
+        raise DataError(f"{geo_path.name}: block GEOIDs repeat")
     order = pd.Index(geocode).get_indexer(list(geography.ids[-1]))
     return cells[order], pl94_domain(), geography

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dpdask.domain import Domain
+from dpdask.errors import SpecError
 
 __all__ = ["Column", "columns_of", "encode", "text"]
 
@@ -49,16 +51,18 @@ def text(values: pd.Series) -> pa.Array:
     return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
 
 
-def _np(arr: pa.Array, fill: Any) -> np.ndarray:
+def _np(arr: pa.Array, fill: Any) -> npt.NDArray[Any]:
     return np.asarray(pc.fill_null(arr, fill).to_numpy(zero_copy_only=False))
 
 
-def _missing_text(arr: pa.Array) -> np.ndarray:
+def _missing_text(arr: pa.Array) -> npt.NDArray[np.bool_]:
     """Rows of a text column holding no value: null, or blank."""
     return _np(pc.equal(pc.utf8_trim_whitespace(arr), ""), True)
 
 
-def encode(values: pd.Series, col: Column) -> tuple[np.ndarray, np.ndarray, str | None]:
+def encode(
+    values: pd.Series, col: Column
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], str | None]:
     """Codes of one attribute column, the mask of its bad rows, and why the first is bad."""
     n = len(values)
     codes = np.zeros(n, dtype=np.int64)
@@ -116,8 +120,8 @@ def columns_of(
     categories: Mapping[str, Sequence[Any]] | None,
 ) -> tuple[Column, ...]:
     """The column of each attribute of ``domain``, in its order (see
-    :func:`~dpdask.store.ingest_records` for the arguments); a ValueError names an
-    attribute without a column, an unknown attribute or wrong categories."""
+    :func:`~dpdask.store.ingest_records` for the arguments); a SpecError names an
+    attribute without a column or wrong categories, a DomainError an unknown attribute."""
     if attribute_columns is None:
         mapping = {a: a for a in domain}
     elif isinstance(attribute_columns, Mapping):
@@ -125,7 +129,7 @@ def columns_of(
     else:
         cols = list(attribute_columns)
         if len(cols) != len(domain):
-            raise ValueError(
+            raise SpecError(
                 f"{len(cols)} attribute columns {cols} for the {len(domain)} attributes "
                 f"{list(domain)}"
             )
@@ -134,7 +138,7 @@ def columns_of(
         domain[a]  # raises, naming the attribute
     absent = [a for a in domain if a not in mapping]
     if absent:
-        raise ValueError(f"attribute_columns gives no column for attribute(s) {absent}")
+        raise SpecError(f"attribute_columns gives no column for attribute(s) {absent}")
     categories = dict(categories or {})
     out = []
     for a in domain:
@@ -142,12 +146,12 @@ def columns_of(
         if a in categories:
             labels = tuple(str(v) for v in categories.pop(a))
             if len(labels) != domain[a]:
-                raise ValueError(
+                raise SpecError(
                     f"categories of {a!r} have {len(labels)} labels but the attribute has "
                     f"{domain[a]} values"
                 )
             if len(set(labels)) != len(labels):
-                raise ValueError(f"categories of {a!r} repeat a label: {list(labels)}")
+                raise SpecError(f"categories of {a!r} repeat a label: {list(labels)}")
         out.append(Column(a, mapping[a], domain[a], labels))
     if categories:
         domain[next(iter(categories))]  # raises, naming the unknown attribute

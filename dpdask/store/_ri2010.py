@@ -30,6 +30,7 @@ import os
 import pathlib
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from dpdask.domain import Domain, Geography
@@ -53,7 +54,7 @@ RI2010_LEVELS: dict[str, int] = {
 _UNIVERSES = ("pop", "vap")
 
 
-def ri2010_csv(path: str | os.PathLike) -> pathlib.Path:
+def ri2010_csv(path: str | os.PathLike[str]) -> pathlib.Path:
     """The block file a path names: ``path`` itself, or :data:`RI2010_FILE` in a folder.
 
     Parameters
@@ -75,7 +76,7 @@ def _where(table: pd.DataFrame, i: int) -> str:
     return f"line {i + 2} (GEOID {table['GEOID'].iat[i]!r})"
 
 
-def _counts(table: pd.DataFrame, columns: list[str], path: pathlib.Path) -> np.ndarray:
+def _counts(table: pd.DataFrame, columns: list[str], path: pathlib.Path) -> npt.NDArray[np.int64]:
     """The columns as int64 ``(rows, len(columns))``; a DataError names a value that is
     not an integer count."""
     text = table[columns]
@@ -90,10 +91,10 @@ def _counts(table: pd.DataFrame, columns: list[str], path: pathlib.Path) -> np.n
             f"{path.name}: {_where(table, r)}: {columns[c]} is {value!r}, {what} "
             "(counts are integers >= 0)"
         )
-    return text.to_numpy(dtype=np.int64)
+    return np.asarray(text.to_numpy(dtype=np.int64), dtype=np.int64)
 
 
-def read_ri2010(path: str | os.PathLike) -> tuple[np.ndarray, Domain, Geography]:
+def read_ri2010(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.int64], Domain, Geography]:
     """Read the Rhode Island 2010 block file into block counts by voting age and race.
 
     Parameters

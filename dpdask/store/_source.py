@@ -54,7 +54,7 @@ def _files(path: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in path.rglob("*") if p.is_file())
 
 
-def fingerprint_path(path: str | os.PathLike) -> SourcePrint:
+def fingerprint_path(path: str | os.PathLike[str]) -> SourcePrint:
     """Hash a file, or every file below a folder (names relative to it, sorted).
 
     Raises
@@ -84,7 +84,7 @@ def fingerprint_options(kind: str, options: Mapping[str, Any]) -> SourcePrint:
     return SourcePrint(digest, digest)
 
 
-def private_dir(path: str | os.PathLike) -> pathlib.Path:
+def private_dir(path: str | os.PathLike[str]) -> pathlib.Path:
     """Create ``path`` (and missing parents) readable by its owner only, or check that an
     existing one is; return it.
 

@@ -19,19 +19,21 @@ with NumPy (no Numba compilation on first use).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import dask.array as da
 import numpy as np
+import numpy.typing as npt
 import sparse
 from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph
 
-from dpdask.store._aggregate import _acc_dtype
+from dpdask.errors import ArgumentError, ShapeError
+from dpdask.store._aggregate import _acc_dtype, graph_array
 
 __all__ = ["aggregate_sparse", "coo_rows", "densify", "prefer_dense", "sparse_meta", "sparsify"]
 
 # (rows, cells, values): sorted by (row, cell), no repeated (row, cell), no zero value
-_Triples = tuple[np.ndarray, np.ndarray, np.ndarray]
+_Triples: TypeAlias = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[Any]]
 _KEY_LIMIT = 2**62  # row span x cells below this: one int64 sort key
 
 
@@ -65,13 +67,13 @@ def prefer_dense(nnz: int, n_units: int, n_cells: int, itemsize: int = 8) -> boo
     """
     for name, value in (("nnz", nnz), ("n_units", n_units), ("n_cells", n_cells)):
         if int(value) < 0:
-            raise ValueError(f"{name} must be non-negative, got {value}")
+            raise ArgumentError(f"{name} must be non-negative, got {value}")
     if int(itemsize) < 1:
-        raise ValueError(f"itemsize must be positive, got {itemsize}")
+        raise ArgumentError(f"itemsize must be positive, got {itemsize}")
     return int(n_units) * int(n_cells) * int(itemsize) <= int(nnz) * (16 + int(itemsize))
 
 
-def sparse_meta(dtype: np.dtype | str) -> sparse.COO:
+def sparse_meta(dtype: npt.DTypeLike) -> sparse.COO:
     """An empty 2-D :class:`sparse.COO` of ``dtype``: the ``meta`` of sparse Dask arrays."""
     # sorted and unique (it is empty): the flags spare the constructor a numba-compiled
     # check, about a second of compilation in every process that makes one
@@ -82,7 +84,11 @@ def sparse_meta(dtype: np.dtype | str) -> sparse.COO:
 
 
 def coo_rows(
-    rows: np.ndarray, cells: np.ndarray, values: np.ndarray, n_rows: int, n_cells: int
+    rows: npt.NDArray[np.integer[Any]],
+    cells: npt.NDArray[np.integer[Any]],
+    values: npt.NDArray[Any],
+    n_rows: int,
+    n_cells: int,
 ) -> sparse.COO:
     """A ``(n_rows, n_cells)`` COO from entries already sorted by (row, cell), unique."""
     coords = np.empty((2, rows.size), dtype=np.int64)
@@ -97,7 +103,7 @@ def coo_rows(
     )
 
 
-def _triples(block: sparse.COO | np.ndarray) -> _Triples:
+def _triples(block: sparse.COO | npt.NDArray[Any]) -> _Triples:
     """The entries of a 2-D block (COO or dense), in row-major order."""
     if isinstance(block, sparse.COO):
         return block.coords[0], block.coords[1], block.data
@@ -107,7 +113,9 @@ def _triples(block: sparse.COO | np.ndarray) -> _Triples:
     return rows, cells, block[rows, cells]
 
 
-def _coalesce(rows: np.ndarray, cells: np.ndarray, values: np.ndarray, n_cells: int) -> _Triples:
+def _coalesce(
+    rows: npt.NDArray[Any], cells: npt.NDArray[Any], values: npt.NDArray[Any], n_cells: int
+) -> _Triples:
     """Sort entries by (row, cell), add repeated ones and drop zero sums."""
     if rows.size == 0:
         return rows.astype(np.int64), cells.astype(np.int64), values
@@ -132,7 +140,9 @@ def _coalesce(rows: np.ndarray, cells: np.ndarray, values: np.ndarray, n_cells: 
     return rows, cells, values
 
 
-def _partial(block: sparse.COO | np.ndarray, ancestors: np.ndarray, dtype: np.dtype) -> _Triples:
+def _partial(
+    block: sparse.COO | npt.NDArray[Any], ancestors: npt.NDArray[np.int64], dtype: np.dtype[Any]
+) -> _Triples:
     """The entries of ``block`` summed by the ancestor of their row."""
     rows, cells, values = _triples(block)
     n_cells = block.shape[1] if block.ndim == 2 else int(np.prod(block.shape[1:]))
@@ -152,17 +162,20 @@ def _merge(parts: list[_Triples], lo: int, hi: int, n_cells: int) -> _Triples:
         return empty, empty, empty
     if len(parts) == 1:
         return parts[0]
-    return _coalesce(*(np.concatenate([p[k] for p in parts]) for k in range(3)), n_cells)
+    rows, cells, values = (np.concatenate([p[k] for p in parts]) for k in range(3))
+    return _coalesce(rows, cells, values, n_cells)
 
 
-def _finish(parts: list[_Triples], lo: int, hi: int, n_cells: int, dtype: np.dtype) -> sparse.COO:
+def _finish(
+    parts: list[_Triples], lo: int, hi: int, n_cells: int, dtype: np.dtype[Any]
+) -> sparse.COO:
     rows, cells, values = _merge(parts, lo, hi, n_cells)
     return coo_rows(rows - lo, cells, values.astype(dtype, copy=False), hi - lo, n_cells)
 
 
 def aggregate_sparse(
     values: da.Array,
-    ancestors: np.ndarray,
+    ancestors: npt.NDArray[np.integer[Any]],
     out_chunks: tuple[int, ...],
     name: str,
     *,
@@ -200,9 +213,11 @@ def aggregate_sparse(
 
     Raises
     ------
-    ValueError
-        If ``values`` is not 2-D, ``ancestors`` does not match its rows or points
-        outside the output, or ``split_every < 2``.
+    dpdask.errors.ShapeError
+        If ``values`` is not 2-D, or ``ancestors`` does not match its rows or points
+        outside the output.
+    dpdask.errors.ArgumentError
+        If ``split_every < 2``.
 
     Examples
     --------
@@ -213,26 +228,27 @@ def aggregate_sparse(
     [[1, 2], [3, 0]]
     """
     if split_every < 2:
-        raise ValueError(f"split_every must be at least 2, got {split_every}")
+        raise ArgumentError(f"split_every must be at least 2, got {split_every}")
     if values.ndim != 2:
-        raise ValueError(f"values must be 2-D (units, cells), got shape {values.shape}")
-    ancestors = np.asarray(ancestors, dtype=np.int64)
-    if ancestors.shape != (values.shape[0],):
-        raise ValueError(f"{ancestors.size} ancestors for {values.shape[0]} rows")
+        raise ShapeError(f"values must be 2-D (units, cells), got shape {values.shape}")
+    anc_all = np.asarray(ancestors, dtype=np.int64)
+    if anc_all.shape != (values.shape[0],):
+        raise ShapeError(f"{ancestors.size} ancestors for {values.shape[0]} rows")
     out_bounds = np.concatenate([[0], np.cumsum(np.asarray(out_chunks, dtype=np.int64))])
-    if ancestors.size and (ancestors.min() < 0 or ancestors.max() >= out_bounds[-1]):
-        raise ValueError(f"an ancestor index is outside 0..{int(out_bounds[-1]) - 1}")
+    if anc_all.size and (anc_all.min() < 0 or anc_all.max() >= out_bounds[-1]):
+        raise ShapeError(f"an ancestor index is outside 0..{int(out_bounds[-1]) - 1}")
     if values.numblocks[1] > 1:
-        values = values.rechunk({1: -1})
+        wide: Any = values  # dask's rechunk is untyped
+        values = wide.rechunk({1: -1})
     n_cells = int(values.shape[1])
     in_bounds = np.concatenate([[0], np.cumsum(values.chunks[0], dtype=np.int64)])
     dtype = _acc_dtype(values.dtype)
-    token = tokenize(values.name, ancestors, out_bounds, split_every, "sparse")
+    token = tokenize(values.name, anc_all, out_bounds, split_every, "sparse")
     pname, cname, oname = f"{name}-partial-{token}", f"{name}-combine-{token}", f"{name}-{token}"
-    dsk: dict = {}
-    feeds: list[list[tuple]] = [[] for _ in range(out_bounds.size - 1)]
+    dsk: dict[Any, Any] = {}
+    feeds: list[list[tuple[Any, ...]]] = [[] for _ in range(out_bounds.size - 1)]
     for i in range(in_bounds.size - 1):
-        anc = ancestors[in_bounds[i] : in_bounds[i + 1]]
+        anc = anc_all[in_bounds[i] : in_bounds[i + 1]]
         dsk[(pname, i)] = (_partial, (values.name, i, 0), anc, dtype)
         for j in np.unique(np.searchsorted(out_bounds, anc, side="right") - 1):
             feeds[j].append((pname, i))
@@ -247,13 +263,12 @@ def aggregate_sparse(
                 keys.append((cname, j, depth, g))
             depth += 1
         dsk[(oname, j, 0)] = (_finish, keys, lo, hi, n_cells, dtype)
-    graph = HighLevelGraph.from_collections(oname, dsk, dependencies=[values])
     chunks = (tuple(int(c) for c in out_chunks), (n_cells,))
-    return da.Array(graph, oname, chunks=chunks, dtype=dtype, meta=sparse_meta(dtype))
+    return graph_array(oname, dsk, values, chunks, dtype, sparse_meta(dtype))
 
 
-def _dense_block(block: sparse.COO | np.ndarray, tail: tuple[int, ...]) -> np.ndarray:
-    dense = block.todense() if isinstance(block, sparse.COO) else np.asarray(block)
+def _dense_block(block: sparse.COO | npt.NDArray[Any], tail: tuple[int, ...]) -> npt.NDArray[Any]:
+    dense = np.asarray(block.todense() if isinstance(block, sparse.COO) else block)
     return dense.reshape((dense.shape[0], *tail))
 
 
@@ -275,28 +290,28 @@ def densify(x: da.Array, shape: Sequence[int] | None = None, *, name: str = "den
         NumPy blocks, the same first-axis chunks.
     """
     if x.ndim != 2:
-        raise ValueError(f"x must be 2-D (units, cells), got shape {x.shape}")
+        raise ShapeError(f"x must be 2-D (units, cells), got shape {x.shape}")
     tail = (int(x.shape[1]),) if shape is None else tuple(int(s) for s in shape)
     if int(np.prod(tail, dtype=object)) != x.shape[1]:
-        raise ValueError(f"shape {tail} does not hold {x.shape[1]} cells")
+        raise ShapeError(f"shape {tail} does not hold {x.shape[1]} cells")
     if x.numblocks[1] > 1:
-        x = x.rechunk({1: -1})
+        wide: Any = x  # dask's rechunk is untyped
+        x = wide.rechunk({1: -1})
     oname = f"{name}-{tokenize(x.name, tail)}"
     zeros = (0,) * len(tail)
     dsk = {(oname, i, *zeros): (_dense_block, (x.name, i, 0), tail) for i in range(x.numblocks[0])}
-    graph = HighLevelGraph.from_collections(oname, dsk, dependencies=[x])
     chunks = (x.chunks[0], *((s,) for s in tail))
-    return da.Array(graph, oname, chunks=chunks, dtype=x.dtype, meta=np.empty(zeros, x.dtype))
+    return graph_array(oname, dsk, x, chunks, x.dtype, np.empty(zeros, x.dtype))
 
 
-def _sparse_block(block: np.ndarray, dtype: np.dtype) -> sparse.COO:
+def _sparse_block(block: npt.NDArray[Any], dtype: np.dtype[Any]) -> sparse.COO:
     rows, cells, values = _triples(np.asarray(block))
     n_cells = int(np.prod(block.shape[1:], dtype=np.int64))
     return coo_rows(rows, cells, values.astype(dtype, copy=False), block.shape[0], n_cells)
 
 
 def sparsify(
-    x: da.Array, *, dtype: np.dtype | str | None = None, name: str = "sparsify"
+    x: da.Array, *, dtype: npt.DTypeLike | None = None, name: str = "sparsify"
 ) -> da.Array:
     """Sparse ``(n_units, n_cells)`` blocks from a dense ``(n_units, *shape)`` array.
 
@@ -315,16 +330,17 @@ def sparsify(
         Blocks :class:`sparse.COO`, the same first-axis chunks.
     """
     if x.ndim < 1:
-        raise ValueError("x must have a first (units) axis")
-    dtype = np.dtype(x.dtype if dtype is None else dtype)
+        raise ShapeError("x must have a first (units) axis")
+    out_dtype = np.dtype(x.dtype if dtype is None else dtype)
     if any(n > 1 for n in x.numblocks[1:]):
-        x = x.rechunk({i: -1 for i in range(1, x.ndim)})
+        wide: Any = x  # dask's rechunk is untyped
+        x = wide.rechunk({i: -1 for i in range(1, x.ndim)})
     n_cells = int(np.prod(x.shape[1:], dtype=np.int64))
-    oname = f"{name}-{tokenize(x.name, dtype)}"
+    oname = f"{name}-{tokenize(x.name, out_dtype)}"
     zeros = (0,) * (x.ndim - 1)
     dsk = {
-        (oname, i, 0): (_sparse_block, (x.name, i, *zeros), dtype) for i in range(x.numblocks[0])
+        (oname, i, 0): (_sparse_block, (x.name, i, *zeros), out_dtype)
+        for i in range(x.numblocks[0])
     }
-    graph = HighLevelGraph.from_collections(oname, dsk, dependencies=[x])
     chunks = (x.chunks[0], (n_cells,))
-    return da.Array(graph, oname, chunks=chunks, dtype=dtype, meta=sparse_meta(dtype))
+    return graph_array(oname, dsk, x, chunks, out_dtype, sparse_meta(out_dtype))

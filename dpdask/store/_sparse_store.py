@@ -6,9 +6,11 @@ import os
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import zarr
 
 from dpdask.domain import Domain, Geography
+from dpdask.errors import DataError
 from dpdask.publish import check_target
 from dpdask.store._entries import write_sorted
 from dpdask.store._sparse import _coalesce
@@ -18,44 +20,44 @@ from dpdask.store._store_write import _publish_store, check_integer_dtype
 __all__ = ["write_sparse_store"]
 
 
-def _vector(values: Any, name: str) -> np.ndarray:
+def _vector(values: npt.ArrayLike, name: str) -> npt.NDArray[np.int64]:
     """``values`` as a 1-D integer array; NaN and non-integer dtypes are refused."""
     arr = np.asarray(values)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+        raise DataError(f"{name} must be 1-D, got shape {arr.shape}")
     if arr.size == 0:
         return np.empty(0, dtype=np.int64)  # an empty list is float64 to NumPy
     if arr.dtype.kind in "fc":
         nan = np.flatnonzero(np.isnan(arr))
         if nan.size:
-            raise ValueError(f"{name} hold NaN at position {int(nan[0])} ({nan.size:,} NaNs)")
+            raise DataError(f"{name} hold NaN at position {int(nan[0])} ({nan.size:,} NaNs)")
     if arr.dtype.kind not in "iu":
-        raise ValueError(f"{name} have dtype {arr.dtype}; they must be integers")
+        raise DataError(f"{name} have dtype {arr.dtype}; they must be integers")
     if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
         pos = int(np.argmax(arr > np.iinfo(np.int64).max))
-        raise ValueError(f"{name} hold {arr[pos]} at position {pos}, beyond int64")
+        raise DataError(f"{name} hold {arr[pos]} at position {pos}, beyond int64")
     return arr.astype(np.int64, copy=False)
 
 
-def _check_range(arr: np.ndarray, top: int, name: str, what: str) -> None:
+def _check_range(arr: npt.NDArray[np.int64], top: int, name: str, what: str) -> None:
     """Every value in ``0 .. top-1``, or an error naming the first that is not."""
     if not arr.size:
         return
     bad = (arr < 0) | (arr >= top)
     if bad.any():
         pos = int(np.argmax(bad))
-        raise ValueError(f"{name} hold {arr[pos]} at position {pos}, outside {what} 0..{top - 1}")
+        raise DataError(f"{name} hold {arr[pos]} at position {pos}, outside {what} 0..{top - 1}")
 
 
 def write_sparse_store(
-    path: str | os.PathLike,
-    units: Any,
-    cells: Any,
-    counts: Any,
+    path: str | os.PathLike[str],
+    units: npt.ArrayLike,
+    cells: npt.ArrayLike,
+    counts: npt.ArrayLike,
     domain: Domain,
     geography: Geography,
     *,
-    dtype: np.dtype | str | None = None,
+    dtype: npt.DTypeLike | None = None,
     overwrite: bool = False,
     source: str = "",
     geo_chunk: int | None = None,
@@ -99,7 +101,7 @@ def write_sparse_store(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.DataError
         If the three arrays are not 1-D integer arrays of one length, hold NaN, a
         negative count, a unit outside the geography or a cell outside the domain,
         or a summed count does not fit ``dtype``; the message names the array and
@@ -120,28 +122,28 @@ def write_sparse_store(
     raw_dtype = np.asarray(counts).dtype if np.size(counts) else np.dtype(np.int64)
     u, c, k = _vector(units, "units"), _vector(cells, "cells"), _vector(counts, "counts")
     if not u.size == c.size == k.size:
-        raise ValueError(
+        raise DataError(
             f"units, cells and counts must have one length, got {u.size}, {c.size}, {k.size}"
         )
-    dtype = check_integer_dtype(raw_dtype if dtype is None else dtype, "dtype")
+    stored = check_integer_dtype(raw_dtype if dtype is None else dtype, "dtype")
     if k.size and k.min() < 0:
         pos = int(np.argmax(k < 0))
-        raise ValueError(f"counts hold a negative value {k[pos]} at position {pos}")
+        raise DataError(f"counts hold a negative value {k[pos]} at position {pos}")
     n = geography.n_units()
     _check_range(u, n, "units", f"the {n:,} finest units ({geography.levels[-1]!r})")
     _check_range(c, domain.size, "cells", f"the cells of {domain!r},")
     u, c, k = _coalesce(u, c, k, domain.size)
-    top = np.iinfo(dtype).max
+    top = np.iinfo(stored).max
     if k.size and k.max() > top:
         pos = int(np.argmax(k > top))
-        raise ValueError(
+        raise DataError(
             f"the counts of unit {u[pos]} ({geography.ids[-1][u[pos]]!r}), cell {c[pos]} add "
-            f"up to {k[pos]}, above {top} ({dtype})"
+            f"up to {k[pos]}, above {top} ({stored})"
         )
 
     def fill(root: Any, group: zarr.Group) -> int:
-        return write_sorted(group, u, c, k, n, dtype)
+        return write_sorted(group, u, c, k, n, stored)
 
-    args = (path, domain, geography, dtype, geo_chunk, overwrite, source, fill)
+    args = (path, domain, geography, stored, geo_chunk, overwrite, source, fill)
     _publish_store(*args, layout="sparse")
     return open_store(path)

@@ -39,16 +39,24 @@ import os
 import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import dask.array as da
 import numpy as np
+import numpy.typing as npt
 import zarr
 from dask.base import tokenize
 
 from dpdask.domain import Domain, Geography
+from dpdask.errors import ArgumentError, DataError
 from dpdask.publish import check_target
-from dpdask.store._entries import SparseCounts, dense_to_sparse, open_entries, row_bounds
+from dpdask.store._entries import (
+    SparseCounts,
+    array_at,
+    dense_to_sparse,
+    open_entries,
+    row_bounds,
+)
 from dpdask.store._store_write import (
     DENSE_VERSION,
     FORMAT,
@@ -98,10 +106,10 @@ class DataStore:
     """
 
     path: pathlib.Path
-    counts: zarr.Array | SparseCounts
+    counts: zarr.Array[Any] | SparseCounts
     domain: Domain
     geography: Geography
-    attrs: dict
+    attrs: dict[str, Any]
 
     @property
     def layout(self) -> str:
@@ -114,11 +122,11 @@ class DataStore:
         return self.counts.nnz if isinstance(self.counts, SparseCounts) else None
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[Any]:
         """Dtype of the stored counts."""
         return np.dtype(self.counts.dtype)
 
-    def rows(self, start: int, stop: int) -> np.ndarray:
+    def rows(self, start: int, stop: int) -> npt.NDArray[Any]:
         """Dense counts of rows ``start .. stop-1``, shape ``(stop - start, *domain.shape)``.
 
         Reads only those rows (their chunks of a dense store, their entries of a
@@ -142,7 +150,8 @@ class DataStore:
         """
         if not isinstance(self.counts, SparseCounts):
             name = f"ingest-counts-{self._token()}"
-            return da.from_zarr(self.counts, chunks=self.counts.chunks, name=name)
+            arr: da.Array = da.from_zarr(self.counts, chunks=self.counts.chunks, name=name)  # type: ignore[no-untyped-call]
+            return arr
         return self.counts.to_dask(f"ingest-counts-{self._token('dense')}")
 
     def to_sparse(self, chunks: Sequence[int] | None = None) -> da.Array:
@@ -164,8 +173,9 @@ class DataStore:
 
         Raises
         ------
-        ValueError
-            If ``chunks`` do not add up to the number of units.
+        dpdask.errors.ArgumentError
+            If ``chunks`` are not integers; a :class:`~dpdask.errors.ShapeError` if they
+            do not add up to the number of units.
         """
         n = self.geography.n_units()
         if isinstance(self.counts, SparseCounts):
@@ -184,13 +194,13 @@ class DataStore:
 
 
 def write_store(
-    path: str | os.PathLike,
-    counts: np.ndarray | da.Array,
+    path: str | os.PathLike[str],
+    counts: npt.NDArray[np.integer[Any]] | da.Array,
     domain: Domain,
     geography: Geography,
     *,
     geo_chunk: int | None = None,
-    dtype: np.dtype | str | None = None,
+    dtype: npt.DTypeLike | None = None,
     overwrite: bool = False,
     source: str = "",
     layout: str = "auto",
@@ -228,9 +238,11 @@ def write_store(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.DataError
         If the shape does not match domain and geography, the counts are not
         integers or a count is negative; nothing is left at ``path``.
+    dpdask.errors.ArgumentError
+        If ``layout`` or ``geo_chunk`` is not one it can use.
     StoreExistsError
         If ``path`` exists and ``overwrite`` is false.
     """
@@ -238,28 +250,28 @@ def write_store(
     check_layout(layout)
     check_shape(counts.shape, domain, geography, "counts")
     check_integer_dtype(counts.dtype, "counts")
-    dtype = check_integer_dtype(counts.dtype if dtype is None else dtype, "dtype")
+    stored = check_integer_dtype(counts.dtype if dtype is None else dtype, "dtype")
     if not isinstance(counts, np.ndarray | da.Array):
         counts = da.asarray(counts)
     if isinstance(counts, np.ndarray):
-        raise_bad_row(*first_bad_row(counts, dtype), dtype)
+        raise_bad_row(*first_bad_row(counts, stored), stored)
     n = geography.n_units()
     layout = choose_layout(
-        layout, count_nonzero(counts) if layout == "auto" else 0, n, domain, dtype
+        layout, count_nonzero(counts) if layout == "auto" else 0, n, domain, stored
     )
     if layout == "sparse":
-        chunk = default_geo_chunk(domain, dtype) if geo_chunk is None else geo_chunk
-        fill_entries = dense_entries_filler(counts, dtype, max(1, min(int(chunk), n)))
-        args = (path, domain, geography, dtype, geo_chunk, overwrite, source, fill_entries)
+        chunk = default_geo_chunk(domain, stored) if geo_chunk is None else geo_chunk
+        fill_entries = dense_entries_filler(counts, stored, max(1, min(int(chunk), n)))
+        args = (path, domain, geography, stored, geo_chunk, overwrite, source, fill_entries)
         _publish_store(*args, layout="sparse")
         return open_store(path)
 
-    def fill(target: zarr.Array) -> None:
-        x = da.asarray(counts) if not isinstance(counts, da.Array) else counts
+    def fill(target: zarr.Array[Any]) -> None:
+        x: Any = counts if isinstance(counts, da.Array) else da.asarray(counts)  # type: ignore[no-untyped-call]
         x = x.rechunk((target.chunks[0], *(-1,) * len(domain)))
         store_dense(x, target)
 
-    _publish_store(path, domain, geography, dtype, geo_chunk, overwrite, source, fill)
+    _publish_store(path, domain, geography, stored, geo_chunk, overwrite, source, fill)
     return open_store(path)
 
 
@@ -267,7 +279,7 @@ def adopt_array(
     source: Any,
     domain: Domain | None = None,
     geography: Geography | None = None,
-    store: str | os.PathLike | None = None,
+    store: str | os.PathLike[str] | None = None,
     *,
     geo_chunk: int | None = None,
     overwrite: bool = False,
@@ -306,12 +318,14 @@ def adopt_array(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.DataError
         If ``source`` is not an integer array of the expected shape or holds a
         negative count; nothing is left at ``store``.
+    dpdask.errors.ArgumentError
+        If ``store`` or the geography is not given.
     """
     if store is None:
-        raise ValueError("adopt_array needs store=, the directory of the new store")
+        raise ArgumentError("adopt_array needs store=, the directory of the new store")
     check_target(store, overwrite)
     check_layout(layout)
     if hasattr(source, "array") and hasattr(source, "geography"):
@@ -322,17 +336,18 @@ def adopt_array(
         try:
             source = zarr.open_array(str(source), mode="r")
         except (FileNotFoundError, zarr.errors.NodeTypeValidationError) as exc:
-            raise ValueError(f"{source} is not a zarr array: {exc}") from None
+            raise DataError(f"{source} is not a zarr array: {exc}") from None
     if domain is None:
         recorded = dict(source.attrs).get("dpdask", {}).get("domain")
         if not isinstance(recorded, dict | list):
-            raise ValueError("the source array records no domain; pass domain=")
+            raise ArgumentError("the source array records no domain; pass domain=")
         domain = Domain(recorded)
     if geography is None:
-        raise ValueError("pass geography=: the rows' geography hierarchy")
+        raise ArgumentError("pass geography=: the rows' geography hierarchy")
     check_shape(source.shape, domain, geography, "the source array")
     dtype = check_integer_dtype(source.dtype, "the source array")
-    x = da.from_zarr(source, chunks=source.chunks, name=f"adopt-{tokenize(source.store_path)}")
+    name = f"adopt-{tokenize(source.store_path)}"
+    x = da.from_zarr(source, chunks=source.chunks, name=name)  # type: ignore[no-untyped-call]
     return write_store(
         store,
         x,
@@ -346,58 +361,79 @@ def adopt_array(
     )
 
 
-def open_store(path: str | os.PathLike) -> DataStore:
+def open_store(path: str | os.PathLike[str]) -> DataStore:
     """Open a data store and check its layout.
 
     Raises
     ------
     FileNotFoundError
         If nothing is at ``path``.
-    ValueError
+    dpdask.errors.DataError
         If ``path`` is not a dpdask data store or its parts disagree (the message
         says which).
     """
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no data store at {path}")
+    where = pathlib.Path(path)
+    if not where.exists():
+        raise FileNotFoundError(f"no data store at {where}")
+    path = where
     try:
         group = zarr.open_group(str(path), mode="r", zarr_format=3)
     except (FileNotFoundError, zarr.errors.NodeTypeValidationError, ValueError) as exc:
-        raise ValueError(f"{path} is not a zarr v3 group: {exc}") from None
-    meta = dict(group.attrs).get("dpdask")
+        raise DataError(f"{path} is not a zarr v3 group: {exc}") from None
+    meta: Any = dict(group.attrs).get("dpdask")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a dpdask data store (no dpdask.format={FORMAT!r})")
+        raise DataError(f"{path} is not a dpdask data store (no dpdask.format={FORMAT!r})")
     version = meta.get("format_version")
     if version not in (DENSE_VERSION, SPARSE_VERSION):
-        raise ValueError(
+        raise DataError(
             f"{path}: store format version {version} is not supported (this dpdask reads "
             f"versions {DENSE_VERSION} (dense) and {SPARSE_VERSION} (sparse))"
         )
     domain = Domain([(str(k), int(v)) for k, v in meta["domain"]])
     levels = tuple(meta["geography_levels"])
     try:
-        ids = tuple(tuple(group[f"geography/{lv}/ids"][:].tolist()) for lv in levels)
-        parents = tuple(group[f"geography/{lv}/parent"][:] for lv in levels[1:])
-        counts = group["counts"] if version == DENSE_VERSION else None
+        ids = tuple(
+            tuple(np.asarray(array_at(group, f"geography/{lv}/ids")[:]).tolist()) for lv in levels
+        )
+        parents = tuple(
+            np.asarray(array_at(group, f"geography/{lv}/parent")[:]) for lv in levels[1:]
+        )
+        counts = array_at(group, "counts") if version == DENSE_VERSION else None
     except KeyError as exc:
-        raise ValueError(f"{path}: data store is missing {exc}") from None
+        raise DataError(f"{path}: data store is missing {exc}") from None
+    except DataError as exc:  # a group where an array belongs
+        raise DataError(f"{path}: {exc}") from None
     geography = Geography(levels, ids, parents)
     if counts is None:
         try:
             entries = open_entries(group, meta, (geography.n_units(), *domain.shape))
         except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
+            raise DataError(f"{path}: {exc}") from None
         return DataStore(path, entries, domain, geography, meta)
     check_shape(counts.shape, domain, geography, f"{path}/counts")
     check_integer_dtype(counts.dtype, f"{path}/counts")
     if tuple(counts.chunks[1:]) != domain.shape:
-        raise ValueError(f"{path}/counts is chunked along more than the geography axis")
+        raise DataError(f"{path}/counts is chunked along more than the geography axis")
     return DataStore(path, counts, domain, geography, meta)
 
 
+@overload
 def read_store(
-    path: str | os.PathLike, lazy: bool = True
-) -> tuple[da.Array | zarr.Array | SparseCounts, Domain, Geography]:
+    path: str | os.PathLike[str], lazy: Literal[True] = ...
+) -> tuple[da.Array, Domain, Geography]: ...
+@overload
+def read_store(
+    path: str | os.PathLike[str], lazy: Literal[False]
+) -> tuple[zarr.Array[Any] | SparseCounts, Domain, Geography]: ...
+@overload
+def read_store(
+    path: str | os.PathLike[str], lazy: bool = ...
+) -> tuple[da.Array | zarr.Array[Any] | SparseCounts, Domain, Geography]: ...
+
+
+def read_store(
+    path: str | os.PathLike[str], lazy: bool = True
+) -> tuple[da.Array | zarr.Array[Any] | SparseCounts, Domain, Geography]:
     """Read a data store as ``(counts, domain, geography)``.
 
     Parameters
@@ -421,5 +457,5 @@ def read_store(
     ((3, 2, 3), True, True)
     """
     store = open_store(path)
-    counts = store.to_dask() if lazy else store.counts
+    counts: da.Array | zarr.Array[Any] | SparseCounts = store.to_dask() if lazy else store.counts
     return counts, store.domain, store.geography

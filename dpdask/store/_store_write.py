@@ -12,16 +12,18 @@ from __future__ import annotations
 import datetime
 import os
 import pathlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
-import dask
 import dask.array as da
 import numpy as np
+import numpy.typing as npt
 import zarr
 from dask.base import tokenize
+from dask.delayed import delayed
 
 from dpdask.domain import Domain, Geography
+from dpdask.errors import ArgumentError, DataError
 from dpdask.publish import publishing
 from dpdask.store._entries import write_parts, write_sorted
 from dpdask.store._sparse import prefer_dense
@@ -34,18 +36,18 @@ LAYOUTS = ("auto", "dense", "sparse")
 _CHUNK_BYTES = 64 * 2**20
 
 
-def default_geo_chunk(domain: Domain, dtype: np.dtype | str = "int64") -> int:
+def default_geo_chunk(domain: Domain, dtype: npt.DTypeLike = "int64") -> int:
     """Geographies per chunk so that one chunk holds about 64 MiB."""
     return max(1, _CHUNK_BYTES // (domain.size * np.dtype(dtype).itemsize))
 
 
 def check_layout(layout: str) -> str:
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        raise ArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     return layout
 
 
-def choose_layout(layout: str, nnz: int, n_units: int, domain: Domain, dtype: np.dtype) -> str:
+def choose_layout(layout: str, nnz: int, n_units: int, domain: Domain, dtype: npt.DTypeLike) -> str:
     """``layout``, with ``"auto"`` resolved: sparse when the entries take less room."""
     if check_layout(layout) != "auto":
         return layout
@@ -54,17 +56,17 @@ def choose_layout(layout: str, nnz: int, n_units: int, domain: Domain, dtype: np
     )
 
 
-def check_integer_dtype(dtype: np.dtype, what: str) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype.kind not in "iu":
-        raise ValueError(f"{what} has dtype {dtype}; counts must be integers")
-    return dtype
+def check_integer_dtype(dtype: npt.DTypeLike, what: str) -> np.dtype[Any]:
+    checked = np.dtype(dtype)
+    if checked.kind not in "iu":
+        raise DataError(f"{what} has dtype {checked}; counts must be integers")
+    return checked
 
 
 def check_shape(shape: tuple[int, ...], domain: Domain, geography: Geography, what: str) -> None:
     expected = (geography.n_units(), *domain.shape)
     if tuple(shape) != expected:
-        raise ValueError(
+        raise DataError(
             f"{what} has shape {tuple(shape)}; {geography.n_units():,} finest units "
             f"({geography.levels[-1]!r}) x {domain!r} need {expected}"
         )
@@ -73,7 +75,7 @@ def check_shape(shape: tuple[int, ...], domain: Domain, geography: Geography, wh
 NEGATIVE, TOO_LARGE = 1, 2
 
 
-def first_bad_row(block: np.ndarray, dtype: np.dtype) -> tuple[int, int]:
+def first_bad_row(block: npt.NDArray[Any], dtype: np.dtype[Any]) -> tuple[int, int]:
     """``(row, problem)`` of the first row with a negative count or one too large for
     ``dtype``; ``(-1, 0)`` if there is none."""
     if block.size and block.dtype.kind == "i" and block.min() < 0:
@@ -83,17 +85,19 @@ def first_bad_row(block: np.ndarray, dtype: np.dtype) -> tuple[int, int]:
     return -1, 0
 
 
-def raise_bad_row(row: int, problem: int, dtype: np.dtype) -> None:
+def raise_bad_row(row: int, problem: int, dtype: np.dtype[Any]) -> None:
     if problem == NEGATIVE:
-        raise ValueError(f"counts hold a negative value at geography row {row}")
+        raise DataError(f"counts hold a negative value at geography row {row}")
     if problem == TOO_LARGE:
         top = np.iinfo(dtype).max
-        raise ValueError(f"counts hold a value above {top} ({dtype}) at geography row {row}")
+        raise DataError(f"counts hold a value above {top} ({dtype}) at geography row {row}")
 
 
 def _store_block(
-    block: np.ndarray, target: zarr.Array, block_info: dict | None = None
-) -> np.ndarray:
+    block: npt.NDArray[Any],
+    target: zarr.Array[Any],
+    block_info: dict[Any, Any] | None = None,
+) -> npt.NDArray[np.int64]:
     """Write one geography chunk unless it holds a bad count; return ``[[row, problem]]``.
 
     Never raises on bad counts, so that every writer has finished before the caller
@@ -106,9 +110,10 @@ def _store_block(
     return np.array([[row + start if problem else -1, problem]], dtype=np.int64)
 
 
-def store_dense(x: da.Array, target: zarr.Array) -> None:
+def store_dense(x: da.Array, target: zarr.Array[Any]) -> None:
     """Write ``x`` (chunked like ``target`` along geography); raise on the first bad row."""
-    flags = x.map_blocks(
+    arr: Any = x  # dask's map_blocks is untyped
+    flags = arr.map_blocks(
         _store_block,
         target,
         dtype=np.int64,
@@ -123,7 +128,7 @@ def store_dense(x: da.Array, target: zarr.Array) -> None:
         raise_bad_row(int(row), int(problem), target.dtype)
 
 
-def _block_entries(block: np.ndarray, lo: int, dtype: np.dtype) -> Any:
+def _block_entries(block: npt.NDArray[Any], lo: int, dtype: np.dtype[Any]) -> Any:
     """The entries of dense rows ``lo ..`` (unit, cell, count), or ``(row, problem)``."""
     row, problem = first_bad_row(block, dtype)
     if problem:
@@ -134,7 +139,7 @@ def _block_entries(block: np.ndarray, lo: int, dtype: np.dtype) -> Any:
 
 
 def dense_entries_filler(
-    counts: np.ndarray | da.Array, dtype: np.dtype, geo_chunk: int
+    counts: npt.NDArray[Any] | da.Array, dtype: np.dtype[Any], geo_chunk: int
 ) -> Callable[[pathlib.Path, zarr.Group], int]:
     """A sparse ``fill`` writing the non-zero counts of a dense array (checked first)."""
 
@@ -143,11 +148,12 @@ def dense_entries_filler(
         if isinstance(counts, np.ndarray):
             units, cells, values = _block_entries(counts, 0, dtype)
             return write_sorted(group, units, cells, values, n, dtype)
-        x = counts.rechunk((geo_chunk, *(-1,) * (counts.ndim - 1)))
+        lazy: Any = counts  # dask's rechunk is untyped
+        x = lazy.rechunk((geo_chunk, *(-1,) * (counts.ndim - 1)))
         bounds = np.concatenate([[0], np.cumsum(x.chunks[0])]).tolist()
         blocks = x.to_delayed().ravel()
         name = f"store-sparsify-{tokenize(x.name, dtype)}"
-        entries = dask.delayed(_block_entries, pure=True)
+        entries = delayed(_block_entries, pure=True)
         parts = [
             (bounds[i], bounds[i + 1], entries(b, bounds[i], dtype, dask_key_name=(name, i)))
             for i, b in enumerate(blocks)
@@ -157,7 +163,7 @@ def dense_entries_filler(
     return fill
 
 
-def count_nonzero(counts: np.ndarray | da.Array) -> int:
+def count_nonzero(counts: npt.NDArray[Any] | da.Array) -> int:
     """The non-zero counts of a dense array (a pass over a Dask array)."""
     if isinstance(counts, np.ndarray):
         return int(np.count_nonzero(counts))
@@ -196,10 +202,10 @@ def _write_group(
 
 
 def _publish_store(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     domain: Domain,
     geography: Geography,
-    dtype: np.dtype,
+    dtype: np.dtype[Any],
     geo_chunk: int | None,
     overwrite: bool,
     source: str,
@@ -214,10 +220,10 @@ def _publish_store(
     """
     geo_chunk = default_geo_chunk(domain, dtype) if geo_chunk is None else int(geo_chunk)
     if geo_chunk < 1:
-        raise ValueError(f"geo_chunk must be a positive integer, got {geo_chunk}")
+        raise ArgumentError(f"geo_chunk must be a positive integer, got {geo_chunk}")
     geo_chunk = max(1, min(geo_chunk, geography.n_units()))
     if layout not in ("dense", "sparse"):
-        raise ValueError(f"layout must be 'dense' or 'sparse' here, got {layout!r}")
+        raise ArgumentError(f"layout must be 'dense' or 'sparse' here, got {layout!r}")
     with publishing(path, overwrite) as tmp:
         group = _write_group(tmp, domain, geography, source)
         if layout == "dense":
@@ -232,7 +238,7 @@ def _publish_store(
             fill(counts)
         else:
             nnz = fill(tmp, group)
-            meta = dict(group.attrs["dpdask"])
+            meta = dict(cast(Mapping[str, Any], group.attrs["dpdask"]))
             meta.update(format_version=SPARSE_VERSION, layout="sparse", nnz=int(nnz))
             meta["geo_chunk"] = geo_chunk
             group.attrs["dpdask"] = meta

@@ -15,13 +15,15 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-import dask
 import numpy as np
+import numpy.typing as npt
 import zarr
-from dask.base import tokenize
+from dask.base import compute, tokenize
+from dask.delayed import delayed
 
 from dpdask.datasets import CONCENTRATION, POPULATION_MEDIAN, SyntheticGenerator
 from dpdask.domain import Domain, Geography
+from dpdask.errors import ArgumentError, ArgumentTypeError
 from dpdask.publish import check_target
 from dpdask.store._entries import write_parts
 from dpdask.store._store import DataStore, open_store
@@ -32,7 +34,7 @@ __all__ = ["synthetic_store"]
 _PERSONS_PER_TASK = 2**22  # about 4 million persons (at most as many entries) per task
 
 
-def _default_chunk(population: np.ndarray) -> int:
+def _default_chunk(population: npt.NDArray[np.integer[Any]]) -> int:
     """Units per task: about :data:`_PERSONS_PER_TASK` persons on average."""
     total = int(population.sum())
     if total == 0:
@@ -40,21 +42,23 @@ def _default_chunk(population: np.ndarray) -> int:
     return int(np.clip(population.size * _PERSONS_PER_TASK // total, 1, population.size))
 
 
-def _draw_entries(gen: SyntheticGenerator, lo: int, hi: int) -> tuple:
+def _draw_entries(
+    gen: SyntheticGenerator, lo: int, hi: int
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
     return gen.entries(lo, hi)
 
 
-def _draw_dense(gen: SyntheticGenerator, target: zarr.Array, lo: int, hi: int) -> int:
+def _draw_dense(gen: SyntheticGenerator, target: zarr.Array[Any], lo: int, hi: int) -> int:
     target[lo:hi] = gen.block(lo, hi)
     return hi - lo
 
 
 def synthetic_store(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     domain: Domain,
     geography: Geography,
     *,
-    population: float | Sequence[int] | np.ndarray = POPULATION_MEDIAN,
+    population: float | Sequence[int] | npt.NDArray[np.integer[Any]] = POPULATION_MEDIAN,
     seed: int = 0,
     concentration: float | None = CONCENTRATION,
     layout: str = "sparse",
@@ -101,8 +105,10 @@ def synthetic_store(
 
     Raises
     ------
-    ValueError
-        On a bad argument (the message names it); nothing is written.
+    dpdask.errors.ArgumentError
+        On a bad argument (the message names it; an
+        :class:`~dpdask.errors.ArgumentTypeError` for one of the wrong type); nothing
+        is written.
     StoreExistsError
         If ``path`` exists and ``overwrite`` is false.
 
@@ -124,41 +130,43 @@ def synthetic_store(
     """
     check_target(path, overwrite)
     if layout not in ("sparse", "dense"):
-        raise ValueError(f"layout must be 'sparse' or 'dense', got {layout!r}")
+        raise ArgumentError(f"layout must be 'sparse' or 'dense', got {layout!r}")
     if not isinstance(geography, Geography):
-        raise ValueError(f"geography must be a dpdask.Geography, got {type(geography).__name__}")
+        raise ArgumentTypeError(
+            f"geography must be a dpdask.Geography, got {type(geography).__name__}"
+        )
     n = geography.n_units()
     gen = SyntheticGenerator(
         domain, n, seed=seed, population=population, concentration=concentration
     )
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int | np.integer)):
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+        raise ArgumentTypeError(f"chunk must be a positive integer, got {chunk!r}")
     if chunk is not None and chunk < 1:
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+        raise ArgumentError(f"chunk must be a positive integer, got {chunk!r}")
     dtype = np.dtype(np.int32)
     source = (
         f"synthetic persons (dpdask.datasets, seed {seed}, concentration {concentration}, "
         f"{int(gen.population.sum()):,} persons)"
     )
     token = tokenize(gen, str(pathlib.Path(path).absolute()), chunk, layout)
-    node = dask.delayed(gen, name=f"synthetic-generator-{token}")
+    node = delayed(gen, name=f"synthetic-generator-{token}")
     if layout == "dense":
 
-        def fill(target: zarr.Array) -> None:
+        def fill(target: zarr.Array[Any]) -> None:
             step = target.chunks[0]
-            draw = dask.delayed(_draw_dense, pure=True)
+            draw = delayed(_draw_dense, pure=True)
             name = f"synthesize-counts-{token}"
             tasks = [
                 draw(node, target, lo, min(lo + step, n), dask_key_name=(name, i))
                 for i, lo in enumerate(range(0, n, step))
             ]
-            dask.compute(*tasks, scheduler=scheduler)
+            compute(*tasks, scheduler=scheduler)  # type: ignore[no-untyped-call]
 
         _publish_store(path, domain, geography, dtype, chunk, overwrite, source, fill)
         return open_store(path)
 
     step = int(chunk) if chunk is not None else _default_chunk(gen.population)
-    draw = dask.delayed(_draw_entries, pure=True)
+    draw = delayed(_draw_entries, pure=True)
     name = f"synthesize-entries-{token}"
     parts = [
         (lo, min(lo + step, n), draw(node, lo, min(lo + step, n), dask_key_name=(name, i)))

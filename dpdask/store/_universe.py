@@ -24,15 +24,16 @@ import os
 import pathlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dpdask.domain import Geography
-from dpdask.errors import GeographyUniverseError
+from dpdask.errors import DataError, GeographyUniverseError, SpecError
 
 __all__ = [
     "UNKNOWN_GEOGRAPHY",
@@ -46,8 +47,8 @@ __all__ = [
 UNKNOWN_GEOGRAPHY = ("refuse", "drop")
 """What ``unknown_geography`` may say about records outside the universe."""
 
-Universe = (
-    Geography | Mapping[str, Sequence[str]] | pd.DataFrame | str | os.PathLike | Sequence[str]
+Universe: TypeAlias = (
+    Geography | Mapping[str, Sequence[str]] | pd.DataFrame | str | os.PathLike[str] | Sequence[str]
 )
 
 
@@ -56,7 +57,7 @@ def prefix_levels(levels: Mapping[str, int]) -> dict[str, int]:
     YAML mapping dumped with sorted keys lists ``county`` before ``state``)."""
     for name, width in levels.items():
         if isinstance(width, bool) or not isinstance(width, int | np.integer) or width < 1:
-            raise ValueError(f"level {name!r}: prefix length {width!r} is not a positive integer")
+            raise SpecError(f"level {name!r}: prefix length {width!r} is not a positive integer")
     return dict(sorted(((str(k), int(v)) for k, v in levels.items()), key=lambda kv: kv[1]))
 
 
@@ -64,16 +65,16 @@ def _ids(values: Any, where: str) -> list[str]:
     """Unit ids as given: text only (a YAML ``0101`` read as a number would lose its
     leading zero), none empty or blank."""
     if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray | pd.Series):
-        raise ValueError(f"{where}: expected a list of ids, got {type(values).__name__}")
+        raise SpecError(f"{where}: expected a list of ids, got {type(values).__name__}")
     ids = list(values)
     for v in ids:
         if not isinstance(v, str):
-            raise ValueError(
+            raise SpecError(
                 f"{where}: unit id {v!r} is not text; quote ids (e.g. '0101') so that leading "
                 "zeros are kept"
             )
         if not v.strip():
-            raise ValueError(f"{where}: a unit id is empty")
+            raise SpecError(f"{where}: a unit id is empty")
     return ids
 
 
@@ -82,7 +83,7 @@ def _read_table(path: pathlib.Path) -> pd.DataFrame:
         raise FileNotFoundError(f"no geography universe file at {path}")
     table = pd.read_csv(path, dtype=str, keep_default_na=False)
     if table.empty:
-        raise ValueError(f"{path}: the geography universe lists no units")
+        raise DataError(f"{path}: the geography universe lists no units")
     return table
 
 
@@ -121,10 +122,12 @@ def geography_universe(
 
     Raises
     ------
+    dpdask.errors.SpecError
+        If an id is not text, empty or repeated, or the table's levels are not
+        ``levels`` (the message names the level or id: the universe is public).
     ValueError
-        If an id is not text, empty or repeated, a unit has two parents, or the
-        table's levels are not ``levels`` (the message names the level or id: the
-        universe is public).
+        If a unit has two parents (from :class:`~dpdask.Geography`); a
+        :class:`~dpdask.errors.DataError` if the file lists no units.
     FileNotFoundError
         If a path names no file.
     """
@@ -138,30 +141,32 @@ def geography_universe(
     else:
         ids = _ids(geographies, "geographies")
         if not ids:
-            raise ValueError("geographies: the universe lists no units")
+            raise SpecError("geographies: the universe lists no units")
         if len(set(ids)) != len(ids):
-            raise ValueError("geographies: a unit id is repeated")
+            raise SpecError("geographies: a unit id is repeated")
         geo = Geography.from_geoids(ids, levels) if levels else Geography.flat(sorted(ids), level)
     if levels is not None and geo.levels != tuple(levels):
-        raise ValueError(
+        raise SpecError(
             f"geographies: the universe's levels {list(geo.levels)} are not the levels "
             f"{list(levels)}"
         )
     return geo
 
 
-def _from_table(table: Mapping[str, Any] | pd.DataFrame, levels: Mapping[str, int] | None) -> Any:
+def _from_table(
+    table: Mapping[str, Any] | pd.DataFrame, levels: Mapping[str, int] | None
+) -> Geography:
     names = [str(c) for c in table.keys()]
     columns = {n: _ids(list(table[n]), f"geographies.{n}") for n in names}
     if not names or not columns[names[-1]]:
-        raise ValueError("geographies: the universe lists no units")
+        raise SpecError("geographies: the universe lists no units")
     if levels is not None and names == list(levels)[-1:] and len(levels) > 1:
         ids = columns[names[0]]
         if len(set(ids)) != len(ids):
-            raise ValueError(f"geographies.{names[0]}: a unit id is repeated")
+            raise SpecError(f"geographies.{names[0]}: a unit id is repeated")
         return Geography.from_geoids(ids, levels)
     if levels is not None and names != list(levels):
-        raise ValueError(
+        raise SpecError(
             f"geographies: the universe's columns {names} are not the levels {list(levels)} "
             f"(or the finest, {list(levels)[-1]!r}, alone)"
         )
@@ -179,7 +184,7 @@ class Matcher:
     @classmethod
     def of(cls, universe: Geography, levels: Mapping[str, int] | None) -> Matcher:
         """The matcher of ``universe``; with ``levels``, records' prefixes are checked too."""
-        checks = []
+        checks: list[tuple[int, pa.Array]] = []
         if levels is not None:
             for i, (name, width) in enumerate(list(prefix_levels(levels).items())[:-1]):
                 ancestors = np.asarray(universe.ids[i], dtype=object)[universe.ancestor_index(name)]
@@ -187,7 +192,7 @@ class Matcher:
         finest = pa.array(universe.ids[-1], pa.large_string())
         return cls(universe.levels, finest, tuple(checks))
 
-    def locate(self, geo: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    def locate(self, geo: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Each record's finest unit (-1 outside the universe) and, per level, how many
         records are outside because of that level.
 

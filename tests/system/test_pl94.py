@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dpdask.census import pl94_domain, race_label
+from dpdask.errors import DataError
 from dpdask.store import P1_RACE_COLUMNS, aggregate, read_pl94, read_store, write_store
 from tests import ROOT, requires_shared_data, shared_data
 
@@ -197,7 +198,7 @@ def test_missing_folder_and_segment(tmp_path):
         read_pl94(tmp_path / "absent")
     folder = _copy(tmp_path)
     (folder / SEG2).unlink()
-    with pytest.raises(ValueError, match="expected one segment 2 file"):
+    with pytest.raises(DataError, match="expected one segment 2 file"):
         read_pl94(folder)
 
 
@@ -205,7 +206,7 @@ def test_damaged_value_is_named(tmp_path):
     folder = _copy(tmp_path)
     logrecno, _ = _a_block(folder)
     _edit(folder / SEG1, logrecno, 5 + 2, "x")  # P1 line 3
-    with pytest.raises(ValueError, match=f"table P1 line 3 of LOGRECNO {logrecno} is 'x'"):
+    with pytest.raises(DataError, match=f"table P1 line 3 of LOGRECNO {logrecno} is 'x'"):
         read_pl94(folder)
 
 
@@ -214,7 +215,7 @@ def test_inconsistent_subtotal_is_named(tmp_path):
     logrecno, code = _a_block(folder)
     row = published(folder)["750"][code]
     _edit(folder / SEG1, logrecno, 5 + 2, str(row["P1"][3] + 1))
-    with pytest.raises(ValueError, match=f"table P1 of block {code}: the race lines add up"):
+    with pytest.raises(DataError, match=f"table P1 of block {code}: the race lines add up"):
         read_pl94(folder)
 
 
@@ -234,7 +235,7 @@ def test_negative_derived_cell_is_named(tmp_path):
     _edit(folder / SEG1, logrecno, 5 + 71 + r1 + 1, str(row["P2"][r1 + 2] + 1))
     _edit(folder / SEG1, logrecno, 5 + 71 + r2 + 1, str(row["P2"][r2 + 2] - 1))
     message = f"block {code}: derived count -1 < 0 .*hisp=1, race={r1 - 3}"
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(DataError, match=message):
         read_pl94(folder)
 
 
@@ -244,5 +245,5 @@ def test_block_without_data_record(tmp_path):
     lines = (folder / SEG2).read_text(encoding="latin-1").splitlines()
     kept = [ln for ln in lines if ln.split("|")[4] != logrecno]
     (folder / SEG2).write_text("\n".join(kept) + "\n", encoding="latin-1")
-    with pytest.raises(ValueError, match=f"no record for block {code}"):
+    with pytest.raises(DataError, match=f"no record for block {code}"):
         read_pl94(folder)

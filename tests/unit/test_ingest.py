@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from dpdask import Domain, Geography
-from dpdask.errors import GeographyUniverseError
+from dpdask.errors import DataError, GeographyUniverseError, SpecError
 from dpdask.store import StoreExistsError, ingest_records, read_store, write_store
 
 LEVELS = {"state": 2, "county": 5, "tract": 11}
@@ -138,11 +138,11 @@ def test_parquet_numeric_columns_with_missing_value(tmp_path, records):
     bad = records.astype({"age": float})
     bad.loc[2222, "age"] = np.nan
     path = write(bad, tmp_path / "persons", "parquet")
-    with pytest.raises(ValueError, match=r"column 'age', row 2222: missing value"):
+    with pytest.raises(DataError, match=r"column 'age', row 2222: missing value"):
         ingest(path, tmp_path / "s")
     bad.loc[2222, "age"] = 2.5
     path = write(bad, tmp_path / "persons2", "parquet")
-    with pytest.raises(ValueError, match=r"column 'age', row 2222: value 2.5 is not an integer"):
+    with pytest.raises(DataError, match=r"column 'age', row 2222: value 2.5 is not an integer"):
         ingest(path, tmp_path / "s")
     assert not (tmp_path / "s").exists()
 
@@ -171,7 +171,7 @@ def test_bad_value_is_named_and_nothing_is_written(tmp_path, records, column, va
     bad.loc[row + 7, column] = value  # a second bad row is counted, the first one shown
     path = write(bad, tmp_path / "persons", "csv")
     expected = f"column '{column}', row {row}: {message}"
-    with pytest.raises(ValueError, match="2 rows have problems") as err:
+    with pytest.raises(DataError, match="2 rows have problems") as err:
         ingest(path, tmp_path / "new")
     assert str(err.value).startswith(expected), str(err.value)
     assert not (tmp_path / "new").exists()
@@ -180,7 +180,7 @@ def test_bad_value_is_named_and_nothing_is_written(tmp_path, records, column, va
         tmp_path / "old", np.zeros((1, *DOMAIN.shape), np.int64), DOMAIN, Geography.flat(["x"])
     )
     before = old.counts[:]
-    with pytest.raises(ValueError, match=f"row {row}"):
+    with pytest.raises(DataError, match=f"row {row}"):
         ingest(path, tmp_path / "old", overwrite=True)
     np.testing.assert_array_equal(read_store(tmp_path / "old", lazy=False)[0][:], before)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old", "persons.csv"]
@@ -203,10 +203,10 @@ def test_geography_outside_the_universe_is_counted_never_shown(tmp_path, records
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"attribute_columns": {"sex": "sex"}}, ValueError, r"no column for attribute\(s\)"),
+        ({"attribute_columns": {"sex": "sex"}}, SpecError, r"no column for attribute\(s\)"),
         (
             {"attribute_columns": {"sex": "sex", "hisp": "hispanic", "age": "nope"}},
-            ValueError,
+            DataError,
             r"the records have no column \['nope'\]",
         ),
         (
@@ -214,14 +214,14 @@ def test_geography_outside_the_universe_is_counted_never_shown(tmp_path, records
             ValueError,
             "unknown attribute 'x'",
         ),
-        ({"attribute_columns": ["sex", "age"]}, ValueError, "2 attribute columns"),
-        ({"categories": {"sex": ["M"]}}, ValueError, "1 labels but the attribute has 2 values"),
-        ({"categories": {"sex": ["M", "M"]}}, ValueError, "repeat a label"),
+        ({"attribute_columns": ["sex", "age"]}, SpecError, "2 attribute columns"),
+        ({"categories": {"sex": ["M"]}}, SpecError, "1 labels but the attribute has 2 values"),
+        ({"categories": {"sex": ["M", "M"]}}, SpecError, "repeat a label"),
         ({"categories": {"sex": SEXES, "zip": ["1"]}}, ValueError, "unknown attribute 'zip'"),
-        ({"levels": {"state": 2, "county": "5"}}, ValueError, "levels must be"),
-        ({"dtype": "float64"}, ValueError, "counts must be integers"),
+        ({"levels": {"state": 2, "county": "5"}}, SpecError, "levels must be"),
+        ({"dtype": "float64"}, DataError, "counts must be integers"),
         ({"source": "nowhere.csv"}, FileNotFoundError, "nowhere.csv does not exist"),
-        ({"source": "persons.json"}, ValueError, "cannot tell the format"),
+        ({"source": "persons.json"}, DataError, "cannot tell the format"),
     ],
 )
 def test_bad_arguments(tmp_path, records, kwargs, error, message):
@@ -251,7 +251,7 @@ def test_existing_store_refused_before_reading(tmp_path, records):
 
 
 def test_empty_records(tmp_path, records):
-    with pytest.raises(ValueError, match="the records are empty"):
+    with pytest.raises(DataError, match="the records are empty"):
         ingest(records.iloc[:0], tmp_path / "s")
 
 
@@ -264,7 +264,7 @@ def test_validation_happens_before_any_write(tmp_path, records, monkeypatch):
     monkeypatch.setattr(ingest_module, "_publish_store", no_writes)
     bad = records.astype(str)
     bad.loc[2999, "age"] = "99"
-    with pytest.raises(ValueError, match="row 2999: value 99 is outside"):
+    with pytest.raises(DataError, match="row 2999: value 99 is outside"):
         ingest(bad, tmp_path / "s")
     with pytest.raises(AssertionError, match="before validation ended"):
         ingest(records, tmp_path / "s")

@@ -9,6 +9,7 @@ import sparse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.store import aggregate_sparse, densify, prefer_dense, sparsify
 from dpdask.store._aggregate import aggregate_rows
 
@@ -102,13 +103,13 @@ def test_dense_blocks_are_accepted(rng):
 
 def test_aggregate_sparse_errors(rng):
     x = _as_sparse(rng.integers(0, 2, size=(6, 3)), (6,))
-    with pytest.raises(ValueError, match="split_every"):
+    with pytest.raises(ArgumentError, match="split_every"):
         aggregate_sparse(x, np.zeros(6, int), (1,), "agg", split_every=1)
-    with pytest.raises(ValueError, match="5 ancestors for 6 rows"):
+    with pytest.raises(ShapeError, match="5 ancestors for 6 rows"):
         aggregate_sparse(x, np.zeros(5, int), (1,), "agg")
-    with pytest.raises(ValueError, match=r"outside 0\.\.1"):
+    with pytest.raises(ShapeError, match=r"outside 0\.\.1"):
         aggregate_sparse(x, np.array([0, 0, 1, 1, 2, 2]), (2,), "agg")
-    with pytest.raises(ValueError, match="must be 2-D"):
+    with pytest.raises(ShapeError, match="must be 2-D"):
         aggregate_sparse(da.zeros((6, 2, 2), chunks=3), np.zeros(6, int), (1,), "agg")
 
 
@@ -135,7 +136,7 @@ def test_densify_and_sparsify_round_trip(rng, shape):
     assert isinstance(back._meta, np.ndarray) and back.name.startswith("densify-")
     np.testing.assert_array_equal(back.compute(), x)
     np.testing.assert_array_equal(densify(s).compute(), x.reshape(11, 24))
-    with pytest.raises(ValueError, match="does not hold 24 cells"):
+    with pytest.raises(ShapeError, match="does not hold 24 cells"):
         densify(s, (5, 5))
 
 
@@ -150,7 +151,7 @@ def test_prefer_dense_compares_bytes(nnz, n_units, n_cells, itemsize):
 
 
 def test_prefer_dense_errors():
-    with pytest.raises(ValueError, match="nnz must be non-negative"):
+    with pytest.raises(ArgumentError, match="nnz must be non-negative"):
         prefer_dense(-1, 2, 3)
-    with pytest.raises(ValueError, match="itemsize must be positive"):
+    with pytest.raises(ArgumentError, match="itemsize must be positive"):
         prefer_dense(1, 2, 3, itemsize=0)

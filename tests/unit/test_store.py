@@ -13,6 +13,7 @@ import pytest
 import zarr
 
 from dpdask import Domain, Geography
+from dpdask.errors import ArgumentError, DataError, ShapeError
 from dpdask.publish import publishing
 from dpdask.store import (
     StoreExistsError,
@@ -120,7 +121,7 @@ def test_bad_counts_write_nothing(
     write_store(tmp_path / "old", counts, small_domain, geography)
     before = _tree_bytes(tmp_path / "old")
     for target, overwrite in ((tmp_path / "new", False), (tmp_path / "old", True)):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(DataError, match=message):
             write_store(target, bad, small_domain, geography, geo_chunk=4, overwrite=overwrite)
     assert not (tmp_path / "new").exists()
     assert _tree_bytes(tmp_path / "old") == before
@@ -130,7 +131,7 @@ def test_bad_counts_write_nothing(
 def test_negative_count_is_located(tmp_path, counts, small_domain, geography):
     bad = counts.copy()
     bad[23, 1, 2, 3] = -4
-    with pytest.raises(ValueError, match="negative value at geography row 23"):
+    with pytest.raises(DataError, match="negative value at geography row 23"):
         write_store(
             tmp_path / "s", da.from_array(bad, chunks=(5, 2, 3, 4)), small_domain, geography
         )
@@ -148,16 +149,21 @@ def test_open_store_rejects_other_things(tmp_path, counts, small_domain, geograp
     with pytest.raises(FileNotFoundError, match="no data store"):
         open_store(tmp_path / "absent")
     zarr.open_group(str(tmp_path / "plain"), mode="w")
-    with pytest.raises(ValueError, match="not a dpdask data store"):
+    with pytest.raises(DataError, match="not a dpdask data store"):
         open_store(tmp_path / "plain")
     write_store(tmp_path / "s", counts, small_domain, geography)
     group = zarr.open_group(str(tmp_path / "s"), mode="r+")
     meta = dict(group.attrs["dpdask"])
     group.attrs["dpdask"] = {**meta, "domain": [["a", 2], ["b", 3], ["c", 5]]}
-    with pytest.raises(ValueError, match="has shape"):
+    with pytest.raises(DataError, match="has shape"):
         open_store(tmp_path / "s")
     group.attrs["dpdask"] = {**meta, "format_version": 99}
-    with pytest.raises(ValueError, match="version 99 is not supported"):
+    with pytest.raises(DataError, match="version 99 is not supported"):
+        open_store(tmp_path / "s")
+    group.attrs["dpdask"] = meta
+    del group["counts"]
+    group.require_group("counts")  # a group where the counts array belongs
+    with pytest.raises(DataError, match=r"/s: counts is a group, not an array"):
         open_store(tmp_path / "s")
 
 
@@ -195,11 +201,11 @@ def test_adopt_array_fails_closed(
         str(tmp_path / "raw"), shape=data.shape, chunks=(6, 2, 3, 4), dtype=dtype
     )
     src[:] = data
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(DataError, match=message):
         adopt_array(src, small_domain, geography, tmp_path / "s")
     assert not (tmp_path / "s").exists()
     _no_leftovers(tmp_path)
-    with pytest.raises(ValueError, match="not a zarr array"):
+    with pytest.raises(DataError, match="not a zarr array"):
         adopt_array(tmp_path / "nothing", small_domain, geography, tmp_path / "s")
 
 
@@ -278,11 +284,11 @@ def test_aggregate_reads_store_lazily(tmp_path, counts, small_domain, geography)
 
 
 def test_aggregate_errors(counts, geography):
-    with pytest.raises(ValueError, match="rows but level 'tract'"):
+    with pytest.raises(ShapeError, match="rows but level 'tract'"):
         aggregate(counts[:-1], geography, "county")
     with pytest.raises(ValueError, match="finer than"):
         aggregate(counts, geography, "tract", of="county")
-    with pytest.raises(ValueError, match="split_every"):
+    with pytest.raises(ArgumentError, match="split_every"):
         aggregate(counts, geography, "county", split_every=1)
 
 
@@ -303,7 +309,7 @@ def test_counts_too_large_for_dtype(tmp_path, counts, small_domain, geography, l
     big = counts.copy()
     big[40, 0, 0, 0] = 128
     src = da.from_array(big, chunks=7) if lazy_input else big
-    with pytest.raises(ValueError, match=r"above 127 \(int8\) at geography row 40"):
+    with pytest.raises(DataError, match=r"above 127 \(int8\) at geography row 40"):
         write_store(tmp_path / "s", src, small_domain, geography, dtype=np.int8, geo_chunk=7)
     assert list(tmp_path.iterdir()) == []
 
@@ -324,7 +330,7 @@ def test_adopt_synthetic_persons(tmp_path):
         tmp_path / "raw", geography=out.geography, store=tmp_path / "t"
     )  # domain from attrs
     assert open_store(tmp_path / "t").domain == domain
-    with pytest.raises(ValueError, match="pass geography="):
+    with pytest.raises(ArgumentError, match="pass geography="):
         adopt_array(tmp_path / "raw", store=tmp_path / "u")
 
 

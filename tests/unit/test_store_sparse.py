@@ -13,6 +13,7 @@ import zarr
 
 import dpdask.store._entries as entries_module
 from dpdask import Domain, Geography
+from dpdask.errors import ArgumentError, ArgumentTypeError, DataError
 from dpdask.store import (
     SparseCounts,
     StoreExistsError,
@@ -198,7 +199,7 @@ def test_rows_and_indexing_of_sparse_counts(tmp_path, counts, small_domain, geog
             s.rows(3, len(counts) + 1)
     with pytest.raises(IndexError, match="outside"):
         view[len(counts)]
-    with pytest.raises(TypeError, match="int or a slice"):
+    with pytest.raises(ArgumentTypeError, match="int or a slice"):
         view[[1, 2]]
     counts_eager, _, _ = read_store(tmp_path / "s", lazy=False)
     assert isinstance(counts_eager, SparseCounts)
@@ -237,7 +238,7 @@ def test_adopt_array_sparse(tmp_path, counts, small_domain, geography):
     store = adopt_array(src, small_domain, geography, tmp_path / "s", layout="sparse")
     assert store.layout == "sparse" and store.dtype == np.int32
     np.testing.assert_array_equal(store.to_dask().compute(), counts)
-    with pytest.raises(ValueError, match="layout must be one of"):
+    with pytest.raises(ArgumentError, match="layout must be one of"):
         adopt_array(src, small_domain, geography, tmp_path / "t", layout="coo")
 
 
@@ -259,7 +260,7 @@ def test_ingest_records_sparse_equals_dense(tmp_path, rng):
     assert auto.layout == "sparse" and dense.layout == "dense" and auto.dtype == np.int32
     assert auto.geography == dense.geography and auto.nnz == np.count_nonzero(dense.counts[:])
     np.testing.assert_array_equal(auto.to_dask().compute(), dense.counts[:])
-    with pytest.raises(ValueError, match="layout must be one of"):
+    with pytest.raises(ArgumentError, match="layout must be one of"):
         ingest_records(records, domain, "geoid", store=tmp_path / "x", layout="csr")
     assert not (tmp_path / "x").exists()
 
@@ -310,14 +311,14 @@ def test_bad_triples_are_named_and_nothing_is_written(
 ):
     args = {"units": [0, 1, 2], "cells": [0, 1, 2], "counts": [1, 2, 3], **change}
     dtype = args.pop("dtype", None)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(DataError, match=message):
         write_sparse_store(
             tmp_path / "s", **args, domain=small_domain, geography=geography, dtype=dtype
         )
     assert list(tmp_path.iterdir()) == []
     # an existing store survives a failed replacement
     old = write_sparse_store(tmp_path / "old", [1], [2], [3], small_domain, geography)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(DataError, match=message):
         write_sparse_store(
             tmp_path / "old",
             **args,
@@ -350,7 +351,7 @@ def test_bad_dense_counts_leave_nothing(
     bad[23, 1, 2, 3] = -1
     bad[41, 0, 0, 0] = -4
     src = da.from_array(bad, chunks=(6, 2, 3, 4)) if lazy_input else bad
-    with pytest.raises(ValueError, match="negative value at geography row 23"):
+    with pytest.raises(DataError, match="negative value at geography row 23"):
         write_store(tmp_path / "s", src, small_domain, geography, layout="sparse")
     assert list(tmp_path.iterdir()) == []
 
@@ -392,15 +393,15 @@ def test_open_refuses_broken_sparse_stores(tmp_path, counts, small_domain, geogr
     group = zarr.open_group(str(tmp_path / "s"), mode="r+")
     meta = dict(group.attrs["dpdask"])
     group.attrs["dpdask"] = {**meta, "nnz": meta["nnz"] + 1}
-    with pytest.raises(ValueError, match="entries/unit has shape"):
+    with pytest.raises(DataError, match="entries/unit has shape"):
         open_store(tmp_path / "s")
     group.attrs["dpdask"] = {**meta, "format_version": 3}
-    with pytest.raises(ValueError, match="version 3 is not supported"):
+    with pytest.raises(DataError, match="version 3 is not supported"):
         open_store(tmp_path / "s")
     group.attrs["dpdask"] = meta
     group["entries/offsets"][-1] = 0
-    with pytest.raises(ValueError, match=r"entries/offsets run 0\.\.0"):
+    with pytest.raises(DataError, match=r"entries/offsets run 0\.\.0"):
         open_store(tmp_path / "s")
     del group["entries/cell"]
-    with pytest.raises(ValueError, match="missing entries/cell"):
+    with pytest.raises(DataError, match="missing entries/cell"):
         open_store(tmp_path / "s")

@@ -10,6 +10,7 @@ import pytest
 import dpdask.store._entries as entries_module
 from dpdask import Domain, Geography
 from dpdask.datasets import SyntheticGenerator, synthetic_block, synthetic_persons
+from dpdask.errors import ArgumentError
 from dpdask.store import StoreExistsError, synthetic_store
 
 DOMAIN = Domain(sex=2, hisp=2, age=30)
@@ -91,9 +92,9 @@ def test_generator_pickles_without_its_model_tables():
 
 
 def test_synthetic_store_arguments(tmp_path, geography):
-    with pytest.raises(ValueError, match="layout must be 'sparse' or 'dense'"):
+    with pytest.raises(ArgumentError, match="layout must be 'sparse' or 'dense'"):
         synthetic_store(tmp_path / "s", DOMAIN, geography, layout="auto")
-    with pytest.raises(ValueError, match="chunk must be a positive integer"):
+    with pytest.raises(ArgumentError, match="chunk must be a positive integer"):
         synthetic_store(tmp_path / "s", DOMAIN, geography, chunk=0)
     with pytest.raises(ValueError, match="seed must be a non-negative integer"):
         synthetic_store(tmp_path / "s", DOMAIN, geography, seed=-1)

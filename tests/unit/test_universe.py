@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpdask import Domain, Geography
-from dpdask.errors import GeographyUniverseError, SpecError
+from dpdask.errors import DataError, GeographyUniverseError, SpecError
 from dpdask.pipeline.spec import load_spec, parse_spec
 from dpdask.store import geography_universe, ingest_records, read_store
 
@@ -84,7 +84,7 @@ def test_a_missing_or_empty_universe_file(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="no geography universe file"):
         geography_universe(tmp_path / "nope.csv")
     (tmp_path / "empty.csv").write_text("state,county\n")
-    with pytest.raises(ValueError, match="lists no units"):
+    with pytest.raises(DataError, match="lists no units"):
         geography_universe(tmp_path / "empty.csv")
 
 
@@ -132,11 +132,11 @@ def test_the_universe_must_be_declared(tmp_path) -> None:
     for levels in (PREFIXES, None):
         with pytest.raises(GeographyUniverseError, match="need a public geography universe"):
             ingest_records(records, DOMAIN, "geo", levels=levels, store=tmp_path / "s")
-    with pytest.raises(ValueError, match="give the universe once"):
+    with pytest.raises(SpecError, match="give the universe once"):
         ingest_records(
             records, DOMAIN, "geo", levels=TABLE, geographies=TABLE, store=tmp_path / "s"
         )
-    with pytest.raises(ValueError, match="unknown_geography: 'keep'"):
+    with pytest.raises(SpecError, match="unknown_geography: 'keep'"):
         _ingest(records, tmp_path / "s", unknown_geography="keep")
     assert not (tmp_path / "s").exists()
 
