@@ -12,14 +12,26 @@ them for release specs and the command line, and :class:`Session` (:mod:`dpdask.
 runs them from a notebook. Errors derive from :class:`DPDaskError` (:mod:`dpdask.errors`).
 """
 
+from __future__ import annotations
+
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+import numpy as np
 
 from dpdask import config  # noqa: F401  (registers configuration defaults)
 from dpdask.domain import Domain, Geography
 from dpdask.errors import DPDaskError, DPDaskWarning
+from dpdask.linalg import aslinearquery
 from dpdask.strategy import Plan
 from dpdask.strategy import select as _select_central
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from dpdask.ldp.plan import LdpPlan
+    from dpdask.linalg import LinearQuery
+    from dpdask.privacy import Budget, PureDP
 
 try:
     __version__ = version("dpdask")
@@ -40,14 +52,47 @@ __all__ = [
 ]
 
 
+@overload
 def select(
-    workload: Any,
-    privacy: Any = None,
+    workload: LinearQuery,
+    privacy: Budget | None = None,
+    strategy: str = "hdmm",
+    *,
+    model: Literal["central"] = "central",
+    **options: Any,
+) -> Plan: ...
+
+
+@overload
+def select(
+    workload: LinearQuery | NDArray[np.float64],
+    privacy: PureDP,
+    strategy: str = "hdmm",
+    *,
+    model: Literal["local"],
+    **options: Any,
+) -> LdpPlan: ...
+
+
+@overload
+def select(
+    workload: LinearQuery | NDArray[np.float64],
+    privacy: Budget | None = None,
+    strategy: str = "hdmm",
+    *,
+    model: str,
+    **options: Any,
+) -> Plan | LdpPlan: ...
+
+
+def select(
+    workload: LinearQuery | NDArray[np.float64],
+    privacy: Budget | None = None,
     strategy: str = "hdmm",
     *,
     model: str = "central",
     **options: Any,
-) -> Any:
+) -> Plan | LdpPlan:
     """Plan a release: :func:`dpdask.strategy.select` (central model, the default), or
     with ``model="local"`` a local-model collection, :func:`dpdask.ldp.plan.select_local`
     (every person randomizes their own record, paper 002; pure DP only; returns an
@@ -71,10 +116,12 @@ def select(
         if client is not None:
             options.setdefault("scheduler", client)
         return select_local(workload, privacy, **options)
+    if isinstance(workload, np.ndarray):  # a dense matrix of queries
+        workload = aslinearquery(workload)
     return _select_central(workload, privacy, strategy, model=model, **options)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # imported on first use, not with the package: open_release needs xarray, and the
     # release graph and the measure step import most of dpdask
     if name == "open_release":
