@@ -96,7 +96,7 @@ class InverseGram:
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def check_supports(self, W: LinearQuery, what: str = "the workload") -> None:
-        """Raise ``ValueError`` unless every row of ``W`` lies in the strategy's row space."""
+        """Raise ``PlanError`` unless every row of ``W`` lies in the strategy's row space."""
         if self.basis is None:
             return
         total = Gram.of(W).trace()

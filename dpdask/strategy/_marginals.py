@@ -284,7 +284,7 @@ def workload_spectrum(
 
 
 def check_marginal_support(h: np.ndarray, mu: np.ndarray, what: str = "the workload") -> None:
-    """Raise ``ValueError`` if ``h(s) > 0`` on an eigenspace where ``mu(s) = 0``."""
+    """Raise ``PlanError`` if ``h(s) > 0`` on an eigenspace where ``mu(s) = 0``."""
     missing = (pseudo_inverse_eigenvalues(mu) == 0) & (h > _SUPPORT_RTOL * max(h.max(), 1e-300))
     if missing.any():
         raise PlanError(

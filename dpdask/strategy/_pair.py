@@ -140,7 +140,7 @@ class PairAnalysis:
         return inv
 
     def check_supports(self, c1: float, c2: float) -> None:
-        """Raise ``ValueError`` if the workload has a component the union does not measure."""
+        """Raise ``PlanError`` if the workload has a component the union does not measure."""
         inv = self._inverse(c1, c2)
         lost = float(self.numerator[inv == 0].sum())
         if lost > _SUPPORT_RTOL * max(float(self.numerator.sum()), 1e-300):

@@ -159,7 +159,7 @@ def kron_terms(W: LinearQuery, sizes: Sequence[int] | None = None) -> KronTerms:
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ShapeError, dpdask.errors.ArgumentError
         If ``W`` has no Kronecker structure over ``sizes``.
     """
     if sizes is None:

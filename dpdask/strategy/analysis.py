@@ -103,7 +103,7 @@ class ErrorAnalysis:
 
     Raises
     ------
-    ValueError
+    dpdask.errors.PlanError, dpdask.errors.ShapeError
         If the strategy does not support the workload.
     NotImplementedError
         If no implicit formula applies and the domain is too large for dense matrices.

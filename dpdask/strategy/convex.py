@@ -90,7 +90,7 @@ def workload_gram(W: Any, weights: Any = None) -> np.ndarray:
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ShapeError, dpdask.errors.ArgumentError
         If the weights do not match the queries or are not finite and positive.
     MemoryError
         If ``n x n`` exceeds ``dpdask.linalg.max-dense-elements``.
@@ -345,7 +345,7 @@ def ca_solve(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ShapeError, dpdask.errors.ArgumentError
         If the weights are invalid or the workload is zero.
     MemoryError
         If the ``n x n`` Gram matrix exceeds ``dpdask.linalg.max-dense-elements``.

@@ -43,7 +43,7 @@ def initial_covariance(can: Canonical, init: Any = None) -> np.ndarray:
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ShapeError, dpdask.errors.PlanError
         If ``A`` has the wrong number of columns or does not determine ``W``
         (``Sigma_0`` is then singular).
     """

@@ -161,7 +161,7 @@ class FitnessResult:
 
         Raises
         ------
-        ValueError
+        dpdask.errors.PlanError
             If the budget admits no Gaussian mechanism (pure DP, zero budget), or the
             rescaled mechanism would not fit in it.
         """

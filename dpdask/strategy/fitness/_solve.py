@@ -129,7 +129,7 @@ def solve(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ArgumentError, dpdask.errors.ShapeError, dpdask.errors.PlanError
         On targets that are not positive and finite or do not match ``W``, a basis
         that is not one for ``W``, a method that does not fit the workload, or a
         budget that admits no Gaussian mechanism.

@@ -228,7 +228,7 @@ def solve_symmetric(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ArgumentError
         If the blocks do not fit the workload or several attributes have several blocks.
     """
     attrs = [_Attribute(len(np.concatenate(b)), [np.asarray(x) for x in b]) for b in blocks]

@@ -355,7 +355,7 @@ def canonical_problem(W: LinearQuery) -> Canonical:
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ArgumentError
         If ``W`` is the zero matrix (nothing to answer).
     """
     data = row_term(W)
