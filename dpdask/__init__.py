@@ -121,7 +121,7 @@ def select(
     return _select_central(workload, privacy, strategy, model=model, **options)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str):
     # imported on first use, not with the package: open_release needs xarray, and the
     # release graph and the measure step import most of dpdask
     if name == "open_release":
