@@ -17,19 +17,21 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+import numpy as np
+
 from dpdask import config  # noqa: F401  (registers configuration defaults)
 from dpdask.domain import Domain, Geography
 from dpdask.errors import DPDaskError, DPDaskWarning
+from dpdask.linalg import aslinearquery
 from dpdask.strategy import Plan
 from dpdask.strategy import select as _select_central
 
 if TYPE_CHECKING:
-    import numpy as np
     from numpy.typing import NDArray
 
     from dpdask.ldp.local_plan import LdpPlan
     from dpdask.linalg import LinearQuery
-    from dpdask.privacy import Budget
+    from dpdask.privacy import Budget, PureDP
     from dpdask.publish.reader import open_release
     from dpdask.release import release
     from dpdask.session import Session
@@ -67,7 +69,7 @@ def select(
 @overload
 def select(
     workload: LinearQuery | NDArray[np.float64],
-    privacy: Budget | None = None,
+    privacy: PureDP,
     strategy: str = "hdmm",
     *,
     model: Literal["local"],
@@ -87,7 +89,7 @@ def select(
 
 
 def select(
-    workload: Any,
+    workload: LinearQuery | NDArray[np.float64],
     privacy: Budget | None = None,
     strategy: str = "hdmm",
     *,
@@ -117,6 +119,8 @@ def select(
         if client is not None:
             options.setdefault("scheduler", client)
         return select_local(workload, privacy, **options)
+    if isinstance(workload, np.ndarray):  # a dense matrix of queries
+        workload = aslinearquery(workload)
     return _select_central(workload, privacy, strategy, model=model, **options)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from dask.base import tokenize
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import (
     AllRange,
     Dense,
@@ -58,7 +59,8 @@ def _allrange_gram_matmat(X: np.ndarray) -> np.ndarray:
     lower = np.cumsum((j + 1.0) * X, axis=0)  # sum_{j <= i} (j + 1) x_j
     upper = _rev_cumsum((n - j) * X)  # sum_{j >= i} (n - j) x_j
     upper = np.concatenate([upper[1:], np.zeros((1, X.shape[1]))], axis=0)  # j > i
-    return (n - j) * lower + (j + 1.0) * upper
+    out: np.ndarray = (n - j) * lower + (j + 1.0) * upper
+    return out
 
 
 class Gram:
@@ -91,12 +93,12 @@ class Gram:
             elif kind == "dense":
                 M = np.asarray(payload, dtype=float)
                 if M.shape != (self.n, self.n):
-                    raise ValueError(f"dense Gram term has shape {M.shape}, expected n={self.n}")
+                    raise ShapeError(f"dense Gram term has shape {M.shape}, expected n={self.n}")
                 dense = c * M if dense is None else dense + c * M
             elif kind == "operator":
                 ops.append((c, payload))  # type: ignore[arg-type]
             else:
-                raise ValueError(f"unknown Gram term kind {kind!r}")
+                raise ArgumentError(f"unknown Gram term kind {kind!r}")
         self._structured = merged
         self._dense = dense
         self._ops = ops
@@ -109,11 +111,11 @@ class Gram:
         return cls(n, _terms_of(W, 1.0))
 
     @classmethod
-    def combine(cls, coefs: Sequence[float], grams: Sequence[Gram]) -> Gram:
+    def combine(cls, coefs: Sequence[float] | np.ndarray, grams: Sequence[Gram]) -> Gram:
         """``sum_k coefs[k] * grams[k]`` (all of one size)."""
         sizes = {g.n for g in grams}
         if len(sizes) != 1:
-            raise ValueError(f"cannot combine Gram matrices of sizes {sorted(sizes)}")
+            raise ShapeError(f"cannot combine Gram matrices of sizes {sorted(sizes)}")
         terms: list[tuple[float, str, object]] = []
         for c, g in zip(coefs, grams, strict=True):
             terms.extend((c * t, k, p) for t, k, p in g.terms())

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, PlanError
 from dpdask.linalg import (
     Dense,
     Diagonal,
@@ -64,7 +65,7 @@ class InverseGram:
         self.n = self.e.size
         self.R = np.asarray(R, dtype=float).reshape(-1, self.n)
         if sign not in (1, -1):
-            raise ValueError("sign must be +1 or -1")
+            raise ArgumentError("sign must be +1 or -1")
         self.sign = sign
         self.basis = basis
 
@@ -73,7 +74,8 @@ class InverseGram:
         return InverseGram(c * self.e, np.sqrt(c) * self.R, self.sign, self.basis)
 
     def dense(self) -> np.ndarray:
-        return np.diag(self.e) + self.sign * (self.R.T @ self.R)
+        out: np.ndarray = np.diag(self.e) + self.sign * (self.R.T @ self.R)
+        return out
 
     def trace(self, G: Gram) -> float:
         """``tr(G X)``: the squared reconstruction error of a workload with Gram ``G``."""
@@ -94,7 +96,7 @@ class InverseGram:
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def check_supports(self, W: LinearQuery, what: str = "the workload") -> None:
-        """Raise ``ValueError`` unless every row of ``W`` lies in the strategy's row space."""
+        """Raise ``PlanError`` unless every row of ``W`` lies in the strategy's row space."""
         if self.basis is None:
             return
         total = Gram.of(W).trace()
@@ -103,7 +105,7 @@ class InverseGram:
             WU = Wc._matmat(self.basis)
             kept += float(np.sum(WU * WU))
         if total - kept > _SUPPORT_RTOL * max(total, 1.0):
-            raise ValueError(
+            raise PlanError(
                 f"the strategy does not support {what}: some workload queries are not "
                 "linear combinations of the measured queries, so their error is unbounded"
             )
@@ -113,7 +115,8 @@ def inverse_gram(A: LinearQuery) -> InverseGram:
     """``(A^T A)^+`` of a factor strategy, in low-rank form (closed forms where known)."""
     hook = getattr(A, "_inverse_gram", None)
     if hook is not None:
-        return hook()
+        own: InverseGram = hook()
+        return own
     n = A.shape[1]
     if isinstance(A, Identity):
         return InverseGram(np.ones(n), np.zeros((0, n)))
@@ -122,7 +125,7 @@ def inverse_gram(A: LinearQuery) -> InverseGram:
         return InverseGram(np.zeros(n), np.full((1, n), 1.0 / (n * np.sqrt(A.m))), 1, basis)
     if isinstance(A, Scaled):
         if A.c == 0:
-            raise ValueError("a strategy scaled by zero measures nothing")
+            raise PlanError("a strategy scaled by zero measures nothing")
         return inverse_gram(A.A).scaled(1.0 / A.c**2)
     if isinstance(A, Diagonal) and np.all(A.d != 0):
         return InverseGram(1.0 / A.d**2, np.zeros((0, n)))
@@ -150,11 +153,13 @@ def _squares_apply(W: LinearQuery, e: np.ndarray) -> np.ndarray:
             [w**2 * _squares_apply(p, e) for p, w in zip(W.parts, W.weights, strict=True)]
         )
     if isinstance(W, Diagonal):
-        return W.d**2 * e
+        out: np.ndarray = W.d**2 * e
+        return out
     if isinstance(W, Sparse):
         return np.asarray(W.matrix.power(2) @ e).ravel()
     M = W.matrix if isinstance(W, Dense) else W.dense()
-    return (M * M) @ e
+    squares: np.ndarray = (M * M) @ e
+    return squares
 
 
 def _row_chunks(W: LinearQuery, width: int) -> Iterator[LinearQuery]:
@@ -165,7 +170,8 @@ def _row_chunks(W: LinearQuery, width: int) -> Iterator[LinearQuery]:
         yield W
     elif isinstance(W, RangeQueries):
         for a in range(0, m, rows):
-            yield RangeQueries(W.n, W.lo[a : a + rows], W.hi[a : a + rows])
+            # RangeQueries takes integer arrays (linalg annotates Sequence[int])
+            yield RangeQueries(W.n, W.lo[a : a + rows], W.hi[a : a + rows])  # type: ignore[arg-type]
     elif isinstance(W, VStack):
         for part, w in zip(W.parts, W.weights, strict=True):
             for block in _row_chunks(part, width):

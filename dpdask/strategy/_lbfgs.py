@@ -75,7 +75,9 @@ def lbfgs(
             d[gf == 0] = 0.0
         slope = float(gf @ d)
         if slope >= 0:  # not a descent direction: restart from steepest descent
-            S.clear(), Yq.clear(), rho.clear()
+            S.clear()
+            Yq.clear()
+            rho.clear()
             d = -gf
             slope = float(gf @ d)
         step = 1.0 if S else min(1.0, 1.0 / max(gmax, 1e-300))
@@ -101,7 +103,9 @@ def lbfgs(
         s, y = x_new - x, g_new - g
         sy = float(s @ y)
         if sy > 1e-12 * math.sqrt(float(s @ s) * float(y @ y)):
-            S.append(s), Yq.append(y), rho.append(1.0 / sy)
+            S.append(s)
+            Yq.append(y)
+            rho.append(1.0 / sy)
         decrease = (f - f_new) / max(abs(f), abs(f_new), 1.0)
         x, f, g = x_new, f_new, g_new
         if decrease <= ftol:
@@ -110,7 +114,9 @@ def lbfgs(
     return LBFGSResult(x, float(f), nit, nfev, message)
 
 
-def _two_loop(g: np.ndarray, S: deque, Y: deque, rho: deque) -> np.ndarray:
+def _two_loop(
+    g: np.ndarray, S: deque[np.ndarray], Y: deque[np.ndarray], rho: deque[float]
+) -> np.ndarray:
     q = g.copy()
     alphas = []
     for s, y, r in zip(reversed(S), reversed(Y), reversed(rho), strict=True):

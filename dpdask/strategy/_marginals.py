@@ -30,10 +30,11 @@ supported exactly when ``h(s) = 0`` wherever ``mu(s) = 0``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, PlanError, ShapeError
 from dpdask.linalg import (
     Identity,
     Kron,
@@ -61,7 +62,7 @@ def _axes(d: int) -> tuple[int, ...]:
     return (2,) * d
 
 
-def _lattice(f: np.ndarray, d: int, step) -> np.ndarray:
+def _lattice(f: np.ndarray, d: int, step: Callable[[np.ndarray, np.ndarray], object]) -> np.ndarray:
     """Apply ``step(lower, upper)`` along every attribute axis of the subset lattice."""
     g = np.array(f, dtype=float).reshape(_axes(d))
     for ax in range(d):
@@ -132,7 +133,8 @@ def pinv_coefficients(u: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
     """Coefficients ``c_b`` with ``(sum_a u_a K_a)^+ = sum_b c_b K_b``."""
     d = len(sizes)
     mu_inv = pseudo_inverse_eigenvalues(marginal_eigenvalues(u, sizes))
-    return superset_moebius(mu_inv, d) / complement_sizes(sizes)
+    out: np.ndarray = superset_moebius(mu_inv, d) / complement_sizes(sizes)
+    return out
 
 
 def subset_label(k: int, names: Sequence[str]) -> str:
@@ -172,12 +174,12 @@ class WeightedMarginals(VStack):
         d = len(sizes)
         th = np.asarray(theta, dtype=float).ravel()
         if th.size != 2**d:
-            raise ValueError(f"{d} attributes need {2**d} marginal weights, got {th.size}")
+            raise ShapeError(f"{d} attributes need {2**d} marginal weights, got {th.size}")
         if not np.isfinite(th).all():
-            raise ValueError("marginal weights must be finite")
+            raise ArgumentError("marginal weights must be finite")
         keep = np.flatnonzero(th)
         if keep.size == 0:
-            raise ValueError("a weighted marginals strategy needs a non-zero weight")
+            raise ArgumentError("a weighted marginals strategy needs a non-zero weight")
         labels = list(names) if names is not None else [f"a{i}" for i in range(d)]
         parts = []
         for k in keep:
@@ -185,12 +187,16 @@ class WeightedMarginals(VStack):
             parts.append(
                 Kron([Identity(n) if b else Ones(n) for n, b in zip(sizes, bits, strict=True)])
             )
-        super().__init__(parts, weights=th[keep], names=[subset_label(k, labels) for k in keep])
+        super().__init__(
+            parts,
+            weights=[float(w) for w in th[keep]],
+            names=[subset_label(int(k), labels) for k in keep],
+        )
         self.sizes = sizes
         self.theta = th
         self.attr_names = tuple(names) if names is not None else None
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[object, ...]:
         return (self.sizes, self.theta)
 
     def gram_coefficients(self) -> np.ndarray:
@@ -273,14 +279,15 @@ def workload_spectrum(
     for i in range(d):
         acc = acc[:, :, None] * np.stack([outside[:, i], inside[:, i]], axis=1)[:, None, :]
         acc = acc.reshape(k, -1)
-    return np.clip(acc.sum(axis=0), 0.0, None)
+    out: np.ndarray = np.clip(acc.sum(axis=0), 0.0, None)
+    return out
 
 
 def check_marginal_support(h: np.ndarray, mu: np.ndarray, what: str = "the workload") -> None:
-    """Raise ``ValueError`` if ``h(s) > 0`` on an eigenspace where ``mu(s) = 0``."""
+    """Raise ``PlanError`` if ``h(s) > 0`` on an eigenspace where ``mu(s) = 0``."""
     missing = (pseudo_inverse_eigenvalues(mu) == 0) & (h > _SUPPORT_RTOL * max(h.max(), 1e-300))
     if missing.any():
-        raise ValueError(
+        raise PlanError(
             f"the strategy does not support {what}: it measures no marginal that "
             "determines some of the workload's queries, so their error is unbounded"
         )

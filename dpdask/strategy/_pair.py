@@ -32,6 +32,7 @@ import math
 
 import numpy as np
 
+from dpdask.errors import PlanError
 from dpdask.linalg import Dense, Kron, LinearQuery, kron_vector
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._terms import KronTerms
@@ -87,7 +88,8 @@ def _congruent_diagonals(terms: KronTerms, i: int, V: np.ndarray) -> np.ndarray:
         return np.stack(rows)
     Gs, index = stack
     GV = Gs @ V  # (u, n, r)
-    return np.einsum("ab,uab->ub", V, GV)[index]
+    out: np.ndarray = np.einsum("ab,uab->ub", V, GV)[index]
+    return out
 
 
 class PairAnalysis:
@@ -138,11 +140,11 @@ class PairAnalysis:
         return inv
 
     def check_supports(self, c1: float, c2: float) -> None:
-        """Raise ``ValueError`` if the workload has a component the union does not measure."""
+        """Raise ``PlanError`` if the workload has a component the union does not measure."""
         inv = self._inverse(c1, c2)
         lost = float(self.numerator[inv == 0].sum())
         if lost > _SUPPORT_RTOL * max(float(self.numerator.sum()), 1e-300):
-            raise ValueError(
+            raise PlanError(
                 "the strategy does not support the workload: some queries have a component "
                 "that neither part of the union measures, so their error is unbounded"
             )
@@ -153,7 +155,10 @@ class PairAnalysis:
 
     def by_term(self, c1: float, c2: float) -> np.ndarray:
         inv = self._inverse(c1, c2).reshape(self._left.shape[1], self._right.shape[1])
-        return self._w2 * np.einsum("ja,ab,jb->j", self._left, inv, self._right, optimize=True)
+        out: np.ndarray = self._w2 * np.einsum(
+            "ja,ab,jb->j", self._left, inv, self._right, optimize=True
+        )
+        return out
 
     def term_variances(self, j: int, c1: float, c2: float) -> np.ndarray:
         inv = self._inverse(c1, c2)
@@ -161,7 +166,8 @@ class PairAnalysis:
         for i, V in enumerate(self.V):
             WV = self.terms.factors[j][i]._matmat(V)
             facs.append(Dense(WV * WV))
-        return self.terms.weights[j] ** 2 * Kron(facs)._matmat(inv[:, None])[:, 0]
+        out: np.ndarray = self.terms.weights[j] ** 2 * Kron(facs)._matmat(inv[:, None])[:, 0]
+        return out
 
     def best_split(self, norm: int = 1) -> tuple[float, float, float]:
         """Part weights of unit sensitivity minimising the error, and that error.

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from dask.base import tokenize
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import Identity, Kron, LinearQuery, Ones, Scaled, VStack
 from dpdask.strategy._gram import Gram
 
@@ -52,7 +54,7 @@ class KronTerms:
         """Factor templates per attribute (:func:`._opt_kron.factor_kind`), cached."""
         self._token: str | None = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """Pickled without the Gram caches (megabytes on the Census domains; rebuilt on use)."""
         state = dict(self.__dict__)
         state["_grams"], state["_stacks"] = {}, {}
@@ -157,14 +159,14 @@ def kron_terms(W: LinearQuery, sizes: Sequence[int] | None = None) -> KronTerms:
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ShapeError, dpdask.errors.ArgumentError
         If ``W`` has no Kronecker structure over ``sizes``.
     """
     if sizes is None:
         sizes = _guess_sizes(W)
     sizes = tuple(int(s) for s in sizes)
     if math.prod(sizes) != W.shape[1]:
-        raise ValueError(
+        raise ShapeError(
             f"the workload has {W.shape[1]} columns but the domain {sizes} has "
             f"{math.prod(sizes)} cells"
         )
@@ -217,7 +219,7 @@ def _collect(
     elif isinstance(W, Ones) and W.m == 1:
         fs = [Ones(n) for n in sizes]
     else:
-        raise ValueError(
+        raise ArgumentError(
             f"cannot read a {type(W).__name__} of shape {W.shape} as a union of Kronecker "
             f"products over a domain of sizes {sizes}; build the workload from Kron factors"
         )

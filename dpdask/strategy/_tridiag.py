@@ -33,12 +33,13 @@ where the dense solver cannot go.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.linalg import eigh_tridiagonal, eigvalsh_tridiagonal
 from scipy.linalg.lapack import dpttrf
 
+from dpdask.errors import ArgumentError, PlanError
 from dpdask.linalg import (
     AllRange,
     Dense,
@@ -154,7 +155,7 @@ def sqrt_inverse_diag(d: np.ndarray, e: np.ndarray) -> np.ndarray:
     lo = float(eigvalsh_tridiagonal(d, e, select="i", select_range=(0, 0))[0])
     hi = float(np.max(d + np.abs(np.concatenate([e, [0.0]])) + np.abs(np.concatenate([[0.0], e]))))
     if not lo > 0:
-        raise ValueError("the tridiagonal matrix is not positive definite")
+        raise ArgumentError("the tridiagonal matrix is not positive definite")
     shifts, weights = _nodes(0.5 * lo, 2.0 * hi)
     out = np.zeros(d.size)
     for sigma, w in zip(shifts, weights, strict=True):
@@ -190,7 +191,7 @@ class SpectralStrategy(Dense):
         R = (np.sqrt(self.mu)[:, None] * self.matrix) * (self.lam / self.s**2)[None, :]
         return InverseGram(np.zeros(self.shape[1]), R, 1)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[object, ...]:
         return (self.matrix, self.mu, self.lam, self.s)
 
 
@@ -212,7 +213,9 @@ class _Converged(Exception):
     pass
 
 
-def _certify(d: np.ndarray, e: np.ndarray, lam: np.ndarray) -> tuple:
+def _certify(
+    d: np.ndarray, e: np.ndarray, lam: np.ndarray
+) -> tuple[SpectralStrategy, float, float] | None:
     """The exact strategy, error and dual bound at ``lam`` (one eigendecomposition of ``B``)."""
     r = 1.0 / np.sqrt(lam)
     mu, V = eigh_tridiagonal(d * r * r, e * r[:-1] * r[1:], lapack_driver="stemr")
@@ -262,7 +265,7 @@ def ca_solve_tridiagonal(
     """
     d = np.asarray(d, dtype=float)
     e = np.asarray(e, dtype=float)
-    state: dict = {"gap": np.inf, "certified": np.inf, "calls": 0}
+    state: dict[str, Any] = {"gap": np.inf, "certified": np.inf, "calls": 0}
 
     def evaluate(lam: np.ndarray) -> tuple[np.ndarray, float, float, np.ndarray]:
         state["calls"] += 1
@@ -304,7 +307,7 @@ def ca_solve_tridiagonal(
         return strategy, error, lower, state["calls"], True
     cert = _certify(d, e, state["lam"]) if "lam" in state else None
     if cert is None:
-        raise ValueError("the dual iterations left the positive definite region")
+        raise PlanError("the dual iterations left the positive definite region")
     strategy, error, lower = cert
     return strategy, error, lower, state["calls"], error / lower - 1.0 <= tol
 
@@ -318,10 +321,11 @@ def _inverse_diagonal(d: np.ndarray, e: np.ndarray) -> np.ndarray:
     """
     if d.size == 1:
         if not d[0] > 0:
-            raise ValueError("the tridiagonal matrix is not positive definite")
+            raise ArgumentError("the tridiagonal matrix is not positive definite")
         return 1.0 / d
     forward, _, info = dpttrf(d, e)
     backward, _, info2 = dpttrf(d[::-1].copy(), e[::-1].copy())
     if info or info2:
-        raise ValueError("the tridiagonal matrix is not positive definite")
-    return 1.0 / (forward + backward[::-1] - d)
+        raise ArgumentError("the tridiagonal matrix is not positive definite")
+    out: np.ndarray = 1.0 / (forward + backward[::-1] - d)
+    return out

@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, PlanError, ShapeError
 from dpdask.linalg import Kron, LinearQuery, VStack, kron_vector
 from dpdask.strategy._gram import Gram
-from dpdask.strategy._invgram import inverse_gram
+from dpdask.strategy._invgram import InverseGram, inverse_gram
 from dpdask.strategy._marginals import (
     check_marginal_support,
     eigenspace_dims,
@@ -67,6 +69,23 @@ _DENSE_MAX_N = 4096
 _SVD_MAX_CELLS = 50_000_000
 
 
+@dataclass(frozen=True)
+class _PairState:
+    pair: PairAnalysis
+    c1: float
+    c2: float
+
+
+@dataclass(frozen=True)
+class _MarginalState:
+    traces: np.ndarray
+    totals: np.ndarray
+    mu_inv: np.ndarray
+
+
+_State = _PairState | _MarginalState | list[InverseGram]
+
+
 class ErrorAnalysis:
     """``||W A^+||_F^2`` and ``diag(W (A^T A)^+ W^T)`` for one strategy, per workload term.
 
@@ -84,7 +103,7 @@ class ErrorAnalysis:
 
     Raises
     ------
-    ValueError
+    dpdask.errors.PlanError, dpdask.errors.ShapeError
         If the strategy does not support the workload.
     NotImplementedError
         If no implicit formula applies and the domain is too large for dense matrices.
@@ -99,7 +118,7 @@ class ErrorAnalysis:
     ):
         terms = workload if isinstance(workload, KronTerms) else kron_terms(workload, sizes)
         if strategy.shape[1] != math.prod(terms.sizes):
-            raise ValueError(
+            raise ShapeError(
                 f"the strategy has {strategy.shape[1]} columns but the workload's domain "
                 f"has {math.prod(terms.sizes)} cells"
             )
@@ -134,7 +153,8 @@ class ErrorAnalysis:
         if self.groups is not None:
             for idx, sub, c2 in self._parts:
                 if j in idx:
-                    return sub.term_variances(idx.index(j)) / c2
+                    out: np.ndarray = sub.term_variances(idx.index(j)) / c2
+                    return out
         return self._term_variances(j)
 
     def variances(self) -> np.ndarray:
@@ -142,36 +162,41 @@ class ErrorAnalysis:
         return np.concatenate([self.term_variances(j) for j in range(self.terms.k)])
 
     # -- dispatch ----------------------------------------------------------
-    def _grouped(self, A: LinearQuery, groups: list[list[int]]) -> list:
+    def _grouped(
+        self, A: LinearQuery, groups: list[list[int]]
+    ) -> list[tuple[list[int], ErrorAnalysis, float]]:
         if not isinstance(A, VStack) or len(A.parts) != len(groups):
-            raise ValueError("groups need a VStack strategy with one part per group")
+            raise ArgumentError("groups need a VStack strategy with one part per group")
         seen = sorted(j for g in groups for j in g)
         if seen != list(range(self.terms.k)):
-            raise ValueError("groups must assign every workload term to exactly one part")
+            raise ArgumentError("groups must assign every workload term to exactly one part")
         parts = []
         for g, part, c in zip(groups, A.parts, A.weights, strict=True):
             if c == 0:
-                raise ValueError("a strategy part with weight 0 cannot answer its group")
+                raise PlanError("a strategy part with weight 0 cannot answer its group")
             parts.append((g, ErrorAnalysis(self.terms.subset(g), part), float(c) ** 2))
         return parts
 
-    def _prepare(self, terms: KronTerms, A: LinearQuery) -> tuple[str, object]:
+    def _prepare(self, terms: KronTerms, A: LinearQuery) -> tuple[str, _State]:
         sizes = terms.sizes
         if isinstance(A, Kron) and A.in_shape == sizes:
             return "kron", self._prepare_kron(terms, list(A.factors))
         u = marginal_gram(A, sizes)
         if u is not None:
             return "marginal", self._prepare_marginal(terms, u)
-        if (
-            isinstance(A, VStack)
-            and len(A.parts) == 2
-            and all(isinstance(p, Kron) and p.in_shape == sizes for p in A.parts)
-            and math.prod(sizes) <= PAIR_MAX_CELLS
-        ):
-            pair = PairAnalysis(terms, A.parts[0], A.parts[1])
-            c1, c2 = (float(c) for c in A.weights)
-            pair.check_supports(c1, c2)
-            return "pair", (pair, c1, c2)
+        if isinstance(A, VStack) and len(A.parts) == 2:
+            p0, p1 = A.parts
+            if (
+                isinstance(p0, Kron)
+                and isinstance(p1, Kron)
+                and p0.in_shape == sizes
+                and p1.in_shape == sizes
+                and math.prod(sizes) <= PAIR_MAX_CELLS
+            ):
+                pair = PairAnalysis(terms, p0, p1)
+                c1, c2 = (float(c) for c in A.weights)
+                pair.check_supports(c1, c2)
+                return "pair", _PairState(pair, c1, c2)
         if terms.d == 1:
             return "kron", self._prepare_kron(terms, [A])
         N = math.prod(sizes)
@@ -185,58 +210,58 @@ class ErrorAnalysis:
         self.terms_flat = flat
         return "flat", self._prepare_kron(flat, [A])
 
-    def _prepare_kron(self, terms: KronTerms, factors: list[LinearQuery]) -> list:
+    def _prepare_kron(self, terms: KronTerms, factors: list[LinearQuery]) -> list[InverseGram]:
         Xs = [inverse_gram(f) for f in factors]
         for j in range(terms.k):
             for i, X in enumerate(Xs):
                 X.check_supports(terms.factors[j][i], f"workload term {terms.names[j]!r}")
         return Xs
 
-    def _prepare_marginal(self, terms: KronTerms, u: np.ndarray) -> tuple:
+    def _prepare_marginal(self, terms: KronTerms, u: np.ndarray) -> _MarginalState:
         tr, to = terms.traces_totals()
         h = workload_spectrum(tr, to, terms.weights**2, terms.sizes)
         mu = marginal_eigenvalues(u, terms.sizes)
         check_marginal_support(h, mu)
-        return tr, to, pseudo_inverse_eigenvalues(mu)
+        return _MarginalState(tr, to, pseudo_inverse_eigenvalues(mu))
 
     def _kron_terms(self) -> KronTerms:
         return self.terms_flat if self._kind == "flat" else self.terms
 
     def _term_errors(self) -> np.ndarray:
-        if self._kind == "pair":
-            pair, c1, c2 = self._state  # type: ignore[misc]
-            return pair.by_term(c1, c2)
-        if self._kind == "marginal":
-            tr, to, mu_inv = self._state  # type: ignore[misc]
+        state = self._state
+        if isinstance(state, _PairState):
+            return state.pair.by_term(state.c1, state.c2)
+        if isinstance(state, _MarginalState):
+            tr, to = state.traces, state.totals
             out = np.empty(self.terms.k)
             for j in range(self.terms.k):
                 w2 = self.terms.weights[j : j + 1] ** 2
                 h = workload_spectrum(tr[j : j + 1], to[j : j + 1], w2, self.terms.sizes)
-                out[j] = float(h @ mu_inv)
+                out[j] = float(h @ state.mu_inv)
             return out
-        terms, Xs = self._kron_terms(), self._state
+        terms = self._kron_terms()
         return np.array(
             [
                 terms.weights[j] ** 2
-                * math.prod(X.trace(terms.gram(j, i)) for i, X in enumerate(Xs))  # type: ignore[attr-defined]
+                * math.prod(X.trace(terms.gram(j, i)) for i, X in enumerate(state))
                 for j in range(terms.k)
             ]
         )
 
     def _term_variances(self, j: int) -> np.ndarray:
-        if self._kind == "pair":
-            pair, c1, c2 = self._state  # type: ignore[misc]
-            return pair.term_variances(j, c1, c2)
+        state = self._state
+        if isinstance(state, _PairState):
+            return state.pair.term_variances(j, state.c1, state.c2)
         w2 = self.terms.weights[j] ** 2
-        if self._kind == "marginal":
-            return w2 * _marginal_term_variances(
-                self.terms.factors[j],
-                self.terms.sizes,
-                self._state[2],  # type: ignore[index]
+        if isinstance(state, _MarginalState):
+            marg: np.ndarray = w2 * _marginal_term_variances(
+                self.terms.factors[j], self.terms.sizes, state.mu_inv
             )
-        terms, Xs = self._kron_terms(), self._state
-        diags = [X.quad_diag(terms.factors[j][i]) for i, X in enumerate(Xs)]  # type: ignore[arg-type]
-        return w2 * kron_vector(diags)
+            return marg
+        terms = self._kron_terms()
+        diags = [X.quad_diag(terms.factors[j][i]) for i, X in enumerate(state)]
+        out: np.ndarray = w2 * kron_vector(diags)
+        return out
 
 
 def _flat(factors: list[LinearQuery]) -> LinearQuery:
@@ -269,17 +294,17 @@ def _marginal_term_variances(
     # K now has one axis per varying attribute, in order
     out = K
     ax = 0
-    for pair in vecs:
-        if pair is None:
+    for vec in vecs:
+        if vec is None:
             continue
-        out = np.moveaxis(np.tensordot(out, pair, axes=([ax], [0])), -1, ax)
+        out = np.moveaxis(np.tensordot(out, vec, axes=([ax], [0])), -1, ax)
         ax += 1
     shape = [f.shape[0] if v is not None else 1 for f, v in zip(factors, vecs, strict=True)]
     full = [f.shape[0] for f in factors]
     return np.broadcast_to(np.asarray(out).reshape(shape), full).ravel()
 
 
-def _pos(vecs: list, i: int) -> int:
+def _pos(vecs: list[np.ndarray | None], i: int) -> int:
     """Axis of attribute ``i`` in the partially contracted coefficient tensor."""
     return sum(1 for v in vecs[:i] if v is not None)
 
@@ -327,10 +352,10 @@ def svd_bound(
     N = math.prod(terms.sizes)
     try:
         if terms.k == 1:
-            s = abs(terms.weights[0]) * math.prod(
+            s1: float = abs(terms.weights[0]) * math.prod(
                 float(np.sqrt(terms.gram(0, i).eigvalsh()).sum()) for i in range(terms.d)
             )
-            return s * s / N
+            return s1 * s1 / N
         s = _marginal_svd_sum(terms)
         if s is None:
             s = _commuting_svd_sum(terms)

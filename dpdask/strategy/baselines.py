@@ -25,13 +25,14 @@ is re-exported here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError, ArgumentTypeError
 from dpdask.linalg import (
     Identity,
     Kron,
@@ -74,16 +75,18 @@ def _sizes(n_or_domain: SizeLike) -> tuple[int, ...]:
     elif isinstance(n_or_domain, Sequence) and not isinstance(n_or_domain, str):
         sizes = tuple(n_or_domain)
     else:
-        raise TypeError(f"expected a size, a Domain or a sequence of sizes, got {n_or_domain!r}")
+        raise ArgumentTypeError(
+            f"expected a size, a Domain or a sequence of sizes, got {n_or_domain!r}"
+        )
     if not sizes:
-        raise ValueError("a domain needs at least one attribute")
+        raise ArgumentError("a domain needs at least one attribute")
     for s in sizes:
         if isinstance(s, bool) or not isinstance(s, int | np.integer) or s < 1:
-            raise ValueError(f"domain sizes must be positive integers, got {s!r}")
+            raise ArgumentError(f"domain sizes must be positive integers, got {s!r}")
     return tuple(int(s) for s in sizes)
 
 
-def _per_attribute(n_or_domain: SizeLike, build: Any) -> LinearQuery:
+def _per_attribute(n_or_domain: SizeLike, build: Callable[[int], LinearQuery]) -> LinearQuery:
     """``build(n)`` for one attribute, the Kronecker product of them for several."""
     sizes = _sizes(n_or_domain)
     if len(sizes) == 1:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from dpdask.errors import ConvergenceError, ConvergenceWarning
+from dpdask.errors import ArgumentError, ConvergenceError, ConvergenceWarning, ShapeError
 from dpdask.linalg import Dense, Diagonal, Identity, Sparse, aslinearquery, check_dense_size
 from dpdask.strategy._tridiag import tridiagonal_ca
 
@@ -63,9 +63,9 @@ _GRAM_BLOCK_ELEMENTS = 4_000_000
 def _query_weights(weights: Any, m: int) -> np.ndarray:
     w = np.asarray(weights, dtype=float).ravel()
     if w.shape != (m,):
-        raise ValueError(f"the workload has {m} queries but {w.size} weights were given")
+        raise ShapeError(f"the workload has {m} queries but {w.size} weights were given")
     if not np.isfinite(w).all() or (w <= 0).any():
-        raise ValueError("query weights must be finite and positive")
+        raise ArgumentError("query weights must be finite and positive")
     return w
 
 
@@ -90,7 +90,7 @@ def workload_gram(W: Any, weights: Any = None) -> np.ndarray:
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ShapeError, dpdask.errors.ArgumentError
         If the weights do not match the queries or are not finite and positive.
     MemoryError
         If ``n x n`` exceeds ``dpdask.linalg.max-dense-elements``.
@@ -197,17 +197,17 @@ class _DualPoint:
     def kernel(self) -> np.ndarray:
         """Divided differences of ``k -> k^{-1/2}`` at the eigenvalues, negated."""
         sk = self.sk
-        return 1.0 / (sk[:, None] * sk[None, :] * (sk[:, None] + sk[None, :]))
+        return np.asarray(1.0 / (sk[:, None] * sk[None, :] * (sk[:, None] + sk[None, :])))
 
     def neg_hess_vec(self, N: np.ndarray, v: np.ndarray) -> np.ndarray:
         """``-H v`` with ``H`` the Hessian of ``g`` (the Jacobian of ``diag X``)."""
         # dK = F^T diag(v) F; in K's eigenbasis d(K^{-1/2}) = -U ((U^T dK U) * N) U^T
         E = self.FU.T @ (v[:, None] * self.FU)
-        return np.einsum("ij,ij->i", self.FU @ (E * N), self.FU)
+        return np.asarray(np.einsum("ij,ij->i", self.FU @ (E * N), self.FU))
 
     def neg_hess_diag(self, N: np.ndarray) -> np.ndarray:
         FU2 = self.FU * self.FU
-        return np.einsum("ij,ij->i", FU2 @ N, FU2)
+        return np.asarray(np.einsum("ij,ij->i", FU2 @ N, FU2))
 
 
 def _newton_direction(
@@ -220,7 +220,7 @@ def _newton_direction(
     """
     N = pt.kernel()
     P = np.maximum(pt.neg_hess_diag(N), np.finfo(float).tiny)
-    d = grad / P  # the scaled gradient, kept on the bound-active coordinates
+    d: np.ndarray = grad / P  # the scaled gradient, kept on the bound-active coordinates
     g = np.where(free, grad, 0.0)
     gnorm = float(np.linalg.norm(g))
     if gnorm == 0:
@@ -253,11 +253,11 @@ def _newton_direction(
 def _solve_gram(G: np.ndarray, tol: float, max_iter: int, max_cg: int) -> ConvexSolution:
     n = G.shape[0]
     if not np.isfinite(G).all():
-        raise ValueError("the workload's Gram matrix has non-finite entries")
+        raise ArgumentError("the workload's Gram matrix has non-finite entries")
     ev, V = np.linalg.eigh(G)
     keep = ev > max(ev[-1], 0.0) * n * np.finfo(float).eps
     if not keep.any():
-        raise ValueError("the workload has no nonzero query: there is nothing to measure")
+        raise ArgumentError("the workload has no nonzero query: there is nothing to measure")
     F = V[:, keep] * np.sqrt(ev[keep])[None, :]  # G = F F^T, F of full column rank
 
     pt = _DualPoint(F, np.maximum(np.einsum("ij,ij->i", F, F), 0.0))  # exact for diagonal G
@@ -277,6 +277,7 @@ def _solve_gram(G: np.ndarray, tol: float, max_iter: int, max_cg: int) -> Convex
         free = ~((lam <= eps) & (grad < 0))
         d = _newton_direction(pt, grad, free, max_cg, min(0.1, pt.rel_gap))
         step = 1.0
+        ascended = False
         while True:
             new_lam = np.maximum(lam + step * d, 0.0)
             trial = _DualPoint(F, new_lam)
@@ -286,12 +287,12 @@ def _solve_gram(G: np.ndarray, tol: float, max_iter: int, max_cg: int) -> Convex
                 ascent = float(grad[free] @ (new_lam - lam)[free])
                 ascent += float(grad[~free] @ (new_lam - lam)[~free])
                 if trial.g >= pt.g + 1e-4 * ascent or trial.rel_gap < 0.5 * pt.rel_gap:
+                    ascended = True
                     break
             step *= 0.5
             if step < 1e-10:
-                trial = None
                 break
-        if trial is None:  # no ascent left in floating point
+        if not ascended:  # no ascent left in floating point
             break
         pt = trial
 
@@ -344,7 +345,7 @@ def ca_solve(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ShapeError, dpdask.errors.ArgumentError
         If the weights are invalid or the workload is zero.
     MemoryError
         If the ``n x n`` Gram matrix exceeds ``dpdask.linalg.max-dense-elements``.
@@ -365,7 +366,7 @@ def _ca(
 ) -> ConvexSolution:
     """:func:`ca_solve` without the warning (for :func:`convex_ca`, which raises instead)."""
     if not (tol > 0):
-        raise ValueError(f"tol must be positive, got {tol!r}")
+        raise ArgumentError(f"tol must be positive, got {tol!r}")
     big = CONVEX_MAX_N + 1  # prefix and all-range beyond the dense solver's sizes
     fast = None if weights is not None else tridiagonal_ca(W, tol=tol, max_iter=max_iter, min_n=big)
     if fast is not None:
@@ -402,10 +403,10 @@ def ca_solve_gram(
     ConvexSolution
     """
     if not (tol > 0):
-        raise ValueError(f"tol must be positive, got {tol!r}")
+        raise ArgumentError(f"tol must be positive, got {tol!r}")
     G = np.asarray(G, dtype=float)
     if G.ndim != 2 or G.shape[0] != G.shape[1]:
-        raise ValueError(f"G must be a square matrix, got shape {G.shape}")
+        raise ShapeError(f"G must be a square matrix, got shape {G.shape}")
     sol = _solve_gram((G + G.T) / 2, float(tol), int(max_iter), int(max_cg))
     _warn_at_limit(sol, max_iter)
     return sol
@@ -448,9 +449,9 @@ def _targets(W: Any, targets: Any) -> np.ndarray:
     if c.size == 1:
         c = np.full(m, float(c[0]))
     if c.shape != (m,):
-        raise ValueError(f"the workload has {m} queries but {c.size} variance targets")
+        raise ShapeError(f"the workload has {m} queries but {c.size} variance targets")
     if not np.isfinite(c).all() or (c <= 0).any():
-        raise ValueError("variance targets must be finite and positive")
+        raise ArgumentError("variance targets must be finite and positive")
     return c
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dpdask.domain import Domain
-from dpdask.errors import PlanError
+from dpdask.errors import BudgetTypeError, PlanError
 from dpdask.linalg import LinearQuery
 from dpdask.privacy import MECHANISM_NORM, Budget, mechanism_for
 from dpdask.strategy._terms import KronTerms, kron_terms
@@ -53,6 +53,16 @@ def sensitivity_norm(privacy: Budget) -> int:
     return MECHANISM_NORM[mechanism_for(privacy)]
 
 
+def _spent(privacy: Budget | None, strategy: str) -> Budget:
+    """``privacy``, which only strategy ``"fitness"`` may leave out (it finds the budget)."""
+    if privacy is None:
+        raise BudgetTypeError(
+            f"strategy {strategy!r} needs a privacy budget (PureDP, zCDP or ApproxDP); "
+            "only strategy 'fitness' finds the least budget for privacy=None"
+        )
+    return privacy
+
+
 def verified_loss(terms: KronTerms, cand: Candidate, norm: int) -> float:
     """``||A||_p^2 ||W A^+||_F^2`` of a candidate, computed by :mod:`.error` from scratch."""
     sens = float(cand.strategy.sensitivity(norm))
@@ -74,7 +84,7 @@ def _baseline(
     sizes: tuple[int, ...],
     domain: Domain | None,
     norm: int,
-    options: dict,
+    options: dict[str, Any],
 ) -> LinearQuery:
     from dpdask.strategy import baselines
 
@@ -191,7 +201,10 @@ def select(
     Raises
     ------
     PlanError
-        For ``model="local"`` or any model other than ``"central"``.
+        For ``model="local"`` or any model other than ``"central"``, an unknown
+        strategy, or a workload no strategy of the kind asked for supports.
+    BudgetTypeError
+        If ``privacy`` is not a budget (``None`` only with ``strategy="fitness"``).
 
     Examples
     --------
@@ -216,8 +229,11 @@ def select(
     ):
         from dpdask.strategy import tda2020
 
-        make = tda2020.tda2020_plan if strategy == "tda-2020" else tda2020.fitness_plan
-        return make(workload, privacy, domain=domain, **options)
+        if strategy == "tda-2020":
+            return tda2020.tda2020_plan(
+                workload, _spent(privacy, strategy), domain=domain, **options
+            )
+        return tda2020.fitness_plan(workload, privacy, domain=domain, **options)
     if weights is not None and strategy != "hdmm":
         raise PlanError("weights are an option of strategy 'hdmm'")
     if strategy == "fitness":
@@ -228,7 +244,8 @@ def select(
         from dpdask.strategy.residual import plan_residual
 
         return plan_residual(workload, privacy, domain=domain, **options)
-    norm = sensitivity_norm(privacy)
+    budget = _spent(privacy, strategy)
+    norm = sensitivity_norm(budget)
     sizes = domain.shape if domain is not None else None
     if strategy == "hdmm" and weights is not None:
         from dpdask.strategy.weights import weighted_workload
@@ -272,7 +289,7 @@ def select(
         plan = Plan(
             workload,
             best.strategy,
-            privacy,
+            budget,
             domain=domain,
             groups=best.groups,
             template=f"hdmm-{best.name}",
@@ -283,4 +300,4 @@ def select(
             return _residual_if_better(plan, domain)
         return plan
     A = _baseline(strategy, workload, terms.sizes, domain, norm, options)
-    return Plan(workload, A, privacy, domain=domain, template=strategy, sizes=terms.sizes)
+    return Plan(workload, A, budget, domain=domain, template=strategy, sizes=terms.sizes)

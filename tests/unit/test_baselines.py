@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 
 from dpdask import Domain
-from dpdask.errors import ConvergenceError, ConvergenceWarning
+from dpdask.errors import ArgumentTypeError, ConvergenceError, ConvergenceWarning
 from dpdask.linalg import AllRange, Identity, Kron, Ones, Prefix, RangeQueries, Sparse, VStack
 from dpdask.strategy import baselines as B
 from dpdask.strategy.analysis import query_variances, squared_error
@@ -473,12 +473,12 @@ def test_wca_variants_match_sdp_with_their_weights(rng):
     ],
 )
 def test_bad_input_raises(call):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # some from dpdask.linalg
         call()
 
 
 def test_identity_rejects_non_sizes():
-    with pytest.raises(TypeError):
+    with pytest.raises(ArgumentTypeError):
         B.identity("abc")
 
 

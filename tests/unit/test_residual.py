@@ -21,7 +21,7 @@ from scipy.linalg import block_diag
 
 import dpdask
 from dpdask import Domain
-from dpdask.errors import PlanError
+from dpdask.errors import ArgumentError, DomainError, PlanError
 from dpdask.privacy import PureDP, zCDP
 from dpdask.strategy.residual import (
     MarginalWorkload,
@@ -108,9 +108,9 @@ def test_residual_closure_and_empty_residuals():
     assert W.m == 2 and W.weights.tolist() == pytest.approx([math.sqrt(5), 1.0])
     # attribute 1 has one value: residuals containing it are empty and dropped
     assert W.residual_sets() == [(), (0,), (2,)]
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(DomainError, match="outside"):
         MarginalWorkload((2, 2), [(0, 2)])
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ArgumentError, match="positive"):
         MarginalWorkload((2, 2), [(0,)], [0.0])
 
 
@@ -299,7 +299,7 @@ def test_plan_covariance_equals_the_dense_least_squares_covariance():
     for S, T in [((0, 1), (0, 1)), ((0, 1), (1, 2)), ((2,), (0, 2)), ((), (1,))]:
         want = _marginal(sizes, S) @ cov @ _marginal(sizes, T).T
         np.testing.assert_allclose(plan.covariance(S, T), want, atol=1e-10)
-    with pytest.raises(ValueError, match="not measured"):
+    with pytest.raises(PlanError, match="not measured"):
         plan.covariance((0, 1, 2))
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from dpdask import Domain, census, select
 from dpdask.cli import main
+from dpdask.errors import BudgetTypeError, PlanError
 from dpdask.linalg import AllRange, Identity, Kron, Ones, Prefix, VStack
 from dpdask.privacy import PureDP, zCDP
 from dpdask.strategy import PIdentity, optimize, squared_error
@@ -88,10 +89,30 @@ def test_convex_baseline_is_gaussian_only() -> None:
     plan = select(W, zCDP(1), "convex")
     hdmm = select(W, zCDP(1), restarts=2)
     assert plan.expected_error() <= hdmm.expected_error() * (1 + 1e-6)  # CA is the optimum
-    with pytest.raises(ValueError, match="Gaussian"):
+    with pytest.raises(PlanError, match="Gaussian"):
         select(W, PureDP(1), "convex")
-    with pytest.raises(ValueError, match="unknown strategy"):
+    with pytest.raises(PlanError, match="unknown strategy"):
         select(W, PureDP(1), "bogus")
+
+
+@pytest.mark.parametrize("strategy", ["hdmm", "identity", "tda-2020"])
+def test_only_fitness_plans_without_a_budget(strategy: str) -> None:
+    # privacy=None asks fitness-for-use for the least budget; any other strategy
+    # spends a budget, and refuses None as not a budget (a TypeError)
+    with pytest.raises(BudgetTypeError, match="needs a privacy budget"):
+        select(Prefix(8), None, strategy)
+
+
+def test_select_plans_a_dense_matrix_workload() -> None:
+    # an ndarray workload is a Dense operator: HDMM plans it as it plans Identity(4)
+    # (it used to fail on the array's missing Gram); the identity's error, 2 b^2 per
+    # cell with b = 1, bounds the optimum
+    plan = select(np.eye(4), PureDP(1), restarts=1)
+    assert plan.workload.shape == (4, 4)
+    assert plan.expected_error() <= 8.0 * (1 + 1e-9)
+    assert plan.expected_error() == pytest.approx(
+        select(Identity(4), PureDP(1), restarts=1).expected_error(), rel=1e-9
+    )
 
 
 def test_task_keys(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,7 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
+from dpdask.errors import ArgumentError
 from dpdask.linalg import LinearQuery, Sparse
 
 __all__ = ["paper_hm"]
@@ -53,7 +54,7 @@ def paper_hm(n: int) -> LinearQuery:
     """  # noqa: E501
     n = int(n)
     if n < 2:
-        raise ValueError(f"HM needs at least 2 cells, got {n}")
+        raise ArgumentError(f"HM needs at least 2 cells, got {n}")
     k = math.isqrt(n)
     cells = np.arange(n)
     nb = k if k > 1 else 0  # blocks

@@ -17,6 +17,7 @@ import numpy as np
 import scipy.linalg as sla
 from threadpoolctl import threadpool_limits
 
+from dpdask.errors import ArgumentError, PlanError, ShapeError
 from dpdask.linalg import LinearQuery, aslinearquery, check_dense_size
 from dpdask.strategy.fitness._smii import SMIIOptions, run_info, smii
 from dpdask.strategy.fitness._solution import FitnessSolution
@@ -42,7 +43,7 @@ def initial_covariance(can: Canonical, init: Any = None) -> np.ndarray:
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ShapeError, dpdask.errors.PlanError
         If ``A`` has the wrong number of columns or does not determine ``W``
         (``Sigma_0`` is then singular).
     """
@@ -51,12 +52,13 @@ def initial_covariance(can: Canonical, init: Any = None) -> np.ndarray:
         return np.eye(r)
     A = _dense(init, "the initial strategy")
     if A.shape[1] != can.d:
-        raise ValueError(f"the initial strategy has {A.shape[1]} columns, the workload {can.d}")
+        raise ShapeError(f"the initial strategy has {A.shape[1]} columns, the workload {can.d}")
     M = _dense(can.basis, "the basis") @ np.linalg.pinv(A)
     S = M @ M.T
     if np.linalg.matrix_rank(S) < r:
-        raise ValueError("the initial strategy does not support the workload (W != W A^+ A)")
-    return S
+        raise PlanError("the initial strategy does not support the workload (W != W A^+ A)")
+    out: np.ndarray = S
+    return out
 
 
 def _user_basis(can: Canonical, basis: Any) -> tuple[LinearQuery, np.ndarray, np.ndarray]:
@@ -64,9 +66,9 @@ def _user_basis(can: Canonical, basis: Any) -> tuple[LinearQuery, np.ndarray, np
     Bop = aslinearquery(basis)
     d, r = can.d, can.rank
     if Bop.shape[1] != d:
-        raise ValueError(f"the basis has {Bop.shape[1]} columns, the workload {d}")
+        raise ShapeError(f"the basis has {Bop.shape[1]} columns, the workload {d}")
     if Bop.shape[0] != r:
-        raise ValueError(
+        raise ShapeError(
             f"the basis has {Bop.shape[0]} rows but the workload has rank {r}: a basis needs "
             "linearly independent rows spanning the workload's row space"
         )
@@ -76,11 +78,11 @@ def _user_basis(can: Canonical, basis: Any) -> tuple[LinearQuery, np.ndarray, np
     else:
         T = B @ can.right_inverse
         Bc = _dense(can.basis, "the canonical basis")
-        if np.linalg.norm(B - T @ Bc) > _BASIS_RTOL * max(np.linalg.norm(B), 1e-300):
-            raise ValueError("the basis has rows outside the workload's row space")
+        if np.linalg.norm(B - T @ Bc) > _BASIS_RTOL * max(float(np.linalg.norm(B)), 1e-300):
+            raise ArgumentError("the basis has rows outside the workload's row space")
     s = sla.svdvals(T)
     if s.min() <= _BASIS_RTOL * s.max():
-        raise ValueError("the basis rows are not linearly independent")
+        raise ArgumentError("the basis rows are not linearly independent")
     return Bop, T, np.linalg.pinv(B)
 
 

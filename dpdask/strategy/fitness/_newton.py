@@ -36,7 +36,8 @@ def gram_rows(a: np.ndarray) -> np.ndarray:
     """``a a^T`` through the symmetric rank-k update (half a general product)."""
     syrk = sla.blas.ssyrk if a.dtype == np.float32 else sla.blas.dsyrk
     C = syrk(1.0, a)
-    return np.triu(C) + np.triu(C, 1).T
+    out: np.ndarray = np.triu(C) + np.triu(C, 1).T
+    return out
 
 
 class NewtonSystem:
@@ -115,9 +116,10 @@ class NewtonSystem:
         self.k = self.pi.size
         self.gP, self.gV = obj.gP, obj.gV
         self.dtype = dtype
-        self.B, self.Lt, self.Kg, self.Ks, self.A = (
+        arrays: list[np.ndarray] = [
             np.asarray(a, dtype=dtype) for a in (B, Lt, self.Kg, self.Ks, A)
-        )
+        ]
+        self.B, self.Lt, self.Kg, self.Ks, self.A = arrays
         if self.Jinv is not None:
             self.Jinv = np.asarray(self.Jinv, dtype=dtype)
         self.chol = None
@@ -135,7 +137,8 @@ class NewtonSystem:
             M = trmm(1.0, G, M, side=1, lower=1)
         else:
             M = G.T @ M @ G
-        return 0.5 * (M + M.T)
+        out: np.ndarray = 0.5 * (M + M.T)
+        return out
 
     def direction(self, E: np.ndarray) -> np.ndarray:
         """``D = map E map^T`` in the original coordinates."""
@@ -146,7 +149,8 @@ class NewtonSystem:
             D = trmm(1.0, G, D, side=1, lower=1, trans_a=1)  # (F E) F^T
         else:
             D = G @ E @ G.T
-        return 0.5 * (D + D.T)
+        out: np.ndarray = 0.5 * (D + D.T)
+        return out
 
     def _sylvester(self, E: np.ndarray) -> np.ndarray:
         """The Sylvester part ``E K + K E`` in the current coordinates."""
@@ -154,7 +158,8 @@ class NewtonSystem:
             T = E @ self.Ks
         else:
             T = (self.Jinv @ E) @ self.Ks
-        return T + T.T
+        out: np.ndarray = T + T.T
+        return out
 
     def _UT(self, E: np.ndarray) -> np.ndarray:
         """``U^T E = (q, s)``: two matrix products."""
@@ -168,23 +173,26 @@ class NewtonSystem:
 
     def _U(self, y: np.ndarray) -> np.ndarray:
         """``U y``: two matrix products."""
-        a = y[: self.k].astype(self.dtype)
-        b = y[self.k :].astype(self.dtype)
-        out = (self.B * a) @ self.B.T
+        a: np.ndarray = y[: self.k].astype(self.dtype)
+        b: np.ndarray = y[self.k :].astype(self.dtype)
+        out: np.ndarray = (self.B * a) @ self.B.T
         if self.rows is None:
-            return out + self.Lt.T @ (self.Lt * b[:, None])
+            out = out + self.Lt.T @ (self.Lt * b[:, None])
+            return out
         w = np.zeros(self.keep.size)
         w[self.keep] = b
-        return out + self._sandwich(self.rows.gram(w / self.c)).astype(self.dtype)
+        out = out + self._sandwich(self.rows.gram(w / self.c)).astype(self.dtype)
+        return out
 
     def _hv(self, E: np.ndarray, uE: np.ndarray) -> np.ndarray:
         """``H[E]`` given ``U^T E``: three matrix products."""
         k, pi, nu = self.k, self.pi, self.nu
         q, s = uE[:k], uE[k:]
-        out = self._sylvester(E)
+        out: np.ndarray = self._sylvester(E)
         out += self._U(np.concatenate([self.gP * pi * q, self.gV * nu * s]))
         out -= (self.gP * float(pi @ q)) * self.Kg + (self.gV * float(nu @ s)) * self.A
-        return 0.5 * (out + out.T)
+        out = 0.5 * (out + out.T)
+        return out
 
     def hv(self, E: np.ndarray) -> np.ndarray:
         """``H[E]``."""
@@ -221,13 +229,15 @@ class NewtonSystem:
         y = self._scale * z
         for blk in self._blocks:
             y[blk] -= self._w[blk] * y[blk].sum()
-        return y
+        out: np.ndarray = y
+        return out
 
     def _VT(self, y: np.ndarray) -> np.ndarray:
         z = y.copy()
         for blk in self._blocks:
             z[blk] -= float(self._w[blk] @ y[blk])
-        return self._scale * z
+        out: np.ndarray = self._scale * z
+        return out
 
     def _precond(self, R: np.ndarray, uR: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(kappa I + U G U^T)^-1 R`` and its ``U^T`` image (from the Gram matrix)."""
@@ -243,8 +253,8 @@ class NewtonSystem:
         and of ``z`` from the Gram matrix, so an iteration costs seven matrix products.
         """
         dt = self.dtype
-        x = np.zeros(rhs.shape, dtype=dt)
-        r = np.asarray(rhs, dtype=dt)
+        x: np.ndarray = np.zeros(rhs.shape, dtype=dt)
+        r: np.ndarray = np.asarray(rhs, dtype=dt)
         stop = tol * float(np.linalg.norm(r))
         z, uz = self._precond(r, self._UT(r))
         p, up = z, uz

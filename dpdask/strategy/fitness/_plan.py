@@ -37,6 +37,7 @@ import numpy as np
 import scipy.linalg as sla
 
 from dpdask.domain import Domain
+from dpdask.errors import ArgumentError, ArgumentTypeError, PlanError
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, VStack
 from dpdask.privacy import ApproxDP, Budget, gaussian_delta, zCDP
 from dpdask.strategy._terms import kron_terms
@@ -85,7 +86,7 @@ def whitened_strategy(sol: FitnessResult) -> LinearQuery:
         return Kron([_whiten_dense(f) for f in sol.factors])
     if isinstance(sol, UnionFitnessSolution):
         return VStack([whitened_strategy(p) for p in sol.parts])
-    raise TypeError(f"not a fitness-for-use solution: {sol!r}")
+    raise ArgumentTypeError(f"not a fitness-for-use solution: {sol!r}")
 
 
 class FitnessPlan(Plan):
@@ -122,7 +123,7 @@ class FitnessPlan(Plan):
         domain: Domain | None = None,
         groups: Any = None,
         template: str = "fitness",
-        info: dict | None = None,
+        info: dict[str, Any] | None = None,
         sizes: Any = None,
     ):
         super().__init__(
@@ -130,13 +131,13 @@ class FitnessPlan(Plan):
             info=info, sizes=sizes,
         )  # fmt: skip
         if self.mechanism != "gaussian":
-            raise ValueError(
+            raise PlanError(
                 "the fitness-for-use mechanism adds Gaussian noise: give a zCDP or "
                 f"(epsilon, delta) budget, not {privacy!r}"
             )
         c = np.asarray(targets, dtype=float).reshape(-1)
         if c.shape != (workload.shape[0],) or not np.isfinite(c).all() or (c <= 0).any():
-            raise ValueError(
+            raise ArgumentError(
                 f"the plan needs one positive finite target per query ({workload.shape[0]}), "
                 f"got shape {c.shape}"
             )
@@ -154,7 +155,8 @@ class FitnessPlan(Plan):
 
     def variance_ratios(self) -> np.ndarray:
         """Each query's variance divided by its target."""
-        return self.query_variances() / self.targets
+        out: np.ndarray = self.query_variances() / self.targets
+        return out
 
     @property
     def max_ratio(self) -> float:
@@ -174,7 +176,7 @@ class FitnessPlan(Plan):
         return ApproxDP(epsilon, Fraction(math.nextafter(delta, 1.0)))
 
     # -- reporting ---------------------------------------------------------
-    def _summary_dict(self) -> dict:
+    def _summary_dict(self) -> dict[str, Any]:
         d = super()._summary_dict()
         ratios = self.variance_ratios()
         variances = ratios * self.targets
@@ -201,14 +203,14 @@ class FitnessPlan(Plan):
         d["fitness"] = fit
         return d
 
-    def summary(self, as_dict: bool = False) -> str | dict:
+    def summary(self, as_dict: bool = False) -> str | dict[str, Any]:
         """The plan's table plus the privacy cost, the budget spent and the target ratios."""
         d = self._summary_dict()
         if as_dict:
             return d
         f = d["fitness"]
         lines = [
-            Plan.summary(self),
+            str(Plan.summary(self)),
             "",
             f"fitness-for-use: privacy cost {f['privacy_cost']:.6g} (zCDP rho "
             f"{f['zcdp_rho']:.6g}), variance / target from {f['min_ratio']:.4g} to "
@@ -219,12 +221,14 @@ class FitnessPlan(Plan):
         return "\n".join(lines)
 
     # -- persistence -------------------------------------------------------
-    def _save_extra(self, arrays: dict[str, np.ndarray]) -> dict:
+    def _save_extra(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         arrays["fitness_targets"] = self.targets
         return {"kind": self.kind, "targets": "fitness_targets"}
 
     @classmethod
-    def _from_saved(cls, doc: dict, arrays: dict[str, np.ndarray], **kwargs: Any) -> FitnessPlan:
+    def _from_saved(
+        cls, doc: dict[str, Any], arrays: dict[str, np.ndarray], **kwargs: Any
+    ) -> FitnessPlan:
         return cls(**kwargs, targets=arrays[doc["targets"]])
 
 
@@ -241,7 +245,7 @@ def _union_groups(W: LinearQuery, sizes: tuple[int, ...], parts: int) -> list[li
     """The Kronecker terms of the workload that each union part answers."""
     terms = kron_terms(W, sizes)
     if not isinstance(W, VStack) or terms.k != parts:
-        raise ValueError(
+        raise ArgumentError(
             "a union fitness plan needs a VStack workload whose parts are single "
             f"Kronecker terms ({terms.k} terms for {parts} parts)"
         )

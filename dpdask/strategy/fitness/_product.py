@@ -39,11 +39,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import dask
 import numpy as np
-from dask.base import tokenize
+from dask.base import compute, tokenize
 from dask.delayed import delayed
 
+from dpdask.errors import ShapeError
 from dpdask.linalg import Kron, LinearQuery, Scaled, VStack
 from dpdask.strategy.fitness._dense import solve_dense
 from dpdask.strategy.fitness._smii import SMIIOptions
@@ -108,7 +108,7 @@ class _Batch:
 
     def compute(self) -> dict[str, FitnessSolution]:
         keys = list(self.tasks)
-        values = dask.compute(*(self.tasks[k] for k in keys))
+        values = compute(*(self.tasks[k] for k in keys))  # type: ignore[no-untyped-call]
         return dict(zip(keys, values, strict=True))
 
 
@@ -120,11 +120,11 @@ def _kron_plan(
     names: Sequence[str] | None,
 ) -> list[str]:
     if len(targets) != len(W.factors):
-        raise ValueError(f"{len(targets)} factor targets for {len(W.factors)} factors")
+        raise ShapeError(f"{len(targets)} factor targets for {len(W.factors)} factors")
     if bases is not None and len(bases) != len(W.factors):
-        raise ValueError(f"{len(bases)} factor bases for {len(W.factors)} factors")
+        raise ShapeError(f"{len(bases)} factor bases for {len(W.factors)} factors")
     if names is not None and len(names) != len(W.factors):
-        raise ValueError(f"{len(names)} names for {len(W.factors)} factors")
+        raise ShapeError(f"{len(names)} names for {len(W.factors)} factors")
     tokens = []
     for i, f in enumerate(W.factors):
         c = np.broadcast_to(np.asarray(targets[i], dtype=float), (f.shape[0],)).copy()
@@ -190,7 +190,7 @@ def solve_union(
         P = _weighted_part(part, float(w))
         c = np.asarray(targets[sl], dtype=float)
         split = factor_targets(c, P.out_shape) if isinstance(P, Kron) else None
-        if split is not None and len(P.factors) > 1:
+        if split is not None and isinstance(P, Kron) and len(P.factors) > 1:
             plans.append(("kron", _kron_plan(batch, P, split, None, names)))
         else:
             plans.append(("dense", batch.add(P, c, None, None, kind="part")))

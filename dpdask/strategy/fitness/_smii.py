@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
-from dpdask.errors import ConvergenceWarning
+from dpdask.errors import ArgumentError, ConvergenceError, ConvergenceWarning
 from dpdask.strategy.fitness._newton import NewtonSystem
 from dpdask.strategy.fitness._terms import ColumnTerm, RowTerm, nuclear_bound
 
@@ -145,11 +145,11 @@ class SMIIOptions:
 
     def __post_init__(self) -> None:
         if not (self.tau_start > 0 and self.tau_growth > 1 and self.tau_max >= self.tau_start):
-            raise ValueError("need tau_start > 0, tau_growth > 1 and tau_max >= tau_start")
+            raise ArgumentError("need tau_start > 0, tau_growth > 1 and tau_max >= tau_start")
         if self.precondition not in ("geometric", "scalar", "none"):
-            raise ValueError(f"unknown preconditioner {self.precondition!r}")
+            raise ArgumentError(f"unknown preconditioner {self.precondition!r}")
         if self.gap_tol < 0 or self.total_weight < 0:
-            raise ValueError("gap_tol and total_weight must be non-negative")
+            raise ArgumentError("gap_tol and total_weight must be non-negative")
 
 
 @dataclass
@@ -232,7 +232,8 @@ class _Objective:
         g = self.rows.gram(pt.nu / self.c) - self.cols.sandwich(X, pt.pi)
         if self.G is not None:
             g = g + self.lam * self.G
-        return g
+        out: np.ndarray = g
+        return out
 
     def newton_system(
         self,
@@ -243,6 +244,14 @@ class _Objective:
     ) -> NewtonSystem:
         """The Newton system at ``pt`` (:class:`~dpdask.strategy.fitness._newton.NewtonSystem`)."""
         return NewtonSystem(self, pt, precondition, dtype, damping)
+
+
+def _reweighted(obj: _Objective, pt: _Point) -> _Point:
+    """``pt``'s covariance under the objective's new barrier weights."""
+    again = obj.point(pt.sigma)
+    if again is None:  # the covariance was positive definite a moment ago
+        raise ConvergenceError("the covariance left the positive definite cone")
+    return again
 
 
 def _balance(obj: _Objective, pt: _Point) -> _Point:
@@ -287,12 +296,12 @@ def smii(
     obj = _Objective(rows, cols, c, opt.total_weight)
     pt = obj.point(np.array(sigma0, dtype=float))
     if pt is None:
-        raise ValueError("the initial covariance is not positive definite")
+        raise ArgumentError("the initial covariance is not positive definite")
     tau = opt.tau_start
     pt = _balance(obj, pt)
     mu = float(pt.p.max())
     obj.gP = obj.gV = tau / mu
-    pt = obj.point(pt.sigma)
+    pt = _reweighted(obj, pt)
     stages, newton, cg_total, converged = 1, 0, 0, False
     rho = opt.damping
     best_lb, prev_ub = 0.0, math.inf
@@ -366,7 +375,7 @@ def smii(
         pt = _balance(obj, pt)
         mu = float(pt.p.max())
         obj.gP = obj.gV = tau / mu
-        pt = obj.point(pt.sigma)
+        pt = _reweighted(obj, pt)
         if opt.predict and path is not None:
             # predictor: the central path moves like 1/tau, so extrapolate along it
             trial = obj.point(pt.sigma + (pt.sigma - path * (mu / path_mu)) / growth)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 
+from dpdask.errors import ArgumentError, PlanError
 from dpdask.linalg import (
     Dense,
     Identity,
@@ -78,6 +79,21 @@ class FitnessResult:
         raise NotImplementedError
 
     @property
+    def basis(self) -> LinearQuery:
+        """``B`` (``r x d``): the queries measured, rows spanning the workload's row space."""
+        raise NotImplementedError
+
+    @property
+    def Sigma(self) -> LinearQuery:
+        """The noise covariance on ``B x`` (``r x r``)."""
+        raise NotImplementedError
+
+    @property
+    def L(self) -> LinearQuery:
+        """The representation ``L`` with ``W = L B``."""
+        raise NotImplementedError
+
+    @property
     def lower_bound(self) -> float:
         """A certified lower bound on the least squared privacy cost for ``targets``.
 
@@ -96,7 +112,8 @@ class FitnessResult:
 
     def variance_ratios(self) -> np.ndarray:
         """Each query's variance divided by its target."""
-        return self.query_variances() / self.targets
+        out: np.ndarray = self.query_variances() / self.targets
+        return out
 
     @property
     def max_ratio(self) -> float:
@@ -144,24 +161,24 @@ class FitnessResult:
 
         Raises
         ------
-        ValueError
+        dpdask.errors.PlanError
             If the budget admits no Gaussian mechanism (pure DP, zero budget), or the
             rescaled mechanism would not fit in it.
         """
         if not isinstance(budget, zCDP | ApproxDP):
-            raise ValueError(
+            raise PlanError(
                 f"a Gaussian mechanism needs a zCDP or (epsilon, delta) budget, not {budget!r}"
             )
         allowed = budget.max_privacy_cost()
         if not allowed > 0:
-            raise ValueError(f"the budget {budget!r} admits no Gaussian noise at all")
+            raise PlanError(f"the budget {budget!r} admits no Gaussian noise at all")
         factor = (self._charged_cost() / allowed) ** 2
         for _ in range(64):
             out = self.scaled(factor)
             if out._charged_cost() <= allowed:
                 return out
             factor = math.nextafter(factor, math.inf) * (1.0 + 1e-15)
-        raise ValueError(
+        raise PlanError(
             f"could not scale the mechanism into the budget {budget!r} "
             f"(privacy cost {self.privacy_cost!r} against {allowed!r})"
         )
@@ -183,8 +200,9 @@ class FitnessResult:
 def _cholesky_upper(S: np.ndarray) -> np.ndarray:
     R, info = sla.lapack.dpotrf(S, lower=0, clean=1)
     if info != 0:
-        raise ValueError("the noise covariance is not positive definite")
-    return R
+        raise ArgumentError("the noise covariance is not positive definite")
+    out: np.ndarray = R
+    return out
 
 
 class FitnessSolution(FitnessResult):
@@ -226,12 +244,17 @@ class FitnessSolution(FitnessResult):
     ):
         self.workload = workload
         self.targets = np.asarray(targets, dtype=float)
-        self.basis = basis
+        self._basis = basis
         self.sigma = np.asarray(sigma, dtype=float)
         self.basis_pinv = basis_pinv
         self._rows = rows
         self._to_canonical = to_canonical
         self.info = dict(info or {})
+
+    @property
+    def basis(self) -> LinearQuery:
+        """``B``, as given."""
+        return self._basis
 
     @property
     def Sigma(self) -> Dense:
@@ -254,9 +277,11 @@ class FitnessSolution(FitnessResult):
         R = _cholesky_upper(self.sigma)
         if isinstance(self.basis, Identity):
             Rinv = sla.lapack.dtrtri(R, lower=0)[0]
-            return np.sqrt(np.einsum("ij,ij->i", Rinv, Rinv))
+            out: np.ndarray = np.sqrt(np.einsum("ij,ij->i", Rinv, Rinv))
+            return out
         Z = sla.solve_triangular(R, self._basis_dense(), trans="T", check_finite=False)
-        return np.sqrt(np.einsum("ij,ij->j", Z, Z))
+        out = np.sqrt(np.einsum("ij,ij->j", Z, Z))
+        return out
 
     def query_variances(self) -> np.ndarray:
         if self._to_canonical is None:
@@ -298,7 +323,7 @@ class KronFitnessSolution(FitnessResult):
     def __init__(self, factors: Sequence[FitnessSolution], names: Sequence[str] | None = None):
         self.factors = list(factors)
         if not self.factors:
-            raise ValueError("a Kronecker mechanism needs at least one factor")
+            raise ArgumentError("a Kronecker mechanism needs at least one factor")
         self.names = tuple(names) if names is not None else None
         self.workload = Kron([f.workload for f in self.factors])
         self.targets = kron_vector([f.targets for f in self.factors])
@@ -379,12 +404,13 @@ class BlockDiagonal(LinearQuery):
         pairs = [rounding_pair(b) for b in self.blocks]
         return max(p[0] for p in pairs), max(p[1] for p in pairs)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[object, ...]:
         return tuple(self.blocks)
 
     def dense(self) -> np.ndarray:
         check_dense_size(self.size, f"a {self.shape} BlockDiagonal")
-        return sla.block_diag(*[b.dense() for b in self.blocks])
+        out: np.ndarray = sla.block_diag(*[b.dense() for b in self.blocks])
+        return out
 
 
 class UnionFitnessSolution(FitnessResult):
@@ -432,7 +458,8 @@ class UnionFitnessSolution(FitnessResult):
     def part_budget_shares(self) -> np.ndarray:
         """Each part's share of the squared privacy cost (its share of a zCDP budget)."""
         sq = np.array([p.privacy_cost**2 for p in self.parts])
-        return sq / sq.sum()
+        out: np.ndarray = sq / sq.sum()
+        return out
 
     def scaled(self, factor: float) -> UnionFitnessSolution:
         return UnionFitnessSolution([p.scaled(factor) for p in self.parts], self.workload)

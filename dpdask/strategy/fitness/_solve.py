@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, PlanError, ShapeError
 from dpdask.linalg import Kron, LinearQuery, VStack, aslinearquery
 from dpdask.privacy import Budget
 from dpdask.strategy.fitness._dense import solve_dense
@@ -32,9 +33,9 @@ def _flat_targets(W: LinearQuery, targets: Any) -> np.ndarray:
     if c.ndim == 0:
         c = np.full(W.shape[0], float(c))
     if c.shape != (W.shape[0],):
-        raise ValueError(f"targets have shape {c.shape}, the workload has {W.shape[0]} queries")
+        raise ShapeError(f"targets have shape {c.shape}, the workload has {W.shape[0]} queries")
     if not np.isfinite(c).all() or (c <= 0).any():
-        raise ValueError("variance targets must be finite and positive")
+        raise ArgumentError("variance targets must be finite and positive")
     return c
 
 
@@ -66,7 +67,7 @@ def _choose(W: LinearQuery, targets: Any, method: Method) -> str:
         return "dense"
     if isinstance(W, VStack):
         return "union"
-    raise ValueError(
+    raise PlanError(
         f"the workload has {W.shape[1]} columns, too many to solve densely "
         f"(limit {DENSE_MAX_COLUMNS}); give a Kronecker product with factored targets or a "
         "union (VStack) of such products, or pass method='dense' to insist"
@@ -128,7 +129,7 @@ def solve(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ArgumentError, dpdask.errors.ShapeError, dpdask.errors.PlanError
         On targets that are not positive and finite or do not match ``W``, a basis
         that is not one for ``W``, a method that does not fit the workload, or a
         budget that admits no Gaussian mechanism.
@@ -140,30 +141,30 @@ def solve(
         )
     how = _choose(W, targets, method)
     if init is not None and how != "dense":
-        raise ValueError("an initial strategy (init=) is only used by the dense method")
+        raise ArgumentError("an initial strategy (init=) is only used by the dense method")
     result: FitnessResult
     if how == "dense":
         result = solve_dense(W, _flat_targets(W, targets), basis, init, options)
     elif how == "factor":
         if not isinstance(W, Kron):
-            raise ValueError("method='factor' needs a Kron workload")
+            raise ArgumentError("method='factor' needs a Kron workload")
         if _is_factored(W, targets):
             per = _check_factor_targets(W, targets)
         else:
             split = factor_targets(_flat_targets(W, targets), W.out_shape)
             if split is None:
-                raise ValueError("the targets are not a Kronecker product of per-factor targets")
+                raise ArgumentError("the targets are not a Kronecker product of per-factor targets")
             per = split
         if basis is not None and not (isinstance(basis, Kron) and len(basis.factors) == len(per)):
-            raise ValueError("by factors, the basis must be a Kron with one basis per factor")
+            raise ArgumentError("by factors, the basis must be a Kron with one basis per factor")
         bases = None if basis is None else basis.factors
         result = solve_kron(W, per, bases, names, options)
     elif how == "union":
         if not isinstance(W, VStack):
-            raise ValueError("method='union' needs a VStack workload")
+            raise ArgumentError("method='union' needs a VStack workload")
         if basis is not None:
-            raise ValueError("a union is solved part by part in each part's canonical basis")
+            raise ArgumentError("a union is solved part by part in each part's canonical basis")
         result = solve_union(W, _flat_targets(W, targets), names, options)
     else:
-        raise ValueError(f"unknown method {method!r}")
+        raise ArgumentError(f"unknown method {method!r}")
     return result if budget is None else result.for_budget(budget)

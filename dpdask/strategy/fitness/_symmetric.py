@@ -31,10 +31,12 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import scipy.optimize as so
 
+from dpdask.errors import ArgumentError
 from dpdask.linalg import LinearQuery
 from dpdask.strategy._terms import KronTerms, kron_terms
 
@@ -55,7 +57,7 @@ class _Attribute:
     def __post_init__(self) -> None:
         seen = np.sort(np.concatenate(self.blocks))
         if not np.array_equal(seen, np.arange(self.n)):
-            raise ValueError(f"the blocks {self.blocks} do not partition 0..{self.n - 1}")
+            raise ArgumentError(f"the blocks {self.blocks} do not partition 0..{self.n - 1}")
         self.avg = np.zeros((self.n, len(self.blocks)))
         for b, idx in enumerate(self.blocks):
             self.avg[idx, b] = 1.0 / math.sqrt(idx.size)
@@ -101,7 +103,10 @@ class _Features:
         self.Z = [Z[first] for Z in per_choice]
 
     def quad(self, Ks: Sequence[np.ndarray]) -> np.ndarray:
-        return sum(np.einsum("rd,de,re->r", Z, K, Z) for Z, K in zip(self.Z, Ks, strict=True))
+        out: np.ndarray = sum(
+            np.einsum("rd,de,re->r", Z, K, Z) for Z, K in zip(self.Z, Ks, strict=True)
+        )
+        return out
 
 
 @dataclass
@@ -129,7 +134,7 @@ class SymmetricSolution:
     privacy_cost: float
     max_ratio: float
     start_cost: float
-    info: dict
+    info: dict[str, Any]
 
     def inverse_dense(self) -> np.ndarray:
         """``Sigma^-1`` as a dense ``N x N`` matrix (the whitened strategy's Gram)."""
@@ -158,12 +163,16 @@ def _kron_all(mats: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _features(attrs: list[_Attribute], factors: Sequence[np.ndarray], choices) -> list:
+def _features(
+    attrs: list[_Attribute], factors: Sequence[np.ndarray], choices: list[tuple[int, ...]]
+) -> list[np.ndarray]:
     coords = [a.coordinates(F) for a, F in zip(attrs, factors, strict=True)]
     return [_row_kron([coords[i][ci] for i, ci in enumerate(c)]) for c in choices]
 
 
-def _start_blocks(attrs, choices, start: KronTerms | None) -> list[np.ndarray]:
+def _start_blocks(
+    attrs: list[_Attribute], choices: list[tuple[int, ...]], start: KronTerms | None
+) -> list[np.ndarray]:
     """``K_c`` of ``(A^T A)^-1`` for a strategy given as Kronecker terms (the identity if none)."""
     if start is None:
         return [np.eye(_dim(attrs, c)) for c in choices]
@@ -219,17 +228,17 @@ def solve_symmetric(
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ArgumentError
         If the blocks do not fit the workload or several attributes have several blocks.
     """
     attrs = [_Attribute(len(np.concatenate(b)), [np.asarray(x) for x in b]) for b in blocks]
     if sum(len(a.blocks) > 1 for a in attrs) > 1:
-        raise ValueError("at most one attribute may have more than one block")
+        raise ArgumentError("at most one attribute may have more than one block")
     sizes = tuple(a.n for a in attrs)
     terms = kron_terms(workload, sizes)
     c = np.asarray(targets, dtype=float).reshape(-1)
     if c.shape != (workload.shape[0],) or not (np.isfinite(c).all() and (c > 0).all()):
-        raise ValueError(f"expected {workload.shape[0]} positive finite targets")
+        raise ArgumentError(f"expected {workload.shape[0]} positive finite targets")
     choices = list(itertools.product(*(range(len(a.dims)) for a in attrs)))
     # every query row's coordinates (term by term, rows in C order), and every cell's
     per_choice: list[list[np.ndarray]] = [[] for _ in choices]

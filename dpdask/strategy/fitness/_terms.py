@@ -25,11 +25,13 @@ intervals. :class:`MappedRows` composes a data-space term with a row-space basis
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
 import scipy.sparse as sp
 
+from dpdask.errors import ArgumentError
 from dpdask.linalg import (
     Dense,
     Identity,
@@ -65,7 +67,7 @@ class ExplicitRows:
     """Query rows held as a dense array or a SciPy CSR matrix (``m x r``)."""
 
     def __init__(self, L: np.ndarray | sp.csr_array):
-        self.L = L
+        self.L: Any = L  # SciPy's sparse arrays are untyped
         self.m, self.r = L.shape
 
     def quad(self, S: np.ndarray) -> np.ndarray:
@@ -73,7 +75,8 @@ class ExplicitRows:
         LS = np.asarray(self.L @ S)
         if sp.issparse(self.L):
             return np.asarray(self.L.multiply(LS).sum(axis=1)).ravel()
-        return np.einsum("ij,ij->i", LS, self.L)
+        out: np.ndarray = np.einsum("ij,ij->i", LS, self.L)
+        return out
 
     def times(self, F: np.ndarray) -> np.ndarray:
         """``L F`` as a dense array."""
@@ -83,7 +86,8 @@ class ExplicitRows:
         """``L^T diag(w) L``."""
         if sp.issparse(self.L):
             return np.asarray((self.L.T @ self.L.multiply(w[:, None])).todense())
-        return self.L.T @ (w[:, None] * self.L)
+        out: np.ndarray = self.L.T @ (w[:, None] * self.L)
+        return out
 
 
 class RangeRows:
@@ -108,7 +112,8 @@ class RangeRows:
         """``L F`` as a dense array: differences of the cumulative sums of ``F``'s rows."""
         P = np.zeros((self.r + 1, F.shape[1]))
         np.cumsum(F, axis=0, out=P[1:])
-        return np.sqrt(self.scale2)[:, None] * (P[self.hi1] - P[self.lo])
+        out: np.ndarray = np.sqrt(self.scale2)[:, None] * (P[self.hi1] - P[self.lo])
+        return out
 
     def gram(self, w: np.ndarray) -> np.ndarray:
         """``L^T diag(w) L``: cumulative sums of a four-point difference array."""
@@ -135,7 +140,8 @@ class MappedRows:
         return self.inner.times(self.Q.T @ F)
 
     def gram(self, w: np.ndarray) -> np.ndarray:
-        return self.Q @ self.inner.gram(w) @ self.Q.T
+        out: np.ndarray = self.Q @ self.inner.gram(w) @ self.Q.T
+        return out
 
 
 RowTerm = ExplicitRows | RangeRows | MappedRows
@@ -152,14 +158,16 @@ class IdentityColumns:
 
     def quad_inverse(self, Rinv: np.ndarray) -> np.ndarray:
         """``b_j^T X b_j`` for ``X = Rinv Rinv^T``: the squared row norms of ``Rinv``."""
-        return np.einsum("ij,ij->i", Rinv, Rinv)
+        out: np.ndarray = np.einsum("ij,ij->i", Rinv, Rinv)
+        return out
 
     def gram(self, u: np.ndarray) -> np.ndarray:
         return np.diag(u)
 
     def sandwich(self, X: np.ndarray, u: np.ndarray) -> np.ndarray:
         """``X B diag(u) B^T X``."""
-        return (X * u) @ X
+        out: np.ndarray = (X * u) @ X
+        return out
 
     def whiten(self, T: np.ndarray) -> np.ndarray:
         """``T B``."""
@@ -174,21 +182,26 @@ class DenseColumns:
         self.r, self.d = self.B.shape
 
     def quad(self, X: np.ndarray) -> np.ndarray:
-        return np.einsum("ij,ij->j", self.B, X @ self.B)
+        out: np.ndarray = np.einsum("ij,ij->j", self.B, X @ self.B)
+        return out
 
     def quad_inverse(self, Rinv: np.ndarray) -> np.ndarray:
         Z = Rinv.T @ self.B
-        return np.einsum("ij,ij->j", Z, Z)
+        out: np.ndarray = np.einsum("ij,ij->j", Z, Z)
+        return out
 
     def gram(self, u: np.ndarray) -> np.ndarray:
-        return (self.B * u) @ self.B.T
+        out: np.ndarray = (self.B * u) @ self.B.T
+        return out
 
     def sandwich(self, X: np.ndarray, u: np.ndarray) -> np.ndarray:
         XB = X @ self.B
-        return (XB * u) @ XB.T
+        out: np.ndarray = (XB * u) @ XB.T
+        return out
 
     def whiten(self, T: np.ndarray) -> np.ndarray:
-        return T @ self.B
+        out: np.ndarray = T @ self.B
+        return out
 
 
 ColumnTerm = IdentityColumns | DenseColumns
@@ -205,8 +218,9 @@ def _ranges(W: LinearQuery) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | 
         inner = _ranges(W.A)
         return None if inner is None else (*inner[:3], W.c * inner[3])
     if isinstance(W, VStack):
-        parts = [_ranges(p) for p in W.parts]
-        if any(p is None for p in parts):
+        found = [_ranges(p) for p in W.parts]
+        parts = [p for p in found if p is not None]
+        if len(parts) != len(found):
             return None
         d = parts[0][0]
         return (
@@ -326,12 +340,14 @@ def _row_space(rows: ExplicitRows | RangeRows) -> np.ndarray:
         M = rows.L.toarray() if sp.issparse(rows.L) else rows.L
         _, s, Vt = sla.svd(M, full_matrices=False, lapack_driver="gesdd")
         tol = max(m, d) * np.finfo(float).eps * (s[0] if s.size else 0.0)
-        return Vt[s > tol]
+        out: np.ndarray = Vt[s > tol]
+        return out
     lam, V = sla.eigh(rows.gram(np.ones(m)))
     s = np.sqrt(np.clip(lam, 0.0, None))
     tol = max(m, d) * np.finfo(float).eps * (s.max() if s.size else 0.0)
     keep = s > tol
-    return V[:, keep][:, ::-1].T.copy()
+    out = V[:, keep][:, ::-1].T.copy()
+    return out
 
 
 def canonical_problem(W: LinearQuery) -> Canonical:
@@ -339,7 +355,7 @@ def canonical_problem(W: LinearQuery) -> Canonical:
 
     Raises
     ------
-    ValueError
+    dpdask.errors.ArgumentError
         If ``W`` is the zero matrix (nothing to answer).
     """
     data = row_term(W)
@@ -349,7 +365,7 @@ def canonical_problem(W: LinearQuery) -> Canonical:
     Q = _row_space(merged) if dm else np.zeros((0, 0))
     r = Q.shape[0]
     if r == 0:
-        raise ValueError("the workload is the zero matrix: there is nothing to answer")
+        raise ArgumentError("the workload is the zero matrix: there is nothing to answer")
     reps = None
     if dm < d:
         cells = np.flatnonzero(classes >= 0)

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +60,7 @@ from dpdask.strategy._marginals import WeightedMarginals
 from dpdask.strategy._pair import PAIR_MAX_CELLS, PairAnalysis
 from dpdask.strategy._terms import KronTerms
 from dpdask.strategy.analysis import ErrorAnalysis
-from dpdask.strategy.hdmm._closed_form import MAX_ATTRIBUTES, members
+from dpdask.strategy.hdmm._closed_form import MAX_ATTRIBUTES, Member, members
 from dpdask.strategy.hdmm._opt_kron import FactorResult, factor_kind
 from dpdask.strategy.hdmm._opt_marginals import marginals_spectrum
 from dpdask.strategy.hdmm._optimize import budget_split
@@ -71,6 +71,7 @@ from dpdask.strategy.hdmm._pieces import (
     KronPiece,
     MarginalsPiece,
     Piece,
+    Steps,
     TreePiece,
     drive_all,
     lockstep,
@@ -99,7 +100,7 @@ class Candidate:
     strategy: LinearQuery
     loss: float
     groups: list[list[int]] | None = None
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 def default_templates(terms: KronTerms) -> list[str]:
@@ -138,7 +139,9 @@ def _kron_pieces(
     return [("kron", KronPiece(terms, ps, ctx.norm, ctx.ftol, words))]
 
 
-def _kron_assemble(terms: KronTerms, layout: list, results: list, norm: int) -> tuple[Kron, float]:
+def _kron_assemble(
+    terms: KronTerms, layout: list[tuple[str, Piece | None]], results: list[Any], norm: int
+) -> tuple[Kron, float]:
     if layout[0][0] == "kron":
         best = results[0]
         return best.strategy(), float(best.loss)
@@ -155,7 +158,7 @@ def _kron_assemble(terms: KronTerms, layout: list, results: list, norm: int) -> 
     return Kron(facs), loss
 
 
-def _solve_kron(ctx: Context, terms: KronTerms, words: list[str]) -> Generator:
+def _solve_kron(ctx: Context, terms: KronTerms, words: list[str]) -> Steps[tuple[Kron, float]]:
     layout = _kron_pieces(ctx, terms, words)
     pieces = [pc for _, pc in layout if pc is not None]
     results = yield from solve_pieces(ctx, pieces)
@@ -189,7 +192,11 @@ def residual_terms(terms: KronTerms, index: Sequence[int], a: int) -> KronTerms:
     return KronTerms(sub.sizes, sub.weights, facs, sub.names)
 
 
-def _union(ctx: Context, split: tuple, seeds: Sequence[int] | None = None) -> Generator:
+_Split = tuple[int, list[int], list[int]]
+_Union = tuple[VStack, float, list[list[int]] | None]
+
+
+def _union(ctx: Context, split: _Split, seeds: Sequence[int] | None = None) -> Steps[_Union]:
     """The union on ``split``: its strategy, loss and groups (a task generator)."""
     a, g1, g2 = split
     terms, word = ctx.terms, ctx.names[a]
@@ -208,7 +215,7 @@ def _union(ctx: Context, split: tuple, seeds: Sequence[int] | None = None) -> Ge
         return VStack([K1, K2], weights=[c1, c2]), loss, None
     e2 = ErrorAnalysis(terms.subset(g2), K2).total()
     w, loss = budget_split([e1, e2], ctx.norm)
-    return VStack([K1, K2], weights=w), loss, [list(g1), list(g2)]
+    return VStack([K1, K2], weights=[float(c) for c in w]), loss, [list(g1), list(g2)]
 
 
 # ---------------------------------------------------------------------------
@@ -276,7 +283,7 @@ def optimize(
     return out
 
 
-def _members(ctx: Context) -> list:
+def _members(ctx: Context) -> list[Member]:
     """The closed-form members of the families (:mod:`._closed_form`), or none for large ``d``."""
     if ctx.terms.d > MAX_ATTRIBUTES:
         return []
@@ -300,7 +307,7 @@ def _never_worse_than_closed_form(ctx: Context, cands: list[Candidate]) -> None:
             c.groups = None
 
 
-def _template(tpl: str, ctx: Context) -> Generator:
+def _template(tpl: str, ctx: Context) -> Steps[Candidate | None]:
     """One template's best :class:`Candidate` (or ``None``), as a task generator."""
     terms, norm = ctx.terms, ctx.norm
     if tpl == "pidentity":
@@ -308,7 +315,7 @@ def _template(tpl: str, ctx: Context) -> Generator:
         piece = opt0_piece(ctx, G, ["restart", "pidentity"])
         res = (yield from solve_pieces(ctx, [piece]))[0]
         A = opt0_strategy(res, norm)
-        details = {"iterations": int(res[2])}
+        details: dict[str, Any] = {"iterations": int(res[2])}
         if isinstance(piece, ConvexPiece):
             details.update(solver="convex", lower_bound=float(res[3]))
         else:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from dpdask.errors import ArgumentError
 from dpdask.strategy._gram import Gram
 from dpdask.strategy.hdmm._optimize import _checked_loss, minimize
 from dpdask.strategy.hdmm._pidentity import _CANCELLATION, column_scale
@@ -76,7 +77,7 @@ def tree_start(n: int, levels: int, scale: float = TREE_SCALE) -> np.ndarray:
     """``Theta`` of the hierarchy: level ``k`` splits the ``n`` values into ``2^k`` blocks
     of near-equal size (:func:`numpy.array_split`), one row of ``scale`` per block."""
     if levels < 1 or (1 << (levels - 1)) > n:
-        raise ValueError(f"cannot split {n} values into {levels} levels")
+        raise ArgumentError(f"cannot split {n} values into {levels} levels")
     rows = []
     for k in range(levels):
         for block in np.array_split(np.arange(n), 1 << k):
@@ -198,5 +199,5 @@ def opt_0_tree(
 
         theta, f, nit2 = minimize(everywhere, theta, True, ftol, maxiter)
         nit += nit2
-    theta = theta.reshape(p, n)
-    return theta, _checked_loss(theta, 1, G, f), nit
+    theta_pn = theta.reshape(p, n)
+    return theta_pn, _checked_loss(theta_pn, 1, G, f), nit

@@ -17,9 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError
 from dpdask.linalg import Identity, Kron, LinearQuery, Ones
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
@@ -92,7 +94,8 @@ def _factor_errors(terms: KronTerms, i: int, A: LinearQuery) -> np.ndarray:
     if stack is None:
         return np.array([X.trace(terms.gram(j, i)) for j in range(terms.k)])
     Gs, index = stack
-    return np.einsum("uab,ab->u", Gs, X.dense())[index]
+    out: np.ndarray = np.einsum("uab,ab->u", Gs, X.dense())[index]
+    return out
 
 
 def _combined_gram(terms: KronTerms, i: int, coefs: np.ndarray) -> Gram:
@@ -247,8 +250,8 @@ def opt_kron(
         kept run and its loss after each sweep.
     """
     if restarts < 1:
-        raise ValueError(f"restarts must be at least 1, got {restarts!r}")
-    run = {
+        raise ArgumentError(f"restarts must be at least 1, got {restarts!r}")
+    run: dict[str, Any] = {
         "norm": norm,
         "ftol": ftol,
         "rtol": rtol,

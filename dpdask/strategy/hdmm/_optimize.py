@@ -32,12 +32,13 @@ p-Identity problems, exceed the cost of the objective itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy.optimize import Bounds
 from scipy.optimize import minimize as scipy_minimize
 
+from dpdask.errors import ArgumentError
 from dpdask.linalg import LinearQuery
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import inverse_gram
@@ -78,11 +79,16 @@ def default_p(n: int, norm: int = 1) -> int:
 
 
 def minimize(
-    fun, x0: np.ndarray, nonneg: bool, ftol: float, maxiter: int, method: str | None = None
-) -> tuple:
+    fun: Callable[[np.ndarray], tuple[float, np.ndarray]],
+    x0: np.ndarray,
+    nonneg: bool,
+    ftol: float,
+    maxiter: int,
+    method: str | None = None,
+) -> tuple[np.ndarray, float, int]:
     method = METHOD if method is None else method
     if method not in ("lbfgs", "scipy"):
-        raise ValueError(f"method must be 'lbfgs' or 'scipy', got {method!r}")
+        raise ArgumentError(f"method must be 'lbfgs' or 'scipy', got {method!r}")
     if method == "scipy":
         res = scipy_minimize(
             fun,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as sla
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import LinearQuery, NormTerms, register_operator
 from dpdask.strategy._gram import Gram
 from dpdask.strategy._invgram import InverseGram
@@ -40,9 +41,12 @@ _CANCELLATION = 1e-8
 
 def column_scale(theta: np.ndarray, norm: int) -> np.ndarray:
     """``d``: the column norms of ``[I; Theta]`` (L1 for ``norm=1``, L2 for ``norm=2``)."""
+    out: np.ndarray
     if norm == 1:
-        return 1.0 + np.abs(theta).sum(axis=0)
-    return np.sqrt(1.0 + (theta * theta).sum(axis=0))
+        out = 1.0 + np.abs(theta).sum(axis=0)
+    else:
+        out = np.sqrt(1.0 + (theta * theta).sum(axis=0))
+    return out
 
 
 class PIdentity(LinearQuery):
@@ -70,13 +74,13 @@ class PIdentity(LinearQuery):
     def __init__(self, theta: np.ndarray, norm: int = 1):
         T = np.asarray(theta, dtype=float)
         if T.ndim != 2:
-            raise ValueError(f"PIdentity needs a 2-D parameter matrix, got shape {T.shape}")
+            raise ShapeError(f"PIdentity needs a 2-D parameter matrix, got shape {T.shape}")
         if norm not in (1, 2):
-            raise ValueError(f"norm must be 1 or 2, got {norm!r}")
+            raise ArgumentError(f"norm must be 1 or 2, got {norm!r}")
         if not np.isfinite(T).all():
-            raise ValueError("PIdentity parameters must be finite")
+            raise ArgumentError("PIdentity parameters must be finite")
         if norm == 1 and (T < 0).any():
-            raise ValueError("an L1-normalised PIdentity needs non-negative parameters")
+            raise ArgumentError("an L1-normalised PIdentity needs non-negative parameters")
         self.theta = T
         self.norm = norm
         self.p, self.n = T.shape
@@ -89,12 +93,13 @@ class PIdentity(LinearQuery):
 
     def _rmatmat(self, Y: np.ndarray) -> np.ndarray:
         n = self.n
-        return (Y[:n] + self.theta.T @ Y[n:]) / self.d[:, None]
+        out: np.ndarray = (Y[:n] + self.theta.T @ Y[n:]) / self.d[:, None]
+        return out
 
     def _norm_terms(self, p: int) -> NormTerms:
         return NormTerms.single((1.0 + (np.abs(self.theta) ** p).sum(axis=0)) / self.d**p)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[object, ...]:
         return (self.theta, self.norm)
 
     def _rounding(self) -> tuple[float, float]:
@@ -112,7 +117,8 @@ class PIdentity(LinearQuery):
 
     def pinv(self) -> LinearQuery:
         """``A^+ = (A^T A)^-1 A^T``, implicit (``A`` has full column rank)."""
-        return _SymLowRank(self._inverse_gram()) @ self.T
+        pinv: LinearQuery = _SymLowRank(self._inverse_gram()) @ self.T
+        return pinv
 
     def __repr__(self) -> str:
         return f"PIdentity(p={self.p}, n={self.n}, norm={self.norm})"
@@ -127,9 +133,11 @@ class _SymLowRank(LinearQuery):
 
     def _matmat(self, V: np.ndarray) -> np.ndarray:
         X = self.X
-        return X.e[:, None] * V + X.sign * (X.R.T @ (X.R @ V))
+        out: np.ndarray = X.e[:, None] * V + X.sign * (X.R.T @ (X.R @ V))
+        return out
 
-    _rmatmat = _matmat
+    def _rmatmat(self, Y: np.ndarray) -> np.ndarray:  # symmetric
+        return self._matmat(Y)
 
 
 def pidentity_loss(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -37,6 +37,10 @@ from dpdask.strategy.hdmm._opt_marginals import fit_marginals
 from dpdask.strategy.hdmm._optimize import default_p, opt_0, opt_0_l2
 from dpdask.strategy.hdmm._pidentity import PIdentity
 from dpdask.strategy.hdmm._tasks import Task, distributed_client, run_tasks, submit_tasks
+
+_T = TypeVar("_T")
+Steps: TypeAlias = Generator[list[Task], list[Any], _T]
+"""A task generator: yields lists of tasks, is sent their results, returns a ``_T``."""
 
 __all__ = [
     "SHORT",
@@ -155,7 +159,7 @@ def opt0_piece(ctx: Context, G: Gram, words: list[str]) -> Piece:
     return Opt0Piece(G, ctx.p_for(G.n), ctx.norm, ctx.ftol, words)
 
 
-def opt0_strategy(result: tuple, norm: int) -> LinearQuery:
+def opt0_strategy(result: tuple[Any, ...], norm: int) -> LinearQuery:
     """The strategy of an OPT_0 result: a p-Identity's ``theta`` or a convex optimum."""
     x = result[0]
     return x if isinstance(x, LinearQuery) else PIdentity(x, norm)
@@ -235,7 +239,7 @@ class Context:
 
 def solve_pieces(
     ctx: Context, pieces: Sequence[Piece], seeds: Sequence[Any] | None = None, full: bool = True
-):
+) -> Steps[list[Any]]:
     """Best result of each piece: short runs from every seed, then full runs of the best.
 
     A generator: it yields lists of tasks and receives their results (see :func:`drive`).
@@ -266,7 +270,7 @@ def solve_pieces(
     return out
 
 
-def lockstep(gens: Sequence[Generator]) -> Generator:
+def lockstep(gens: Sequence[Steps[Any]]) -> Steps[list[Any]]:
     """Run several task generators together: each round's tasks go out as one batch."""
     out: list[Any] = [None] * len(gens)
     pending: dict[int, list[Task]] = {}
@@ -278,7 +282,8 @@ def lockstep(gens: Sequence[Generator]) -> Generator:
     while pending:
         order = list(pending)
         results = yield [t for k in order for t in pending[k]]
-        nxt, pos = {}, 0
+        nxt: dict[int, list[Task]] = {}
+        pos = 0
         for k in order:
             chunk = results[pos : pos + len(pending[k])]
             pos += len(pending[k])
@@ -291,7 +296,7 @@ def lockstep(gens: Sequence[Generator]) -> Generator:
 
 
 def drive_all(
-    gens: Sequence[Generator],
+    gens: Sequence[Steps[Any]],
     client: Any,
     inline: bool = False,
     priorities: Sequence[int] | None = None,
@@ -317,7 +322,7 @@ def drive_all(
     waiting: dict[int, tuple[list[Task], dict[str, Any]]] = {}
     owner: dict[Any, int] = {}
     rounds = [0] * len(gens) if priorities is None else [int(p) for p in priorities]
-    flow = as_completed()
+    flow = as_completed()  # type: ignore[no-untyped-call]
 
     def advance(k: int, sent: list[Any] | None) -> None:
         try:
@@ -336,7 +341,7 @@ def drive_all(
         waiting[k] = (tasks, futures)
         for f in futures.values():
             owner[f] = k
-            flow.add(f)
+            flow.add(f)  # type: ignore[no-untyped-call]
 
     for k in range(len(gens)):
         advance(k, None)
@@ -351,21 +356,24 @@ def drive_all(
     return out
 
 
-def drive(gen: Generator, client: Any, inline: bool = False) -> Any:
+def drive(gen: Steps[_T], client: Any, inline: bool = False) -> _T:
     """Run a task generator to completion, one :func:`run_tasks` call per batch.
 
     A task whose key was run before (the key hashes the problem: a union's screening
     run is also the first of its restarts) is not run again.
     """
     done: dict[str, Any] = {}
+    result: _T
     try:
         tasks = next(gen)
     except StopIteration as stop:
-        return stop.value
+        result = stop.value
+        return result
     while True:
         todo = list({t.key: t for t in tasks if t.key not in done}.values())
         done.update(zip((t.key for t in todo), run_tasks(todo, client, inline=inline), strict=True))
         try:
             tasks = gen.send([done[t.key] for t in tasks])
         except StopIteration as stop:
-            return stop.value
+            result = stop.value
+            return result

@@ -53,8 +53,8 @@ class Task:
 
     words: Sequence[str]
     fn: Callable[..., Any]
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
     blas_threads: int | None = 1
 
     @functools.cached_property
@@ -81,7 +81,13 @@ class _Call:
 
     __slots__ = ("args", "blas_threads", "fn", "kwargs")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict, blas_threads: int | None):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        blas_threads: int | None,
+    ):
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.blas_threads = blas_threads
 
@@ -102,7 +108,9 @@ def blas_limit(threads: int | None) -> Iterator[None]:
         yield
 
 
-def _call(fn: Callable[..., Any], args: tuple, kwargs: dict, blas_threads: int | None) -> Any:
+def _call(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], blas_threads: int | None
+) -> Any:
     """``fn(*args, **kwargs)`` with at most ``blas_threads`` BLAS threads (``None``: all)."""
     if blas_threads is None:
         return fn(*args, **kwargs)
@@ -127,7 +135,7 @@ def _is_shared(v: Any) -> bool:
     return isinstance(v, KronTerms | Gram)
 
 
-def _graph(tasks: Sequence[Task]) -> dict:
+def _graph(tasks: Sequence[Task]) -> dict[str, Any]:
     dsk: dict[str, Any] = {}
     for t in tasks:
         if t.key in dsk:
@@ -150,8 +158,10 @@ def _graph(tasks: Sequence[Task]) -> dict:
 
 def _scheduler(client: Any) -> Callable[..., Any]:
     if client is not None:
-        return client.get
-    get = get_scheduler()  # dask.config's scheduler, or the active distributed client
+        client_get: Callable[..., Any] = client.get
+        return client_get
+    # dask.config's scheduler, or the active distributed client
+    get = get_scheduler()  # type: ignore[no-untyped-call]
     return get if get is not None else dask.local.get_sync
 
 

@@ -102,7 +102,7 @@ class ResidualPlan(Plan):
         domain: Domain | None = None,
         workload: LinearQuery | None = None,
         template: str = "residual",
-        info: dict | None = None,
+        info: dict[str, Any] | None = None,
     ):
         if mechanism_of(privacy) != "gaussian":
             raise PlanError(
@@ -137,23 +137,23 @@ class ResidualPlan(Plan):
         self._analysis_cache = None
 
     # -- operators, on demand ------------------------------------------------
-    @property  # type: ignore[override]
-    def workload(self) -> LinearQuery:
+    @property
+    def workload(self) -> LinearQuery:  # type: ignore[override]
         if self._workload is None:
             W = self.marginals
             parts = [marginal_operator(W.sizes, s) for s in W.sets()]
             self._workload = VStack(parts, weights=list(W.weights), names=list(W.names))
         return self._workload
 
-    @property  # type: ignore[override]
-    def strategy(self) -> LinearQuery:
+    @property
+    def strategy(self) -> LinearQuery:  # type: ignore[override]
         if self._strategy is None:
             W = self.marginals
             parts = [residual_operator(W.sizes, a) for a in W.residual_sets()]
             self._strategy = VStack(parts, weights=list(np.sqrt(self.precision)))
         return self._strategy
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_analysis_cache": None}
 
     # -- the residual figures ------------------------------------------------
@@ -174,13 +174,12 @@ class ResidualPlan(Plan):
         T = S if other is None else tuple(sorted({int(i) for i in other}))
         s2 = dict(zip(self.marginals.residual_sets(), self.residual_variances(), strict=True))
         shared = set(S) & set(T)
-        needed = [A for A in _subsets(S) + _subsets(T) if all(self.sizes[i] > 1 for i in A)]
+        sizes = self.marginals.sizes  # the plan's sizes
+        needed = [A for A in _subsets(S) + _subsets(T) if all(sizes[i] > 1 for i in A)]
         missing = [A for A in needed if A not in s2]
         if missing:
-            raise ValueError(f"residual {missing[0]} is not measured by this plan")
-        return marginal_covariance(
-            self.sizes, {A: v for A, v in s2.items() if set(A) <= shared}, S, T
-        )
+            raise PlanError(f"residual {missing[0]} is not measured by this plan")
+        return marginal_covariance(sizes, {A: v for A, v in s2.items() if set(A) <= shared}, S, T)
 
     def _terms(self) -> tuple[np.ndarray, np.ndarray]:
         """Per workload term (as given, repeats kept): the merged marginal and its weight."""
@@ -192,7 +191,8 @@ class ResidualPlan(Plan):
     def error_by_term(self) -> np.ndarray:
         """Expected total squared error of each workload term (repeated marginals apart)."""
         idx, w = self._terms()
-        return w**2 * self.marginals.cells()[idx] * self.marginal_variances()[idx]
+        out: np.ndarray = w**2 * self.marginals.cells()[idx] * self.marginal_variances()[idx]
+        return out
 
     def expected_error(self) -> float:
         return float(self.error_by_term().sum())
@@ -212,7 +212,7 @@ class ResidualPlan(Plan):
         N = math.prod(W.sizes)
         return self._unit_variance() * float(N * np.sum(W.weights**2))
 
-    def _summary_dict(self) -> dict:
+    def _summary_dict(self) -> dict[str, Any]:
         W = self.marginals
         by_term = W.weights**2 * W.cells() * self.marginal_variances()
         total = float(by_term.sum())
@@ -258,14 +258,16 @@ class ResidualPlan(Plan):
         )
 
     # -- persistence -----------------------------------------------------------
-    def _save_extra(self, arrays: dict[str, np.ndarray]) -> dict:
+    def _save_extra(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         arrays["residual_subsets"] = self.marginals.subsets
         arrays["residual_weights"] = self.marginals.weights
         arrays["residual_precision"] = self.precision
         return {"kind": self.kind, "objective": self.solution.objective}
 
     @classmethod
-    def _from_saved(cls, doc: dict, arrays: dict[str, np.ndarray], **kwargs: Any) -> ResidualPlan:
+    def _from_saved(
+        cls, doc: dict[str, Any], arrays: dict[str, np.ndarray], **kwargs: Any
+    ) -> ResidualPlan:
         sizes = kwargs["sizes"]
         W = MarginalWorkload(sizes, arrays["residual_subsets"], arrays["residual_weights"])
         u = arrays["residual_precision"]
@@ -295,4 +297,5 @@ def _subsets(S: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 def _log_rows(W: MarginalWorkload) -> np.ndarray:
     n = np.append(np.asarray(W.sizes, dtype=float) - 1.0, 1.0)
-    return np.log(n[W.residuals]).sum(axis=1)
+    out: np.ndarray = np.log(n[W.residuals]).sum(axis=1)
+    return out

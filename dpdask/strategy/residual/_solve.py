@@ -36,7 +36,7 @@ from scipy.optimize import minimize
 from scipy.sparse import coo_matrix
 from scipy.sparse.linalg import LinearOperator, cg
 
-from dpdask.errors import ConvergenceWarning
+from dpdask.errors import ArgumentError, ConvergenceWarning
 from dpdask.strategy.residual._workload import MarginalWorkload
 
 __all__ = ["ResidualSolution", "solve_max", "solve_sum", "solve_targets"]
@@ -77,7 +77,7 @@ class ResidualSolution:
     lower_bound: float
     iterations: int = 0
     wall_time_s: float = 0.0
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def gap(self) -> float:
@@ -158,9 +158,9 @@ def solve_targets(
     t0 = time.perf_counter()
     tau = np.asarray(targets, dtype=float)
     if tau.shape != (W.m,) or not np.all(np.isfinite(tau)) or np.any(tau <= 0):
-        raise ValueError(f"targets must be {W.m} positive finite variances")
+        raise ArgumentError(f"targets must be {W.m} positive finite variances")
     c = W.residual_cost()
-    best: dict = {"lower": 0.0, "upper": math.inf, "u": None, "nit": 0}
+    best: dict[str, Any] = {"lower": 0.0, "upper": math.inf, "u": None, "nit": 0}
 
     def fun(eta: np.ndarray) -> tuple[float, np.ndarray]:
         mu = np.exp(eta - eta.max())
@@ -210,7 +210,7 @@ class _Converged(Exception):
 
 
 def _newton_polish(
-    W: MarginalWorkload, tau: np.ndarray, c: np.ndarray, best: dict, gap: float
+    W: MarginalWorkload, tau: np.ndarray, c: np.ndarray, best: dict[str, Any], gap: float
 ) -> None:
     """Newton steps on ``log L`` over the active multipliers, updating ``best``.
 

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, DomainError, ShapeError
+
 __all__ = ["MarginalWorkload", "Pairs", "all_subsets", "marginal_covariance"]
 
 
@@ -48,7 +50,7 @@ def all_subsets(d: int, k: int, *, up_to: bool = True) -> np.ndarray:
     Rows are sorted ascending, the padding last; shape ``(m, k)``.
     """
     if k < 0 or k > d:
-        raise ValueError(f"need 0 <= k <= {d}, got {k}")
+        raise ArgumentError(f"need 0 <= k <= {d}, got {k}")
     blocks = []
     for r in range(0 if up_to else k, k + 1):
         if r == 0:
@@ -66,7 +68,7 @@ def _codes(rows: np.ndarray, d: int) -> np.ndarray:
     if k == 0:
         return np.zeros(rows.shape[0], dtype=np.int64)
     if k * math.log2(d + 1) >= 62:
-        raise ValueError(f"subsets of up to {k} of {d} attributes are too many to encode")
+        raise ArgumentError(f"subsets of up to {k} of {d} attributes are too many to encode")
     base = np.int64(d + 1) ** np.arange(k - 1, -1, -1, dtype=np.int64)
     return rows @ base
 
@@ -136,13 +138,13 @@ class MarginalWorkload:
         self.sizes = tuple(int(n) for n in sizes)
         d = len(self.sizes)
         if any(n < 1 for n in self.sizes):
-            raise ValueError(f"attribute sizes must be positive, got {self.sizes}")
+            raise ArgumentError(f"attribute sizes must be positive, got {self.sizes}")
         rows = _padded(subsets, d)
         w = np.ones(rows.shape[0]) if weights is None else np.asarray(weights, dtype=float)
         if w.shape != (rows.shape[0],):
-            raise ValueError(f"{rows.shape[0]} marginals but {w.size} weights")
+            raise ShapeError(f"{rows.shape[0]} marginals but {w.size} weights")
         if not np.all(np.isfinite(w)) or np.any(w <= 0):
-            raise ValueError("marginal weights must be positive and finite")
+            raise ArgumentError("marginal weights must be positive and finite")
         codes = _codes(rows, d)
         uniq, first, inv = np.unique(codes, return_index=True, return_inverse=True)
         self.source = np.arange(rows.shape[0])
@@ -189,10 +191,13 @@ class MarginalWorkload:
         """Cells of every marginal (``N_S``) as floats (exact below 2**53)."""
         logn, _ = self._log_tables()
         ns = np.append(np.asarray(self.sizes, dtype=float), 1.0)
-        out = np.prod(ns[self.subsets], axis=1) if self.subsets.shape[1] else np.ones(self.m)
+        out: np.ndarray = (
+            np.prod(ns[self.subsets], axis=1) if self.subsets.shape[1] else np.ones(self.m)
+        )
         if np.all(out < 2**53):
             return out.astype(np.int64)
-        return np.exp(logn[self.subsets].sum(axis=1))
+        out = np.exp(logn[self.subsets].sum(axis=1))
+        return out
 
     # -- residuals -------------------------------------------------------------
     @property
@@ -207,7 +212,8 @@ class MarginalWorkload:
     def residual_cost(self) -> np.ndarray:
         """``c_A = prod_{i in A} (n_i - 1) / n_i``: squared sensitivity of residual A at u = 1."""
         _, logc = self._log_tables()
-        return np.exp(logc[self.residuals].sum(axis=1))
+        out: np.ndarray = np.exp(logc[self.residuals].sum(axis=1))
+        return out
 
     def pairs(self) -> Pairs:
         """Every (marginal, residual) incidence with its variance coefficient (cached)."""
@@ -286,7 +292,7 @@ def marginal_covariance(
     for A, s2 in variances.items():
         if not (set(A) <= set(S) and set(A) <= set(T)):
             continue
-        M = np.ones((1, 1))
+        M: np.ndarray = np.ones((1, 1))
         for i in sorted(set(S) | set(T)):
             n = sizes[i]
             if i in A:
@@ -306,12 +312,12 @@ def _padded(subsets: Iterable[Iterable[int]] | np.ndarray, d: int) -> np.ndarray
     if isinstance(subsets, np.ndarray) and subsets.ndim == 2:
         rows = np.sort(subsets.astype(np.int64), axis=1)
         if rows.size and (rows.min() < 0 or rows.max() > d):
-            raise ValueError(f"attribute indices must be in 0..{d - 1}")
+            raise DomainError(f"attribute indices must be in 0..{d - 1}")
         return rows
     sets = [sorted({int(i) for i in s}) for s in subsets]
     for s in sets:
         if s and (s[0] < 0 or s[-1] >= d):
-            raise ValueError(f"marginal {tuple(s)} names an attribute outside 0..{d - 1}")
+            raise DomainError(f"marginal {tuple(s)} names an attribute outside 0..{d - 1}")
     k = max((len(s) for s in sets), default=0)
     out = np.full((len(sets), k), d, dtype=np.int64)
     for j, s in enumerate(sets):
