@@ -35,6 +35,7 @@ import math
 import numpy as np
 from scipy import sparse
 
+from dpdask.errors import ArgumentError
 from dpdask.linalg import Identity, Kron, LinearQuery, Scaled, VStack, kron_vector
 from dpdask.reconstruct._kron_gram import ScaledKronGram, jacobi_scale, kron_rows
 
@@ -255,7 +256,7 @@ class RestrictedUnionGram:
     ):  # fmt: skip
         idx = np.asarray(idx, dtype=np.intp)
         if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= math.prod(sizes))):
-            raise ValueError("idx must be a vector of cell indices within the domain")
+            raise ArgumentError("idx must be a vector of cell indices within the domain")
         self.dtype, self.size = np.dtype(dtype), idx.size
         self._s = scale[idx].astype(self.dtype)
         multi = np.unravel_index(idx, sizes)

@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from dpdask.errors import ArgumentError
 from dpdask.reconstruct._kron_gram import ScaledKronGram
 from dpdask.reconstruct._union_gram import ScaledUnionGram
 from dpdask.reconstruct.topdown._fista import project_threshold
@@ -123,7 +124,7 @@ class WorkingSet:
         self.parts = [_PartSet(part, self.ch, self.cell, gram.K) for part in gram.parts]
         self.starts = np.flatnonzero(np.r_[True, self.cell[1:] != self.cell[:-1]])
         if self.starts.size != gram.size:
-            raise ValueError("every cell of the support needs a pair in the working set")
+            raise ArgumentError("every cell of the support needs a pair in the working set")
         count = np.diff(np.r_[self.starts, self.size])
         # segment_project's buckets: (width, cells, the (width, cells) places of their
         # pairs in v, padded with len(v))

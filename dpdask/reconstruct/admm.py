@@ -47,6 +47,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ArgumentTypeError, ShapeError
 from dpdask.linalg import (
     Identity,
     LinearQuery,
@@ -79,7 +80,7 @@ def prox(loss: str, alpha: float, rho: float) -> Callable[[np.ndarray], np.ndarr
     if loss == "l2":
         shrink = rho / (1.0 + rho)
         return lambda v: shrink * v
-    raise ValueError(f"unknown loss {loss!r}; expected one of {LOSSES}")
+    raise ArgumentError(f"unknown loss {loss!r}; expected one of {LOSSES}")
 
 
 # -- argument handling ------------------------------------------------------------
@@ -89,9 +90,9 @@ def _row_scale(scale: np.ndarray | float | None, m: int) -> tuple[np.ndarray | N
         return None, 1.0
     b = np.asarray(scale, dtype=float)
     if b.ndim != 0 and b.shape != (m,):
-        raise ValueError(f"scale has shape {b.shape}; expected a scalar or ({m},)")
+        raise ShapeError(f"scale has shape {b.shape}; expected a scalar or ({m},)")
     if not np.isfinite(b).all() or (b <= 0).any():
-        raise ValueError("scale must be positive and finite")
+        raise ArgumentError("scale must be positive and finite")
     if b.ndim == 0 or np.all(b == b.flat[0]):
         return None, float(b.flat[0])
     return b, float(b.min())
@@ -99,12 +100,12 @@ def _row_scale(scale: np.ndarray | float | None, m: int) -> tuple[np.ndarray | N
 
 def _check_tree(A: LinearQuery, tree: HierarchicalTree) -> None:
     if not isinstance(tree, HierarchicalTree):
-        raise TypeError(f"tree must be a HierarchicalTree, got {type(tree).__name__}")
+        raise ArgumentTypeError(f"tree must be a HierarchicalTree, got {type(tree).__name__}")
     if A.shape != tree.shape:
-        raise ValueError(f"strategy has shape {A.shape} but the tree's strategy is {tree.shape}")
+        raise ShapeError(f"strategy has shape {A.shape} but the tree's strategy is {tree.shape}")
     probe = np.sin(np.arange(1.0, tree.n + 1.0))  # a fixed, generic test vector
     if not np.allclose(A @ probe, tree.answers(probe), rtol=1e-9, atol=1e-9 * tree.n):
-        raise ValueError("the strategy does not answer the tree's nodes in breadth-first order")
+        raise ArgumentError("the strategy does not answer the tree's nodes in breadth-first order")
 
 
 # -- the iterations -----------------------------------------------------------------
@@ -186,13 +187,13 @@ def admm(
     ([2.5, 0.0, 3.5], True)
     """
     if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; expected one of {LOSSES}")
+        raise ArgumentError(f"unknown loss {loss!r}; expected one of {LOSSES}")
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+        raise ArgumentError(f"alpha must lie in [0, 1], got {alpha!r}")
     if not rho > 0 or not math.isfinite(rho):
-        raise ValueError(f"rho must be positive and finite, got {rho!r}")
+        raise ArgumentError(f"rho must be positive and finite, got {rho!r}")
     if not tol > 0 or maxiter < 1 or check_every < 1:
-        raise ValueError("tol must be positive and maxiter, check_every at least 1")
+        raise ShapeError("tol must be positive and maxiter, check_every at least 1")
     A = aslinearquery(A)
     m, n = A.shape
     Y, single = as_batch(y, m, "measurements")
@@ -200,7 +201,7 @@ def admm(
     ctl = _Control(loss, alpha, rho, Y.shape[0], tol, maxiter, check_every)
     if tree is not None:
         if equality is not None:
-            raise ValueError(
+            raise ArgumentError(
                 "equality constraints are not supported in the tree form; "
                 "pass the strategy without tree= to use the matrix-mechanism form"
             )
@@ -215,7 +216,7 @@ def admm(
         if equality is not None:
             E = aslinearquery(equality[0])
             if E.shape[1] != n:
-                raise ValueError(f"equality operator has {E.shape[1]} columns; expected {n}")
+                raise ShapeError(f"equality operator has {E.shape[1]} columns; expected {n}")
             D, _ = as_batch(equality[1], E.shape[0], "equality values")
             D = np.broadcast_to(D, (Y.shape[0], E.shape[0])) / c
         start = None if x0 is None else as_batch(x0, n, "starting values")[0] / c

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from dpdask.errors import ArgumentError, ShapeError
+
 __all__ = [
     "children_sum",
     "down_variances",
@@ -120,7 +122,7 @@ def tree_consistent(
     """
     L = len(estimates)
     if len(variances) != L or len(parents) != L - 1:
-        raise ValueError("need one estimate and one variance per level and L - 1 parent arrays")
+        raise ShapeError("need one estimate and one variance per level and L - 1 parent arrays")
     est = [np.asarray(e, dtype=float) for e in estimates]
     var = [
         np.broadcast_to(np.asarray(v, dtype=float), (e.shape[0],))
@@ -128,9 +130,9 @@ def tree_consistent(
     ]
     for lvl, v in enumerate(var):
         if (v <= 0).any() or np.isnan(v).any():
-            raise ValueError(f"level {lvl}: variances must be positive (inf for unmeasured)")
+            raise ShapeError(f"level {lvl}: variances must be positive (inf for unmeasured)")
     if np.isinf(var[-1]).any():
-        raise ValueError("every unit of the finest level needs a finite variance")
+        raise ShapeError("every unit of the finest level needs a finite variance")
     bshape = lambda v, e: v.reshape((-1,) + (1,) * (e.ndim - 1))  # noqa: E731
 
     z: list[np.ndarray] = [None] * L  # type: ignore[list-item]
@@ -178,7 +180,9 @@ def project_children(children: np.ndarray, parent: np.ndarray, totals: np.ndarra
     children = np.asarray(children, dtype=float)
     totals = np.asarray(totals, dtype=float)
     if (totals < 0).any():
-        raise ValueError("parent totals must be non-negative to split into non-negative children")
+        raise ArgumentError(
+            "parent totals must be non-negative to split into non-negative children"
+        )
     out = np.empty_like(children)
     starts = np.flatnonzero(np.r_[True, parent[1:] != parent[:-1]])
     ends = np.r_[starts[1:], parent.size]

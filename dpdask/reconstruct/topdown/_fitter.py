@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import LinearQuery, Scaled
 from dpdask.reconstruct._inputs import as_batch
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
@@ -79,15 +80,15 @@ class ChildrenFitter:
         start: str,
     ):  # fmt: skip
         if not tol > 0:
-            raise ValueError(f"tol must be positive, got {tol}")
+            raise ArgumentError(f"tol must be positive, got {tol}")
         if method not in _METHODS:
-            raise ValueError(f"unknown method {method!r}; use one of {', '.join(_METHODS)}")
+            raise ArgumentError(f"unknown method {method!r}; use one of {', '.join(_METHODS)}")
         self.level = Level(A, weights, gram)
         if method == "auto":
             kind = self.level.kind
             method = {"dense": "fista", "union": "active"}.get(kind, "newton")
         if start not in _STARTS:
-            raise ValueError(f"unknown start {start!r}; use one of {', '.join(_STARTS)}")
+            raise ShapeError(f"unknown start {start!r}; use one of {', '.join(_STARTS)}")
         self.method, self.tol, self.maxiter, self.start = method, tol, maxiter, start
         m = A.shape[0]
         w = None if weights is None else np.broadcast_to(np.asarray(weights, dtype=float), (m,))
@@ -97,9 +98,9 @@ class ChildrenFitter:
         n = self.level.n
         p = np.asarray(parent, dtype=float)
         if p.shape != (n,):
-            raise ValueError(f"parent has shape {p.shape}; expected ({n},)")
+            raise ShapeError(f"parent has shape {p.shape}; expected ({n},)")
         if not np.isfinite(p).all() or (p < 0).any():
-            raise ValueError("the parent's estimate must be finite and non-negative")
+            raise ArgumentError("the parent's estimate must be finite and non-negative")
         return p
 
     @functools.cached_property
@@ -138,7 +139,7 @@ class ChildrenFitter:
         level = self.level
         n, s = level.n, level.scale
         if (Y is None) == (Z is None):
-            raise ValueError("give exactly one of Y (measurements) or Z (estimates)")
+            raise ShapeError("give exactly one of Y (measurements) or Z (estimates)")
         pinv = None
         if Y is not None:
             Yb, _ = as_batch(Y, level.A.shape[0], "measurements")

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._inputs import row_weighted
 from dpdask.reconstruct._kron_gram import ScaledKronGram, scaled_kron_gram
@@ -148,7 +149,7 @@ class Level:
 
     def __init__(self, A: LinearQuery, weights: np.ndarray | float | None, gram: str):
         if gram not in GRAMS:
-            raise ValueError(f"unknown gram {gram!r}; use one of {', '.join(GRAMS)}")
+            raise ShapeError(f"unknown gram {gram!r}; use one of {', '.join(GRAMS)}")
         self.A, self.weights = A, weights
         self.Aw = row_weighted(A, weights)
         self.n = A.shape[1]
@@ -185,7 +186,7 @@ class Level:
     @functools.cached_property
     def _kron64(self) -> ScaledKronGram:
         if self.kron is None:
-            raise ValueError("not a Kronecker Gram")
+            raise ArgumentError("not a Kronecker Gram")
         return self.kron.with_dtype(np.float64)
 
     @functools.cached_property
