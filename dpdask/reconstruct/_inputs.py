@@ -38,5 +38,7 @@ def row_weighted(A: LinearQuery, weights: np.ndarray | float | None) -> LinearQu
         # constant weight within each part: keep the structure
         per_part = [w[s] for s in A.part_slices()]
         if all(np.all(p == p[0]) for p in per_part):
-            return VStack(A.parts, weights=A.weights * np.sqrt([p[0] for p in per_part]))
-    return Diagonal(np.sqrt(w)) @ A
+            weights = A.weights * np.sqrt([p[0] for p in per_part])
+            return VStack(A.parts, weights=weights.tolist())
+    scaled: LinearQuery = Diagonal(np.sqrt(w)) @ A
+    return scaled

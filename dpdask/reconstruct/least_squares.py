@@ -11,6 +11,8 @@ the operators compute from their structure).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from dpdask.errors import ArgumentError, ShapeError
@@ -32,7 +34,7 @@ def _cheap_pinv(A: LinearQuery) -> bool:
 
 
 def batched_cg(
-    matvec,
+    matvec: Callable[[np.ndarray], np.ndarray],
     B: np.ndarray,
     *,
     precond: np.ndarray | None = None,

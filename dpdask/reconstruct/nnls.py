@@ -96,16 +96,18 @@ def _solve(
     s = metric.scale
     if method == "newton":
         fast = metric.fast
+        gmv: Callable[[np.ndarray], np.ndarray]
+        exact: Callable[[np.ndarray], np.ndarray] | None
         if fast is not None:
             gmv, exact = fast.rows, metric.exact
         else:
             G = metric.compact
             srow = s[:, 0]
 
-            def gmv(V: np.ndarray) -> np.ndarray:
+            def compact_rows(V: np.ndarray) -> np.ndarray:
                 return np.ascontiguousarray((s * G._matmat((srow * V).T)).T)
 
-            exact = None
+            gmv, exact = compact_rows, None
         Ct = (s * C).T.copy()
         kron = isinstance(fast, ScaledKronGram)
         admm = warm and kron
@@ -119,7 +121,7 @@ def _solve(
                 maxiter=maxiter,
                 exact=exact,
                 restrict=fast.restricted if fast is not None else None,
-                entries=fast.from_entries if kron else None,
+                entries=fast.from_entries if isinstance(fast, ScaledKronGram) else None,
             )
         if admm:
             report.details["start"] = "admm"
@@ -129,7 +131,8 @@ def _solve(
     G = metric.compact
 
     def gmv_cols(U: np.ndarray) -> np.ndarray:
-        return s * G._matmat(s * U)
+        out: np.ndarray = s * G._matmat(s * U)
+        return out
 
     U, report = spg_quadratic(gmv_cols, s * C, X0 / s, tol=tol, maxiter=maxiter)
     return s * U, report

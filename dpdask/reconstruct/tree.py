@@ -142,7 +142,8 @@ class HierarchicalTree:
         x = self._check_rows(x, self.n, "cell values")
         S = np.zeros((self.n + 1, *x.shape[1:]))
         np.cumsum(x, axis=0, out=S[1:])
-        return S[self.hi + 1] - S[self.lo]
+        out: np.ndarray = S[self.hi + 1] - S[self.lo]
+        return out
 
     def leaves(self, V: np.ndarray) -> np.ndarray:
         """The cells' rows of a node vector ``(m,)`` or ``(m, k)``, in cell order."""

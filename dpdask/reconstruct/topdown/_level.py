@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 
 from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import LinearQuery
@@ -62,7 +63,7 @@ class SupportGram:
         fast = level.kind in ("kron", "union")
         self.fast_rows = self._rows(np.float32) if fast else self.rows
 
-    def _rows(self, dtype: type) -> RowsOp:
+    def _rows(self, dtype: npt.DTypeLike) -> RowsOp:
         level, idx, n = self.level, self.idx, self.level.n
         if level.dense is not None:
             sub = np.ascontiguousarray(level.dense[np.ix_(idx, idx)])
@@ -82,7 +83,7 @@ class SupportGram:
 
         return full
 
-    def _restricted(self, dtype: type) -> RestrictedUnionGram | None:
+    def _restricted(self, dtype: npt.DTypeLike) -> RestrictedUnionGram | None:
         """A union Gram restricted to ``S`` in ``dtype`` (built once), else None."""
         dt = np.dtype(dtype)
         if dt not in self._unions:
@@ -90,7 +91,7 @@ class SupportGram:
             self._unions[dt] = None if union is None else union.restricted(self.idx, dt)
         return self._unions[dt]
 
-    def batched(self, locals_: list[np.ndarray], dtype: type) -> RowsOp | None:
+    def batched(self, locals_: list[np.ndarray], dtype: npt.DTypeLike) -> RowsOp | None:
         """For a union Gram: ``v -> (H[l_1, l_1] v_1, ..., H[l_k, l_k] v_k)`` on the
         concatenation of ``k`` vectors (``locals_`` sorted positions in ``S``), one
         product of ``k`` rows restricted to ``S`` instead of ``k`` of one row; None for
@@ -109,7 +110,7 @@ class SupportGram:
 
         return op
 
-    def sub(self, local: np.ndarray, dtype: type) -> RowsOp:
+    def sub(self, local: np.ndarray, dtype: npt.DTypeLike) -> RowsOp:
         """``v -> H[local, local] v`` (``local`` sorted positions in ``S``), in ``dtype``."""
         level, cells = self.level, self.idx[local]
         if level.dense is not None:

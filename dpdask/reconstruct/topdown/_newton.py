@@ -66,6 +66,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from dpdask.reconstruct._newton import _conjugate_residual, _freeing_threshold, _inner_budget
 from dpdask.reconstruct.topdown._fista import project_threshold
@@ -105,7 +106,7 @@ class _FreeSet:
     """The free children of the cells with more than one as a flat vector (child by
     child), with the projection that removes each cell's mean over them."""
 
-    def __init__(self, free: np.ndarray, gram: SupportGram, dtype: type):
+    def __init__(self, free: np.ndarray, gram: SupportGram, dtype: npt.DTypeLike):
         K, S = free.shape
         many = free.sum(axis=0) > 1
         self.flat = np.flatnonzero(free & many)
@@ -197,7 +198,7 @@ def _sets(
 
 def _direction(
     gram: SupportGram, U: np.ndarray, grad: np.ndarray, sets: tuple, budget: int,
-    product: Product, counts: _Counts, dtype: type,
+    product: Product, counts: _Counts, dtype: npt.DTypeLike,
 ) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
     """The Newton direction ``D`` and the binding move ``M`` (two passes, module notes),
     and what the last inner solve left of its residual."""

@@ -107,7 +107,7 @@ def round_top(x: np.ndarray) -> np.ndarray:
     # units still missing: the total's nearest integer minus the floors' sum, at most
     # ceil(sum frac), so never more than the cells with a positive fractional part
     missing = (np.rint(rows.sum(axis=1)) - floors.sum(axis=1)).astype(np.int64)
-    out = floors.astype(np.int64) + _largest_remainders(frac.T, missing).T
+    out: np.ndarray = floors.astype(np.int64) + _largest_remainders(frac.T, missing).T
     return out.reshape(x.shape)
 
 
@@ -188,7 +188,8 @@ def round_children(X: np.ndarray, parent: np.ndarray, *, keep_totals: bool = Fal
             kept = _nearest_keeping_totals(frac, missing, rho)
             if kept is not None:
                 up = kept
-    return F.astype(np.int64) + up
+    out: np.ndarray = F.astype(np.int64) + up
+    return out
 
 
 def _largest_remainders(frac: np.ndarray, missing: np.ndarray) -> np.ndarray:
