@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -231,7 +232,10 @@ def admm(
 class _Control:
     """The stopping rule and the bookkeeping of the right-hand sides still iterating."""
 
-    def __init__(self, loss, alpha, rho, k, tol, maxiter, check_every):
+    def __init__(
+        self, loss: str, alpha: float, rho: float, k: int, tol: float, maxiter: int,
+        check_every: int,
+    ) -> None:  # fmt: skip
         self.step = prox(loss, alpha, rho)
         self.rho = rho
         self.tol, self.maxiter, self.check_every = tol, maxiter, check_every
@@ -245,7 +249,10 @@ class _Control:
     def due(self, it: int) -> bool:
         return it % self.check_every == 0 or it == self.maxiter
 
-    def check(self, it, pri, dual, size_pri, size_dual, dims_pri, dims_dual, out):
+    def check(
+        self, it: int, pri: np.ndarray, dual: np.ndarray, size_pri: np.ndarray,
+        size_dual: np.ndarray, dims_pri: float, dims_dual: float, out: np.ndarray,
+    ) -> np.ndarray:  # fmt: skip
         """Apply the stopping rule; return which of the active columns keep running."""
         tol = self.tol
         eps_pri = tol * (dims_pri + size_pri)
@@ -263,7 +270,7 @@ class _Control:
         self.active = idx[keep]
         return keep
 
-    def report(self, method: str, details: dict) -> ConvergenceReport:
+    def report(self, method: str, details: dict[str, Any]) -> ConvergenceReport:
         worst = np.maximum(self.pri, self.dual)
         return ConvergenceReport(
             method=method,
@@ -288,7 +295,8 @@ class _Control:
 
 
 def _colnorm(*arrays: np.ndarray) -> np.ndarray:
-    return np.sqrt(sum(np.einsum("ij,ij->j", a, a) for a in arrays))
+    norms: np.ndarray = np.sqrt(sum(np.einsum("ij,ij->j", a, a) for a in arrays))
+    return norms
 
 
 def _matrix_form(
@@ -299,7 +307,7 @@ def _matrix_form(
     nonneg: bool,
     X0: np.ndarray | None,
     ctl: _Control,
-) -> tuple[np.ndarray, dict]:
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Algorithms 1, 2 and 4 on all columns of ``Y.T`` at once (unknowns in units of ``c``)."""
     m, n = A.shape
     p = 0 if E is None else E.shape[0]
@@ -348,7 +356,7 @@ def _matrix_form(
                     a[:, keep] for a in (Xn, AXn, Z, U, V, W, Yt, Dt, EX, rE)
                 )
         X, AX = Xn, AXn
-    details = {"form": "matrix", "solver": solver.kind}
+    details: dict[str, Any] = {"form": "matrix", "solver": solver.kind}
     if solver.inner_iterations:
         details["inner_cg_iterations"] = int(sum(solver.inner_iterations))
     return ctl.result(Z if nonneg else X), details
@@ -361,14 +369,15 @@ def _tree_form(
     nonneg: bool,
     X0: np.ndarray | None,
     ctl: _Control,
-) -> tuple[np.ndarray, dict]:
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Algorithm 3 in node space, in units of each node's scale; returns the leaves ``(n, k)``."""
     m = tree.m
     project_raw = tree.projector(b_nodes**2)  # GLS projection of node counts
     bcol = b_nodes[:, None]
 
     def project(Un: np.ndarray) -> np.ndarray:  # Euclidean projection in standardised units
-        return project_raw(Un * bcol) / bcol
+        projected: np.ndarray = project_raw(Un * bcol) / bcol
+        return projected
 
     Yt = Yn.T.copy()
     k = Yt.shape[1]

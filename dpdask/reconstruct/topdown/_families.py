@@ -222,7 +222,7 @@ def topdown_tree(
         raise ShapeError("every level's strategy must have the same columns")
     if top is None:
 
-        def top(A, Y, wt):
+        def top(A: LinearQuery, Y: np.ndarray, wt: np.ndarray | float | None) -> Estimate:
             return nnls(A, Y, wt, tol=tol, maxiter=maxiter)
 
     Y0, _ = as_batch(measurements[0], strategies[0].shape[0], "level 0 measurements")

@@ -66,7 +66,7 @@ class SupportEstimate:
         return X
 
 
-def _batches(K: int, n: int):
+def _batches(K: int, n: int) -> list[tuple[int, int]]:
     """Row ranges ``(a, b)`` of at most :data:`_BATCH_ENTRIES` entries of ``n`` cells."""
     step = max(1, _BATCH_ENTRIES // max(n, 1))
     return [(a, min(K, a + step)) for a in range(0, K, step)]
@@ -76,9 +76,9 @@ class ChildrenFitter:
     """The fits of one level (build with :func:`children_fitter`, which documents it)."""
 
     def __init__(
-        self, A: LinearQuery, weights, tol: float, maxiter: int, gram: str, method: str,
-        start: str,
-    ):  # fmt: skip
+        self, A: LinearQuery, weights: np.ndarray | float | None, tol: float, maxiter: int,
+        gram: str, method: str, start: str,
+    ) -> None:  # fmt: skip
         if not tol > 0:
             raise ArgumentError(f"tol must be positive, got {tol}")
         if method not in _METHODS:
@@ -109,7 +109,8 @@ class ChildrenFitter:
         weight: ``(c A)^+ = A^+ / c``)."""
         Aw, c = self.level.Aw, 1.0
         while isinstance(Aw, Scaled):
-            Aw, c = Aw.A, c * float(Aw.c)
+            c *= float(Aw.c)
+            Aw = Aw.A
         inner = structured_pinv(Aw) if c != 0 else None
         return inner if inner is None or c == 1.0 else Scaled(inner, 1.0 / c)
 
@@ -120,7 +121,8 @@ class ChildrenFitter:
         ``A_w^T Yw`` again)."""
         inner, c = pinv, 1.0
         if isinstance(inner, Scaled):
-            inner, c = inner.A, float(inner.c)
+            c = float(inner.c)
+            inner = inner.A
         if isinstance(inner, KronPairInverse):
             # pinv = inner / w for A_w = w A: (A^T A)^+ A^T y / w = (A^T A)^+ (A_w^T y) / w^2
             return inner._normal_solve(AtY) * (c * c)
@@ -146,7 +148,7 @@ class ChildrenFitter:
             K = Yb.shape[0]
             if lean and K > 1 and self.start in ("auto", "estimates"):
                 pinv = self._pinv
-        else:
+        elif Z is not None:  # always, when Y is None (checked above)
             Zb, _ = as_batch(Z, n, "estimates")
             K = Zb.shape[0]
         C = np.empty((K, idx.size))

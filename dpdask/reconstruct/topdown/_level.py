@@ -79,7 +79,8 @@ class SupportGram:
         def full(U: np.ndarray) -> np.ndarray:
             Z = np.zeros((U.shape[0], n))
             Z[:, idx] = U * s
-            return G.apply(Z)[:, idx] * s
+            out: np.ndarray = G.apply(Z)[:, idx] * s
+            return out
 
         return full
 
@@ -127,7 +128,8 @@ class SupportGram:
         def gather(v: np.ndarray) -> np.ndarray:
             z = np.zeros((1, size))
             z[0, local] = v
-            return rows(z)[0, local].astype(dtype)
+            out: np.ndarray = rows(z)[0, local].astype(dtype)
+            return out
 
         return gather
 
@@ -177,7 +179,8 @@ class Level:
     def gram_rows(self, V: np.ndarray) -> np.ndarray:
         """``V G~`` for rows ``V`` ``(k, n)`` on the whole domain, in float64."""
         if self.dense is not None:
-            return V @ self.dense
+            out: np.ndarray = V @ self.dense
+            return out
         if self.kron is not None:
             return self._kron64.rows(V)
         if self.unions:
