@@ -16,8 +16,9 @@ county's support is shared by a few of its tracts). Each *round*:
 3. FISTA (as :mod:`dpdask.reconstruct.topdown._fista`, with adaptive restart) on the
    working set only, every other pair held at zero: the products with ``H`` child by
    child through the parts' marginals over the working set's pairs
-   (:class:`~dpdask.reconstruct._working_gram.WorkingGram`), the projection onto the
-   cells' simplices over its pairs (:func:`~dpdask.reconstruct._working_gram.segment_project`).
+   (:class:`~dpdask.reconstruct.topdown._working_gram.WorkingGram`), the projection onto
+   the cells' simplices over its pairs
+   (:func:`~dpdask.reconstruct.topdown._working_gram.segment_project`).
    Products are float32 on the difference from a reference point whose product is
    exact (float64; refreshed every :data:`REFRESH` iterations and each round), so
    their rounding shrinks with the steps. The round ends once the working set's own
@@ -37,13 +38,13 @@ from typing import Any
 import numpy as np
 
 from dpdask.reconstruct._newton import _freeing_threshold
-from dpdask.reconstruct._working_gram import (
+from dpdask.reconstruct.topdown._fista import L_MARGIN, project
+from dpdask.reconstruct.topdown._working_gram import (
     WorkingGram,
     WorkingSet,
     segment_project,
     segment_thresholds,
 )
-from dpdask.reconstruct.topdown._fista import L_MARGIN, project
 
 __all__ = ["active_fista"]
 

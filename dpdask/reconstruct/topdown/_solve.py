@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from dpdask.reconstruct._report import ConvergenceReport, warn_at_limit
-from dpdask.reconstruct._working_gram import WorkingGram
 from dpdask.reconstruct.topdown._active import active_fista
 from dpdask.reconstruct.topdown._fista import L_MARGIN, fista, lipschitz, project
 from dpdask.reconstruct.topdown._newton import simplex_newton
+from dpdask.reconstruct.topdown._working_gram import WorkingGram
 
 __all__ = ["exact_sums", "objective", "proportional", "solve_support"]
 
