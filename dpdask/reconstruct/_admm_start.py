@@ -93,4 +93,5 @@ class AdmmStart:
             W += U
             if low <= it < high and np.einsum("ij,ij->i", U, U).max() <= settled:
                 break
-        return np.maximum(W, 0).astype(float)
+        start: np.ndarray = np.maximum(W, 0).astype(float)
+        return start

@@ -54,8 +54,8 @@ def _kron_eigen(A: LinearQuery) -> tuple[LinearQuery, np.ndarray] | None:
             G = f.gram().dense()
         except (MemoryError, NotImplementedError):
             return None
-        w, Q = np.linalg.eigh(G)
-        Qs.append(Dense(Q))
+        w, vectors = np.linalg.eigh(G)
+        Qs.append(Dense(vectors))
         lams.append(np.maximum(w, 0.0))
     lam = kron_vector(lams)
     Q = Kron(Qs) if isinstance(A, Kron) else Qs[0]
@@ -100,19 +100,22 @@ def x_solver(A: LinearQuery, E: LinearQuery | None) -> XSolver:
         diag = diag + E.column_norms(2) ** 2
 
     def matvec(X: np.ndarray) -> np.ndarray:
-        out = gram._matmat(X) + X
+        out: np.ndarray = gram._matmat(X) + X
         return out if Egram is None else out + Egram._matmat(X)
 
     def cg(R: np.ndarray, X: np.ndarray | None) -> np.ndarray:
         X0 = np.zeros_like(R) if X is None else X
         D, rep = batched_cg(matvec, R - matvec(X0), precond=diag, tol=1e-9, maxiter=500)
         inner.append(rep.iterations)
-        return X0 + D
+        X1: np.ndarray = X0 + D
+        return X1
 
     return XSolver("cg", cg, inner)
 
 
-def _woodbury(base: Callable[[np.ndarray], np.ndarray], E: LinearQuery, inner: list[int]):
+def _woodbury(
+    base: Callable[[np.ndarray], np.ndarray], E: LinearQuery, inner: list[int]
+) -> XSolver:
     """``(K + E^T E)^-1 r = K^-1 (r - E^T S^-1 E K^-1 r)``, ``S = I + E K^-1 E^T`` (Cholesky)."""
     p, n = E.shape
     S = np.eye(p)

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Scaled, kron_vector
 
@@ -48,7 +50,7 @@ class ScaledKronGram:
         The precision of the products.
     """
 
-    def __init__(self, factors: list[np.ndarray], dtype: type = np.float32):
+    def __init__(self, factors: list[np.ndarray], dtype: npt.DTypeLike = np.float32):
         merged: list[np.ndarray] = []
         for F in factors:
             if merged and merged[-1].shape[0] * F.shape[0] <= _MERGE:
@@ -56,12 +58,12 @@ class ScaledKronGram:
             else:
                 merged.append(np.asarray(F, dtype=float))
         self._float64 = merged
-        self.factors = [np.ascontiguousarray(F, dtype=dtype) for F in merged]
+        self.factors: list[np.ndarray] = [np.ascontiguousarray(F, dtype=dtype) for F in merged]
         self.sizes = tuple(F.shape[0] for F in self.factors)
         self.n = math.prod(self.sizes)
-        self.dtype = np.dtype(dtype)
+        self.dtype: np.dtype[Any] = np.dtype(dtype)
 
-    def with_dtype(self, dtype: type) -> ScaledKronGram:
+    def with_dtype(self, dtype: npt.DTypeLike) -> ScaledKronGram:
         """The same operator with products in another precision."""
         return ScaledKronGram(self._float64, dtype)
 
@@ -87,10 +89,10 @@ class ScaledKronGram:
         multi = np.unravel_index(idx, self.sizes)
         pidx = np.ravel_multi_index([multi[i] for i in order], psz)
         occupied = np.unique(pidx // psz[-1]).size
-        return occupied <= _RESTRICT_MAX * math.prod(psz[:-1])
+        return bool(occupied <= _RESTRICT_MAX * math.prod(psz[:-1]))
 
     def restricted(
-        self, idx: np.ndarray, dtype: type | None = None
+        self, idx: np.ndarray, dtype: npt.DTypeLike | None = None
     ) -> Callable[[np.ndarray], np.ndarray]:
         """``v -> (S G S)[idx, idx] v`` for vectors ``v`` of the entries ``idx`` (sorted).
 
@@ -127,7 +129,8 @@ class ScaledKronGram:
 
             def dense(v: np.ndarray) -> np.ndarray:
                 full[0, idx] = v
-                return kron_rows(facs, full)[0, idx]
+                out: np.ndarray = kron_rows(facs, full)[0, idx]
+                return out
 
             return dense
         last_t = np.ascontiguousarray(pf[-1].T)
@@ -143,10 +146,12 @@ class ScaledKronGram:
             T[rows] = X @ last_t
             for i in range(d - 2, 0, -1):
                 T = np.matmul(pf[i], T.reshape(-1, psz[i], math.prod(psz[i + 1 :])))
+            out: np.ndarray
             if first_dense:  # the whole first mode, then the entries read
-                return (pf[0] @ T.reshape(psz[0], rest)).ravel()[pidx]
-            T2 = T.reshape(psz[0], rest)[:, col]
-            return np.einsum("ij,ji->i", first_rows, T2)
+                out = (pf[0] @ T.reshape(psz[0], rest)).ravel()[pidx]
+            else:
+                out = np.einsum("ij,ji->i", first_rows, T.reshape(psz[0], rest)[:, col])
+            return out
 
         return op
 
@@ -165,7 +170,8 @@ class ScaledKronGram:
         if rows.size > _RESTRICT_MAX * (self.n // last):
             full = np.zeros((1, self.n), dtype=self.dtype)
             full[0, idx] = vals
-            return self.rows(full)[0]
+            whole: np.ndarray = self.rows(full)[0]
+            return whole
         X = np.zeros((rows.size, last), dtype=self.dtype)
         X[rinv, pos] = vals
         T = np.zeros((self.n // last, last), dtype=self.dtype)
@@ -216,7 +222,7 @@ def _factor_gram(f: LinearQuery) -> np.ndarray | None:
     return G.matrix if isinstance(G, Dense) else G.dense()
 
 
-def scaled_kron_gram(A: LinearQuery, dtype: type = np.float32) -> ScaledKronGram | None:
+def scaled_kron_gram(A: LinearQuery, dtype: npt.DTypeLike = np.float32) -> ScaledKronGram | None:
     """The Jacobi-scaled Gram of ``A`` when ``A`` is a (scaled) Kronecker product of
     small factors, else ``None``. All-zero columns keep scale 1 (their row of ``G`` is 0).
     """

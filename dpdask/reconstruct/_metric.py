@@ -14,6 +14,7 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 from dask.base import tokenize
@@ -85,8 +86,8 @@ class Metric:
 
     @functools.cached_property
     def admm(self) -> AdmmStart:
-        """The ADMM start of :attr:`fast`, a Kronecker Gram."""
-        return AdmmStart(self.fast)
+        """The ADMM start of :attr:`fast`, a Kronecker Gram (the callers check it is)."""
+        return AdmmStart(cast(ScaledKronGram, self.fast))
 
 
 _metrics: OrderedDict[str, Metric] = OrderedDict()

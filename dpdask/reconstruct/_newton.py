@@ -65,6 +65,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from dpdask.reconstruct._report import ConvergenceReport
 
@@ -84,7 +85,7 @@ _KEEP = 0.5  # ... and the violations left at zero fill this share of n tol^2 (0
 _ARC_SEARCH = 3  # further halvings, each with a product, when the full step fails Armijo
 
 Product = Callable[[np.ndarray], np.ndarray]
-Restrict = Callable[[np.ndarray, type], Callable[[np.ndarray], np.ndarray]]
+Restrict = Callable[[np.ndarray, npt.DTypeLike], Callable[[np.ndarray], np.ndarray]]
 Entries = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
@@ -214,7 +215,8 @@ def _newton_row(
 
         def scatter(v: np.ndarray) -> np.ndarray:
             full[idx] = v
-            return apply(full, mv)[idx].astype(inner)
+            out: np.ndarray = apply(full, mv)[idx].astype(inner)
+            return out
 
         return scatter
 
@@ -252,10 +254,10 @@ def _newton_row(
             # the gradient was approximate: check it exactly. After _CHECKS failed
             # checks, or a stall, the gradient and the steps go on in float64 (the
             # inner solves, a direction, stay approximate)
-            g = apply(u, exact) - c
+            g = apply(u, exact_mv) - c  # exact_mv is exact: not verified
             checks += 1
             if stalled or checks > _CHECKS:
-                mv, verified = exact, True
+                mv, verified = exact_mv, True
             else:
                 checked, best, best_it = True, np.inf, it
             continue
@@ -264,7 +266,7 @@ def _newton_row(
         checked = False
         if rel <= tol or it >= maxiter:
             if not verified:  # report the exact projected gradient
-                g = apply(u, exact) - c
+                g = apply(u, exact_mv) - c
                 gz = g[(u <= 0) & (g < 0)]
                 rel = _rms_projected_gradient(u, g, np.flatnonzero(u > 0), gz)
             break

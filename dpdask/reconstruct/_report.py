@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +63,8 @@ class Estimate:
     x: np.ndarray
     report: ConvergenceReport
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
+        # Any: unpacking gives an ndarray then a report, which one element type cannot say
         return iter((self.x, self.report))
 
 

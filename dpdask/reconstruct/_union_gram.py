@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from scipy import sparse
 
+from dpdask.errors import ArgumentError
 from dpdask.linalg import Identity, Kron, LinearQuery, Scaled, VStack, kron_vector
 from dpdask.reconstruct._kron_gram import ScaledKronGram, jacobi_scale, kron_rows
 
@@ -49,6 +52,7 @@ def along(T: np.ndarray, M: np.ndarray, axis: int) -> np.ndarray:
     """``M`` (``r x n``) applied along ``axis`` of ``T`` (``T.shape[axis] == n``)."""
     shape = T.shape
     pre, n, post = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
+    out: np.ndarray
     if post == 1:
         out = T.reshape(pre, n) @ M.T
     else:
@@ -112,9 +116,11 @@ class ScaledUnionGram:
         The precision of the products.
     """
 
-    def __init__(self, parts: list[tuple[float, list[np.ndarray]]], dtype: type = np.float32):
+    def __init__(
+        self, parts: list[tuple[float, list[np.ndarray]]], dtype: npt.DTypeLike = np.float32
+    ):
         self._spec = parts
-        self.dtype = np.dtype(dtype)
+        self.dtype: np.dtype[Any] = np.dtype(dtype)
         self.sizes = tuple(G.shape[0] for G in parts[0][1])
         self.n = math.prod(self.sizes)
         diag = np.zeros(self.n)
@@ -125,7 +131,7 @@ class ScaledUnionGram:
         self._s = self.scale.astype(self.dtype)
         self._parts = [_Part(c2, grams, self.dtype) for c2, grams in parts]
 
-    def with_dtype(self, dtype: type) -> ScaledUnionGram:
+    def with_dtype(self, dtype: npt.DTypeLike) -> ScaledUnionGram:
         """The same operator with products in another precision."""
         return ScaledUnionGram(self._spec, dtype)
 
@@ -133,7 +139,7 @@ class ScaledUnionGram:
         """``S G S`` applied to each row of ``X`` (``(k, n)``), in this operator's dtype."""
         k = X.shape[0]
         V = np.multiply(X, self._s, dtype=self.dtype).reshape(k, *self.sizes)
-        out = np.zeros_like(V)
+        out: np.ndarray = np.zeros_like(V)
         for part in self._parts:
             part.accumulate(V, out)
         out = out.reshape(k, self.n)
@@ -144,7 +150,9 @@ class ScaledUnionGram:
         """``S G S X`` for ``X`` of shape ``(n, k)``; float64 out."""
         return np.asarray(self.rows(np.ascontiguousarray(X.T)).T, dtype=float)
 
-    def restricted(self, idx: np.ndarray, dtype: type | None = None) -> RestrictedUnionGram:
+    def restricted(
+        self, idx: np.ndarray, dtype: npt.DTypeLike | None = None
+    ) -> RestrictedUnionGram:
         """``(S G S)[idx, idx]`` (``idx`` sorted, distinct cell indices), in ``dtype``
         (default this operator's): :class:`RestrictedUnionGram`."""
         dt = self.dtype if dtype is None else np.dtype(dtype)
@@ -255,8 +263,9 @@ class RestrictedUnionGram:
     ):  # fmt: skip
         idx = np.asarray(idx, dtype=np.intp)
         if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= math.prod(sizes))):
-            raise ValueError("idx must be a vector of cell indices within the domain")
-        self.dtype, self.size = np.dtype(dtype), idx.size
+            raise ArgumentError("idx must be a vector of cell indices within the domain")
+        self.dtype: np.dtype[Any] = np.dtype(dtype)
+        self.size = idx.size
         self._s = scale[idx].astype(self.dtype)
         multi = np.unravel_index(idx, sizes)
         self._parts = [_RestrictedPart(plan, multi, self.dtype) for plan in plans]
@@ -264,7 +273,7 @@ class RestrictedUnionGram:
     def rows(self, U: np.ndarray) -> np.ndarray:
         """``U (S G S)[idx, idx]`` for rows ``U`` ``(k, |idx|)``, in this dtype."""
         V = np.multiply(np.atleast_2d(U), self._s, dtype=self.dtype)
-        out = np.zeros_like(V)
+        out: np.ndarray = np.zeros_like(V)
         for part in self._parts:
             part.accumulate(V, out)
         out *= self._s
@@ -272,7 +281,8 @@ class RestrictedUnionGram:
 
     def __call__(self, v: np.ndarray) -> np.ndarray:
         """The product of one vector ``(|idx|,)``, in this dtype."""
-        return self.rows(v[None])[0]
+        out: np.ndarray = self.rows(v[None])[0]
+        return out
 
 
 def _dense_gram(f: LinearQuery) -> np.ndarray | None:
@@ -299,7 +309,7 @@ def _parts(A: LinearQuery, c: float) -> list[tuple[float, Kron]] | None:
     return None
 
 
-def scaled_union_gram(A: LinearQuery, dtype: type = np.float32) -> ScaledUnionGram | None:
+def scaled_union_gram(A: LinearQuery, dtype: npt.DTypeLike = np.float32) -> ScaledUnionGram | None:
     """The Jacobi-scaled Gram of ``A`` when ``A`` is a (weighted) union of Kronecker
     products of small factors over one factorisation of the domain, else ``None``."""
     parts = _parts(A, 1.0)
@@ -308,12 +318,12 @@ def scaled_union_gram(A: LinearQuery, dtype: type = np.float32) -> ScaledUnionGr
     shapes = {K.in_shape for _, K in parts}
     if len(shapes) != 1:
         return None
-    spec = []
+    spec: list[tuple[float, list[np.ndarray]]] = []
     for c, K in parts:
         if c == 0:
             continue
-        grams = [_dense_gram(f) for f in K.factors]
-        if any(G is None for G in grams):
+        grams = [G for G in (_dense_gram(f) for f in K.factors) if G is not None]
+        if len(grams) != len(K.factors):
             return None
         spec.append((c * c, grams))
     return ScaledUnionGram(spec, dtype) if spec else None

@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ArgumentTypeError, ShapeError
 from dpdask.linalg import (
     Identity,
     LinearQuery,
@@ -79,7 +81,7 @@ def prox(loss: str, alpha: float, rho: float) -> Callable[[np.ndarray], np.ndarr
     if loss == "l2":
         shrink = rho / (1.0 + rho)
         return lambda v: shrink * v
-    raise ValueError(f"unknown loss {loss!r}; expected one of {LOSSES}")
+    raise ArgumentError(f"unknown loss {loss!r}; expected one of {LOSSES}")
 
 
 # -- argument handling ------------------------------------------------------------
@@ -89,9 +91,9 @@ def _row_scale(scale: np.ndarray | float | None, m: int) -> tuple[np.ndarray | N
         return None, 1.0
     b = np.asarray(scale, dtype=float)
     if b.ndim != 0 and b.shape != (m,):
-        raise ValueError(f"scale has shape {b.shape}; expected a scalar or ({m},)")
+        raise ShapeError(f"scale has shape {b.shape}; expected a scalar or ({m},)")
     if not np.isfinite(b).all() or (b <= 0).any():
-        raise ValueError("scale must be positive and finite")
+        raise ArgumentError("scale must be positive and finite")
     if b.ndim == 0 or np.all(b == b.flat[0]):
         return None, float(b.flat[0])
     return b, float(b.min())
@@ -99,12 +101,12 @@ def _row_scale(scale: np.ndarray | float | None, m: int) -> tuple[np.ndarray | N
 
 def _check_tree(A: LinearQuery, tree: HierarchicalTree) -> None:
     if not isinstance(tree, HierarchicalTree):
-        raise TypeError(f"tree must be a HierarchicalTree, got {type(tree).__name__}")
+        raise ArgumentTypeError(f"tree must be a HierarchicalTree, got {type(tree).__name__}")
     if A.shape != tree.shape:
-        raise ValueError(f"strategy has shape {A.shape} but the tree's strategy is {tree.shape}")
+        raise ShapeError(f"strategy has shape {A.shape} but the tree's strategy is {tree.shape}")
     probe = np.sin(np.arange(1.0, tree.n + 1.0))  # a fixed, generic test vector
     if not np.allclose(A @ probe, tree.answers(probe), rtol=1e-9, atol=1e-9 * tree.n):
-        raise ValueError("the strategy does not answer the tree's nodes in breadth-first order")
+        raise ArgumentError("the strategy does not answer the tree's nodes in breadth-first order")
 
 
 # -- the iterations -----------------------------------------------------------------
@@ -186,13 +188,13 @@ def admm(
     ([2.5, 0.0, 3.5], True)
     """
     if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; expected one of {LOSSES}")
+        raise ArgumentError(f"unknown loss {loss!r}; expected one of {LOSSES}")
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+        raise ArgumentError(f"alpha must lie in [0, 1], got {alpha!r}")
     if not rho > 0 or not math.isfinite(rho):
-        raise ValueError(f"rho must be positive and finite, got {rho!r}")
+        raise ArgumentError(f"rho must be positive and finite, got {rho!r}")
     if not tol > 0 or maxiter < 1 or check_every < 1:
-        raise ValueError("tol must be positive and maxiter, check_every at least 1")
+        raise ShapeError("tol must be positive and maxiter, check_every at least 1")
     A = aslinearquery(A)
     m, n = A.shape
     Y, single = as_batch(y, m, "measurements")
@@ -200,7 +202,7 @@ def admm(
     ctl = _Control(loss, alpha, rho, Y.shape[0], tol, maxiter, check_every)
     if tree is not None:
         if equality is not None:
-            raise ValueError(
+            raise ArgumentError(
                 "equality constraints are not supported in the tree form; "
                 "pass the strategy without tree= to use the matrix-mechanism form"
             )
@@ -215,7 +217,7 @@ def admm(
         if equality is not None:
             E = aslinearquery(equality[0])
             if E.shape[1] != n:
-                raise ValueError(f"equality operator has {E.shape[1]} columns; expected {n}")
+                raise ShapeError(f"equality operator has {E.shape[1]} columns; expected {n}")
             D, _ = as_batch(equality[1], E.shape[0], "equality values")
             D = np.broadcast_to(D, (Y.shape[0], E.shape[0])) / c
         start = None if x0 is None else as_batch(x0, n, "starting values")[0] / c
@@ -230,7 +232,10 @@ def admm(
 class _Control:
     """The stopping rule and the bookkeeping of the right-hand sides still iterating."""
 
-    def __init__(self, loss, alpha, rho, k, tol, maxiter, check_every):
+    def __init__(
+        self, loss: str, alpha: float, rho: float, k: int, tol: float, maxiter: int,
+        check_every: int,
+    ) -> None:  # fmt: skip
         self.step = prox(loss, alpha, rho)
         self.rho = rho
         self.tol, self.maxiter, self.check_every = tol, maxiter, check_every
@@ -244,7 +249,10 @@ class _Control:
     def due(self, it: int) -> bool:
         return it % self.check_every == 0 or it == self.maxiter
 
-    def check(self, it, pri, dual, size_pri, size_dual, dims_pri, dims_dual, out):
+    def check(
+        self, it: int, pri: np.ndarray, dual: np.ndarray, size_pri: np.ndarray,
+        size_dual: np.ndarray, dims_pri: float, dims_dual: float, out: np.ndarray,
+    ) -> np.ndarray:  # fmt: skip
         """Apply the stopping rule; return which of the active columns keep running."""
         tol = self.tol
         eps_pri = tol * (dims_pri + size_pri)
@@ -262,7 +270,7 @@ class _Control:
         self.active = idx[keep]
         return keep
 
-    def report(self, method: str, details: dict) -> ConvergenceReport:
+    def report(self, method: str, details: dict[str, Any]) -> ConvergenceReport:
         worst = np.maximum(self.pri, self.dual)
         return ConvergenceReport(
             method=method,
@@ -287,7 +295,8 @@ class _Control:
 
 
 def _colnorm(*arrays: np.ndarray) -> np.ndarray:
-    return np.sqrt(sum(np.einsum("ij,ij->j", a, a) for a in arrays))
+    norms: np.ndarray = np.sqrt(sum(np.einsum("ij,ij->j", a, a) for a in arrays))
+    return norms
 
 
 def _matrix_form(
@@ -298,7 +307,7 @@ def _matrix_form(
     nonneg: bool,
     X0: np.ndarray | None,
     ctl: _Control,
-) -> tuple[np.ndarray, dict]:
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Algorithms 1, 2 and 4 on all columns of ``Y.T`` at once (unknowns in units of ``c``)."""
     m, n = A.shape
     p = 0 if E is None else E.shape[0]
@@ -347,7 +356,7 @@ def _matrix_form(
                     a[:, keep] for a in (Xn, AXn, Z, U, V, W, Yt, Dt, EX, rE)
                 )
         X, AX = Xn, AXn
-    details = {"form": "matrix", "solver": solver.kind}
+    details: dict[str, Any] = {"form": "matrix", "solver": solver.kind}
     if solver.inner_iterations:
         details["inner_cg_iterations"] = int(sum(solver.inner_iterations))
     return ctl.result(Z if nonneg else X), details
@@ -360,14 +369,15 @@ def _tree_form(
     nonneg: bool,
     X0: np.ndarray | None,
     ctl: _Control,
-) -> tuple[np.ndarray, dict]:
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Algorithm 3 in node space, in units of each node's scale; returns the leaves ``(n, k)``."""
     m = tree.m
     project_raw = tree.projector(b_nodes**2)  # GLS projection of node counts
     bcol = b_nodes[:, None]
 
     def project(Un: np.ndarray) -> np.ndarray:  # Euclidean projection in standardised units
-        return project_raw(Un * bcol) / bcol
+        projected: np.ndarray = project_raw(Un * bcol) / bcol
+        return projected
 
     Yt = Yn.T.copy()
     k = Yt.shape[1]

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from dpdask.errors import ArgumentError, ShapeError
+
 __all__ = [
     "children_sum",
     "down_variances",
@@ -120,7 +122,7 @@ def tree_consistent(
     """
     L = len(estimates)
     if len(variances) != L or len(parents) != L - 1:
-        raise ValueError("need one estimate and one variance per level and L - 1 parent arrays")
+        raise ShapeError("need one estimate and one variance per level and L - 1 parent arrays")
     est = [np.asarray(e, dtype=float) for e in estimates]
     var = [
         np.broadcast_to(np.asarray(v, dtype=float), (e.shape[0],))
@@ -128,10 +130,9 @@ def tree_consistent(
     ]
     for lvl, v in enumerate(var):
         if (v <= 0).any() or np.isnan(v).any():
-            raise ValueError(f"level {lvl}: variances must be positive (inf for unmeasured)")
+            raise ShapeError(f"level {lvl}: variances must be positive (inf for unmeasured)")
     if np.isinf(var[-1]).any():
-        raise ValueError("every unit of the finest level needs a finite variance")
-    bshape = lambda v, e: v.reshape((-1,) + (1,) * (e.ndim - 1))  # noqa: E731
+        raise ShapeError("every unit of the finest level needs a finite variance")
 
     z: list[np.ndarray] = [None] * L  # type: ignore[list-item]
     vz: list[np.ndarray] = [None] * L  # type: ignore[list-item]
@@ -144,7 +145,7 @@ def tree_consistent(
         s = s.reshape((n, *est[lvl].shape[1:]))
         w = children_sum(vz[lvl + 1][:, None], parents[lvl], n)[:, 0]
         a, b, vz[lvl] = up_weights(var[lvl], w)
-        z[lvl] = bshape(a, est[lvl]) * np.nan_to_num(est[lvl]) + bshape(b, s) * s
+        z[lvl] = _bshape(a, est[lvl]) * np.nan_to_num(est[lvl]) + _bshape(b, s) * s
         child_z[lvl], child_v[lvl] = s, w
 
     final = [z[0]]
@@ -153,9 +154,14 @@ def tree_consistent(
         p = parents[lvl - 1]
         share, fv = down_variances(vz[lvl], child_v[lvl - 1][p], final_var[lvl - 1][p])
         resid = final[lvl - 1] - child_z[lvl - 1]
-        final.append(z[lvl] + bshape(share, z[lvl]) * resid[p])
+        final.append(z[lvl] + _bshape(share, z[lvl]) * resid[p])
         final_var.append(fv)
     return final, final_var
+
+
+def _bshape(v: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """``v`` (one value per unit) shaped to broadcast against the rows of ``e``."""
+    return v.reshape((-1,) + (1,) * (e.ndim - 1))
 
 
 def project_children(children: np.ndarray, parent: np.ndarray, totals: np.ndarray) -> np.ndarray:
@@ -178,7 +184,9 @@ def project_children(children: np.ndarray, parent: np.ndarray, totals: np.ndarra
     children = np.asarray(children, dtype=float)
     totals = np.asarray(totals, dtype=float)
     if (totals < 0).any():
-        raise ValueError("parent totals must be non-negative to split into non-negative children")
+        raise ArgumentError(
+            "parent totals must be non-negative to split into non-negative children"
+        )
     out = np.empty_like(children)
     starts = np.flatnonzero(np.r_[True, parent[1:] != parent[:-1]])
     ends = np.r_[starts[1:], parent.size]
@@ -198,4 +206,5 @@ def _simplex(c: np.ndarray, s: np.ndarray) -> np.ndarray:
     tau = np.take_along_axis(css, (rho - 1)[None], axis=0)[0] / rho
     # a zero total: the condition never holds and every child is zero
     tau = np.where(cond.any(axis=0), tau, u[0])
-    return np.maximum(c - tau, 0.0)
+    out: np.ndarray = np.maximum(c - tau, 0.0)
+    return out

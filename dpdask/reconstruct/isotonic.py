@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
 
 __all__ = ["isotonic"]
@@ -65,18 +66,18 @@ def isotonic(
     if single:
         Y = Y[None, :]
     if Y.ndim != 2 or Y.shape[1] == 0:
-        raise ValueError(f"isotonic needs values of shape (m,) or (g, m), got {np.shape(y)}")
+        raise ShapeError(f"isotonic needs values of shape (m,) or (g, m), got {np.shape(y)}")
     if not np.isfinite(Y).all():
-        raise ValueError("isotonic: values contain NaN or infinite entries")
+        raise ShapeError("isotonic: values contain NaN or infinite entries")
     g, m = Y.shape
     if weights is None:
         Wt = np.ones((g, m))
     else:
         w = np.asarray(weights, dtype=float)
         if w.shape not in ((m,), Y.shape, np.shape(y)):
-            raise ValueError(f"weights have shape {w.shape}; expected ({m},) or {np.shape(y)}")
+            raise ShapeError(f"weights have shape {w.shape}; expected ({m},) or {np.shape(y)}")
         if not np.isfinite(w).all() or (w <= 0).any():
-            raise ValueError("isotonic: weights must be positive and finite")
+            raise ArgumentError("isotonic: weights must be positive and finite")
         Wt = np.broadcast_to(w, (g, m)).astype(float)
     sign = 1.0 if increasing else -1.0
 

@@ -11,8 +11,11 @@ the operators compute from their structure).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import Diagonal, Identity, Kron, LinearQuery, Scaled
 from dpdask.reconstruct._inputs import row_weighted
 from dpdask.reconstruct._report import ConvergenceReport, Estimate, warn_at_limit
@@ -31,7 +34,7 @@ def _cheap_pinv(A: LinearQuery) -> bool:
 
 
 def batched_cg(
-    matvec,
+    matvec: Callable[[np.ndarray], np.ndarray],
     B: np.ndarray,
     *,
     precond: np.ndarray | None = None,
@@ -130,9 +133,9 @@ def least_squares(
     single = y.ndim == 1
     Y = y[None, :] if single else y
     if Y.ndim != 2 or Y.shape[1] != A.shape[0]:
-        raise ValueError(f"measurements have shape {y.shape}; the strategy has {A.shape[0]} rows")
+        raise ShapeError(f"measurements have shape {y.shape}; the strategy has {A.shape[0]} rows")
     if not np.isfinite(Y).all():
-        raise ValueError("measurements contain NaN or infinite values")
+        raise ShapeError("measurements contain NaN or infinite values")
     Aw = row_weighted(A, weights)
     Yw = Y if weights is None else Y * np.sqrt(np.broadcast_to(weights, (A.shape[0],)))
     if method == "auto":
@@ -149,6 +152,6 @@ def least_squares(
         )
         X = Xt.T
     else:
-        raise ValueError(f"unknown least-squares method {method!r}; use 'auto', 'pinv' or 'cg'")
+        raise ArgumentError(f"unknown least-squares method {method!r}; use 'auto', 'pinv' or 'cg'")
     warn_at_limit(report, maxiter)
     return Estimate(X[0] if single else X, report)

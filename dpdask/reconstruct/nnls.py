@@ -40,6 +40,7 @@ from collections.abc import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._inputs import as_batch
 from dpdask.reconstruct._kron_gram import ScaledKronGram
@@ -61,13 +62,13 @@ def _start(
     ``cheap`` says whether ``"auto"`` takes least squares."""
     if isinstance(x0, str):
         if x0 not in ("auto", "ls", "zero"):
-            raise ValueError(f"unknown start {x0!r}; use 'auto', 'ls', 'zero' or an array")
+            raise ArgumentError(f"unknown start {x0!r}; use 'auto', 'ls', 'zero' or an array")
         if x0 == "ls" or (x0 == "auto" and cheap):
             return np.maximum(ls(), 0.0), "ls"
         return np.zeros((g, n)), "zero"
     X0 = np.broadcast_to(np.asarray(x0, dtype=float), (g, n))
     if not np.isfinite(X0).all():
-        raise ValueError("the starting point contains NaN or infinite values")
+        raise ArgumentError("the starting point contains NaN or infinite values")
     return np.maximum(X0, 0.0), "given"
 
 
@@ -95,16 +96,18 @@ def _solve(
     s = metric.scale
     if method == "newton":
         fast = metric.fast
+        gmv: Callable[[np.ndarray], np.ndarray]
+        exact: Callable[[np.ndarray], np.ndarray] | None
         if fast is not None:
             gmv, exact = fast.rows, metric.exact
         else:
             G = metric.compact
             srow = s[:, 0]
 
-            def gmv(V: np.ndarray) -> np.ndarray:
+            def compact_rows(V: np.ndarray) -> np.ndarray:
                 return np.ascontiguousarray((s * G._matmat((srow * V).T)).T)
 
-            exact = None
+            gmv, exact = compact_rows, None
         Ct = (s * C).T.copy()
         kron = isinstance(fast, ScaledKronGram)
         admm = warm and kron
@@ -118,7 +121,7 @@ def _solve(
                 maxiter=maxiter,
                 exact=exact,
                 restrict=fast.restricted if fast is not None else None,
-                entries=fast.from_entries if kron else None,
+                entries=fast.from_entries if isinstance(fast, ScaledKronGram) else None,
             )
         if admm:
             report.details["start"] = "admm"
@@ -128,7 +131,8 @@ def _solve(
     G = metric.compact
 
     def gmv_cols(U: np.ndarray) -> np.ndarray:
-        return s * G._matmat(s * U)
+        out: np.ndarray = s * G._matmat(s * U)
+        return out
 
     U, report = spg_quadratic(gmv_cols, s * C, X0 / s, tol=tol, maxiter=maxiter)
     return s * U, report
@@ -136,7 +140,7 @@ def _solve(
 
 def _check_method(method: str) -> str:
     if method not in ("auto", "newton", "spg"):
-        raise ValueError(f"unknown NNLS method {method!r}; use 'auto', 'newton' or 'spg'")
+        raise ArgumentError(f"unknown NNLS method {method!r}; use 'auto', 'newton' or 'spg'")
     return "newton" if method == "auto" else method
 
 
@@ -387,7 +391,7 @@ def wnnls(
     True
     """
     if W.shape[1] != A.shape[1]:
-        raise ValueError(f"workload has {W.shape[1]} columns but the strategy has {A.shape[1]}")
+        raise ShapeError(f"workload has {W.shape[1]} columns but the strategy has {A.shape[1]}")
     method = _check_method(method)
     Y, single = as_batch(y, A.shape[0], "measurements")
     ls = least_squares(A, Y, weights)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.strategy.residual import ResidualPlan, helmert, marginal_covariance
 
 __all__ = ["ResidualEstimates", "apply_axes", "centre"]
@@ -98,16 +99,16 @@ class ResidualEstimates:
             arr = np.asarray(qa, dtype=float)
             shape = self.lead + tuple(self.sizes[i] for i in key)
             if arr.shape != shape:
-                raise ValueError(f"residual {key} has shape {arr.shape}, expected {shape}")
+                raise ShapeError(f"residual {key} has shape {arr.shape}, expected {shape}")
             scale = max(1.0, float(np.abs(arr).max(initial=0.0)))
             for k in range(b, arr.ndim):
                 if np.abs(arr.sum(axis=k)).max(initial=0.0) > 1e-8 * scale * arr.shape[k]:
-                    raise ValueError(f"residual {key} is not centred along axis {k}")
+                    raise ArgumentError(f"residual {key} is not centred along axis {k}")
             if key not in variances and A not in variances:
-                raise ValueError(f"residual {key} has no noise variance")
+                raise ArgumentError(f"residual {key} has no noise variance")
             v = float(variances[A] if A in variances else variances[key])
             if not math.isfinite(v) or v < 0:
-                raise ValueError(f"residual {key}: noise variance {v} must be finite, >= 0")
+                raise ArgumentError(f"residual {key}: noise variance {v} must be finite, >= 0")
             self.q[key], self.s2[key] = arr, v
 
     # -- constructors ------------------------------------------------------------
@@ -141,7 +142,7 @@ class ResidualEstimates:
         W = plan.marginals
         y = np.asarray(y, dtype=float)
         if y.ndim not in (1, 2):
-            raise ValueError(f"measurements must be (rows,) or (geographies, rows), got {y.shape}")
+            raise ShapeError(f"measurements must be (rows,) or (geographies, rows), got {y.shape}")
         lead = y.shape[:-1]
         n = y.shape[-1]
         s2 = plan.residual_variances()
@@ -150,13 +151,13 @@ class ResidualEstimates:
             shape = tuple(W.sizes[i] - 1 for i in A)
             rows = math.prod(shape)
             if at + rows > n:
-                raise ValueError(f"{n} measurements, fewer than the plan's strategy rows")
+                raise ShapeError(f"{n} measurements, fewer than the plan's strategy rows")
             z = y[..., at : at + rows].reshape(lead + shape) / math.sqrt(plan.precision[j])
             at += rows
             q[A] = apply_axes(z, [helmert(W.sizes[i]).T for i in A], len(lead))
             var[A] = float(s2[j])
         if at != n:
-            raise ValueError(f"{n} measurements but the plan's strategy has {at} rows")
+            raise ShapeError(f"{n} measurements but the plan's strategy has {at} rows")
         return cls(W.sizes, q, var, lead[0] if lead else None)
 
     # -- estimates -----------------------------------------------------------------
@@ -168,7 +169,9 @@ class ResidualEstimates:
                 if any(self.sizes[i] == 1 for i in mask):
                     continue  # an attribute of one value has an empty residual
                 if mask not in self.q:
-                    raise ValueError(f"marginal {S} needs residual {mask}, which was not measured")
+                    raise ArgumentError(
+                        f"marginal {S} needs residual {mask}, which was not measured"
+                    )
                 out.append(mask)
         return out
 

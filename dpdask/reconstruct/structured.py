@@ -8,6 +8,8 @@ release's fused least-squares path needs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from dpdask.linalg import Kron, LinearQuery, VStack, kron_vector
@@ -69,7 +71,7 @@ class KronPairInverse(LinearQuery):
         W = self._normal_solve(Y.T)  # (A^T A)^{-1} is symmetric
         return self.A._matmat(W.T)
 
-    def _params(self) -> tuple:
+    def _params(self) -> tuple[Any, ...]:
         return (self.A, self.dinv)
 
 
@@ -78,6 +80,8 @@ def _pair_inverse(A: VStack) -> KronPairInverse | None:
     if len(A.parts) != 2 or A._kron_shape() is None:
         return None
     K1, K2 = A.parts
+    if not (isinstance(K1, Kron) and isinstance(K2, Kron)):  # held by _kron_shape: narrows
+        return None
     if any(f.size > _FACTOR_MAX for f in (*K1.factors, *K2.factors)):
         return None
     V, lam = [], []

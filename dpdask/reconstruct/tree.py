@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import LinearQuery, interval_tree, tree_intervals
 
 __all__ = ["HierarchicalTree"]
@@ -133,7 +134,7 @@ class HierarchicalTree:
     def _check_rows(self, V: np.ndarray, rows: int, what: str) -> np.ndarray:
         V = np.asarray(V, dtype=float)
         if V.ndim not in (1, 2) or V.shape[0] != rows:
-            raise ValueError(f"{what} must have shape ({rows},) or ({rows}, k); got {V.shape}")
+            raise ShapeError(f"{what} must have shape ({rows},) or ({rows}, k); got {V.shape}")
         return V
 
     def answers(self, x: np.ndarray) -> np.ndarray:
@@ -141,7 +142,8 @@ class HierarchicalTree:
         x = self._check_rows(x, self.n, "cell values")
         S = np.zeros((self.n + 1, *x.shape[1:]))
         np.cumsum(x, axis=0, out=S[1:])
-        return S[self.hi + 1] - S[self.lo]
+        out: np.ndarray = S[self.hi + 1] - S[self.lo]
+        return out
 
     def leaves(self, V: np.ndarray) -> np.ndarray:
         """The cells' rows of a node vector ``(m,)`` or ``(m, k)``, in cell order."""
@@ -257,12 +259,12 @@ class HierarchicalTree:
         elif v.shape == (self.levels,):
             v = np.repeat(v, self.level_sizes)
         elif v.shape != (self.m,):
-            raise ValueError(
+            raise ShapeError(
                 f"variances must be a scalar, one per level ({self.levels}) or one per node "
                 f"({self.m}); got shape {v.shape}"
             )
         if not np.isfinite(v).all() or (v <= 0).any():
-            raise ValueError("node variances must be positive and finite")
+            raise ArgumentError("node variances must be positive and finite")
         return v
 
     def __repr__(self) -> str:

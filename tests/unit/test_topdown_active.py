@@ -1,6 +1,6 @@
 """The working-set products, the segmented simplex projection and active-set FISTA.
 
-Oracles independent of :mod:`dpdask.reconstruct._working_gram`: the strategy's dense
+Oracles independent of :mod:`dpdask.reconstruct.topdown._working_gram`: the strategy's dense
 matrix and its Jacobi-scaled Gram (as in :mod:`tests.unit.test_union_gram_restricted`),
 :func:`~dpdask.reconstruct.topdown._fista.project_threshold` on dense columns (the
 pairs outside the working set at minus infinity), and the QP oracles of
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Prefix, Total, VStack
 from dpdask.reconstruct._union_gram import scaled_union_gram
-from dpdask.reconstruct._working_gram import WorkingGram, segment_project
 from dpdask.reconstruct.topdown import children_fitter, fit_children
 from dpdask.reconstruct.topdown._fista import project_threshold
+from dpdask.reconstruct.topdown._working_gram import WorkingGram, segment_project
 from tests import requires_cvxpy
 from tests.unit.test_topdown import _assert_feasible, _cvxpy, _kkt_gap, _objective, _slsqp
 from tests.unit.test_union_gram_restricted import _KINDS, _oracle, _union

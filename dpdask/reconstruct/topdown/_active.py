@@ -16,8 +16,9 @@ county's support is shared by a few of its tracts). Each *round*:
 3. FISTA (as :mod:`dpdask.reconstruct.topdown._fista`, with adaptive restart) on the
    working set only, every other pair held at zero: the products with ``H`` child by
    child through the parts' marginals over the working set's pairs
-   (:class:`~dpdask.reconstruct._working_gram.WorkingGram`), the projection onto the
-   cells' simplices over its pairs (:func:`~dpdask.reconstruct._working_gram.segment_project`).
+   (:class:`~dpdask.reconstruct.topdown._working_gram.WorkingGram`), the projection onto
+   the cells' simplices over its pairs
+   (:func:`~dpdask.reconstruct.topdown._working_gram.segment_project`).
    Products are float32 on the difference from a reference point whose product is
    exact (float64; refreshed every :data:`REFRESH` iterations and each round), so
    their rounding shrinks with the steps. The round ends once the working set's own
@@ -32,16 +33,18 @@ the exact gradient of step 2.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from dpdask.reconstruct._newton import _freeing_threshold
-from dpdask.reconstruct._working_gram import (
+from dpdask.reconstruct.topdown._fista import L_MARGIN, project
+from dpdask.reconstruct.topdown._working_gram import (
     WorkingGram,
     WorkingSet,
     segment_project,
     segment_thresholds,
 )
-from dpdask.reconstruct.topdown._fista import L_MARGIN, project
 
 __all__ = ["active_fista"]
 
@@ -79,7 +82,7 @@ def _kkt(ws: WorkingSet, u: np.ndarray, R: np.ndarray, t: np.ndarray) -> float:
 class _Products:
     """``H v`` on a working set: float32 products of ``v - ref`` plus ``H ref`` exact."""
 
-    def __init__(self, gram: WorkingGram, ws: WorkingSet, counts: dict):
+    def __init__(self, gram: WorkingGram, ws: WorkingSet, counts: dict[str, Any]):
         self.gram, self.ws, self.counts = gram, ws, counts
         self.ref: np.ndarray | None = None
         self.Href: np.ndarray | None = None
@@ -93,7 +96,8 @@ class _Products:
         self.counts["products"] += 1
         if self.ref is None or self.Href is None:
             return self.exact(v)
-        return self.Href + self.gram.rows(self.ws, v - self.ref)
+        Hv: np.ndarray = self.Href + self.gram.rows(self.ws, v - self.ref)
+        return Hv
 
 
 def _lipschitz(prod: _Products, n: int) -> tuple[float, int]:
@@ -175,7 +179,7 @@ def _grow(U: np.ndarray, G: np.ndarray, t: np.ndarray, tol: float) -> tuple[np.n
 
 def active_fista(
     gram: WorkingGram, C: np.ndarray, t: np.ndarray, U0: np.ndarray, tol: float, maxiter: int
-) -> tuple[np.ndarray, np.ndarray, dict]:
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Active-set FISTA from the feasible ``U0`` ``(K, |S|)`` (module notes).
 
     Returns the iterate ``(K, |S|)``, the exact ``U H`` there and counters
@@ -184,7 +188,7 @@ def active_fista(
     products, ``pairs`` of the last working set).
     """
     K, S = C.shape
-    counts: dict = {"products": 0, "exact": 0, "dense": 0, "power": 0}
+    counts: dict[str, Any] = {"products": 0, "exact": 0, "dense": 0, "power": 0}
     mask = U0 > 0
     mask[np.argmax(U0, axis=0), np.arange(S)] = True
     U = U0
@@ -218,6 +222,7 @@ def active_fista(
         it += used
         counts.setdefault("round_iterations", []).append(used)
         counts.setdefault("round_pairs", []).append(int(ws.size))
-    info = {"iterations": it, "residual": res, "rounds": rounds, "pairs": int(ws.size)}
+    info: dict[str, Any] = {"iterations": it, "residual": res, "rounds": rounds}
+    info["pairs"] = int(ws.size)
     info.update(counts)
     return U, G, info

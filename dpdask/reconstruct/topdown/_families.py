@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._inputs import as_batch
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
@@ -158,9 +159,9 @@ def _group(parent: np.ndarray, n_parents: int, n_children: int, lvl: int) -> lis
     """The children of each parent (indices into the level), in order."""
     parent = np.asarray(parent)
     if parent.shape != (n_children,) or not np.issubdtype(parent.dtype, np.integer):
-        raise ValueError(f"level {lvl}: need an integer parent index per unit ({n_children})")
+        raise ArgumentError(f"level {lvl}: need an integer parent index per unit ({n_children})")
     if n_children and (parent.min() < 0 or parent.max() >= n_parents):
-        raise ValueError(f"level {lvl}: parent indices must be in [0, {n_parents})")
+        raise ShapeError(f"level {lvl}: parent indices must be in [0, {n_parents})")
     order = np.argsort(parent, kind="stable")
     return np.split(order, np.cumsum(np.bincount(parent, minlength=n_parents))[:-1])
 
@@ -212,16 +213,16 @@ def topdown_tree(
     """
     L = len(strategies)
     if L == 0 or len(measurements) != L or len(parents) != L - 1:
-        raise ValueError("need one strategy and one measurement array per level, L - 1 parents")
+        raise ArgumentError("need one strategy and one measurement array per level, L - 1 parents")
     w = [None] * L if weights is None else list(weights)
     if len(w) != L:
-        raise ValueError("need one weights entry per level")
+        raise ShapeError("need one weights entry per level")
     n = strategies[0].shape[1]
     if any(A.shape[1] != n for A in strategies):
-        raise ValueError("every level's strategy must have the same columns")
+        raise ShapeError("every level's strategy must have the same columns")
     if top is None:
 
-        def top(A, Y, wt):
+        def top(A: LinearQuery, Y: np.ndarray, wt: np.ndarray | float | None) -> Estimate:
             return nnls(A, Y, wt, tol=tol, maxiter=maxiter)
 
     Y0, _ = as_batch(measurements[0], strategies[0].shape[0], "level 0 measurements")

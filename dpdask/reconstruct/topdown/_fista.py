@@ -14,6 +14,7 @@ reference the projected Newton method is tested against.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ def lipschitz(rows: RowsOp, size: int) -> tuple[float, int]:
 def fista(
     rows: RowsOp, C: np.ndarray, t: np.ndarray, U0: np.ndarray, GU0: np.ndarray,
     L: float, tol: float, maxiter: int, fast: RowsOp | None = None,
-) -> tuple[np.ndarray, np.ndarray, dict]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:  # fmt: skip
     """FISTA with adaptive restart on ``1/2 <U, U G~> - <C, U>`` over the product of
     simplices (module notes). Returns the last iterate, ``U G~`` there (from ``rows``),
     and counters.
@@ -162,6 +163,6 @@ def fista(
         res = kkt(U, GU)
     elif not fresh:
         res = kkt(U, GU)
-    info = {"iterations": it, "residual": res, "restarts": restarts, "lipschitz": L}
+    info: dict[str, Any] = {"iterations": it, "residual": res, "restarts": restarts, "lipschitz": L}
     info["lipschitz_raised"] = raised
     return U, GU, info

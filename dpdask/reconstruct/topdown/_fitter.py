@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import LinearQuery, Scaled
 from dpdask.reconstruct._inputs import as_batch
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
@@ -65,7 +66,7 @@ class SupportEstimate:
         return X
 
 
-def _batches(K: int, n: int):
+def _batches(K: int, n: int) -> list[tuple[int, int]]:
     """Row ranges ``(a, b)`` of at most :data:`_BATCH_ENTRIES` entries of ``n`` cells."""
     step = max(1, _BATCH_ENTRIES // max(n, 1))
     return [(a, min(K, a + step)) for a in range(0, K, step)]
@@ -75,19 +76,19 @@ class ChildrenFitter:
     """The fits of one level (build with :func:`children_fitter`, which documents it)."""
 
     def __init__(
-        self, A: LinearQuery, weights, tol: float, maxiter: int, gram: str, method: str,
-        start: str,
-    ):  # fmt: skip
+        self, A: LinearQuery, weights: np.ndarray | float | None, tol: float, maxiter: int,
+        gram: str, method: str, start: str,
+    ) -> None:  # fmt: skip
         if not tol > 0:
-            raise ValueError(f"tol must be positive, got {tol}")
+            raise ArgumentError(f"tol must be positive, got {tol}")
         if method not in _METHODS:
-            raise ValueError(f"unknown method {method!r}; use one of {', '.join(_METHODS)}")
+            raise ArgumentError(f"unknown method {method!r}; use one of {', '.join(_METHODS)}")
         self.level = Level(A, weights, gram)
         if method == "auto":
             kind = self.level.kind
             method = {"dense": "fista", "union": "active"}.get(kind, "newton")
         if start not in _STARTS:
-            raise ValueError(f"unknown start {start!r}; use one of {', '.join(_STARTS)}")
+            raise ShapeError(f"unknown start {start!r}; use one of {', '.join(_STARTS)}")
         self.method, self.tol, self.maxiter, self.start = method, tol, maxiter, start
         m = A.shape[0]
         w = None if weights is None else np.broadcast_to(np.asarray(weights, dtype=float), (m,))
@@ -97,9 +98,9 @@ class ChildrenFitter:
         n = self.level.n
         p = np.asarray(parent, dtype=float)
         if p.shape != (n,):
-            raise ValueError(f"parent has shape {p.shape}; expected ({n},)")
+            raise ShapeError(f"parent has shape {p.shape}; expected ({n},)")
         if not np.isfinite(p).all() or (p < 0).any():
-            raise ValueError("the parent's estimate must be finite and non-negative")
+            raise ArgumentError("the parent's estimate must be finite and non-negative")
         return p
 
     @functools.cached_property
@@ -108,7 +109,8 @@ class ChildrenFitter:
         weight: ``(c A)^+ = A^+ / c``)."""
         Aw, c = self.level.Aw, 1.0
         while isinstance(Aw, Scaled):
-            Aw, c = Aw.A, c * float(Aw.c)
+            c *= float(Aw.c)
+            Aw = Aw.A
         inner = structured_pinv(Aw) if c != 0 else None
         return inner if inner is None or c == 1.0 else Scaled(inner, 1.0 / c)
 
@@ -119,7 +121,8 @@ class ChildrenFitter:
         ``A_w^T Yw`` again)."""
         inner, c = pinv, 1.0
         if isinstance(inner, Scaled):
-            inner, c = inner.A, float(inner.c)
+            c = float(inner.c)
+            inner = inner.A
         if isinstance(inner, KronPairInverse):
             # pinv = inner / w for A_w = w A: (A^T A)^+ A^T y / w = (A^T A)^+ (A_w^T y) / w^2
             return inner._normal_solve(AtY) * (c * c)
@@ -138,14 +141,14 @@ class ChildrenFitter:
         level = self.level
         n, s = level.n, level.scale
         if (Y is None) == (Z is None):
-            raise ValueError("give exactly one of Y (measurements) or Z (estimates)")
+            raise ShapeError("give exactly one of Y (measurements) or Z (estimates)")
         pinv = None
         if Y is not None:
             Yb, _ = as_batch(Y, level.A.shape[0], "measurements")
             K = Yb.shape[0]
             if lean and K > 1 and self.start in ("auto", "estimates"):
                 pinv = self._pinv
-        else:
+        elif Z is not None:  # always, when Y is None (checked above)
             Zb, _ = as_batch(Z, n, "estimates")
             K = Zb.shape[0]
         C = np.empty((K, idx.size))

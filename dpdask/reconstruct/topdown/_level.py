@@ -25,7 +25,9 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 
+from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._inputs import row_weighted
 from dpdask.reconstruct._kron_gram import ScaledKronGram, scaled_kron_gram
@@ -61,7 +63,7 @@ class SupportGram:
         fast = level.kind in ("kron", "union")
         self.fast_rows = self._rows(np.float32) if fast else self.rows
 
-    def _rows(self, dtype: type) -> RowsOp:
+    def _rows(self, dtype: npt.DTypeLike) -> RowsOp:
         level, idx, n = self.level, self.idx, self.level.n
         if level.dense is not None:
             sub = np.ascontiguousarray(level.dense[np.ix_(idx, idx)])
@@ -77,11 +79,12 @@ class SupportGram:
         def full(U: np.ndarray) -> np.ndarray:
             Z = np.zeros((U.shape[0], n))
             Z[:, idx] = U * s
-            return G.apply(Z)[:, idx] * s
+            out: np.ndarray = G.apply(Z)[:, idx] * s
+            return out
 
         return full
 
-    def _restricted(self, dtype: type) -> RestrictedUnionGram | None:
+    def _restricted(self, dtype: npt.DTypeLike) -> RestrictedUnionGram | None:
         """A union Gram restricted to ``S`` in ``dtype`` (built once), else None."""
         dt = np.dtype(dtype)
         if dt not in self._unions:
@@ -89,7 +92,7 @@ class SupportGram:
             self._unions[dt] = None if union is None else union.restricted(self.idx, dt)
         return self._unions[dt]
 
-    def batched(self, locals_: list[np.ndarray], dtype: type) -> RowsOp | None:
+    def batched(self, locals_: list[np.ndarray], dtype: npt.DTypeLike) -> RowsOp | None:
         """For a union Gram: ``v -> (H[l_1, l_1] v_1, ..., H[l_k, l_k] v_k)`` on the
         concatenation of ``k`` vectors (``locals_`` sorted positions in ``S``), one
         product of ``k`` rows restricted to ``S`` instead of ``k`` of one row; None for
@@ -108,7 +111,7 @@ class SupportGram:
 
         return op
 
-    def sub(self, local: np.ndarray, dtype: type) -> RowsOp:
+    def sub(self, local: np.ndarray, dtype: npt.DTypeLike) -> RowsOp:
         """``v -> H[local, local] v`` (``local`` sorted positions in ``S``), in ``dtype``."""
         level, cells = self.level, self.idx[local]
         if level.dense is not None:
@@ -125,7 +128,8 @@ class SupportGram:
         def gather(v: np.ndarray) -> np.ndarray:
             z = np.zeros((1, size))
             z[0, local] = v
-            return rows(z)[0, local].astype(dtype)
+            out: np.ndarray = rows(z)[0, local].astype(dtype)
+            return out
 
         return gather
 
@@ -148,7 +152,7 @@ class Level:
 
     def __init__(self, A: LinearQuery, weights: np.ndarray | float | None, gram: str):
         if gram not in GRAMS:
-            raise ValueError(f"unknown gram {gram!r}; use one of {', '.join(GRAMS)}")
+            raise ShapeError(f"unknown gram {gram!r}; use one of {', '.join(GRAMS)}")
         self.A, self.weights = A, weights
         self.Aw = row_weighted(A, weights)
         self.n = A.shape[1]
@@ -175,7 +179,8 @@ class Level:
     def gram_rows(self, V: np.ndarray) -> np.ndarray:
         """``V G~`` for rows ``V`` ``(k, n)`` on the whole domain, in float64."""
         if self.dense is not None:
-            return V @ self.dense
+            out: np.ndarray = V @ self.dense
+            return out
         if self.kron is not None:
             return self._kron64.rows(V)
         if self.unions:
@@ -185,7 +190,7 @@ class Level:
     @functools.cached_property
     def _kron64(self) -> ScaledKronGram:
         if self.kron is None:
-            raise ValueError("not a Kronecker Gram")
+            raise ArgumentError("not a Kronecker Gram")
         return self.kron.with_dtype(np.float64)
 
     @functools.cached_property

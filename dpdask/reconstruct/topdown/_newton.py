@@ -64,8 +64,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dpdask.reconstruct._newton import _conjugate_residual, _freeing_threshold, _inner_budget
 from dpdask.reconstruct.topdown._fista import project_threshold
@@ -105,7 +107,7 @@ class _FreeSet:
     """The free children of the cells with more than one as a flat vector (child by
     child), with the projection that removes each cell's mean over them."""
 
-    def __init__(self, free: np.ndarray, gram: SupportGram, dtype: type):
+    def __init__(self, free: np.ndarray, gram: SupportGram, dtype: npt.DTypeLike):
         K, S = free.shape
         many = free.sum(axis=0) > 1
         self.flat = np.flatnonzero(free & many)
@@ -123,7 +125,8 @@ class _FreeSet:
 
     def project(self, v: np.ndarray) -> np.ndarray:
         mean = np.bincount(self.cell, weights=v, minlength=self.S) / self.count
-        return (v - mean[self.cell]).astype(self.dtype)
+        out: np.ndarray = (v - mean[self.cell]).astype(self.dtype)
+        return out
 
     def hessian(self, counts: _Counts) -> Callable[[np.ndarray], np.ndarray]:
         """``v -> P (I (x) H)_FF v`` for ``v`` in the range of ``P``."""
@@ -171,7 +174,8 @@ def _arc(
     if bad.size:
         W = U[:, bad] + alpha * D[:, bad] + M[:, bad]
         V[:, bad] = project_threshold(W, t[bad])[0]
-    return V - U
+    step: np.ndarray = V - U
+    return step
 
 
 def _sets(
@@ -196,8 +200,9 @@ def _sets(
 
 
 def _direction(
-    gram: SupportGram, U: np.ndarray, grad: np.ndarray, sets: tuple, budget: int,
-    product: Product, counts: _Counts, dtype: type,
+    gram: SupportGram, U: np.ndarray, grad: np.ndarray,
+    sets: tuple[np.ndarray, np.ndarray, np.ndarray], budget: int,
+    product: Product, counts: _Counts, dtype: npt.DTypeLike,
 ) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
     """The Newton direction ``D`` and the binding move ``M`` (two passes, module notes),
     and what the last inner solve left of its residual."""
@@ -240,7 +245,7 @@ def simplex_newton(
     U0: np.ndarray,
     tol: float,
     maxiter: int,
-) -> tuple[np.ndarray, np.ndarray, dict]:
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Projected Newton on ``1/2 <U, U H> - <C, U>`` over the product of the cells'
     simplices ``{u >= 0, sum_c u_cj = t_j}`` (module notes).
 
@@ -346,6 +351,11 @@ def simplex_newton(
         approx = approx or not exact_steps
         if it % _REFRESH == 0:
             GU, approx = product(U, True), False
-    info = {"iterations": it, "residual": res, "products": counts.products, "stalled": stalled}
+    info: dict[str, Any] = {
+        "iterations": it,
+        "residual": res,
+        "products": counts.products,
+        "stalled": stalled,
+    }
     info.update(inner=counts.inner, fallbacks=counts.fallbacks)
     return U, GU, info

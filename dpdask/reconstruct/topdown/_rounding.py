@@ -48,6 +48,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from dpdask.errors import ArgumentError, ShapeError
+
 __all__ = ["KEEP_TOTALS_CELLS", "round_children", "round_top"]
 
 KEEP_TOTALS_CELLS = 4096
@@ -96,16 +98,16 @@ def round_top(x: np.ndarray) -> np.ndarray:
     """
     x = np.asarray(x, dtype=float)
     if not np.isfinite(x).all():
-        raise ValueError("estimates contain NaN or infinite values")
+        raise ShapeError("estimates contain NaN or infinite values")
     if x.ndim > 2:
-        raise ValueError(f"round_top takes (n,) or (g, n) estimates, got shape {x.shape}")
+        raise ShapeError(f"round_top takes (n,) or (g, n) estimates, got shape {x.shape}")
     rows = np.maximum(np.atleast_2d(x), 0.0)
     floors = np.floor(rows)
     frac = rows - floors
     # units still missing: the total's nearest integer minus the floors' sum, at most
     # ceil(sum frac), so never more than the cells with a positive fractional part
     missing = (np.rint(rows.sum(axis=1)) - floors.sum(axis=1)).astype(np.int64)
-    out = floors.astype(np.int64) + _largest_remainders(frac.T, missing).T
+    out: np.ndarray = floors.astype(np.int64) + _largest_remainders(frac.T, missing).T
     return out.reshape(x.shape)
 
 
@@ -154,31 +156,31 @@ def round_children(X: np.ndarray, parent: np.ndarray, *, keep_totals: bool = Fal
     X = np.asarray(X, dtype=float)
     p = np.asarray(parent)
     if X.ndim != 2 or p.shape != (X.shape[1],):
-        raise ValueError(
+        raise ShapeError(
             f"children have shape {X.shape} and parent {p.shape}; expected (K, n), (n,)"
         )
     if not np.issubdtype(p.dtype, np.integer):
         pf = np.asarray(p, dtype=float)
         if not np.isfinite(pf).all() or (pf != np.round(pf)).any():
-            raise ValueError("the parent must be integers to round its children to integers")
+            raise ArgumentError("the parent must be integers to round its children to integers")
         p = pf.astype(np.int64)
     p = p.astype(np.int64)
     if (p < 0).any():
-        raise ValueError("the parent must be non-negative")
+        raise ArgumentError("the parent must be non-negative")
     if not np.isfinite(X).all():
-        raise ValueError("children contain NaN or infinite values")
+        raise ArgumentError("children contain NaN or infinite values")
     scale = np.maximum(p, 1).astype(float)
     if (X < -1e-9 * scale).any():
-        raise ValueError("children must be non-negative")
+        raise ShapeError("children must be non-negative")
     X = np.maximum(X, 0.0)
     if (np.abs(X.sum(axis=0) - p) > _SUM_TOLERANCE * scale).any():
-        raise ValueError("the children's columns do not sum to the parent")
+        raise ShapeError("the children's columns do not sum to the parent")
     K = X.shape[0]
     F = np.floor(X)
     frac = X - F
     missing = p - F.sum(axis=0).astype(np.int64)  # in [0, K - 1] when the sums hold
     if ((missing < 0) | (missing > K)).any():  # pragma: no cover - excluded by the sum check
-        raise ValueError("the children's columns do not sum to the parent")
+        raise ShapeError("the children's columns do not sum to the parent")
     up = _largest_remainders(frac, missing)
     if keep_totals:
         rho = frac.sum(axis=1)
@@ -186,7 +188,8 @@ def round_children(X: np.ndarray, parent: np.ndarray, *, keep_totals: bool = Fal
             kept = _nearest_keeping_totals(frac, missing, rho)
             if kept is not None:
                 up = kept
-    return F.astype(np.int64) + up
+    out: np.ndarray = F.astype(np.int64) + up
+    return out
 
 
 def _largest_remainders(frac: np.ndarray, missing: np.ndarray) -> np.ndarray:

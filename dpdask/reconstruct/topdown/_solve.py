@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from dpdask.reconstruct._report import ConvergenceReport, warn_at_limit
-from dpdask.reconstruct._working_gram import WorkingGram
 from dpdask.reconstruct.topdown._active import active_fista
 from dpdask.reconstruct.topdown._fista import L_MARGIN, fista, lipschitz, project
 from dpdask.reconstruct.topdown._newton import simplex_newton
+from dpdask.reconstruct.topdown._working_gram import WorkingGram
 
 __all__ = ["exact_sums", "objective", "proportional", "solve_support"]
 
@@ -42,7 +42,8 @@ def proportional(W: np.ndarray, t: np.ndarray) -> np.ndarray:
     total = W.sum(axis=0)
     share = W / np.where(total > 0, total, 1.0)
     share[:, total <= 0] = 1.0 / W.shape[0]
-    return share * t
+    split: np.ndarray = share * t
+    return split
 
 
 def objective(U: np.ndarray, GU: np.ndarray, C: np.ndarray) -> float:
@@ -89,7 +90,7 @@ def solve_support(
     """
     level, method, tol, maxiter = fitter.level, fitter.method, fitter.tol, fitter.maxiter
     K, n, S = C.shape[0], level.n, idx.size
-    details: dict = {"children": K, "cells": n, "support": S, "variables": K * S}
+    details: dict[str, Any] = {"children": K, "cells": n, "support": S, "variables": K * S}
     details["gram"] = level.kind
     name = f"topdown-{method}"
     if K == 1 or S == 0:  # the parent itself (or nothing to split)

@@ -24,12 +24,17 @@ t_j}``: the cells in buckets of one padded width, each bucket's columns by sorti
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dpdask.errors import ArgumentError
 from dpdask.reconstruct._kron_gram import ScaledKronGram
 from dpdask.reconstruct._union_gram import ScaledUnionGram
 from dpdask.reconstruct.topdown._fista import project_threshold
+
+if TYPE_CHECKING:
+    from dpdask.reconstruct._union_gram import _PartPlan
 
 __all__ = ["WorkingGram", "WorkingSet", "segment_project", "segment_thresholds"]
 
@@ -37,7 +42,7 @@ __all__ = ["WorkingGram", "WorkingSet", "segment_project", "segment_thresholds"]
 class _Part:
     """One part of the union on the support: weights, marginal keys, factor Grams."""
 
-    def __init__(self, plan, multi: tuple[np.ndarray, ...], s: np.ndarray):
+    def __init__(self, plan: _PartPlan, multi: tuple[np.ndarray, ...], s: np.ndarray):
         w = s.copy()
         for axis, r in plan.rank_one:
             w *= r[multi[axis]]
@@ -71,6 +76,7 @@ class _PartSet:
         self.w = part.w[cell]
         self.w_out = self.w * part.weight
         self.read = ch * part.nm + part.cells[part.key[cell]]
+        self.fibres: np.ndarray | None
         if part.kron:
             rows, pos = np.divmod(self.read, part.last)
             occupied = np.zeros(K * part.nm // part.last, dtype=bool)
@@ -123,7 +129,7 @@ class WorkingSet:
         self.parts = [_PartSet(part, self.ch, self.cell, gram.K) for part in gram.parts]
         self.starts = np.flatnonzero(np.r_[True, self.cell[1:] != self.cell[:-1]])
         if self.starts.size != gram.size:
-            raise ValueError("every cell of the support needs a pair in the working set")
+            raise ArgumentError("every cell of the support needs a pair in the working set")
         count = np.diff(np.r_[self.starts, self.size])
         # segment_project's buckets: (width, cells, the (width, cells) places of their
         # pairs in v, padded with len(v))
@@ -203,4 +209,5 @@ def segment_project(v: np.ndarray, ws: WorkingSet, t: np.ndarray) -> np.ndarray:
     cell's threshold ``tau_j`` (:func:`segment_thresholds`); then ``u = max(v - tau,
     0)``. A cell of one pair is ``t_j``.
     """
-    return np.maximum(v - segment_thresholds(v, ws, t)[ws.cell], 0.0)
+    u: np.ndarray = np.maximum(v - segment_thresholds(v, ws, t)[ws.cell], 0.0)
+    return u
