@@ -170,7 +170,6 @@ def _row_chunks(W: LinearQuery, width: int) -> Iterator[LinearQuery]:
         yield W
     elif isinstance(W, RangeQueries):
         for a in range(0, m, rows):
-            # RangeQueries takes integer arrays (linalg annotates Sequence[int])
             yield RangeQueries(W.n, W.lo[a : a + rows], W.hi[a : a + rows])
     elif isinstance(W, VStack):
         for part, w in zip(W.parts, W.weights, strict=True):
