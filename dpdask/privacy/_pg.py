@@ -165,6 +165,7 @@ class ServerChain:
             return con
         con = self._open()
         self._local.con, self._local.pid = con, os.getpid()
+        self._local.closer = _CloseWithThread(con)
         return con
 
     def _open(self) -> psycopg.Connection[Any]:
@@ -385,6 +386,18 @@ class ServerChain:
             self.close()
         except Exception:  # interpreter shutdown
             pass
+
+
+class _CloseWithThread:
+    """Closes a thread's connection when the thread ends (its ``threading.local`` goes),
+    in the process that opened it: a connection is never left for the collector."""
+
+    def __init__(self, con: psycopg.Connection[Any]) -> None:
+        self.con, self.pid = con, os.getpid()
+
+    def __del__(self) -> None:
+        if self.pid == os.getpid():
+            self.con.close()
 
 
 class _ServerAppender(_Appender):
