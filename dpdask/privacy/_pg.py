@@ -34,6 +34,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -165,7 +166,8 @@ class ServerChain:
             return con
         con = self._open()
         self._local.con, self._local.pid = con, os.getpid()
-        self._local.closer = _CloseWithThread(con)
+        self._local.token = _ThreadToken()
+        weakref.finalize(self._local.token, _close_in, con, os.getpid())
         return con
 
     def _open(self) -> psycopg.Connection[Any]:
@@ -388,16 +390,15 @@ class ServerChain:
             pass
 
 
-class _CloseWithThread:
-    """Closes a thread's connection when the thread ends (its ``threading.local`` goes),
-    in the process that opened it: a connection is never left for the collector."""
+class _ThreadToken:
+    """Kept in a thread's ``threading.local`` beside its connection; when it goes (the
+    thread ended, or the chain was collected, even in a reference cycle), a finalizer
+    closes the connection: none is left open for the collector."""
 
-    def __init__(self, con: psycopg.Connection[Any]) -> None:
-        self.con, self.pid = con, os.getpid()
 
-    def __del__(self) -> None:
-        if self.pid == os.getpid():
-            self.con.close()
+def _close_in(con: psycopg.Connection[Any], pid: int) -> None:
+    if os.getpid() == pid:  # never a connection a forked child inherited
+        con.close()
 
 
 class _ServerAppender(_Appender):
