@@ -10,6 +10,7 @@ import pytest
 from hypothesis import settings
 
 from dpdask import Domain, Geography
+from dpdask.noise import _samplers
 from dpdask.store import write_store
 from tests.helpers import DOMAIN
 
@@ -36,6 +37,17 @@ def cph_domain() -> Domain:
 @pytest.fixture
 def small_domain() -> Domain:
     return Domain(a=2, b=3, c=4)
+
+
+@pytest.fixture
+def no_float(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every floating-point noise sampler raises: what runs must use the exact ones."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a floating-point sampler was called")
+
+    for name in ("laplace", "gaussian", "correlated_gaussian"):
+        monkeypatch.setattr(_samplers, name, boom)
 
 
 @pytest.fixture

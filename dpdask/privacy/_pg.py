@@ -34,6 +34,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -165,6 +166,8 @@ class ServerChain:
             return con
         con = self._open()
         self._local.con, self._local.pid = con, os.getpid()
+        self._local.token = _ThreadToken()
+        weakref.finalize(self._local.token, _close_in, con, os.getpid())
         return con
 
     def _open(self) -> psycopg.Connection[Any]:
@@ -385,6 +388,17 @@ class ServerChain:
             self.close()
         except Exception:  # interpreter shutdown
             pass
+
+
+class _ThreadToken:
+    """Kept in a thread's ``threading.local`` beside its connection; when it goes (the
+    thread ended, or the chain was collected, even in a reference cycle), a finalizer
+    closes the connection: none is left open for the collector."""
+
+
+def _close_in(con: psycopg.Connection[Any], pid: int) -> None:
+    if os.getpid() == pid:  # never a connection a forked child inherited
+        con.close()
 
 
 class _ServerAppender(_Appender):

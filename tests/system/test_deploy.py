@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import IO
 
 import dask.config
 import numpy as np
@@ -535,6 +536,12 @@ def test_compose_topology_as_local_processes_publishes_the_local_defaults_bytes(
     procs: list[subprocess.Popen] = []
     logs = tmp_path / "logs"
     logs.mkdir()
+    log_files: list[IO[str]] = []  # the processes' standard error, closed once they stop
+
+    def log(name: str) -> IO[str]:
+        log_files.append(open(logs / name, "w"))  # closed in the finally
+        return log_files[-1]
+
     try:
         procs.append(
             subprocess.Popen(
@@ -542,7 +549,7 @@ def test_compose_topology_as_local_processes_publishes_the_local_defaults_bytes(
                 env=env,
                 cwd=tmp_path,
                 stdout=subprocess.DEVNULL,
-                stderr=open(logs / "scheduler", "w"),
+                stderr=log("scheduler"),
             )
         )
         deadline = time.monotonic() + 30
@@ -562,7 +569,7 @@ def test_compose_topology_as_local_processes_publishes_the_local_defaults_bytes(
                     env=env,
                     cwd=tmp_path,
                     stdout=subprocess.DEVNULL,
-                    stderr=open(logs / f"worker-{i}", "w"),
+                    stderr=log(f"worker-{i}"),
                 )
             )
 
@@ -599,6 +606,8 @@ def test_compose_topology_as_local_processes_publishes_the_local_defaults_bytes(
             assert PLUGIN_NAME in plugins
     finally:
         _stop(procs[::-1])
+        for f in log_files:
+            f.close()
 
     # the reference: the same spec, key and run id on the embedded local default
     done = subprocess.run(

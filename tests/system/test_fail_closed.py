@@ -418,6 +418,7 @@ def test_the_claim_survives_a_killed_holder(tmp_path):
     finally:
         holder.kill()
         holder.wait(30)
+        holder.stdout.close()
     assert lock_path(out).exists()  # killed: it could not remove its lock file
     with claim_output(out):
         pass

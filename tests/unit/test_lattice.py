@@ -8,20 +8,19 @@
   lattice every output is a grid point, and the integer noise has full support on
   the grid, so every output is possible under both neighbours.
 * No production path calls a float sampler: the float samplers are replaced by ones
-  that raise, and whole releases run with a real key and ledger.
+  that raise (the ``no_float`` fixture), and the measure step runs with a real key and
+  ledger (whole releases: ``tests/system/test_lattice_release.py``).
 """
 
 from __future__ import annotations
 
 import math
-import pathlib
 from fractions import Fraction
 
 import numpy as np
 import pytest
-import zarr
 
-from dpdask import Domain, Geography
+from dpdask import Domain
 from dpdask.linalg import (
     Dense,
     Identity,
@@ -33,10 +32,8 @@ from dpdask.linalg import (
     evaluation_error,
 )
 from dpdask.measure import lattice, measure
-from dpdask.noise import KeyedRNG, MeasurementId, _samplers, new_key
+from dpdask.noise import KeyedRNG, MeasurementId, new_key
 from dpdask.privacy import ApproxDP, Ledger, PureDP, check_calibration, zCDP
-from dpdask.release import release
-from dpdask.store import write_store
 from tests.helpers import DensePlan as Plan
 
 DOMAIN = Domain(a=2, b=3)
@@ -143,48 +140,7 @@ def test_float_path_has_impossible_outputs():
     assert impossible.mean() > 0.05
 
 
-# -- no float sampler on any release path ---------------------------------------------
-@pytest.fixture
-def no_float(monkeypatch):
-    def boom(*args, **kwargs):
-        raise AssertionError("a floating-point sampler was called")
-
-    for name in ("laplace", "gaussian", "correlated_gaussian"):
-        monkeypatch.setattr(_samplers, name, boom)
-
-
-def _store(tmp_path: pathlib.Path, counts: np.ndarray):
-    geo = Geography(
-        levels=("state", "county"),
-        ids=(("s",), ("c0", "c1", "c2", "c3")),
-        parents=(np.zeros(4, dtype=int),),
-    )
-    return write_store(tmp_path / "in.zarr", counts, DOMAIN, geo, geo_chunk=2)
-
-
-@pytest.mark.parametrize(
-    "A, mechanism, dtype",
-    [
-        (INTEGRAL, "gaussian", np.int64),
-        (FRACTIONAL, "gaussian", np.int64),
-        (FRACTIONAL, "laplace", np.int64),
-        (INTEGRAL, "laplace", np.int64),
-    ],
-    ids=["integral-gaussian", "fractional-gaussian", "fractional-laplace", "integral-laplace"],
-)
-def test_release_never_calls_a_float_sampler(tmp_path, no_float, A, mechanism, dtype):
-    rng = np.random.default_rng(5)
-    counts = rng.integers(0, 40, size=(4, 2, 3)).astype(dtype)
-    st = _store(tmp_path, counts)
-    ledger = Ledger.init(tmp_path / "ledger.sqlite")
-    plan = _plan(A, mechanism)
-    r = release(plan, st, release_id="rel", run_id="one", ledger=ledger, key=new_key())
-    g = zarr.open_group(str(r.to_zarr(tmp_path / "out.zarr")), mode="r")
-    est = g["county"]["estimate"][:]
-    assert est.shape == (4, 2, 3) and np.isfinite(est).all()
-    assert len(ledger.charges("rel")) == 2
-
-
+# -- no float sampler on the measure path ---------------------------------------------
 @pytest.mark.parametrize("mechanism", ["gaussian", "laplace"])
 def test_float_data_measured_with_a_real_key_and_ledger(tmp_path, no_float, mechanism):
     """Float counts cannot enter a release store (it holds integers); the measure step,

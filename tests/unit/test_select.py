@@ -138,23 +138,6 @@ def test_task_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(KEY.match(k) for k in seen)
 
 
-def test_distributed_client_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    distributed = pytest.importorskip("distributed")
-    monkeypatch.setattr("dpdask.strategy.hdmm._hdmm.INLINE_MAX_CELLS", 0)  # through the client
-    W, dom = _stand_in()
-    local = select(W, PureDP(1), domain=dom, restarts=2, templates=["kron", "union"])
-    with (
-        distributed.LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
-        remote = select(
-            W, PureDP(1), domain=dom, restarts=2, templates=["kron", "union"], client=client
-        )
-    np.testing.assert_allclose(remote.strategy.dense(), local.strategy.dense(), rtol=1e-12)
-
-
 def test_sync_scheduler_runs_in_process() -> None:
     with dask.config.set(scheduler="sync"):
         plan = select(Prefix(32), PureDP(1), restarts=2)

@@ -93,45 +93,6 @@ def test_drive_runs_a_repeated_task_once(monkeypatch: pytest.MonkeyPatch) -> Non
     assert len(ran) == len(set(ran)) == 2
 
 
-def test_drive_all_on_a_distributed_client_matches_lockstep() -> None:
-    distributed = pytest.importorskip("distributed")
-    spec = [("a", 3, 4), ("b", 1, 6), ("c", 4, 1), ("d", 0, 2)]
-    local = _pieces.drive_all([_chain(*s) for s in spec], None, inline=True)
-    with (
-        distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
-        assert _tasks.distributed_client(client) is client
-        remote = _pieces.drive_all([_chain(*s) for s in spec], client, priorities=[0, 0, 1, 0])
-        # the active client as Dask's default scheduler is found without being passed
-        assert _tasks.distributed_client(None) is client
-        default = _pieces.drive_all([_chain(*s) for s in spec], None)
-    assert remote == local == default
-    assert _tasks.distributed_client(None) is None
-
-
-def test_distributed_select_matches_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every template, through drive_all on a client: the in-process candidates, loss for loss."""
-    distributed = pytest.importorskip("distributed")
-    monkeypatch.setattr("dpdask.strategy.hdmm._hdmm.INLINE_MAX_CELLS", 0)  # through the scheduler
-    W, dom = _union()
-    local = select(W, PureDP(1), domain=dom, restarts=3)
-    with (
-        distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
-        remote = select(W, PureDP(1), domain=dom, restarts=3, client=client)
-    assert remote.template == local.template
-    assert set(remote.info["templates"]) == set(local.info["templates"])
-    for name, loss in local.info["templates"].items():
-        assert remote.info["templates"][name] == pytest.approx(loss, rel=1e-12)
-    np.testing.assert_allclose(remote.strategy.dense(), local.strategy.dense(), rtol=1e-12)
-
-
 def test_kron_terms_pickle_without_caches() -> None:
     W, dom = _union()
     terms = kron_terms(W, dom.shape)

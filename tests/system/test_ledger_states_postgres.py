@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 from dpdask.privacy import Ledger, zCDP
-from tests.unit.test_ledger_states import ReleaseMachine
+from tests.system.test_ledger_states import ReleaseMachine
 
 _SERVER: list = []
 
