@@ -77,7 +77,6 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     level (``workload: {levels: ...}``), a mapping of level to the plan selected for that
     level's workload with that level's share of the budget.
     """
-    from dpdask.release import LevelPlan
     from dpdask.strategy import select
 
     if marginal.is_marginal_spec(spec):
@@ -116,7 +115,7 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
         plan = choose(W, spec.privacy)
         report["queries"] = int(W.shape[0])
     for lv, b in shares.items():
-        lp = LevelPlan(plans[lv], b) if spec.per_level else LevelPlan(plan, b)
+        lp = plans[lv].at(b) if spec.per_level else plan.at(b)
         qv = lp.query_variances()
         row = {
             "level": lv,

@@ -18,6 +18,7 @@ import numpy as np
 from dask.base import tokenize
 
 from dpdask.publish import marker
+from dpdask.release import _plans
 from dpdask.release._blocks import (
     LS_FIRST,
     ChunkContext,
@@ -95,7 +96,7 @@ class MeasureGraph(ReleaseState):
 
     def _estimates(self, L: LevelState, x: da.Array, key: Any, reports: str) -> da.Array:
         """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
-        the strategy allows (:meth:`LevelPlan.fused`), else ``measure-<level>`` then
+        the strategy allows (:func:`~dpdask.release._plans.fused`), else ``measure-<level>`` then
         ``reconstruct-<level>``.
 
         Keys stay on the client: ``key`` (the release's secret) never enters the graph.
@@ -139,9 +140,10 @@ class MeasureGraph(ReleaseState):
         )  # fmt: skip
         # NNLS and WNNLS start from least squares and are fitted after consistency
         method = "ls" if self.reconstruct in LS_FIRST else self.reconstruct
-        if L.plan.fused(method):
+        pinv = _plans.structured_inverse(L.plan)
+        if _plans.fused(L.plan, method):
             return x.map_blocks(
-                estimate_block, L.plan, L.plan.pinv(), keys, ctx,
+                estimate_block, L.plan, pinv, keys, ctx,
                 chunks=x.chunks,
                 dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
                 meta=np.empty((0,) * x.ndim),
@@ -154,7 +156,7 @@ class MeasureGraph(ReleaseState):
             meta=np.empty((0, 0)),
         )  # fmt: skip
         return y.map_blocks(
-            reconstruct_block, L.plan.strategy, method, cell_shape, L.plan.pinv(),
+            reconstruct_block, L.plan.strategy, method, cell_shape, pinv,
             reports, L.name, L.plan.drawn_scale,
             chunks=(x.chunks[0], *((s,) for s in cell_shape)),
             new_axis=list(range(2, 1 + len(cell_shape))),

@@ -123,8 +123,9 @@ def _coordinates(domain: Domain | None) -> dict[str, Any]:
 
 
 def table_variances(plan: Any, queries: Any, domain: Domain) -> np.ndarray | None:
-    """Variances of further queries of a level's estimates for a unit of variance
-    (as :meth:`LevelPlan.query_variances` for the workload), or None if not computable."""
+    """Variances of further queries of a level's estimates for a unit of variance (as a
+    level plan's :meth:`~dpdask.strategy.Plan.query_variances` for the workload), or
+    None if not computable."""
     from dpdask.strategy.analysis import ErrorAnalysis
 
     base = getattr(plan, "base", None)

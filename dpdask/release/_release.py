@@ -62,6 +62,7 @@ from typing import Any
 
 from dask.base import tokenize
 
+from dpdask.errors import ArgumentError, DomainError, ShapeError
 from dpdask.measure import DEFAULT_MAX_TOTAL, level_charge
 from dpdask.noise import KeyFile, SecretKey
 from dpdask.privacy import Budget, Ledger, RunStateError, check_run_id
@@ -78,17 +79,18 @@ from dpdask.release._blocks import (
 )
 from dpdask.release._finish import Finish
 from dpdask.release._graph import MeasureGraph
-from dpdask.release._level_plan import LevelPlan, mean_cell_variance
 from dpdask.release._levels import (
     LevelChunks,
     level_chunks,
 )
+from dpdask.release._plans import level_plans, mean_cell_variance, realised, total_budget
 from dpdask.release._run import RunKeys
 from dpdask.release._state import LevelState
 from dpdask.release._topdown import TopdownGraph
 from dpdask.store import DataStore, open_store, private_dir
+from dpdask.strategy import Plan
 
-__all__ = ["LevelPlan", "Release", "release"]
+__all__ = ["Release", "release"]
 
 _TOP_UNITS = 1024  # top-down: a top level of at most this many units gets a chunk per unit
 _TOPDOWN_SHARE = 4  # top-down chunks are chunk_bytes / this
@@ -101,7 +103,7 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
         self,
         store: DataStore,
         levels: tuple[str, ...],
-        plans: dict[str, LevelPlan],
+        plans: dict[str, Plan],
         *,
         release_id: str,
         run_id: str,
@@ -374,50 +376,29 @@ def release(
     for lv in levels:
         geo.level_index(lv)
     if not noise and not test_mode:
-        raise ValueError("noise=False is only allowed in test mode")
+        raise ArgumentError("noise=False is only allowed in test mode")
     if reconstruct not in ESTIMATORS:
-        raise ValueError(f"reconstruct={reconstruct!r} is not one of {ESTIMATORS}")
+        raise ArgumentError(f"reconstruct={reconstruct!r} is not one of {ESTIMATORS}")
     if integer and reconstruct != "topdown":
-        raise ValueError("integer=True goes with reconstruct='topdown'")
-    if isinstance(plans, Mapping):
-        missing = [lv for lv in levels if lv not in plans]
-        if missing:
-            raise ValueError(f"no plan for level(s) {missing}")
-        if budget_split is not None:
-            raise ValueError(
-                "budget_split goes with a single plan; per-level plans carry their own"
-            )
-        level_plans = {lv: LevelPlan(plans[lv], plans[lv].privacy) for lv in levels}
-        total = sum(
-            (p.privacy for p in level_plans.values()), start=level_plans[levels[0]].privacy.zero()
-        )
-    else:
-        from dpdask.privacy import split_levels  # the one split of plan, run and benchmarks
-
-        total = plans.privacy
-        try:
-            budgets = split_levels(total, levels, budget_split)
-        except ValueError as exc:
-            raise ValueError(f"budget_split: {exc}") from None
-        level_plans: dict[str, LevelPlan] = {}
-        for lv, b in budgets.items():
-            level_plans[lv] = LevelPlan(plans, b, like=next(iter(level_plans.values()), None))
-    for lv, p in level_plans.items():
+        raise ArgumentError("integer=True goes with reconstruct='topdown'")
+    level_plans_ = level_plans(plans, levels, budget_split)
+    for lv, p in level_plans_.items():
         if p.strategy.shape[1] != store.domain.size:
-            raise ValueError(
+            raise ShapeError(
                 f"level {lv!r}: the plan's strategy has {p.strategy.shape[1]} columns but the "
                 f"data has {store.domain.size} cells per geography"
             )
         if p.domain is not None and p.domain != store.domain:
-            raise ValueError(
+            raise DomainError(
                 f"level {lv!r}: the plan is for {p.domain}, the data is {store.domain}"
             )
-        if noise:  # published variances are those of the noise the measure step draws
-            p.realise(store.dtype, max_total)
+    if noise:  # published variances are those of the noise the measure step draws
+        level_plans_ = {lv: realised(p, store.dtype, max_total) for lv, p in level_plans_.items()}
+    total = total_budget(level_plans_) if isinstance(plans, Mapping) else plans.privacy
     if isinstance(ledger, str | os.PathLike):
         ledger = Ledger(ledger)
     return Release(
-        store, levels, level_plans, release_id=release_id,
+        store, levels, level_plans_, release_id=release_id,
         run_id=new_run_id() if run_id is None else check_run_id(run_id),
         total=total, reconstruct=reconstruct, ledger=ledger, dataset=dataset, key=key,
         noise=noise, test_mode=test_mode, chunk_bytes=chunk_bytes, integer=integer,

@@ -14,9 +14,9 @@ from dpdask.noise import SecretKey
 from dpdask.privacy import Budget, Charge, Ledger
 
 if TYPE_CHECKING:
-    from dpdask.release._level_plan import LevelPlan
     from dpdask.release._levels import LevelChunks
     from dpdask.store import DataStore
+    from dpdask.strategy import Plan
 
 __all__ = ["LevelState", "ReleaseState"]
 
@@ -26,7 +26,7 @@ class LevelState:
     """One released level: its plan, its charge, its chunks and unit variance."""
 
     name: str
-    plan: LevelPlan
+    plan: Plan
     charge: Charge
     chunks: tuple[int, ...]
     unit_variance: float  # variance scalar of one unit's estimate in the tree model

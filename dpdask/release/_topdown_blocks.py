@@ -40,6 +40,7 @@ from dpdask.reconstruct.topdown import (
     round_children,
     round_top,
 )
+from dpdask.release import _plans
 from dpdask.release._blas import task_blas
 from dpdask.release._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 
@@ -89,8 +90,10 @@ def top_block(
     g, n = y.shape[0], plan.strategy.shape[1]
     weight = 1.0 / plan.row_variance
     with task_blas():
-        if plan.fused("ls"):  # least squares is A^+ y: fit it in the strategy's metric
-            z = np.asarray(plan.pinv().apply(y), dtype=np.float64).reshape(g, n)
+        # fused least squares is A^+ y: fit it in the strategy's metric
+        pinv = _plans.structured_inverse(plan) if _plans.fused(plan, "ls") else None
+        if pinv is not None:
+            z = np.asarray(pinv.apply(y), dtype=np.float64).reshape(g, n)
             fit = nonnegative_fitter(plan.strategy, weight)
             ests = [fit(row) for row in z]
         else:

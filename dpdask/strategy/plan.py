@@ -33,64 +33,64 @@ budget, refusing a file whose recorded noise does not match.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
-from fractions import Fraction
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from dpdask.domain import Domain
 from dpdask.errors import PlanError
-from dpdask.linalg import Kron, LinearQuery, VStack, from_dict, to_dict
-from dpdask.noise import draw_variance
-from dpdask.privacy import Budget, PureDP, calibrate, mechanism_for, noise_scale, zCDP
-from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, convert
+from dpdask.linalg import Kron, LinearQuery, from_dict, gram_root, to_dict
+from dpdask.privacy import Budget, Calibration, calibrate, mechanism_for
+from dpdask.strategy._plan_summary import format_summary, neighbour_budgets
 from dpdask.strategy.analysis import ErrorAnalysis, svd_bound
 
-__all__ = ["Plan", "mechanism_of"]
+__all__ = ["DrawnNoise", "Plan"]
+
+_T = TypeVar("_T")
+_MAX_ROOT_CELLS = 4096  # a Gram root is formed (per factor) up to this many columns
+
+
+class DrawnNoise(Protocol):
+    """How the measure step draws a plan's noise (:class:`dpdask.measure.Lattice`
+    satisfies it): the scale and the variance of one draw, in data units."""
+
+    @property
+    def noise_scale(self) -> float: ...
+
+    @property
+    def variance(self) -> float: ...
+
 
 _FORMAT = "dpdask-plan"
 _VERSION = 1
 _MAX_VARIANCE_ROWS = 10_000_000
-_MAX_GRAM_CELLS = 4096  # a factor's Gram is checked densely up to this many columns
 
 
-def _gram_nonnegative(A: LinearQuery) -> bool:
-    """Whether ``A^T A`` has no negative entry (checked per Kronecker factor and part;
-    ``False`` when it cannot be told cheaply)."""
-    if isinstance(A, Kron):
-        return all(_gram_nonnegative(f) for f in A.factors)
-    if isinstance(A, VStack):
-        return all(_gram_nonnegative(p) for p in A.parts)
-    if A.shape[1] > _MAX_GRAM_CELLS or A.shape[0] * A.shape[1] > 50_000_000:
-        return False
-    M = A.dense()
-    return bool((M.T @ M).min() >= -1e-12)
-
-
-def _neighbour_budgets(privacy: Budget, strategy: LinearQuery) -> dict:
-    """The plan's budget in both neighbour relations (:mod:`dpdask.privacy.neighbours`)."""
-    out: dict[str, Any] = {ADD_REMOVE.name: privacy.to_dict(), CHANGE_ONE.name: None}
-    if isinstance(privacy, PureDP | zCDP):
-        nonneg = _gram_nonnegative(strategy)
-        out[CHANGE_ONE.name] = convert(
-            privacy, ADD_REMOVE, CHANGE_ONE, nonnegative_gram=nonneg
-        ).to_dict()
-        out["gram_nonnegative"] = nonneg
-    return out
-
-
-def mechanism_of(privacy: Any) -> str:
-    """``"laplace"`` for pure DP, ``"gaussian"`` for zCDP and approximate DP
-    (:func:`dpdask.privacy.mechanism_for`, the one mapping)."""
-    return mechanism_for(privacy)
+def _compact(A: LinearQuery, mechanism: str) -> LinearQuery:
+    """What is measured for strategy ``A``: for Gaussian noise, a root of its Gram
+    (same privacy, same least-squares error, at most ``n`` rows; see
+    :func:`dpdask.linalg.gram_root`) when that is cheap to form; ``A`` otherwise."""
+    if mechanism != "gaussian" or A.shape[0] <= A.shape[1]:
+        return A
+    if isinstance(A, Kron) and all(f.shape[1] <= _MAX_ROOT_CELLS for f in A.factors):
+        return gram_root(A)
+    if A.shape[1] <= _MAX_ROOT_CELLS:
+        return gram_root(A)
+    return A
 
 
 class Plan:
     """A data-independent release plan (see the module docstring for the attributes).
+
+    A level's plan (:meth:`at`) keeps the plan it was made from as :attr:`base`, and a
+    plan whose noise was fixed as drawn (:meth:`realise`) holds it as :attr:`drawn`;
+    both return new plans, leaving this one as it was.
 
     Parameters
     ----------
@@ -116,6 +116,10 @@ class Plan:
     PlanError
         If the shapes disagree or the strategy has zero sensitivity (a ValueError).
     """
+
+    # class defaults, for subclasses that set their own fields (ResidualPlan)
+    base: Plan | None = None
+    drawn: DrawnNoise | None = None
 
     def __init__(
         self,
@@ -149,6 +153,8 @@ class Plan:
         self.info = dict(info or {})
         self.sizes = tuple(int(s) for s in sizes) if sizes is not None else None
         self.calibration = calibrate(privacy, strategy)
+        self.base = None
+        self.drawn = None
         self.mechanism = self.calibration.mechanism
         self.sensitivity = self.calibration.sensitivity
         self.noise_scale = self.calibration.scale
@@ -156,31 +162,98 @@ class Plan:
 
     # -- noise -------------------------------------------------------------
     def at(self, budget: Budget) -> Plan:
-        """This plan's strategy and workload measured with ``budget`` instead: a copy
-        recalibrated (:meth:`dpdask.privacy.Calibration.at`, the one calibration), for a
-        level's share of a release budget or an audit's control.
+        """This plan measured with ``budget`` instead: a level's plan, for a level's share
+        of a release budget (or an audit's control).
+
+        The workload, domain and error analysis are this plan's (its :attr:`base`'s);
+        what is measured is, for Gaussian noise, a root of the strategy's Gram when that
+        is cheap to form (same privacy, same least-squares error, at most ``n`` rows),
+        computed once for every level plan of one base plan, as is anything
+        :meth:`shared`; the noise is calibrated to ``budget`` on it
+        (:meth:`dpdask.privacy.Calibration.at`, the one calibration). A new plan: this
+        one is unchanged, and the new one describes the nominal noise until
+        :meth:`realise` fixes the noise drawn.
 
         Raises
         ------
         dpdask.errors.PlanError
             If ``budget`` cannot be spent with this plan's mechanism (a Gaussian
             strategy's sensitivity is not a Laplace one's).
+        dpdask.errors.BudgetTypeError
+            If ``budget`` is not a budget.
         """
-        cal = self.calibration.at(budget)
+        mechanism = mechanism_for(budget)
+        if mechanism != self.mechanism:
+            raise PlanError(
+                f"a {self.mechanism} plan cannot be measured with {budget!r} ({mechanism} "
+                "noise); select a plan for that budget"
+            )
+        base = self if self.base is None else self.base
+        measured, cal = base.shared("measured", base._measured)
         new = copy.copy(self)
-        new.privacy, new.calibration, new.noise_scale = budget, cal, cal.scale
-        new._analysis_cache = self._analysis_cache  # the same strategy and workload
+        new.base, new.drawn = base, None
+        # the level plans of one base plan share their structure (:meth:`shared`)
+        new.__dict__["_structure"] = base.shared("levels", dict)
+        if measured is not None:
+            new.strategy = measured
+        new.privacy, new.calibration = budget, cal.at(budget)
+        new.sensitivity, new.noise_scale = new.calibration.sensitivity, new.calibration.scale
+        new._analysis_cache = None  # the base's analysis is used (:attr:`analysis`)
+        return new
+
+    def _measured(self) -> tuple[LinearQuery | None, Calibration]:
+        """What a level plan of this one measures (``None``: this strategy as it is) and
+        its calibration at this plan's budget."""
+        with threadpool_limits(limits=1, user_api="blas"):  # small matrices: 1 thread
+            A = _compact(self.strategy, self.mechanism)
+        if A is self.strategy:
+            return None, self.calibration
+        return A, calibrate(self.privacy, A)
+
+    def shared(self, name: str, compute: Callable[[], _T]) -> _T:
+        """A value derived from the measured strategy alone (a structured
+        pseudo-inverse, its rank), computed once by ``compute`` for this plan and, for a
+        level plan, every level plan :meth:`at` made from the same base plan."""
+        cache: dict[str, Any] = self.__dict__.setdefault("_structure", {})
+        if name not in cache:
+            cache[name] = compute()
+        value: _T = cache[name]
+        return value
+
+    def realise(self, drawn: DrawnNoise) -> Plan:
+        """This plan with its noise as the measure step draws it (``drawn``, e.g.
+        :func:`dpdask.measure.lattice` of this plan for the data's dtype and bound): a
+        new plan whose :attr:`row_variance`, :attr:`noise_variance`, :attr:`drawn_scale`
+        and error figures (:meth:`query_variances`, ...) are those of the noise drawn, not
+        of the nominal continuous mechanism. The measurement itself still starts from
+        the plan's calibration (:attr:`noise_scale`)."""
+        new = copy.copy(self)
+        new.drawn = drawn
         return new
 
     @property
-    def noise_variance(self) -> float:
-        """Nominal variance of the noise on each measured row: ``2 b^2`` or ``sigma^2``
-        (what the measure step draws is :class:`dpdask.measure.Lattice`'s)."""
+    def drawn_scale(self) -> float:
+        """The scale of the noise drawn (data units; the nominal :attr:`noise_scale`
+        until :meth:`realise`)."""
+        return self.noise_scale if self.drawn is None else float(self.drawn.noise_scale)
+
+    @property
+    def row_variance(self) -> float:
+        """Variance of the noise on each measured row: of the law drawn once
+        :meth:`realise` fixed it (the discrete sampler on its lattice), of the nominal
+        mechanism (``2 b^2`` or ``sigma^2``, :attr:`calibration`) before."""
+        if self.drawn is not None:
+            return float(self.drawn.variance)
         return self.calibration.variance
 
+    @property
+    def noise_variance(self) -> float:
+        """The :attr:`row_variance` every error figure of the plan is made of."""
+        return self.row_variance
+
     def _unit_variance(self) -> float:
-        """Noise variance per row at sensitivity 1 under this budget."""
-        return draw_variance(self.mechanism, noise_scale(self.mechanism, 1.0, self.privacy))
+        """Noise variance per row at sensitivity 1 under this budget (nominal)."""
+        return dataclasses.replace(self.calibration, sensitivity=1.0).at(self.privacy).variance
 
     def __getstate__(self) -> dict:
         # the error analysis is a cache (tens of MiB on the CPH domain): recomputed where
@@ -190,7 +263,10 @@ class Plan:
     # -- error analytics ---------------------------------------------------
     @property
     def analysis(self) -> ErrorAnalysis:
-        """The implicit error analysis of the strategy on the workload (cached)."""
+        """The implicit error analysis of the strategy on the workload (cached; a level
+        plan's is its base plan's: the measured Gram root has the same error)."""
+        if self.base is not None:
+            return self.base.analysis
         if self._analysis_cache is None:
             self._analysis_cache = ErrorAnalysis(
                 self.workload, self.strategy, self.sizes, self.groups
@@ -232,7 +308,7 @@ class Plan:
     def summary(self, as_dict: bool = False) -> str | dict:
         """A readable table of the plan (or, with ``as_dict=True``, a JSON-safe dict)."""
         d = self._summary_dict()
-        return d if as_dict else _format_summary(d)
+        return d if as_dict else format_summary(d)
 
     def _summary_dict(self) -> dict:
         terms = self.analysis.terms
@@ -276,7 +352,7 @@ class Plan:
             "identity_rmse_ratio": math.sqrt(ident / total) if total > 0 else None,
             "parts": list(parts.values()),
             "selection": self.info,
-            "neighbours": _neighbour_budgets(self.privacy, self.strategy),
+            "neighbours": neighbour_budgets(self.privacy, self.strategy),
         }
 
     def __repr__(self) -> str:
@@ -364,43 +440,3 @@ class Plan:
                 f"require ({plan.mechanism}, {plan.noise_scale})"
             )
         return plan
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def _format_summary(d: dict) -> str:
-    priv = ", ".join(f"{k}={v}" for k, v in d["privacy"].items() if k != "type")
-    nb = d.get("neighbours") or {}
-    co = nb.get("change-one")
-    relation = "budget for add/remove-one-person neighbours"
-    if co:
-        co_priv = ", ".join(f"{k}={float(Fraction(v)):.6g}" for k, v in co.items() if k != "type")
-        relation += f"; change-one-record: {co['type']}({co_priv}) (an upper bound)"
-    lines = [
-        f"plan: {d['template']}  ({d['mechanism']} noise, {d['privacy']['type']}({priv}))",
-        f"  ({relation})",
-        f"workload: {d['queries']:,} queries over {d['cells']:,} cells"
-        + (f"  domain {d['domain']}" if d["domain"] else ""),
-        f"strategy: {d['strategy_rows']:,} rows, sensitivity {_fmt(d['sensitivity'])}, "
-        f"noise scale {_fmt(d['noise_scale'])} per row",
-        f"expected total squared error: {_fmt(d['expected_total_squared_error'])}"
-        + ("  (upper bound: block reconstruction)" if d["error_is_upper_bound"] else ""),
-        f"RMSE per query: {_fmt(d['rmse_per_query'])}",
-        f"identity strategy: total squared error {_fmt(d['identity_total_squared_error'])}, "
-        f"RMSE ratio {_fmt(d['identity_rmse_ratio'])}",
-        f"SVD bound: {_fmt(d['svd_bound'])}  (ratio {_fmt(d['ratio_to_svd_bound'])})",
-    ]
-    cols = ["part", "queries", "squared_error", "rmse", "max_variance"]
-    rows = [[_fmt(p[c]) for c in cols] for p in d["parts"]]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    lines.append("")
-    lines.append("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
-    for r in rows:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-    return "\n".join(lines)

@@ -33,7 +33,6 @@ __all__ = [
     "default_templates",
     "optimize",
     "select",
-    "sensitivity_norm",
 ]
 
 BASELINES = ("identity", "workload", "hierarchical", "hb", "wavelet", "convex", "tda-2020")
@@ -46,11 +45,6 @@ SERIAL_BLAS_MAX_N = 256
 between task rounds, in-process tasks, the final check) uses one BLAS thread: its
 matrices are small, and threads on them cost more than they save, most of all when
 the cores are busy (with the cluster's workers or anything else)."""
-
-
-def sensitivity_norm(privacy: Budget) -> int:
-    """1 for pure DP (Laplace noise), 2 for zCDP and approximate DP (Gaussian noise)."""
-    return MECHANISM_NORM[mechanism_for(privacy)]
 
 
 def verified_loss(terms: KronTerms, cand: Candidate, norm: int) -> float:
@@ -228,7 +222,7 @@ def select(
         from dpdask.strategy.residual import plan_residual
 
         return plan_residual(workload, privacy, domain=domain, **options)
-    norm = sensitivity_norm(privacy)
+    norm = MECHANISM_NORM[mechanism_for(privacy)]  # the one budget -> norm mapping
     sizes = domain.shape if domain is not None else None
     if strategy == "hdmm" and weights is not None:
         from dpdask.strategy.weights import weighted_workload
