@@ -39,6 +39,7 @@ __all__ = [
     "total_budget",
 ]
 
+
 class PlanLike(Protocol):
     """What a release needs of a plan: a :class:`~dpdask.strategy.Plan`, or an object
     with its workload, strategy, budget and domain (:func:`as_plan`)."""
@@ -105,14 +106,14 @@ def level_plans(
             raise ArgumentError(
                 "budget_split goes with a single plan; per-level plans carry their own"
             )
-        out = {lv: as_plan(plans[lv]).at(plans[lv].privacy) for lv in levels}
+        out = {lv: as_plan(plans[lv]).at(plans[lv].privacy, operator=True) for lv in levels}
     else:
         base = as_plan(plans)
         try:
             budgets = split_levels(base.privacy, levels, budget_split)
         except ValueError as exc:
             raise ArgumentError(f"budget_split: {exc}") from None
-        out = {lv: base.at(b) for lv, b in budgets.items()}
+        out = {lv: base.at(b, operator=True) for lv, b in budgets.items()}
     if dtype is not None:
         out = {lv: realised(p, dtype, max_total) for lv, p in out.items()}
     return out

@@ -161,7 +161,7 @@ class Plan:
         self._analysis_cache: ErrorAnalysis | None = None
 
     # -- noise -------------------------------------------------------------
-    def at(self, budget: Budget) -> Plan:
+    def at(self, budget: Budget, *, operator: bool = False) -> Plan:
         """This plan measured with ``budget`` instead: a level's plan, for a level's share
         of a release budget (or an audit's control).
 
@@ -173,6 +173,10 @@ class Plan:
         (:meth:`dpdask.privacy.Calibration.at`, the one calibration). A new plan: this
         one is unchanged, and the new one describes the nominal noise until
         :meth:`realise` fixes the noise drawn.
+
+        ``operator=True`` calibrates on the strategy operator's column norms (what a
+        release of counts measures, and its charge checks) even where the plan knows its
+        sensitivity in closed form (a residual plan measured from records).
 
         Raises
         ------
@@ -189,7 +193,7 @@ class Plan:
                 "noise); select a plan for that budget"
             )
         base = self if self.base is None else self.base
-        measured, cal = base.shared("measured", base._measured)
+        measured, cal = base.shared(f"measured-{operator}", lambda: base._measured(operator))
         new = copy.copy(self)
         new.base, new.drawn = base, None
         # the level plans of one base plan share their structure (:meth:`shared`)
@@ -201,9 +205,9 @@ class Plan:
         new._analysis_cache = None  # the base's analysis is used (:attr:`analysis`)
         return new
 
-    def _measured(self) -> tuple[LinearQuery | None, Calibration]:
+    def _measured(self, operator: bool) -> tuple[LinearQuery | None, Calibration]:
         """What a level plan of this one measures (``None``: this strategy as it is) and
-        its calibration at this plan's budget."""
+        its calibration at this plan's budget (on the operator: a plan's strategy is one)."""
         with threadpool_limits(limits=1, user_api="blas"):  # small matrices: 1 thread
             A = _compact(self.strategy, self.mechanism)
         if A is self.strategy:

@@ -146,9 +146,10 @@ class ResidualPlan(Plan):
         self._strategy: LinearQuery | None = None
         self._analysis_cache = None
 
-    def _measured(self) -> tuple[LinearQuery | None, Calibration]:
-        """A level plan measures the residual strategy as it is (never built here)."""
-        return None, self.calibration
+    def _measured(self, operator: bool) -> tuple[LinearQuery | None, Calibration]:
+        """A level plan measures the residual strategy as it is, calibrated on the
+        closed-form sensitivity (no operator is built) unless ``operator``."""
+        return None, calibrate(self.privacy, self.strategy) if operator else self.calibration
 
     # -- operators, on demand ------------------------------------------------
     @property  # type: ignore[override]

@@ -134,7 +134,7 @@ def design_statistic(
 ) -> Design:
     """The statistic of a plan under its claimed budget: the person's cell (where the
     sensitivity is attained), each level's direction, and the null mean and sd."""
-    lps = {lv: plan.at(b) for lv, b in split_levels(total, levels, split).items()}
+    lps = {lv: plan.at(b, operator=True) for lv, b in split_levels(total, levels, split).items()}
     p = plan.calibration.norm
     power = sum(lp.strategy.column_norms(p) ** 2 / lp.row_variance for lp in lps.values())
     j = int(np.argmax(power))
