@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from dpdask.linalg import Dense, Diagonal, Identity, LinearQuery
-from dpdask.noise import KeyedRNG
+from dpdask.noise import KeyedRNG, draw_variance
 from dpdask.privacy import PureDP
 from dpdask.strategy.plan import Plan
 from dpdask.sums.sqm import SQMechanism
@@ -169,7 +169,7 @@ class SumMechanism:
             R = self.reconstruction()
         except ValueError:
             return np.asarray(self.plan().query_variances(), dtype=float)
-        return 2.0 * self.noise_scale**2 * np.einsum("ij,ij->i", R, R)
+        return draw_variance("laplace", self.noise_scale) * np.einsum("ij,ij->i", R, R)
 
     def variances_at(self, noise_scale: float) -> np.ndarray:
         """The variance of every answer when the rows of ``M`` get Laplace scale ``noise_scale``."""
