@@ -26,8 +26,11 @@ from dpdask.measure import lattice, noise_mechanism, stream_identity, stream_key
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey, new_key
 from dpdask.privacy import Ledger
 from dpdask.publish import work_dir
-from dpdask.release import Release, _plans, release
+from dpdask.release import _plans, release
 from dpdask.release._blocks import ChunkContext, estimate_block, measure_block
+from dpdask.release._graph import estimates, level_data
+from dpdask.release._state import RunState
+from dpdask.release._topdown import topdown_graph
 from dpdask.testing.fault_injection import place_key
 from tests.helpers import make_plan
 
@@ -72,9 +75,10 @@ def _stream_keys(arr: da.Array) -> dict[tuple, StreamKey]:
 
 
 def _level_estimates(r, key: SecretKey, tmp_path: pathlib.Path) -> list[tuple[Any, da.Array]]:
-    data = r._level_data()
+    data = level_data(r)
+    run = RunState(tmp_path, key=key)
     return [
-        (L, r._estimates(L, x, key, str(tmp_path))) for L, x in zip(r._levels, data, strict=True)
+        (L, estimates(r, run, L, x, str(tmp_path))) for L, x in zip(r.released, data, strict=True)
     ]
 
 
@@ -110,7 +114,7 @@ def test_no_task_holds_the_secret_key(store, tmp_path, monkeypatch, fused, test_
             assert sk.fingerprint() == master.fingerprint() and sk.test_only == test_key
             assert raw not in pickle.dumps(sk)
         n_keys += len(keys)
-    assert n_keys == sum(len(L.chunks) for L in r._levels) > len(r._levels)
+    assert n_keys == sum(len(L.chunks) for L in r.released) > len(r.released)
 
 
 def _measure_layer(est: da.Array, x: da.Array, m: int) -> da.Array:
@@ -128,7 +132,7 @@ def test_each_chunk_draws_its_own_stream_bit_for_bit(store, tmp_path, monkeypatc
     r = release(
         plan, st, release_id="rel", run_id="one", key=master, test_mode=True, chunk_bytes=8 * 6 * 2
     )
-    data = r._level_data()
+    data = level_data(r)
     for (L, est), x in zip(_level_estimates(r, master, tmp_path), data, strict=True):
         A = L.plan.strategy  # what the level measures (may differ from the plan's)
         y = _measure_layer(est, x, A.shape[0])
@@ -223,7 +227,7 @@ def test_the_key_file_is_overwritten_before_it_is_unlinked(store, tmp_path):
     out = tmp_path / "out.zarr"
     run = dict(release_id="rel", run_id="k1", ledger=ledger)
     with (
-        mock.patch.object(Release, "_finish", side_effect=KeyboardInterrupt),
+        mock.patch("dpdask.release._finish.finish", side_effect=KeyboardInterrupt),
         pytest.raises(KeyboardInterrupt),
     ):
         release(make_plan(), st, **run).to_zarr(out)
@@ -288,7 +292,7 @@ def test_a_real_cluster_never_receives_the_master_key(store, tmp_path):
     run = ledger.run("rel", "c1")
     assert run is not None and run.state == "published"
     assert run.key_fingerprint == key.fingerprint()
-    assert n_release > sum(len(L.chunks) for L in r._levels)  # the release ran there
+    assert n_release > sum(len(L.chunks) for L in r.released)  # the release ran there
     assert plugin.secret_keys == 0
     assert not any(raw in blob for blob in plugin.pickled[:n_release])
     assert any(raw in blob for blob in plugin.pickled[n_release:])
@@ -305,7 +309,7 @@ def test_no_topdown_task_holds_the_secret_key(store, tmp_path, test_key):
         reconstruct="topdown", chunk_bytes=8 * 6 * 2,
     )  # fmt: skip
     raw = bytes(master)
-    _, todo = r._topdown_graph(tmp_path / "work", master)
+    _, todo = topdown_graph(r, RunState(tmp_path / "work", key=master))
     values = list(dict(todo.__dask_graph__()).values())
     found = {}
     for value in values:
@@ -315,6 +319,6 @@ def test_no_topdown_task_holds_the_secret_key(store, tmp_path, test_key):
             if isinstance(item, StreamKey):
                 found[id(item)] = item
         assert raw not in cloudpickle.dumps(value)
-    assert len(found) == sum(len(L.chunks) for L in r._levels) > len(r._levels)
+    assert len(found) == sum(len(L.chunks) for L in r.released) > len(r.released)
     for sk in found.values():
         assert sk.fingerprint() == master.fingerprint() and sk.test_only == test_key

@@ -123,7 +123,7 @@ def test_resume_after_crash_is_bit_identical(store, tmp_path, monkeypatch) -> No
     def crash(*args, **kw):
         raise KeyboardInterrupt("killed after measuring")
 
-    monkeypatch.setattr(release_module.Release, "_finish", crash)
+    monkeypatch.setattr(release_module._finish, "finish", crash)
     with pytest.raises(KeyboardInterrupt):
         release(plan, st, **kwargs).to_zarr(tmp_path / "out.zarr")
     assert not (tmp_path / "out.zarr").exists()
@@ -154,7 +154,7 @@ def test_over_budget_refuses_before_reading(store, tmp_path, monkeypatch) -> Non
     def no_read(*args, **kw):
         raise AssertionError("data was read")
 
-    monkeypatch.setattr(release_module.Release, "_level_data", no_read)
+    monkeypatch.setattr(release_module._graph, "level_data", no_read)
     second = release(
         make_plan(rho=2),
         st,
@@ -268,7 +268,7 @@ def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) 
         got = seen[method.split("-")[0]]
         assert got, "the estimator was not called"
         if method == "nnls":
-            finest = rel._levels[-1].plan
+            finest = rel.released[-1].plan
             assert len(got) == st.geography.n_units("tract")  # one solve per finest unit
             assert all(M is finest.strategy for M, _ in got)
             # weights of the noise drawn (the lattice's discrete law), not the nominal
@@ -276,7 +276,7 @@ def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) 
             assert abs(drawn / finest.noise_scale**2 - 1) > 1e-4
             np.testing.assert_allclose([1.0 / w for _, w in got], drawn)
         else:
-            assert set(got) == {lattice(L.plan, st.dtype).noise_scale for L in rel._levels}
+            assert set(got) == {lattice(L.plan, st.dtype).noise_scale for L in rel.released}
 
 
 @pytest.mark.parametrize("levels", [None, ("tract",)], ids=["three-levels", "one-level"])
@@ -297,7 +297,7 @@ def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind, level
     rel = release(plan, st, reconstruct="nnls", **kwargs)
     nn = zarr.open_group(str(rel.to_zarr(tmp_path / "nnls.zarr")), mode="r")
     assert set(nn.group_keys()) == set(levels or st.geography.levels)
-    A = rel._levels[-1].plan.strategy.dense()  # the measured strategy (a Gram root here)
+    A = rel.released[-1].plan.strategy.dense()  # the measured strategy (a Gram root here)
     x_ls = ls["tract"]["estimate"][:].reshape(7, -1)
     assert (x_ls < 0).any(), "the oracle needs a case where the constraint binds"
     want = np.stack([scipy_nnls(A, A @ row)[0] for row in x_ls])
@@ -305,7 +305,7 @@ def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind, level
     assert got.min() >= 0
     # the release stops at 1e-2 noise units (rms projected gradient): its objective, in
     # noise units, is within a hair of scipy's exact minimum
-    sigma2 = rel._levels[-1].plan.row_variance
+    sigma2 = rel.released[-1].plan.row_variance
     f = lambda x, x0: 0.5 * np.sum((A @ (x - x0)) ** 2) / sigma2  # noqa: E731
     gaps = [f(g, x0) - f(w, x0) for g, w, x0 in zip(got, want, x_ls, strict=True)]
     assert max(gaps) <= 1e-3, gaps
