@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ArgumentTypeError, NoiseKeyError
 from dpdask.linalg import LinearQuery
 from dpdask.measure import DEFAULT_MAX_TOTAL, lattice, measure, measurement_noise
 from dpdask.noise import StreamKey
@@ -111,10 +112,10 @@ def _stream_key(key: Any) -> StreamKey | None:
     """The chunk's stream key from its one-element block of the key array (or ``None``)."""
     if isinstance(key, np.ndarray):
         if key.size != 1:
-            raise ValueError(f"a chunk's key block holds one stream key, got {key.size}")
+            raise NoiseKeyError(f"a chunk's key block holds one stream key, got {key.size}")
         key = key.reshape(-1)[0]
     if key is not None and not isinstance(key, StreamKey):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"a block task takes its chunk's StreamKey, never the secret key; got "
             f"{type(key).__name__}"
         )
@@ -158,7 +159,7 @@ def _exact_answers(ctx: ChunkContext) -> bool:
     if ctx.noise:
         return False
     if not ctx.test_mode:
-        raise ValueError("noise can only be switched off in test mode")
+        raise ArgumentError("noise can only be switched off in test mode")
     return True
 
 
@@ -181,7 +182,7 @@ def measure_block(
         if _exact_answers(ctx):
             return np.asarray(plan.strategy.apply(x), dtype=np.float64)
         if key is None:
-            raise ValueError("a noisy measurement needs its chunk's stream key")
+            raise NoiseKeyError("a noisy measurement needs its chunk's stream key")
         y = measure(
             plan, x, key, ctx.identity(chunk), ledger=ctx.receipt, run_id=ctx.run_id,
             test_mode=ctx.test_mode, max_total=ctx.max_total,
@@ -224,7 +225,7 @@ def estimate_block(
         if _exact_answers(ctx):
             return np.asarray(x, dtype=np.float64)
         if key is None:
-            raise ValueError("a noisy measurement needs its chunk's stream key")
+            raise NoiseKeyError("a noisy measurement needs its chunk's stream key")
         identity = ctx.identity(_chunk_index(block_info))
         kw = {
             "ledger": ctx.receipt, "run_id": ctx.run_id, "test_mode": ctx.test_mode,
@@ -282,7 +283,9 @@ def reconstruct_block(
         elif method in ("admm-l1", "admm-enet"):
             est = admm(strategy, y, loss=method.split("-")[1], scale=noise_scale)
         else:
-            raise ValueError(f"unknown estimator {method!r} for measurements; use ls, wls or admm")
+            raise ArgumentError(
+                f"unknown estimator {method!r} for measurements; use ls, wls or admm"
+            )
     if not est.report.converged and report_dir is not None:
         _report(report_dir, level, _chunk_index(block_info), est.report.to_dict())
     return np.asarray(est.x).reshape((y.shape[0], *cell_shape))

@@ -17,6 +17,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
+from dpdask.errors import ShapeError
 from dpdask.publish import marker
 from dpdask.release import _plans
 from dpdask.release._blocks import (
@@ -121,7 +122,7 @@ def estimates(rel: Release, run: RunState, L: Level, x: da.Array, reports: str) 
     if key is not None:
         n = x.numblocks[0]
         if n != len(L.chunks) or any(nb != 1 for nb in x.numblocks[1:]):
-            raise ValueError(
+            raise ShapeError(
                 f"level {L.name!r}: the data has blocks {x.numblocks}, "
                 f"expected ({len(L.chunks)}, 1, ...)"
             )

@@ -23,6 +23,7 @@ import numpy as np
 from dask.base import tokenize
 
 from dpdask.domain import Geography
+from dpdask.errors import ArgumentError, DataError, DomainError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct.consistency import (
     children_sum,
@@ -75,14 +76,14 @@ def _released_parents(geo: Geography, levels: Sequence[str]) -> list[np.ndarray]
     for upper, lower in itertools.pairwise(levels):
         iu, il = geo.level_index(upper), geo.level_index(lower)
         if iu >= il:
-            raise ValueError(
+            raise DomainError(
                 f"levels must go from coarse to fine: {upper!r} is not above {lower!r}"
             )
         idx = np.arange(geo.n_units(lower), dtype=np.int64)
         for j in range(il, iu, -1):
             idx = geo.parents[j - 1][idx]
         if idx.size > 1 and (np.diff(idx) < 0).any():
-            raise ValueError(
+            raise DataError(
                 f"units of level {lower!r} are not sorted by their {upper!r} parent; "
                 "the data store must list children of each parent contiguously"
             )
@@ -127,15 +128,15 @@ def level_chunks(
     """
     levels = tuple(levels)
     if not levels:
-        raise ValueError("a release needs at least one geography level")
+        raise DomainError("a release needs at least one geography level")
     if levels[-1] != geo.levels[-1]:
-        raise ValueError(
+        raise DomainError(
             f"the finest released level must be the data's level {geo.levels[-1]!r}, "
             f"got {levels[-1]!r}"
         )
     sizes = [8 * cells] * len(levels) if row_bytes is None else [int(b) for b in row_bytes]
     if len(sizes) != len(levels) or min(sizes) < 1:
-        raise ValueError(f"row_bytes needs a positive size per level, got {row_bytes}")
+        raise ArgumentError(f"row_bytes needs a positive size per level, got {row_bytes}")
     parents = _released_parents(geo, levels)
     per_chunk = max(1, target_bytes // sizes[0])
     chunks: list[tuple[int, ...]] = [_split(np.array([0, geo.n_units(levels[0])]), per_chunk)]

@@ -398,9 +398,15 @@ def release(
 
     Raises
     ------
-    ValueError
-        For levels the data does not have, plans that do not fit the domain, a
-        split that does not match the levels, noise switched off outside test mode.
+    dpdask.errors.DomainError
+        For levels the data does not have, or a plan for another domain.
+    dpdask.errors.ShapeError
+        For a plan whose strategy does not fit the data's cells.
+    dpdask.errors.ArgumentError
+        For a split that does not match the levels, a level without a plan, an unknown
+        estimator, ``integer`` without top-down, noise switched off outside test mode.
+    dpdask.errors.PlanError
+        If a level's budget cannot be spent with its plan (all ``ValueError``).
     """
     store = data if isinstance(data, DataStore) else open_store(data)
     geo = store.geography

@@ -31,6 +31,7 @@ import numpy as np
 import sparse
 from scipy import sparse as sp
 
+from dpdask.errors import ShapeError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct import nnls
 from dpdask.reconstruct.nnls import nonnegative_fitter
@@ -119,7 +120,7 @@ def parent_rows(blocks: list[Any], starts: list[int], first: int, last: int) -> 
             pieces.append(csr[lo - start : hi - start])
     out = sp.vstack(pieces, format="csr") if len(pieces) > 1 else pieces[0]
     if out.shape[0] != last - first + 1:
-        raise ValueError(f"parent blocks hold {out.shape[0]} of rows {first}..{last}")
+        raise ShapeError(f"parent blocks hold {out.shape[0]} of rows {first}..{last}")
     return sp.csr_array(out)
 
 
