@@ -104,7 +104,7 @@ def trim_heap() -> bool:
         return False
 
 
-def _chunk_index(block_info: dict | None) -> int:
+def _chunk_index(block_info: dict[Any, Any] | None) -> int:
     return int(block_info[0]["chunk-location"][0]) if block_info else 0
 
 
@@ -168,7 +168,7 @@ def measure_block(
     plan: Any,
     key: Any,
     ctx: ChunkContext,
-    block_info: dict | None = None,
+    block_info: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Noisy strategy answers ``(g, m)`` for one chunk (``x`` is ``(g, *domain.shape)``).
 
@@ -196,7 +196,7 @@ def estimate_block(
     pinv: LinearQuery,
     key: Any,
     ctx: ChunkContext,
-    block_info: dict | None = None,
+    block_info: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Least-squares estimates ``(g, *domain.shape)`` of one chunk: ``x + A^+ z``.
 
@@ -227,7 +227,7 @@ def estimate_block(
         if key is None:
             raise NoiseKeyError("a noisy measurement needs its chunk's stream key")
         identity = ctx.identity(_chunk_index(block_info))
-        kw = {
+        kw: dict[str, Any] = {
             "ledger": ctx.receipt, "run_id": ctx.run_id, "test_mode": ctx.test_mode,
             "max_total": ctx.max_total,
         }  # fmt: skip
@@ -260,7 +260,7 @@ def reconstruct_block(
     report_dir: str | None = None,
     level: str = "",
     noise_scale: float | None = None,
-    block_info: dict | None = None,
+    block_info: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Estimates ``(g, *domain.shape)`` from one chunk of measurements.
 
@@ -297,7 +297,7 @@ def nonnegative_block(
     weights: float | None,
     report_dir: str | None = None,
     level: str = "",
-    block_info: dict | None = None,
+    block_info: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Non-negative estimates ``(g, *domain.shape)`` fitted to one chunk of estimates.
 
@@ -325,7 +325,7 @@ def nonnegative_block(
     return out.reshape(x.shape)
 
 
-def _report(report_dir: str, level: str, chunk: int, info: dict) -> None:
+def _report(report_dir: str, level: str, chunk: int, info: dict[str, Any]) -> None:
     path = pathlib.Path(report_dir) / f"{level}-{chunk}.json"
     path.write_text(json.dumps({"level": level, "chunk": chunk, **info}))
 

@@ -71,7 +71,7 @@ def finish(
         )  # fmt: skip
     else:
         sources, targets = _dense_outputs(rel, root, work, raw, levels, ids)
-    stored = da.store(sources, targets, lock=False, compute=False)
+    stored = da.store(sources, targets, lock=False, compute=False)  # type: ignore[arg-type]
     compute_items([stored], client, progress, "publish")
     _write_attributes(rel, run, root, out)
     return out
@@ -84,7 +84,7 @@ def _dense_outputs(
     raw: Sequence[pathlib.Path],
     levels: list[tuple[str, Any, float]],
     ids: list[np.ndarray],
-) -> tuple[list[da.Array], list[zarr.Array]]:
+) -> tuple[list[da.Array], list[zarr.Array[Any]]]:
     """Consistent (and, for NNLS and ADMM, non-negative) estimates of every level from
     their checkpoints, and their outputs (:func:`~dpdask.release._output.level_outputs`)."""
     cells = tuple(rel.domain.shape)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pathlib
 from typing import TYPE_CHECKING, Any
 
-import dask
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
+from dask.delayed import delayed
 
 from dpdask.errors import ShapeError
 from dpdask.publish import marker
@@ -44,7 +44,7 @@ __all__ = ["estimates", "level_data", "measure_graph"]
 
 def level_data(rel: Release) -> list[da.Array]:
     """Counts of every released level, lazily, chunked as the level chunks."""
-    x = rel.store.to_dask().rechunk({0: rel.lc.chunks[-1]})
+    x = rel.store.to_dask().rechunk({0: rel.lc.chunks[-1]})  # type: ignore[no-untyped-call]
     arrays = [x]
     for i in range(len(rel.levels) - 1, 0, -1):
         name = f"aggregate-{level_key(rel.levels[i - 1])}"
@@ -82,7 +82,7 @@ def measure_graph(rel: Release, run: RunState, client: Any, progress: bool) -> l
         est = estimates(rel, run, L, x, str(reports))
         tok = tokenize(est.name)
         for k in todo:
-            write = dask.delayed(write_chunk, pure=False)
+            write = delayed(write_chunk, pure=False)
             pending.append(
                 write(
                     est.blocks[k],
@@ -128,13 +128,13 @@ def estimates(rel: Release, run: RunState, L: Level, x: da.Array, reports: str) 
             )
         kname = f"streamkey-{word}-{tok}"
         one = (1,) * (x.ndim - 1)
-        blocks = {}
+        blocks: dict[Any, Any] = {}
         for k in range(n):
             block = np.empty((1, *one), dtype=object)
             ident_k = (rel.release_id, L.name, k, "strategy")
             block.flat[0] = stream_key(key, ident_k, rel.run_id)
             blocks[(kname, k, *(0,) * len(one))] = block
-        keys = da.Array(
+        keys = da.Array(  # type: ignore[no-untyped-call]
             HighLevelGraph.from_collections(kname, blocks),
             kname,
             chunks=((1,) * n, *((1,) for _ in one)),
@@ -148,20 +148,21 @@ def estimates(rel: Release, run: RunState, L: Level, x: da.Array, reports: str) 
     method = "ls" if rel.reconstruct in LS_FIRST else rel.reconstruct
     pinv = _plans.structured_inverse(L.plan)
     if _plans.fused(L.plan, method):
-        return x.map_blocks(
-            estimate_block, L.plan, pinv, keys, ctx,
+        fused: da.Array = x.map_blocks(
+            estimate_block, L.plan, pinv, keys, ctx,  # type: ignore[arg-type]
             chunks=x.chunks,
             dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
             meta=np.empty((0,) * x.ndim),
         )  # fmt: skip
+        return fused
     m = L.plan.strategy.shape[0]
     y = x.map_blocks(
-        measure_block, L.plan, keys, ctx,
+        measure_block, L.plan, keys, ctx,  # type: ignore[arg-type]
         chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
         dtype=np.float64, name=f"measure-{word}-{tok}",
         meta=np.empty((0, 0)),
     )  # fmt: skip
-    return y.map_blocks(
+    est: da.Array = y.map_blocks(
         reconstruct_block, L.plan.strategy, method, cell_shape, pinv,
         reports, L.name, L.plan.drawn_scale,
         chunks=(x.chunks[0], *((s,) for s in cell_shape)),
@@ -169,3 +170,4 @@ def estimates(rel: Release, run: RunState, L: Level, x: da.Array, reports: str) 
         dtype=np.float64, name=f"reconstruct-{word}-{tok}",
         meta=np.empty((0,) * (1 + len(cell_shape))),
     )  # fmt: skip
+    return est

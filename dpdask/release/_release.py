@@ -189,12 +189,12 @@ class Release:
     # -- running ---------------------------------------------------------------------------
     def to_zarr(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         *,
         overwrite: bool = False,
         client: Any = None,  # a distributed.Client (untyped)
         progress: bool = False,
-        protected: Sequence[tuple[str, str | os.PathLike | None]] = (),
+        protected: Sequence[tuple[str, str | os.PathLike[str] | None]] = (),
     ) -> pathlib.Path:
         """Run the release and publish it at ``path``.
 
@@ -339,7 +339,7 @@ def release(
     *,
     release_id: str = "release",
     run_id: str | None = None,
-    ledger: Ledger | str | os.PathLike | None = None,
+    ledger: Ledger | str | os.PathLike[str] | None = None,
     dataset: str | None = None,
     key: SecretKey | None = None,
     noise: bool = True,

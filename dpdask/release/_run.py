@@ -66,7 +66,7 @@ def check_totals(rel: Release, client: Any) -> None:
         biggest = _largest_range_total(rel.store.counts, top)
     else:
         x = rel.store.to_dask()
-        per_unit = x.reshape(x.shape[0], -1).sum(axis=1, dtype=np.int64)
+        per_unit = x.reshape(x.shape[0], -1).sum(axis=1, dtype=np.int64)  # type: ignore[no-untyped-call]
         totals = per_unit.compute() if client is None else client.compute(per_unit).result()
         biggest = int(np.bincount(top, weights=totals).max(initial=0)) if totals.size else 0
     if biggest > rel.max_total:

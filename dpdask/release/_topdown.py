@@ -98,7 +98,7 @@ def measure_topdown(rel: Release, run: RunState, client: Any, progress: bool) ->
         if progress:  # one result per chunk's checkpoint, counted per level
             layer = todo.dask.layers[todo.key]
             ours = [k for k in layer if isinstance(k, tuple) and k[0].startswith("checkpoint-")]
-            items = [Delayed(k, todo.dask, layer=todo.key) for k in ours]
+            items = [Delayed(k, todo.dask, layer=todo.key) for k in ours]  # type: ignore[no-untyped-call]
         words = {level_key(L.name): L.name for L in rel.released}
         compute_items(items, client, progress, "measure-reconstruct", words)
     return folders
@@ -165,4 +165,4 @@ def topdown_graph(rel: Release, run: RunState) -> tuple[list[pathlib.Path], Any]
     final = f"checkpoint-done-{tok}"
     dsk[final] = (sum, outputs)
     graph = HighLevelGraph.from_collections(final, dsk, dependencies=counts)
-    return folders, Delayed(final, graph)
+    return folders, Delayed(final, graph)  # type: ignore[no-untyped-call]

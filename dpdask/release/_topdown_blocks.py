@@ -50,12 +50,12 @@ __all__ = ["family_block", "parent_rows", "top_block"]
 _FITTERS: dict[str, Any] = {}  # per worker process: what a level's fits share
 
 
-def _info(chunk: int) -> dict:
+def _info(chunk: int) -> dict[Any, Any]:
     """The ``block_info`` that names chunk ``chunk`` to :func:`measure_block`."""
     return {0: {"chunk-location": (chunk, 0)}}
 
 
-def _report(report_dir: str | None, level: str, chunk: int, failed: list[dict]) -> None:
+def _report(report_dir: str | None, level: str, chunk: int, failed: list[dict[str, Any]]) -> None:
     if not failed or report_dir is None:
         return
     info = {"level": level, "chunk": chunk, **failed[0], "units": len(failed)}
@@ -63,7 +63,9 @@ def _report(report_dir: str | None, level: str, chunk: int, failed: list[dict]) 
     path.write_text(json.dumps(info, default=str))
 
 
-def _coo(rows: list, cells: list, values: list, shape: tuple[int, int]) -> sparse.COO:
+def _coo(
+    rows: list[Any], cells: list[Any], values: list[Any], shape: tuple[int, int]
+) -> sparse.COO:
     """The chunk's entries, families in order, each row-major over its sorted support:
     sorted and unique, which the flags tell the constructor (it then skips a check that
     costs a numba compilation in every worker)."""

@@ -32,7 +32,7 @@ def _gram_nonnegative(A: LinearQuery) -> bool:
     return bool((M.T @ M).min() >= -1e-12)
 
 
-def neighbour_budgets(privacy: Budget, strategy: LinearQuery) -> dict:
+def neighbour_budgets(privacy: Budget, strategy: LinearQuery) -> dict[str, Any]:
     """The plan's budget in both neighbour relations (:mod:`dpdask.privacy.neighbours`)."""
     out: dict[str, Any] = {ADD_REMOVE.name: privacy.to_dict(), CHANGE_ONE.name: None}
     if isinstance(privacy, PureDP | zCDP):
@@ -52,7 +52,7 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def format_summary(d: dict) -> str:
+def format_summary(d: dict[str, Any]) -> str:
     priv = ", ".join(f"{k}={v}" for k, v in d["privacy"].items() if k != "type")
     nb = d.get("neighbours") or {}
     co = nb.get("change-one")

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from dpdask.domain import Domain
@@ -130,7 +131,7 @@ class Plan:
         domain: Domain | None = None,
         groups: Sequence[Sequence[int]] | None = None,
         template: str = "custom",
-        info: dict | None = None,
+        info: dict[str, Any] | None = None,
         sizes: Sequence[int] | None = None,
     ):
         if workload.shape[1] != strategy.shape[1]:
@@ -259,7 +260,7 @@ class Plan:
         """Noise variance per row at sensitivity 1 under this budget (nominal)."""
         return dataclasses.replace(self.calibration, sensitivity=1.0).at(self.privacy).variance
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         # the error analysis is a cache (tens of MiB on the CPH domain): recomputed where
         # needed, never shipped to the scheduler inside every task that carries the plan
         return {**self.__dict__, "_analysis_cache": None}
@@ -309,19 +310,19 @@ class Plan:
         return self._unit_variance() * float(total)
 
     # -- reporting ---------------------------------------------------------
-    def summary(self, as_dict: bool = False) -> str | dict:
+    def summary(self, as_dict: bool = False) -> str | dict[str, Any]:
         """A readable table of the plan (or, with ``as_dict=True``, a JSON-safe dict)."""
         d = self._summary_dict()
         return d if as_dict else format_summary(d)
 
-    def _summary_dict(self) -> dict:
+    def _summary_dict(self) -> dict[str, Any]:
         terms = self.analysis.terms
         by_term = self.error_by_term()
         m = self.workload.shape[0]
         total = float(by_term.sum())
         bound = self.svd_bound()
         ident = self.identity_error()
-        parts: dict[str, dict] = {}
+        parts: dict[str, dict[str, Any]] = {}
         for j in range(terms.k):
             rows = terms.rows(j)
             entry = parts.setdefault(
@@ -366,7 +367,7 @@ class Plan:
         )
 
     # -- persistence -------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan to ``path`` (an ``.npz`` archive; see the module docstring)."""
         arrays: dict[str, np.ndarray] = {}
         doc = {
@@ -386,19 +387,21 @@ class Plan:
         }
         text = json.dumps(doc, allow_nan=False)
         with open(path, "wb") as f:
-            np.savez_compressed(f, **{"plan.json": np.array(text)}, **arrays)
+            np.savez_compressed(f, **{"plan.json": np.array(text)}, **arrays)  # type: ignore[arg-type]
 
-    def _save_extra(self, arrays: dict[str, np.ndarray]) -> dict:
+    def _save_extra(self, arrays: dict[str, npt.NDArray[Any]]) -> dict[str, Any]:
         """Entries a subclass adds to the saved document (and arrays); none here."""
         return {}
 
     @classmethod
-    def _from_saved(cls, doc: dict, arrays: dict[str, np.ndarray], **kwargs: Any) -> Plan:
+    def _from_saved(
+        cls, doc: dict[str, Any], arrays: dict[str, npt.NDArray[Any]], **kwargs: Any
+    ) -> Plan:
         """Rebuild a plan of this kind from its saved document."""
         return cls(kwargs.pop("workload"), kwargs.pop("strategy"), kwargs.pop("privacy"), **kwargs)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Plan:
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
         """Read a plan written by :meth:`save`.
 
         Raises
