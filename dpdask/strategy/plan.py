@@ -16,6 +16,13 @@ measure step and the release dataflow consume:
     calibrated by the budget to ``A``'s L1 or L2 sensitivity;
 ``plan.privacy``, ``plan.domain``
     the budget and the domain (or ``None``);
+``plan.calibration``
+    the one calibration (:func:`dpdask.privacy.calibrate`): mechanism, norm,
+    sensitivity, scale;
+``plan.base``, ``plan.drawn``
+    for a level's plan (:meth:`Plan.at`), the plan it was made from; once
+    :meth:`Plan.realise` fixed it, the noise the measure step draws (its
+    ``row_variance`` and error figures are then of that noise);
 ``plan.groups``
     ``None`` (answer the workload by least squares on all of ``A``) or, for a
     union strategy, the workload terms each part of ``A`` answers on its own; the
