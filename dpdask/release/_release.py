@@ -412,7 +412,10 @@ def release(
     geo = store.geography
     levels = tuple(geo.levels if levels is None else levels)
     for lv in levels:
-        geo.level_index(lv)
+        try:
+            geo.level_index(lv)
+        except ValueError as exc:  # a level the data does not have
+            raise DomainError(str(exc)) from None
     if not noise and not test_mode:
         raise ArgumentError("noise=False is only allowed in test mode")
     if reconstruct not in ESTIMATORS:

@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 import zarr
 
+from dpdask.errors import ArgumentError, DomainError, ShapeError
 from dpdask.linalg import Identity, Kron, LinearQuery, Prefix, Total, VStack
 from dpdask.measure import lattice
 from dpdask.noise import SecretKey
 from dpdask.privacy import BudgetExceededError, Ledger, PureDP, zCDP
 from dpdask.release import _plans, release
+from dpdask.strategy import Plan
 from tests.helpers import DOMAIN, DensePlan, make_plan
 
 
@@ -181,24 +183,26 @@ def test_existing_output_is_untouched(store, tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "error", "message"),
     [
-        (dict(levels=("state", "county")), "finest released level"),
-        (dict(levels=("nation", "tract")), "unknown geography level"),
-        (dict(noise=False), "test mode"),
-        (dict(budget_split={"state": 1}), "budget_split"),
-        (dict(reconstruct="magic"), "reconstruct"),
+        (dict(levels=("state", "county")), DomainError, "finest released level"),
+        (dict(levels=("nation", "tract")), DomainError, "unknown geography level"),
+        (dict(noise=False), ArgumentError, "test mode"),
+        (dict(budget_split={"state": 1}), ArgumentError, "budget_split"),
+        (dict(reconstruct="magic"), ArgumentError, "reconstruct"),
     ],
 )
-def test_bad_release_arguments(store, kwargs, message) -> None:
+def test_bad_release_arguments(store, kwargs, error, message) -> None:
     st, _ = store
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):  # DPDaskErrors, and ValueErrors
         release(make_plan(), st, **kwargs)
 
 
 def test_plan_must_fit_domain(store) -> None:
     st, _ = store
-    with pytest.raises(ValueError, match="columns"):
+    with pytest.raises(ShapeError, match="columns"):  # a plan for 5 cells, data of 6
+        release(Plan(Identity(5), Identity(5), zCDP(1)), st, test_mode=True)
+    with pytest.raises(ValueError, match="columns"):  # a plan-like that does not fit itself
         release(make_plan(strategy=Identity(5)), st, test_mode=True)
 
 
