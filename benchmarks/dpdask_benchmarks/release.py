@@ -140,7 +140,7 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
 
     from dpdask.noise import SecretKey
     from dpdask.privacy import zCDP
-    from dpdask.release import LevelPlan, release
+    from dpdask.release import fused, release, structured_inverse
     from dpdask.strategy import select
     from dpdask.workloads.named import build_workload
     from dpdask_benchmarks._common import median_time
@@ -152,7 +152,7 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     plan = select(W, zCDP(1), domain=domain, templates=["union"], restarts=args.restarts)
     t_select = time.perf_counter() - t0
-    pinv = LevelPlan(plan, plan.privacy).pinv()
+    pinv = structured_inverse(plan.at(plan.privacy))
     out = root / "out-union.zarr"
     shutil.rmtree(out, ignore_errors=True)
     w = max(int(v) for v in str(args.workers).split(","))
@@ -176,7 +176,7 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
         "strategy_rows": int(plan.strategy.shape[0]),
         "pseudo_inverse": type(pinv).__name__,
         "full_column_rank": bool(getattr(pinv, "full_rank", False)),
-        "fused": rel.plans["county"].fused("ls"),
+        "fused": fused(rel.plans["county"], "ls"),
         "select_s": t_select,
         "release_wall_s": wall,
         "peak_worker_rss_gib": max(peaks.peaks.values()) / 2**30,

@@ -275,14 +275,24 @@ def _plan_workload(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
 
 def _levels_table(report: dict[str, Any]) -> str:
-    lines = [f"{'level':<14}{'budget':>22}{'noise':>12}{'rmse/query':>14}{'max sd':>10}"]
+    """Per level: the budget, the nominal noise scale of the plan's calibration and the
+    scale the measure step will draw (``nominal`` when the data's dtype is unknown)."""
+    lines = [
+        f"{'level':<14}{'budget':>22}{'nominal':>12}{'drawn':>12}{'rmse/query':>14}{'max sd':>10}"
+    ]
     for lv in report["levels"]:
         budget = ", ".join(f"{k}={v}" for k, v in lv["budget"].items() if k != "type")
         workload = f"  {lv['workload']}" if "workload" in lv else ""
+        nominal = lv.get("nominal_noise_scale", lv["noise_scale"])
+        drawn = f"{lv['noise_scale']:>12.4g}" if lv.get("noise") == "drawn" else f"{'nominal':>12}"
         lines.append(
-            f"{lv['level']:<14}{budget:>22}{lv['noise_scale']:>12.4g}"
+            f"{lv['level']:<14}{budget:>22}{nominal:>12.4g}{drawn}"
             f"{lv['rmse_per_query']:>14.4g}{lv['max_query_stddev']:>10.4g}{workload}"
         )
+    lines.append(
+        "noise: the scale per measured row; 'drawn' is what the measure step samples (on "
+        "its lattice), and the errors are of that noise"
+    )
     return "\n".join(lines)
 
 

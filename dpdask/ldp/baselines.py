@@ -34,6 +34,7 @@ import numpy as np
 from dpdask.errors import ArgumentError, PlanError
 from dpdask.ldp.strategy import LocalStrategy, as_epsilon, sym_pinv, workload_gram
 from dpdask.linalg import LinearQuery
+from dpdask.noise import draw_variance
 
 __all__ = [
     "LaplaceFactorization",
@@ -222,7 +223,7 @@ class LaplaceFactorization:
 
     def worst_variance(self, W: Any) -> float:
         scale = self.sensitivity / float(self.epsilon)
-        return 2.0 * scale * scale * self._error(W)
+        return draw_variance("laplace", scale) * self._error(W)
 
     average_variance = worst_variance
 

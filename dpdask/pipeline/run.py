@@ -79,6 +79,26 @@ def _levels(spec: ReleaseSpec, store: DataStore) -> tuple[str, ...]:
     return tuple(levels)
 
 
+def _level_split(spec: ReleaseSpec, levels: tuple[str, ...]) -> dict[str, Any] | None:
+    """The levels' shares of a single plan's budget, as ``plan`` and ``run`` pass them to
+    :func:`dpdask.release.level_plans` (None: even, or per-level plans)."""
+    if spec.per_level or not spec.split:
+        return None
+    return {lv: spec.split[lv] for lv in levels}
+
+
+def _counts_dtype(spec: ReleaseSpec) -> Any:
+    """The dtype of the spec's counts, known before the data is read: a store's (its
+    metadata), integers for every input converted into one (stores hold integers)."""
+    import numpy as np
+
+    from dpdask.store import open_store
+
+    if spec.data.format == "store" and spec.data.path is not None and spec.data.path.exists():
+        return open_store(spec.data.path).dtype
+    return np.dtype(np.int64)
+
+
 def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any]]:
     """Select the strategy (no data read) and report the expected error per level.
 
@@ -86,7 +106,7 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     level (``workload: {levels: ...}``), a mapping of level to the plan selected for that
     level's workload with that level's share of the budget.
     """
-    from dpdask.release import LevelPlan
+    from dpdask.release import level_plans
     from dpdask.strategy import select
 
     if marginal.is_marginal_spec(spec):
@@ -124,13 +144,25 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
         W = build_workload(spec.workload, spec.domain)
         plan = choose(W, spec.privacy)
         report["queries"] = int(W.shape[0])
-    for lv, b in shares.items():
-        lp = LevelPlan(plans[lv], b) if spec.per_level else LevelPlan(plan, b)
+    chosen = plans if spec.per_level else plan
+    # the levels' plans as the run makes them (release() calls level_plans with the
+    # same split), their noise as drawn for the input's dtype
+    lps = (
+        level_plans(chosen, levels, _level_split(spec, levels), dtype=_counts_dtype(spec))
+        if levels
+        else {}
+    )
+    for lv, lp in lps.items():
         qv = lp.query_variances()
         row = {
             "level": lv,
-            "budget": b.to_dict(),
-            "noise_scale": lp.noise_scale,
+            "budget": lp.privacy.to_dict(),
+            "noise_scale": lp.drawn_scale,  # what the measure step draws, data units
+            "nominal_noise_scale": lp.noise_scale,  # the calibration's
+            "noise": "nominal" if lp.drawn is None else "drawn",  # which noise_scale is
+            "noise_variance": lp.row_variance,
+            "mean_query_variance": float(qv.mean()),
+            "max_query_variance": float(qv.max()),
             "rmse_per_query": float(math.sqrt(qv.mean())),
             "max_query_stddev": float(math.sqrt(qv.max())),
         }
@@ -375,9 +407,7 @@ def _run_checked(
     bind_source(ledger, checked.dataset, checked.source.content)  # first release: its source
     rel = release(
         plan, store, levels=levels,
-        budget_split=(
-            {lv: spec.split[lv] for lv in levels} if spec.split and not spec.per_level else None
-        ),
+        budget_split=_level_split(spec, levels),
         reconstruct=spec.reconstruct, integer=spec.integer, release_id=spec.release,
         run_id=checked.run_id,
         ledger=ledger, dataset=checked.dataset,

@@ -12,7 +12,7 @@ charges. Budgets are for add/remove-one-person neighbours;
 """
 
 from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, parallel, zCDP
-from dpdask.privacy._calibration import Calibration, calibrate, mechanism_for
+from dpdask.privacy._calibration import Calibration, calibrate, mechanism_for, noise_scale
 from dpdask.privacy._chain import Head
 from dpdask.privacy._convert import (
     gaussian_delta,
@@ -41,7 +41,7 @@ from dpdask.privacy._ledger import (
     check_name,
     check_run_id,
 )
-from dpdask.privacy._levels import noise_scale, split_levels
+from dpdask.privacy._levels import split_levels
 from dpdask.privacy._mechanisms import MECHANISM_NORM, check_calibration, mechanism_guarantee
 from dpdask.privacy._sources import bind_source, check_source, hold_dataset, source_dataset
 from dpdask.privacy._store import is_server_url, ledger_exists, ledger_files, migrate_ledger

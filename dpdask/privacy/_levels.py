@@ -3,11 +3,11 @@
 A release spends its budget over its geography levels (sequential composition:
 a person is in one unit of every level) and each level's measurement adds noise
 calibrated to that level's share. :func:`split_levels` makes the split (exact,
-so the shares sum to the total) and :func:`noise_scale` the calibration; the
-spec (:meth:`dpdask.pipeline.ReleaseSpec.level_budgets`), the dataflow
-(:func:`dpdask.release`, :class:`~dpdask.release._level_plan.LevelPlan`)
-and the plans (:class:`dpdask.strategy.Plan`) all use these two functions, so
-``plan``, ``run``, the benchmarks and the published attributes agree.
+so the shares sum to the total) and :func:`~dpdask.privacy.calibrate` the
+calibration; the spec (:meth:`dpdask.pipeline.ReleaseSpec.level_budgets`), the
+release (:func:`dpdask.release.level_plans`) and the plans
+(:meth:`dpdask.strategy.Plan.at`) all use these two functions, so ``plan``,
+``run``, the benchmarks and the published attributes agree.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from dpdask.errors import BudgetTypeError, PlanError
-from dpdask.privacy._budget import ApproxDP, Budget, PureDP, as_fraction, zCDP
+from dpdask.privacy._budget import Budget, as_fraction
 
-__all__ = ["noise_scale", "split_levels"]
+__all__ = ["split_levels"]
 
 
 def _share(value: object, level: str) -> Fraction:
@@ -65,6 +65,7 @@ def split_levels(
 
     Examples
     --------
+    >>> from dpdask.privacy import zCDP
     >>> split_levels(zCDP(1), ["state", "county"], {"state": 1, "county": 3})
     {'state': zCDP(rho=0.25), 'county': zCDP(rho=0.75)}
     """
@@ -95,57 +96,3 @@ def split_levels(
             raise PlanError(f"{len(shares)} budget shares for {len(levels)} levels {list(levels)}")
         weights = [_share(s, lv) for s, lv in zip(shares, levels, strict=True)]
     return dict(zip(levels, total.split(weights), strict=True))
-
-
-def noise_scale(mechanism: str, sensitivity: float, budget: Budget) -> float:
-    """The noise scale of one measurement spending exactly ``budget``.
-
-    Parameters
-    ----------
-    mechanism : {"laplace", "gaussian"}
-        Laplace noise for a :class:`~dpdask.privacy.PureDP` budget, Gaussian noise for
-        a :class:`~dpdask.privacy.zCDP` or :class:`~dpdask.privacy.ApproxDP` one.
-    sensitivity : float
-        The strategy's sensitivity in the mechanism's norm (L1 for Laplace, L2 for
-        Gaussian).
-    budget : PureDP, zCDP or ApproxDP
-        What the measurement may spend.
-
-    Returns
-    -------
-    float
-        The Laplace scale ``b = Delta_1 / epsilon`` (:meth:`PureDP.laplace_scale`), or the
-        Gaussian ``sigma``: ``Delta_2 / sqrt(2 rho)`` for zCDP (:meth:`zCDP.gaussian_sigma`),
-        the analytic Gaussian's for (epsilon, delta) (:meth:`ApproxDP.gaussian_sigma`);
-        each rounded so that the measurement never spends more than ``budget``.
-
-    Raises
-    ------
-    TypeError
-        If ``budget`` is not a budget.
-    ValueError
-        If the mechanism does not go with the kind of budget (or is unknown), or the
-        sensitivity or budget cannot calibrate noise (negative, zero budget, no delta).
-
-    Examples
-    --------
-    >>> noise_scale("laplace", 2.0, PureDP("0.5"))
-    4.0
-    >>> noise_scale("gaussian", 1.0, zCDP("0.5"))
-    1.0
-    """
-    if not isinstance(budget, Budget):
-        raise BudgetTypeError(f"budget must be a PureDP, zCDP or ApproxDP budget, got {budget!r}")
-    if mechanism not in ("laplace", "gaussian"):
-        raise PlanError(f"unknown mechanism {mechanism!r}; expected 'laplace' or 'gaussian'")
-    if isinstance(budget, PureDP):
-        if mechanism != "laplace":
-            raise PlanError(f"a pure-DP budget needs Laplace noise, not {mechanism}")
-        return float(budget.laplace_scale(sensitivity))
-    if isinstance(budget, zCDP | ApproxDP):
-        if mechanism != "gaussian":
-            raise PlanError(
-                f"a {type(budget).__name__} budget needs Gaussian noise, not {mechanism}"
-            )
-        return float(budget.gaussian_sigma(sensitivity))
-    raise BudgetTypeError(f"unsupported budget {budget!r}")  # pragma: no cover - no other budgets

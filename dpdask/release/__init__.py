@@ -1,7 +1,8 @@
 """The release graph: aggregate, measure, reconstruct, make consistent, answer, publish.
 
 :func:`release` builds a lazy :class:`Release` from a data store (:mod:`dpdask.store`)
-and a plan; :meth:`Release.to_zarr` runs it as one Dask graph, chunk by chunk
+and a plan (each level's from :func:`level_plans`, as ``dpdask plan`` shows them);
+:meth:`Release.to_zarr` runs it as one Dask graph, chunk by chunk
 (``_blocks``), level by level (``_levels``), top-down (``_topdown``) or by least
 squares with consistency (``_graph``, ``_finish``), and publishes it
 (``_output``, ``_output_sparse``). Marginal releases over records run per chunk
@@ -17,6 +18,7 @@ from dpdask.release._marginal_release import (
     write_marginals,
 )
 from dpdask.release._output import table_variances
+from dpdask.release._plans import fused, level_plans, structured_inverse
 from dpdask.release._progress import Progress
 from dpdask.release._release import Release, release
 
@@ -26,9 +28,12 @@ __all__ = [
     "Progress",
     "Release",
     "charge_marginals",
+    "fused",
+    "level_plans",
     "levels_of",
     "marginal_name",
     "release",
+    "structured_inverse",
     "table_variances",
     "write_marginals",
 ]

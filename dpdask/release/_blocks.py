@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError, ArgumentTypeError, NoiseKeyError
 from dpdask.linalg import LinearQuery
 from dpdask.measure import DEFAULT_MAX_TOTAL, lattice, measure, measurement_noise
 from dpdask.noise import StreamKey
@@ -103,7 +104,7 @@ def trim_heap() -> bool:
         return False
 
 
-def _chunk_index(block_info: dict | None) -> int:
+def _chunk_index(block_info: dict[Any, Any] | None) -> int:
     return int(block_info[0]["chunk-location"][0]) if block_info else 0
 
 
@@ -111,10 +112,10 @@ def _stream_key(key: Any) -> StreamKey | None:
     """The chunk's stream key from its one-element block of the key array (or ``None``)."""
     if isinstance(key, np.ndarray):
         if key.size != 1:
-            raise ValueError(f"a chunk's key block holds one stream key, got {key.size}")
+            raise NoiseKeyError(f"a chunk's key block holds one stream key, got {key.size}")
         key = key.reshape(-1)[0]
     if key is not None and not isinstance(key, StreamKey):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"a block task takes its chunk's StreamKey, never the secret key; got "
             f"{type(key).__name__}"
         )
@@ -158,7 +159,7 @@ def _exact_answers(ctx: ChunkContext) -> bool:
     if ctx.noise:
         return False
     if not ctx.test_mode:
-        raise ValueError("noise can only be switched off in test mode")
+        raise ArgumentError("noise can only be switched off in test mode")
     return True
 
 
@@ -167,7 +168,7 @@ def measure_block(
     plan: Any,
     key: Any,
     ctx: ChunkContext,
-    block_info: dict | None = None,
+    block_info: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Noisy strategy answers ``(g, m)`` for one chunk (``x`` is ``(g, *domain.shape)``).
 
@@ -181,7 +182,7 @@ def measure_block(
         if _exact_answers(ctx):
             return np.asarray(plan.strategy.apply(x), dtype=np.float64)
         if key is None:
-            raise ValueError("a noisy measurement needs its chunk's stream key")
+            raise NoiseKeyError("a noisy measurement needs its chunk's stream key")
         y = measure(
             plan, x, key, ctx.identity(chunk), ledger=ctx.receipt, run_id=ctx.run_id,
             test_mode=ctx.test_mode, max_total=ctx.max_total,
@@ -195,7 +196,7 @@ def estimate_block(
     pinv: LinearQuery,
     key: Any,
     ctx: ChunkContext,
-    block_info: dict | None = None,
+    block_info: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Least-squares estimates ``(g, *domain.shape)`` of one chunk: ``x + A^+ z``.
 
@@ -224,9 +225,9 @@ def estimate_block(
         if _exact_answers(ctx):
             return np.asarray(x, dtype=np.float64)
         if key is None:
-            raise ValueError("a noisy measurement needs its chunk's stream key")
+            raise NoiseKeyError("a noisy measurement needs its chunk's stream key")
         identity = ctx.identity(_chunk_index(block_info))
-        kw = {
+        kw: dict[str, Any] = {
             "ledger": ctx.receipt, "run_id": ctx.run_id, "test_mode": ctx.test_mode,
             "max_total": ctx.max_total,
         }  # fmt: skip
@@ -259,7 +260,7 @@ def reconstruct_block(
     report_dir: str | None = None,
     level: str = "",
     noise_scale: float | None = None,
-    block_info: dict | None = None,
+    block_info: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Estimates ``(g, *domain.shape)`` from one chunk of measurements.
 
@@ -282,7 +283,9 @@ def reconstruct_block(
         elif method in ("admm-l1", "admm-enet"):
             est = admm(strategy, y, loss=method.split("-")[1], scale=noise_scale)
         else:
-            raise ValueError(f"unknown estimator {method!r} for measurements; use ls, wls or admm")
+            raise ArgumentError(
+                f"unknown estimator {method!r} for measurements; use ls, wls or admm"
+            )
     if not est.report.converged and report_dir is not None:
         _report(report_dir, level, _chunk_index(block_info), est.report.to_dict())
     return np.asarray(est.x).reshape((y.shape[0], *cell_shape))
@@ -294,7 +297,7 @@ def nonnegative_block(
     weights: float | None,
     report_dir: str | None = None,
     level: str = "",
-    block_info: dict | None = None,
+    block_info: dict[Any, Any] | None = None,
 ) -> np.ndarray:
     """Non-negative estimates ``(g, *domain.shape)`` fitted to one chunk of estimates.
 
@@ -322,7 +325,7 @@ def nonnegative_block(
     return out.reshape(x.shape)
 
 
-def _report(report_dir: str, level: str, chunk: int, info: dict) -> None:
+def _report(report_dir: str, level: str, chunk: int, info: dict[str, Any]) -> None:
     path = pathlib.Path(report_dir) / f"{level}-{chunk}.json"
     path.write_text(json.dumps({"level": level, "chunk": chunk, **info}))
 

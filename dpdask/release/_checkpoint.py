@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import pathlib
 from collections.abc import Sequence
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -58,7 +59,7 @@ def write_chunk(
 
 
 def _load(folder: str, k: int) -> np.ndarray:
-    return np.load(_path(folder, k))
+    return np.asarray(np.load(_path(folder, k)))
 
 
 def read_chunks(
@@ -66,8 +67,8 @@ def read_chunks(
 ) -> da.Array:
     """The checkpointed chunks of ``folder`` as one lazy array, a Dask chunk per file."""
     zeros = (0,) * len(cell_shape)
-    dsk = {(name, k, *zeros): (_load, str(folder), k) for k in range(len(chunks))}
-    return da.Array(
+    dsk: dict[Any, Any] = {(name, k, *zeros): (_load, str(folder), k) for k in range(len(chunks))}
+    return da.Array(  # type: ignore[no-untyped-call]
         HighLevelGraph.from_collections(name, dsk, dependencies=()),
         name,
         chunks=(tuple(int(c) for c in chunks), *((int(s),) for s in cell_shape)),

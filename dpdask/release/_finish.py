@@ -1,6 +1,6 @@
 """Finishing a release: consistency across levels, answers, the published record.
 
-Part of :class:`dpdask.release._release.Release` (a mixin): the checkpointed
+The last step of a :class:`dpdask.release.Release` run (:func:`finish`): the checkpointed
 estimates are made consistent (``consistent-<level>``), fitted non-negative where
 asked, answered (``answer-<level>``) and written with the release's attributes into
 ``final.zarr`` in the work folder, ready to be moved into place.
@@ -13,7 +13,7 @@ import json
 import pathlib
 import shutil
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 import numpy as np
@@ -36,152 +36,162 @@ from dpdask.release._levels import (
 from dpdask.release._output import level_outputs
 from dpdask.release._output_sparse import sparse_level_outputs
 from dpdask.release._progress import compute_items
-from dpdask.release._state import ReleaseState
+from dpdask.release._run import charges
+from dpdask.release._state import RunState
 from dpdask.release._topdown import sparse_entries
 from dpdask.store import aggregate_rows, level_key
 
+if TYPE_CHECKING:
+    from dpdask.release._release import Release
 
-class Finish(ReleaseState):
-    """The finishing steps of a :class:`~dpdask.release._release.Release`."""
+__all__ = ["attributes", "finish"]
 
-    def _finish(
-        self, work: pathlib.Path, raw: Sequence[pathlib.Path], client: Any, progress: bool
-    ) -> pathlib.Path:
-        out = work / "final.zarr"
-        if out.exists():
-            shutil.rmtree(out)
-        root = zarr.open_group(str(out), mode="w", zarr_format=3)
-        geo = self.store.geography
-        ids = [np.asarray(geo.ids[geo.level_index(L.name)], dtype=str) for L in self._levels]
-        levels = [(L.name, L.plan, L.unit_variance) for L in self._levels]
-        if self.reconstruct == "topdown":
-            entries = [
-                [sparse_entries(folder, k) for k in range(len(L.chunks))]
-                for folder, L in zip(raw, self._levels, strict=True)
-            ]
-            sources, targets = sparse_level_outputs(
-                root, levels, raw, [L.chunks for L in self._levels], entries, ids,
-                self.lc.parents, self.domain,
-            )  # fmt: skip
-        else:
-            sources, targets = self._dense_outputs(root, work, raw, levels, ids)
-        stored = da.store(sources, targets, lock=False, compute=False)
-        compute_items([stored], client, progress, "publish")
-        self._write_attributes(root, work, out)
-        return out
 
-    def _dense_outputs(
-        self,
-        root: zarr.Group,
-        work: pathlib.Path,
-        raw: Sequence[pathlib.Path],
-        levels: list[tuple[str, Any, float]],
-        ids: list[np.ndarray],
-    ) -> tuple[list[da.Array], list[zarr.Array]]:
-        """Consistent (and, for NNLS and ADMM, non-negative) estimates of every level from
-        their checkpoints, and their outputs (:func:`~dpdask.release._output.level_outputs`)."""
-        cells = tuple(self.domain.shape)
-        estimates = [
-            read_chunks(
-                folder,
-                L.chunks,
-                cells,
-                f"estimate-{level_key(L.name)}-{tokenize(str(work), L.name)}",
-            )
-            for folder, L in zip(raw, self._levels, strict=True)
+def finish(
+    rel: Release, run: RunState, raw: Sequence[pathlib.Path], client: Any, progress: bool
+) -> pathlib.Path:
+    """Make the checkpointed estimates consistent, answer the workload and write them,
+    with the release's record, into ``final.zarr`` in the run's work folder."""
+    work = run.work
+    out = work / "final.zarr"
+    if out.exists():
+        shutil.rmtree(out)
+    root = zarr.open_group(str(out), mode="w", zarr_format=3)
+    geo = rel.store.geography
+    ids = [np.asarray(geo.ids[geo.level_index(L.name)], dtype=str) for L in rel.released]
+    levels = [(L.name, L.plan, L.unit_variance) for L in rel.released]
+    if rel.reconstruct == "topdown":
+        entries = [
+            [sparse_entries(folder, k) for k in range(len(L.chunks))]
+            for folder, L in zip(raw, rel.released, strict=True)
         ]
-        variances = [
-            np.full(self.store.geography.n_units(L.name), L.unit_variance) for L in self._levels
-        ]
-        if len(self._levels) > 1:
-            last = len(self._levels) - 1
-            partial = read_chunks(
-                work / "raw" / f"{self.levels[last]}-sums", self.lc.parent_ranges(last), cells,
-                f"partial-{tokenize(str(work), 'sums')}",
-            )  # fmt: skip
-            word = level_key(self.levels[last - 1])
-            sums = aggregate_rows(
-                partial, partial_rows(self.lc, last), self.lc.chunks[last - 1],
-                f"consistent-up-{word}",
-            )  # fmt: skip
-            z, vz, cz, cv = bottom_up(estimates, variances, self.lc, "consistent-up", sums)
-            final, fvar = top_down(z, vz, cz, cv, self.lc, "consistent")
-        else:
-            final, fvar = estimates, variances
-        if self.reconstruct in FIT_AFTER_CONSISTENCY:
-            L = self._levels[-1]
-            M, weights = (
-                (L.plan.strategy, 1.0 / L.plan.row_variance)
-                if self.reconstruct == "nnls"
-                else (L.plan.workload, None)
-            )
-            final = nonneg_fit_up(final, self.lc, M, weights, str(work / "reports"))
-        elif self.reconstruct in NONNEGATIVE:
-            final = nonneg_down(final, self.lc, "nonnegative")
-        return level_outputs(
-            root, levels, final, fvar, ids, self.lc.parents, domain=self.domain,
-            sparse_estimates=self.reconstruct in NONNEGATIVE,
+        sources, targets = sparse_level_outputs(
+            root, levels, raw, [L.chunks for L in rel.released], entries, ids,
+            rel.lc.parents, rel.domain,
         )  # fmt: skip
+    else:
+        sources, targets = _dense_outputs(rel, root, work, raw, levels, ids)
+    stored = da.store(sources, targets, lock=False, compute=False)  # type: ignore[arg-type]
+    compute_items([stored], client, progress, "publish")
+    _write_attributes(rel, run, root, out)
+    return out
 
-    def _write_attributes(self, root: zarr.Group, work: pathlib.Path, out: pathlib.Path) -> None:
-        """The release's record in the root's attributes, then the consolidated metadata."""
-        self._reports = sorted(
-            (json.loads(p.read_text()) for p in (work / "reports").glob("*.json")),
-            key=lambda r: (r["level"], r["chunk"]),
+
+def _dense_outputs(
+    rel: Release,
+    root: zarr.Group,
+    work: pathlib.Path,
+    raw: Sequence[pathlib.Path],
+    levels: list[tuple[str, Any, float]],
+    ids: list[np.ndarray],
+) -> tuple[list[da.Array], list[zarr.Array[Any]]]:
+    """Consistent (and, for NNLS and ADMM, non-negative) estimates of every level from
+    their checkpoints, and their outputs (:func:`~dpdask.release._output.level_outputs`)."""
+    cells = tuple(rel.domain.shape)
+    estimates = [
+        read_chunks(
+            folder,
+            L.chunks,
+            cells,
+            f"estimate-{level_key(L.name)}-{tokenize(str(work), L.name)}",
         )
-        import warnings
-
-        info = self._attributes()
-        # plain keys for readers that do not know dpdask (xarray, CF tools); the full
-        # record stays under "dpdask"
-        root.attrs.update(
-            {
-                "dpdask": info,
-                "title": f"dpdask release {self.release_id}",
-                "release": self.release_id,
-                "run_id": self.run_id,
-                "dataset": self.dataset,
-                "workload": info["workload"],
-                "strategy": info["strategy"],
-                "budget": info["budget"],
-                "reconstruct": self.reconstruct,
-                "levels": list(self.levels),
-                "units": "persons",
-                "margin_of_error": "moe90 = 1.645 * sqrt(variance), a 90% margin as ACS's",
-            }
+        for folder, L in zip(raw, rel.released, strict=True)
+    ]
+    variances = [
+        np.full(rel.store.geography.n_units(L.name), L.unit_variance) for L in rel.released
+    ]
+    if len(rel.released) > 1:
+        last = len(rel.released) - 1
+        partial = read_chunks(
+            work / "raw" / f"{rel.levels[last]}-sums", rel.lc.parent_ranges(last), cells,
+            f"partial-{tokenize(str(work), 'sums')}",
+        )  # fmt: skip
+        word = level_key(rel.levels[last - 1])
+        sums = aggregate_rows(
+            partial, partial_rows(rel.lc, last), rel.lc.chunks[last - 1],
+            f"consistent-up-{word}",
+        )  # fmt: skip
+        z, vz, cz, cv = bottom_up(estimates, variances, rel.lc, "consistent-up", sums)
+        final, fvar = top_down(z, vz, cz, cv, rel.lc, "consistent")
+    else:
+        final, fvar = estimates, variances
+    if rel.reconstruct in FIT_AFTER_CONSISTENCY:
+        L = rel.released[-1]
+        M, weights = (
+            (L.plan.strategy, 1.0 / L.plan.row_variance)
+            if rel.reconstruct == "nnls"
+            else (L.plan.workload, None)
         )
-        with warnings.catch_warnings():  # "not part of the Zarr v3 specification" (yet)
-            warnings.simplefilter("ignore", zarr.errors.ZarrUserWarning)
-            zarr.consolidate_metadata(str(out))
+        final = nonneg_fit_up(final, rel.lc, M, weights, str(work / "reports"))
+    elif rel.reconstruct in NONNEGATIVE:
+        final = nonneg_down(final, rel.lc, "nonnegative")
+    return level_outputs(
+        root, levels, final, fvar, ids, rel.lc.parents, domain=rel.domain,
+        sparse_estimates=rel.reconstruct in NONNEGATIVE,
+    )  # fmt: skip
 
-    def _attributes(self) -> dict[str, Any]:
-        from dpdask.publish import strategy_record, workload_record
 
-        info = self.summary()
-        info.update(
-            {
-                "format": "dpdask-release",
-                "format_version": 1,
-                "dpdask_version": __version__,
-                "created": datetime.datetime.now(datetime.UTC).isoformat(),
-                # what the store says it was built from (a converted input's private
-                # copy is gone by the time anyone reads this)
-                "source": self.store.attrs.get("source") or str(self.store.path),
-                "dataset": self.dataset,
-                "workload": workload_record([L.plan for L in self._levels], self.levels),
-                "strategy": strategy_record([L.plan for L in self._levels], self.levels),
-                "test_mode": self.test_mode,
-                "noise": self.noise,
-                "charges": [c.published() for c in self.charges()],
-            }
-        )
-        if self.ledger is not None and self.noise:
-            info["ledger"] = {
-                "path": str(self.ledger.path),
-                "id": self.ledger.ledger_id,
-                "head": str(self._head),
-                "dataset": self.dataset,
-                "spent": self.ledger.spent(self.release_id).to_dict(),
-                "remaining": self.ledger.remaining(self.release_id).to_dict(),
-            }
-        return info
+def _write_attributes(rel: Release, run: RunState, root: zarr.Group, out: pathlib.Path) -> None:
+    """The release's record in the root's attributes, then the consolidated metadata."""
+    run.reports = sorted(
+        (json.loads(p.read_text()) for p in (run.work / "reports").glob("*.json")),
+        key=lambda r: (r["level"], r["chunk"]),
+    )
+    import warnings
+
+    info = attributes(rel, run)
+    # plain keys for readers that do not know dpdask (xarray, CF tools); the full
+    # record stays under "dpdask"
+    root.attrs.update(
+        {
+            "dpdask": info,
+            "title": f"dpdask release {rel.release_id}",
+            "release": rel.release_id,
+            "run_id": rel.run_id,
+            "dataset": rel.dataset,
+            "workload": info["workload"],
+            "strategy": info["strategy"],
+            "budget": info["budget"],
+            "reconstruct": rel.reconstruct,
+            "levels": list(rel.levels),
+            "units": "persons",
+            "margin_of_error": "moe90 = 1.645 * sqrt(variance), a 90% margin as ACS's",
+        }
+    )
+    with warnings.catch_warnings():  # "not part of the Zarr v3 specification" (yet)
+        warnings.simplefilter("ignore", zarr.errors.ZarrUserWarning)
+        zarr.consolidate_metadata(str(out))
+
+
+def attributes(rel: Release, run: RunState) -> dict[str, Any]:
+    """The release's published record: its summary, provenance and charges."""
+    from dpdask.publish import strategy_record, workload_record
+
+    info = rel.summary(run)
+    info.update(
+        {
+            "format": "dpdask-release",
+            "format_version": 1,
+            "dpdask_version": __version__,
+            "created": datetime.datetime.now(datetime.UTC).isoformat(),
+            # what the store says it was built from (a converted input's private
+            # copy is gone by the time anyone reads this)
+            "source": rel.store.attrs.get("source") or str(rel.store.path),
+            "dataset": rel.dataset,
+            "workload": workload_record([L.plan for L in rel.released], rel.levels),
+            "strategy": strategy_record([L.plan for L in rel.released], rel.levels),
+            "test_mode": rel.test_mode,
+            "noise": rel.noise,
+            "charges": [c.published() for c in charges(rel, run)],
+        }
+    )
+    if rel.ledger is not None and rel.noise:
+        info["ledger"] = {
+            "path": str(rel.ledger.path),
+            "id": rel.ledger.ledger_id,
+            "head": str(run.head),
+            "dataset": rel.dataset,
+            "spent": rel.ledger.spent(rel.release_id).to_dict(),
+            "remaining": rel.ledger.remaining(rel.release_id).to_dict(),
+        }
+    return info

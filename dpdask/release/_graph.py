@@ -1,7 +1,7 @@
 """The measure-and-reconstruct graph of a release, checkpointed chunk by chunk.
 
-Part of :class:`dpdask.release._release.Release` (a mixin): the counts of every
-level (``aggregate-<level>``), the per-chunk measurement and reconstruction tasks
+A step of a :class:`dpdask.release.Release` run (:func:`measure_graph`): the counts of
+every level (``aggregate-<level>``), the per-chunk measurement and reconstruction tasks
 (``measure-<level>``, ``reconstruct-<level>``, or fused
 ``measure-reconstruct-<level>``) with their ``streamkey-<level>`` blocks, and the
 ``checkpoint-<level>`` writes into the run's work folder.
@@ -10,14 +10,16 @@ level (``aggregate-<level>``), the per-chunk measurement and reconstruction task
 from __future__ import annotations
 
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
+from dask.delayed import delayed
 
+from dpdask.errors import ShapeError
 from dpdask.publish import marker
+from dpdask.release import _plans
 from dpdask.release._blocks import (
     LS_FIRST,
     ChunkContext,
@@ -30,134 +32,142 @@ from dpdask.release._levels import (
     aggregate_level,
 )
 from dpdask.release._progress import compute_items
-from dpdask.release._state import LevelState, ReleaseState
+from dpdask.release._run import level_charge
+from dpdask.release._state import Level, RunState
 from dpdask.store import level_key
 
+if TYPE_CHECKING:
+    from dpdask.release._release import Release
 
-class MeasureGraph(ReleaseState):
-    """The measuring steps of a :class:`~dpdask.release._release.Release`."""
+__all__ = ["estimates", "level_data", "measure_graph"]
 
-    def _level_data(self) -> list[da.Array]:
-        """Counts of every released level, lazily, chunked as the level chunks."""
-        x = self.store.to_dask().rechunk({0: self.lc.chunks[-1]})
-        arrays = [x]
-        for i in range(len(self.levels) - 1, 0, -1):
-            name = f"aggregate-{level_key(self.levels[i - 1])}"
-            arrays.insert(0, aggregate_level(arrays[0], self.lc, i, name))
-        return arrays
 
-    def _checkpoint(
-        self, work: pathlib.Path, key: Any, client: Any, progress: bool
-    ) -> list[pathlib.Path]:
-        """Measure and reconstruct every chunk not yet checkpointed in ``work``; return
-        each level's folder of chunks (:mod:`dpdask.release._checkpoint`).
+def level_data(rel: Release) -> list[da.Array]:
+    """Counts of every released level, lazily, chunked as the level chunks."""
+    x = rel.store.to_dask().rechunk({0: rel.lc.chunks[-1]})  # type: ignore[no-untyped-call]
+    arrays = [x]
+    for i in range(len(rel.levels) - 1, 0, -1):
+        name = f"aggregate-{level_key(rel.levels[i - 1])}"
+        arrays.insert(0, aggregate_level(arrays[0], rel.lc, i, name))
+    return arrays
 
-        Each finished chunk leaves a marker file written after its data: a resumed run
-        skips exactly those.
-        """
-        raw = work / "raw"
-        markers = work / "done"
-        markers.mkdir(exist_ok=True)
-        reports = work / "reports"
-        reports.mkdir(exist_ok=True)
-        folders, pending = [], []
-        data = self._level_data()
-        last = len(self._levels) - 1
-        for i, (L, x) in enumerate(zip(self._levels, data, strict=True)):
-            folder = raw / L.name
-            folder.mkdir(parents=True, exist_ok=True)
-            # the finest level's sums by parent, kept so that consistency never re-reads it
-            sums = raw / f"{L.name}-sums" if i == last and i > 0 else None
-            if sums is not None:
-                sums.mkdir(exist_ok=True)
-            folders.append(folder)
-            todo = [k for k in range(len(L.chunks)) if not marker(markers, L.name, k).exists()]
-            if not todo:
-                continue
-            est = self._estimates(L, x, key, str(reports))
-            tok = tokenize(est.name)
-            for k in todo:
-                write = dask.delayed(write_chunk, pure=False)
-                pending.append(
-                    write(
-                        est.blocks[k],
-                        folder,
-                        k,
-                        marker(markers, L.name, k),
-                        None if sums is None else (sums, self.lc, i),
-                        dask_key_name=f"checkpoint-{level_key(L.name)}-{tokenize(tok, k)}",
-                    )
+
+def measure_graph(rel: Release, run: RunState, client: Any, progress: bool) -> list[pathlib.Path]:
+    """Measure and reconstruct every chunk not yet checkpointed in ``work``; return
+    each level's folder of chunks (:mod:`dpdask.release._checkpoint`).
+
+    Each finished chunk leaves a marker file written after its data: a resumed run
+    skips exactly those.
+    """
+    work = run.work
+    raw = work / "raw"
+    markers = work / "done"
+    markers.mkdir(exist_ok=True)
+    reports = work / "reports"
+    reports.mkdir(exist_ok=True)
+    folders, pending = [], []
+    data = level_data(rel)
+    last = len(rel.released) - 1
+    for i, (L, x) in enumerate(zip(rel.released, data, strict=True)):
+        folder = raw / L.name
+        folder.mkdir(parents=True, exist_ok=True)
+        # the finest level's sums by parent, kept so that consistency never re-reads it
+        sums = raw / f"{L.name}-sums" if i == last and i > 0 else None
+        if sums is not None:
+            sums.mkdir(exist_ok=True)
+        folders.append(folder)
+        todo = [k for k in range(len(L.chunks)) if not marker(markers, L.name, k).exists()]
+        if not todo:
+            continue
+        est = estimates(rel, run, L, x, str(reports))
+        tok = tokenize(est.name)
+        for k in todo:
+            write = delayed(write_chunk, pure=False)
+            pending.append(
+                write(
+                    est.blocks[k],
+                    folder,
+                    k,
+                    marker(markers, L.name, k),
+                    None if sums is None else (sums, rel.lc, i),
+                    dask_key_name=f"checkpoint-{level_key(L.name)}-{tokenize(tok, k)}",
                 )
-        if pending:
-            words = {level_key(L.name): L.name for L in self._levels}
-            compute_items(pending, client, progress, "measure-reconstruct", words)
-        return folders
-
-    def _estimates(self, L: LevelState, x: da.Array, key: Any, reports: str) -> da.Array:
-        """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
-        the strategy allows (:meth:`LevelPlan.fused`), else ``measure-<level>`` then
-        ``reconstruct-<level>``.
-
-        Keys stay on the client: ``key`` (the release's secret) never enters the graph.
-        Block ``k`` of ``x`` is paired with block ``k`` of the ``streamkey-<level>``
-        array (``map_blocks`` pairs blocks by index and never rechunks its inputs), a
-        one-element object array holding chunk ``k``'s
-        :class:`~dpdask.noise.StreamKey`, which can draw only that chunk's noise (the
-        task refuses a key made for another chunk)."""
-        from dask.highlevelgraph import HighLevelGraph
-
-        from dpdask.measure import stream_key
-
-        word = level_key(L.name)
-        tok = tokenize(self.release_id, self.run_id, L.name, x, self.reconstruct)
-        cell_shape = self.domain.shape
-        keys: da.Array | None = None
-        if key is not None:
-            n = x.numblocks[0]
-            if n != len(L.chunks) or any(nb != 1 for nb in x.numblocks[1:]):
-                raise ValueError(
-                    f"level {L.name!r}: the data has blocks {x.numblocks}, "
-                    f"expected ({len(L.chunks)}, 1, ...)"
-                )
-            kname = f"streamkey-{word}-{tok}"
-            one = (1,) * (x.ndim - 1)
-            blocks = {}
-            for k in range(n):
-                block = np.empty((1, *one), dtype=object)
-                ident_k = (self.release_id, L.name, k, "strategy")
-                block.flat[0] = stream_key(key, ident_k, self.run_id)
-                blocks[(kname, k, *(0,) * len(one))] = block
-            keys = da.Array(
-                HighLevelGraph.from_collections(kname, blocks),
-                kname,
-                chunks=((1,) * n, *((1,) for _ in one)),
-                dtype=object,
             )
-        ctx = ChunkContext(
-            self.release_id, L.name, self.run_id, L.charge, self.noise, self.test_mode,
-            self.max_total,
+    if pending:
+        words = {level_key(L.name): L.name for L in rel.released}
+        compute_items(pending, client, progress, "measure-reconstruct", words)
+    return folders
+
+
+def estimates(rel: Release, run: RunState, L: Level, x: da.Array, reports: str) -> da.Array:
+    """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
+    the strategy allows (:func:`~dpdask.release._plans.fused`), else ``measure-<level>`` then
+    ``reconstruct-<level>``.
+
+    Keys stay on the client: the run's key (the release's secret) never enters the graph.
+    Block ``k`` of ``x`` is paired with block ``k`` of the ``streamkey-<level>``
+    array (``map_blocks`` pairs blocks by index and never rechunks its inputs), a
+    one-element object array holding chunk ``k``'s
+    :class:`~dpdask.noise.StreamKey`, which can draw only that chunk's noise (the
+    task refuses a key made for another chunk)."""
+    from dask.highlevelgraph import HighLevelGraph
+
+    from dpdask.measure import stream_key
+
+    word = level_key(L.name)
+    key = run.key
+    tok = tokenize(rel.release_id, rel.run_id, L.name, x, rel.reconstruct)
+    cell_shape = rel.domain.shape
+    keys: da.Array | None = None
+    if key is not None:
+        n = x.numblocks[0]
+        if n != len(L.chunks) or any(nb != 1 for nb in x.numblocks[1:]):
+            raise ShapeError(
+                f"level {L.name!r}: the data has blocks {x.numblocks}, "
+                f"expected ({len(L.chunks)}, 1, ...)"
+            )
+        kname = f"streamkey-{word}-{tok}"
+        one = (1,) * (x.ndim - 1)
+        blocks: dict[Any, Any] = {}
+        for k in range(n):
+            block = np.empty((1, *one), dtype=object)
+            ident_k = (rel.release_id, L.name, k, "strategy")
+            block.flat[0] = stream_key(key, ident_k, rel.run_id)
+            blocks[(kname, k, *(0,) * len(one))] = block
+        keys = da.Array(  # type: ignore[no-untyped-call]
+            HighLevelGraph.from_collections(kname, blocks),
+            kname,
+            chunks=((1,) * n, *((1,) for _ in one)),
+            dtype=object,
+        )
+    ctx = ChunkContext(
+        rel.release_id, L.name, rel.run_id, level_charge(run, L), rel.noise, rel.test_mode,
+        rel.max_total,
+    )  # fmt: skip
+    # NNLS and WNNLS start from least squares and are fitted after consistency
+    method = "ls" if rel.reconstruct in LS_FIRST else rel.reconstruct
+    pinv = _plans.structured_inverse(L.plan)
+    if _plans.fused(L.plan, method):
+        fused: da.Array = x.map_blocks(
+            estimate_block, L.plan, pinv, keys, ctx,  # type: ignore[arg-type]
+            chunks=x.chunks,
+            dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
+            meta=np.empty((0,) * x.ndim),
         )  # fmt: skip
-        # NNLS and WNNLS start from least squares and are fitted after consistency
-        method = "ls" if self.reconstruct in LS_FIRST else self.reconstruct
-        if L.plan.fused(method):
-            return x.map_blocks(
-                estimate_block, L.plan, L.plan.pinv(), keys, ctx,
-                chunks=x.chunks,
-                dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
-                meta=np.empty((0,) * x.ndim),
-            )  # fmt: skip
-        m = L.plan.strategy.shape[0]
-        y = x.map_blocks(
-            measure_block, L.plan, keys, ctx,
-            chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
-            dtype=np.float64, name=f"measure-{word}-{tok}",
-            meta=np.empty((0, 0)),
-        )  # fmt: skip
-        return y.map_blocks(
-            reconstruct_block, L.plan.strategy, method, cell_shape, L.plan.pinv(),
-            reports, L.name, L.plan.drawn_scale,
-            chunks=(x.chunks[0], *((s,) for s in cell_shape)),
-            new_axis=list(range(2, 1 + len(cell_shape))),
-            dtype=np.float64, name=f"reconstruct-{word}-{tok}",
-            meta=np.empty((0,) * (1 + len(cell_shape))),
-        )  # fmt: skip
+        return fused
+    m = L.plan.strategy.shape[0]
+    y = x.map_blocks(
+        measure_block, L.plan, keys, ctx,  # type: ignore[arg-type]
+        chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
+        dtype=np.float64, name=f"measure-{word}-{tok}",
+        meta=np.empty((0, 0)),
+    )  # fmt: skip
+    est: da.Array = y.map_blocks(
+        reconstruct_block, L.plan.strategy, method, cell_shape, pinv,
+        reports, L.name, L.plan.drawn_scale,
+        chunks=(x.chunks[0], *((s,) for s in cell_shape)),
+        new_axis=list(range(2, 1 + len(cell_shape))),
+        dtype=np.float64, name=f"reconstruct-{word}-{tok}",
+        meta=np.empty((0,) * (1 + len(cell_shape))),
+    )  # fmt: skip
+    return est

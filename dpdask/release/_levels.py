@@ -17,12 +17,14 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
 from dpdask.domain import Geography
+from dpdask.errors import ArgumentError, DataError, DomainError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct.consistency import (
     children_sum,
@@ -75,14 +77,14 @@ def _released_parents(geo: Geography, levels: Sequence[str]) -> list[np.ndarray]
     for upper, lower in itertools.pairwise(levels):
         iu, il = geo.level_index(upper), geo.level_index(lower)
         if iu >= il:
-            raise ValueError(
+            raise DomainError(
                 f"levels must go from coarse to fine: {upper!r} is not above {lower!r}"
             )
         idx = np.arange(geo.n_units(lower), dtype=np.int64)
         for j in range(il, iu, -1):
             idx = geo.parents[j - 1][idx]
         if idx.size > 1 and (np.diff(idx) < 0).any():
-            raise ValueError(
+            raise DataError(
                 f"units of level {lower!r} are not sorted by their {upper!r} parent; "
                 "the data store must list children of each parent contiguously"
             )
@@ -127,15 +129,15 @@ def level_chunks(
     """
     levels = tuple(levels)
     if not levels:
-        raise ValueError("a release needs at least one geography level")
+        raise DomainError("a release needs at least one geography level")
     if levels[-1] != geo.levels[-1]:
-        raise ValueError(
+        raise DomainError(
             f"the finest released level must be the data's level {geo.levels[-1]!r}, "
             f"got {levels[-1]!r}"
         )
     sizes = [8 * cells] * len(levels) if row_bytes is None else [int(b) for b in row_bytes]
     if len(sizes) != len(levels) or min(sizes) < 1:
-        raise ValueError(f"row_bytes needs a positive size per level, got {row_bytes}")
+        raise ArgumentError(f"row_bytes needs a positive size per level, got {row_bytes}")
     parents = _released_parents(geo, levels)
     per_chunk = max(1, target_bytes // sizes[0])
     chunks: list[tuple[int, ...]] = [_split(np.array([0, geo.n_units(levels[0])]), per_chunk)]
@@ -178,10 +180,11 @@ def _split(allowed: np.ndarray, per_chunk: int, whole: bool = False) -> tuple[in
     return tuple(sizes)
 
 
-def _local_parents(p: np.ndarray, block_info: dict | None) -> np.ndarray:
+def _local_parents(p: np.ndarray, block_info: dict[Any, Any] | None) -> np.ndarray:
     loc = block_info[0]["array-location"][0] if block_info else (0, p.size)
     sub = p[loc[0] : loc[1]]
-    return sub - sub[0]
+    local: np.ndarray = sub - sub[0]
+    return local
 
 
 def _chunk_parents(lc: LevelChunks, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -218,9 +221,10 @@ def aggregate_level(child: da.Array, lc: LevelChunks, i: int, name: str) -> da.A
 def _parent_aligned(parent_arr: da.Array, lc: LevelChunks, i: int) -> da.Array:
     """Parent rows ``first_k..last_k`` as block ``k``: the parents of child chunk ``k``."""
     first, last = _chunk_parents(lc, i)
-    return da.concatenate(
+    rows: da.Array = da.concatenate(  # type: ignore[no-untyped-call]
         [parent_arr[int(f) : int(l) + 1] for f, l in zip(first, last, strict=True)], axis=0
     ).rechunk({0: lc.parent_ranges(i)})
+    return rows
 
 
 def bottom_up(
@@ -253,8 +257,8 @@ def bottom_up(
         est = estimates[lvl]
         nd = est.ndim
         ch = (est.chunks[0],) + ((1,),) * (nd - 1)
-        a = da.from_array(_col(a_u, nd), chunks=ch)
-        b = da.from_array(_col(b_u, nd), chunks=ch)
+        a = da.from_array(_col(a_u, nd), chunks=ch)  # type: ignore[no-untyped-call]
+        b = da.from_array(_col(b_u, nd), chunks=ch)  # type: ignore[no-untyped-call]
         z[lvl] = da.where(a == 0, 0.0, a * est) + b * s
         cz[lvl], cv[lvl] = s, w
     return z, vz, cz, cv
@@ -264,7 +268,13 @@ def _col(v: np.ndarray, ndim: int) -> np.ndarray:
     return v.reshape((-1,) + (1,) * (ndim - 1))
 
 
-def _down_block(zc, share, resid, p, block_info=None):
+def _down_block(
+    zc: np.ndarray,
+    share: np.ndarray,
+    resid: np.ndarray,
+    p: np.ndarray,
+    block_info: dict[Any, Any] | None = None,
+) -> np.ndarray:
     """``zc + share * resid[parent]`` row by row (no temporaries of the block's size)."""
     local = _local_parents(p, block_info)
     out = np.array(zc, dtype=np.result_type(zc, resid), copy=True)
@@ -292,9 +302,9 @@ def top_down(
         share, fv = down_variances(vz[lvl], cv[lvl - 1][p], fvar[lvl - 1][p])
         resid = _parent_aligned(final[lvl - 1] - cz[lvl - 1], lc, lvl)
         nd = z[lvl].ndim
-        share_d = da.from_array(_col(share, nd), chunks=(z[lvl].chunks[0],) + ((1,),) * (nd - 1))
+        share_d = da.from_array(_col(share, nd), chunks=(z[lvl].chunks[0],) + ((1,),) * (nd - 1))  # type: ignore[no-untyped-call]
         final.append(
-            da.map_blocks(
+            da.map_blocks(  # type: ignore[no-untyped-call]
                 _down_block,
                 z[lvl],
                 share_d,
@@ -315,7 +325,12 @@ def n_chunks(lc: LevelChunks) -> dict[str, int]:
     return {lv: len(c) for lv, c in zip(lc.levels, lc.chunks, strict=True)}
 
 
-def _project_block(children, totals, p, block_info=None):
+def _project_block(
+    children: np.ndarray,
+    totals: np.ndarray,
+    p: np.ndarray,
+    block_info: dict[Any, Any] | None = None,
+) -> np.ndarray:
     return project_children(children, _local_parents(p, block_info), totals)
 
 
@@ -331,7 +346,7 @@ def nonneg_down(final: Sequence[da.Array], lc: LevelChunks, name: str) -> list[d
         parents = _parent_aligned(out[lvl - 1], lc, lvl)
         child = final[lvl]
         out.append(
-            da.map_blocks(
+            da.map_blocks(  # type: ignore[no-untyped-call]
                 _project_block,
                 child,
                 parents,
@@ -366,7 +381,7 @@ def nonneg_fit_up(
     word = level_key(lc.levels[last])
     est = final[last]
     per_task = max(1, _FIT_CELLS // math.prod(est.shape[1:]))
-    fitted = est.rechunk({0: per_task}).map_blocks(
+    fitted = est.rechunk({0: per_task}).map_blocks(  # type: ignore[no-untyped-call]
         nonnegative_block, M, weights, reports, lc.levels[last],
         dtype=np.float64, name=f"nonnegative-{word}-{tokenize(est, M, weights)}",
         meta=np.empty((0,) * est.ndim),

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dpdask.domain import Geography
+from dpdask.errors import ArgumentError, PlanError
 
 __all__ = ["MAX_FIT_UNITS", "level_fit", "level_maps"]
 
@@ -65,10 +66,10 @@ def level_fit(
     """
     v = np.asarray(variances, dtype=float)
     if v.shape != (len(maps),) or not np.all(np.isfinite(v)) or np.any(v <= 0):
-        raise ValueError("every level needs a positive finite noise variance")
+        raise PlanError("every level needs a positive finite noise variance")
     leaves = maps[-1].size
     if leaves > MAX_FIT_UNITS:
-        raise ValueError(f"{leaves} finest units: above {MAX_FIT_UNITS} for a joint fit")
+        raise ArgumentError(f"{leaves} finest units: above {MAX_FIT_UNITS} for a joint fit")
     blocks, slices, at = [], [], 0
     for m in maps:
         n = int(m.max()) + 1

@@ -132,9 +132,9 @@ def write_marginals(
     marginal): a parent's tables equal the sums of its children's, and each unit's
     variance is the fit's. Returns the number of chunks of each level.
     """
-    import dask
     import zarr
-    from dask.base import tokenize
+    from dask.base import compute, tokenize
+    from dask.delayed import delayed
 
     from dpdask.measure import stream_key
     from dpdask.measure.residual import residual_lattice, strategy_rows
@@ -177,27 +177,27 @@ def write_marginals(
             ident = MeasurementId(release, L.name, c, "strategy")
             sk = stream_key(key, ident, run_id)
             tasks.append(
-                dask.delayed(_chunk_task, pure=False)(
+                delayed(_chunk_task, pure=False)(
                     str(path), L.name, plan, start, stop, units[lo:hi] - start,
                     codes[lo:hi], sk, ident, charge, run_id, sets, names, test_mode,
                     dask_key_name=(f"measure-residual-{L.name}-{token}", c),
                 )
             )  # fmt: skip
     if client is None:
-        dask.compute(*tasks, scheduler="sync")
+        compute(*tasks, scheduler="sync")  # type: ignore[no-untyped-call]
     else:
         client.gather(client.compute(tasks))
     if fit is not None:
         token = tokenize(release, run_id, "fit")
         fits = [
-            dask.delayed(_fit_task, pure=False)(
+            delayed(_fit_task, pure=False)(
                 str(path), name, [L.name for L in levels], fit[0], fit[2],
                 dask_key_name=(f"fit-levels-{token}", j),
             )
             for j, name in enumerate(names)
         ]  # fmt: skip
         if client is None:
-            dask.compute(*fits, scheduler="sync")
+            compute(*fits, scheduler="sync")  # type: ignore[no-untyped-call]
         else:
             client.gather(client.compute(fits))
     with warnings.catch_warnings():  # consolidated metadata: "not part of Zarr v3" (yet)

@@ -123,8 +123,9 @@ def _coordinates(domain: Domain | None) -> dict[str, Any]:
 
 
 def table_variances(plan: Any, queries: Any, domain: Domain) -> np.ndarray | None:
-    """Variances of further queries of a level's estimates for a unit of variance
-    (as :meth:`LevelPlan.query_variances` for the workload), or None if not computable."""
+    """Variances of further queries of a level's estimates for a unit of variance (as a
+    level plan's :meth:`~dpdask.strategy.Plan.query_variances` for the workload), or
+    None if not computable."""
     from dpdask.strategy.analysis import ErrorAnalysis
 
     base = getattr(plan, "base", None)
@@ -134,7 +135,8 @@ def table_variances(plan: Any, queries: Any, domain: Domain) -> np.ndarray | Non
         ev = ErrorAnalysis(queries, base.strategy, domain.shape).variances()
     except (ValueError, NotImplementedError):
         return None
-    return np.asarray(ev, dtype=float) * plan.row_variance
+    out: np.ndarray = np.asarray(ev, dtype=float) * plan.row_variance
+    return out
 
 
 @dataclass
@@ -145,7 +147,7 @@ class LevelGroup:
     attrs: tuple[str, ...]  # the estimate's attribute dimensions
     coords: list[str]  # the non-index coordinates, for CF ``coordinates`` attributes
     workload: Any
-    tables: tuple | None  # (labels, descriptions, queries) of the published tables
+    tables: tuple[Any, ...] | None  # (labels, descriptions, queries) of the published tables
     table_variances: np.ndarray | None  # their variances for the level's noise
 
 
@@ -157,7 +159,7 @@ def level_group(
     parents: Sequence[np.ndarray],
     domain: Domain | None,
     cell_shape: tuple[int, ...],
-    labelled: dict[int, tuple],
+    labelled: dict[int, tuple[Any, ...]],
 ) -> LevelGroup:
     """Create level ``i``'s group with its ids, parents, query labels and attribute
     coordinates (everything but the per-geography arrays); ``labelled`` caches the
@@ -237,7 +239,7 @@ def add_array(
     dtype: str = "float64",
     compressed: bool = True,
     rows: int | None = None,
-) -> tuple[Any, zarr.Array] | None:
+) -> tuple[Any, zarr.Array[Any]] | None:
     """Create array ``name`` in the level's group; a NumPy ``arr`` is written at once
     (returns None), a Dask one is rechunked to the array's regular chunks and returned
     with its target for :func:`dask.array.store`."""
@@ -247,7 +249,7 @@ def add_array(
     z = g.create_array(
         name, shape=arr.shape, dtype=dtype, chunks=(rows, *arr.shape[1:]),
         compressors="auto" if compressed else None,
-        chunk_key_encoding=FLAT_KEYS, dimension_names=dims,
+        chunk_key_encoding=FLAT_KEYS, dimension_names=dims,  # type: ignore[arg-type]
         attributes={
             "units": units, "long_name": long_name,
             # CF: the non-index coordinates xarray attaches to the variable
@@ -269,7 +271,7 @@ def level_outputs(
     parents: Sequence[np.ndarray],
     domain: Domain | None = None,
     sparse_estimates: bool = False,
-) -> tuple[list[da.Array], list[zarr.Array]]:
+) -> tuple[list[da.Array], list[zarr.Array[Any]]]:
     """Create every level's group in ``root`` and pair its lazy arrays with their targets.
 
     Parameters
@@ -300,19 +302,19 @@ def level_outputs(
         ``parent`` are written at once.
     """
     sources: list[da.Array] = []
-    targets: list[zarr.Array] = []
-    labelled: dict[int, tuple] = {}  # per workload (per-level plans may share one)
+    targets: list[zarr.Array[Any]] = []
+    labelled: dict[int, tuple[Any, ...]] = {}  # per workload (per-level plans may share one)
     for i, ((name, plan, unit_variance), est) in enumerate(zip(levels, estimates, strict=True)):
         lg = level_group(root, i, levels, ids, parents, domain, tuple(est.shape[1:]), labelled)
         W = lg.workload
         answers = est.map_blocks(
-            answer_block, W, chunks=(est.chunks[0], (W.shape[0],)),
+            answer_block, W, chunks=(est.chunks[0], (W.shape[0],)),  # type: ignore[arg-type]
             drop_axis=list(range(2, est.ndim)), dtype=np.float64,
             name=f"answer-{level_key(name)}-{tokenize(est, W)}", meta=np.empty((0, 0)),
         )  # fmt: skip
         qv = plan.query_variances()
         scale = variances[i] / unit_variance
-        variance = da.from_array(scale[:, None], chunks=(est.chunks[0], 1)) * qv[None, :]
+        variance = da.from_array(scale[:, None], chunks=(est.chunks[0], 1)) * qv[None, :]  # type: ignore[no-untyped-call]
         outputs = [
             ("estimate", est, ("geography", *lg.attrs), "persons",
              "consistent estimate of each cell's count", sparse_estimates),
@@ -323,12 +325,12 @@ def level_outputs(
         if lg.tables is not None and lg.table_variances is not None:
             Q = lg.tables[2]
             t_answers = est.map_blocks(
-                answer_block, Q, chunks=(est.chunks[0], (Q.shape[0],)),
+                answer_block, Q, chunks=(est.chunks[0], (Q.shape[0],)),  # type: ignore[arg-type]
                 drop_axis=list(range(2, est.ndim)), dtype=np.float64,
                 name=f"answer-{level_key(name)}-{tokenize(est, Q)}", meta=np.empty((0, 0)),
             )  # fmt: skip
             tv = lg.table_variances
-            t_variance = da.from_array(scale[:, None], chunks=(est.chunks[0], 1)) * tv[None, :]
+            t_variance = da.from_array(scale[:, None], chunks=(est.chunks[0], 1)) * tv[None, :]  # type: ignore[no-untyped-call]
             outputs += [
                 ("table_answers", t_answers, ("geography", "table_query"), "persons",
                  "P.L. 94-171 table cell, from the consistent estimates", True),
@@ -345,4 +347,5 @@ def level_outputs(
 
 
 def _dims(g: zarr.Group, name: str) -> tuple[str, ...]:
-    return tuple(g[name].metadata.dimension_names or ())
+    meta: Any = g[name].metadata  # an array's (zarr v3): it has dimension names
+    return tuple(meta.dimension_names or ())

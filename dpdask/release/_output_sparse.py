@@ -75,32 +75,36 @@ def _row_counts(block: sparse.COO) -> np.ndarray:
 
 
 def _from_blocks(
-    func: Any, src: da.Array, chunks: tuple, dtype: Any, name: str, *args: Any
+    func: Any, src: Any, chunks: tuple[Any, ...], dtype: Any, name: str, *args: Any
 ) -> da.Array:
     """A Dask array whose block ``k`` is ``func(block k of src, *args)`` (``src``: the
     level's loaded chunks, one block per chunk)."""
     zeros = (0,) * (len(chunks) - 1)
-    dsk = {(name, k, *zeros): (func, (src.name, k, 0), *args) for k in range(src.numblocks[0])}
+    dsk: dict[Any, Any] = {
+        (name, k, *zeros): (func, (src.name, k, 0), *args) for k in range(src.numblocks[0])
+    }
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[src])
-    return da.Array(graph, name, chunks, dtype)
+    return da.Array(graph, name, chunks, dtype)  # type: ignore[no-untyped-call]
 
 
 def _loaded(folder: pathlib.Path, chunks: tuple[int, ...], n: int, name: str) -> da.Array:
     """The level's checkpointed sparse chunks as a Dask array of :class:`sparse.COO` blocks."""
-    dsk = {(name, k, 0): (read_sparse, str(folder), k) for k in range(len(chunks))}
+    dsk: dict[Any, Any] = {(name, k, 0): (read_sparse, str(folder), k) for k in range(len(chunks))}
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
     meta = sparse.COO.from_numpy(np.empty((0, 0)))
-    return da.Array(graph, name, (tuple(chunks), (n,)), np.float64, meta=meta)
+    return da.Array(graph, name, (tuple(chunks), (n,)), np.float64, meta=meta)  # type: ignore[no-untyped-call]
 
 
 def _entries(
-    src: da.Array, what: str, starts: np.ndarray, nnz: tuple[int, ...], dtype: Any, word: str
+    src: Any, what: str, starts: np.ndarray, nnz: tuple[int, ...], dtype: Any, word: str
 ) -> da.Array:
     """One part of the level's entries (``rows``, ``cells`` or ``values``), a block per chunk."""
     name = f"entries-{what}-{word}-{tokenize(src)}"
-    dsk = {(name, k): (_part, (src.name, k, 0), what, int(starts[k])) for k in range(len(nnz))}
+    dsk: dict[Any, Any] = {
+        (name, k): (_part, (src.name, k, 0), what, int(starts[k])) for k in range(len(nnz))
+    }
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[src])
-    return da.Array(graph, name, (nnz,), dtype)
+    return da.Array(graph, name, (nnz,), dtype)  # type: ignore[no-untyped-call]
 
 
 def sparse_level_outputs(
@@ -112,7 +116,7 @@ def sparse_level_outputs(
     ids: Sequence[np.ndarray],
     parents: Sequence[np.ndarray],
     domain: Domain,
-) -> tuple[list[da.Array], list[zarr.Array]]:
+) -> tuple[list[da.Array], list[zarr.Array[Any]]]:
     """Create every level's group and pair its lazy arrays with their targets.
 
     Parameters
@@ -137,8 +141,8 @@ def sparse_level_outputs(
         checkpointed chunk (tasks ``estimate-<level>``).
     """
     sources: list[da.Array] = []
-    targets: list[zarr.Array] = []
-    labelled: dict[int, tuple] = {}
+    targets: list[zarr.Array[Any]] = []
+    labelled: dict[int, tuple[Any, ...]] = {}
     shape, n = tuple(domain.shape), int(domain.size)
     for i, (name, plan, _) in enumerate(levels):
         lg = level_group(root, i, levels, ids, parents, domain, shape, labelled)
@@ -148,7 +152,7 @@ def sparse_level_outputs(
             f"estimate-{word}-{tokenize(str(folders[i]), chunks[i], entries[i])}",
         )  # fmt: skip
         starts = np.cumsum((0, *chunks[i]))[:-1]
-        lazy: list[tuple] = []
+        lazy: list[tuple[Any, ...]] = []
         W = lg.workload
         answers = _from_blocks(
             _answers, src, (chunks[i], (W.shape[0],)), np.float64,
@@ -181,7 +185,7 @@ def sparse_level_outputs(
             counts = _from_blocks(
                 _row_counts, src, (chunks[i],), np.int64, f"entries-{word}-{tokenize(src)}"
             )
-            offsets = da.concatenate([da.zeros(1, dtype=np.int64), da.cumsum(counts)])
+            offsets = da.concatenate([da.zeros(1, dtype=np.int64), da.cumsum(counts)])  # type: ignore[no-untyped-call]
             lazy.append(
                 (
                     "entry_offsets",
@@ -200,11 +204,11 @@ def sparse_level_outputs(
                 lazy.append((array, part, ("entry",),
                              "persons" if what == "values" else "1", long_name))  # fmt: skip
         for array, arr, dims, units, long_name in lazy:
-            dtype = "int64" if arr.dtype == np.int64 else "float64"
+            stored = "int64" if arr.dtype == np.int64 else "float64"
             rows = None
             if dims[0] in ("entry", "geography_bound"):
                 rows = max(1, min(int(arr.shape[0]), 2**19))
-            pair = add_array(lg, array, arr, dims, units, long_name, dtype=dtype, rows=rows)
+            pair = add_array(lg, array, arr, dims, units, long_name, dtype=stored, rows=rows)
             if pair is not None:
                 sources.append(pair[0])
                 targets.append(pair[1])

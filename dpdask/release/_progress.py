@@ -104,14 +104,14 @@ class Progress:
 
 
 def compute_items(
-    items: list, client: Any, progress: bool, step: str = "compute",
+    items: list[Any], client: Any, progress: bool, step: str = "compute",
     levels: dict[str, str] | None = None,
-) -> list:  # fmt: skip
+) -> list[Any]:  # fmt: skip
     """Compute ``items`` (Dask collections) on ``client`` (or the local scheduler) and
     return their results, flattened; with ``progress``, report them as step ``step``,
     counted per level where a result's key names one of ``levels`` (task-key word ->
     level name)."""
-    import dask
+    from dask.base import compute
 
     levels = levels or {}
     if client is not None:
@@ -124,15 +124,15 @@ def compute_items(
             for part in parts:
                 totals[part] = totals.get(part, 0) + 1
             reports = Progress(step, totals)
-            for f in as_completed(futures):
+            for f in as_completed(futures):  # type: ignore[no-untyped-call]
                 reports.update(levels.get(level_of(f.key, levels) or "", ""))
             reports.close()
         return [r for f in client.gather(futures) for r in (f if isinstance(f, list) else [f])]
     if progress:
         with _local_progress(step):
-            res = dask.compute(items)
+            res = compute(items)  # type: ignore[no-untyped-call]
     else:
-        res = dask.compute(items)
+        res = compute(items)  # type: ignore[no-untyped-call]
     return list(res[0])
 
 
@@ -144,11 +144,11 @@ def _local_progress(step: str) -> Any:
         """Progress of a computation on the local scheduler, counted in tasks."""
 
         def __init__(self, step: str) -> None:
-            super().__init__()
+            super().__init__()  # type: ignore[no-untyped-call]
             self.step = step
             self.reports: Progress | None = None
 
-        def _start_state(self, dsk: Any, state: dict) -> None:
+        def _start_state(self, dsk: Any, state: dict[str, Any]) -> None:
             total = sum(len(state[k]) for k in ("ready", "waiting", "running", "finished"))
             self.reports = Progress(self.step, {"": max(total, 1)})
 

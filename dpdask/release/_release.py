@@ -58,10 +58,13 @@ from __future__ import annotations
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from dask.base import tokenize
 
+from dpdask.domain import Domain
+from dpdask.errors import ArgumentError, DomainError, ShapeError
 from dpdask.measure import DEFAULT_MAX_TOTAL, level_charge
 from dpdask.noise import KeyFile, SecretKey
 from dpdask.privacy import Budget, Ledger, RunStateError, check_run_id
@@ -73,104 +76,87 @@ from dpdask.publish import (
     remove_work,
     work_dir,
 )
-from dpdask.release._blocks import (
-    ESTIMATORS,
+from dpdask.release import _finish, _graph, _run, _topdown
+from dpdask.release._blocks import ESTIMATORS
+from dpdask.release._levels import LevelChunks, level_chunks
+from dpdask.release._plans import (
+    LevelShares,
+    PlanLike,
+    level_plans,
+    mean_cell_variance,
+    realised,
+    total_budget,
 )
-from dpdask.release._finish import Finish
-from dpdask.release._graph import MeasureGraph
-from dpdask.release._level_plan import LevelPlan, mean_cell_variance
-from dpdask.release._levels import (
-    LevelChunks,
-    level_chunks,
-)
-from dpdask.release._run import RunKeys
-from dpdask.release._state import LevelState
-from dpdask.release._topdown import TopdownGraph
+from dpdask.release._state import Level, RunState
 from dpdask.store import DataStore, open_store, private_dir
+from dpdask.strategy import Plan
 
-__all__ = ["LevelPlan", "Release", "release"]
+__all__ = ["Release", "release"]
 
 _TOP_UNITS = 1024  # top-down: a top level of at most this many units gets a chunk per unit
 _TOPDOWN_SHARE = 4  # top-down chunks are chunk_bytes / this
 
 
-class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
-    """A lazy release; :meth:`to_zarr` runs it. Built by :func:`release`."""
+@dataclass(frozen=True, eq=False)
+class Release:
+    """A lazy release, a frozen configuration; :meth:`to_zarr` runs it. Built by
+    :func:`release`.
 
-    def __init__(
-        self,
-        store: DataStore,
-        levels: tuple[str, ...],
-        plans: dict[str, LevelPlan],
-        *,
-        release_id: str,
-        run_id: str,
-        total: Budget,
-        reconstruct: str,
-        ledger: Ledger | None,
-        dataset: str | None,
-        key: SecretKey | None,
-        noise: bool,
-        test_mode: bool,
-        chunk_bytes: int,
-        integer: bool = False,
-        max_total: int = DEFAULT_MAX_TOTAL,
-    ):
-        self.store = store
-        self.levels = levels
-        self.plans = plans
-        self.release_id = release_id
-        self.run_id = run_id
-        self.total = total
-        self.reconstruct = reconstruct
-        self.ledger = ledger
-        self.dataset = dataset
-        self.key = key
-        self.noise = noise
-        self.test_mode = test_mode
-        self.integer = integer
-        self.max_total = max_total
-        self.domain = store.domain
-        n = store.domain.size
-        if reconstruct == "topdown":
-            # a chunk holds whole families; its size is its measurements' (and dense counts')
-            dense = getattr(store, "layout", "dense") != "sparse"
-            row_bytes = [
-                8 * max(plans[lv].strategy.shape[0], n if (i == 0 or dense) else 1)
-                for i, lv in enumerate(levels)
-            ]
-            if store.geography.n_units(levels[0]) <= _TOP_UNITS:
-                # a few top units, each a whole non-negative fit: a task each, in parallel
-                row_bytes[0] = max(row_bytes[0], chunk_bytes // _TOPDOWN_SHARE)
-            # smaller chunks than a least-squares release's: a chunk's fits take longer than
-            # its measurement, and a level waits for the level above (load balance)
-            self.lc: LevelChunks = level_chunks(
-                store.geography, levels, n, max(1, chunk_bytes // _TOPDOWN_SHARE),
-                row_bytes=row_bytes, whole_families=True,
-            )  # fmt: skip
-        else:
-            self.lc = level_chunks(store.geography, levels, n, chunk_bytes)
-        charges = {
-            lv: level_charge(plans[lv], release_id, run_id, lv, "strategy")[0] for lv in levels
-        }
-        # the tree model's unit variances weigh levels against each other in the bottom-up
-        # consistency step; top-down never combines levels' measurements
-        same = reconstruct == "topdown" or len({tokenize(p.strategy) for p in plans.values()}) == 1
-        self._levels = [
-            LevelState(
-                lv,
-                plans[lv],
-                charges[lv],
-                self.lc.of(lv),
-                plans[lv].row_variance * (1.0 if same else mean_cell_variance(plans[lv].strategy)),
-            )
-            for lv in levels
-        ]
+    Its steps are functions of it and of the run's state
+    (:class:`~dpdask.release._state.RunState`, the only thing a run changes): the
+    charge (:func:`~dpdask.release._run.charge`), the measure graph
+    (:func:`~dpdask.release._graph.measure_graph`, or
+    :func:`~dpdask.release._topdown.measure_topdown`) and the finish
+    (:func:`~dpdask.release._finish.finish`).
+
+    Attributes
+    ----------
+    store : DataStore
+        The input counts.
+    levels : tuple of str
+        The released levels, coarsest first.
+    plans : mapping of str to Plan
+        Each level's plan (:func:`~dpdask.release.level_plans`), its noise as drawn.
+    released : tuple of Level
+        Each level's plan, charge (before a key binds it), chunks and unit variance.
+    lc : LevelChunks
+        How the levels are chunked.
+    runs : list of RunState
+        The runs :meth:`to_zarr` made of this release (the last one's reports are in
+        :meth:`summary`).
+    """
+
+    store: DataStore
+    levels: tuple[str, ...]
+    plans: Mapping[str, Plan]
+    release_id: str
+    run_id: str
+    total: Budget
+    reconstruct: str
+    ledger: Ledger | None
+    dataset: str | None
+    key: SecretKey | None
+    noise: bool
+    test_mode: bool
+    integer: bool
+    max_total: int
+    lc: LevelChunks
+    released: tuple[Level, ...]
+    runs: list[RunState] = field(default_factory=list, repr=False)
+
+    @property
+    def domain(self) -> Domain:
+        """The data's domain."""
+        return self.store.domain
 
     # -- what is known before running ------------------------------------------------
-    def summary(self) -> dict[str, Any]:
-        """Levels, units, chunks, budgets, noise and expected error, as a JSON-safe dict."""
-        out = {
+    def summary(self, run: RunState | None = None) -> dict[str, Any]:
+        """Levels, units, chunks, budgets, noise and expected error, as a JSON-safe dict
+        (with the reports of ``run``, by default the last run's)."""
+        if run is None and self.runs:
+            run = self.runs[-1]
+        levels: list[dict[str, Any]] = []
+        out: dict[str, Any] = {
             "release": self.release_id,
             "run_id": self.run_id,
             "budget": self.total.to_dict(),
@@ -178,12 +164,12 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
             "reconstruct": self.reconstruct,
             "integer": self.integer,
             "max_total": self.max_total,
-            "not_converged": getattr(self, "_reports", []),
-            "levels": [],
+            "not_converged": [] if run is None else run.reports,
+            "levels": levels,
         }
-        for L in self._levels:
+        for L in self.released:
             qv = L.plan.query_variances()
-            out["levels"].append(
+            levels.append(
                 {
                     "level": L.name,
                     "units": self.store.geography.n_units(L.name),
@@ -203,12 +189,12 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
     # -- running ---------------------------------------------------------------------------
     def to_zarr(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         *,
         overwrite: bool = False,
-        client: Any = None,
+        client: Any = None,  # a distributed.Client (untyped)
         progress: bool = False,
-        protected: Sequence[tuple[str, str | os.PathLike | None]] = (),
+        protected: Sequence[tuple[str, str | os.PathLike[str] | None]] = (),
     ) -> pathlib.Path:
         """Run the release and publish it at ``path``.
 
@@ -248,7 +234,7 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
         """
         path = pathlib.Path(os.path.abspath(path))
         work = work_dir(path, self.run_id)
-        run = self._ledger_run()
+        run = _run.ledger_run(self)
         if (
             run is not None
             and run.binding is not None
@@ -267,7 +253,8 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
             and (previous.get("release"), previous.get("run_id")) == (self.release_id, self.run_id)
         ):
             # published, but stopped before the ledger recorded it: record it now
-            self.ledger.publish(self.release_id, self.run_id, str(path))  # type: ignore[union-attr]
+            if self.ledger is not None:
+                self.ledger.publish(self.release_id, self.run_id, str(path))
             remove_work(work)
             return path
         guard = [
@@ -278,14 +265,16 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
         if self.ledger is not None:
             guard += [("ledger", self.ledger.path), ("ledger head file", self.ledger.head_file)]
         path = check_output(path, overwrite, guard)
-        self._check_totals(client)
-        key = self._charge_and_key(work, run)
+        _run.check_totals(self, client)
+        state = RunState(work)
+        self.runs.append(state)
+        _run.charge(self, state, run)
         private_dir(work)
-        if self.reconstruct == "topdown":
-            raw = self._topdown_checkpoint(work, key, client, progress)
-        else:
-            raw = self._checkpoint(work, key, client, progress)
-        final = self._finish(work, raw, client, progress)
+        measure = (
+            _topdown.measure_topdown if self.reconstruct == "topdown" else _graph.measure_graph
+        )
+        raw = measure(self, state, client, progress)
+        final = _finish.finish(self, state, raw, client, progress)
         check_output(path, overwrite, guard)  # nothing else appeared meanwhile
         move_into_place(final, path, overwrite)
         # the key goes first: a stop from here on leaves a published run without its key
@@ -296,16 +285,61 @@ class Release(RunKeys, MeasureGraph, TopdownGraph, Finish):
         return path
 
 
+def _configure(
+    store: DataStore,
+    levels: tuple[str, ...],
+    plans: dict[str, Plan],
+    release_id: str,
+    run_id: str,
+    reconstruct: str,
+    chunk_bytes: int,
+) -> tuple[LevelChunks, tuple[Level, ...]]:
+    """How the levels are chunked, and each level's plan, charge, chunks and variance."""
+    n = store.domain.size
+    if reconstruct == "topdown":
+        # a chunk holds whole families; its size is its measurements' (and dense counts')
+        dense = getattr(store, "layout", "dense") != "sparse"
+        row_bytes = [
+            8 * max(plans[lv].strategy.shape[0], n if (i == 0 or dense) else 1)
+            for i, lv in enumerate(levels)
+        ]
+        if store.geography.n_units(levels[0]) <= _TOP_UNITS:
+            # a few top units, each a whole non-negative fit: a task each, in parallel
+            row_bytes[0] = max(row_bytes[0], chunk_bytes // _TOPDOWN_SHARE)
+        # smaller chunks than a least-squares release's: a chunk's fits take longer than
+        # its measurement, and a level waits for the level above (load balance)
+        lc = level_chunks(
+            store.geography, levels, n, max(1, chunk_bytes // _TOPDOWN_SHARE),
+            row_bytes=row_bytes, whole_families=True,
+        )  # fmt: skip
+    else:
+        lc = level_chunks(store.geography, levels, n, chunk_bytes)
+    # the tree model's unit variances weigh levels against each other in the bottom-up
+    # consistency step; top-down never combines levels' measurements
+    same = reconstruct == "topdown" or len({tokenize(p.strategy) for p in plans.values()}) == 1
+    released = tuple(
+        Level(
+            lv,
+            plans[lv],
+            level_charge(plans[lv], release_id, run_id, lv, "strategy")[0],
+            lc.of(lv),
+            plans[lv].row_variance * (1.0 if same else mean_cell_variance(plans[lv].strategy)),
+        )
+        for lv in levels
+    )
+    return lc, released
+
+
 def release(
-    plans: Any | Mapping[str, Any],
-    data: DataStore | str | os.PathLike,
+    plans: PlanLike | Mapping[str, PlanLike],
+    data: DataStore | str | os.PathLike[str],
     levels: Sequence[str] | None = None,
-    budget_split: Mapping[str, Any] | Sequence[Any] | None = None,
+    budget_split: LevelShares | None = None,
     reconstruct: str = "ls",
     *,
     release_id: str = "release",
     run_id: str | None = None,
-    ledger: Ledger | str | os.PathLike | None = None,
+    ledger: Ledger | str | os.PathLike[str] | None = None,
     dataset: str | None = None,
     key: SecretKey | None = None,
     noise: bool = True,
@@ -364,62 +398,51 @@ def release(
 
     Raises
     ------
-    ValueError
-        For levels the data does not have, plans that do not fit the domain, a
-        split that does not match the levels, noise switched off outside test mode.
+    dpdask.errors.DomainError
+        For levels the data does not have, or a plan for another domain.
+    dpdask.errors.ShapeError
+        For a plan whose strategy does not fit the data's cells.
+    dpdask.errors.ArgumentError
+        For a split that does not match the levels, a level without a plan, an unknown
+        estimator, ``integer`` without top-down, noise switched off outside test mode.
+    dpdask.errors.PlanError
+        If a level's budget cannot be spent with its plan (all ``ValueError``).
     """
     store = data if isinstance(data, DataStore) else open_store(data)
     geo = store.geography
     levels = tuple(geo.levels if levels is None else levels)
     for lv in levels:
-        geo.level_index(lv)
-    if not noise and not test_mode:
-        raise ValueError("noise=False is only allowed in test mode")
-    if reconstruct not in ESTIMATORS:
-        raise ValueError(f"reconstruct={reconstruct!r} is not one of {ESTIMATORS}")
-    if integer and reconstruct != "topdown":
-        raise ValueError("integer=True goes with reconstruct='topdown'")
-    if isinstance(plans, Mapping):
-        missing = [lv for lv in levels if lv not in plans]
-        if missing:
-            raise ValueError(f"no plan for level(s) {missing}")
-        if budget_split is not None:
-            raise ValueError(
-                "budget_split goes with a single plan; per-level plans carry their own"
-            )
-        level_plans = {lv: LevelPlan(plans[lv], plans[lv].privacy) for lv in levels}
-        total = sum(
-            (p.privacy for p in level_plans.values()), start=level_plans[levels[0]].privacy.zero()
-        )
-    else:
-        from dpdask.privacy import split_levels  # the one split of plan, run and benchmarks
-
-        total = plans.privacy
         try:
-            budgets = split_levels(total, levels, budget_split)
-        except ValueError as exc:
-            raise ValueError(f"budget_split: {exc}") from None
-        level_plans: dict[str, LevelPlan] = {}
-        for lv, b in budgets.items():
-            level_plans[lv] = LevelPlan(plans, b, like=next(iter(level_plans.values()), None))
-    for lv, p in level_plans.items():
+            geo.level_index(lv)
+        except ValueError as exc:  # a level the data does not have
+            raise DomainError(str(exc)) from None
+    if not noise and not test_mode:
+        raise ArgumentError("noise=False is only allowed in test mode")
+    if reconstruct not in ESTIMATORS:
+        raise ArgumentError(f"reconstruct={reconstruct!r} is not one of {ESTIMATORS}")
+    if integer and reconstruct != "topdown":
+        raise ArgumentError("integer=True goes with reconstruct='topdown'")
+    level_plans_ = level_plans(plans, levels, budget_split)
+    for lv, p in level_plans_.items():
         if p.strategy.shape[1] != store.domain.size:
-            raise ValueError(
+            raise ShapeError(
                 f"level {lv!r}: the plan's strategy has {p.strategy.shape[1]} columns but the "
                 f"data has {store.domain.size} cells per geography"
             )
         if p.domain is not None and p.domain != store.domain:
-            raise ValueError(
+            raise DomainError(
                 f"level {lv!r}: the plan is for {p.domain}, the data is {store.domain}"
             )
-        if noise:  # published variances are those of the noise the measure step draws
-            p.realise(store.dtype, max_total)
+    if noise:  # published variances are those of the noise the measure step draws
+        level_plans_ = {lv: realised(p, store.dtype, max_total) for lv, p in level_plans_.items()}
+    total = total_budget(level_plans_) if isinstance(plans, Mapping) else plans.privacy
     if isinstance(ledger, str | os.PathLike):
         ledger = Ledger(ledger)
+    run_id = new_run_id() if run_id is None else check_run_id(run_id)
+    lc, released = _configure(
+        store, levels, level_plans_, release_id, run_id, reconstruct, chunk_bytes
+    )
     return Release(
-        store, levels, level_plans, release_id=release_id,
-        run_id=new_run_id() if run_id is None else check_run_id(run_id),
-        total=total, reconstruct=reconstruct, ledger=ledger, dataset=dataset, key=key,
-        noise=noise, test_mode=test_mode, chunk_bytes=chunk_bytes, integer=integer,
-        max_total=max_total,
+        store, levels, level_plans_, release_id, run_id, total, reconstruct, ledger, dataset,
+        key, noise, test_mode, integer, max_total, lc, released,
     )  # fmt: skip

@@ -1,57 +1,44 @@
-"""What a :class:`~dpdask.release._release.Release` holds, declared once for its parts.
+"""What a release holds: a frozen level per released level, and the state of one run.
 
-The release's steps live in mixins (:mod:`._release_run`, :mod:`._release_graph`,
-:mod:`._release_finish`); they share the state that ``Release.__init__`` sets, typed
-here.
+A :class:`~dpdask.release.Release` is a frozen configuration; its steps (the charge,
+:mod:`._run`; the measure graph, :mod:`._graph` or :mod:`._topdown`; the finish,
+:mod:`._finish`) are functions taking it and the :class:`RunState` of the run they
+belong to, the only thing a run changes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any
 
 from dpdask.noise import SecretKey
-from dpdask.privacy import Budget, Charge, Ledger
+from dpdask.privacy import Charge
+from dpdask.strategy import Plan
 
-if TYPE_CHECKING:
-    from dpdask.release._level_plan import LevelPlan
-    from dpdask.release._levels import LevelChunks
-    from dpdask.store import DataStore
+__all__ = ["Level", "RunState"]
 
-__all__ = ["LevelState", "ReleaseState"]
+
+@dataclass(frozen=True)
+class Level:
+    """One released level: its plan, its charge (before a key binds it), its chunks
+    and the variance scalar of one unit's estimate in the tree model."""
+
+    name: str
+    plan: Plan
+    charge: Charge
+    chunks: tuple[int, ...]
+    unit_variance: float
 
 
 @dataclass
-class LevelState:
-    """One released level: its plan, its charge, its chunks and unit variance."""
+class RunState:
+    """One run of a release: its work folder, its key, every level's charge bound to
+    the key, the ledger's head after the charges, and the reports of chunks whose
+    estimator did not converge."""
 
-    name: str
-    plan: LevelPlan
-    charge: Charge
-    chunks: tuple[int, ...]
-    unit_variance: float  # variance scalar of one unit's estimate in the tree model
-
-
-class ReleaseState:
-    """The state ``Release.__init__`` sets (:mod:`dpdask.release._release`)."""
-
-    store: DataStore
-    levels: tuple[str, ...]
-    release_id: str
-    run_id: str
-    total: Budget
-    reconstruct: str
-    ledger: Ledger | None
-    dataset: str | None
-    key: SecretKey | None
-    noise: bool
-    test_mode: bool
-    integer: bool
-    max_total: int
-    lc: LevelChunks
-    _levels: list[LevelState]
-    _head: Any
-    _reports: list[dict[str, Any]]
-
-    def summary(self) -> dict[str, Any]:  # pragma: no cover - defined by Release
-        raise NotImplementedError
+    work: pathlib.Path
+    key: SecretKey | None = None
+    charges: list[Charge] = field(default_factory=list)
+    head: Any = None
+    reports: list[dict[str, Any]] = field(default_factory=list)

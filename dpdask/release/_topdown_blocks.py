@@ -31,6 +31,7 @@ import numpy as np
 import sparse
 from scipy import sparse as sp
 
+from dpdask.errors import ShapeError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct import nnls
 from dpdask.reconstruct.nnls import nonnegative_fitter
@@ -40,6 +41,7 @@ from dpdask.reconstruct.topdown import (
     round_children,
     round_top,
 )
+from dpdask.release import _plans
 from dpdask.release._blas import task_blas
 from dpdask.release._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 
@@ -48,12 +50,12 @@ __all__ = ["family_block", "parent_rows", "top_block"]
 _FITTERS: dict[str, Any] = {}  # per worker process: what a level's fits share
 
 
-def _info(chunk: int) -> dict:
+def _info(chunk: int) -> dict[Any, Any]:
     """The ``block_info`` that names chunk ``chunk`` to :func:`measure_block`."""
     return {0: {"chunk-location": (chunk, 0)}}
 
 
-def _report(report_dir: str | None, level: str, chunk: int, failed: list[dict]) -> None:
+def _report(report_dir: str | None, level: str, chunk: int, failed: list[dict[str, Any]]) -> None:
     if not failed or report_dir is None:
         return
     info = {"level": level, "chunk": chunk, **failed[0], "units": len(failed)}
@@ -61,7 +63,9 @@ def _report(report_dir: str | None, level: str, chunk: int, failed: list[dict]) 
     path.write_text(json.dumps(info, default=str))
 
 
-def _coo(rows: list, cells: list, values: list, shape: tuple[int, int]) -> sparse.COO:
+def _coo(
+    rows: list[Any], cells: list[Any], values: list[Any], shape: tuple[int, int]
+) -> sparse.COO:
     """The chunk's entries, families in order, each row-major over its sorted support:
     sorted and unique, which the flags tell the constructor (it then skips a check that
     costs a numba compilation in every worker)."""
@@ -89,8 +93,10 @@ def top_block(
     g, n = y.shape[0], plan.strategy.shape[1]
     weight = 1.0 / plan.row_variance
     with task_blas():
-        if plan.fused("ls"):  # least squares is A^+ y: fit it in the strategy's metric
-            z = np.asarray(plan.pinv().apply(y), dtype=np.float64).reshape(g, n)
+        # fused least squares is A^+ y: fit it in the strategy's metric
+        pinv = _plans.structured_inverse(plan) if _plans.fused(plan, "ls") else None
+        if pinv is not None:
+            z = np.asarray(pinv.apply(y), dtype=np.float64).reshape(g, n)
             fit = nonnegative_fitter(plan.strategy, weight)
             ests = [fit(row) for row in z]
         else:
@@ -116,7 +122,7 @@ def parent_rows(blocks: list[Any], starts: list[int], first: int, last: int) -> 
             pieces.append(csr[lo - start : hi - start])
     out = sp.vstack(pieces, format="csr") if len(pieces) > 1 else pieces[0]
     if out.shape[0] != last - first + 1:
-        raise ValueError(f"parent blocks hold {out.shape[0]} of rows {first}..{last}")
+        raise ShapeError(f"parent blocks hold {out.shape[0]} of rows {first}..{last}")
     return sp.csr_array(out)
 
 

@@ -16,6 +16,13 @@ measure step and the release dataflow consume:
     calibrated by the budget to ``A``'s L1 or L2 sensitivity;
 ``plan.privacy``, ``plan.domain``
     the budget and the domain (or ``None``);
+``plan.calibration``
+    the one calibration (:func:`dpdask.privacy.calibrate`): mechanism, norm,
+    sensitivity, scale;
+``plan.base``, ``plan.drawn``
+    for a level's plan (:meth:`Plan.at`), the plan it was made from; once
+    :meth:`Plan.realise` fixed it, the noise the measure step draws (its
+    ``row_variance`` and error figures are then of that noise);
 ``plan.groups``
     ``None`` (answer the workload by least squares on all of ``A``) or, for a
     union strategy, the workload terms each part of ``A`` answers on its own; the
@@ -33,64 +40,65 @@ budget, refusing a file whose recorded noise does not match.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
-from fractions import Fraction
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
+import numpy.typing as npt
+from threadpoolctl import threadpool_limits
 
 from dpdask.domain import Domain
 from dpdask.errors import PlanError
-from dpdask.linalg import Kron, LinearQuery, VStack, from_dict, to_dict
-from dpdask.noise import draw_variance
-from dpdask.privacy import Budget, PureDP, calibrate, mechanism_for, noise_scale, zCDP
-from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, convert
+from dpdask.linalg import Kron, LinearQuery, from_dict, gram_root, to_dict
+from dpdask.privacy import Budget, Calibration, calibrate, mechanism_for
+from dpdask.strategy._plan_summary import format_summary, neighbour_budgets
 from dpdask.strategy.analysis import ErrorAnalysis, svd_bound
 
-__all__ = ["Plan", "mechanism_of"]
+__all__ = ["DrawnNoise", "Plan"]
+
+_T = TypeVar("_T")
+_MAX_ROOT_CELLS = 4096  # a Gram root is formed (per factor) up to this many columns
+
+
+class DrawnNoise(Protocol):
+    """How the measure step draws a plan's noise (:class:`dpdask.measure.Lattice`
+    satisfies it): the scale and the variance of one draw, in data units."""
+
+    @property
+    def noise_scale(self) -> float: ...
+
+    @property
+    def variance(self) -> float: ...
+
 
 _FORMAT = "dpdask-plan"
 _VERSION = 1
 _MAX_VARIANCE_ROWS = 10_000_000
-_MAX_GRAM_CELLS = 4096  # a factor's Gram is checked densely up to this many columns
 
 
-def _gram_nonnegative(A: LinearQuery) -> bool:
-    """Whether ``A^T A`` has no negative entry (checked per Kronecker factor and part;
-    ``False`` when it cannot be told cheaply)."""
-    if isinstance(A, Kron):
-        return all(_gram_nonnegative(f) for f in A.factors)
-    if isinstance(A, VStack):
-        return all(_gram_nonnegative(p) for p in A.parts)
-    if A.shape[1] > _MAX_GRAM_CELLS or A.shape[0] * A.shape[1] > 50_000_000:
-        return False
-    M = A.dense()
-    return bool((M.T @ M).min() >= -1e-12)
-
-
-def _neighbour_budgets(privacy: Budget, strategy: LinearQuery) -> dict:
-    """The plan's budget in both neighbour relations (:mod:`dpdask.privacy.neighbours`)."""
-    out: dict[str, Any] = {ADD_REMOVE.name: privacy.to_dict(), CHANGE_ONE.name: None}
-    if isinstance(privacy, PureDP | zCDP):
-        nonneg = _gram_nonnegative(strategy)
-        out[CHANGE_ONE.name] = convert(
-            privacy, ADD_REMOVE, CHANGE_ONE, nonnegative_gram=nonneg
-        ).to_dict()
-        out["gram_nonnegative"] = nonneg
-    return out
-
-
-def mechanism_of(privacy: Any) -> str:
-    """``"laplace"`` for pure DP, ``"gaussian"`` for zCDP and approximate DP
-    (:func:`dpdask.privacy.mechanism_for`, the one mapping)."""
-    return mechanism_for(privacy)
+def _compact(A: LinearQuery, mechanism: str) -> LinearQuery:
+    """What is measured for strategy ``A``: for Gaussian noise, a root of its Gram
+    (same privacy, same least-squares error, at most ``n`` rows; see
+    :func:`dpdask.linalg.gram_root`) when that is cheap to form; ``A`` otherwise."""
+    if mechanism != "gaussian" or A.shape[0] <= A.shape[1]:
+        return A
+    if isinstance(A, Kron) and all(f.shape[1] <= _MAX_ROOT_CELLS for f in A.factors):
+        return gram_root(A)
+    if A.shape[1] <= _MAX_ROOT_CELLS:
+        return gram_root(A)
+    return A
 
 
 class Plan:
     """A data-independent release plan (see the module docstring for the attributes).
+
+    A level's plan (:meth:`at`) keeps the plan it was made from as :attr:`base`, and a
+    plan whose noise was fixed as drawn (:meth:`realise`) holds it as :attr:`drawn`;
+    both return new plans, leaving this one as it was.
 
     Parameters
     ----------
@@ -117,6 +125,10 @@ class Plan:
         If the shapes disagree or the strategy has zero sensitivity (a ValueError).
     """
 
+    # class defaults, for subclasses that set their own fields (ResidualPlan)
+    base: Plan | None = None
+    drawn: DrawnNoise | None = None
+
     def __init__(
         self,
         workload: LinearQuery,
@@ -126,7 +138,7 @@ class Plan:
         domain: Domain | None = None,
         groups: Sequence[Sequence[int]] | None = None,
         template: str = "custom",
-        info: dict | None = None,
+        info: dict[str, Any] | None = None,
         sizes: Sequence[int] | None = None,
     ):
         if workload.shape[1] != strategy.shape[1]:
@@ -149,40 +161,113 @@ class Plan:
         self.info = dict(info or {})
         self.sizes = tuple(int(s) for s in sizes) if sizes is not None else None
         self.calibration = calibrate(privacy, strategy)
+        self.base = None
+        self.drawn = None
         self.mechanism = self.calibration.mechanism
         self.sensitivity = self.calibration.sensitivity
         self.noise_scale = self.calibration.scale
         self._analysis_cache: ErrorAnalysis | None = None
 
     # -- noise -------------------------------------------------------------
-    def at(self, budget: Budget) -> Plan:
-        """This plan's strategy and workload measured with ``budget`` instead: a copy
-        recalibrated (:meth:`dpdask.privacy.Calibration.at`, the one calibration), for a
-        level's share of a release budget or an audit's control.
+    def at(self, budget: Budget, *, operator: bool = False) -> Plan:
+        """This plan measured with ``budget`` instead: a level's plan, for a level's share
+        of a release budget (or an audit's control).
+
+        The workload, domain and error analysis are this plan's (its :attr:`base`'s);
+        what is measured is, for Gaussian noise, a root of the strategy's Gram when that
+        is cheap to form (same privacy, same least-squares error, at most ``n`` rows),
+        computed once for every level plan of one base plan, as is anything
+        :meth:`shared`; the noise is calibrated to ``budget`` on it
+        (:meth:`dpdask.privacy.Calibration.at`, the one calibration). A new plan: this
+        one is unchanged, and the new one describes the nominal noise until
+        :meth:`realise` fixes the noise drawn.
+
+        ``operator=True`` calibrates on the strategy operator's column norms (what a
+        release of counts measures, and its charge checks) even where the plan knows its
+        sensitivity in closed form (a residual plan measured from records).
 
         Raises
         ------
         dpdask.errors.PlanError
             If ``budget`` cannot be spent with this plan's mechanism (a Gaussian
             strategy's sensitivity is not a Laplace one's).
+        dpdask.errors.BudgetTypeError
+            If ``budget`` is not a budget.
         """
-        cal = self.calibration.at(budget)
+        mechanism = mechanism_for(budget)
+        if mechanism != self.mechanism:
+            raise PlanError(
+                f"a {self.mechanism} plan cannot be measured with {budget!r} ({mechanism} "
+                "noise); select a plan for that budget"
+            )
+        base = self if self.base is None else self.base
+        measured, cal = base.shared(f"measured-{operator}", lambda: base._measured(operator))
         new = copy.copy(self)
-        new.privacy, new.calibration, new.noise_scale = budget, cal, cal.scale
-        new._analysis_cache = self._analysis_cache  # the same strategy and workload
+        new.base, new.drawn = base, None
+        # the level plans of one base plan share their structure (:meth:`shared`)
+        new.__dict__["_structure"] = base.shared("levels", dict)
+        if measured is not None:
+            new.strategy = measured
+        new.privacy, new.calibration = budget, cal.at(budget)
+        new.sensitivity, new.noise_scale = new.calibration.sensitivity, new.calibration.scale
+        new._analysis_cache = None  # the base's analysis is used (:attr:`analysis`)
+        return new
+
+    def _measured(self, operator: bool) -> tuple[LinearQuery | None, Calibration]:
+        """What a level plan of this one measures (``None``: this strategy as it is) and
+        its calibration at this plan's budget (on the operator: a plan's strategy is one)."""
+        with threadpool_limits(limits=1, user_api="blas"):  # small matrices: 1 thread
+            A = _compact(self.strategy, self.mechanism)
+        if A is self.strategy:
+            return None, self.calibration
+        return A, calibrate(self.privacy, A)
+
+    def shared(self, name: str, compute: Callable[[], _T]) -> _T:
+        """A value derived from the measured strategy alone (a structured
+        pseudo-inverse, its rank), computed once by ``compute`` for this plan and, for a
+        level plan, every level plan :meth:`at` made from the same base plan."""
+        cache: dict[str, Any] = self.__dict__.setdefault("_structure", {})
+        if name not in cache:
+            cache[name] = compute()
+        value: _T = cache[name]
+        return value
+
+    def realise(self, drawn: DrawnNoise) -> Plan:
+        """This plan with its noise as the measure step draws it (``drawn``, e.g.
+        :func:`dpdask.measure.lattice` of this plan for the data's dtype and bound): a
+        new plan whose :attr:`row_variance`, :attr:`noise_variance`, :attr:`drawn_scale`
+        and error figures (:meth:`query_variances`, ...) are those of the noise drawn, not
+        of the nominal continuous mechanism. The measurement itself still starts from
+        the plan's calibration (:attr:`noise_scale`)."""
+        new = copy.copy(self)
+        new.drawn = drawn
         return new
 
     @property
-    def noise_variance(self) -> float:
-        """Nominal variance of the noise on each measured row: ``2 b^2`` or ``sigma^2``
-        (what the measure step draws is :class:`dpdask.measure.Lattice`'s)."""
+    def drawn_scale(self) -> float:
+        """The scale of the noise drawn (data units; the nominal :attr:`noise_scale`
+        until :meth:`realise`)."""
+        return self.noise_scale if self.drawn is None else float(self.drawn.noise_scale)
+
+    @property
+    def row_variance(self) -> float:
+        """Variance of the noise on each measured row: of the law drawn once
+        :meth:`realise` fixed it (the discrete sampler on its lattice), of the nominal
+        mechanism (``2 b^2`` or ``sigma^2``, :attr:`calibration`) before."""
+        if self.drawn is not None:
+            return float(self.drawn.variance)
         return self.calibration.variance
 
-    def _unit_variance(self) -> float:
-        """Noise variance per row at sensitivity 1 under this budget."""
-        return draw_variance(self.mechanism, noise_scale(self.mechanism, 1.0, self.privacy))
+    @property
+    def noise_variance(self) -> float:
+        """The :attr:`row_variance` every error figure of the plan is made of."""
+        return self.row_variance
 
-    def __getstate__(self) -> dict:
+    def _unit_variance(self) -> float:
+        """Noise variance per row at sensitivity 1 under this budget (nominal)."""
+        return dataclasses.replace(self.calibration, sensitivity=1.0).at(self.privacy).variance
+
+    def __getstate__(self) -> dict[str, Any]:
         # the error analysis is a cache (tens of MiB on the CPH domain): recomputed where
         # needed, never shipped to the scheduler inside every task that carries the plan
         return {**self.__dict__, "_analysis_cache": None}
@@ -190,7 +275,10 @@ class Plan:
     # -- error analytics ---------------------------------------------------
     @property
     def analysis(self) -> ErrorAnalysis:
-        """The implicit error analysis of the strategy on the workload (cached)."""
+        """The implicit error analysis of the strategy on the workload (cached; a level
+        plan's is its base plan's: the measured Gram root has the same error)."""
+        if self.base is not None:
+            return self.base.analysis
         if self._analysis_cache is None:
             self._analysis_cache = ErrorAnalysis(
                 self.workload, self.strategy, self.sizes, self.groups
@@ -229,19 +317,19 @@ class Plan:
         return self._unit_variance() * float(total)
 
     # -- reporting ---------------------------------------------------------
-    def summary(self, as_dict: bool = False) -> str | dict:
+    def summary(self, as_dict: bool = False) -> str | dict[str, Any]:
         """A readable table of the plan (or, with ``as_dict=True``, a JSON-safe dict)."""
         d = self._summary_dict()
-        return d if as_dict else _format_summary(d)
+        return d if as_dict else format_summary(d)
 
-    def _summary_dict(self) -> dict:
+    def _summary_dict(self) -> dict[str, Any]:
         terms = self.analysis.terms
         by_term = self.error_by_term()
         m = self.workload.shape[0]
         total = float(by_term.sum())
         bound = self.svd_bound()
         ident = self.identity_error()
-        parts: dict[str, dict] = {}
+        parts: dict[str, dict[str, Any]] = {}
         for j in range(terms.k):
             rows = terms.rows(j)
             entry = parts.setdefault(
@@ -276,7 +364,7 @@ class Plan:
             "identity_rmse_ratio": math.sqrt(ident / total) if total > 0 else None,
             "parts": list(parts.values()),
             "selection": self.info,
-            "neighbours": _neighbour_budgets(self.privacy, self.strategy),
+            "neighbours": neighbour_budgets(self.privacy, self.strategy),
         }
 
     def __repr__(self) -> str:
@@ -286,7 +374,7 @@ class Plan:
         )
 
     # -- persistence -------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan to ``path`` (an ``.npz`` archive; see the module docstring)."""
         arrays: dict[str, np.ndarray] = {}
         doc = {
@@ -306,19 +394,21 @@ class Plan:
         }
         text = json.dumps(doc, allow_nan=False)
         with open(path, "wb") as f:
-            np.savez_compressed(f, **{"plan.json": np.array(text)}, **arrays)
+            np.savez_compressed(f, **{"plan.json": np.array(text)}, **arrays)  # type: ignore[arg-type]
 
-    def _save_extra(self, arrays: dict[str, np.ndarray]) -> dict:
+    def _save_extra(self, arrays: dict[str, npt.NDArray[Any]]) -> dict[str, Any]:
         """Entries a subclass adds to the saved document (and arrays); none here."""
         return {}
 
     @classmethod
-    def _from_saved(cls, doc: dict, arrays: dict[str, np.ndarray], **kwargs: Any) -> Plan:
+    def _from_saved(
+        cls, doc: dict[str, Any], arrays: dict[str, npt.NDArray[Any]], **kwargs: Any
+    ) -> Plan:
         """Rebuild a plan of this kind from its saved document."""
         return cls(kwargs.pop("workload"), kwargs.pop("strategy"), kwargs.pop("privacy"), **kwargs)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Plan:
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
         """Read a plan written by :meth:`save`.
 
         Raises
@@ -364,43 +454,3 @@ class Plan:
                 f"require ({plan.mechanism}, {plan.noise_scale})"
             )
         return plan
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def _format_summary(d: dict) -> str:
-    priv = ", ".join(f"{k}={v}" for k, v in d["privacy"].items() if k != "type")
-    nb = d.get("neighbours") or {}
-    co = nb.get("change-one")
-    relation = "budget for add/remove-one-person neighbours"
-    if co:
-        co_priv = ", ".join(f"{k}={float(Fraction(v)):.6g}" for k, v in co.items() if k != "type")
-        relation += f"; change-one-record: {co['type']}({co_priv}) (an upper bound)"
-    lines = [
-        f"plan: {d['template']}  ({d['mechanism']} noise, {d['privacy']['type']}({priv}))",
-        f"  ({relation})",
-        f"workload: {d['queries']:,} queries over {d['cells']:,} cells"
-        + (f"  domain {d['domain']}" if d["domain"] else ""),
-        f"strategy: {d['strategy_rows']:,} rows, sensitivity {_fmt(d['sensitivity'])}, "
-        f"noise scale {_fmt(d['noise_scale'])} per row",
-        f"expected total squared error: {_fmt(d['expected_total_squared_error'])}"
-        + ("  (upper bound: block reconstruction)" if d["error_is_upper_bound"] else ""),
-        f"RMSE per query: {_fmt(d['rmse_per_query'])}",
-        f"identity strategy: total squared error {_fmt(d['identity_total_squared_error'])}, "
-        f"RMSE ratio {_fmt(d['identity_rmse_ratio'])}",
-        f"SVD bound: {_fmt(d['svd_bound'])}  (ratio {_fmt(d['ratio_to_svd_bound'])})",
-    ]
-    cols = ["part", "queries", "squared_error", "rmse", "max_variance"]
-    rows = [[_fmt(p[c]) for c in cols] for p in d["parts"]]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    lines.append("")
-    lines.append("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
-    for r in rows:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-    return "\n".join(lines)

@@ -33,7 +33,6 @@ __all__ = [
     "default_templates",
     "optimize",
     "select",
-    "sensitivity_norm",
 ]
 
 BASELINES = ("identity", "workload", "hierarchical", "hb", "wavelet", "convex", "tda-2020")
@@ -46,11 +45,6 @@ SERIAL_BLAS_MAX_N = 256
 between task rounds, in-process tasks, the final check) uses one BLAS thread: its
 matrices are small, and threads on them cost more than they save, most of all when
 the cores are busy (with the cluster's workers or anything else)."""
-
-
-def sensitivity_norm(privacy: Budget) -> int:
-    """1 for pure DP (Laplace noise), 2 for zCDP and approximate DP (Gaussian noise)."""
-    return MECHANISM_NORM[mechanism_for(privacy)]
 
 
 def _spent(privacy: Budget | None, strategy: str) -> Budget:
@@ -245,7 +239,7 @@ def select(
 
         return plan_residual(workload, privacy, domain=domain, **options)
     budget = _spent(privacy, strategy)
-    norm = sensitivity_norm(budget)
+    norm = MECHANISM_NORM[mechanism_for(budget)]  # the one budget -> norm mapping
     sizes = domain.shape if domain is not None else None
     if strategy == "hdmm" and weights is not None:
         from dpdask.strategy.weights import weighted_workload

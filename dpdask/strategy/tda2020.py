@@ -32,8 +32,8 @@ from fractions import Fraction
 from dpdask.domain import Domain
 from dpdask.errors import PlanError
 from dpdask.linalg import LinearQuery, VStack
-from dpdask.privacy import Budget, zCDP
-from dpdask.strategy.plan import Plan, mechanism_of
+from dpdask.privacy import Budget, mechanism_for, zCDP
+from dpdask.strategy.plan import Plan
 from dpdask.workloads.pl94_full import PL94_FULL_GROUPS, pl94_full_group
 
 __all__ = [
@@ -226,7 +226,7 @@ def tda2020_plan(
             "strategy tda-2020 answers the pl94-full workload (the Bureau's eleven query "
             "groups on the 2,016-cell domain)"
         )
-    if mechanism_of(privacy) != "gaussian":
+    if mechanism_for(privacy) != "gaussian":
         raise PlanError(
             "strategy tda-2020 adds Gaussian noise: give a zCDP or (epsilon, delta) budget"
         )

@@ -99,9 +99,7 @@ def _run(spec: pathlib.Path, *args: str) -> int:
 
 def _charged_then_killed(spec: pathlib.Path, run_id: str) -> None:
     """A run that is charged and then stops before publishing (as a SIGKILL would)."""
-    from dpdask.release import Release
-
-    with mock.patch.object(Release, "_finish", side_effect=KeyboardInterrupt):
+    with mock.patch("dpdask.release._finish.finish", side_effect=KeyboardInterrupt):
         assert _run(spec, "--run-id", run_id) == 130  # Ctrl-C: one line, no traceback
 
 
@@ -361,14 +359,14 @@ def test_overwrite_replaces_only_a_release(backend, tiny, tmp_path, capsys) -> N
     assert zarr.open_group(str(out), mode="r").attrs["dpdask"]["release"] == "b"
 
 
-@pytest.mark.parametrize("where", ["_checkpoint", "_finish"])
+@pytest.mark.parametrize(
+    "where", ["dpdask.release._graph.measure_graph", "dpdask.release._finish.finish"]
+)
 def test_an_overwrite_stopped_before_completion_keeps_the_old_release(tiny, tmp_path, where):
-    from dpdask.release import Release
-
     assert _run(_write_spec(tmp_path, "a.yaml", release="a")) == 0
     out = tmp_path / "out" / "tiny.zarr"
     old = _estimates(out)
-    with mock.patch.object(Release, where, side_effect=KeyboardInterrupt):
+    with mock.patch(where, side_effect=KeyboardInterrupt):
         b = _write_spec(tmp_path, "b.yaml", release="b")
         assert _run(b, "--overwrite", "--run-id", "B") == 130
     assert _estimates(out) == old
@@ -459,7 +457,7 @@ def test_a_stop_between_publication_and_clean_up_is_finished_later(backend, tiny
     assert not work.exists()
     # stopped after the ledger recorded it, before the work folder went: a rerun of the
     # run id is refused, and clears what was left
-    import dpdask.release as release_module
+    import dpdask.release._release as release_module
 
     second = _write_spec(tmp_path, "two.yaml", release="two", output=str(tmp_path / "two.zarr"))
     with mock.patch.object(release_module, "remove_work", side_effect=KeyboardInterrupt):

@@ -179,3 +179,46 @@ def test_bench_lists_the_installed_benchmarks_and_says_how_to_install_none(monke
     assert main(["bench", "select"]) == 2
     err = capsys.readouterr().err
     assert "pip install -e benchmarks" in err
+
+
+# -- plan shows the noise the run draws ------------------------------------------------------
+def test_plan_prints_the_variances_the_run_publishes(tmp_path, capsys) -> None:
+    """``dpdask plan`` and ``dpdask run`` make the levels' plans the same way: the scale and
+    variances plan prints per level are those the run reports and publishes, and they are
+    of the noise drawn on the lattice (above the nominal calibration for HDMM's
+    non-integral strategy), through the real key-file path."""
+    raw = {
+        "release": "tiny",
+        "data": {"format": "synthetic", "geographies": 5, "states": 1, "seed": 2,
+                 "population": 300},
+        "domain": {"a": 3, "b": 4, "c": 2},
+        "levels": ["county"],
+        "workload": {"name": "marginals", "k": 2},
+        "privacy": {"zcdp": "0.5"},
+        "strategy": "hdmm",
+        "output": str(tmp_path / "out" / "tiny.zarr"),
+        "ledger": {"path": str(tmp_path / "out" / "ledger.sqlite"), "create": True},
+        "cluster": {"n_workers": 1, "threads_per_worker": 1, "processes": False},
+    }  # fmt: skip
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["plan", str(spec)]) == 0
+    text = capsys.readouterr().out
+    assert "nominal" in text and "drawn" in text
+    assert main(["plan", str(spec), "--json"]) == 0
+    (planned,) = json.loads(capsys.readouterr().out)["levels"]
+    assert planned["noise"] == "drawn"
+    assert planned["noise_scale"] > planned["nominal_noise_scale"]  # the lattice's, larger
+    assert not (tmp_path / "out").exists()  # plan spends and writes nothing
+    assert main(["run", str(spec), "--json", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (ran,) = summary["levels"]
+    for key in ("noise_scale", "nominal_noise_scale", "noise_variance"):
+        assert ran[key] == planned[key], key
+    for key in ("mean_query_variance", "max_query_variance"):
+        assert ran[key] == pytest.approx(planned[key], rel=1e-12), key
+    published = np.asarray(zarr.open_group(summary["output"], mode="r")["county/variance"][:])
+    assert published.shape[0] == 5
+    # one level: no consistency step, every unit's answers have the planned variances
+    np.testing.assert_allclose(published.mean(axis=1), planned["mean_query_variance"], rtol=1e-12)
+    np.testing.assert_allclose(published.max(axis=1), planned["max_query_variance"], rtol=1e-12)

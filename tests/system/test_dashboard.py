@@ -576,13 +576,13 @@ def test_release_page_in_headless_chromium(pl94_spec, tmp_path, monkeypatch) -> 
     # hold the release (on the client: no worker thread waits) after measuring and
     # reconstructing every chunk and before publishing, so the browser sees it running
     gate = threading.Event()
-    finish = release_module.Release._finish
+    finish = release_module._finish.finish
 
     def held_finish(self, *args, **kwargs):
         gate.wait(120)
         return finish(self, *args, **kwargs)
 
-    monkeypatch.setattr(release_module.Release, "_finish", held_finish)
+    monkeypatch.setattr(release_module._finish, "finish", held_finish)
     spec = load_spec(pl94_spec)
     result: dict = {}
     with (

@@ -99,9 +99,9 @@ def test_a_run_whose_output_is_claimed_is_refused_before_anything(tiny, tmp_path
 _HOLD = """
 import pathlib, sys, time
 from dpdask.cli import main
-from dpdask.release import Release
+import dpdask.release._finish as finishing
 
-finish = Release._finish
+finish = finishing.finish
 go = pathlib.Path(sys.argv[2])
 
 def held(self, *args, **kwargs):  # charged and measured: wait before publishing
@@ -111,7 +111,7 @@ def held(self, *args, **kwargs):  # charged and measured: wait before publishing
         time.sleep(0.05)
     return finish(self, *args, **kwargs)
 
-Release._finish = held
+finishing.finish = held
 sys.exit(main(["run", sys.argv[1], "--no-progress", "--run-id", "A"]))
 """
 
@@ -262,7 +262,7 @@ def test_a_run_on_a_full_ledger_disk_says_so_and_resumes(tiny, tmp_path, capsys,
 
 # -- a full output disk, Ctrl-C --------------------------------------------------------
 def test_a_full_output_disk_is_one_line_with_the_resume_command(tiny, tmp_path, capsys):
-    import dpdask.release as release_module
+    import dpdask.release._release as release_module
 
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "out"))
     with mock.patch.object(release_module, "move_into_place", side_effect=full):
@@ -276,11 +276,9 @@ def test_a_full_output_disk_is_one_line_with_the_resume_command(tiny, tmp_path, 
 
 @pytest.mark.usefixtures("backend")
 def test_ctrl_c_after_the_charge_is_one_line_with_the_resume_command(tiny, tmp_path, capsys):
-    from dpdask.release import Release
-
     period = _write_spec(tmp_path, "p.yaml", release="tiny-{period}",
                          output=str(tmp_path / "out" / "{period}.zarr"))  # fmt: skip
-    with mock.patch.object(Release, "_finish", side_effect=KeyboardInterrupt):
+    with mock.patch("dpdask.release._finish.finish", side_effect=KeyboardInterrupt):
         assert _run(period, "--run-id", "K", "--period", "2026-11") == 130
     line = _one_line(capsys.readouterr().err)
     resume = f"dpdask run {period} --run-id K --period 2026-11"

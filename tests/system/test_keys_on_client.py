@@ -26,9 +26,11 @@ from dpdask.measure import lattice, noise_mechanism, stream_identity, stream_key
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey, new_key
 from dpdask.privacy import Ledger
 from dpdask.publish import work_dir
-from dpdask.release import Release, release
+from dpdask.release import _plans, release
 from dpdask.release._blocks import ChunkContext, estimate_block, measure_block
-from dpdask.release._level_plan import LevelPlan
+from dpdask.release._graph import estimates, level_data
+from dpdask.release._state import RunState
+from dpdask.release._topdown import topdown_graph
 from dpdask.testing.fault_injection import place_key
 from tests.helpers import make_plan
 
@@ -73,9 +75,10 @@ def _stream_keys(arr: da.Array) -> dict[tuple, StreamKey]:
 
 
 def _level_estimates(r, key: SecretKey, tmp_path: pathlib.Path) -> list[tuple[Any, da.Array]]:
-    data = r._level_data()
+    data = level_data(r)
+    run = RunState(tmp_path, key=key)
     return [
-        (L, r._estimates(L, x, key, str(tmp_path))) for L, x in zip(r._levels, data, strict=True)
+        (L, estimates(r, run, L, x, str(tmp_path))) for L, x in zip(r.released, data, strict=True)
     ]
 
 
@@ -84,7 +87,7 @@ def _level_estimates(r, key: SecretKey, tmp_path: pathlib.Path) -> list[tuple[An
 def test_no_task_holds_the_secret_key(store, tmp_path, monkeypatch, fused, test_key):
     st, _ = store
     if not fused:
-        monkeypatch.setattr(LevelPlan, "fused", lambda self, method: False)
+        monkeypatch.setattr(_plans, "fused", lambda plan, method: False)
     master = SecretKey.for_testing(4) if test_key else new_key()
     r = release(
         make_plan(),
@@ -111,7 +114,7 @@ def test_no_task_holds_the_secret_key(store, tmp_path, monkeypatch, fused, test_
             assert sk.fingerprint() == master.fingerprint() and sk.test_only == test_key
             assert raw not in pickle.dumps(sk)
         n_keys += len(keys)
-    assert n_keys == sum(len(L.chunks) for L in r._levels) > len(r._levels)
+    assert n_keys == sum(len(L.chunks) for L in r.released) > len(r.released)
 
 
 def _measure_layer(est: da.Array, x: da.Array, m: int) -> da.Array:
@@ -123,13 +126,13 @@ def test_each_chunk_draws_its_own_stream_bit_for_bit(store, tmp_path, monkeypatc
     """The general path's measurements are ``A x + KeyedRNG(master, identity of chunk k)``
     for every chunk ``k``: the key blocks are paired with the right data blocks."""
     st, _ = store
-    monkeypatch.setattr(LevelPlan, "fused", lambda self, method: False)
+    monkeypatch.setattr(_plans, "fused", lambda plan, method: False)
     master = SecretKey.for_testing(11)
     plan = make_plan()
     r = release(
         plan, st, release_id="rel", run_id="one", key=master, test_mode=True, chunk_bytes=8 * 6 * 2
     )
-    data = r._level_data()
+    data = level_data(r)
     for (L, est), x in zip(_level_estimates(r, master, tmp_path), data, strict=True):
         A = L.plan.strategy  # what the level measures (may differ from the plan's)
         y = _measure_layer(est, x, A.shape[0])
@@ -176,7 +179,10 @@ def test_a_chunk_key_refuses_another_chunks_stream(store, tmp_path):
     ctx = ChunkContext("rel", L.name, "one", None, noise=True, test_mode=True)
     args = (L.plan, np.array([[[sk0]]], dtype=object), ctx)
     info1 = {0: {"chunk-location": (1, 0, 0)}}
-    for block_fn, extra in ((measure_block, ()), (estimate_block, (L.plan.pinv(),))):
+    for block_fn, extra in (
+        (measure_block, ()),
+        (estimate_block, (_plans.structured_inverse(L.plan),)),
+    ):
         fn_args = (args[0], *extra, *args[1:])
         with pytest.raises(ValueError, match="another measurement or run"):
             block_fn(x, *fn_args, block_info=info1)
@@ -194,7 +200,7 @@ def test_a_misplaced_chunk_key_fails_the_task(store, tmp_path, monkeypatch, fuse
     """Swap two chunks' key blocks in the graph: the tasks refuse to draw noise."""
     st, _ = store
     if not fused:
-        monkeypatch.setattr(LevelPlan, "fused", lambda self, method: False)
+        monkeypatch.setattr(_plans, "fused", lambda plan, method: False)
     master = SecretKey.for_testing(6)
     r = release(
         make_plan(), st, release_id="rel", run_id="one", key=master, test_mode=True,
@@ -221,7 +227,7 @@ def test_the_key_file_is_overwritten_before_it_is_unlinked(store, tmp_path):
     out = tmp_path / "out.zarr"
     run = dict(release_id="rel", run_id="k1", ledger=ledger)
     with (
-        mock.patch.object(Release, "_finish", side_effect=KeyboardInterrupt),
+        mock.patch("dpdask.release._finish.finish", side_effect=KeyboardInterrupt),
         pytest.raises(KeyboardInterrupt),
     ):
         release(make_plan(), st, **run).to_zarr(out)
@@ -286,7 +292,7 @@ def test_a_real_cluster_never_receives_the_master_key(store, tmp_path):
     run = ledger.run("rel", "c1")
     assert run is not None and run.state == "published"
     assert run.key_fingerprint == key.fingerprint()
-    assert n_release > sum(len(L.chunks) for L in r._levels)  # the release ran there
+    assert n_release > sum(len(L.chunks) for L in r.released)  # the release ran there
     assert plugin.secret_keys == 0
     assert not any(raw in blob for blob in plugin.pickled[:n_release])
     assert any(raw in blob for blob in plugin.pickled[n_release:])
@@ -303,7 +309,7 @@ def test_no_topdown_task_holds_the_secret_key(store, tmp_path, test_key):
         reconstruct="topdown", chunk_bytes=8 * 6 * 2,
     )  # fmt: skip
     raw = bytes(master)
-    _, todo = r._topdown_graph(tmp_path / "work", master)
+    _, todo = topdown_graph(r, RunState(tmp_path / "work", key=master))
     values = list(dict(todo.__dask_graph__()).values())
     found = {}
     for value in values:
@@ -313,6 +319,6 @@ def test_no_topdown_task_holds_the_secret_key(store, tmp_path, test_key):
             if isinstance(item, StreamKey):
                 found[id(item)] = item
         assert raw not in cloudpickle.dumps(value)
-    assert len(found) == sum(len(L.chunks) for L in r._levels) > len(r._levels)
+    assert len(found) == sum(len(L.chunks) for L in r.released) > len(r.released)
     for sk in found.values():
         assert sk.fingerprint() == master.fingerprint() and sk.test_only == test_key

@@ -23,11 +23,12 @@ import pytest
 import yaml
 import zarr
 
+import dpdask.release._finish as finishing
 from dpdask.cli import main
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
 from dpdask.publish import release_attributes
-from dpdask.release import Release, release
+from dpdask.release import release
 from tests.helpers import make_plan
 from tests.pg_race import race
 from tests.system.test_accounting import RECORDS, _estimates, _write_spec
@@ -188,14 +189,14 @@ def test_the_server_stopped_mid_run_fails_closed_then_resumes(people, own_server
     assert main(["ledger", "init", admin, "--operator-role", role]) == 0
     assert main(["ledger", "dataset", admin, "cef", "--zcdp", "5"]) == 0
     spec = _spec(people, operator, data={"id": "cef"})
-    finish = Release._finish
+    finish = finishing.finish
 
     def stop_then_finish(self, *args, **kwargs):  # measured and charged: the server goes
         own_server.halt()
         return finish(self, *args, **kwargs)
 
     capsys.readouterr()
-    with mock.patch.object(Release, "_finish", stop_then_finish):
+    with mock.patch.object(finishing, "finish", stop_then_finish):
         assert _run(spec, "--run-id", "one") == 1
     assert "ledger server" in _error(capsys)
     out = people / "out" / "tiny.zarr"

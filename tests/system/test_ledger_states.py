@@ -38,7 +38,7 @@ from dpdask.pipeline.run import run_spec
 from dpdask.pipeline.spec import parse_spec
 from dpdask.privacy import Ledger, LedgerError
 from dpdask.publish import release_attributes
-from dpdask.release import Release
+from dpdask.release import _finish, _graph
 from dpdask.testing.ledger import TAMPER_KINDS, tamper_ledger
 
 RECORDS = "geo,sex,age\n" + "".join(
@@ -170,7 +170,11 @@ class ReleaseMachine(RuleBasedStateMachine):
     def kill(self, release: str | None, output: str, where: str) -> None:
         run_id = self._new_id()
         release = self._release(release)
-        target = (Ledger, "publish") if where == "publish" else (Release, where)
+        target = {
+            "publish": (Ledger, "publish"),
+            "_checkpoint": (_graph, "measure_graph"),  # killed while measuring
+            "_finish": (_finish, "finish"),  # killed after measuring, before publishing
+        }[where]
         with mock.patch.object(*target, _die):
             try:
                 self._run(release, run_id, output)

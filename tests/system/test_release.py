@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import zarr
 
-from dpdask.errors import ConvergenceWarning
+from dpdask.errors import ArgumentError, ConvergenceWarning, DomainError, ShapeError
 from dpdask.linalg import Identity, Kron, LinearQuery, Prefix, Total, VStack
 from dpdask.measure import lattice
 from dpdask.noise import SecretKey
 from dpdask.privacy import BudgetExceededError, Ledger, PureDP, zCDP
-from dpdask.release import release
+from dpdask.release import _plans, release
+from dpdask.strategy import Plan
 from tests.helpers import DOMAIN, DensePlan, make_plan
 
 
@@ -124,7 +125,7 @@ def test_resume_after_crash_is_bit_identical(store, tmp_path, monkeypatch) -> No
     def crash(*args, **kw):
         raise KeyboardInterrupt("killed after measuring")
 
-    monkeypatch.setattr(release_module.Release, "_finish", crash)
+    monkeypatch.setattr(release_module._finish, "finish", crash)
     with pytest.raises(KeyboardInterrupt):
         release(plan, st, **kwargs).to_zarr(tmp_path / "out.zarr")
     assert not (tmp_path / "out.zarr").exists()
@@ -155,7 +156,7 @@ def test_over_budget_refuses_before_reading(store, tmp_path, monkeypatch) -> Non
     def no_read(*args, **kw):
         raise AssertionError("data was read")
 
-    monkeypatch.setattr(release_module.Release, "_level_data", no_read)
+    monkeypatch.setattr(release_module._graph, "level_data", no_read)
     second = release(
         make_plan(rho=2),
         st,
@@ -182,24 +183,26 @@ def test_existing_output_is_untouched(store, tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "error", "message"),
     [
-        (dict(levels=("state", "county")), "finest released level"),
-        (dict(levels=("nation", "tract")), "unknown geography level"),
-        (dict(noise=False), "test mode"),
-        (dict(budget_split={"state": 1}), "budget_split"),
-        (dict(reconstruct="magic"), "reconstruct"),
+        (dict(levels=("state", "county")), DomainError, "finest released level"),
+        (dict(levels=("nation", "tract")), DomainError, "unknown geography level"),
+        (dict(noise=False), ArgumentError, "test mode"),
+        (dict(budget_split={"state": 1}), ArgumentError, "budget_split"),
+        (dict(reconstruct="magic"), ArgumentError, "reconstruct"),
     ],
 )
-def test_bad_release_arguments(store, kwargs, message) -> None:
+def test_bad_release_arguments(store, kwargs, error, message) -> None:
     st, _ = store
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):  # DPDaskErrors, and ValueErrors
         release(make_plan(), st, **kwargs)
 
 
 def test_plan_must_fit_domain(store) -> None:
     st, _ = store
-    with pytest.raises(ValueError, match="columns"):
+    with pytest.raises(ShapeError, match="columns"):  # a plan for 5 cells, data of 6
+        release(Plan(Identity(5), Identity(5), zCDP(1)), st, test_mode=True)
+    with pytest.raises(ValueError, match="columns"):  # a plan-like that does not fit itself
         release(make_plan(strategy=Identity(5)), st, test_mode=True)
 
 
@@ -269,7 +272,7 @@ def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) 
         got = seen[method.split("-")[0]]
         assert got, "the estimator was not called"
         if method == "nnls":
-            finest = rel._levels[-1].plan
+            finest = rel.released[-1].plan
             assert len(got) == st.geography.n_units("tract")  # one solve per finest unit
             assert all(M is finest.strategy for M, _ in got)
             # weights of the noise drawn (the lattice's discrete law), not the nominal
@@ -277,7 +280,7 @@ def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) 
             assert abs(drawn / finest.noise_scale**2 - 1) > 1e-4
             np.testing.assert_allclose([1.0 / w for _, w in got], drawn)
         else:
-            assert set(got) == {lattice(L.plan, st.dtype).noise_scale for L in rel._levels}
+            assert set(got) == {lattice(L.plan, st.dtype).noise_scale for L in rel.released}
 
 
 @pytest.mark.parametrize("levels", [None, ("tract",)], ids=["three-levels", "one-level"])
@@ -298,7 +301,7 @@ def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind, level
     rel = release(plan, st, reconstruct="nnls", **kwargs)
     nn = zarr.open_group(str(rel.to_zarr(tmp_path / "nnls.zarr")), mode="r")
     assert set(nn.group_keys()) == set(levels or st.geography.levels)
-    A = rel._levels[-1].plan.strategy.dense()  # the measured strategy (a Gram root here)
+    A = rel.released[-1].plan.strategy.dense()  # the measured strategy (a Gram root here)
     x_ls = ls["tract"]["estimate"][:].reshape(7, -1)
     assert (x_ls < 0).any(), "the oracle needs a case where the constraint binds"
     want = np.stack([scipy_nnls(A, A @ row)[0] for row in x_ls])
@@ -306,7 +309,7 @@ def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind, level
     assert got.min() >= 0
     # the release stops at 1e-2 noise units (rms projected gradient): its objective, in
     # noise units, is within a hair of scipy's exact minimum
-    sigma2 = rel._levels[-1].plan.row_variance
+    sigma2 = rel.released[-1].plan.row_variance
     f = lambda x, x0: 0.5 * np.sum((A @ (x - x0)) ** 2) / sigma2  # noqa: E731
     gaps = [f(g, x0) - f(w, x0) for g, w, x0 in zip(got, want, x_ls, strict=True)]
     assert max(gaps) <= 1e-3, gaps
@@ -373,14 +376,12 @@ SUPPORTED_WORKLOAD = VStack([Kron([Identity(2), Total(3)]), Kron([Total(2), Pref
 )
 def test_fused_path_equals_measure_then_reconstruct(store, tmp_path, monkeypatch, plan) -> None:
     """``x + A^+ z`` with the keyed noise of the chunk is ``A^+ (A x + z)`` (same key)."""
-    from dpdask.release import LevelPlan
-
     st, _ = store
     kwargs = dict(release_id="f", run_id="one", test_mode=True, key=SecretKey.for_testing(8))
     fused = release(plan, st, chunk_bytes=8 * 6 * 2, **kwargs)
-    assert all(p.fused("ls") for p in fused.plans.values())
+    assert all(_plans.fused(p, "ls") for p in fused.plans.values())
     a = zarr.open_group(str(fused.to_zarr(tmp_path / "fused.zarr")), mode="r")
-    monkeypatch.setattr(LevelPlan, "fused", lambda self, method: False)
+    monkeypatch.setattr(_plans, "fused", lambda plan, method: False)
     general = release(plan, st, chunk_bytes=8 * 6 * 2, **kwargs)
     b = zarr.open_group(str(general.to_zarr(tmp_path / "general.zarr")), mode="r")
     for lv in st.geography.levels:
@@ -395,8 +396,10 @@ def test_fused_path_equals_measure_then_reconstruct(store, tmp_path, monkeypatch
 def test_rank_deficient_strategy_is_not_fused(store) -> None:
     st, _ = store
     r = release(_pure_plan(DEFICIENT_UNION, SUPPORTED_WORKLOAD), st, test_mode=True)
-    assert not any(p.fused("ls") for p in r.plans.values())
-    assert not any(p.fused("nnls") for p in release(make_plan(), st, test_mode=True).plans.values())
+    assert not any(_plans.fused(p, "ls") for p in r.plans.values())
+    assert not any(
+        _plans.fused(p, "nnls") for p in release(make_plan(), st, test_mode=True).plans.values()
+    )
 
 
 @pytest.mark.parametrize("strategy", [FULL_RANK_UNION, DEFICIENT_UNION], ids=["full", "deficient"])
@@ -407,7 +410,7 @@ def test_union_plan_releases_exact_answers(store, tmp_path, strategy) -> None:
     st, counts = store
     plan = _pure_plan(strategy, SUPPORTED_WORKLOAD)
     r = release(plan, st, test_mode=True, noise=False)
-    assert all(isinstance(p.pinv(), KronPairInverse) for p in r.plans.values())
+    assert all(isinstance(_plans.structured_inverse(p), KronPairInverse) for p in r.plans.values())
     g = zarr.open_group(str(r.to_zarr(tmp_path / "out.zarr")), mode="r")
     W, A = SUPPORTED_WORKLOAD.dense(), strategy.dense()
     for lv, truth in _level_truth(counts, st).items():

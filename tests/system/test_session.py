@@ -238,7 +238,6 @@ def test_an_interrupted_release_resumes_with_its_key_and_no_second_charge(tmp_pa
     from unittest import mock
 
     from dpdask import Session
-    from dpdask.release import Release
 
     local = {"n_workers": 1, "threads_per_worker": 1, "processes": False}
     with Session(
@@ -247,7 +246,7 @@ def test_an_interrupted_release_resumes_with_its_key_and_no_second_charge(tmp_pa
     ) as s:  # fmt: skip
         plan = s.plan("identity", zCDP(1), strategy="identity")
         with (
-            mock.patch.object(Release, "_finish", side_effect=KeyboardInterrupt),
+            mock.patch("dpdask.release._finish.finish", side_effect=KeyboardInterrupt),
             pytest.raises(KeyboardInterrupt) as info,
         ):
             s.release(plan, "resumed", run_id="R1", progress=False)

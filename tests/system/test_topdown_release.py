@@ -200,7 +200,7 @@ def test_interrupted_run_resumes_bit_for_bit(store, tmp_path, monkeypatch):
     geo = store[0].geography
     rel = release(make_plan(), store[0], reconstruct="topdown", test_mode=True,
                   key=SecretKey.for_testing(7), chunk_bytes=8 * 6 * 2)  # fmt: skip
-    chunks = {f"{L.name}-{k}" for L in rel._levels for k in range(len(L.chunks))}
+    chunks = {f"{L.name}-{k}" for L in rel.released for k in range(len(L.chunks))}
     assert 0 < len(done) < len(chunks) and done <= chunks
     redone = {"n": 0}
 
@@ -210,7 +210,7 @@ def test_interrupted_run_resumes_bit_for_bit(store, tmp_path, monkeypatch):
 
     monkeypatch.setattr(td, "family_block", counted)
     resumed = zarr.open_group(str(_published(store, tmp_path, "resumed.zarr")), mode="r")
-    top = {f"{geo.levels[0]}-{k}" for k in range(len(rel._levels[0].chunks))}
+    top = {f"{geo.levels[0]}-{k}" for k in range(len(rel.released[0].chunks))}
     assert redone["n"] == len(chunks - done - top)  # only the chunks not done
     for lv in store[0].geography.levels:
         for name in ("estimate", "answers", "variance"):
@@ -256,4 +256,4 @@ def test_per_level_strategies_on_a_large_domain_build_without_dense_grams(tmp_pa
         for lv, A in (("s", full), ("c", marg))
     }
     rel = release(plans, st, reconstruct="topdown", test_mode=True, key=SecretKey.for_testing(1))
-    assert [L.name for L in rel._levels] == ["s", "c"]
+    assert [L.name for L in rel.released] == ["s", "c"]

@@ -261,6 +261,34 @@ def test_plan_at_another_budget_is_a_fresh_plan_there() -> None:
         plan.at(PureDP(1))  # a Gaussian plan's strategy is not sized for Laplace noise
 
 
+def test_level_plans_measure_a_gram_root_and_describe_the_noise_drawn() -> None:
+    """``Plan.at`` measures a root of the Gram (same least squares, fewer rows), shared by
+    the levels of one base plan; ``realise`` makes every figure that of the noise drawn.
+    Oracle: dense ``W (A^T A)^+ W^T`` times the noise variance."""
+    W, A = Prefix(6), VStack([Identity(6), Prefix(6), Total(6)])  # 13 rows > 6 columns
+    plan = Plan(W, A, zCDP(1))
+    a, b = plan.at(zCDP("1/4")), plan.at(zCDP("3/4"))
+    assert a.strategy.shape[0] <= 6 and a.strategy is b.strategy  # formed once
+    Ad, Wd = A.dense(), W.dense()
+    np.testing.assert_allclose(a.strategy.gram().dense(), Ad.T @ Ad, atol=1e-10)
+    unit = np.einsum("ij,jk,ik->i", Wd, np.linalg.pinv(Ad.T @ Ad), Wd)
+    for level, rho in ((a, 0.25), (b, 0.75)):
+        sigma = np.sqrt((Ad**2).sum(0)).max() / np.sqrt(2 * rho)  # Delta_2 / sqrt(2 rho)
+        assert level.noise_scale == pytest.approx(sigma, rel=1e-12)
+        assert level.base is plan and level.drawn is None
+        np.testing.assert_allclose(level.query_variances(), sigma**2 * unit, rtol=1e-9)
+
+    class Drawn:  # what the measure step draws (a lattice's larger scale)
+        noise_scale, variance = 1.5 * a.noise_scale, 2.25 * a.noise_scale**2 + 0.1
+
+    drawn = a.realise(Drawn())
+    assert a.drawn is None and drawn.drawn is not None  # a new plan; a is unchanged
+    assert (drawn.drawn_scale, drawn.row_variance) == (Drawn.noise_scale, Drawn.variance)
+    assert drawn.noise_scale == a.noise_scale  # the measurement starts from the calibration
+    np.testing.assert_allclose(drawn.query_variances(), Drawn.variance * unit, rtol=1e-9)
+    assert plan.privacy == zCDP(1) and plan.strategy is A and plan.drawn is None
+
+
 def test_a_non_budget_is_a_type_error_and_a_dpdask_error() -> None:
     with pytest.raises(BudgetTypeError) as info:
         calibrate(0.5, Identity(3))  # type: ignore[arg-type]

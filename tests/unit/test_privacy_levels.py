@@ -17,7 +17,6 @@ from dpdask.privacy import (
     split_levels,
     zCDP,
 )
-from dpdask.release._level_plan import LevelPlan
 from dpdask.strategy import select
 
 LEVELS = ("state", "county", "tract")
@@ -144,9 +143,10 @@ def test_negative_sensitivity_is_refused() -> None:
 @pytest.mark.parametrize("total", [PureDP(1), zCDP("0.5")], ids=repr)
 def test_plans_and_level_plans_use_it(total) -> None:
     plan = select(Prefix(16), total, "hierarchical")
-    norm = 1 if plan.mechanism == "laplace" else 2
+    norm = 1 if isinstance(total, PureDP) else 2  # the oracle: Laplace is L1, Gaussian L2
     assert plan.noise_scale == noise_scale(plan.mechanism, plan.sensitivity, total)
     for lv, b in split_levels(total, LEVELS, [1, 2, 3]).items():
-        level = LevelPlan(plan, b)
+        level = plan.at(b)
         sens = float(level.strategy.sensitivity(norm))
         assert level.noise_scale == noise_scale(plan.mechanism, sens, b), lv
+        assert level.privacy == b and level.base is plan and plan.privacy == total

@@ -26,9 +26,9 @@ import numpy as np
 from dpdask.domain import Domain
 from dpdask.errors import PlanError
 from dpdask.linalg import Dense, Identity, Kron, LinearQuery, Ones, VStack
-from dpdask.privacy import Budget, Calibration, noise_scale, zCDP
+from dpdask.privacy import Budget, Calibration, calibrate, mechanism_for, zCDP
 from dpdask.strategy.analysis import svd_bound
-from dpdask.strategy.plan import Plan, mechanism_of
+from dpdask.strategy.plan import Plan
 from dpdask.strategy.residual._solve import ResidualSolution
 from dpdask.strategy.residual._workload import MarginalWorkload, marginal_covariance
 
@@ -65,6 +65,18 @@ def residual_operator(sizes: tuple[int, ...], residual: tuple[int, ...]) -> Kron
 def marginal_operator(sizes: tuple[int, ...], subset: tuple[int, ...]) -> Kron:
     """``(x)_i (I if i in S else 1^T)``: the marginal on ``S``."""
     return Kron([Identity(n) if i in subset else Ones(n) for i, n in enumerate(sizes)])
+
+
+class _ClosedForm:
+    """The residual strategy's L2 sensitivity, known in closed form (no operator)."""
+
+    def __init__(self, l2: float) -> None:
+        self.l2 = l2
+
+    def sensitivity(self, p: int) -> float:
+        if p != 2:
+            raise PlanError(f"the residual strategy's L{p} sensitivity is not computed")
+        return self.l2
 
 
 class ResidualPlan(Plan):
@@ -104,7 +116,7 @@ class ResidualPlan(Plan):
         template: str = "residual",
         info: dict[str, Any] | None = None,
     ):
-        if mechanism_of(privacy) != "gaussian":
+        if mechanism_for(privacy) != "gaussian":
             raise PlanError(
                 "the residual strategy adds Gaussian noise: give a zCDP or (epsilon, delta) "
                 "budget (pure DP keeps HDMM's strategies)"
@@ -126,15 +138,18 @@ class ResidualPlan(Plan):
         sens = math.sqrt(marginals.sensitivity2(u))  # closed form: no strategy is built
         if not math.isfinite(sens) or sens <= 0:
             raise PlanError(f"the residual strategy's L2 sensitivity is {sens}")
-        self.calibration = Calibration(
-            "gaussian", 2, sens, noise_scale("gaussian", sens, privacy), privacy
-        )
+        self.calibration = calibrate(privacy, _ClosedForm(sens))
         self.mechanism = self.calibration.mechanism
         self.sensitivity = self.calibration.sensitivity
         self.noise_scale = self.calibration.scale
         self._workload = workload
         self._strategy: LinearQuery | None = None
         self._analysis_cache = None
+
+    def _measured(self, operator: bool) -> tuple[LinearQuery | None, Calibration]:
+        """A level plan measures the residual strategy as it is, calibrated on the
+        closed-form sensitivity (no operator is built) unless ``operator``."""
+        return None, calibrate(self.privacy, self.strategy) if operator else self.calibration
 
     # -- operators, on demand ------------------------------------------------
     @property

@@ -15,7 +15,7 @@ import numpy as np
 
 from dpdask.domain import Geography
 from dpdask.errors import ArgumentError, BudgetTypeError
-from dpdask.privacy import MECHANISM_NORM, ApproxDP, Budget, PureDP, split_levels, zCDP
+from dpdask.privacy import ApproxDP, Budget, PureDP, split_levels, zCDP
 from dpdask.store import DataStore, write_store
 
 __all__ = [
@@ -137,13 +137,8 @@ def design_statistic(
 ) -> Design:
     """The statistic of a plan under its claimed budget: the person's cell (where the
     sensitivity is attained), each level's direction, and the null mean and sd."""
-    from dpdask.release import LevelPlan
-
-    budgets = split_levels(total, levels, split)
-    lps: dict[str, LevelPlan] = {}
-    for lv, b in budgets.items():
-        lps[lv] = LevelPlan(plan, b, like=next(iter(lps.values()), None))
-    p = MECHANISM_NORM[plan.mechanism]
+    lps = {lv: plan.at(b, operator=True) for lv, b in split_levels(total, levels, split).items()}
+    p = plan.calibration.norm
     power = sum(lp.strategy.column_norms(p) ** 2 / lp.row_variance for lp in lps.values())
     j = int(np.argmax(power))
     n = d[0].size
