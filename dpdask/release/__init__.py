@@ -9,7 +9,6 @@ squares with consistency (``_graph``, ``_finish``), and publishes it
 of units (:func:`write_marginals`). :class:`Progress` reports steps on standard error.
 """
 
-from dpdask.release._level_plan import LevelPlan
 from dpdask.release._marginal_release import (
     MarginalLevel,
     charge_marginals,
@@ -23,7 +22,6 @@ from dpdask.release._progress import Progress
 from dpdask.release._release import Release, release
 
 __all__ = [
-    "LevelPlan",
     "MarginalLevel",
     "Progress",
     "Release",

@@ -141,29 +141,3 @@ def test_the_checks_see_a_violation(tmp_path, monkeypatch):
         test_no_upward_imports()
     with pytest.raises(AssertionError, match=re.escape("imports dpdask.release._x")):
         test_no_import_of_another_packages_private_module()
-
-
-# -- one calibration (issue 31) -------------------------------------------------------------
-_ONCE = {
-    "the budget -> mechanism mapping": (r"def mechanism_for\(", "privacy/_calibration.py"),
-    "the mechanism -> norm mapping": (r"MECHANISM_NORM = ", "privacy/_mechanisms.py"),
-    "the calibration": (
-        r"(?m)^def (calibrate\(budget|noise_scale\(mechanism)",
-        "privacy/_calibration.py",
-    ),
-    "the variance formula": (
-        r"scale ?\*\* ?2|(?<!/ \()2(\.0)? \* (s|b|scale) \* (s|b|scale)\b",
-        "noise/_variance.py",
-    ),
-    "a norm chosen from a budget": (r"= 1 if .*(laplace|PureDP)", None),
-}
-
-
-@pytest.mark.parametrize("what", sorted(_ONCE))
-def test_said_once(what):
-    """A budget becomes a noise scale and a variance in one place each (ARCHITECTURE.md)."""
-    pattern, home = _ONCE[what]
-    where = sorted(
-        str(path.relative_to(ROOT)) for path in _modules() if re.search(pattern, path.read_text())
-    )
-    assert where == ([home] if home else []), f"{what} is written in {where}"

@@ -133,7 +133,13 @@ def test_no_bare_value_or_type_error():
 
 
 def test_one_calibration_function():
-    assert calibrations(ROOT) == [f"{CALIBRATION_HOME}: calibrate"]
+    """``privacy.calibrate`` (built on ``privacy.noise_scale``, beside it) is the one
+    place a budget becomes a noise scale; ``privacy.mechanism_for`` the one place a
+    budget picks its mechanism."""
+    found = calibrations(ROOT)
+    assert f"{CALIBRATION_HOME}: calibrate" in found
+    assert all(f.startswith(f"{CALIBRATION_HOME}:") for f in found), found
+    assert _defs(ROOT, {"mechanism_for"}) == [f"{CALIBRATION_HOME}: mechanism_for"]
 
 
 def test_one_budget_to_norm_mapping():
