@@ -5,7 +5,7 @@ The package follows the data path, select -> measure -> reconstruct -> publish:
 :mod:`dpdask.workloads` builds real workloads, :mod:`dpdask.strategy` selects what
 to measure (:func:`select`), :mod:`dpdask.measure` measures with keyed noise
 (:mod:`dpdask.noise`) charged to the ledger (:mod:`dpdask.privacy`),
-:mod:`dpdask.reconstruct` estimates, :mod:`dpdask.release` runs a whole release
+:mod:`dpdask.reconstruct` estimates, :mod:`dpdask.graph` runs a whole release
 over zarr data on a Dask cluster (:func:`release`), :mod:`dpdask.publish` writes it
 safely and reads it back (:func:`open_release`), :mod:`dpdask.pipeline` wires
 them for release specs and the command line, and :class:`Session` (:mod:`dpdask.session`)
@@ -29,11 +29,11 @@ from dpdask.strategy import select as _select_central
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
+    from dpdask.graph import release
     from dpdask.ldp.local_plan import LdpPlan
     from dpdask.linalg import LinearQuery
     from dpdask.privacy import Budget, PureDP
     from dpdask.publish.reader import open_release
-    from dpdask.release import release
     from dpdask.session import Session
 
 try:
@@ -132,7 +132,7 @@ def __getattr__(name: str) -> Any:
 
         return open_release
     if name == "release":
-        from dpdask.release import release
+        from dpdask.graph import release
 
         return release
     if name == "Session":  # the notebook API: releases through the command line's door

@@ -13,10 +13,10 @@ import numpy as np
 import zarr
 
 from dpdask import Domain
+from dpdask.graph import release
 from dpdask.pipeline.cluster import connect
 from dpdask.pipeline.run import synthetic_geography
 from dpdask.privacy import Ledger, zCDP
-from dpdask.release import release
 from dpdask.store import write_store
 from dpdask.strategy import select
 from dpdask.workloads import marginals

@@ -138,9 +138,9 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     import zarr
 
+    from dpdask.graph import fused, release, structured_inverse
     from dpdask.noise import SecretKey
     from dpdask.privacy import zCDP
-    from dpdask.release import fused, release, structured_inverse
     from dpdask.strategy import select
     from dpdask.workloads.named import build_workload
     from dpdask_benchmarks._common import median_time
@@ -187,9 +187,9 @@ def _union_case(root: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
 
+    from dpdask.graph import release
     from dpdask.noise import SecretKey
     from dpdask.privacy import zCDP
-    from dpdask.release import release
     from dpdask.strategy import select
     from dpdask.workloads.named import build_workload
 

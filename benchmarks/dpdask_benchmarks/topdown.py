@@ -195,9 +195,9 @@ def _release(
     """One release on a fresh cluster, then its errors; the output is removed."""
     from distributed import get_task_stream
 
+    from dpdask.graph import release
     from dpdask.noise import SecretKey
     from dpdask.publish import remove_work, work_dir
-    from dpdask.release import release
     from dpdask_benchmarks.release import _cluster, _WorkerPeaks, task_seconds
 
     out = pathlib.Path(store.path).parent / f"out-{method}.zarr"

@@ -110,8 +110,8 @@ def _tables(plan: Any, domain: Any) -> list[dict[str, Any]]:
     if names is not None and len(names) == len(qv):
         out += rmse_groups(names, qv, "part")
     try:
+        from dpdask.graph import table_variances
         from dpdask.publish import published_tables
-        from dpdask.release import table_variances
 
         tables = published_tables(plan.workload, domain)
         tv = None if tables is None else table_variances(plan, tables[2], domain)
@@ -196,7 +196,7 @@ def plan_event(
 
     Parameters
     ----------
-    rel : dpdask.release.Release
+    rel : dpdask.graph.Release
         The release, built and not yet run.
     ledger : dpdask.privacy.Ledger, optional
         Its ledger; the dataset's and release's balances are read from it.
@@ -385,7 +385,7 @@ def track(
     Parameters
     ----------
     client : distributed.Client or None
-    rel : dpdask.release.Release
+    rel : dpdask.graph.Release
     ledger : dpdask.privacy.Ledger, optional
     plan : mapping, optional
         :func:`dpdask.pipeline.run.plan_spec`'s report.

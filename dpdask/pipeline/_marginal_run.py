@@ -6,7 +6,7 @@ work folder are those of every release (:func:`dpdask.pipeline.run_spec`), but t
 records are never counted into a data vector: each level's plan is the residual plan
 of the marginal workload at the level's share of the budget, every level is charged
 before any record is measured, and the tables are measured and reconstructed per chunk
-of units on Dask (:mod:`dpdask.release._marginal_release`), then published atomically.
+of units on Dask (:mod:`dpdask.graph._marginal_release`), then published atomically.
 """
 
 from __future__ import annotations
@@ -138,12 +138,12 @@ def run_marginals(
 ) -> dict[str, Any]:
     """Release the spec's marginals once its output is claimed and its preflight passed
     (the tail of :func:`dpdask.pipeline.run_spec` for this path)."""
+    from dpdask.graph import charge_marginals, levels_of, write_marginals
     from dpdask.noise import KeyFile, new_key
     from dpdask.pipeline._resume import run_binding
     from dpdask.pipeline.run import _preflight
     from dpdask.privacy import RunStateError, bind_source, ledger_files
     from dpdask.publish import RELEASE_FORMAT, check_output, move_into_place, remove_work
-    from dpdask.release import charge_marginals, levels_of, write_marginals
     from dpdask.store import private_dir
 
     geography, finest, codes = _read(spec)  # raises before anything is charged

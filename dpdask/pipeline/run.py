@@ -81,7 +81,7 @@ def _levels(spec: ReleaseSpec, store: DataStore) -> tuple[str, ...]:
 
 def _level_split(spec: ReleaseSpec, levels: tuple[str, ...]) -> dict[str, Any] | None:
     """The levels' shares of a single plan's budget, as ``plan`` and ``run`` pass them to
-    :func:`dpdask.release.level_plans` (None: even, or per-level plans)."""
+    :func:`dpdask.graph.level_plans` (None: even, or per-level plans)."""
     if spec.per_level or not spec.split:
         return None
     return {lv: spec.split[lv] for lv in levels}
@@ -106,7 +106,7 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     level (``workload: {levels: ...}``), a mapping of level to the plan selected for that
     level's workload with that level's share of the budget.
     """
-    from dpdask.release import level_plans
+    from dpdask.graph import level_plans
     from dpdask.strategy import select
 
     if marginal.is_marginal_spec(spec):
@@ -383,7 +383,7 @@ def _run_checked(
     on_start: Callable[[str, str | None], None] | None, tracker: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """:func:`run_spec` once its output is claimed and its preflight passed."""
-    from dpdask.release import Progress, release
+    from dpdask.graph import Progress, release
 
     if marginal.is_marginal_spec(spec):
         return marginal.run_marginals(spec, checked, client, overwrite, on_start)

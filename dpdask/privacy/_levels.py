@@ -5,7 +5,7 @@ a person is in one unit of every level) and each level's measurement adds noise
 calibrated to that level's share. :func:`split_levels` makes the split (exact,
 so the shares sum to the total) and :func:`~dpdask.privacy.calibrate` the
 calibration; the spec (:meth:`dpdask.pipeline.ReleaseSpec.level_budgets`), the
-release (:func:`dpdask.release.level_plans`) and the plans
+release (:func:`dpdask.graph.level_plans`) and the plans
 (:meth:`dpdask.strategy.Plan.at`) all use these two functions, so ``plan``,
 ``run``, the benchmarks and the published attributes agree.
 """

@@ -18,7 +18,7 @@ labels of the published arrays, and reading a published release.
   tables and CSV / Parquet export with margins of error (imported on first use: it
   needs xarray).
 
-The layout of a published release is written by :mod:`dpdask.release` (the release
+The layout of a published release is written by :mod:`dpdask.graph` (the release
 graph); this package owns everything around it.
 """
 

@@ -5,7 +5,7 @@ While a release runs, ``.<output name>.run-<run id>/`` beside its output holds
 - ``raw/<level>/<k>.npy``: every level's reconstructed estimates, a file per Dask chunk
   written whole by its task, and ``raw/<level>-sums/`` the finest level's sums by
   parent (so that consistency never re-reads the largest level;
-  :mod:`dpdask.release._checkpoint`);
+  :mod:`dpdask.graph._checkpoint`);
 - ``done/<level>-<chunk>``: a marker per checkpointed chunk, written after its data,
   so that a resumed run skips exactly the finished chunks;
 - ``reports/``: a JSON report per chunk whose reconstruction stopped before converging;

@@ -1,6 +1,6 @@
 """Reading a published release: as an xarray tree, or as a long table of answers.
 
-A release (:mod:`dpdask.release`) is a zarr v3 group with one group per
+A release (:mod:`dpdask.graph`) is a zarr v3 group with one group per
 geography level; every array names its dimensions, so xarray opens it directly::
 
     import xarray as xr
@@ -94,7 +94,7 @@ def open_release(path: str | os.PathLike[str], *, chunks: ReleaseChunks = None) 
     Parameters
     ----------
     path : str or path-like
-        The release (a zarr v3 group written by :meth:`dpdask.release.Release.to_zarr`).
+        The release (a zarr v3 group written by :meth:`dpdask.graph.Release.to_zarr`).
     chunks : int, str, tuple of int or mapping of str to those, optional
         As :func:`xarray.open_datatree` (:data:`ReleaseChunks`): ``None`` (default) reads
         lazily, loading what is indexed; ``{}`` gives Dask arrays chunked as stored (one

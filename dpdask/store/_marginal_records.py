@@ -1,6 +1,6 @@
 """Person records as codes for a marginal release: placed in the universe, checked.
 
-The marginal release (:mod:`dpdask.release._marginal_release`) never counts records
+The marginal release (:mod:`dpdask.graph._marginal_release`) never counts records
 into a data vector over the domain (the UCI Adult table's has 6.4e17 cells): it keeps
 each record's finest unit of the public universe and its attribute codes. Values are
 checked as :func:`~dpdask.store.ingest_records` checks them (the same scan of

@@ -99,7 +99,7 @@ def _run(spec: pathlib.Path, *args: str) -> int:
 
 def _charged_then_killed(spec: pathlib.Path, run_id: str) -> None:
     """A run that is charged and then stops before publishing (as a SIGKILL would)."""
-    with mock.patch("dpdask.release._finish.finish", side_effect=KeyboardInterrupt):
+    with mock.patch("dpdask.graph._finish.finish", side_effect=KeyboardInterrupt):
         assert _run(spec, "--run-id", run_id) == 130  # Ctrl-C: one line, no traceback
 
 
@@ -360,7 +360,7 @@ def test_overwrite_replaces_only_a_release(backend, tiny, tmp_path, capsys) -> N
 
 
 @pytest.mark.parametrize(
-    "where", ["dpdask.release._graph.measure_graph", "dpdask.release._finish.finish"]
+    "where", ["dpdask.graph._graph.measure_graph", "dpdask.graph._finish.finish"]
 )
 def test_an_overwrite_stopped_before_completion_keeps_the_old_release(tiny, tmp_path, where):
     assert _run(_write_spec(tmp_path, "a.yaml", release="a")) == 0
@@ -457,7 +457,7 @@ def test_a_stop_between_publication_and_clean_up_is_finished_later(backend, tiny
     assert not work.exists()
     # stopped after the ledger recorded it, before the work folder went: a rerun of the
     # run id is refused, and clears what was left
-    import dpdask.release._release as release_module
+    import dpdask.graph._release as release_module
 
     second = _write_spec(tmp_path, "two.yaml", release="two", output=str(tmp_path / "two.zarr"))
     with mock.patch.object(release_module, "remove_work", side_effect=KeyboardInterrupt):

@@ -25,9 +25,9 @@ from dpdask_benchmarks._topdown_data import (
 
 from dpdask.census import pl94_domain
 from dpdask.cli import main
+from dpdask.graph import release
 from dpdask.noise import SecretKey
 from dpdask.privacy import split_levels, zCDP
-from dpdask.release import release
 from dpdask.store import synthetic_store
 from dpdask.strategy import select
 from dpdask.workloads.named import build_workload

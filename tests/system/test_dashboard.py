@@ -453,10 +453,10 @@ def test_track_reports_a_multi_chunk_release(cluster, tmp_path, rng) -> None:
     """A small release (the tract level in 4 chunks) run through ``track``: every chunk
     of every level is counted through each stage, from the real task stream."""
     from dpdask import Domain, Geography
+    from dpdask.graph import release
     from dpdask.linalg import Identity, Kron, Prefix, Total, VStack
     from dpdask.noise import SecretKey
     from dpdask.privacy import Ledger, zCDP
-    from dpdask.release import release
     from dpdask.store import write_store
     from dpdask.strategy import Plan
 
@@ -569,7 +569,7 @@ def pl94_spec(tmp_path: pathlib.Path) -> pathlib.Path:
 def test_release_page_in_headless_chromium(pl94_spec, tmp_path, monkeypatch) -> None:
     from distributed import Client, LocalCluster
 
-    import dpdask.release as release_module
+    import dpdask.graph as release_module
     from dpdask.pipeline.run import run_spec
     from dpdask.pipeline.spec import load_spec
 
@@ -759,7 +759,7 @@ class _Chunks:
 
 
 def _gated(fn, level: str, block_info, *args):
-    from dpdask.release._blocks import _chunk_index
+    from dpdask.graph._blocks import _chunk_index
 
     if level == "county":
         if _Chunks.fail_chunk is not None and _chunk_index(block_info) == _Chunks.fail_chunk:
@@ -775,14 +775,14 @@ def _gated(fn, level: str, block_info, *args):
 
 
 def _gated_estimate(x, plan, pinv, key, ctx, block_info=None):
-    from dpdask.release import _blocks
+    from dpdask.graph import _blocks
 
     return _gated(_blocks.estimate_block, ctx.level, block_info, x, plan, pinv, key, ctx)
 
 
 def _gated_reconstruct(y, strategy, method, cell_shape, pinv=None, report_dir=None,
                        level="", noise_scale=None, block_info=None):  # fmt: skip
-    from dpdask.release import _blocks
+    from dpdask.graph import _blocks
 
     return _gated(_blocks.reconstruct_block, level, block_info, y, strategy, method,
                   cell_shape, pinv, report_dir, level, noise_scale)  # fmt: skip
@@ -804,9 +804,9 @@ def _small_spec(tmp_path: pathlib.Path) -> pathlib.Path:
 def slowed(monkeypatch):
     """Releases in chunks of 5 counties whose ``county`` reconstructions :class:`_Chunks`
     slows, holds or breaks; the strategy's selection held until ``select`` is set."""
+    import dpdask.graph as release_module
+    import dpdask.graph._graph as graph
     import dpdask.pipeline.run as run_module
-    import dpdask.release as release_module
-    import dpdask.release._graph as graph
 
     build = release_module.release
     monkeypatch.setattr(release_module, "release",

@@ -99,7 +99,7 @@ def test_a_run_whose_output_is_claimed_is_refused_before_anything(tiny, tmp_path
 _HOLD = """
 import pathlib, sys, time
 from dpdask.cli import main
-import dpdask.release._finish as finishing
+import dpdask.graph._finish as finishing
 
 finish = finishing.finish
 go = pathlib.Path(sys.argv[2])
@@ -262,7 +262,7 @@ def test_a_run_on_a_full_ledger_disk_says_so_and_resumes(tiny, tmp_path, capsys,
 
 # -- a full output disk, Ctrl-C --------------------------------------------------------
 def test_a_full_output_disk_is_one_line_with_the_resume_command(tiny, tmp_path, capsys):
-    import dpdask.release._release as release_module
+    import dpdask.graph._release as release_module
 
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "out"))
     with mock.patch.object(release_module, "move_into_place", side_effect=full):
@@ -278,7 +278,7 @@ def test_a_full_output_disk_is_one_line_with_the_resume_command(tiny, tmp_path, 
 def test_ctrl_c_after_the_charge_is_one_line_with_the_resume_command(tiny, tmp_path, capsys):
     period = _write_spec(tmp_path, "p.yaml", release="tiny-{period}",
                          output=str(tmp_path / "out" / "{period}.zarr"))  # fmt: skip
-    with mock.patch("dpdask.release._finish.finish", side_effect=KeyboardInterrupt):
+    with mock.patch("dpdask.graph._finish.finish", side_effect=KeyboardInterrupt):
         assert _run(period, "--run-id", "K", "--period", "2026-11") == 130
     line = _one_line(capsys.readouterr().err)
     resume = f"dpdask run {period} --run-id K --period 2026-11"

@@ -18,10 +18,10 @@ import zarr
 
 import dpdask
 from dpdask import Domain, Geography
+from dpdask.graph import release
 from dpdask.linalg import AllRange, Identity, Kron, Prefix, Total, VStack
 from dpdask.noise import SecretKey
 from dpdask.privacy import ApproxDP, PureDP, gaussian_delta, zCDP
-from dpdask.release import release
 from dpdask.store import write_store
 from dpdask.strategy.fitness import FitnessPlan, solve, whitened_strategy
 

@@ -22,15 +22,15 @@ import numpy as np
 import pytest
 from dask._task_spec import DataNode, Task
 
+from dpdask.graph import _plans, release
+from dpdask.graph._blocks import ChunkContext, estimate_block, measure_block
+from dpdask.graph._graph import estimates, level_data
+from dpdask.graph._state import RunState
+from dpdask.graph._topdown import topdown_graph
 from dpdask.measure import lattice, noise_mechanism, stream_identity, stream_key
 from dpdask.noise import KeyedRNG, MeasurementId, SecretKey, StreamKey, new_key
 from dpdask.privacy import Ledger
 from dpdask.publish import work_dir
-from dpdask.release import _plans, release
-from dpdask.release._blocks import ChunkContext, estimate_block, measure_block
-from dpdask.release._graph import estimates, level_data
-from dpdask.release._state import RunState
-from dpdask.release._topdown import topdown_graph
 from dpdask.testing.fault_injection import place_key
 from tests.helpers import make_plan
 
@@ -227,7 +227,7 @@ def test_the_key_file_is_overwritten_before_it_is_unlinked(store, tmp_path):
     out = tmp_path / "out.zarr"
     run = dict(release_id="rel", run_id="k1", ledger=ledger)
     with (
-        mock.patch("dpdask.release._finish.finish", side_effect=KeyboardInterrupt),
+        mock.patch("dpdask.graph._finish.finish", side_effect=KeyboardInterrupt),
         pytest.raises(KeyboardInterrupt),
     ):
         release(make_plan(), st, **run).to_zarr(out)

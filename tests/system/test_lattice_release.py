@@ -14,9 +14,9 @@ import pytest
 import zarr
 
 from dpdask import Geography
+from dpdask.graph import release
 from dpdask.noise import new_key
 from dpdask.privacy import Ledger
-from dpdask.release import release
 from dpdask.store import write_store
 from tests.unit.test_lattice import DOMAIN, FRACTIONAL, INTEGRAL, _plan
 

@@ -23,12 +23,12 @@ import pytest
 import yaml
 import zarr
 
-import dpdask.release._finish as finishing
+import dpdask.graph._finish as finishing
 from dpdask.cli import main
+from dpdask.graph import release
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
 from dpdask.publish import release_attributes
-from dpdask.release import release
 from tests.helpers import make_plan
 from tests.pg_race import race
 from tests.system.test_accounting import RECORDS, _estimates, _write_spec
@@ -213,7 +213,7 @@ def test_the_server_stopped_mid_run_fails_closed_then_resumes(people, own_server
              if p.is_file() and p.name != "key" and final not in p.parents}  # fmt: skip
     assert drawn and final.is_dir()
     shutil.copytree(final, people / "before.zarr")
-    with mock.patch("dpdask.release.remove_work"):  # kept, to be compared
+    with mock.patch("dpdask.graph.remove_work"):  # kept, to be compared
         assert _run(spec, "--run-id", "one") == 0  # the same run id resumes: no new charge
     assert {p: p.read_bytes() for p in drawn} == drawn  # the same noise, not drawn again
     assert _estimates(out) == _estimates(people / "before.zarr")

@@ -34,11 +34,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from dpdask.graph import _finish, _graph
 from dpdask.pipeline.run import run_spec
 from dpdask.pipeline.spec import parse_spec
 from dpdask.privacy import Ledger, LedgerError
 from dpdask.publish import release_attributes
-from dpdask.release import _finish, _graph
 from dpdask.testing.ledger import TAMPER_KINDS, tamper_ledger
 
 RECORDS = "geo,sex,age\n" + "".join(

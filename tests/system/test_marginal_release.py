@@ -15,10 +15,10 @@ import dpdask
 from dpdask.cli import main
 from dpdask.datasets import geography_ids, wide_records, with_geography
 from dpdask.domain import Domain, Geography
+from dpdask.graph import charge_marginals, levels_of, write_marginals
 from dpdask.measure.residual import marginal_counts, residual_charge
 from dpdask.noise import SecretKey, new_key
 from dpdask.privacy import Ledger, zCDP
-from dpdask.release import charge_marginals, levels_of, write_marginals
 from dpdask.strategy.residual import MarginalWorkload, plan_residual
 
 UNITS = 6
@@ -167,7 +167,7 @@ def test_a_residual_spec_needs_records(tmp_path, capsys):
 
 
 def test_a_stopped_run_resumes_with_its_key_and_is_charged_once(tmp_path, monkeypatch):
-    import dpdask.release as release_pkg
+    import dpdask.graph as release_pkg
 
     _df, sizes = _records(tmp_path, n=800, d=3)
     spec = _spec(tmp_path, sizes, "{marginals: {k: 2}}")

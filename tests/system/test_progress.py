@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from dpdask.release import Progress
+from dpdask.graph import Progress
 from tests.system.test_accounting import RECORDS, _write_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

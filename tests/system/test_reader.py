@@ -17,6 +17,7 @@ import dpdask
 from dpdask import Domain, Geography, census
 from dpdask.cli import main
 from dpdask.errors import ArgumentError
+from dpdask.graph import release
 from dpdask.linalg import Identity, Kron, Prefix, Total, VStack
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger, zCDP
@@ -27,7 +28,6 @@ from dpdask.publish import (
     query_labels,
 )
 from dpdask.publish.reader import COLUMNS, open_release, release_table
-from dpdask.release import release
 from dpdask.store import write_store
 from dpdask.workloads import pl94, sf1_persons
 from tests import ROOT
@@ -292,7 +292,7 @@ def test_entries_level_names_its_axes_in_the_domain_order(tmp_path, rng, monkeyp
     """A level published as entries (top-down) shows its estimate with the domain's axes
     in the domain's order, by name: oracle, the true counts of a release without noise
     (the store lists the attributes alphabetically: hisp before votingage)."""
-    from dpdask.release import _output_sparse
+    from dpdask.graph import _output_sparse
 
     monkeypatch.setattr(_output_sparse, "DENSE_ESTIMATE_CELLS", 0)
     geo = Geography(

@@ -8,11 +8,11 @@ import pytest
 import zarr
 
 from dpdask.errors import ArgumentError, ConvergenceWarning, DomainError, ShapeError
+from dpdask.graph import _plans, release
 from dpdask.linalg import Identity, Kron, LinearQuery, Prefix, Total, VStack
 from dpdask.measure import lattice
 from dpdask.noise import SecretKey
 from dpdask.privacy import BudgetExceededError, Ledger, PureDP, zCDP
-from dpdask.release import _plans, release
 from dpdask.strategy import Plan
 from tests.helpers import DOMAIN, DensePlan, make_plan
 
@@ -120,7 +120,7 @@ def test_resume_after_crash_is_bit_identical(store, tmp_path, monkeypatch) -> No
     ref = release(plan, st, **{**kwargs, "ledger": ref_ledger}).to_zarr(tmp_path / "ref.zarr")
     n_charges = len(ref_ledger.charges("res"))
 
-    import dpdask.release as release_module
+    import dpdask.graph as release_module
 
     def crash(*args, **kw):
         raise KeyboardInterrupt("killed after measuring")
@@ -151,7 +151,7 @@ def test_over_budget_refuses_before_reading(store, tmp_path, monkeypatch) -> Non
         key=SecretKey.for_testing(1),
     ).to_zarr(tmp_path / "first.zarr")
 
-    import dpdask.release as release_module
+    import dpdask.graph as release_module
 
     def no_read(*args, **kw):
         raise AssertionError("data was read")
@@ -241,7 +241,7 @@ def test_nonnegative_estimators_are_consistent_and_nonnegative(store, tmp_path, 
 def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) -> None:
     """NNLS is fitted at the finest level with row weights 1 / noise variance; ADMM gets
     each level's scale: both of the noise the measure step draws."""
-    import dpdask.release._blocks as blocks
+    import dpdask.graph._blocks as blocks
 
     seen: dict[str, list] = {"nnls": [], "admm": []}
     real_fitter, real_admm = blocks.nonnegative_fitter, blocks.admm
@@ -324,7 +324,7 @@ def test_nnls_release_fits_consistent_least_squares(store, tmp_path, kind, level
 def test_estimators_that_stop_early_are_reported(store, tmp_path, monkeypatch, method) -> None:
     """An iteration limit hit shows in the output's attributes, per chunk, and the
     estimate published is still non-negative and consistent."""
-    import dpdask.release._blocks as blocks
+    import dpdask.graph._blocks as blocks
 
     real = {"nnls": blocks.nonnegative_fitter, "admm-l1": blocks.admm}[method]
 

@@ -24,10 +24,10 @@ import pytest
 import yaml
 import zarr
 
+from dpdask.graph import release
 from dpdask.noise import SecretKey
 from dpdask.privacy import Ledger
 from dpdask.publish import work_dir
-from dpdask.release import release
 from dpdask.testing.fault_injection import place_key
 from dpdask.testing.faults import SlowOperator
 from tests.helpers import make_plan

@@ -188,10 +188,10 @@ def _named_release(tmp: pathlib.Path, name: str, domain, **options) -> dict:
     """A small release of the named workload ``name`` on ``domain`` (a dense oracle plan),
     and the truth store it was measured from."""
     from dpdask.domain import Geography
+    from dpdask.graph import release as run_release
     from dpdask.linalg import Identity
     from dpdask.noise import SecretKey
     from dpdask.privacy import Ledger, zCDP
-    from dpdask.release import release as run_release
     from dpdask.workloads.named import named
     from tests.helpers import DensePlan
 

@@ -293,11 +293,11 @@ def test_a_sum_run_is_bound_and_published_once(tmp_path, capsys) -> None:
 def test_the_library_path_publishes_a_bound_run_only_at_its_output(named, tmp_path) -> None:
     """A run charged through the CLI, resumed through ``dpdask.release`` with its own
     key at another path, is refused before its data is read or anything is written."""
+    from dpdask.graph import release
     from dpdask.noise import KeyFile
     from dpdask.pipeline.run import plan_spec
     from dpdask.pipeline.spec import load_spec
     from dpdask.privacy import RunStateError
-    from dpdask.release import release
     from dpdask.store import open_store
 
     _charged_then_killed(named, "B")

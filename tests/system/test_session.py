@@ -246,7 +246,7 @@ def test_an_interrupted_release_resumes_with_its_key_and_no_second_charge(tmp_pa
     ) as s:  # fmt: skip
         plan = s.plan("identity", zCDP(1), strategy="identity")
         with (
-            mock.patch("dpdask.release._finish.finish", side_effect=KeyboardInterrupt),
+            mock.patch("dpdask.graph._finish.finish", side_effect=KeyboardInterrupt),
             pytest.raises(KeyboardInterrupt) as info,
         ):
             s.release(plan, "resumed", run_id="R1", progress=False)

@@ -7,8 +7,8 @@ import zarr
 
 from dpdask import Geography, census
 from dpdask.datasets import synthetic_pl94_blocks
+from dpdask.graph import release
 from dpdask.privacy import zCDP
-from dpdask.release import release
 from dpdask.store import write_store
 from dpdask.strategy import select
 from dpdask.strategy.tda2020 import PERSONS_RHO_ADD_REMOVE, level_budget

@@ -15,10 +15,10 @@ import pytest
 import zarr
 
 from dpdask import Geography
+from dpdask.graph import release
+from dpdask.graph._levels import level_chunks
 from dpdask.noise import SecretKey
 from dpdask.pipeline.spec import SpecError, parse_spec
-from dpdask.release import release
-from dpdask.release._levels import level_chunks
 from tests.helpers import make_plan
 
 
@@ -133,7 +133,7 @@ def test_entries_layout_publishes_the_same_release(store, tmp_path, monkeypatch)
     are the workload applied to the estimates (an independent dense product) and the
     variances are the level's own, once per query."""
     from dpdask import open_release
-    from dpdask.release import _output_sparse
+    from dpdask.graph import _output_sparse
 
     dense = zarr.open_group(str(_published(store, tmp_path, "dense.zarr")), mode="r")
     monkeypatch.setattr(_output_sparse, "DENSE_ESTIMATE_CELLS", 0)
@@ -178,7 +178,7 @@ def test_interrupted_run_resumes_bit_for_bit(store, tmp_path, monkeypatch):
     """A run stopped after some chunks (a fit that raises, as a crash would) resumes with
     the same run id: the chunks marked done are loaded, the others measured again with
     the same noise, and the release is the uninterrupted one, byte for byte."""
-    from dpdask.release import _topdown_blocks
+    from dpdask.graph import _topdown_blocks
 
     whole = zarr.open_group(str(_published(store, tmp_path, "whole.zarr")), mode="r")
     real = _topdown_blocks.family_block
@@ -190,7 +190,7 @@ def test_interrupted_run_resumes_bit_for_bit(store, tmp_path, monkeypatch):
             raise RuntimeError("killed")
         return real(*args, **kwargs)
 
-    import dpdask.release._topdown as td
+    import dpdask.graph._topdown as td
 
     monkeypatch.setattr(td, "family_block", crash_late)
     with pytest.raises(RuntimeError, match="killed"):

@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"workloads", "datasets"},
     {"strategy", "reconstruct", "measure"},
     {"publish", "ldp"},
-    {"store", "release", "sums"},
+    {"store", "graph", "sums"},
     {"pipeline", "dashboard", "report", "reader"},
     {"cli", "testing", "session", "__init__", "__main__"},
 ]
@@ -131,13 +131,13 @@ def test_the_checks_see_a_violation(tmp_path, monkeypatch):
     """The graph walker finds an upward import and a private import when there is one."""
     fake = tmp_path / "dpdask"
     (fake / "linalg").mkdir(parents=True)
-    (fake / "release").mkdir()
-    (fake / "linalg" / "bad.py").write_text("from dpdask.release._x import y\n")
-    (fake / "release" / "_x.py").write_text("y = 1\n")
+    (fake / "graph").mkdir()
+    (fake / "linalg" / "bad.py").write_text("from dpdask.graph._x import y\n")
+    (fake / "graph" / "_x.py").write_text("y = 1\n")
     monkeypatch.setattr(f"{__name__}.ROOT", fake)
     graph = _graph()
-    assert set(graph["linalg"]["release"]) == {"linalg/bad.py"}
-    with pytest.raises(AssertionError, match=re.escape("linalg (layer 0) imports release")):
+    assert set(graph["linalg"]["graph"]) == {"linalg/bad.py"}
+    with pytest.raises(AssertionError, match=re.escape("linalg (layer 0) imports graph")):
         test_no_upward_imports()
-    with pytest.raises(AssertionError, match=re.escape("imports dpdask.release._x")):
+    with pytest.raises(AssertionError, match=re.escape("imports dpdask.graph._x")):
         test_no_import_of_another_packages_private_module()

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from dpdask.domain import Geography
-from dpdask.reconstruct import tree_consistent
-from dpdask.release._levels import (
+from dpdask.graph._levels import (
     aggregate_level,
     bottom_up,
     level_chunks,
@@ -18,6 +17,7 @@ from dpdask.release._levels import (
     partial_sum_block,
     top_down,
 )
+from dpdask.reconstruct import tree_consistent
 
 
 def _geography(rng: np.random.Generator, n_county: int = 5) -> Geography:

@@ -110,7 +110,7 @@ def test_wide_records_have_the_declared_sizes():
 
 
 def test_joint_level_fit_matches_the_two_level_closed_form():
-    from dpdask.release._marginal_levels import level_fit
+    from dpdask.graph._marginal_levels import level_fit
 
     # two parents with 3 and 2 children; parent noise variance 4, children 1
     maps = [np.array([0, 0, 0, 1, 1]), np.arange(5)]

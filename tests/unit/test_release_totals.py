@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dpdask import Domain, Geography
-from dpdask.release._run import _largest_range_total
+from dpdask.graph._run import _largest_range_total
 from dpdask.store import write_store
 
 

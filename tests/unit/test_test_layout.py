@@ -64,7 +64,9 @@ def _is_release(qualified: str | None) -> bool:
     """``dpdask.release`` the function, from the package or any of its modules."""
     if qualified is None or not qualified.startswith("dpdask."):
         return False
-    return qualified == "dpdask.release" or qualified.endswith(".release.release")
+    return qualified == "dpdask.release" or (
+        qualified.startswith("dpdask.graph.") and qualified.endswith(".release")
+    )
 
 
 def _is_client(qualified: str | None, last: str) -> bool:
@@ -337,9 +339,9 @@ def test_unit_tests_start_no_cluster_and_run_no_release(path: pathlib.Path) -> N
         ("from distributed.utils_test import gen_cluster", "test harness"),
         ("from dpdask.pipeline.cluster import connect\nconnect({})", "Client or cluster"),
         ("import dpdask\ndpdask.release(plan, store)", "dpdask.release"),
-        ("from dpdask.release import release\nrelease(p, s)", "dpdask.release"),
-        ("from dpdask.release import release as r\nr(p, s)", "dpdask.release"),
-        ("from dpdask.release import Release\nRelease.to_zarr(r, o)", "to_zarr"),
+        ("from dpdask.graph import release\nrelease(p, s)", "dpdask.release"),
+        ("from dpdask.graph import release as r\nr(p, s)", "dpdask.release"),
+        ("from dpdask.graph import Release\nRelease.to_zarr(r, o)", "to_zarr"),
         ("from dpdask.pipeline.run import run_spec\n", "run_spec"),
         ("import dpdask.pipeline.run as pr\npr.run_spec(s)", "run_spec"),
         ("from dpdask.cli import main\nmain(['run', 'spec.yaml'])", "command line's run"),

@@ -1,7 +1,7 @@
 """An end-to-end privacy audit: a lower bound on epsilon from published releases.
 
 The audit runs the real release path (:func:`dpdask.release` and
-:meth:`~dpdask.release.Release.to_zarr`: a fresh key from the operating system,
+:meth:`~dpdask.graph.Release.to_zarr`: a fresh key from the operating system,
 charged to a ledger, measured, reconstructed, made consistent, answered and published,
 ``test_mode=False``) on two neighbouring datasets ``D`` and ``D'`` that differ in one
 person, many times, and turns the published outputs into a lower bound on the epsilon

@@ -51,7 +51,7 @@ def _run_side(
     client: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run ``n_batches`` releases; the statistic of every copy under D and under D'."""
-    from dpdask.release import release
+    from dpdask.graph import release
 
     z0, z1 = [], []
     for b in range(n_batches):

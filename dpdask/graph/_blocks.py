@@ -34,13 +34,13 @@ from typing import Any
 import numpy as np
 
 from dpdask.errors import ArgumentError, ArgumentTypeError, NoiseKeyError
+from dpdask.graph._blas import task_blas
 from dpdask.linalg import LinearQuery
 from dpdask.measure import DEFAULT_MAX_TOTAL, lattice, measure, measurement_noise
 from dpdask.noise import StreamKey
 from dpdask.privacy import Charge
 from dpdask.reconstruct import admm, least_squares
 from dpdask.reconstruct.nnls import nonnegative_fitter
-from dpdask.release._blas import task_blas
 
 __all__ = [
     "ESTIMATORS",

@@ -165,7 +165,7 @@ def structured_inverse(plan: Plan) -> LinearQuery | None:
 
 def fused(plan: Plan, reconstruct: str) -> bool:
     """Whether measure and least squares fuse into ``x + A^+ z`` for a level
-    (:func:`~dpdask.release._blocks.estimate_block`): a least-squares estimator and a
+    (:func:`~dpdask.graph._blocks.estimate_block`): a least-squares estimator and a
     strategy of full column rank with a structured pseudo-inverse."""
     pinv = structured_inverse(plan)
     if reconstruct not in ("ls", "wls") or pinv is None:

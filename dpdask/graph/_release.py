@@ -14,7 +14,7 @@ plan per level); :meth:`Release.to_zarr` runs it:
    chunk is marked done. For least squares with a strategy of full column rank
    and a structured pseudo-inverse the two steps are one task,
    ``measure-reconstruct-<level>``, computing ``x + A^+ z`` with the chunk's keyed
-   noise ``z`` (:func:`~dpdask.release._blocks.estimate_block`): the same estimate
+   noise ``z`` (:func:`~dpdask.graph._blocks.estimate_block`): the same estimate
    as ``A^+ (A x + z)`` without the product ``A x``;
 3. **consistency and answers** (``consistent-<level>``, ``answer-<level>``,
    ``publish-<level>``): the checkpointed estimates are made consistent across
@@ -24,7 +24,7 @@ plan per level); :meth:`Release.to_zarr` runs it:
    ``"wnnls"`` every level is measured and reconstructed by least squares, made
    consistent, and then the finest level's consistent estimates are fitted with
    non-negative ones (``nonnegative-<level>``, tasks of about ``2^19`` cells: one CPH
-   unit, many small ones; :func:`~dpdask.release._levels.nonneg_fit_up`; NNLS in the metric
+   unit, many small ones; :func:`~dpdask.graph._levels.nonneg_fit_up`; NNLS in the metric
    of that level's strategy, WNNLS in the workload's), every coarser level being the
    sum of its children: children add up to parents and estimates are non-negative by
    construction, and the dense top levels need no iterative solve. With a single
@@ -33,7 +33,7 @@ plan per level); :meth:`Release.to_zarr` runs it:
    measurements, and the consistent estimates are then projected top-down onto
    non-negative children that add up to their parents.
 
-Each task computes with one BLAS thread (:mod:`dpdask.release._blas`): the cores are
+Each task computes with one BLAS thread (:mod:`dpdask.graph._blas`): the cores are
 shared among tasks, and the release does not depend on the cluster it runs on.
 
 A run is bound in the ledger to the fingerprint of its key (:class:`dpdask.privacy.Run`).
@@ -48,7 +48,7 @@ charges (``attrs["dpdask"]["ledger"]["head"]``), for ``dpdask ledger verify --re
 Output layout: a zarr v3 group with a group per level (``estimate``, ``answers``,
 ``variance``, ids, parents, query labels and attribute categories as coordinates, zarr
 ``dimension_names`` on every array, consolidated metadata), described in
-:mod:`dpdask.release._output`; ``attrs["dpdask"]`` records release and run ids, the
+:mod:`dpdask.graph._output`; ``attrs["dpdask"]`` records release and run ids, the
 dpdask version, domain, levels, each level's budget, noise and charge, the total budget,
 the dataset and the ledger's head. :func:`dpdask.open_release` reads it with xarray.
 """
@@ -65,6 +65,18 @@ from dask.base import tokenize
 
 from dpdask.domain import Domain
 from dpdask.errors import ArgumentError, DomainError, ShapeError
+from dpdask.graph import _finish, _graph, _run, _topdown
+from dpdask.graph._blocks import ESTIMATORS
+from dpdask.graph._levels import LevelChunks, level_chunks
+from dpdask.graph._plans import (
+    LevelShares,
+    PlanLike,
+    level_plans,
+    mean_cell_variance,
+    realised,
+    total_budget,
+)
+from dpdask.graph._state import Level, RunState
 from dpdask.measure import DEFAULT_MAX_TOTAL, level_charge
 from dpdask.noise import KeyFile, SecretKey
 from dpdask.privacy import Budget, Ledger, RunStateError, check_run_id
@@ -76,18 +88,6 @@ from dpdask.publish import (
     remove_work,
     work_dir,
 )
-from dpdask.release import _finish, _graph, _run, _topdown
-from dpdask.release._blocks import ESTIMATORS
-from dpdask.release._levels import LevelChunks, level_chunks
-from dpdask.release._plans import (
-    LevelShares,
-    PlanLike,
-    level_plans,
-    mean_cell_variance,
-    realised,
-    total_budget,
-)
-from dpdask.release._state import Level, RunState
 from dpdask.store import DataStore, open_store, private_dir
 from dpdask.strategy import Plan
 
@@ -103,11 +103,11 @@ class Release:
     :func:`release`.
 
     Its steps are functions of it and of the run's state
-    (:class:`~dpdask.release._state.RunState`, the only thing a run changes): the
-    charge (:func:`~dpdask.release._run.charge`), the measure graph
-    (:func:`~dpdask.release._graph.measure_graph`, or
-    :func:`~dpdask.release._topdown.measure_topdown`) and the finish
-    (:func:`~dpdask.release._finish.finish`).
+    (:class:`~dpdask.graph._state.RunState`, the only thing a run changes): the
+    charge (:func:`~dpdask.graph._run.charge`), the measure graph
+    (:func:`~dpdask.graph._graph.measure_graph`, or
+    :func:`~dpdask.graph._topdown.measure_topdown`) and the finish
+    (:func:`~dpdask.graph._finish.finish`).
 
     Attributes
     ----------
@@ -116,7 +116,7 @@ class Release:
     levels : tuple of str
         The released levels, coarsest first.
     plans : mapping of str to Plan
-        Each level's plan (:func:`~dpdask.release.level_plans`), its noise as drawn.
+        Each level's plan (:func:`~dpdask.graph.level_plans`), its noise as drawn.
     released : tuple of Level
         Each level's plan, charge (before a key binds it), chunks and unit variance.
     lc : LevelChunks
@@ -363,12 +363,12 @@ def release(
     budget_split : mapping of level to share, or sequence, optional
         With a single plan: each level's share of its budget (default even).
     reconstruct : {"ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown"}
-        The estimator (see :func:`~dpdask.release._blocks.reconstruct_block`). Least
+        The estimator (see :func:`~dpdask.graph._blocks.reconstruct_block`). Least
         squares is fused with the measurement when the strategy has full column rank;
         NNLS and WNNLS are fitted to the finest level's consistent least-squares
         estimates, the coarser levels being their sums (module notes). ``"topdown"``
         fits the top level non-negative and then each parent's children inside it
-        (:mod:`dpdask.release._topdown`); its published variances are each level's own
+        (:mod:`dpdask.graph._topdown`); its published variances are each level's own
         least-squares variances, not those of the (biased) non-negative estimates.
     release_id, run_id : str
         Identify the release in the ledger and the noise; the same run id resumes.
@@ -393,7 +393,7 @@ def release(
     chunk_bytes : int
         Largest size of one chunk of estimates (a unit is never split). The default,
         32 MiB, keeps a chunk's arrays within glibc's heap (see
-        :func:`~dpdask.release._blocks.tune_allocator`) and workers' memory lower
+        :func:`~dpdask.graph._blocks.tune_allocator`) and workers' memory lower
         (BENCHMARKS.md compares chunk sizes).
 
     Raises

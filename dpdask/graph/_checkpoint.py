@@ -6,7 +6,7 @@ chunk's task and followed by its marker: concurrent writes never share a file, a
 holds thousands of block-level rows, and a resumed run skips exactly the chunks whose
 marker exists (a file without its marker is written again).
 
-Sparse chunks (the top-down estimator's, :mod:`dpdask.release._topdown`) are one
+Sparse chunks (the top-down estimator's, :mod:`dpdask.graph._topdown`) are one
 ``.npz`` file each, ``raw/<level>/<k>.npz``, holding the chunk's shape and its entries
 (``rows``, ``cells``, ``values``, sorted by row, then cell): :func:`write_sparse`,
 :func:`read_sparse`.
@@ -24,7 +24,7 @@ import numpy as np
 import sparse
 from dask.highlevelgraph import HighLevelGraph
 
-from dpdask.release._levels import LevelChunks, partial_sum_block
+from dpdask.graph._levels import LevelChunks, partial_sum_block
 
 __all__ = ["read_chunks", "read_sparse", "write_chunk", "write_sparse"]
 

@@ -16,7 +16,7 @@ level a group per marginal, ``<level>/marginals/<a>-<b>-<c>``, with ``estimate``
 of a unit's table has the same variance). Within a level the marginals are consistent:
 summing a table over an attribute gives the published table without it, exactly up to
 rounding. Levels are measured independently (each with its share of the budget) and
-then fitted jointly by least squares (:mod:`dpdask.release._marginal_levels`, up to
+then fitted jointly by least squares (:mod:`dpdask.graph._marginal_levels`, up to
 ``MAX_FIT_UNITS`` finest units; the root attribute ``levels_fitted_jointly`` says
 whether): a parent's tables then equal the sums of its children's.
 """
@@ -128,7 +128,7 @@ def write_marginals(
     The arrays are laid out first (chunked along ``geography`` as the tasks are), then
     one task per chunk writes its rows; variances come from the plan and the lattice,
     data-free. With ``geography`` and more than one level, the levels are then fitted
-    jointly (:mod:`dpdask.release._marginal_levels`, one ``fit-levels`` task per
+    jointly (:mod:`dpdask.graph._marginal_levels`, one ``fit-levels`` task per
     marginal): a parent's tables equal the sums of its children's, and each unit's
     variance is the fit's. Returns the number of chunks of each level.
     """
@@ -211,7 +211,7 @@ def _joint_fit(
 ) -> tuple[np.ndarray, np.ndarray, list[slice]] | None:
     """The joint fit of the levels, or ``None`` (one level, no geography, too many units,
     or levels whose plans differ in more than their noise)."""
-    from dpdask.release._marginal_levels import MAX_FIT_UNITS, level_fit, level_maps
+    from dpdask.graph._marginal_levels import MAX_FIT_UNITS, level_fit, level_maps
 
     if geography is None or len(levels) < 2 or len(levels[-1].ids) > MAX_FIT_UNITS:
         return None

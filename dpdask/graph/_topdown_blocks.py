@@ -1,6 +1,6 @@
 """The per-chunk work of a top-down release: measure, then fit (NumPy and sparse in and out).
 
-These functions run inside Dask tasks (:mod:`dpdask.release._topdown`). Each measures
+These functions run inside Dask tasks (:mod:`dpdask.graph._topdown`). Each measures
 one chunk of one level with the chunk's keyed noise (the chunk's
 :class:`~dpdask.noise.StreamKey`, never the release's key) and fits it at once, so that
 measurements never leave the task and never reach the disk: what is kept is the fitted
@@ -16,7 +16,7 @@ estimate, a :class:`sparse.COO` block ``(g, n)`` (geographies by flat cells).
   ``integer`` rounded by the controlled rounding of
   :func:`dpdask.reconstruct.topdown.round_children` against the integer parent.
 
-A task's measurement is the one :func:`~dpdask.release._blocks.measure_block` takes for
+A task's measurement is the one :func:`~dpdask.graph._blocks.measure_block` takes for
 its chunk (same identity, same stream), so a retried or resumed task reproduces it bit
 for bit. Fits that stop before converging are reported in ``report_dir``.
 """
@@ -32,6 +32,9 @@ import sparse
 from scipy import sparse as sp
 
 from dpdask.errors import ShapeError
+from dpdask.graph import _plans
+from dpdask.graph._blas import task_blas
+from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct import nnls
 from dpdask.reconstruct.nnls import nonnegative_fitter
@@ -41,9 +44,6 @@ from dpdask.reconstruct.topdown import (
     round_children,
     round_top,
 )
-from dpdask.release import _plans
-from dpdask.release._blas import task_blas
-from dpdask.release._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 
 __all__ = ["family_block", "parent_rows", "top_block"]
 

@@ -9,17 +9,17 @@ squares with consistency (``_graph``, ``_finish``), and publishes it
 of units (:func:`write_marginals`). :class:`Progress` reports steps on standard error.
 """
 
-from dpdask.release._marginal_release import (
+from dpdask.graph._marginal_release import (
     MarginalLevel,
     charge_marginals,
     levels_of,
     marginal_name,
     write_marginals,
 )
-from dpdask.release._output import table_variances
-from dpdask.release._plans import fused, level_plans, structured_inverse
-from dpdask.release._progress import Progress
-from dpdask.release._release import Release, release
+from dpdask.graph._output import table_variances
+from dpdask.graph._plans import fused, level_plans, structured_inverse
+from dpdask.graph._progress import Progress
+from dpdask.graph._release import Release, release
 
 __all__ = [
     "MarginalLevel",

@@ -1,6 +1,6 @@
 """The published release: per level, estimates, workload answers and their variances.
 
-The layout is in :mod:`dpdask.release._release`; the labels in
+The layout is in :mod:`dpdask.graph._release`; the labels in
 :mod:`dpdask.publish`. Every per-geography array is chunked along the geography axis in
 regular chunks of about :data:`OUTPUT_CHUNK_BYTES` (:func:`output_rows`), at least one
 row; the level's Dask chunks (uneven, aligned to parents) are rechunked to them before
@@ -52,6 +52,7 @@ import zarr
 from dask.base import tokenize
 
 from dpdask.domain import Domain
+from dpdask.graph._blocks import answer_block
 from dpdask.publish import (
     CODE_SUFFIX,
     FLAT_KEYS,
@@ -61,7 +62,6 @@ from dpdask.publish import (
     query_descriptions,
     query_labels,
 )
-from dpdask.release._blocks import answer_block
 from dpdask.store import level_key
 
 __all__ = [

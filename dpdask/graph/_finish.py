@@ -1,6 +1,6 @@
 """Finishing a release: consistency across levels, answers, the published record.
 
-The last step of a :class:`dpdask.release.Release` run (:func:`finish`): the checkpointed
+The last step of a :class:`dpdask.graph.Release` run (:func:`finish`): the checkpointed
 estimates are made consistent (``consistent-<level>``), fitted non-negative where
 asked, answered (``answer-<level>``) and written with the release's attributes into
 ``final.zarr`` in the work folder, ready to be moved into place.
@@ -21,28 +21,28 @@ import zarr
 from dask.base import tokenize
 
 from dpdask import __version__
-from dpdask.release._blocks import (
+from dpdask.graph._blocks import (
     FIT_AFTER_CONSISTENCY,
     NONNEGATIVE,
 )
-from dpdask.release._checkpoint import read_chunks
-from dpdask.release._levels import (
+from dpdask.graph._checkpoint import read_chunks
+from dpdask.graph._levels import (
     bottom_up,
     nonneg_down,
     nonneg_fit_up,
     partial_rows,
     top_down,
 )
-from dpdask.release._output import level_outputs
-from dpdask.release._output_sparse import sparse_level_outputs
-from dpdask.release._progress import compute_items
-from dpdask.release._run import charges
-from dpdask.release._state import RunState
-from dpdask.release._topdown import sparse_entries
+from dpdask.graph._output import level_outputs
+from dpdask.graph._output_sparse import sparse_level_outputs
+from dpdask.graph._progress import compute_items
+from dpdask.graph._run import charges
+from dpdask.graph._state import RunState
+from dpdask.graph._topdown import sparse_entries
 from dpdask.store import aggregate_rows, level_key
 
 if TYPE_CHECKING:
-    from dpdask.release._release import Release
+    from dpdask.graph._release import Release
 
 __all__ = ["attributes", "finish"]
 
@@ -86,7 +86,7 @@ def _dense_outputs(
     ids: list[np.ndarray],
 ) -> tuple[list[da.Array], list[zarr.Array[Any]]]:
     """Consistent (and, for NNLS and ADMM, non-negative) estimates of every level from
-    their checkpoints, and their outputs (:func:`~dpdask.release._output.level_outputs`)."""
+    their checkpoints, and their outputs (:func:`~dpdask.graph._output.level_outputs`)."""
     cells = tuple(rel.domain.shape)
     estimates = [
         read_chunks(

@@ -1,7 +1,7 @@
 """A release run's key and charges: bound in the ledger before any data is read.
 
-Steps of a :class:`dpdask.release.Release` run (functions of the release and the run's
-:class:`~dpdask.release._state.RunState`): data above the public bound is refused before
+Steps of a :class:`dpdask.graph.Release` run (functions of the release and the run's
+:class:`~dpdask.graph._state.RunState`): data above the public bound is refused before
 anything is charged (:func:`check_totals`); a new run gets a fresh key, kept owner-only
 in the work folder until publication; a resumed run needs the key it was opened with;
 every level is charged, all or nothing, with the key's fingerprint (:func:`charge`).
@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpdask.errors import ArgumentError, DataError, LedgerMissingError, NoiseKeyError
+from dpdask.graph._state import Level, RunState
 from dpdask.noise import KeyFile, SecretKey, new_key
 from dpdask.privacy import Charge, Run, RunStateError
-from dpdask.release._state import Level, RunState
 from dpdask.store import private_dir
 
 if TYPE_CHECKING:
-    from dpdask.release._release import Release
+    from dpdask.graph._release import Release
 
 __all__ = ["charge", "charges", "check_totals", "ledger_run", "level_charge"]
 

@@ -1,6 +1,6 @@
 """The measure-and-reconstruct graph of a release, checkpointed chunk by chunk.
 
-A step of a :class:`dpdask.release.Release` run (:func:`measure_graph`): the counts of
+A step of a :class:`dpdask.graph.Release` run (:func:`measure_graph`): the counts of
 every level (``aggregate-<level>``), the per-chunk measurement and reconstruction tasks
 (``measure-<level>``, ``reconstruct-<level>``, or fused
 ``measure-reconstruct-<level>``) with their ``streamkey-<level>`` blocks, and the
@@ -18,26 +18,26 @@ from dask.base import tokenize
 from dask.delayed import delayed
 
 from dpdask.errors import ShapeError
-from dpdask.publish import marker
-from dpdask.release import _plans
-from dpdask.release._blocks import (
+from dpdask.graph import _plans
+from dpdask.graph._blocks import (
     LS_FIRST,
     ChunkContext,
     estimate_block,
     measure_block,
     reconstruct_block,
 )
-from dpdask.release._checkpoint import write_chunk
-from dpdask.release._levels import (
+from dpdask.graph._checkpoint import write_chunk
+from dpdask.graph._levels import (
     aggregate_level,
 )
-from dpdask.release._progress import compute_items
-from dpdask.release._run import level_charge
-from dpdask.release._state import Level, RunState
+from dpdask.graph._progress import compute_items
+from dpdask.graph._run import level_charge
+from dpdask.graph._state import Level, RunState
+from dpdask.publish import marker
 from dpdask.store import level_key
 
 if TYPE_CHECKING:
-    from dpdask.release._release import Release
+    from dpdask.graph._release import Release
 
 __all__ = ["estimates", "level_data", "measure_graph"]
 
@@ -54,7 +54,7 @@ def level_data(rel: Release) -> list[da.Array]:
 
 def measure_graph(rel: Release, run: RunState, client: Any, progress: bool) -> list[pathlib.Path]:
     """Measure and reconstruct every chunk not yet checkpointed in ``work``; return
-    each level's folder of chunks (:mod:`dpdask.release._checkpoint`).
+    each level's folder of chunks (:mod:`dpdask.graph._checkpoint`).
 
     Each finished chunk leaves a marker file written after its data: a resumed run
     skips exactly those.
@@ -101,7 +101,7 @@ def measure_graph(rel: Release, run: RunState, client: Any, progress: bool) -> l
 
 def estimates(rel: Release, run: RunState, L: Level, x: da.Array, reports: str) -> da.Array:
     """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
-    the strategy allows (:func:`~dpdask.release._plans.fused`), else ``measure-<level>`` then
+    the strategy allows (:func:`~dpdask.graph._plans.fused`), else ``measure-<level>`` then
     ``reconstruct-<level>``.
 
     Keys stay on the client: the run's key (the release's secret) never enters the graph.

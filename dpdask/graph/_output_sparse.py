@@ -1,7 +1,7 @@
 """The published top-down release: estimates as entries, answers per geography, variances once.
 
-A top-down release (:mod:`dpdask.release._topdown`) checkpoints every level as sparse
-chunks. Each level's group (:func:`~dpdask.release._output.level_group`: ids, parents,
+A top-down release (:mod:`dpdask.graph._topdown`) checkpoints every level as sparse
+chunks. Each level's group (:func:`~dpdask.graph._output.level_group`: ids, parents,
 query labels, attribute coordinates) then holds::
 
     answers            float64 (geography, workload_query)  workload answers (persons)
@@ -39,11 +39,11 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from dpdask.domain import Domain
+from dpdask.graph._blocks import tune_allocator
+from dpdask.graph._checkpoint import read_sparse
+from dpdask.graph._output import add_array, level_group
 from dpdask.linalg import apply_rows
 from dpdask.publish import QUERY_DIM
-from dpdask.release._blocks import tune_allocator
-from dpdask.release._checkpoint import read_sparse
-from dpdask.release._output import add_array, level_group
 from dpdask.store import level_key
 
 __all__ = ["DENSE_ESTIMATE_CELLS", "sparse_level_outputs"]

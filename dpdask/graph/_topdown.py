@@ -1,21 +1,21 @@
 """Top-down estimation of a release: each parent's estimate split among its children.
 
-``reconstruct="topdown"`` (issue 24), a step of a :class:`dpdask.release.Release` run
+``reconstruct="topdown"`` (issue 24), a step of a :class:`dpdask.graph.Release` run
 (:func:`topdown_graph`, run by :func:`measure_topdown`). Levels are chunked so that no
 family (the children of one parent) spans two chunks
-(:func:`~dpdask.release._levels.level_chunks` with ``whole_families``), and sized by
+(:func:`~dpdask.graph._levels.level_chunks` with ``whole_families``), and sized by
 the level's strategy rows, not its cells. One Dask graph then runs, level by
 level:
 
 * the top level (tasks ``measure-reconstruct-<level>``): each chunk measured with its
   keyed noise and fitted non-negative per unit
-  (:func:`~dpdask.release._topdown_blocks.top_block`);
+  (:func:`~dpdask.graph._topdown_blocks.top_block`);
 * every finer level (tasks ``measure-reconstruct-<level>``): each chunk of whole
   families measured and fitted, family by family, inside the parent's final estimate
-  (:func:`~dpdask.release._topdown_blocks.family_block`): non-negative children that
+  (:func:`~dpdask.graph._topdown_blocks.family_block`): non-negative children that
   add up to the parent cell by cell, zero off the parent's support;
 * every chunk's estimate, a :class:`sparse.COO` block, is written to the run's work
-  folder (``checkpoint-<level>``, :func:`~dpdask.release._checkpoint.write_sparse`) and
+  folder (``checkpoint-<level>``, :func:`~dpdask.graph._checkpoint.write_sparse`) and
   marked done.
 
 The counts of every level are read sparse where the store is sparse
@@ -42,17 +42,17 @@ from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
+from dpdask.graph._blocks import ChunkContext
+from dpdask.graph._checkpoint import read_sparse, write_sparse
+from dpdask.graph._graph import level_data
+from dpdask.graph._run import level_charge
+from dpdask.graph._state import RunState
+from dpdask.graph._topdown_blocks import family_block, top_block
 from dpdask.publish import marker
-from dpdask.release._blocks import ChunkContext
-from dpdask.release._checkpoint import read_sparse, write_sparse
-from dpdask.release._graph import level_data
-from dpdask.release._run import level_charge
-from dpdask.release._state import RunState
-from dpdask.release._topdown_blocks import family_block, top_block
 from dpdask.store import level_key
 
 if TYPE_CHECKING:
-    from dpdask.release._release import Release
+    from dpdask.graph._release import Release
 
 __all__ = ["measure_topdown", "sparse_entries", "topdown_counts", "topdown_graph"]
 
@@ -90,7 +90,7 @@ def topdown_counts(rel: Release) -> list[Any]:
 def measure_topdown(rel: Release, run: RunState, client: Any, progress: bool) -> list[pathlib.Path]:
     """Measure and fit every chunk not yet checkpointed in ``work`` (module notes);
     return each level's folder of sparse chunks."""
-    from dpdask.release._progress import compute_items
+    from dpdask.graph._progress import compute_items
 
     folders, todo = topdown_graph(rel, run)
     if todo is not None:

@@ -25,6 +25,7 @@ from dask.base import tokenize
 
 from dpdask.domain import Geography
 from dpdask.errors import ArgumentError, DataError, DomainError
+from dpdask.graph._blocks import nonnegative_block
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct.consistency import (
     children_sum,
@@ -32,7 +33,6 @@ from dpdask.reconstruct.consistency import (
     project_children,
     up_weights,
 )
-from dpdask.release._blocks import nonnegative_block
 from dpdask.store import aggregate_rows, level_key
 
 _FIT_CELLS = 2**19  # cells per nonnegative-<level> task
@@ -370,7 +370,7 @@ def nonneg_fit_up(
     """Non-negative estimates that stay consistent, fitted at the finest level and summed up.
 
     The finest level's consistent estimates are fitted with non-negative ones in the
-    metric of ``M`` with row ``weights`` (:func:`~dpdask.release._blocks.nonnegative_block`,
+    metric of ``M`` with row ``weights`` (:func:`~dpdask.graph._blocks.nonnegative_block`,
     tasks ``nonnegative-<level>`` of about ``2^19`` cells: one unit of the CPH domain,
     whose solve takes a fraction of a second to a second, so that chunks of several
     such units do not leave workers idle at the end; thousands of small units); every

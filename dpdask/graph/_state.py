@@ -1,6 +1,6 @@
 """What a release holds: a frozen level per released level, and the state of one run.
 
-A :class:`~dpdask.release.Release` is a frozen configuration; its steps (the charge,
+A :class:`~dpdask.graph.Release` is a frozen configuration; its steps (the charge,
 :mod:`._run`; the measure graph, :mod:`._graph` or :mod:`._topdown`; the finish,
 :mod:`._finish`) are functions taking it and the :class:`RunState` of the run they
 belong to, the only thing a run changes.
