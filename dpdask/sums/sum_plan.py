@@ -113,6 +113,8 @@ def _row(mech: Any, theta: float | None) -> dict[str, Any]:
     return {
         "theta": finite(theta),
         "noise_scale": float(lat.noise_scale),
+        "lattice_step": 2.0**-lat.k,
+        "noise_variance": float(lat.variance),
         "rmse_per_query": float(math.sqrt(var.mean())),
         "max_query_stddev": float(math.sqrt(var.max())),
         "max_bias_per_record": float(np.max(mech.bias_per_record())),

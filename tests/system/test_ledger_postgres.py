@@ -213,7 +213,7 @@ def test_the_server_stopped_mid_run_fails_closed_then_resumes(people, own_server
              if p.is_file() and p.name != "key" and final not in p.parents}  # fmt: skip
     assert drawn and final.is_dir()
     shutil.copytree(final, people / "before.zarr")
-    with mock.patch("dpdask.graph.remove_work"):  # kept, to be compared
+    with mock.patch("dpdask.graph._release.remove_work"):  # kept, to be compared
         assert _run(spec, "--run-id", "one") == 0  # the same run id resumes: no new charge
     assert {p: p.read_bytes() for p in drawn} == drawn  # the same noise, not drawn again
     assert _estimates(out) == _estimates(people / "before.zarr")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import pathlib
 from fractions import Fraction
 
@@ -266,11 +267,18 @@ def test_identity_plan_variance_grows_with_theta(tmp_path, capsys):
     assert rows[-1]["theta"] is None and rows[-1]["max_bias_per_record"] == 0
     rmse = [r["rmse_per_query"] for r in rows]
     assert all(a <= b * (1 + 1e-12) for a, b in itertools.pairwise(rmse))
-    # Identity: variance_i = 2 b^2 sum_{j <= i} min(u_j, theta)^2 with b = 1 / eps_sums
+    # Identity: variance_i = v sum_{j <= i} min(u_j, theta)^2, v the variance of the
+    # discrete Laplace noise drawn: on a lattice of step h at scale b, v = h^2 2q/(1-q)^2
+    # with q = exp(-h/b) (below the continuous 2 b^2)
     u = np.linspace(0, HIGH, HIGH // WIDTH + 1)[1:]
     for r in rows:
+        h, b = r["lattice_step"], r["noise_scale"]
+        q = math.exp(-h / b)
+        v = h**2 * 2 * q / (1 - q) ** 2
+        assert r["noise_variance"] == pytest.approx(v, rel=1e-9)
+        assert v <= 2 * b**2
         t = u if r["theta"] is None else np.minimum(u, r["theta"])
-        var = 2 * r["noise_scale"] ** 2 * np.cumsum(t**2)
+        var = v * np.cumsum(t**2)
         assert r["rmse_per_query"] == pytest.approx(float(np.sqrt(var.mean())), rel=1e-9)
         assert r["noise_scale"] >= 1 / 0.9 - 1e-12
 
