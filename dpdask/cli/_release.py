@@ -12,6 +12,7 @@ import argparse
 import os
 import pathlib
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from dpdask.cli._common import QUIET, log, print_result, spec_parser
@@ -277,9 +278,11 @@ def _plan_workload(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 def _levels_table(report: dict[str, Any]) -> str:
     """Per level: the budget, the nominal noise scale of the plan's calibration and the
     scale the measure step will draw (``nominal`` when the data's dtype is unknown)."""
-    lines = [
-        f"{'level':<14}{'budget':>22}{'nominal':>12}{'drawn':>12}{'rmse/query':>14}{'max sd':>10}"
-    ]
+    lines = [*_relations_lines(report)]
+    lines.append(
+        f"{'level':<14}{'add-remove budget':>22}{'nominal':>12}{'drawn':>12}"
+        f"{'rmse/query':>14}{'max sd':>10}"
+    )
     for lv in report["levels"]:
         budget = ", ".join(f"{k}={v}" for k, v in lv["budget"].items() if k != "type")
         workload = f"  {lv['workload']}" if "workload" in lv else ""
@@ -294,6 +297,24 @@ def _levels_table(report: dict[str, Any]) -> str:
         "its lattice), and the errors are of that noise"
     )
     return "\n".join(lines)
+
+
+def _relations_lines(report: dict[str, Any]) -> list[str]:
+    """The total budget in both neighbour relations (the same noise), the spec's marked."""
+    if "budgets" not in report:
+        return []
+
+    def show(b: dict[str, str] | None) -> str:
+        if b is None:
+            return "no exact conversion"
+        return ", ".join(f"{k}={v} ({float(Fraction(v)):.6g})" for k, v in b.items() if k != "type")
+
+    lines = []
+    for name, b in report["budgets"].items():
+        mark = "  <- the spec's relation" if name == report.get("neighbours") else ""
+        charged = ", charged" if name == "add-remove" else ""
+        lines.append(f"budget ({name}{charged}): {show(b)}{mark}")
+    return [*lines, ""]
 
 
 def _release_table(summary: dict[str, Any]) -> str:

@@ -42,6 +42,7 @@ from dpdask.privacy import (
     ledger_files,
     split_levels,
 )
+from dpdask.privacy.neighbours import both_relations
 from dpdask.publish import (
     check_output,
     check_replaced,
@@ -125,7 +126,9 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
         "workload": spec.workload,
         "cells": int(spec.domain.size),
         "strategy": spec.strategy,
-        "budget": spec.privacy.to_dict(),
+        "budget": spec.privacy.to_dict(),  # add/remove: what is charged
+        "neighbours": spec.neighbours.name,  # the relation the spec states its budget in
+        "budgets": both_relations(spec.privacy),  # the same noise in each relation
         "levels": [],
     }
     plans: dict[str, Any] = {}

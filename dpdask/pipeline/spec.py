@@ -22,6 +22,7 @@ Example (``pipelines/pl94-providence.yaml``)::
       zcdp: 1                      # or rho: 1, epsilon: 1 (pure DP), or epsilon + delta
       split: {state: 1, county: 1, tract: 1, block_group: 1, block: 2}
       # dataset: {zcdp: 2}         # optional: the dataset's total budget
+      # neighbours: change-one     # optional: the relation the budgets are stated in
     strategy: hdmm                 # or {name: hdmm, restarts: 5}
     #   or per level: {levels: {state: {name: hdmm, restarts: 5}, county: hdmm, ...}}
     reconstruct: ls
@@ -61,7 +62,13 @@ The keys allowed in each mapping:
               the converted counts are stored; ``auto`` picks the smaller)
 ``privacy``   one of ``zcdp``, ``rho``, ``epsilon`` (``delta`` only with
               ``epsilon``; ``delta: 0`` is pure DP), and ``split``, ``dataset`` (a
-              budget mapping of the same form, without ``split`` or ``dataset``)
+              budget mapping of the same form, without ``split`` or ``dataset``),
+              ``neighbours`` (``add-remove``, the default: one person's record added
+              or removed; or ``change-one``: one record changed, the Census Bureau's
+              relation). Change-one budgets are charged and calibrated as the
+              add/remove budget of the same noise: ``rho / 2``, ``epsilon / 2`` for
+              counting queries; an ``(epsilon, delta)`` budget has no exact
+              conversion and is refused
 ``workload``  ``name`` and the options of that workload
               (:func:`dpdask.workloads.named.workload_options`)
 ``strategy``  ``name`` and the options :func:`dpdask.strategy.select` uses for it, or
@@ -94,9 +101,16 @@ from dpdask.errors import SpecError
 from dpdask.pipeline._spec_cluster import parse_cluster
 from dpdask.pipeline._spec_fields import as_bool, as_mapping, as_path, check_keys, keywords, require
 from dpdask.pipeline._spec_plan import strategies, workloads
-from dpdask.pipeline._spec_privacy import PRIVACY_KEYS, parse_budget, parse_split
+from dpdask.pipeline._spec_privacy import (
+    PRIVACY_KEYS,
+    charged_budget,
+    parse_budget,
+    parse_neighbours,
+    parse_split,
+)
 from dpdask.pipeline._spec_records import records_options
 from dpdask.privacy import Budget, is_server_url, split_levels
+from dpdask.privacy.neighbours import ADD_REMOVE, Neighbours
 from dpdask.specs import ID_RULE as _ID  # the one id rule of every kind of spec
 from dpdask.specs import read_spec
 
@@ -150,6 +164,11 @@ class ReleaseSpec:
     create: true}``). ``cluster`` is a scheduler address, a mapping (``address`` with
     ``insecure`` or ``tls``, or LocalCluster options) or ``None`` for the default local
     cluster.
+
+    ``privacy`` and ``dataset_budget`` are add/remove budgets, what the run charges and
+    calibrates with; ``neighbours`` is the relation the spec stated them in and
+    ``stated_privacy`` the budget as the spec gave it (``privacy`` itself under
+    add/remove).
     """
 
     release: str
@@ -172,6 +191,13 @@ class ReleaseSpec:
     integer: bool = False  # reconstruct: {method: topdown, integer: true}
     # strategy: {levels: {level: strategy}}: each level's (name, options)
     strategy_levels: dict[str, tuple[str, dict[str, Any]]] | None = None
+    neighbours: Neighbours = ADD_REMOVE
+    stated_privacy: Budget | None = None  # None: privacy, as given (add/remove)
+
+    @property
+    def stated(self) -> Budget:
+        """The total budget as the spec states it, in :attr:`neighbours` terms."""
+        return self.privacy if self.stated_privacy is None else self.stated_privacy
 
     @property
     def per_level(self) -> bool:
@@ -396,11 +422,15 @@ def parse_spec(
     workload = workloads(require(raw, "workload", "spec"), levels)
 
     pr = require(raw, "privacy", "spec")
-    privacy = parse_budget(pr, "privacy", PRIVACY_KEYS)
+    stated = parse_budget(pr, "privacy", PRIVACY_KEYS)
+    neighbours = parse_neighbours(pr.get("neighbours"))
+    privacy = charged_budget(stated, neighbours, "privacy")  # add/remove: what is charged
     split = parse_split(pr["split"], levels, privacy) if pr.get("split") is not None else None
     dataset_budget = None
     if pr.get("dataset") is not None:
-        dataset_budget = parse_budget(pr["dataset"], "privacy.dataset")
+        dataset_budget = charged_budget(
+            parse_budget(pr["dataset"], "privacy.dataset"), neighbours, "privacy.dataset"
+        )
 
     strategy, strategy_options, strategy_levels = strategies(raw.get("strategy", "hdmm"), levels)
     rec, integer = _reconstruct(raw.get("reconstruct", "ls"))
@@ -412,7 +442,8 @@ def parse_spec(
         privacy=privacy, split=split, strategy=strategy, strategy_options=strategy_options,
         strategy_levels=strategy_levels, reconstruct=rec, integer=integer, output=output,
         ledger=ledger, dataset_budget=dataset_budget, cluster=cluster, ledger_create=ledger_create,
-        period=period,
+        period=period, neighbours=neighbours,
+        stated_privacy=None if neighbours == ADD_REMOVE else stated,
     )  # fmt: skip
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "NEIGHBOURS",
     "Neighbours",
     "as_neighbours",
+    "both_relations",
     "convert",
     "rho_factor",
 ]
@@ -153,3 +154,21 @@ def convert(
     else:
         raise PlanError(f"cannot convert {budget!r} between neighbour relations")
     return budget * factor if dst == CHANGE_ONE else budget / factor
+
+
+def both_relations(budget: Budget) -> dict[str, dict[str, str] | None]:
+    """An add/remove ``budget`` in each relation, as JSON-safe dicts (``None`` where it
+    has no exact conversion: an (epsilon, delta) budget under change-one).
+
+    Examples
+    --------
+    >>> both_relations(zCDP("1.2781"))["change-one"]
+    {'type': 'zCDP', 'rho': '12781/5000'}
+    """
+    out: dict[str, dict[str, str] | None] = {}
+    for name, relation in NEIGHBOURS.items():
+        try:
+            out[name] = convert(budget, ADD_REMOVE, relation).to_dict()
+        except PlanError:
+            out[name] = None
+    return out
