@@ -184,7 +184,10 @@ def _ledger_table(report: dict[str, Any]) -> str:
                 f"{d:<28}{show(r['total']):>16}{show(r['spent']):>16}{show(r['remaining']):>16}"
             )
         lines.append("")
-    lines.append(f"{'release':<28}{'budget':>16}{'spent':>16}{'remaining':>16}  dataset")
+    lines.append(
+        f"{'release':<28}{'budget':>16}{'spent':>16}{'remaining':>16}  dataset"
+        "  (budgets add/remove)"
+    )
     for name, r in report["releases"].items():
         lines.append(
             f"{name:<28}{show(r['budget']):>16}{show(r['spent']):>16}"
@@ -193,6 +196,7 @@ def _ledger_table(report: dict[str, Any]) -> str:
         for run in r["runs"]:
             where = f" -> {run['output']}" if run["output"] else ""
             lines.append(
-                f"    run {run['run_id']}: {run['state']}, {run['charges']} charges{where}"
+                f"    run {run['run_id']}: {run['state']}, {run['charges']} charges, "
+                f"budget stated {(run['binding'] or {}).get('neighbours', 'add-remove')}{where}"
             )
     return "\n".join(lines)

@@ -87,7 +87,7 @@ def _budget(keys: tuple[str, ...] | list[str]) -> dict[str, Any]:
 
 def _counts() -> dict[str, Any]:
     from dpdask.pipeline import spec as s
-    from dpdask.pipeline._spec_privacy import NEIGHBOUR_NAMES
+    from dpdask.privacy.neighbours import NEIGHBOURS
     from dpdask.specs import BUDGET_KEYS, ID_RULE
 
     data_keys = {
@@ -121,7 +121,7 @@ def _counts() -> dict[str, Any]:
     privacy = _budget(budget_keys)
     privacy["properties"]["split"] = {"type": "object", "additionalProperties": _NUMBER}
     privacy["properties"]["dataset"] = _budget(BUDGET_KEYS)
-    privacy["properties"]["neighbours"] = {"enum": list(NEIGHBOUR_NAMES)}
+    privacy["properties"]["neighbours"] = {"enum": list(NEIGHBOURS)}
     reconstruct = {"enum": list(s.RECONSTRUCTIONS)}
     props = {
         "release": {"type": "string", "minLength": 1},

@@ -151,7 +151,8 @@ def _write_attributes(rel: Release, run: RunState, root: zarr.Group, out: pathli
             "dataset": rel.dataset,
             "workload": info["workload"],
             "strategy": info["strategy"],
-            "budget": info["budget"],
+            "budget": info["budget"],  # add/remove, as charged
+            "neighbours": info["neighbours"],  # the relation the budget was stated in
             "reconstruct": rel.reconstruct,
             "levels": list(rel.levels),
             "units": "persons",

@@ -80,6 +80,7 @@ from dpdask.graph._state import Level, RunState
 from dpdask.measure import DEFAULT_MAX_TOTAL, level_charge
 from dpdask.noise import KeyFile, SecretKey
 from dpdask.privacy import Budget, Ledger, RunStateError, check_run_id
+from dpdask.privacy.neighbours import ADD_REMOVE, as_neighbours, both_relations
 from dpdask.publish import (
     check_output,
     move_into_place,
@@ -121,6 +122,8 @@ class Release:
         Each level's plan, charge (before a key binds it), chunks and unit variance.
     lc : LevelChunks
         How the levels are chunked.
+    neighbours : str
+        The neighbour relation its budget was stated in (its budgets are add/remove).
     runs : list of RunState
         The runs :meth:`to_zarr` made of this release (the last one's reports are in
         :meth:`summary`).
@@ -142,6 +145,7 @@ class Release:
     max_total: int
     lc: LevelChunks
     released: tuple[Level, ...]
+    neighbours: str = ADD_REMOVE.name
     runs: list[RunState] = field(default_factory=list, repr=False)
 
     @property
@@ -159,7 +163,9 @@ class Release:
         out: dict[str, Any] = {
             "release": self.release_id,
             "run_id": self.run_id,
-            "budget": self.total.to_dict(),
+            "budget": self.total.to_dict(),  # add/remove, as charged
+            "neighbours": self.neighbours,  # the relation the budget was stated in
+            "budgets": both_relations(self.total),  # the same noise in each relation
             "domain": self.domain.to_dict(),
             "reconstruct": self.reconstruct,
             "integer": self.integer,
@@ -347,6 +353,7 @@ def release(
     chunk_bytes: int = 32 * 2**20,
     integer: bool = False,
     max_total: int = DEFAULT_MAX_TOTAL,
+    neighbours: str = ADD_REMOVE.name,
 ) -> Release:
     """Build a release of a data store: a lazy Dask graph, run by :meth:`Release.to_zarr`.
 
@@ -390,6 +397,11 @@ def release(
         or a non-integer strategy is measured on the lattice
         (:func:`dpdask.measure.lattice`): a smaller bound gives a finer grid and less
         added noise; a geography above it is refused before anything is charged.
+    neighbours : {"add-remove", "change-one"}
+        The neighbour relation the caller stated the budget in, published with the
+        release (:mod:`dpdask.privacy.neighbours`). It changes no noise: the plans'
+        budgets are add/remove budgets, converted by the caller (a spec's
+        ``privacy.neighbours`` is).
     chunk_bytes : int
         Largest size of one chunk of estimates (a unit is never split). The default,
         32 MiB, keeps a chunk's arrays within glibc's heap (see
@@ -422,6 +434,7 @@ def release(
         raise ArgumentError(f"reconstruct={reconstruct!r} is not one of {ESTIMATORS}")
     if integer and reconstruct != "topdown":
         raise ArgumentError("integer=True goes with reconstruct='topdown'")
+    as_neighbours(neighbours)  # a known relation (PlanError otherwise)
     level_plans_ = level_plans(plans, levels, budget_split)
     for lv, p in level_plans_.items():
         if p.strategy.shape[1] != store.domain.size:
@@ -444,5 +457,5 @@ def release(
     )
     return Release(
         store, levels, level_plans_, release_id, run_id, total, reconstruct, ledger, dataset,
-        key, noise, test_mode, integer, max_total, lc, released,
+        key, noise, test_mode, integer, max_total, lc, released, str(neighbours),
     )  # fmt: skip

@@ -61,6 +61,11 @@ def plan_marginals(spec: ReleaseSpec, levels: tuple[str, ...]) -> dict[str, Any]
     """The residual plan of each released level at its share of the budget."""
     from dpdask.strategy.residual import MarginalWorkload, plan_residual
 
+    if spec.neighbours.name != "add-remove":  # residual bases have negative Gram entries
+        raise SpecError(
+            "privacy.neighbours: a residual (marginal) release states its budget in "
+            "add-remove terms only"
+        )
     sets, weights = marginal_sets(spec)
     W = MarginalWorkload(spec.domain.shape, sets, weights)
     budgets = spec.level_budgets(levels)

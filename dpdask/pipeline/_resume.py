@@ -11,6 +11,7 @@ import pathlib
 from dpdask.noise import KeyFile
 from dpdask.pipeline.spec import ReleaseSpec
 from dpdask.privacy import Run, RunBinding, RunStateError, check_binding
+from dpdask.privacy.neighbours import ADD_REMOVE
 from dpdask.store import SourcePrint, fingerprint_path
 
 __all__ = ["check_run_key", "check_same_run", "run_binding", "spec_print"]
@@ -52,6 +53,8 @@ def spec_print(spec: ReleaseSpec) -> str:
         "strategy": [spec.strategy, spec.strategy_options, spec.strategy_levels],
         "reconstruct": [spec.reconstruct, spec.integer],
     }
+    if spec.neighbours != ADD_REMOVE:  # absent otherwise: earlier runs keep their hash
+        fields["neighbours"] = spec.neighbours.name
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -59,7 +62,9 @@ def spec_print(spec: ReleaseSpec) -> str:
 def run_binding(spec: ReleaseSpec, output: pathlib.Path, source: SourcePrint) -> RunBinding:
     """What the ledger binds a run of ``spec`` to: the content hash of its input, the
     spec's hash (:func:`spec_print`) and its resolved output path."""
-    return RunBinding(source.content, spec_print(spec), os.path.realpath(output))
+    return RunBinding(
+        source.content, spec_print(spec), os.path.realpath(output), spec.neighbours.name
+    )
 
 
 def check_same_run(run: Run, binding: RunBinding) -> None:

@@ -42,7 +42,7 @@ from dpdask.privacy import (
     ledger_files,
     split_levels,
 )
-from dpdask.privacy.neighbours import both_relations
+from dpdask.privacy.neighbours import both_relations, check_same_noise
 from dpdask.publish import (
     check_output,
     check_replaced,
@@ -148,6 +148,8 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
         plan = choose(W, spec.privacy)
         report["queries"] = int(W.shape[0])
     chosen = plans if spec.per_level else plan
+    for p in plans.values() if spec.per_level else [plan]:  # before anything is charged
+        check_same_noise(p.strategy, spec.neighbours)
     # the levels' plans as the run makes them (release() calls level_plans with the
     # same split), their noise as drawn for the input's dtype
     lps = (
@@ -413,7 +415,7 @@ def _run_checked(
         budget_split=_level_split(spec, levels),
         reconstruct=spec.reconstruct, integer=spec.integer, release_id=spec.release,
         run_id=checked.run_id,
-        ledger=ledger, dataset=checked.dataset,
+        ledger=ledger, dataset=checked.dataset, neighbours=spec.neighbours.name,
     )  # fmt: skip
     if on_start is not None:  # the run exists: announce it, before its first charge
         on_start(checked.run_id, getattr(client, "dashboard_link", None))

@@ -24,6 +24,7 @@ from dpdask.errors import (
 from dpdask.privacy._budget import Budget
 from dpdask.privacy._chain import Entry
 from dpdask.privacy._mechanisms import MECHANISM_NORM
+from dpdask.privacy.neighbours import ADD_REMOVE, NEIGHBOURS
 
 __all__ = [
     "RUN_STATES",
@@ -168,22 +169,35 @@ class RunBinding:
         publishes.
     output : str
         The absolute, resolved path the run publishes to (it publishes nowhere else).
+    neighbours : str
+        The neighbour relation the run's spec states its budget in
+        (:mod:`dpdask.privacy.neighbours`); its charges are add/remove budgets either
+        way. Recorded only when it is not ``"add-remove"``, so that entries written
+        before relations were recorded read (and hash) as they were.
     """
 
     source: str
     spec: str
     output: str
+    neighbours: str = ADD_REMOVE.name
 
     def __post_init__(self) -> None:
         for name in ("source", "spec", "output"):
             check_name(getattr(self, name), f"run binding {name}")
+        if self.neighbours not in NEIGHBOURS:
+            raise ArgumentError(
+                f"run binding neighbours {self.neighbours!r} is not one of {sorted(NEIGHBOURS)}"
+            )
 
     def to_dict(self) -> dict[str, str]:
-        return {"source": self.source, "spec": self.spec, "output": self.output}
+        d = {"source": self.source, "spec": self.spec, "output": self.output}
+        if self.neighbours != ADD_REMOVE.name:
+            d["neighbours"] = self.neighbours
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunBinding:
-        return cls(d["source"], d["spec"], d["output"])
+        return cls(d["source"], d["spec"], d["output"], d.get("neighbours", ADD_REMOVE.name))
 
     @staticmethod
     def check(value: object) -> RunBinding:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from dpdask.errors import PlanError
+from dpdask.linalg import Kron, LinearQuery, VStack
 from dpdask.privacy._budget import ApproxDP, Budget, PureDP, zCDP
 
 __all__ = [
@@ -37,7 +38,9 @@ __all__ = [
     "Neighbours",
     "as_neighbours",
     "both_relations",
+    "check_same_noise",
     "convert",
+    "gram_nonnegative",
     "rho_factor",
 ]
 
@@ -172,3 +175,44 @@ def both_relations(budget: Budget) -> dict[str, dict[str, str] | None]:
         except PlanError:
             out[name] = None
     return out
+
+
+def gram_nonnegative(strategy: LinearQuery) -> bool:
+    """Whether ``strategy``'s Gram matrix certainly has no negative entry.
+
+    Factor by factor for a Kronecker product (a Kronecker product of non-negative
+    matrices is non-negative), part by part for a stack (its Gram matrix is the
+    weighted sum of its parts'), densely otherwise; ``False`` when that is too large
+    to form (unverified is not non-negative).
+    """
+    if isinstance(strategy, Kron):
+        return all(gram_nonnegative(f) for f in strategy.factors)
+    if isinstance(strategy, VStack):
+        return all(gram_nonnegative(part) for part in strategy.parts)
+    try:
+        gram = strategy.gram().dense()
+    except MemoryError:
+        return False
+    return bool(gram.min(initial=0.0) >= 0.0)
+
+
+def check_same_noise(strategy: LinearQuery, stated: str | Neighbours | None) -> None:
+    """Refuse a strategy for which a budget ``stated`` in another relation than
+    add/remove was not converted exactly.
+
+    :func:`convert` (as a spec's ``privacy.neighbours`` uses it) takes the factor of
+    counting queries, valid only when the strategy's Gram matrix has no negative
+    entry; a strategy with negative entries there would get too little noise.
+
+    Raises
+    ------
+    PlanError
+        Under change-one, for a strategy whose Gram matrix may have a negative entry.
+    """
+    if as_neighbours(stated) == ADD_REMOVE or gram_nonnegative(strategy):
+        return
+    raise PlanError(
+        "privacy.neighbours: change-one budgets are converted for counting strategies "
+        "(no negative Gram entry); this strategy has one (or is too large to check): "
+        "state the budget in add-remove terms (rho / 4 bounds it for any strategy)"
+    )
