@@ -148,6 +148,8 @@ def write_marginals(
     attrs = {**attrs, "levels_fitted_jointly": fit is not None}
     root = zarr.open_group(str(path), mode="w-", attributes=dict(attrs))
     tasks = []
+    layouts: list[tuple[str, str, list[str], tuple[int, ...], int, np.ndarray, tuple[str, ...]]]
+    layouts = []
     n_chunks: dict[str, int] = {}
     for lv, (L, charge) in enumerate(zip(levels, charges, strict=True)):
         plan = L.plan
@@ -165,7 +167,8 @@ def write_marginals(
             v = np.full(g, float(probe.variance(S)))
             if fit is not None:  # the joint fit's variances, in units of the level's noise
                 v = fit[1][fit[2][lv]] * float(probe.variance(S)) / lat.variance
-            _layout(root, f"{L.name}/marginals/{name}", dims, shape, chunk, v, L.ids)
+            layouts.append((L.name, name, dims, shape, chunk, v, L.ids))
+        root.create_group(f"{L.name}/marginals")
         order = np.argsort(L.units, kind="stable")
         units, codes = L.units[order], L.codes[order]
         bounds = np.searchsorted(units, np.arange(0, g + chunk, chunk).clip(max=g))
@@ -183,10 +186,20 @@ def write_marginals(
                     dask_key_name=(f"measure-residual-{L.name}-{token}", c),
                 )
             )  # fmt: skip
-    if client is None:
-        compute(*tasks, scheduler="sync")  # type: ignore[no-untyped-call]
-    else:
-        client.gather(client.compute(tasks))
+    # the tables' groups first, in batches on the workers (zarr's metadata is CPU-bound)
+    token = tokenize(release, run_id, "layout")
+    n_batch = max(1, min(len(layouts), 16))
+    batches = [
+        delayed(_layout_batch, pure=False)(
+            str(path), layouts[b::n_batch], dask_key_name=(f"layout-marginals-{token}", b)
+        )
+        for b in range(n_batch)
+    ]
+    for step in (batches, tasks):
+        if client is None:
+            compute(*step, scheduler="sync")  # type: ignore[no-untyped-call]
+        else:
+            client.gather(client.compute(step))
     if fit is not None:
         token = tokenize(release, run_id, "fit")
         fits = [
@@ -234,6 +247,21 @@ def _fit_task(path: str, name: str, levels: list[str], M: np.ndarray, slices: li
         a[:] = X[sl].reshape(a.shape)  # type: ignore[union-attr,index]
 
 
+def _layout_batch(
+    path: str,
+    layouts: list[tuple[str, str, list[str], tuple[int, ...], int, np.ndarray, tuple[str, ...]]],
+) -> int:
+    """Lay out several marginals' groups under their level's ``marginals`` group."""
+    import zarr
+
+    parents: dict[str, Any] = {}
+    for level, name, dims, shape, chunk, variance, ids in layouts:
+        if level not in parents:
+            parents[level] = zarr.open_group(f"{path}/{level}/marginals", mode="r+")
+        _layout(parents[level], name, dims, shape, chunk, variance, ids)
+    return len(layouts)
+
+
 def _layout(
     root: Any, group: str, dims: list[str], shape: tuple[int, ...], chunk: int,
     variance: np.ndarray, ids: Sequence[str],
@@ -244,6 +272,7 @@ def _layout(
     g = root.create_group(group, attributes={"attributes": dims[1:]})
     est = g.create_array(
         "estimate", shape=shape, chunks=(chunk, *shape[1:]), dtype="float64", fill_value=0.0,
+        compressors=None,  # noisy float estimates do not compress; skip the codec's time
         dimension_names=dims, attributes={"units": "persons"},
     )  # fmt: skip
     del est

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from dpdask.errors import ArgumentError, ShapeError
-from dpdask.strategy.residual import ResidualPlan, helmert, marginal_covariance
+from dpdask.strategy.residual import ResidualPlan, helmert_transpose, marginal_covariance
 
 __all__ = ["ResidualEstimates", "apply_axes", "centre"]
 
@@ -154,7 +154,9 @@ class ResidualEstimates:
                 raise ShapeError(f"{n} measurements, fewer than the plan's strategy rows")
             z = y[..., at : at + rows].reshape(lead + shape) / math.sqrt(plan.precision[j])
             at += rows
-            q[A] = apply_axes(z, [helmert(W.sizes[i]).T for i in A], len(lead))
+            for k in range(len(A)):
+                z = helmert_transpose(z, len(lead) + k)
+            q[A] = z
             var[A] = float(s2[j])
         if at != n:
             raise ShapeError(f"{n} measurements but the plan's strategy has {at} rows")

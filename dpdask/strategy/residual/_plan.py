@@ -32,7 +32,15 @@ from dpdask.strategy.plan import Plan
 from dpdask.strategy.residual._solve import ResidualSolution
 from dpdask.strategy.residual._workload import MarginalWorkload, marginal_covariance
 
-__all__ = ["ResidualPlan", "helmert", "marginal_operator", "residual_operator"]
+__all__ = [
+    "ResidualPlan",
+    "helmert",
+    "helmert_integer",
+    "helmert_scales",
+    "helmert_transpose",
+    "marginal_operator",
+    "residual_operator",
+]
 
 SVD_BOUND_MAX_D = 16
 """The SVD bound is computed over the ``2^d`` subsets: only up to this many attributes."""
@@ -55,6 +63,36 @@ def helmert(n: int) -> np.ndarray:
         H[k - 1, k] = -float(k)
         H[k - 1] /= math.sqrt(k * (k + 1))
     return H
+
+
+def helmert_scales(n: int) -> np.ndarray:
+    """The row scales ``1 / sqrt(k (k + 1))`` of :func:`helmert` (``k = 1 .. n-1``)."""
+    k = np.arange(1, n, dtype=float)
+    return 1.0 / np.sqrt(k * (k + 1.0))
+
+
+def helmert_integer(x: np.ndarray, axis: int) -> np.ndarray:
+    """``B x`` along ``axis``, with ``B`` :func:`helmert` before its row scales: row ``k``
+    is ``(1, ..., 1, -k, 0, ..., 0)``. In O(n) per line (a running sum), exact on
+    integers (no overflow: ``|B x|`` is at most ``2 (n - 1) max|x|`` per axis)."""
+    x = np.moveaxis(x, axis, -1)
+    n = x.shape[-1]
+    out = np.cumsum(x[..., :-1], axis=-1)
+    out -= np.arange(1, n, dtype=x.dtype) * x[..., 1:]
+    return np.moveaxis(out, -1, axis)
+
+
+def helmert_transpose(z: np.ndarray, axis: int) -> np.ndarray:
+    """``H^T z`` along ``axis`` (:func:`helmert`), in O(n) per line: entry ``j`` is
+    ``sum_{k > j} w_k - j w_j`` with ``w_k = z_k / sqrt(k (k + 1))``."""
+    z = np.moveaxis(np.asarray(z, dtype=float), axis, -1)
+    n = z.shape[-1] + 1
+    w = z * helmert_scales(n)
+    out = np.zeros((*z.shape[:-1], n))
+    # suffix sums: out[j] = w[j+1] + ... + w[n-1] (w indexed 1 .. n-1)
+    out[..., :-1] = np.cumsum(w[..., ::-1], axis=-1)[..., ::-1]
+    out[..., 1:] -= np.arange(1, n, dtype=float) * w
+    return np.moveaxis(out, -1, axis)
 
 
 def residual_operator(sizes: tuple[int, ...], residual: tuple[int, ...]) -> Kron:
