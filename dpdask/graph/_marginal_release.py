@@ -104,12 +104,8 @@ def _chunk_task(
     y = measure_records(
         plan, units, codes, stop - start, key, ident, receipt, run_id, test_mode=test_mode
     )
-    variance = residual_lattice(plan).variance
-    est = ResidualEstimates.from_plan(plan, y)
-    u = dict(zip(plan.marginals.residual_sets(), plan.precision, strict=True))
-    est = ResidualEstimates(
-        est.sizes, est.q, {A: variance / float(u[A]) for A in est.q}, stop - start
-    )
+    est = ResidualEstimates.from_plan(plan, y, residual_lattice(plan).variance)
+    del y
     root = zarr.open_group(path, mode="r+")
     for S, name in zip(sets, names, strict=True):
         arr = root[f"{level}/marginals/{name}/estimate"]

@@ -134,10 +134,15 @@ class ResidualEstimates:
         return cls(sizes, q, {_key(A): v for A, v in variances.items()}, geographies)
 
     @classmethod
-    def from_plan(cls, plan: ResidualPlan, y: np.ndarray) -> ResidualEstimates:
+    def from_plan(
+        cls, plan: ResidualPlan, y: np.ndarray, noise_variance: float | None = None
+    ) -> ResidualEstimates:
         """From ``y = A x + noise``, the noisy rows of ``plan.strategy``.
 
         ``y`` has shape ``(rows,)`` for one geography or ``(g, rows)`` for ``g``.
+        ``noise_variance`` is the variance of the noise drawn on every row (default:
+        the plan's ``noise_scale ** 2``; the lattice's when measured on it), so residual
+        ``A`` has ``noise_variance / u_A``.
         """
         W = plan.marginals
         y = np.asarray(y, dtype=float)
@@ -146,6 +151,8 @@ class ResidualEstimates:
         lead = y.shape[:-1]
         n = y.shape[-1]
         s2 = plan.residual_variances()
+        if noise_variance is not None:
+            s2 = float(noise_variance) / np.asarray(plan.precision, dtype=float)
         q, var, at = {}, {}, 0
         for j, A in enumerate(W.residual_sets()):
             shape = tuple(W.sizes[i] - 1 for i in A)
