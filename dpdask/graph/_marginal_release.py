@@ -236,7 +236,10 @@ def _fit_task(path: str, name: str, levels: list[str], M: np.ndarray, slices: li
 
     root = zarr.open_group(path, mode="r+")
     arrays = [root[f"{lv}/marginals/{name}/estimate"] for lv in levels]
-    Y = np.concatenate([np.asarray(a[:]).reshape(a.shape[0], -1) for a in arrays])  # type: ignore[union-attr,index]
+    cells = math.prod(arrays[0].shape[1:])  # type: ignore[union-attr]
+    Y = np.empty((M.shape[1], cells))
+    for a, sl in zip(arrays, slices, strict=True):  # read in place: one copy of the tables
+        Y[sl] = np.asarray(a[:]).reshape(-1, cells)  # type: ignore[union-attr,index]
     X = M @ Y
     del Y
     for a, sl in zip(arrays, slices, strict=True):
