@@ -239,7 +239,7 @@ def _fit_task(path: str, name: str, levels: list[str], M: np.ndarray, slices: li
     cells = math.prod(arrays[0].shape[1:])  # type: ignore[union-attr]
     Y = np.empty((M.shape[1], cells))
     for a, sl in zip(arrays, slices, strict=True):  # read in place: one copy of the tables
-        Y[sl] = np.asarray(a[:]).reshape(-1, cells)  # type: ignore[union-attr,index]
+        Y[sl] = np.asarray(a[:]).reshape(-1, cells)  # type: ignore[index]
     X = M @ Y
     del Y
     for a, sl in zip(arrays, slices, strict=True):
