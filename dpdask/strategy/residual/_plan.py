@@ -71,28 +71,41 @@ def helmert_scales(n: int) -> np.ndarray:
     return 1.0 / np.sqrt(k * (k + 1.0))
 
 
+def _along(ndim: int, axis: int, sl: slice) -> tuple[slice, ...]:
+    return tuple(sl if k == axis else slice(None) for k in range(ndim))
+
+
+def _column(values: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    shape = [1] * ndim
+    shape[axis] = values.size
+    return values.reshape(shape)
+
+
 def helmert_integer(x: np.ndarray, axis: int) -> np.ndarray:
     """``B x`` along ``axis``, with ``B`` :func:`helmert` before its row scales: row ``k``
     is ``(1, ..., 1, -k, 0, ..., 0)``. In O(n) per line (a running sum), exact on
     integers (no overflow: ``|B x|`` is at most ``2 (n - 1) max|x|`` per axis)."""
-    x = np.moveaxis(x, axis, -1)
-    n = x.shape[-1]
-    out = np.cumsum(x[..., :-1], axis=-1)
-    out -= np.arange(1, n, dtype=x.dtype) * x[..., 1:]
-    return np.moveaxis(out, -1, axis)
+    x = np.asarray(x)
+    n = x.shape[axis]
+    out = np.cumsum(x[_along(x.ndim, axis, slice(None, -1))], axis=axis)
+    k = _column(np.arange(1, n, dtype=x.dtype), x.ndim, axis)
+    out -= k * x[_along(x.ndim, axis, slice(1, None))]
+    return out
 
 
 def helmert_transpose(z: np.ndarray, axis: int) -> np.ndarray:
     """``H^T z`` along ``axis`` (:func:`helmert`), in O(n) per line: entry ``j`` is
     ``sum_{k > j} w_k - j w_j`` with ``w_k = z_k / sqrt(k (k + 1))``."""
-    z = np.moveaxis(np.asarray(z, dtype=float), axis, -1)
-    n = z.shape[-1] + 1
-    w = z * helmert_scales(n)
-    out = np.zeros((*z.shape[:-1], n))
+    z = np.asarray(z, dtype=float)
+    d, n = z.ndim, z.shape[axis] + 1
+    w = z * _column(helmert_scales(n), d, axis)
+    shape = list(z.shape)
+    shape[axis] = n
+    out = np.zeros(shape)
     # suffix sums: out[j] = w[j+1] + ... + w[n-1] (w indexed 1 .. n-1)
-    out[..., :-1] = np.cumsum(w[..., ::-1], axis=-1)[..., ::-1]
-    out[..., 1:] -= np.arange(1, n, dtype=float) * w
-    return np.moveaxis(out, -1, axis)
+    out[_along(d, axis, slice(None, -1))] = np.flip(np.cumsum(np.flip(w, axis), axis=axis), axis)
+    out[_along(d, axis, slice(1, None))] -= _column(np.arange(1, n, dtype=float), d, axis) * w
+    return out
 
 
 def residual_operator(sizes: tuple[int, ...], residual: tuple[int, ...]) -> Kron:
