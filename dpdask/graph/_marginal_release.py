@@ -98,6 +98,9 @@ def _chunk_task(
     """Measure one chunk's residuals, reconstruct its marginals and write their slices."""
     import zarr
 
+    from dpdask.graph._blocks import trim_heap, tune_allocator
+
+    tune_allocator()  # the sampler's and the transforms' blocks come from the heap
     from dpdask.measure.residual import measure_records, residual_lattice
     from dpdask.reconstruct.residual import ResidualEstimates
 
@@ -110,6 +113,8 @@ def _chunk_task(
     for S, name in zip(sets, names, strict=True):
         arr = root[f"{level}/marginals/{name}/estimate"]
         arr[start:stop] = est.marginal(S)  # type: ignore[index]
+    del est
+    trim_heap()  # the next task starts from the memory it needs
     return stop - start
 
 
@@ -234,6 +239,9 @@ def _fit_task(path: str, name: str, levels: list[str], M: np.ndarray, slices: li
     """Replace one marginal's tables at every level by the joint fit ``M`` of them all."""
     import zarr
 
+    from dpdask.graph._blocks import tune_allocator
+
+    tune_allocator()
     root = zarr.open_group(path, mode="r+")
     arrays = [root[f"{lv}/marginals/{name}/estimate"] for lv in levels]
     cells = math.prod(arrays[0].shape[1:])  # type: ignore[union-attr]
