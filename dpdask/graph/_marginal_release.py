@@ -98,22 +98,23 @@ def _chunk_task(
     """Measure one chunk's residuals, reconstruct its marginals and write their slices."""
     import zarr
 
+    from dpdask.graph._blocks import trim_heap, tune_allocator
+
+    tune_allocator()  # the sampler's and the transforms' blocks come from the heap
     from dpdask.measure.residual import measure_records, residual_lattice
     from dpdask.reconstruct.residual import ResidualEstimates
 
     y = measure_records(
         plan, units, codes, stop - start, key, ident, receipt, run_id, test_mode=test_mode
     )
-    variance = residual_lattice(plan).variance
-    est = ResidualEstimates.from_plan(plan, y)
-    u = dict(zip(plan.marginals.residual_sets(), plan.precision, strict=True))
-    est = ResidualEstimates(
-        est.sizes, est.q, {A: variance / float(u[A]) for A in est.q}, stop - start
-    )
+    est = ResidualEstimates.from_plan(plan, y, residual_lattice(plan).variance)
+    del y
     root = zarr.open_group(path, mode="r+")
     for S, name in zip(sets, names, strict=True):
         arr = root[f"{level}/marginals/{name}/estimate"]
         arr[start:stop] = est.marginal(S)  # type: ignore[index]
+    del est
+    trim_heap()  # the next task starts from the memory it needs
     return stop - start
 
 
@@ -148,6 +149,8 @@ def write_marginals(
     attrs = {**attrs, "levels_fitted_jointly": fit is not None}
     root = zarr.open_group(str(path), mode="w-", attributes=dict(attrs))
     tasks = []
+    layouts: list[tuple[str, str, list[str], tuple[int, ...], int, np.ndarray, tuple[str, ...]]]
+    layouts = []
     n_chunks: dict[str, int] = {}
     for lv, (L, charge) in enumerate(zip(levels, charges, strict=True)):
         plan = L.plan
@@ -165,7 +168,8 @@ def write_marginals(
             v = np.full(g, float(probe.variance(S)))
             if fit is not None:  # the joint fit's variances, in units of the level's noise
                 v = fit[1][fit[2][lv]] * float(probe.variance(S)) / lat.variance
-            _layout(root, f"{L.name}/marginals/{name}", dims, shape, chunk, v, L.ids)
+            layouts.append((L.name, name, dims, shape, chunk, v, L.ids))
+        root.create_group(f"{L.name}/marginals")
         order = np.argsort(L.units, kind="stable")
         units, codes = L.units[order], L.codes[order]
         bounds = np.searchsorted(units, np.arange(0, g + chunk, chunk).clip(max=g))
@@ -183,10 +187,20 @@ def write_marginals(
                     dask_key_name=(f"measure-residual-{L.name}-{token}", c),
                 )
             )  # fmt: skip
-    if client is None:
-        compute(*tasks, scheduler="sync")  # type: ignore[no-untyped-call]
-    else:
-        client.gather(client.compute(tasks))
+    # the tables' groups first, in batches on the workers (zarr's metadata is CPU-bound)
+    token = tokenize(release, run_id, "layout")
+    n_batch = max(1, min(len(layouts), 16))
+    batches = [
+        delayed(_layout_batch, pure=False)(
+            str(path), layouts[b::n_batch], dask_key_name=(f"layout-marginals-{token}", b)
+        )
+        for b in range(n_batch)
+    ]
+    for step in (batches, tasks):
+        if client is None:
+            compute(*step, scheduler="sync")  # type: ignore[no-untyped-call]
+        else:
+            client.gather(client.compute(step))
     if fit is not None:
         token = tokenize(release, run_id, "fit")
         fits = [
@@ -225,13 +239,34 @@ def _fit_task(path: str, name: str, levels: list[str], M: np.ndarray, slices: li
     """Replace one marginal's tables at every level by the joint fit ``M`` of them all."""
     import zarr
 
+    from dpdask.graph._blocks import tune_allocator
+
+    tune_allocator()
     root = zarr.open_group(path, mode="r+")
     arrays = [root[f"{lv}/marginals/{name}/estimate"] for lv in levels]
-    Y = np.concatenate([np.asarray(a[:]).reshape(a.shape[0], -1) for a in arrays])  # type: ignore[union-attr,index]
+    cells = math.prod(arrays[0].shape[1:])  # type: ignore[union-attr]
+    Y = np.empty((M.shape[1], cells))
+    for a, sl in zip(arrays, slices, strict=True):  # read in place: one copy of the tables
+        Y[sl] = np.asarray(a[:]).reshape(-1, cells)  # type: ignore[index]
     X = M @ Y
     del Y
     for a, sl in zip(arrays, slices, strict=True):
         a[:] = X[sl].reshape(a.shape)  # type: ignore[union-attr,index]
+
+
+def _layout_batch(
+    path: str,
+    layouts: list[tuple[str, str, list[str], tuple[int, ...], int, np.ndarray, tuple[str, ...]]],
+) -> int:
+    """Lay out several marginals' groups under their level's ``marginals`` group."""
+    import zarr
+
+    parents: dict[str, Any] = {}
+    for level, name, dims, shape, chunk, variance, ids in layouts:
+        if level not in parents:
+            parents[level] = zarr.open_group(f"{path}/{level}/marginals", mode="r+")
+        _layout(parents[level], name, dims, shape, chunk, variance, ids)
+    return len(layouts)
 
 
 def _layout(
@@ -244,6 +279,7 @@ def _layout(
     g = root.create_group(group, attributes={"attributes": dims[1:]})
     est = g.create_array(
         "estimate", shape=shape, chunks=(chunk, *shape[1:]), dtype="float64", fill_value=0.0,
+        compressors=None,  # noisy float estimates do not compress; skip the codec's time
         dimension_names=dims, attributes={"units": "persons"},
     )  # fmt: skip
     del est

@@ -21,7 +21,7 @@ import numpy as np
 from dpdask.errors import ArgumentTypeError, DataError, DomainError, PlanError
 from dpdask.measure._lattice import DEFAULT_MAX_TOTAL, Lattice
 from dpdask.noise import MAX_TABLE_SCALE
-from dpdask.strategy.residual import helmert
+from dpdask.strategy.residual import helmert, helmert_integer, helmert_scales
 
 __all__ = [
     "marginal_counts",
@@ -251,20 +251,37 @@ def residual_block(plan: Any, units: np.ndarray, codes: np.ndarray, n_units: int
     """``sqrt(u_A) H_A m_A`` of every residual, per unit: shape ``(n_units, rows)``.
 
     ``units`` gives each record's unit (``0 .. n_units - 1``), ``codes`` its attribute
-    codes; one group-by count per residual, never a data vector.
+    codes; one group-by count per residual, never a data vector. Each ``H_i`` is applied
+    as its integer rows (:func:`~dpdask.strategy.residual.helmert_integer`, exact in
+    int64, O(n_i) per line) and then one product with the outer product of the row
+    scales and ``sqrt(u_A)``: at most ``3 |A| + 3`` roundings of a value bounded by
+    ``|H_A| m_A``, inside :func:`residual_evaluation_error`. Where the integers could
+    overflow, the Helmert matrices are applied as floats instead.
     """
     W = plan.marginals
     sizes = (int(n_units), *W.sizes)
-    table = np.column_stack([np.asarray(units, np.int64), np.asarray(codes, np.int64)])
+    units = np.asarray(units, np.int64)
+    table = np.column_stack([units, np.asarray(codes, np.int64)])
+    top = int(np.bincount(units, minlength=int(n_units)).max(initial=0)) if units.size else 0
     out = np.empty((int(n_units), strategy_rows(plan)))
     at = 0
     for j, A in enumerate(W.residual_sets()):
-        m = marginal_counts(table, sizes, [0, *(i + 1 for i in A)]).astype(float)
-        for k, i in enumerate(A):
-            H = helmert(W.sizes[i])
-            m = np.moveaxis(np.tensordot(H, m, axes=([1], [k + 1])), 0, k + 1)
-        rows = m.reshape(int(n_units), -1)
-        out[:, at : at + rows.shape[1]] = math.sqrt(plan.precision[j]) * rows
+        counts = marginal_counts(table, sizes, [0, *(i + 1 for i in A)])
+        root = math.sqrt(plan.precision[j])
+        if top * math.prod(2 * max(W.sizes[i] - 1, 1) for i in A) < 2**62:
+            m = counts.astype(np.int64)
+            scale = np.full((), root)
+            for k, i in enumerate(A):
+                m = helmert_integer(m, k + 1)
+                scale = np.multiply.outer(scale, helmert_scales(W.sizes[i]))
+            rows = m.reshape(int(n_units), -1).astype(float)
+            rows *= scale.reshape(-1)
+        else:  # pragma: no cover - above 2**62 / 198**3 records in a unit
+            f = counts.astype(float)
+            for k, i in enumerate(A):
+                f = np.moveaxis(np.tensordot(helmert(W.sizes[i]), f, axes=([1], [k + 1])), 0, k + 1)
+            rows = root * f.reshape(int(n_units), -1)
+        out[:, at : at + rows.shape[1]] = rows
         at += rows.shape[1]
     return out
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from dpdask.errors import ArgumentError, ShapeError
-from dpdask.strategy.residual import ResidualPlan, helmert, marginal_covariance
+from dpdask.strategy.residual import ResidualPlan, helmert_transpose, marginal_covariance
 
 __all__ = ["ResidualEstimates", "apply_axes", "centre"]
 
@@ -134,10 +134,15 @@ class ResidualEstimates:
         return cls(sizes, q, {_key(A): v for A, v in variances.items()}, geographies)
 
     @classmethod
-    def from_plan(cls, plan: ResidualPlan, y: np.ndarray) -> ResidualEstimates:
+    def from_plan(
+        cls, plan: ResidualPlan, y: np.ndarray, noise_variance: float | None = None
+    ) -> ResidualEstimates:
         """From ``y = A x + noise``, the noisy rows of ``plan.strategy``.
 
         ``y`` has shape ``(rows,)`` for one geography or ``(g, rows)`` for ``g``.
+        ``noise_variance`` is the variance of the noise drawn on every row (default:
+        the plan's ``noise_scale ** 2``; the lattice's when measured on it), so residual
+        ``A`` has ``noise_variance / u_A``.
         """
         W = plan.marginals
         y = np.asarray(y, dtype=float)
@@ -146,6 +151,8 @@ class ResidualEstimates:
         lead = y.shape[:-1]
         n = y.shape[-1]
         s2 = plan.residual_variances()
+        if noise_variance is not None:
+            s2 = float(noise_variance) / np.asarray(plan.precision, dtype=float)
         q, var, at = {}, {}, 0
         for j, A in enumerate(W.residual_sets()):
             shape = tuple(W.sizes[i] - 1 for i in A)
@@ -154,7 +161,9 @@ class ResidualEstimates:
                 raise ShapeError(f"{n} measurements, fewer than the plan's strategy rows")
             z = y[..., at : at + rows].reshape(lead + shape) / math.sqrt(plan.precision[j])
             at += rows
-            q[A] = apply_axes(z, [helmert(W.sizes[i]).T for i in A], len(lead))
+            for k in range(len(A)):
+                z = helmert_transpose(z, len(lead) + k)
+            q[A] = z
             var[A] = float(s2[j])
         if at != n:
             raise ShapeError(f"{n} measurements but the plan's strategy has {at} rows")

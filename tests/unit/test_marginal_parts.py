@@ -4,6 +4,8 @@ strategy, the closed-form charge, the lattice, refusals, and the spec's workload
 from __future__ import annotations
 
 import itertools
+import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -22,7 +24,14 @@ from dpdask.measure.residual import (
 from dpdask.noise import SecretKey
 from dpdask.pipeline._spec_plan import STRATEGIES, workloads
 from dpdask.privacy import zCDP
-from dpdask.strategy.residual import MarginalWorkload, plan_residual
+from dpdask.strategy.residual import (
+    MarginalWorkload,
+    helmert,
+    helmert_integer,
+    helmert_scales,
+    helmert_transpose,
+    plan_residual,
+)
 
 SIZES = (2, 3, 4)
 
@@ -127,3 +136,46 @@ def test_joint_level_fit_matches_the_two_level_closed_form():
     np.testing.assert_allclose(x[1], x[5:7].sum(axis=0), atol=1e-12)
     w = 1 / (r + 3)  # the closed form of a child's fit
     np.testing.assert_allclose(x[2], y[2] + w * (y[0] - y[2:5].sum(axis=0)), atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 100])
+def test_helmert_in_linear_time_equals_the_dense_basis(rng, n):
+    H = helmert(n)
+    x = rng.integers(-50, 50, size=(4, n, 3))
+    B = helmert_integer(x, 1)  # exact integers: the rows before their scales
+    assert B.dtype == np.int64
+    np.testing.assert_allclose(
+        B * helmert_scales(n)[None, :, None], np.einsum("kj,ajb->akb", H, x), rtol=1e-13, atol=1e-12
+    )
+    z = rng.normal(size=(4, n - 1, 3))
+    np.testing.assert_allclose(
+        helmert_transpose(z, 1), np.einsum("kj,akb->ajb", H, z), rtol=1e-12, atol=1e-12
+    )
+
+
+def test_wide_residual_rows_are_within_the_bound_of_the_exact_product(rng):
+    """The rows of a 3-way residual over attributes of 100, 37 and 2 values against the
+    exact rational product of the plan's stored doubles (the bound the lattice uses)."""
+    sizes = (100, 37, 2)
+    plan = plan_residual(MarginalWorkload(sizes, [[0, 1, 2]]), zCDP(1))
+    n = 12
+    codes = np.column_stack([rng.integers(0, s, n) for s in sizes])
+    got = residual_block(plan, np.zeros(n, np.int64), codes, 1)[0]
+    sets = plan.marginals.residual_sets()
+    at = sum(math.prod(s - 1 for s in (sizes[i] for i in A)) for A in sets[: sets.index((0, 1, 2))])
+    root = Fraction(math.sqrt(plan.precision[sets.index((0, 1, 2))]))
+    Hs = [[[Fraction(float(v)) for v in row] for row in helmert(s).T] for s in sizes]  # by code
+    exact = np.zeros((99, 36, 1), dtype=object)
+    exact[...] = Fraction(0)
+    for c in codes:
+        cols = [Hs[i][c[i]] for i in range(3)]
+        exact += np.multiply.outer(
+            np.multiply.outer(np.array(cols[0], dtype=object), np.array(cols[1], dtype=object)),
+            np.array(cols[2], dtype=object),
+        )
+    rows = got[at : at + 99 * 36]
+    err = max(
+        abs(Fraction(float(g)) - root * e) for g, e in zip(rows, exact.reshape(-1), strict=True)
+    )
+    bound = Fraction(residual_evaluation_error(plan)) * n
+    assert 0 < float(np.abs(rows).max()) and err <= bound

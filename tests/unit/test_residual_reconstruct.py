@@ -240,3 +240,16 @@ def test_geographies_at_once_equal_one_at_a_time(plan, rng):
     back = ResidualEstimates.from_noisy_marginals(SIZES, noisy, dict.fromkeys(res, 1.0), 4)
     for S in _measured_sets():
         np.testing.assert_allclose(back.marginal(S), batch.marginal(S), atol=1e-9)
+
+
+def test_a_given_noise_variance_scales_every_residual_by_its_precision(plan, rng):
+    A = plan.strategy.dense()
+    y = rng.standard_normal(A.shape[0])
+    base = ResidualEstimates.from_plan(plan, y)
+    v = 3.7 * plan.noise_scale**2
+    est = ResidualEstimates.from_plan(plan, y, v)
+    for j, R in enumerate(plan.marginals.residual_sets()):
+        assert est.s2[R] == pytest.approx(v / plan.precision[j], rel=1e-12)
+        np.testing.assert_array_equal(est.q[R], base.q[R])
+    for S in _measured_sets():
+        assert est.variance(S) == pytest.approx(3.7 * base.variance(S), rel=1e-12)

@@ -20,6 +20,9 @@ reconstruction in marginal space is :mod:`dpdask.reconstruct.residual`.
 from dpdask.strategy.residual._plan import (
     ResidualPlan,
     helmert,
+    helmert_integer,
+    helmert_scales,
+    helmert_transpose,
     marginal_operator,
     residual_operator,
 )
@@ -41,6 +44,9 @@ __all__ = [
     "all_subsets",
     "as_marginals",
     "helmert",
+    "helmert_integer",
+    "helmert_scales",
+    "helmert_transpose",
     "marginal_covariance",
     "marginal_operator",
     "plan_residual",

@@ -32,7 +32,15 @@ from dpdask.strategy.plan import Plan
 from dpdask.strategy.residual._solve import ResidualSolution
 from dpdask.strategy.residual._workload import MarginalWorkload, marginal_covariance
 
-__all__ = ["ResidualPlan", "helmert", "marginal_operator", "residual_operator"]
+__all__ = [
+    "ResidualPlan",
+    "helmert",
+    "helmert_integer",
+    "helmert_scales",
+    "helmert_transpose",
+    "marginal_operator",
+    "residual_operator",
+]
 
 SVD_BOUND_MAX_D = 16
 """The SVD bound is computed over the ``2^d`` subsets: only up to this many attributes."""
@@ -55,6 +63,49 @@ def helmert(n: int) -> np.ndarray:
         H[k - 1, k] = -float(k)
         H[k - 1] /= math.sqrt(k * (k + 1))
     return H
+
+
+def helmert_scales(n: int) -> np.ndarray:
+    """The row scales ``1 / sqrt(k (k + 1))`` of :func:`helmert` (``k = 1 .. n-1``)."""
+    k = np.arange(1, n, dtype=float)
+    return 1.0 / np.sqrt(k * (k + 1.0))
+
+
+def _along(ndim: int, axis: int, sl: slice) -> tuple[slice, ...]:
+    return tuple(sl if k == axis else slice(None) for k in range(ndim))
+
+
+def _column(values: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    shape = [1] * ndim
+    shape[axis] = values.size
+    return values.reshape(shape)
+
+
+def helmert_integer(x: np.ndarray, axis: int) -> np.ndarray:
+    """``B x`` along ``axis``, with ``B`` :func:`helmert` before its row scales: row ``k``
+    is ``(1, ..., 1, -k, 0, ..., 0)``. In O(n) per line (a running sum), exact on
+    integers (no overflow: ``|B x|`` is at most ``2 (n - 1) max|x|`` per axis)."""
+    x = np.asarray(x)
+    n = x.shape[axis]
+    out = np.cumsum(x[_along(x.ndim, axis, slice(None, -1))], axis=axis)
+    k = _column(np.arange(1, n, dtype=x.dtype), x.ndim, axis)
+    out -= k * x[_along(x.ndim, axis, slice(1, None))]
+    return out
+
+
+def helmert_transpose(z: np.ndarray, axis: int) -> np.ndarray:
+    """``H^T z`` along ``axis`` (:func:`helmert`), in O(n) per line: entry ``j`` is
+    ``sum_{k > j} w_k - j w_j`` with ``w_k = z_k / sqrt(k (k + 1))``."""
+    z = np.asarray(z, dtype=float)
+    d, n = z.ndim, z.shape[axis] + 1
+    w = z * _column(helmert_scales(n), d, axis)
+    shape = list(z.shape)
+    shape[axis] = n
+    out = np.zeros(shape)
+    # suffix sums: out[j] = w[j+1] + ... + w[n-1] (w indexed 1 .. n-1)
+    out[_along(d, axis, slice(None, -1))] = np.flip(np.cumsum(np.flip(w, axis), axis=axis), axis)
+    out[_along(d, axis, slice(1, None))] -= _column(np.arange(1, n, dtype=float), d, axis) * w
+    return out
 
 
 def residual_operator(sizes: tuple[int, ...], residual: tuple[int, ...]) -> Kron:
