@@ -15,7 +15,7 @@ it. The scheduler's HTTP server (the Dask dashboard's) then serves
     The same data as JSON (``{"version": 1, "releases": [...]}``, newest first); the
     ledger's path relative to the spec's folder, never absolute.
 ``/metrics``
-    Prometheus metrics ``dpdask_*`` beside Dask's own (:mod:`dpdask.dashboard._metrics`).
+    Prometheus metrics ``dpdask_*`` beside Dask's own (:mod:`dpdask.dashboard._prometheus`).
 
 ``dpdask run`` registers the plugin on its scheduler before its checks and reports
 the run from then on (:class:`RunTracker`; :func:`track` shows a release built by

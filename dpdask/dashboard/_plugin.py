@@ -66,8 +66,8 @@ class DashboardPlugin(SchedulerPlugin):
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
         """Install the routes, the dashboard link and the metrics; replay past events."""
-        from dpdask.dashboard._metrics import register_collector
         from dpdask.dashboard._page import add_dashboard_link, install_routes
+        from dpdask.dashboard._prometheus import register_collector
 
         self.scheduler = scheduler
         LIVE.add(self)
