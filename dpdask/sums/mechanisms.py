@@ -170,16 +170,18 @@ class SumMechanism:
     def query_variances(self) -> NDArray[np.float64]:
         """``2 b^2 diag(W T (M^T M)^+ T W^T)``: the variance of every answer under the
         plan's nominal Laplace noise (scale ``b``)."""
-        try:
-            self.reconstruction()
-        except ValueError:
-            return np.asarray(self.plan().query_variances(), dtype=float)
         return self.variances_at(draw_variance("laplace", self.noise_scale))
 
     def variances_at(self, row_variance: float) -> NDArray[np.float64]:
         """The variance of every answer when each row of ``M`` gets noise of variance
-        ``row_variance`` (the noise drawn: :attr:`dpdask.measure.Lattice.variance`)."""
-        R = self.reconstruction()
+        ``row_variance`` (the noise drawn: :attr:`dpdask.measure.Lattice.variance`); for a
+        strategy too large to reconstruct densely, the plan's variances rescaled to it."""
+        try:
+            R = self.reconstruction()
+        except ValueError:
+            nominal = draw_variance("laplace", self.noise_scale)
+            plan_variances = np.asarray(self.plan().query_variances(), dtype=float)
+            return plan_variances * (float(row_variance) / nominal)
         variances: NDArray[np.float64] = float(row_variance) * np.einsum("ij,ij->i", R, R)
         return variances
 

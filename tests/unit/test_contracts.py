@@ -13,6 +13,7 @@ control: a fake package holding one violation, which the check must report.
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -34,7 +35,9 @@ NORM_HOME = "privacy/_mechanisms.py"
 VARIANCE_HOME = "noise/_variance.py"
 
 
+@functools.cache
 def _sources(root: pathlib.Path) -> dict[str, ast.Module]:
+    """Every module under ``root``, parsed once per root (the checks share it)."""
     return {
         str(p.relative_to(root)): ast.parse(p.read_text(), filename=str(p))
         for p in sorted(root.rglob("*.py"))
