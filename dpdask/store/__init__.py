@@ -11,7 +11,9 @@ summary file (:func:`read_pl94`), from the Rhode Island 2010 block file
 (:func:`write_sparse_store`) or from the synthetic person model
 (:func:`synthetic_store`); :func:`aggregate` gives the counts of any coarser level,
 lazily, and :func:`aggregate_sparse` does so on sparse blocks
-(:meth:`DataStore.to_sparse`). Records as attribute codes for marginal releases come
+(:meth:`DataStore.to_sparse`). A store may carry public per-unit attributes (housing
+units, group-quarters population: :data:`UNIT_ATTRIBUTES`,
+:meth:`DataStore.unit_attribute`). Records as attribute codes for marginal releases come
 from :func:`read_codes` (the types of their inputs: :data:`RecordSource`,
 :data:`Universe`); the input's fingerprint (what a run is bound to) from
 :func:`fingerprint_path`.
@@ -19,6 +21,7 @@ from :func:`read_codes` (the types of their inputs: :data:`RecordSource`,
 
 from dpdask.publish import StoreExistsError
 from dpdask.store._aggregate import aggregate, aggregate_rows, level_key
+from dpdask.store._attributes import UNIT_ATTRIBUTES
 from dpdask.store._ingest import RecordSource, ingest_records
 from dpdask.store._marginal_records import read_codes
 from dpdask.store._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
@@ -48,6 +51,7 @@ __all__ = [
     "PL94_LEVELS",
     "RI2010_FILE",
     "RI2010_LEVELS",
+    "UNIT_ATTRIBUTES",
     "UNKNOWN_GEOGRAPHY",
     "DataStore",
     "RecordSource",

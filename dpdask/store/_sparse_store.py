@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ import zarr
 from dpdask.domain import Domain, Geography
 from dpdask.errors import DataError
 from dpdask.publish import check_target
+from dpdask.store._attributes import check_unit_attributes
 from dpdask.store._entries import write_sorted
 from dpdask.store._sparse import _coalesce
 from dpdask.store._store import DataStore, open_store
@@ -61,6 +63,7 @@ def write_sparse_store(
     overwrite: bool = False,
     source: str = "",
     geo_chunk: int | None = None,
+    unit_attributes: Mapping[str, npt.NDArray[Any]] | None = None,
 ) -> DataStore:
     """Write a sparse data store (format 2) from ``(unit, cell, count)`` triples.
 
@@ -93,6 +96,8 @@ def write_sparse_store(
     geo_chunk : int, optional
         Rows per chunk of :meth:`~dpdask.store.DataStore.to_dask` (default:
         about 64 MiB of dense counts).
+    unit_attributes : mapping of str to ndarray, optional
+        Public per-unit attributes, as in :func:`~dpdask.store.write_store`.
 
     Returns
     -------
@@ -104,8 +109,8 @@ def write_sparse_store(
     dpdask.errors.DataError
         If the three arrays are not 1-D integer arrays of one length, hold NaN, a
         negative count, a unit outside the geography or a cell outside the domain,
-        or a summed count does not fit ``dtype``; the message names the array and
-        the position. Nothing is written.
+        or a summed count does not fit ``dtype``, or a unit attribute is malformed;
+        the message names the array and the position. Nothing is written.
     StoreExistsError
         If ``path`` exists and ``overwrite`` is false.
 
@@ -132,6 +137,7 @@ def write_sparse_store(
     n = geography.n_units()
     _check_range(u, n, "units", f"the {n:,} finest units ({geography.levels[-1]!r})")
     _check_range(c, domain.size, "cells", f"the cells of {domain!r},")
+    attributes = check_unit_attributes(unit_attributes, n)
     u, c, k = _coalesce(u, c, k, domain.size)
     top = np.iinfo(stored).max
     if k.size and k.max() > top:
@@ -145,5 +151,5 @@ def write_sparse_store(
         return write_sorted(group, u, c, k, n, stored)
 
     args = (path, domain, geography, stored, geo_chunk, overwrite, source, fill)
-    _publish_store(*args, layout="sparse")
+    _publish_store(*args, layout="sparse", unit_attributes=attributes)
     return open_store(path)

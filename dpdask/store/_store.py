@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -50,6 +50,12 @@ from dask.base import tokenize
 from dpdask.domain import Domain, Geography
 from dpdask.errors import ArgumentError, DataError
 from dpdask.publish import check_target
+from dpdask.store._attributes import (
+    attribute_at,
+    check_listed,
+    check_unit_attributes,
+    read_unit_attribute,
+)
 from dpdask.store._entries import (
     SparseCounts,
     array_at,
@@ -138,6 +144,27 @@ class DataStore:
             raise IndexError(f"rows {start}:{stop} are outside 0:{self.counts.shape[0]}")
         return np.asarray(self.counts[start:stop])
 
+    @property
+    def unit_attribute_names(self) -> tuple[str, ...]:
+        """The public per-unit attributes the store carries (``units/<name>``), sorted."""
+        return tuple(self.attrs.get("unit_attributes", ()))
+
+    def unit_attribute(self, name: str, level: str | None = None) -> npt.NDArray[np.int64]:
+        """The int64 values of unit attribute ``name``, one row per finest unit (in the
+        order of the counts' rows), or summed to the units of ``level``.
+
+        Raises
+        ------
+        dpdask.errors.DataError
+            If the store has no such attribute (the message lists those it has).
+        dpdask.errors.DomainError
+            If ``level`` is not a level of the geography.
+        """
+        group = zarr.open_group(str(self.path), mode="r", zarr_format=3)
+        n = self.geography.n_units()
+        values = read_unit_attribute(group, self.unit_attribute_names, name, n)
+        return attribute_at(values, self.geography, level)
+
     def _token(self, *extra: Any) -> str:
         return tokenize(str(self.path), self.attrs.get("created"), self.counts.shape, *extra)
 
@@ -204,6 +231,7 @@ def write_store(
     overwrite: bool = False,
     source: str = "",
     layout: str = "auto",
+    unit_attributes: Mapping[str, npt.NDArray[Any]] | None = None,
 ) -> DataStore:
     """Write counts of every finest geography unit as a data store.
 
@@ -231,6 +259,10 @@ def write_store(
         ``"dense"`` writes the ``counts`` array (format 1), ``"sparse"`` the non-zero
         counts as entries (format 2), ``"auto"`` whichever is smaller (for a Dask
         input that costs one more pass over it to count the non-zero values).
+    unit_attributes : mapping of str to ndarray, optional
+        Public per-unit attributes (:mod:`dpdask.store._attributes`: e.g.
+        ``housing_units``, ``gq_population``), first axis the finest units in the
+        order of the counts' rows; written as ``units/<name>`` (int64).
 
     Returns
     -------
@@ -240,7 +272,8 @@ def write_store(
     ------
     dpdask.errors.DataError
         If the shape does not match domain and geography, the counts are not
-        integers or a count is negative; nothing is left at ``path``.
+        integers, a count is negative, or a unit attribute is not a non-negative
+        integer array with one row per unit; nothing is left at ``path``.
     dpdask.errors.ArgumentError
         If ``layout`` or ``geo_chunk`` is not one it can use.
     StoreExistsError
@@ -251,6 +284,7 @@ def write_store(
     check_shape(counts.shape, domain, geography, "counts")
     check_integer_dtype(counts.dtype, "counts")
     stored = check_integer_dtype(counts.dtype if dtype is None else dtype, "dtype")
+    attributes = check_unit_attributes(unit_attributes, geography.n_units())
     if not isinstance(counts, np.ndarray | da.Array):
         counts = da.asarray(counts)
     if isinstance(counts, np.ndarray):
@@ -263,7 +297,7 @@ def write_store(
         chunk = default_geo_chunk(domain, stored) if geo_chunk is None else geo_chunk
         fill_entries = dense_entries_filler(counts, stored, max(1, min(int(chunk), n)))
         args = (path, domain, geography, stored, geo_chunk, overwrite, source, fill_entries)
-        _publish_store(*args, layout="sparse")
+        _publish_store(*args, layout="sparse", unit_attributes=attributes)
         return open_store(path)
 
     def fill(target: zarr.Array[Any]) -> None:
@@ -271,7 +305,8 @@ def write_store(
         x = x.rechunk((target.chunks[0], *(-1,) * len(domain)))
         store_dense(x, target)
 
-    _publish_store(path, domain, geography, stored, geo_chunk, overwrite, source, fill)
+    args = (path, domain, geography, stored, geo_chunk, overwrite, source, fill)
+    _publish_store(*args, unit_attributes=attributes)
     return open_store(path)
 
 
@@ -404,6 +439,7 @@ def open_store(path: str | os.PathLike[str]) -> DataStore:
     except DataError as exc:  # a group where an array belongs
         raise DataError(f"{path}: {exc}") from None
     geography = Geography(levels, ids, parents)
+    check_listed(group, meta, geography.n_units(), path)
     if counts is None:
         try:
             entries = open_entries(group, meta, (geography.n_units(), *domain.shape))

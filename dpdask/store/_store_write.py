@@ -25,6 +25,7 @@ from dask.delayed import delayed
 from dpdask.domain import Domain, Geography
 from dpdask.errors import ArgumentError, DataError
 from dpdask.publish import publishing
+from dpdask.store._attributes import unit_attribute_names, write_unit_attributes
 from dpdask.store._entries import write_parts, write_sorted
 from dpdask.store._sparse import prefer_dense
 
@@ -211,12 +212,15 @@ def _publish_store(
     source: str,
     fill: Callable[..., Any],
     layout: str = "dense",
+    unit_attributes: Mapping[str, npt.NDArray[np.int64]] | None = None,
 ) -> None:
     """Build the store in a temporary directory, then rename it to ``path``.
 
     ``fill(counts)`` fills the dense ``counts`` array; for ``layout="sparse"``,
     ``fill(root, group)`` writes the entries and returns their number. ``geo_chunk``
     is the geography chunk of the dense array, or of ``to_dask()`` of a sparse store.
+    ``unit_attributes`` (checked) are written as ``units/<name>``; the attributes
+    list every array under ``units/`` (a sparse ``fill`` may write some itself).
     """
     geo_chunk = default_geo_chunk(domain, dtype) if geo_chunk is None else int(geo_chunk)
     if geo_chunk < 1:
@@ -242,3 +246,10 @@ def _publish_store(
             meta.update(format_version=SPARSE_VERSION, layout="sparse", nnz=int(nnz))
             meta["geo_chunk"] = geo_chunk
             group.attrs["dpdask"] = meta
+        write_unit_attributes(group, unit_attributes or {})
+        names = unit_attribute_names(group)
+        if names:
+            group.attrs["dpdask"] = {
+                **cast(Mapping[str, Any], group.attrs["dpdask"]),
+                "unit_attributes": names,
+            }
