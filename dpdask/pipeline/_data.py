@@ -21,7 +21,7 @@ from dpdask.store import (
     fingerprint_path,
     open_store,
     private_dir,
-    read_pl94,
+    read_pl94_file,
     read_ri2010,
     write_store,
 )
@@ -93,11 +93,12 @@ def load_data(
         cached = private_dir(work) / source.cache_name
         if cached.exists():
             store = open_store(cached)
-        elif fmt == "pl94":
-            counts, domain, geo = read_pl94(data_path(spec))
+        elif fmt == "pl94":  # P1-P4 as counts, H1 and P5 as public block attributes
+            pl = read_pl94_file(data_path(spec))
             store = write_store(
-                cached, counts, domain, geo, source=f"P.L. 94-171 {spec.data.path}",
-                layout=layout,
+                cached, pl.counts, pl.domain, pl.geography, layout=layout,
+                source=f"P.L. 94-171 ({pl.vintage} format) {spec.data.path}",
+                unit_attributes=pl.unit_attributes,
             )  # fmt: skip
         elif fmt == "ri2010":
             counts, domain, geo = read_ri2010(data_path(spec))

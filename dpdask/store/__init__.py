@@ -6,11 +6,12 @@ layout): dense (``(n_geographies, *domain.shape)``, chunked along geography only
 or sparse (the non-zero counts as (unit, cell, count) entries), whichever is smaller.
 Stores come from person records (:func:`ingest_records`, counted into a public universe
 of units, :func:`geography_universe`), from the Census P.L. 94-171
-summary file (:func:`read_pl94`), from the Rhode Island 2010 block file
-(:func:`read_ri2010`), from an existing array (:func:`adopt_array`), from triples
-(:func:`write_sparse_store`) or from the synthetic person model
-(:func:`synthetic_store`); :func:`aggregate` gives the counts of any coarser level,
-lazily, and :func:`aggregate_sparse` does so on sparse blocks
+summary file, 2020 or 2010 format (:func:`read_pl94`; :func:`read_pl94_file` adds its
+block attributes), from the Rhode Island 2010 block file (:func:`read_ri2010`), from
+an existing array (:func:`adopt_array`), from triples (:func:`write_sparse_store`),
+from the synthetic person model (:func:`synthetic_store`) or from synthetic P.L. 94
+blocks with their attributes (:func:`synthetic_blocks_store`); :func:`aggregate`
+gives the counts of any coarser level, lazily, and :func:`aggregate_sparse` does so on sparse blocks
 (:meth:`DataStore.to_sparse`). A store may carry public per-unit attributes (housing
 units, group-quarters population: :data:`UNIT_ATTRIBUTES`,
 :meth:`DataStore.unit_attribute`). Records as attribute codes for marginal releases come
@@ -24,7 +25,14 @@ from dpdask.store._aggregate import aggregate, aggregate_rows, level_key
 from dpdask.store._attributes import UNIT_ATTRIBUTES
 from dpdask.store._ingest import RecordSource, ingest_records
 from dpdask.store._marginal_records import read_codes
-from dpdask.store._pl94 import P1_RACE_COLUMNS, PL94_LEVELS, read_pl94
+from dpdask.store._pl94 import (
+    P1_RACE_COLUMNS,
+    P5_HHGQ_LINES,
+    PL94_LEVELS,
+    PL94File,
+    read_pl94,
+    read_pl94_file,
+)
 from dpdask.store._ri2010 import RI2010_FILE, RI2010_LEVELS, read_ri2010, ri2010_csv
 from dpdask.store._source import (
     SourcePrint,
@@ -48,12 +56,14 @@ from dpdask.store._universe import UNKNOWN_GEOGRAPHY, Universe, geography_univer
 
 __all__ = [
     "P1_RACE_COLUMNS",
+    "P5_HHGQ_LINES",
     "PL94_LEVELS",
     "RI2010_FILE",
     "RI2010_LEVELS",
     "UNIT_ATTRIBUTES",
     "UNKNOWN_GEOGRAPHY",
     "DataStore",
+    "PL94File",
     "RecordSource",
     "SourcePrint",
     "SparseCounts",
@@ -75,6 +85,7 @@ __all__ = [
     "private_dir",
     "read_codes",
     "read_pl94",
+    "read_pl94_file",
     "read_ri2010",
     "read_store",
     "ri2010_csv",

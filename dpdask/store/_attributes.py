@@ -177,5 +177,5 @@ def attribute_at(
     """
     if level is None or level == geography.levels[-1]:
         return values
-    summed: npt.NDArray[np.int64] = np.asarray(aggregate(values, geography, level).compute())
+    summed: npt.NDArray[np.int64] = np.asarray(aggregate(values, geography, level).compute())  # type: ignore[no-untyped-call]
     return summed

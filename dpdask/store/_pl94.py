@@ -1,11 +1,12 @@
-"""The Census P.L. 94-171 redistricting summary file (2020 format) at block level.
+"""The Census P.L. 94-171 redistricting summary file (2020 or 2010 format) at block level.
 
-A state's file is a geographic header (``<st>geo<year>.pl``) and three pipe-delimited
-data segments (``<st>00001<year>.pl`` ...), one row per geographic unit, joined on the
-logical record number LOGRECNO. Segment 1 holds tables P1 (race, all ages) and P2
-(Hispanic or Latino, and not Hispanic by race); segment 2 holds P3 and P4 (the same
-for the population 18 years and over) and H1. This module reads the blocks (summary
-level 750) into the PL94 domain of :func:`dpdask.census.pl94_domain`::
+A state's file is a geographic header and data segments, one row per geographic unit,
+joined on the logical record number LOGRECNO (the formats: :mod:`._pl94_files`).
+Segment 1 holds tables P1 (race, all ages) and P2 (Hispanic or Latino, and not
+Hispanic by race); segment 2 holds P3 and P4 (the same for the population 18 years
+and over) and H1 (housing units: total, occupied, vacant); in the 2020 format segment 3
+holds P5 (the group-quarters population by major type). This module reads the blocks
+(summary level 750) into the PL94 domain of :func:`dpdask.census.pl94_domain`::
 
     votingage (0 under 18, 1 18 and over) x hisp (0 not Hispanic, 1 Hispanic) x race (63)
 
@@ -17,15 +18,29 @@ from the identities, for every race combination ``r``:
 
 The column of race combination ``r`` in P1 and P3 is :data:`P1_RACE_COLUMNS` ``[r]``;
 P2 and P4 have two more lines in front (Hispanic, not Hispanic), so their column is
-``P1_RACE_COLUMNS[r] + 2``. The file is checked before anything is returned: the
-segments must cover the same records, the race lines must add up to each table's
-totals, and no derived cell may be negative.
+``P1_RACE_COLUMNS[r] + 2``.
+
+**This 252-cell domain is the richest the public file supports.** P5 counts the
+group-quarters population of a block by type, but is not crossed with age, Hispanic
+origin or race, so the 2,016-cell ``pl94-full`` histogram (hhgq x voting age x
+Hispanic x race) cannot be filled from it. H1 and P5 are kept instead as public block
+attributes of the store (:mod:`._attributes`): ``housing_units`` and
+``occupied_units`` (H1 lines 1, 2) and, from a 2020 file, ``gq_population``
+(persons by :data:`dpdask.census.HHGQ` type: column 0 the household population, P1's
+total less P5's, columns 1..7 P5 lines 3, 4, 5, 6, 8, 9, 10). A 2010 file has no P5:
+its blocks carry no ``gq_population``.
+
+The file is checked before anything is returned: the segments must cover the same
+records, the race lines must add up to each table's totals, H1's occupied and vacant
+units to its total, P5's types to its institutional, non-institutional and total
+lines, P5's total may not exceed P1's, and no derived cell may be negative.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -34,8 +49,16 @@ import pandas as pd
 from dpdask.census import pl94_domain, race_combinations
 from dpdask.domain import Domain, Geography
 from dpdask.errors import DataError
+from dpdask.store._pl94_files import SEG_LOGRECNO, line_values, open_folder
 
-__all__ = ["P1_RACE_COLUMNS", "PL94_LEVELS", "read_pl94"]
+__all__ = [
+    "P1_RACE_COLUMNS",
+    "P5_HHGQ_LINES",
+    "PL94_LEVELS",
+    "PL94File",
+    "read_pl94",
+    "read_pl94_file",
+]
 
 P1_RACE_COLUMNS: tuple[int, ...] = (
     *range(3, 9),  # P0010003-P0010008: the six races alone (P0010002 is their subtotal)
@@ -55,50 +78,16 @@ Islander; Some Other Race), which is the order of
 """
 
 _P1_SUBTOTALS = {2: 1, 10: 2, 26: 3, 47: 4, 63: 5, 70: 6}  # subtotal line -> number of races
-_P1_LINES, _P2_LINES, _P3_LINES, _P4_LINES = 71, 73, 71, 73
+_P1_LINES, _P2_LINES, _P3_LINES, _P4_LINES, _H1_LINES, _P5_LINES = 71, 73, 71, 73, 3, 10
+
+P5_HHGQ_LINES: tuple[int, ...] = (3, 4, 5, 6, 8, 9, 10)
+"""P5 line of each group-quarters type 1..7 of :data:`dpdask.census.HHGQ`: correctional
+facilities for adults, juvenile facilities, nursing facilities, other institutional;
+college housing, military quarters, other non-institutional. Line 1 is the total,
+2 the institutional subtotal (3..6), 7 the non-institutional one (8..10)."""
 
 PL94_LEVELS: dict[str, int] = {"state": 2, "county": 5, "tract": 11, "block_group": 12, "block": 15}
 """GEOID prefix length of each level of the P.L. 94-171 block hierarchy."""
-
-_BLOCK_SUMLEV = "750"
-_GEO_SUMLEV, _GEO_GEOCOMP, _GEO_LOGRECNO, _GEO_GEOCODE = 2, 4, 7, 9
-_SEG_LOGRECNO = 4  # FILEID, STUSAB, CHARITER, CIFSN, LOGRECNO, then the table lines
-
-
-def _one(folder: pathlib.Path, pattern: str, what: str) -> pathlib.Path:
-    found = sorted(folder.glob(pattern))
-    if len(found) != 1:
-        raise DataError(
-            f"{folder}: expected one {what} file matching {pattern!r}, found "
-            f"{[p.name for p in found] or 'none'}"
-        )
-    return found[0]
-
-
-def _read_pipe(path: pathlib.Path, min_fields: int) -> pd.DataFrame:
-    table = pd.read_csv(
-        path, sep="|", header=None, dtype=str, keep_default_na=False, encoding="latin-1"
-    )
-    if table.shape[1] < min_fields:
-        raise DataError(f"{path.name}: {table.shape[1]} fields per line, expected {min_fields}")
-    return table
-
-
-def _lines(
-    segment: pd.DataFrame, first: int, n: int, name: str, path: pathlib.Path
-) -> npt.NDArray[np.int64]:
-    """Table lines ``1..n`` (1-based) starting at field ``first``, as int64 (rows, n + 1)."""
-    block = segment.iloc[:, first : first + n]
-    try:
-        values = block.to_numpy(dtype=np.int64)
-    except ValueError:
-        bad = ~block.apply(lambda c: c.str.fullmatch(r"\d+")).to_numpy()
-        r, c = np.argwhere(bad)[0]
-        raise DataError(
-            f"{path.name}: table {name} line {c + 1} of LOGRECNO "
-            f"{segment.iloc[r, _SEG_LOGRECNO]} is {block.iat[r, c]!r}, not a count"
-        ) from None
-    return np.concatenate([np.zeros((len(values), 1), np.int64), values], axis=1)
 
 
 def _check_sums(
@@ -121,8 +110,149 @@ def _check_sums(
             )
 
 
+@dataclass(frozen=True, eq=False)
+class PL94File:
+    """What :func:`read_pl94_file` reads from a P.L. 94-171 summary file.
+
+    Attributes
+    ----------
+    counts : ndarray
+        int64 ``(n_blocks, 2, 2, 63)``: persons by voting age, Hispanic origin and
+        race, rows in the order of the geography's blocks.
+    domain : Domain
+        ``pl94_domain()``.
+    geography : Geography
+        state > county > tract > block_group > block (:data:`PL94_LEVELS`).
+    unit_attributes : dict of str to ndarray
+        Public block attributes, rows as ``counts``: ``housing_units``,
+        ``occupied_units`` and (2020 files with segment 3) ``gq_population``.
+    vintage : str
+        ``"2020"`` or ``"2010"``: the format the files were read in.
+    """
+
+    counts: npt.NDArray[np.int64]
+    domain: Domain
+    geography: Geography
+    unit_attributes: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)
+    vintage: str = "2020"
+
+
+def _check_parts(
+    table: npt.NDArray[np.int64], total: int, parts: list[int], name: str, ids: npt.NDArray[np.str_]
+) -> None:
+    diff = table[:, parts].sum(axis=1) - table[:, total]
+    if diff.any():
+        i = int(np.flatnonzero(diff)[0])
+        raise DataError(
+            f"table {name} of block {ids[i]}: lines {parts} add up to "
+            f"{table[i, parts].sum()} but line {total} says {table[i, total]}"
+        )
+
+
+def _gq_population(
+    p5: npt.NDArray[np.int64], p1_total: npt.NDArray[np.int64], ids: npt.NDArray[np.str_]
+) -> npt.NDArray[np.int64]:
+    """P5 checked and as persons by hhgq type (household: P1 total less P5 total)."""
+    _check_parts(p5, 2, [3, 4, 5, 6], "P5", ids)
+    _check_parts(p5, 7, [8, 9, 10], "P5", ids)
+    _check_parts(p5, 1, [2, 7], "P5", ids)
+    over = p5[:, 1] > p1_total
+    if over.any():
+        i = int(np.argmax(over))
+        raise DataError(
+            f"table P5 of block {ids[i]}: line 1 says {p5[i, 1]} persons in group quarters "
+            f"but P1 line 1 says the block has {p1_total[i]}"
+        )
+    return np.column_stack([p1_total - p5[:, 1], p5[:, list(P5_HHGQ_LINES)]])
+
+
+def read_pl94_file(folder: str | os.PathLike[str]) -> PL94File:
+    """Read a P.L. 94-171 summary file (2020 or 2010 format) into block-level PL94
+    counts and public block attributes.
+
+    Parameters
+    ----------
+    folder : str or path-like
+        Folder with the geographic header (``*geo*.pl``) and data segments 1 and 2
+        (``*00001*.pl``, ``*00002*.pl``) and, for P5 in the 2020 format, 3
+        (``*00003*.pl``) of one state. The format is told from the header.
+
+    Returns
+    -------
+    PL94File
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``folder`` does not exist.
+    dpdask.errors.DataError
+        If a file is missing or malformed, the segments disagree on the blocks, the
+        lines of a table do not add up to its totals, P5's total exceeds P1's, or a
+        derived cell is negative (the message names the file, block and line).
+
+    Examples
+    --------
+    >>> f = read_pl94_file("examples/data/pl94_providence")  # doctest: +SKIP
+    >>> f.vintage, sorted(f.unit_attributes)  # doctest: +SKIP
+    ('2020', ['gq_population', 'housing_units', 'occupied_units'])
+    """
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no P.L. 94-171 folder at {folder}")
+    files = open_folder(folder)
+    logrecno, geocode = files.blocks()
+    tables = []
+    layout = [(1, ("P1", "P2")), (2, ("P3", "P4", "H1"))]
+    if files.segments[2] is not None:
+        layout.append((3, ("P5",)))
+    sizes = {"P1": _P1_LINES, "P2": _P2_LINES, "P3": _P3_LINES, "P4": _P4_LINES}
+    sizes.update(H1=_H1_LINES, P5=_P5_LINES)
+    for k, names in layout:
+        n_fields = [sizes[name] for name in names]
+        seg, path = files.segment(k, SEG_LOGRECNO + 1 + sum(n_fields), logrecno, geocode)
+        first = SEG_LOGRECNO + 1
+        for n, name in zip(n_fields, names, strict=True):
+            tables.append(line_values(seg, first, n, name, path))
+            first += n
+    p1, p2, p3, p4, h1 = tables[:5]
+    for table, name, first_race in ((p1, "P1", 3), (p2, "P2", 5), (p3, "P3", 3), (p4, "P4", 5)):
+        _check_sums(table, name, first_race, geocode)
+    for table, name in ((p2, "P2"), (p4, "P4")):
+        _check_parts(table, 1, [2, 3], name, geocode)
+    _check_parts(h1, 1, [2, 3], "H1", geocode)
+    attributes = {"housing_units": h1[:, 1], "occupied_units": h1[:, 2]}
+    if len(tables) > 5:
+        attributes["gq_population"] = _gq_population(tables[5], p1[:, 1], geocode)
+
+    race = np.asarray(P1_RACE_COLUMNS)
+    nonhisp_all, hisp_all = p2[:, race + 2], p1[:, race] - p2[:, race + 2]
+    nonhisp_adult, hisp_adult = p4[:, race + 2], p3[:, race] - p4[:, race + 2]
+    cells = np.stack(
+        [
+            np.stack([nonhisp_all - nonhisp_adult, hisp_all - hisp_adult], axis=1),
+            np.stack([nonhisp_adult, hisp_adult], axis=1),
+        ],
+        axis=1,
+    )  # (block, votingage, hisp, race)
+    if (cells < 0).any():
+        b, v, h, r = (int(i) for i in np.argwhere(cells < 0)[0])
+        raise DataError(
+            f"block {geocode[b]}: derived count {cells[b, v, h, r]} < 0 for votingage={v}, "
+            f"hisp={h}, race={r} (P1..P4 lines {race[r]} / {race[r] + 2} disagree)"
+        )
+    geography = Geography.from_geoids(geocode, PL94_LEVELS)
+    if geography.n_units() != len(geocode):
+        raise DataError(f"{files.geo.name}: block GEOIDs repeat")
+    order = pd.Index(geocode).get_indexer(list(geography.ids[-1]))
+    ordered = {name: values[order] for name, values in attributes.items()}
+    return PL94File(cells[order], pl94_domain(), geography, ordered, files.vintage)
+
+
 def read_pl94(folder: str | os.PathLike[str]) -> tuple[npt.NDArray[np.int64], Domain, Geography]:
-    """Read a P.L. 94-171 summary file (2020 format) into block-level PL94 counts.
+    """Read a P.L. 94-171 summary file (2020 or 2010 format) into block-level PL94 counts.
+
+    The counts, domain and geography of :func:`read_pl94_file` (which also gives the
+    blocks' housing units and group-quarters population).
 
     Parameters
     ----------
@@ -146,9 +276,7 @@ def read_pl94(folder: str | os.PathLike[str]) -> tuple[npt.NDArray[np.int64], Do
     FileNotFoundError
         If ``folder`` does not exist.
     dpdask.errors.DataError
-        If a file is missing or malformed, the segments disagree on the blocks, the
-        race lines do not add up to the totals, or a derived cell is negative (the
-        message names the file, block and line).
+        As :func:`read_pl94_file`.
 
     Examples
     --------
@@ -156,64 +284,5 @@ def read_pl94(folder: str | os.PathLike[str]) -> tuple[npt.NDArray[np.int64], Do
     >>> counts.shape, int(counts.sum())  # doctest: +SKIP
     ((569, 2, 2, 63), 614053)
     """
-    folder = pathlib.Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"no P.L. 94-171 folder at {folder}")
-    geo_path = _one(folder, "*geo*.pl", "geographic header")
-    seg_paths = [_one(folder, f"*0000{k}*.pl", f"segment {k}") for k in (1, 2)]
-    geo = _read_pipe(geo_path, _GEO_GEOCODE + 1)
-    blocks = geo[(geo[_GEO_SUMLEV] == _BLOCK_SUMLEV) & (geo[_GEO_GEOCOMP] == "00")]
-    if blocks.empty:
-        raise DataError(f"{geo_path.name}: no block records (summary level {_BLOCK_SUMLEV})")
-    logrecno = blocks[_GEO_LOGRECNO].to_numpy()
-    geocode = blocks[_GEO_GEOCODE].to_numpy().astype(str)
-
-    tables = []
-    for path, n_fields, names in (
-        (seg_paths[0], (_P1_LINES, _P2_LINES), ("P1", "P2")),
-        (seg_paths[1], (_P3_LINES, _P4_LINES), ("P3", "P4")),
-    ):
-        seg = _read_pipe(path, _SEG_LOGRECNO + 1 + sum(n_fields))
-        index = pd.Index(seg[_SEG_LOGRECNO])
-        if not index.is_unique:
-            raise DataError(f"{path.name}: LOGRECNO values repeat")
-        pos = index.get_indexer(logrecno)
-        if (pos < 0).any():
-            raise DataError(
-                f"{path.name}: no record for block {geocode[np.argmax(pos < 0)]} "
-                f"(LOGRECNO {logrecno[np.argmax(pos < 0)]})"
-            )
-        seg = seg.iloc[pos]
-        first = _SEG_LOGRECNO + 1
-        for n, name in zip(n_fields, names, strict=True):
-            tables.append(_lines(seg, first, n, name, path))
-            first += n
-    p1, p2, p3, p4 = tables
-    for table, name, first_race in ((p1, "P1", 3), (p2, "P2", 5), (p3, "P3", 3), (p4, "P4", 5)):
-        _check_sums(table, name, first_race, geocode)
-    for table, name in ((p2, "P2"), (p4, "P4")):
-        if (table[:, 2] + table[:, 3] != table[:, 1]).any():
-            i = int(np.flatnonzero(table[:, 2] + table[:, 3] != table[:, 1])[0])
-            raise DataError(f"table {name} of block {geocode[i]}: Hispanic + not != total")
-
-    race = np.asarray(P1_RACE_COLUMNS)
-    nonhisp_all, hisp_all = p2[:, race + 2], p1[:, race] - p2[:, race + 2]
-    nonhisp_adult, hisp_adult = p4[:, race + 2], p3[:, race] - p4[:, race + 2]
-    cells = np.stack(
-        [
-            np.stack([nonhisp_all - nonhisp_adult, hisp_all - hisp_adult], axis=1),
-            np.stack([nonhisp_adult, hisp_adult], axis=1),
-        ],
-        axis=1,
-    )  # (block, votingage, hisp, race)
-    if (cells < 0).any():
-        b, v, h, r = (int(i) for i in np.argwhere(cells < 0)[0])
-        raise DataError(
-            f"block {geocode[b]}: derived count {cells[b, v, h, r]} < 0 for votingage={v}, "
-            f"hisp={h}, race={r} (P1..P4 lines {race[r]} / {race[r] + 2} disagree)"
-        )
-    geography = Geography.from_geoids(geocode, PL94_LEVELS)
-    if geography.n_units() != len(geocode):
-        raise DataError(f"{geo_path.name}: block GEOIDs repeat")
-    order = pd.Index(geocode).get_indexer(list(geography.ids[-1]))
-    return cells[order], pl94_domain(), geography
+    read = read_pl94_file(folder)
+    return read.counts, read.domain, read.geography

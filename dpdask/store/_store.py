@@ -305,8 +305,10 @@ def write_store(
         x = x.rechunk((target.chunks[0], *(-1,) * len(domain)))
         store_dense(x, target)
 
-    args = (path, domain, geography, stored, geo_chunk, overwrite, source, fill)
-    _publish_store(*args, unit_attributes=attributes)
+    _publish_store(
+        path, domain, geography, stored, geo_chunk, overwrite, source, fill,
+        unit_attributes=attributes,
+    )  # fmt: skip
     return open_store(path)
 
 
