@@ -95,6 +95,7 @@ def _counts() -> dict[str, Any]:
         "records": tuple(s._records_keys()),
         "pl94": s._CONVERTED_KEYS,
         "ri2010": s._CONVERTED_KEYS,
+        "synthetic-blocks": s._SYNTHETIC_BLOCKS_KEYS,
         "store": (),
     }
     every = sorted({k for keys in data_keys.values() for k in keys} | set(s._DATA_KEYS))
@@ -112,7 +113,7 @@ def _counts() -> dict[str, Any]:
             {
                 "if": {"properties": {"format": {"const": fmt}}, "required": ["format"]},
                 "then": {"propertyNames": {"enum": [*s._DATA_KEYS, *keys]}}
-                | ({} if fmt == "synthetic" else {"required": ["path"]}),
+                | ({} if fmt.startswith("synthetic") else {"required": ["path"]}),
             }
             for fmt, keys in data_keys.items()
         ],

@@ -8,13 +8,19 @@ and their sources are in :mod:`dpdask.datasets._constants`; the model itself, an
 how attributes are matched by name, in :mod:`dpdask.datasets._model`.
 :func:`synthetic_pl94_blocks` draws blocks on the 2,016-cell P.L. 94 histogram
 (households and group quarters) with housing units and facilities consistent with
-the persons.
+the persons (:class:`SyntheticBlocksGenerator`: a chunk of blocks at a time).
 """
 
 from dpdask.datasets._constants import CONCENTRATION, POPULATION_MEDIAN
 from dpdask.datasets._generator import SyntheticGenerator
 from dpdask.datasets._model import GROUPS, KNOWN_ATTRIBUTES, PersonModel
-from dpdask.datasets._pl94_full import GQ_SHARES, SyntheticBlocks, synthetic_pl94_blocks
+from dpdask.datasets._pl94_full import (
+    BLOCKS_PER_STREAM,
+    GQ_SHARES,
+    SyntheticBlocks,
+    SyntheticBlocksGenerator,
+    synthetic_pl94_blocks,
+)
 from dpdask.datasets._synthetic import (
     SyntheticPersons,
     draw_populations,
@@ -29,6 +35,7 @@ from dpdask.datasets._wide import (
 )
 
 __all__ = [
+    "BLOCKS_PER_STREAM",
     "CONCENTRATION",
     "GQ_SHARES",
     "GROUPS",
@@ -36,6 +43,7 @@ __all__ = [
     "POPULATION_MEDIAN",
     "PersonModel",
     "SyntheticBlocks",
+    "SyntheticBlocksGenerator",
     "SyntheticGenerator",
     "SyntheticPersons",
     "draw_populations",

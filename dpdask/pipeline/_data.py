@@ -2,7 +2,10 @@
 
 Inputs that need converting (P.L. 94-171 files, the Rhode Island 2010 block file,
 person records, synthetic data) are converted into the run's private work folder under
-a name keyed to the source's fingerprint; :mod:`dpdask.pipeline.run` uses these.
+a name keyed to the source's fingerprint; :mod:`dpdask.pipeline.run` uses these. A
+P.L. 94-171 file's store carries its blocks' housing units and group-quarters
+population, synthetic blocks' their housing units, facilities and group-quarters
+population, as public unit attributes (:meth:`dpdask.store.DataStore.unit_attribute`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import pathlib
 
 import numpy as np
 
+from dpdask.census import pl94_full_domain
 from dpdask.domain import Geography
+from dpdask.pipeline._spec_fields import synthetic_blocks_options
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.store import (
     DataStore,
@@ -28,6 +33,7 @@ from dpdask.store import (
 
 __all__ = [
     "check_input",
+    "data_geography",
     "data_path",
     "dataset_id",
     "load_data",
@@ -48,9 +54,9 @@ def synthetic_geography(n_units: int, n_states: int) -> Geography:
 
 def source_print(spec: ReleaseSpec) -> SourcePrint:
     """The fingerprint of the spec's input (its files' bytes, or the synthetic options)."""
-    if spec.data.format == "synthetic":
+    if spec.data.format.startswith("synthetic"):
         return fingerprint_options(
-            "synthetic", {**spec.data.options, "domain": spec.domain.to_dict()}
+            spec.data.format, {**spec.data.options, "domain": spec.domain.to_dict()}
         )
     if spec.data.path is None or not spec.data.path.exists():
         raise SpecError(f"data.path: {spec.data.path} does not exist")
@@ -65,9 +71,43 @@ def data_path(spec: ReleaseSpec) -> pathlib.Path:
 
 
 def check_input(spec: ReleaseSpec) -> None:
-    """Refuse a spec whose input is missing, before a cluster starts or a ledger opens."""
-    if spec.data.format != "synthetic" and (spec.data.path is None or not spec.data.path.exists()):
+    """Refuse a spec whose input is missing, or synthetic blocks on another domain than
+    ``pl94-full``, before a cluster starts or a ledger opens."""
+    fmt = spec.data.format
+    if not fmt.startswith("synthetic") and (spec.data.path is None or not spec.data.path.exists()):
         raise SpecError(f"data.path: {spec.data.path} does not exist")
+    if fmt == "synthetic-blocks" and spec.domain != pl94_full_domain():
+        raise SpecError(
+            f"domain: data of format 'synthetic-blocks' is on the pl94-full domain, not "
+            f"{spec.domain}"
+        )
+
+
+def data_geography(
+    spec: ReleaseSpec, work: pathlib.Path, source: SourcePrint | None = None
+) -> tuple[Geography, tuple[str, ...]]:
+    """The geography of the spec's data and the unit attributes it carries, as
+    ``validate`` checks them: generated geographies without drawing the data, P.L. 94-171
+    files read (and checked) in memory, other inputs converted into ``work``."""
+    from dpdask.store import block_geography, read_pl94_file
+
+    fmt = spec.data.format
+    if fmt == "synthetic":
+        n = int(spec.data.options.get("geographies", 50))
+        return synthetic_geography(
+            n, int(spec.data.options.get("states", max(1, round(n / 60))))
+        ), ()
+    if fmt == "synthetic-blocks":
+        check_input(spec)
+        blocks = synthetic_blocks_options(spec.data.options)["blocks"]
+        return block_geography(blocks), ("gq_facilities", "gq_population", "housing_units")
+    if fmt == "pl94":
+        pl = read_pl94_file(data_path(spec))
+        if pl.domain != spec.domain:
+            raise SpecError(f"domain: the spec says {spec.domain} but the data has {pl.domain}")
+        return pl.geography, tuple(sorted(pl.unit_attributes))
+    store = load_data(spec, work, source)
+    return store.geography, store.unit_attribute_names
 
 
 def dataset_id(spec: ReleaseSpec, source: SourcePrint | None = None) -> str:
@@ -106,6 +146,14 @@ def load_data(
             store = write_store(cached, counts, domain, geo, source=origin, layout=layout)
         elif fmt == "synthetic":
             store = _synthetic_store(spec, cached)
+        elif fmt == "synthetic-blocks":
+            from dpdask.store import synthetic_blocks_store
+
+            check_input(spec)
+            sizes = synthetic_blocks_options(spec.data.options)
+            store = synthetic_blocks_store(
+                cached, sizes["blocks"], sizes["persons"], seed=sizes["seed"]
+            )
         elif fmt == "records":
             from dpdask.store import ingest_records
 

@@ -13,6 +13,7 @@ from dpdask.errors import SpecError
 from dpdask.specs import as_mapping, check_keys  # the checks every kind of spec shares
 
 __all__ = [
+    "SYNTHETIC_BLOCKS",
     "as_bool",
     "as_mapping",
     "as_path",
@@ -20,7 +21,15 @@ __all__ = [
     "keywords",
     "positive_int",
     "require",
+    "synthetic_blocks_options",
 ]
+
+#: ``data: {format: synthetic-blocks}``: each option, its default and its least value
+SYNTHETIC_BLOCKS: dict[str, tuple[int, int]] = {
+    "blocks": (25_000, 1),
+    "persons": (1_000_000, 0),
+    "seed": (0, 0),
+}
 
 
 def require(d: Mapping[str, Any], key: str, where: str) -> Any:
@@ -54,3 +63,16 @@ def positive_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise SpecError(f"{where}: expected a positive integer, got {value!r}")
     return value
+
+
+def synthetic_blocks_options(d: Mapping[str, Any]) -> dict[str, int]:
+    """``blocks``, ``persons`` and ``seed`` of synthetic blocks, defaults filled in; a
+    :class:`SpecError` naming ``data.<key>`` for a value that is not an integer at least
+    its least value."""
+    out = {}
+    for key, (default, least) in SYNTHETIC_BLOCKS.items():
+        value = d.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise SpecError(f"data.{key}: expected an integer >= {least}, got {value!r}")
+        out[key] = value
+    return out

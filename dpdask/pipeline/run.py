@@ -15,14 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpdask.pipeline import _marginal_run as marginal
-from dpdask.pipeline._data import (
-    check_input,
-    data_path,
-    dataset_id,
-    load_data,
-    source_print,
-    synthetic_geography,
-)
+from dpdask.pipeline._data import check_input, data_geography, dataset_id, load_data, source_print
 from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
@@ -53,7 +46,7 @@ from dpdask.publish import (
     remove_work,
     work_dir,
 )
-from dpdask.store import DataStore, SourcePrint, read_pl94
+from dpdask.store import DataStore, SourcePrint
 from dpdask.workloads.named import build_workload
 
 log = logging.getLogger("dpdask")
@@ -278,21 +271,12 @@ def _check_budgets(spec: ReleaseSpec, ledger: Ledger, dataset: str, resuming: bo
     check_dataset_fits(ledger, spec.release, spec.privacy, dataset, total)
 
 
-def _check_data(spec: ReleaseSpec, checked: _Checked) -> dict[str, int]:
-    """Read (and, for records, scan) the input as ``run`` will; units per released level."""
-    fmt = spec.data.format
-    if fmt == "synthetic":
-        n = int(spec.data.options.get("geographies", 50))
-        geo = synthetic_geography(n, int(spec.data.options.get("states", max(1, round(n / 60)))))
-    elif fmt == "pl94":
-        _counts, domain, geo = read_pl94(data_path(spec))
-        if domain != spec.domain:
-            raise SpecError(f"domain: the spec says {spec.domain} but the data has {domain}")
-    elif fmt == "store":
-        geo = load_data(spec, checked.work, checked.source).geography
-    else:
-        with tempfile.TemporaryDirectory(prefix=".dpdask-validate-") as tmp:
-            geo = load_data(spec, pathlib.Path(tmp) / "work", checked.source).geography
+def _check_data(spec: ReleaseSpec, checked: _Checked) -> tuple[dict[str, int], tuple[str, ...]]:
+    """Read (and, for records, scan) the input as ``run`` will; units per released level
+    and the unit attributes the data carries."""
+    with tempfile.TemporaryDirectory(prefix=".dpdask-validate-") as tmp:
+        work = checked.work if spec.data.format == "store" else pathlib.Path(tmp) / "work"
+        geo, attributes = data_geography(spec, work, checked.source)
     levels = spec.levels or geo.levels
     for lv in levels:
         if lv not in geo.levels:
@@ -302,7 +286,7 @@ def _check_data(spec: ReleaseSpec, checked: _Checked) -> dict[str, int]:
             f"levels: the finest released level must be the data's finest, {geo.levels[-1]!r}"
         )
     split_levels(spec.privacy, levels, spec.split)
-    return {lv: geo.n_units(lv) for lv in levels}
+    return {lv: geo.n_units(lv) for lv in levels}, attributes
 
 
 def validate_spec(
@@ -325,11 +309,13 @@ def validate_spec(
     queries = _check_workloads(spec)
     checked = _preflight(spec, run_id, overwrite, create=False)
     _plan, planned = plan_spec(spec)  # the strategy's options fail here, not in run
+    units, attributes = _check_data(spec, checked)
     report: dict[str, Any] = {
         "release": spec.release,
         "dataset": checked.dataset,
         "workload_queries": queries,
-        "units": _check_data(spec, checked),
+        "units": units,
+        "unit_attributes": list(attributes),  # public per-unit attributes of the data
         "noise_scale": {lv["level"]: lv["noise_scale"] for lv in planned["levels"]},
     }
     if checked.ledger is not None:

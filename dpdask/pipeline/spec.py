@@ -125,11 +125,12 @@ __all__ = [
 ]
 
 
-DATA_FORMATS = ("pl94", "ri2010", "store", "records", "synthetic")
+DATA_FORMATS = ("pl94", "ri2010", "store", "records", "synthetic", "synthetic-blocks")
 RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown")
 _DATA_KEYS = ("format", "path", "id")
 _SYNTHETIC_KEYS = ("geographies", "states", "seed", "population", "layout")
 _CONVERTED_KEYS = ("layout",)  # pl94 and ri2010 files, converted into a store
+_SYNTHETIC_BLOCKS_KEYS = ("blocks", "persons", "seed")  # _spec_fields.SYNTHETIC_BLOCKS
 _LEDGER_KEYS = ("path", "create", "url")
 #: the keys of a count spec, and those it must have
 SPEC_KEYS = (
@@ -264,12 +265,16 @@ def _data(raw: Any, base: pathlib.Path) -> DataSpec:
         raise SpecError(f"data.format: {fmt!r} is not one of {DATA_FORMATS}")
     extra = {
         "synthetic": _SYNTHETIC_KEYS, "records": None, "pl94": _CONVERTED_KEYS,
-        "ri2010": _CONVERTED_KEYS,
+        "ri2010": _CONVERTED_KEYS, "synthetic-blocks": _SYNTHETIC_BLOCKS_KEYS,
     }.get(fmt, ())  # fmt: skip
     check_keys(d, [*_DATA_KEYS, *(_records_keys() if extra is None else extra)], "data")
     dpath = as_path(d["path"], base, "data.path") if d.get("path") else None
-    if fmt != "synthetic" and dpath is None:
+    if not fmt.startswith("synthetic") and dpath is None:
         raise SpecError(f"data.path: required for format {fmt!r}")
+    if fmt == "synthetic-blocks":  # pl94-full blocks with their attributes
+        from dpdask.pipeline._spec_fields import synthetic_blocks_options as check_blocks
+
+        check_blocks(d)
     if fmt == "ri2010" and dpath is not None:
         from dpdask.store import ri2010_csv
 

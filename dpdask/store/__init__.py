@@ -51,6 +51,7 @@ from dpdask.store._store import (
     read_store,
     write_store,
 )
+from dpdask.store._synthetic_blocks import block_geography, synthetic_blocks_store
 from dpdask.store._synthetic_store import synthetic_store
 from dpdask.store._universe import UNKNOWN_GEOGRAPHY, Universe, geography_universe
 
@@ -73,6 +74,7 @@ __all__ = [
     "aggregate",
     "aggregate_rows",
     "aggregate_sparse",
+    "block_geography",
     "default_geo_chunk",
     "densify",
     "fingerprint_options",
@@ -90,6 +92,7 @@ __all__ = [
     "read_store",
     "ri2010_csv",
     "sparsify",
+    "synthetic_blocks_store",
     "synthetic_store",
     "write_sparse_store",
     "write_store",
