@@ -50,12 +50,7 @@ from dask.base import tokenize
 from dpdask.domain import Domain, Geography
 from dpdask.errors import ArgumentError, DataError
 from dpdask.publish import check_target
-from dpdask.store._attributes import (
-    attribute_at,
-    check_listed,
-    check_unit_attributes,
-    read_unit_attribute,
-)
+from dpdask.store import _attributes as attributes_
 from dpdask.store._entries import (
     SparseCounts,
     array_at,
@@ -162,8 +157,8 @@ class DataStore:
         """
         group = zarr.open_group(str(self.path), mode="r", zarr_format=3)
         n = self.geography.n_units()
-        values = read_unit_attribute(group, self.unit_attribute_names, name, n)
-        return attribute_at(values, self.geography, level)
+        values = attributes_.read_unit_attribute(group, self.unit_attribute_names, name, n)
+        return attributes_.attribute_at(values, self.geography, level)
 
     def _token(self, *extra: Any) -> str:
         return tokenize(str(self.path), self.attrs.get("created"), self.counts.shape, *extra)
@@ -284,7 +279,7 @@ def write_store(
     check_shape(counts.shape, domain, geography, "counts")
     check_integer_dtype(counts.dtype, "counts")
     stored = check_integer_dtype(counts.dtype if dtype is None else dtype, "dtype")
-    attributes = check_unit_attributes(unit_attributes, geography.n_units())
+    attributes = attributes_.check_unit_attributes(unit_attributes, geography.n_units())
     if not isinstance(counts, np.ndarray | da.Array):
         counts = da.asarray(counts)
     if isinstance(counts, np.ndarray):
@@ -441,7 +436,7 @@ def open_store(path: str | os.PathLike[str]) -> DataStore:
     except DataError as exc:  # a group where an array belongs
         raise DataError(f"{path}: {exc}") from None
     geography = Geography(levels, ids, parents)
-    check_listed(group, meta, geography.n_units(), path)
+    attributes_.check_listed(group, meta, geography.n_units(), path)
     if counts is None:
         try:
             entries = open_entries(group, meta, (geography.n_units(), *domain.shape))
