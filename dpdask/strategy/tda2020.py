@@ -22,6 +22,16 @@ answered from the ``detailed`` cells.
 :func:`tda2020_strategy` builds the stack for one level, :func:`level_budget` gives
 the level's budget from the persons budget, and :func:`tda2020_variances` the closed
 form of every group's variance.
+
+**On the 252-cell ``pl94`` domain** (voting age x Hispanic x race, no hhgq: the richest
+a public P.L. 94-171 file supports), :func:`tda2020_plan` measures the Bureau's groups
+that exist without hhgq (:data:`PL94_GROUPS`): ``hhinstlevels`` and ``hhgq`` are gone,
+and ``detailed`` summed over hhgq is ``votingage*hispanic*cenrace``, so that group takes
+both shares (two Gaussian measurements of one query are one with the shares added).
+The shares are then renormalised over the kept groups (:func:`pl94_shares`: the
+dropped groups' shares go to the others in proportion), so the level spends its whole
+budget and group ``g`` has the measured variance ``1 / (2 rho l q'_g)``; any workload
+on the domain (e.g. ``pl94``) is answered from them by least squares.
 """
 
 from __future__ import annotations
@@ -41,9 +51,11 @@ __all__ = [
     "LEVEL_SHARES",
     "PERSONS_RHO_ADD_REMOVE",
     "PERSONS_RHO_CHANGE_ONE",
+    "PL94_GROUPS",
     "QUERY_SHARES",
     "fitness_plan",
     "level_budget",
+    "pl94_shares",
     "symmetry_blocks",
     "tda2020_groups",
     "tda2020_plan",
@@ -103,6 +115,22 @@ QUERY_SHARES: dict[str, dict[str, Fraction]] = {
 """Each level's query shares (the production strategy
 ``ProductionCandidate20210527US_mult8_add02_dsepJune3``), by group; the US measures no
 ``total`` (share 0)."""
+
+
+PL94_GROUPS: dict[str, tuple[str, ...]] = {
+    "total": ("total",),
+    "cenrace": ("cenrace",),
+    "hispanic": ("hispanic",),
+    "votingage": ("votingage",),
+    "hispanic*cenrace": ("hispanic*cenrace",),
+    "votingage*cenrace": ("votingage*cenrace",),
+    "votingage*hispanic": ("votingage*hispanic",),
+    "votingage*hispanic*cenrace": ("votingage*hispanic*cenrace", "detailed"),
+}
+"""The groups measured on the ``pl94`` domain, each with the Bureau's groups whose
+shares it takes (``hhinstlevels`` and ``hhgq`` have none: they need hhgq)."""
+
+_PL94_ATTRS = {"cenrace": "race", "hispanic": "hisp", "votingage": "votingage"}
 
 
 def _check_level(level: str) -> str:
@@ -191,6 +219,54 @@ def tda2020_variances(persons: zCDP, level: str) -> dict[str, float]:
     return {g: float(1 / (2 * rho * shares[g])) for g in tda2020_groups(level)}
 
 
+def pl94_shares(level: str) -> dict[str, Fraction]:
+    """Each :data:`PL94_GROUPS` group's share of ``level``'s budget on the ``pl94``
+    domain: the Bureau's shares of its groups, renormalised to add up to 1 (groups of
+    share 0, the US level's ``total``, are not measured).
+
+    Examples
+    --------
+    >>> s = pl94_shares("county")
+    >>> s["total"], sum(s.values())
+    (Fraction(1042, 1359), Fraction(1, 1))
+    """
+    q = QUERY_SHARES[_check_level(level)]
+    raw = {g: sum((q[b] for b in bureau), Fraction(0)) for g, bureau in PL94_GROUPS.items()}
+    kept = sum(raw.values(), Fraction(0))
+    return {g: share / kept for g, share in raw.items() if share > 0}
+
+
+def _pl94_plan(workload: LinearQuery, privacy: Budget, level: str, domain: Domain) -> Plan:
+    """The Bureau's groups without hhgq at ``level``, any workload on the pl94 domain."""
+    from dpdask.linalg import Identity
+    from dpdask.workloads.products import product
+
+    if workload.shape[1] != domain.size:
+        raise PlanError(
+            f"strategy tda-2020: the workload has {workload.shape[1]} columns, not {domain.size}"
+        )
+    shares = pl94_shares(level)
+    parts: list[LinearQuery] = [
+        product(
+            domain,
+            {
+                _PL94_ATTRS[a]: Identity(domain[_PL94_ATTRS[a]])
+                for a in g.split("*")
+                if a != "total"
+            },
+        )
+        for g in shares
+    ]
+    strategy = VStack(parts, weights=[math.sqrt(s) for s in shares.values()], names=tuple(shares))
+    info = {
+        "level": level,
+        "level_share": str(LEVEL_SHARES[level]),
+        "domain": "pl94: hhinstlevels and hhgq dropped, detailed in votingage*hispanic*cenrace",
+        "query_shares": {g: str(s) for g, s in shares.items()},
+    }
+    return Plan(workload, strategy, privacy, domain=domain, template="tda-2020", info=info)
+
+
 def tda2020_plan(
     workload: LinearQuery, privacy: Budget, *, level: str, domain: Domain | None = None
 ) -> Plan:
@@ -200,13 +276,14 @@ def tda2020_plan(
     ----------
     workload : LinearQuery
         The :func:`~dpdask.workloads.pl94_full.pl94_full` workload (its eleven groups,
-        in order).
+        in order); on the ``pl94`` domain any workload (answered by least squares).
     privacy : zCDP or ApproxDP
         The level's budget (for the Bureau's, :func:`level_budget`).
     level : str
         One of :data:`LEVELS`: which query shares.
     domain : Domain, optional
-        :func:`dpdask.census.pl94_full_domain` (the default).
+        :func:`dpdask.census.pl94_full_domain` (the default) or
+        :func:`dpdask.census.pl94_domain` (the groups without hhgq, :func:`pl94_shares`).
 
     Raises
     ------
@@ -217,6 +294,12 @@ def tda2020_plan(
     from dpdask import census
 
     domain = census.pl94_full_domain() if domain is None else domain
+    if mechanism_for(privacy) != "gaussian":
+        raise PlanError(
+            "strategy tda-2020 adds Gaussian noise: give a zCDP or (epsilon, delta) budget"
+        )
+    if tuple(domain.items()) == tuple(census.pl94_domain().items()):
+        return _pl94_plan(workload, privacy, _check_level(level), domain)
     if not (
         isinstance(workload, VStack)
         and workload.names == PL94_FULL_GROUPS
@@ -224,11 +307,7 @@ def tda2020_plan(
     ):
         raise PlanError(
             "strategy tda-2020 answers the pl94-full workload (the Bureau's eleven query "
-            "groups on the 2,016-cell domain)"
-        )
-    if mechanism_for(privacy) != "gaussian":
-        raise PlanError(
-            "strategy tda-2020 adds Gaussian noise: give a zCDP or (epsilon, delta) budget"
+            "groups on the 2,016-cell domain), or any workload on the 252-cell pl94 domain"
         )
     strategy, groups = tda2020_strategy(level, domain)
     info = {"level": level, "level_share": str(LEVEL_SHARES[level])}

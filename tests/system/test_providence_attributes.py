@@ -95,3 +95,29 @@ def test_store_attributes_match_the_files_own_rows(spec, tmp_path):
     assert gq[0, 1:].sum() == sum(r["P5"][1] for r in tracts.values())
     assert hu[0] < county["H1"][1] and gq[0, 1:].sum() <= county["P5"][1]
     assert gq[0, 1:].sum() > 0  # the tracts hold group quarters: the checks can fail
+
+
+def test_tda2020_pipeline_plans_the_bureaus_level_budgets(tmp_path, capsys):
+    """The shipped tda-2020 Providence spec: each level at the Bureau's share of the
+    persons budget (closed form rho l), noise variance 1 / (2 rho l) per measured row."""
+    from fractions import Fraction
+
+    from dpdask.strategy.tda2020 import LEVEL_SHARES, PERSONS_RHO_ADD_REMOVE
+
+    raw = yaml.safe_load((ROOT / "pipelines" / "pl94-providence-tda2020.yaml").read_text())
+    raw["data"]["path"] = str(EXAMPLE)
+    raw["output"] = str(tmp_path / "out" / "tda.zarr")
+    raw["ledger"] = {"path": str(tmp_path / "out" / "ledger.sqlite"), "create": True}
+    path = tmp_path / "tda.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["validate", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["units"]["block"] == 569
+    assert main(["plan", str(path), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    for lv in plan["levels"]:
+        rho = Fraction(lv["budget"]["rho"])
+        bureau = PERSONS_RHO_ADD_REMOVE * LEVEL_SHARES[lv["level"]]
+        assert abs(rho / bureau - 1) < 1e-6, lv["level"]
+        assert lv["strategy"] == "tda-2020"
+        assert lv["nominal_noise_scale"] ** 2 == pytest.approx(1 / (2 * float(rho)), rel=1e-9)
+    assert not (tmp_path / "out").exists()
