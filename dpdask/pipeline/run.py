@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dpdask.domain import Geography
 from dpdask.pipeline import _marginal_run as marginal
 from dpdask.pipeline._data import (
     check_input,
@@ -63,7 +64,9 @@ __all__ = [
     "check_input",
     "dataset_id",
     "load_data",
+    "plan_geography",
     "plan_spec",
+    "plan_spec_levels",
     "run_spec",
     "validate_spec",
 ]
@@ -107,11 +110,21 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     level (``workload: {levels: ...}``), a mapping of level to the plan selected for that
     level's workload with that level's share of the budget.
     """
+    chosen, report, _levels = plan_spec_levels(spec, client)
+    return chosen, report
+
+
+def plan_spec_levels(
+    spec: ReleaseSpec, client: Any = None
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """:func:`plan_spec`, and every released level's plan as the run makes it
+    (:func:`dpdask.graph.level_plans`, its noise as drawn for the input's dtype; none
+    for a marginal spec or a spec without levels)."""
     from dpdask.graph import level_plans
     from dpdask.strategy import select
 
     if marginal.is_marginal_spec(spec):
-        return marginal.plan_report(spec)
+        return (*marginal.plan_report(spec), {})
     levels = spec.levels or ()
     shares = spec.level_budgets(levels) if levels else {}
 
@@ -175,7 +188,24 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
             row["workload"] = spec.level_workload(lv)["name"]
             row["strategy"] = spec.level_strategy(lv)[0]
         report["levels"].append(row)
-    return (plans if spec.per_level else plan), report
+    return (plans if spec.per_level else plan), report, lps
+
+
+def plan_geography(spec: ReleaseSpec) -> Geography | None:
+    """The spec's geography when it is known without reading data: synthetic data's
+    (from the spec's options) or a store's (its metadata); ``None`` otherwise."""
+    if spec.data.format == "synthetic":
+        return _synthetic_geography(spec)
+    if spec.data.format == "store" and spec.data.path is not None and spec.data.path.exists():
+        from dpdask.store import open_store
+
+        return open_store(spec.data.path).geography
+    return None
+
+
+def _synthetic_geography(spec: ReleaseSpec) -> Geography:
+    n = int(spec.data.options.get("geographies", 50))
+    return synthetic_geography(n, int(spec.data.options.get("states", max(1, round(n / 60)))))
 
 
 def _check_workloads(spec: ReleaseSpec) -> int:
@@ -282,8 +312,7 @@ def _check_data(spec: ReleaseSpec, checked: _Checked) -> dict[str, int]:
     """Read (and, for records, scan) the input as ``run`` will; units per released level."""
     fmt = spec.data.format
     if fmt == "synthetic":
-        n = int(spec.data.options.get("geographies", 50))
-        geo = synthetic_geography(n, int(spec.data.options.get("states", max(1, round(n / 60)))))
+        geo = _synthetic_geography(spec)
     elif fmt == "pl94":
         _counts, domain, geo = read_pl94(data_path(spec))
         if domain != spec.domain:
