@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from dpdask.errors import ArgumentError
@@ -47,6 +48,7 @@ def check_compare(spec: ReleaseSpec, compare: str) -> None:
 
     if compare not in COMPARE:
         raise ArgumentError(f"--compare: {compare!r} is not one of {list(COMPARE)}")
+
     def name(workload: Mapping[str, Any]) -> str:
         try:
             return canonical_name(str(workload.get("name")))
@@ -166,7 +168,7 @@ def add_groups(
             "baseline": compare,
             "persons_budget": (budget * (1 / shares)).to_dict(),
             "level_budgets": {lv: p.privacy.to_dict() for lv, p in tda.items()},
-            "noise": "nominal: the Bureau measures integer counts with the discrete Gaussian",
+            "noise": "nominal (the Bureau measures integer counts with the discrete Gaussian)",
             "ratio": "this plan's sd over tda-2020's",
         }
     report["groups"] = about
@@ -214,9 +216,13 @@ def groups_tables(report: dict[str, Any]) -> str:
         f"  reconstructed: {about['reconstructed']} (from {about['fanout_source']})",
     ]
     if compare is not None:
-        persons = ", ".join(f"{k}={v}" for k, v in compare["persons_budget"].items() if k != "type")
+        persons = ", ".join(
+            f"{k}={v} ({float(Fraction(v)):.6g})"
+            for k, v in compare["persons_budget"].items()
+            if k != "type"
+        )
         lines.append(
-            f"  {compare['baseline']}: the Bureau's strategy at its production share of the same "
+            f"  {compare['baseline']}: the Bureau's strategy at its production shares of the same "
             f"total (persons {persons}, add/remove); noise {compare['noise']}"
         )
         lines.append(f"  ratio: {compare['ratio']}")

@@ -3,6 +3,8 @@ the measured and reconstructed standard deviations beside the Census Bureau's.""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import pathlib
@@ -41,9 +43,6 @@ def compared(tmp_path_factory) -> tuple[dict, str]:
     tmp = tmp_path_factory.mktemp("compare")
     spec = _spec(tmp)
     capture: list[str] = []
-    import contextlib
-    import io
-
     for extra in (["--json"], []):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
