@@ -113,3 +113,24 @@ def test_compare_refuses_a_spec_that_is_not_pl94_full(tmp_path, capsys) -> None:
     assert main(["plan", str(spec), "--compare", "tda-2020"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pl94-full" in err[0]
+
+
+def test_fanout_unknown_then_given(capsys) -> None:
+    """P.L. 94 files give their geography only when read: without ``--fanout`` the
+    reconstructed figures are n/a, saying why; with it they are never above the measured."""
+    spec = str(ROOT / "pipelines" / "pl94-providence.yaml")
+    assert main(["plan", spec, "--json"]) == 0
+    report = _json(capsys)
+    for lv in report["levels"]:
+        assert "--fanout" in lv["reconstructed_note"]
+        assert all(g["sd_reconstructed"] is None and g["sd_measured"] > 0 for g in lv["groups"])
+    fanout = "county=5,tract=50,block_group=3,block=25"
+    assert main(["plan", spec, "--json", "--fanout", fanout]) == 0
+    report = _json(capsys)
+    assert [lv["fanout"] for lv in report["levels"]] == [None, 5.0, 50.0, 3.0, 25.0]
+    for lv in report["levels"]:
+        assert lv["reconstructed_note"] is None
+        for g in lv["groups"]:
+            assert 0 < g["sd_reconstructed"] <= g["sd_measured"] * (1 + 1e-9)
+    assert main(["plan", spec, "--fanout", "tract=0.5"]) == 2
+    assert "--fanout" in capsys.readouterr().err
