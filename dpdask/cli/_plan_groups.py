@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -73,13 +73,15 @@ def check_compare(spec: ReleaseSpec, compare: str) -> None:
         raise ArgumentError(f"--compare {compare}: the Bureau's budget is zCDP; this spec's is not")
 
 
-def parse_fanout(text: str) -> float | dict[str, float]:
-    """``--fanout``: one number for every level, or ``LEVEL=N,...``.
+def parse_fanout(text: str, levels: Sequence[str]) -> float | dict[str, float]:
+    """``--fanout``: one number for every level, or ``LEVEL=N,...`` for ``levels`` (the
+    released ones) below the top.
 
     Raises
     ------
     ArgumentError
-        Unless every value is a number of at least 1.
+        Unless every value is a number of at least 1 and every level named is released
+        below the top.
     """
 
     def number(value: str) -> float:
@@ -99,6 +101,11 @@ def parse_fanout(text: str) -> float | dict[str, float]:
         if not level.strip() or not value:
             raise ArgumentError(f"--fanout: {item!r} is not LEVEL=N")
         out[level.strip()] = number(value)
+    unknown = sorted(set(out) - set(levels[1:]))
+    if unknown:
+        raise ArgumentError(
+            f"--fanout: {unknown} are not released levels below the top {list(levels)}"
+        )
     return out
 
 
@@ -111,9 +118,6 @@ def _fanouts(
     if isinstance(option, float):
         return {lv: option for lv in levels[1:]}, "--fanout"
     given = dict(option or {})
-    unknown = sorted(set(given) - set(levels[1:]))
-    if unknown:
-        raise ArgumentError(f"--fanout: {unknown} are not released levels below the top {levels}")
     geo = plan_geography(spec) if any(lv not in given for lv in levels[1:]) else None
     out = dict(given)
     for above, lv in itertools.pairwise(levels):

@@ -149,9 +149,10 @@ def _counts_plan(args: argparse.Namespace) -> Result:
     spec = load_spec(args.spec, period=args.period)
     if args.compare is not None:  # before anything is planned or written
         check_compare(spec, args.compare)
-    fanout = None if args.fanout is None else parse_fanout(args.fanout)
+    fanout = None if args.fanout is None else parse_fanout(args.fanout, spec.levels or ())
     plan, report, level_plans = plan_spec_levels(spec)
     per_level = plan if isinstance(plan, dict) else None
+    add_groups(report, spec, level_plans, args.compare, fanout)  # all figures, then --save
     if args.save:
         from dpdask.privacy import ledger_files
 
@@ -168,7 +169,6 @@ def _counts_plan(args: argparse.Namespace) -> Result:
             for lv, p in per_level.items():
                 path = base.with_name(f"{base.stem}-{lv}{base.suffix or '.npz'}")
                 _save_plan(p, path, args.overwrite, protected)
-    add_groups(report, spec, level_plans, args.compare, fanout)
     first = plan if per_level is None else next(iter(per_level.values()))
     return report, lambda r: "\n\n".join(
         t for t in (first.summary(), _levels_table(r), groups_tables(r)) if t

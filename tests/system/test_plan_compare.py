@@ -134,3 +134,12 @@ def test_fanout_unknown_then_given(capsys) -> None:
             assert 0 < g["sd_reconstructed"] <= g["sd_measured"] * (1 + 1e-9)
     assert main(["plan", spec, "--fanout", "tract=0.5"]) == 2
     assert "--fanout" in capsys.readouterr().err
+
+
+def test_a_bad_fanout_is_refused_before_the_plan_is_saved(tmp_path, capsys) -> None:
+    spec = _spec(tmp_path)
+    save = tmp_path / "plan.npz"
+    for bad in ("district=3", "county=0", "county"):
+        assert main(["plan", str(spec), "--fanout", bad, "--save", str(save)]) == 2
+        assert "--fanout" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]  # nothing written
