@@ -31,6 +31,8 @@ OPTIONS = {
     "overwrite": ("--overwrite", False),
     "scheduler": ("--scheduler", None),
     "save": ("--save", None),
+    "compare": ("--compare", None),
+    "fanout": ("--fanout", None),
 }
 
 

@@ -102,6 +102,16 @@ def cmd_plan(argv: Sequence[str]) -> int:
         help="replace an earlier file dpdask wrote: a local-model spec's strategy_file, or "
         "the plan file of --save",
     )
+    parser.add_argument(
+        "--compare", choices=("tda-2020",),
+        help="beside each level's query groups, the Census Bureau's 2020 strategy at its "
+        "production shares of the same budget (a pl94-full spec of the Bureau's levels)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fanout", metavar="N|LEVEL=N,...",
+        help="mean units per unit of the level above, for the reconstructed figures (default: "
+        "the spec's geography where known without reading data: synthetic data or a store)",
+    )  # fmt: skip
     named = parser.add_argument_group("a named workload instead of a spec")
     named.add_argument(
         "--workload", choices=(*WORKLOAD_NAMES, *WORKLOAD_ALIASES), help="the workload's name"
@@ -121,6 +131,8 @@ def cmd_plan(argv: Sequence[str]) -> int:
         parser.error("give a release spec or --workload NAME (not both)")
     if args.spec is not None:
         return _dispatch("plan", args)
+    if args.compare is not None or args.fanout is not None:
+        parser.error("--compare and --fanout need a release spec")
     plan = _plan_workload(args, parser)
     if args.save:
         _save_plan(plan, args.save, args.overwrite)
@@ -130,15 +142,20 @@ def cmd_plan(argv: Sequence[str]) -> int:
 
 
 def _counts_plan(args: argparse.Namespace) -> Result:
-    from dpdask.pipeline.run import plan_spec
+    from dpdask.cli._plan_groups import add_groups, check_compare, groups_tables, parse_fanout
+    from dpdask.pipeline.run import plan_spec_levels
     from dpdask.pipeline.spec import load_spec
 
-    plan, report = plan_spec(load_spec(args.spec, period=args.period))
+    spec = load_spec(args.spec, period=args.period)
+    if args.compare is not None:  # before anything is planned or written
+        check_compare(spec, args.compare)
+    fanout = None if args.fanout is None else parse_fanout(args.fanout, spec.levels or ())
+    plan, report, level_plans = plan_spec_levels(spec)
     per_level = plan if isinstance(plan, dict) else None
+    add_groups(report, spec, level_plans, args.compare, fanout)  # all figures, then --save
     if args.save:
         from dpdask.privacy import ledger_files
 
-        spec = load_spec(args.spec, period=args.period)
         protected = [
             ("input data", spec.data.path),
             *ledger_files(spec.ledger),
@@ -153,7 +170,9 @@ def _counts_plan(args: argparse.Namespace) -> Result:
                 path = base.with_name(f"{base.stem}-{lv}{base.suffix or '.npz'}")
                 _save_plan(p, path, args.overwrite, protected)
     first = plan if per_level is None else next(iter(per_level.values()))
-    return report, lambda r: first.summary() + "\n\n" + _levels_table(r)
+    return report, lambda r: "\n\n".join(
+        t for t in (first.summary(), _levels_table(r), groups_tables(r)) if t
+    )
 
 
 def _is_plan_file(path: pathlib.Path) -> bool:
@@ -192,7 +211,7 @@ MODELS: dict[str | None, Model] = {
         honours={
             "run": frozenset({"run_id", "period", "overwrite", "scheduler"}),
             "validate": frozenset({"run_id", "period", "overwrite"}),
-            "plan": frozenset({"period", "save", "overwrite"}),
+            "plan": frozenset({"period", "save", "overwrite", "compare", "fanout"}),
         },
     ),
     "local": LOCAL,

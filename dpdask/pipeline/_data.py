@@ -36,6 +36,7 @@ __all__ = [
     "data_geography",
     "data_path",
     "dataset_id",
+    "generated_geography",
     "load_data",
     "source_print",
     "synthetic_geography",
@@ -83,24 +84,35 @@ def check_input(spec: ReleaseSpec) -> None:
         )
 
 
+def generated_geography(spec: ReleaseSpec) -> Geography | None:
+    """The geography of generated data (``synthetic``, ``synthetic-blocks``) from the
+    spec's options alone, without drawing anything; ``None`` for other formats."""
+    from dpdask.store import block_geography
+
+    fmt = spec.data.format
+    if fmt == "synthetic":
+        n = int(spec.data.options.get("geographies", 50))
+        return synthetic_geography(n, int(spec.data.options.get("states", max(1, round(n / 60)))))
+    if fmt == "synthetic-blocks":
+        check_input(spec)
+        return block_geography(synthetic_blocks_options(spec.data.options)["blocks"])
+    return None
+
+
 def data_geography(
     spec: ReleaseSpec, work: pathlib.Path, source: SourcePrint | None = None
 ) -> tuple[Geography, tuple[str, ...]]:
     """The geography of the spec's data and the unit attributes it carries, as
     ``validate`` checks them: generated geographies without drawing the data, P.L. 94-171
     files read (and checked) in memory, other inputs converted into ``work``."""
-    from dpdask.store import block_geography, read_pl94_file
+    from dpdask.store import read_pl94_file
 
     fmt = spec.data.format
-    if fmt == "synthetic":
-        n = int(spec.data.options.get("geographies", 50))
-        return synthetic_geography(
-            n, int(spec.data.options.get("states", max(1, round(n / 60))))
-        ), ()
-    if fmt == "synthetic-blocks":
-        check_input(spec)
-        blocks = synthetic_blocks_options(spec.data.options)["blocks"]
-        return block_geography(blocks), ("gq_facilities", "gq_population", "housing_units")
+    generated = generated_geography(spec)
+    if generated is not None:
+        if fmt == "synthetic-blocks":
+            return generated, ("gq_facilities", "gq_population", "housing_units")
+        return generated, ()
     if fmt == "pl94":
         pl = read_pl94_file(data_path(spec))
         if pl.domain != spec.domain:

@@ -14,8 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dpdask.domain import Geography
 from dpdask.pipeline import _marginal_run as marginal
-from dpdask.pipeline._data import check_input, data_geography, dataset_id, load_data, source_print
+from dpdask.pipeline._data import (
+    check_input,
+    data_geography,
+    dataset_id,
+    generated_geography,
+    load_data,
+    source_print,
+)
 from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
@@ -56,7 +64,9 @@ __all__ = [
     "check_input",
     "dataset_id",
     "load_data",
+    "plan_geography",
     "plan_spec",
+    "plan_spec_levels",
     "run_spec",
     "validate_spec",
 ]
@@ -100,11 +110,21 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
     level (``workload: {levels: ...}``), a mapping of level to the plan selected for that
     level's workload with that level's share of the budget.
     """
+    chosen, report, _levels = plan_spec_levels(spec, client)
+    return chosen, report
+
+
+def plan_spec_levels(
+    spec: ReleaseSpec, client: Any = None
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """:func:`plan_spec`, and every released level's plan as the run makes it
+    (:func:`dpdask.graph.level_plans`, its noise as drawn for the input's dtype; none
+    for a marginal spec or a spec without levels)."""
     from dpdask.graph import level_plans
     from dpdask.strategy import select
 
     if marginal.is_marginal_spec(spec):
-        return marginal.plan_report(spec)
+        return (*marginal.plan_report(spec), {})
     levels = spec.levels or ()
     shares = spec.level_budgets(levels) if levels else {}
 
@@ -168,7 +188,20 @@ def plan_spec(spec: ReleaseSpec, client: Any = None) -> tuple[Any, dict[str, Any
             row["workload"] = spec.level_workload(lv)["name"]
             row["strategy"] = spec.level_strategy(lv)[0]
         report["levels"].append(row)
-    return (plans if spec.per_level else plan), report
+    return (plans if spec.per_level else plan), report, lps
+
+
+def plan_geography(spec: ReleaseSpec) -> Geography | None:
+    """The spec's geography when it is known without reading data: synthetic data's
+    (from the spec's options) or a store's (its metadata); ``None`` otherwise."""
+    generated = generated_geography(spec)
+    if generated is not None:
+        return generated
+    if spec.data.format == "store" and spec.data.path is not None and spec.data.path.exists():
+        from dpdask.store import open_store
+
+        return open_store(spec.data.path).geography
+    return None
 
 
 def _check_workloads(spec: ReleaseSpec) -> int:
