@@ -1,0 +1,220 @@
+"""One family's children fitted under cell bounds, query bounds and invariants.
+
+:func:`fit_constrained_children` generalises :func:`~dpdask.reconstruct.topdown.fit_children`:
+the ``K`` children of one parent solve
+
+    minimise  1/2 sum_c ||W^1/2 (A x_c - y_c)||^2
+    subject to  sum_c X[c, j] = p_j              (every cell, when a parent is given),
+                lower_c <= x_c <= upper_c         (cell bounds; zeros are upper = 0),
+                lo_c <= Q x_c <= hi_c             (query bounds; invariants lo = hi).
+
+Without a parent (the top level) it is a bounded least-squares fit of each unit. Pairs
+whose bounds are equal (structural zeros) and the cells where the parent is zero are
+fixed and not variables, so they hold exactly; each query bound with ``lo < hi`` becomes
+an equality with a bounded slack variable; the problem goes to the interior-point solver
+of :mod:`dpdask.reconstruct.topdown._qp` (dense: for small domains and supports, and
+the oracles; its cost grows with the cube of ``K`` times the free cells).
+
+With noise off and the truth inside the constraints, the truth is a feasible point of
+zero objective, so the fit returns it (to the solver's tolerance) when the strategy has
+full column rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dpdask.errors import PlanError, ShapeError
+from dpdask.linalg import LinearQuery
+from dpdask.reconstruct._report import ConvergenceReport, Estimate
+from dpdask.reconstruct.topdown._constraints import Constraints, check_family
+from dpdask.reconstruct.topdown._qp import solve_qp
+
+__all__ = ["dense_strategy", "fit_constrained_children"]
+
+
+def dense_strategy(A: LinearQuery | np.ndarray) -> np.ndarray:
+    """The strategy as a dense float64 matrix ``(m, n)``."""
+    if isinstance(A, LinearQuery):
+        return np.asarray(A.dense(), dtype=float)
+    Ad = np.asarray(A, dtype=float)
+    if Ad.ndim != 2:
+        raise ShapeError(f"the strategy must be a matrix, got shape {Ad.shape}")
+    return Ad
+
+
+def _weights(w: np.ndarray | float | None, m: int) -> np.ndarray:
+    if w is None:
+        return np.ones(m)
+    wv = np.broadcast_to(np.asarray(w, dtype=float), (m,))
+    if not np.isfinite(wv).all() or (wv < 0).any():
+        raise ShapeError("weights must be finite and non-negative")
+    return np.array(wv)
+
+
+def fit_constrained_children(
+    A: LinearQuery | np.ndarray,
+    Y: np.ndarray,
+    parent: np.ndarray | None,
+    constraints: Constraints | None = None,
+    *,
+    weights: np.ndarray | float | None = None,
+    tol: float = 1e-10,
+    maxiter: int = 200,
+    check: bool = True,
+) -> Estimate:
+    """The children of one parent fitted under their constraints (module notes).
+
+    Parameters
+    ----------
+    A : LinearQuery or ndarray
+        The level's strategy, ``m x n``.
+    Y : ndarray
+        ``(K, m)`` the children's measurements.
+    parent : ndarray or None
+        ``(n,)`` the parent's fixed cells, or None for units without a parent (the top
+        level: each unit fitted on its own).
+    constraints : Constraints, optional
+        The children's (``K`` units of ``n`` cells); default non-negativity alone.
+    weights : ndarray or float, optional
+        Per-row weights ``W`` (usually ``1 / variance``).
+    tol, maxiter
+        For :func:`~dpdask.reconstruct.topdown._qp.solve_qp`.
+    check : bool
+        Check the constraints against each other and the parent first
+        (:func:`~dpdask.reconstruct.topdown.check_family`), for errors that name them.
+
+    Returns
+    -------
+    Estimate
+        ``x`` ``(K, n)``: within the cell bounds exactly (fixed pairs exactly at their
+        bound), the cells' sums and query bounds to the solver's tolerance; the report
+        (``method`` ``"topdown-constrained"``; ``details``: ``variables``,
+        ``equalities``, ``objective`` ``1/2 sum_c ||W^1/2 (A x_c - y_c)||^2``).
+
+    Raises
+    ------
+    DataError
+        A conflict among the constraints or with the parent that the checks name.
+    PlanError
+        The constraints admit no solution (naming the family's units).
+
+    Examples
+    --------
+    >>> from dpdask.linalg import Identity
+    >>> c = Constraints.none(2, 3).with_queries(np.ones(3), [[2.0], [4.0]], [[2.0], [4.0]],
+    ...                                         ["total"])
+    >>> Y = np.array([[3.0, 1.0, 0.0], [0.0, 2.0, 1.0]])
+    >>> x, _ = fit_constrained_children(Identity(3), Y, np.array([2.0, 3.0, 1.0]), c)
+    >>> np.round(x, 6).tolist()
+    [[1.75, 0.25, 0.0], [0.25, 2.75, 1.0]]
+    """
+    Ad = dense_strategy(A)
+    m, n = Ad.shape
+    Yb = np.asarray(Y, dtype=float)
+    if Yb.ndim != 2 or Yb.shape[1] != m:
+        raise ShapeError(f"measurements have shape {Yb.shape}; expected (K, {m})")
+    if not np.isfinite(Yb).all():
+        raise ShapeError("measurements contain NaN or infinite values")
+    K = Yb.shape[0]
+    c = Constraints.none(K, n) if constraints is None else constraints
+    if (c.k, c.n) != (K, n):
+        raise ShapeError(f"constraints are for {c.k} units of {c.n} cells; need {K} of {n}")
+    p = None if parent is None else np.asarray(parent, dtype=float)
+    if p is not None and (p.shape != (n,) or not np.isfinite(p).all()):
+        raise ShapeError(f"the parent must be a finite ({n},) vector")
+    if check:
+        check_family(p, c)
+    w = _weights(weights, m)
+    H = Ad.T @ (w[:, None] * Ad)
+    B = (Yb * w) @ Ad  # (K, n): A^T W y_c
+    const = 0.5 * float(np.sum(w * Yb * Yb))
+    lower, upper = c.lower.copy(), c.upper.copy()
+    if p is not None:
+        upper[:, p <= 0] = np.minimum(upper[:, p <= 0], lower[:, p <= 0])
+    fixed = lower >= upper
+    Xfix = np.where(fixed, lower, 0.0)
+    x, iterations, residual = _solve(H, B, p, c, lower, upper, fixed, Xfix, tol, maxiter)
+    X = Xfix.copy()
+    X[~fixed] = x
+    X = np.clip(X, c.lower, c.upper)
+    R = X @ Ad.T - Yb
+    objective = 0.5 * float(np.sum(w * R * R))
+    details: dict[str, Any] = {"variables": int((~fixed).sum()), "objective": objective}
+    details["constant"] = const
+    report = ConvergenceReport("topdown-constrained", True, iterations, residual, tol, details)
+    return Estimate(X, report)
+
+
+def _solve(
+    H: np.ndarray, B: np.ndarray, p: np.ndarray | None, c: Constraints, lower: np.ndarray,
+    upper: np.ndarray, fixed: np.ndarray, Xfix: np.ndarray, tol: float, maxiter: int,
+) -> tuple[np.ndarray, int, float]:  # fmt: skip
+    """The free pairs' values (child by child, cell order), from the QP of the module
+    notes, with the solver's iterations and residual."""
+    K, n = lower.shape
+    free = [np.flatnonzero(~fixed[k]) for k in range(K)]
+    offsets = np.cumsum([0, *(f.size for f in free)])
+    Nx = int(offsets[-1])
+    if Nx == 0:
+        return np.zeros(0), 0, 0.0
+    Q = c.queries
+    rows: list[np.ndarray] = []
+    rhs: list[float] = []
+    slack_rows: list[tuple[int, np.ndarray, float, float]] = []  # (child, coefs, lo, hi)
+    for k in range(K):
+        f = free[k]
+        for r in range(Q.shape[0]):
+            lo, hi = float(c.lo[k, r]), float(c.hi[k, r])
+            if not (np.isfinite(lo) or np.isfinite(hi)):
+                continue
+            coef = Q[r, f]
+            off = float(Q[r] @ Xfix[k])
+            if not coef.any():
+                continue  # fixed by the cells (checked by check_constraints)
+            if lo == hi:
+                row = np.zeros(Nx)
+                row[offsets[k] : offsets[k + 1]] = coef
+                rows.append(row)
+                rhs.append(lo - off)
+            else:
+                slack_rows.append((k, coef, lo - off, hi - off))
+    S = len(slack_rows)
+    N = Nx + S
+    if p is not None:
+        cells = np.concatenate(free)
+        Mcell = np.zeros((n, N))
+        Mcell[cells, np.arange(Nx)] = 1.0
+        target = p - Xfix.sum(axis=0)
+        used = np.bincount(cells, minlength=n) > 0
+        rows_cell = Mcell[used]
+    else:
+        rows_cell, target, used = np.zeros((0, N)), np.zeros(0), np.zeros(0, dtype=bool)
+    M_eq = np.zeros((len(rows), N))
+    if rows:
+        M_eq[:, :Nx] = np.array(rows)
+    M_slack = np.zeros((S, N))
+    lo_s, hi_s = np.empty(S), np.empty(S)
+    for i, (k, coef, lo, hi) in enumerate(slack_rows):
+        M_slack[i, offsets[k] : offsets[k + 1]] = coef
+        M_slack[i, Nx + i] = -1.0
+        lo_s[i], hi_s[i] = lo, hi
+    M = np.vstack([rows_cell, M_eq, M_slack])
+    b = np.concatenate([target[used], np.array(rhs), np.zeros(S)])
+    P = np.zeros((N, N))
+    q = np.zeros(N)
+    for k in range(K):
+        f = free[k]
+        sl = slice(offsets[k], offsets[k + 1])
+        P[sl, sl] = H[np.ix_(f, f)]
+        q[sl] = H[f] @ Xfix[k] - B[k, f]
+    lo_v = np.concatenate([lower[~fixed], lo_s])
+    hi_v = np.concatenate([upper[~fixed], hi_s])
+    try:
+        res = solve_qp(P, q, M, b, lo_v, hi_v, tol=tol, maxiter=maxiter)
+    except PlanError as e:
+        names = ", ".join(c.units[:5]) + (", ..." if K > 5 else "")
+        raise PlanError(f"the family of {names}: {e}") from e
+    return res.v[:Nx], res.iterations, res.residual
