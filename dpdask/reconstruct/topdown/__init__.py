@@ -59,6 +59,16 @@ The returned children are exactly feasible: after the last step each cell's sum 
 exact by setting its largest child to ``p_j`` minus the others.
 """
 
+from dpdask.reconstruct.topdown._census_constraints import (
+    pl94_constraints,
+    pl94_full_constraints,
+)
+from dpdask.reconstruct.topdown._constrained import fit_constrained_children
+from dpdask.reconstruct.topdown._constraints import (
+    Constraints,
+    check_constraints,
+    check_family,
+)
 from dpdask.reconstruct.topdown._families import (
     KEEP_TOTALS_CELLS,
     ChildrenFitter,
@@ -73,9 +83,15 @@ from dpdask.reconstruct.topdown._families import (
 __all__ = [
     "KEEP_TOTALS_CELLS",
     "ChildrenFitter",
+    "Constraints",
     "SupportEstimate",
+    "check_constraints",
+    "check_family",
     "children_fitter",
     "fit_children",
+    "fit_constrained_children",
+    "pl94_constraints",
+    "pl94_full_constraints",
     "round_children",
     "round_top",
     "topdown_tree",

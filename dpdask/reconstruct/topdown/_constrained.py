@@ -64,6 +64,7 @@ def fit_constrained_children(
     tol: float = 1e-10,
     maxiter: int = 200,
     check: bool = True,
+    parent_name: str = "the parent",
 ) -> Estimate:
     """The children of one parent fitted under their constraints (module notes).
 
@@ -85,6 +86,8 @@ def fit_constrained_children(
     check : bool
         Check the constraints against each other and the parent first
         (:func:`~dpdask.reconstruct.topdown.check_family`), for errors that name them.
+    parent_name : str
+        The parent's name in error messages.
 
     Returns
     -------
@@ -126,7 +129,7 @@ def fit_constrained_children(
     if p is not None and (p.shape != (n,) or not np.isfinite(p).all()):
         raise ShapeError(f"the parent must be a finite ({n},) vector")
     if check:
-        check_family(p, c)
+        check_family(p, c, parent_name=parent_name)
     w = _weights(weights, m)
     H = Ad.T @ (w[:, None] * Ad)
     B = (Yb * w) @ Ad  # (K, n): A^T W y_c
@@ -136,7 +139,9 @@ def fit_constrained_children(
         upper[:, p <= 0] = np.minimum(upper[:, p <= 0], lower[:, p <= 0])
     fixed = lower >= upper
     Xfix = np.where(fixed, lower, 0.0)
-    x, iterations, residual = _solve(H, B, p, c, lower, upper, fixed, Xfix, tol, maxiter)
+    x, iterations, residual = _solve(
+        H, B, p, c, (lower, upper, fixed, Xfix), tol, maxiter, parent_name
+    )
     X = Xfix.copy()
     X[~fixed] = x
     X = np.clip(X, c.lower, c.upper)
@@ -149,11 +154,13 @@ def fit_constrained_children(
 
 
 def _solve(
-    H: np.ndarray, B: np.ndarray, p: np.ndarray | None, c: Constraints, lower: np.ndarray,
-    upper: np.ndarray, fixed: np.ndarray, Xfix: np.ndarray, tol: float, maxiter: int,
+    H: np.ndarray, B: np.ndarray, p: np.ndarray | None, c: Constraints,
+    bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tol: float, maxiter: int,
+    parent_name: str,
 ) -> tuple[np.ndarray, int, float]:  # fmt: skip
     """The free pairs' values (child by child, cell order), from the QP of the module
     notes, with the solver's iterations and residual."""
+    lower, upper, fixed, Xfix = bounds
     K, n = lower.shape
     free = [np.flatnonzero(~fixed[k]) for k in range(K)]
     offsets = np.cumsum([0, *(f.size for f in free)])
@@ -216,5 +223,5 @@ def _solve(
         res = solve_qp(P, q, M, b, lo_v, hi_v, tol=tol, maxiter=maxiter)
     except PlanError as e:
         names = ", ".join(c.units[:5]) + (", ..." if K > 5 else "")
-        raise PlanError(f"the family of {names}: {e}") from e
+        raise PlanError(f"{parent_name}, the family of {names}: {e}") from e
     return res.v[:Nx], res.iterations, res.residual
