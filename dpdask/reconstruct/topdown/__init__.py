@@ -79,17 +79,29 @@ from dpdask.reconstruct.topdown._families import (
     round_top,
     topdown_tree,
 )
+from dpdask.reconstruct.topdown._passes import (
+    Pass,
+    PassesEstimate,
+    default_passes,
+    fit_family_passes,
+    passes_tree,
+)
 
 __all__ = [
     "KEEP_TOTALS_CELLS",
     "ChildrenFitter",
     "Constraints",
+    "Pass",
+    "PassesEstimate",
     "SupportEstimate",
     "check_constraints",
     "check_family",
     "children_fitter",
+    "default_passes",
     "fit_children",
     "fit_constrained_children",
+    "fit_family_passes",
+    "passes_tree",
     "pl94_constraints",
     "pl94_full_constraints",
     "round_children",

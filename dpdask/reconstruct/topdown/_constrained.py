@@ -130,13 +130,32 @@ def fit_constrained_children(
         raise ShapeError(f"the parent must be a finite ({n},) vector")
     if check:
         check_family(p, c, parent_name=parent_name)
+    if p is None and K > 1:  # units without a parent are separate problems
+        ests = [
+            fit_constrained_children(
+                Ad, Yb[k : k + 1], None, c.take([k]), weights=weights, tol=tol,
+                maxiter=maxiter, check=False, parent_name=c.units[k],
+            )
+            for k in range(K)
+        ]  # fmt: skip
+        reports = [e.report for e in ests]
+        summed: dict[str, Any] = {
+            "variables": sum(r.details["variables"] for r in reports),
+            "objective": sum(r.details["objective"] for r in reports),
+            "constant": sum(r.details["constant"] for r in reports),
+        }
+        return Estimate(
+            np.vstack([e.x for e in ests]),
+            ConvergenceReport(
+                "topdown-constrained", True, max(r.iterations for r in reports),
+                max(r.residual for r in reports), tol, summed,
+            ),
+        )  # fmt: skip
     w = _weights(weights, m)
     H = Ad.T @ (w[:, None] * Ad)
     B = (Yb * w) @ Ad  # (K, n): A^T W y_c
     const = 0.5 * float(np.sum(w * Yb * Yb))
-    lower, upper = c.lower.copy(), c.upper.copy()
-    if p is not None:
-        upper[:, p <= 0] = np.minimum(upper[:, p <= 0], lower[:, p <= 0])
+    lower, upper = _presolve(c, p)
     fixed = lower >= upper
     Xfix = np.where(fixed, lower, 0.0)
     x, iterations, residual = _solve(
@@ -145,12 +164,72 @@ def fit_constrained_children(
     X = Xfix.copy()
     X[~fixed] = x
     X = np.clip(X, c.lower, c.upper)
+    _verify(X, p, c, parent_name)
     R = X @ Ad.T - Yb
     objective = 0.5 * float(np.sum(w * R * R))
     details: dict[str, Any] = {"variables": int((~fixed).sum()), "objective": objective}
     details["constant"] = const
     report = ConvergenceReport("topdown-constrained", True, iterations, residual, tol, details)
     return Estimate(X, report)
+
+
+def _verify(X: np.ndarray, p: np.ndarray | None, c: Constraints, parent_name: str) -> None:
+    """Fail closed: the fit must meet every constraint (to ``1e-7`` of the unit's scale)."""
+    names = ", ".join(c.units[:5]) + (", ..." if c.k > 5 else "")
+    bad = ~c.satisfied(X, atol=1e-7)
+    if bad.any():
+        raise PlanError(
+            f"{parent_name}, the family of {names}: the constraints admit no solution "
+            f"({c.units[int(np.argmax(bad))]} cannot meet them)"
+        )
+    if p is not None:
+        err = np.abs(X.sum(axis=0) - p)
+        if (err > 1e-7 * np.maximum(1.0, np.abs(p).sum())).any():
+            raise PlanError(
+                f"{parent_name}, the family of {names}: the constraints admit no solution "
+                f"(cell {int(np.argmax(err))} cannot add up to the parent)"
+            )
+
+
+def _presolve(c: Constraints, p: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The cell bounds tightened where a constraint leaves no room: an invariant of
+    non-negative coefficients at the least (or largest) answer the cells allow fixes its
+    cells at their lower (upper) bounds, and so does a parent cell at its children's
+    lower (upper) bounds' sum, repeated while anything changes. (A set of solutions
+    without interior, such as the cells of a child whose total is fixed at zero, stalls
+    the interior-point iteration.)"""
+    lower, upper = c.lower.copy(), c.upper.copy()
+    if p is not None:
+        upper[:, p <= 0] = np.minimum(upper[:, p <= 0], lower[:, p <= 0])
+    Q = c.queries
+    pos: np.ndarray = (Q >= 0).all(axis=1) & (Q > 0).any(axis=1)
+    inv = c.invariants() & pos[None, :]
+    for _ in range(4):
+        changed = False
+        up = np.where(np.isinf(upper), 0.0, upper)
+        least, most = lower @ Q.T, up @ Q.T
+        bounded = (np.isinf(upper).astype(float) @ (Q > 0).T) == 0
+        eps = 1e-9 * np.maximum(1.0, np.abs(np.where(inv, c.lo, 0.0)))
+        for k, r in np.argwhere(inv & (c.lo <= least + eps)):
+            cells = (Q[r] > 0) & (upper[k] > lower[k])
+            upper[k, cells] = lower[k, cells]
+            changed |= bool(cells.any())
+        for k, r in np.argwhere(inv & bounded & (c.hi >= most - eps)):
+            cells = (Q[r] > 0) & (upper[k] > lower[k])
+            lower[k, cells] = upper[k, cells]
+            changed |= bool(cells.any())
+        if p is not None:
+            tight = lower.sum(axis=0) >= p - 1e-9 * np.maximum(1.0, p)
+            loose = upper > lower
+            cols = tight & loose.any(axis=0)
+            upper[:, cols] = lower[:, cols]
+            full = upper.sum(axis=0) <= p + 1e-9 * np.maximum(1.0, p)
+            cols = full & (upper > lower).any(axis=0)
+            lower[:, cols] = upper[:, cols]
+            changed |= bool(cols.any()) or bool((tight & loose.any(axis=0)).any())
+        if not changed:
+            break
+    return lower, upper
 
 
 def _solve(

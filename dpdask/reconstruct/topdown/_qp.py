@@ -11,11 +11,13 @@ slack variable.
 Optimization*, 2006, ch. 16.6), primal iterates kept strictly inside the bounds,
 equalities reached along the way. Each iteration factors the KKT matrix
 ``[[P + D, M^T], [M, 0]]`` (``D`` the bounds' barrier terms ``z_l / (v - l) + z_u / (u -
-v)``) once, regularised by ``delta = 1e-11`` times its largest diagonal entry on the
-primal block and ``-delta`` on the dual one (redundant equalities, such as a parent's
-invariant that the cells' sums imply, and flat directions of a singular ``P``); the
-regularisation changes the Newton steps only, not the point they converge to. The
-objective is scaled by ``1 / max(diag P)`` first.
+v)``) once (the predictor's and the corrector's directions); should the complementarity
+not halve in 8 iterations (Mehrotra's corrector can cycle), the iteration goes on
+without the corrector, centring by at least ``sigma = 0.2``. The matrix is
+regularised by ``delta = 1e-11`` on the primal block and ``-delta`` on the dual one
+(redundant equalities, such as a parent's invariant that the cells' sums imply, and
+flat directions of a singular ``P``); the regularisation changes the Newton steps only,
+not the point they converge to. The objective is scaled by ``1 / max(diag P)`` first.
 
 **Polish.** Where the solution is degenerate (a bound active with a zero multiplier, as
 when the noise is off and the truth is returned) the interior iterates approach it only
@@ -47,6 +49,8 @@ __all__ = ["QPResult", "solve_qp"]
 
 _STEP = 0.995  # fraction of the way to the boundary
 _REG = 1e-11
+_CYCLE = 8  # the complementarity must halve every this many iterations, else ...
+_SAFE_SIGMA = 0.2  # ... plain Newton steps towards this fraction of it, no corrector
 _POLISH = (1e-9, 1e-7, 1e-5, 1e-3)  # relative distances to a bound taken as active
 
 
@@ -75,16 +79,24 @@ class QPResult:
     objective: float
 
 
-def _start(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """A point strictly inside the bounds: the middle of a finite interval, else one
-    unit (or the width's half) inside a single bound, else zero."""
-    v = np.zeros(lo.shape)
-    both = np.isfinite(lo) & np.isfinite(hi)
-    v[both] = 0.5 * (lo[both] + hi[both])
-    only_lo = np.isfinite(lo) & ~both
-    only_hi = np.isfinite(hi) & ~both
-    v[only_lo] = lo[only_lo] + 1.0
-    v[only_hi] = hi[only_hi] - 1.0
+def _start(lower: np.ndarray, upper: np.ndarray, M: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A point strictly inside the bounds near the equalities: the middle of each finite
+    interval (one unit inside a single bound, zero for a free variable) moved to the
+    nearest point meeting ``M v = b``, then pushed back inside the bounds by a tenth of
+    its size (at least one unit, at most half an interval)."""
+    v = np.zeros(lower.shape)
+    lo_f, hi_f = np.isfinite(lower), np.isfinite(upper)
+    both = lo_f & hi_f
+    v[both] = 0.5 * (lower[both] + upper[both])
+    v[lo_f & ~both] = lower[lo_f & ~both] + 1.0
+    v[hi_f & ~both] = upper[hi_f & ~both] - 1.0
+    if M.shape[0]:
+        v = v + sla.lstsq(M, b - M @ v, check_finite=False)[0]
+    push = np.maximum(1.0, 0.1 * np.abs(v))
+    half = np.where(both, 0.5 * (upper - lower), np.inf)
+    push = np.minimum(push, half)
+    v = np.where(lo_f, np.maximum(v, lower + push), v)
+    v = np.where(hi_f, np.minimum(v, upper - push), v)
     return v
 
 
@@ -192,7 +204,7 @@ def solve_qp(
     E = M.shape[0]
     L = np.flatnonzero(np.isfinite(lower))
     U = np.flatnonzero(np.isfinite(upper))
-    v = _start(lower, upper)
+    v = _start(lower, upper, M, b)
     y = np.zeros(E)
     zl = np.ones(L.size)
     zu = np.ones(U.size)
@@ -200,6 +212,8 @@ def solve_qp(
     nc = 1.0 + float(np.max(np.abs(cs), initial=0.0))
     n_comp = max(L.size + U.size, 1)
     best_primal, stall = np.inf, 0
+    mus: list[float] = []
+    safe = False
     res = np.inf
     # the slacks are kept as variables (recomputed from v they round to zero near a bound)
     sl = v[L] - lower[L]
@@ -217,6 +231,9 @@ def solve_qp(
             break
         if it == maxiter:
             break
+        mus.append(mu)
+        if not safe and len(mus) > _CYCLE and mu > 0.5 * mus[-1 - _CYCLE]:
+            safe = True
         if primal < 0.5 * best_primal:
             best_primal, stall = primal, 0
         else:
@@ -248,7 +265,13 @@ def solve_qp(
             float((sl + a * d[2]) @ (zl + a * d[4])) + float((su + a * d[3]) @ (zu + a * d[5]))
         ) / n_comp
         sigma = min((mu_aff / mu) ** 3, 1.0) if mu > 0 else 0.0
-        d = sys.direction(sigma * mu - sl * zl - d[2] * d[4], sigma * mu - su * zu - d[3] * d[5])
+        if safe:  # plain centred Newton steps (the corrector cycled)
+            sigma = max(sigma, _SAFE_SIGMA)
+            d = sys.direction(sigma * mu - sl * zl, sigma * mu - su * zu)
+        else:
+            d = sys.direction(
+                sigma * mu - sl * zl - d[2] * d[4], sigma * mu - su * zu - d[3] * d[5]
+            )
         a = min(_STEP * sys.step(d), 1.0)
         v = v + a * d[0]
         y = y + a * d[1]
