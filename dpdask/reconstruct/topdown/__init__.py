@@ -64,6 +64,7 @@ from dpdask.reconstruct.topdown._census_constraints import (
     pl94_full_constraints,
 )
 from dpdask.reconstruct.topdown._constrained import fit_constrained_children
+from dpdask.reconstruct.topdown._constrained_rounding import round_constrained
 from dpdask.reconstruct.topdown._constraints import (
     Constraints,
     check_constraints,
@@ -105,6 +106,7 @@ __all__ = [
     "pl94_constraints",
     "pl94_full_constraints",
     "round_children",
+    "round_constrained",
     "round_top",
     "topdown_tree",
 ]

@@ -202,7 +202,7 @@ def _presolve(c: Constraints, p: np.ndarray | None) -> tuple[np.ndarray, np.ndar
     if p is not None:
         upper[:, p <= 0] = np.minimum(upper[:, p <= 0], lower[:, p <= 0])
     Q = c.queries
-    pos: np.ndarray = (Q >= 0).all(axis=1) & (Q > 0).any(axis=1)
+    pos = np.asarray((Q >= 0).all(axis=1) & (Q > 0).any(axis=1), dtype=bool)
     inv = c.invariants() & pos[None, :]
     for _ in range(4):
         changed = False
