@@ -164,3 +164,22 @@ def test_multi_pass_totals_beat_a_fit_that_ignores_upper_levels_totals():
     # expected: about 4.7, 3.6, 3.0 against 160, 24, 4.1 (root, middle, leaves)
     assert (m < 0.9 * b).all(), (m, b)
     assert m[0] < 0.2 * b[0] and m[1] < 0.5 * b[1]
+
+
+@pytest.mark.parametrize("invariants", [True, False])
+def test_integer_tree_keeps_invariants_zeros_and_totals(invariants):
+    A, w, Ys, parents, cons, levels = _tree(7, invariants=invariants)
+    out = passes_tree([A] * 3, Ys, parents, weights=[w] * 3, constraints=cons, integer=True)
+    for lvl, (est, x, c) in enumerate(zip(out, levels, cons, strict=True)):
+        assert est.x.dtype == np.int64
+        assert c.satisfied(est.x.astype(float), atol=0).all()
+        assert (est.x[c.upper == 0] == 0).all()
+        # each unit's total within 1 of its fractional pass-1 answer
+        assert (np.abs(est.x.sum(axis=1) - est.answers[0][:, 0]) < 1).all()
+        if invariants:
+            np.testing.assert_array_equal(est.x.sum(axis=1), x.sum(axis=1))
+        if lvl:
+            par = parents[lvl - 1]
+            sums = np.zeros_like(out[lvl - 1].x)
+            np.add.at(sums, par, est.x)
+            np.testing.assert_array_equal(sums, out[lvl - 1].x)

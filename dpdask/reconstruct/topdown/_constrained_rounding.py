@@ -28,6 +28,7 @@ Otherwise a stage whose vertex is fractional is solved as an integer program
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -35,7 +36,6 @@ from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 from dpdask.errors import ArgumentError, PlanError, ShapeError
 from dpdask.reconstruct.topdown._constraints import Constraints
-from dpdask.reconstruct.topdown._passes import Pass
 
 __all__ = ["round_constrained"]
 
@@ -43,12 +43,14 @@ _SNAP = 1e-9  # entries this close (relative) to an integer are that integer
 _SUM_TOLERANCE = 1e-6  # as round_children: the columns' sums against the parent
 
 
-def _as_queries(passes: Sequence[Pass | np.ndarray] | None, n: int) -> list[np.ndarray]:
+def _as_queries(passes: Sequence[Any] | None, n: int) -> list[np.ndarray]:
+    """Each pass's query matrix (a :class:`~dpdask.reconstruct.topdown.Pass`'s
+    ``queries``, or the matrix itself)."""
     if passes is None:
         return [np.ones((1, n))]
     out = []
     for ps in passes:
-        Q = np.atleast_2d(np.asarray(ps.queries if isinstance(ps, Pass) else ps, dtype=float))
+        Q = np.atleast_2d(np.asarray(getattr(ps, "queries", ps), dtype=float))
         if Q.shape[1] != n:
             raise ShapeError(f"a pass's queries must have {n} columns, got {Q.shape}")
         out.append(Q)
@@ -138,7 +140,7 @@ def round_constrained(
     parent: np.ndarray | None,
     constraints: Constraints | None = None,
     *,
-    passes: Sequence[Pass | np.ndarray] | None = None,
+    passes: Sequence[Any] | None = None,
     parent_name: str = "the parent",
 ) -> np.ndarray:
     """Integer children keeping the parent, the constraints and each pass's answers.

@@ -31,6 +31,7 @@ from dpdask.reconstruct.topdown._constrained import (
     dense_strategy,
     fit_constrained_children,
 )
+from dpdask.reconstruct.topdown._constrained_rounding import round_constrained
 from dpdask.reconstruct.topdown._constraints import Constraints
 
 __all__ = ["Pass", "PassesEstimate", "default_passes", "fit_family_passes", "passes_tree"]
@@ -201,6 +202,7 @@ def passes_tree(
     weights: Sequence[np.ndarray | float | None] | None = None,
     constraints: Sequence[Constraints | None] | None = None,
     passes: Sequence[Sequence[Pass] | None] | None = None,
+    integer: bool = False,
 ) -> list[PassesEstimate]:
     """Multi-pass top-down estimates of a small in-memory hierarchy.
 
@@ -214,11 +216,17 @@ def passes_tree(
         :meth:`Constraints.aggregate`).
     passes : sequence, optional
         Per level, its passes (None: :func:`default_passes` of the level's strategy).
+    integer : bool
+        Integer output: each level's fit rounded by
+        :func:`~dpdask.reconstruct.topdown.round_constrained` (keeping its passes'
+        answers within 1, its constraints and its integer parent) before the next
+        level splits it.
 
     Returns
     -------
     list of PassesEstimate
-        Per level: ``x`` ``(units, n)``, and per pass the units' answers.
+        Per level: ``x`` ``(units, n)`` (``int64`` when ``integer``), and per pass the
+        units' fractional answers.
     """
     L = len(strategies)
     if L == 0 or len(measurements) != L or len(parents) != L - 1:
@@ -228,15 +236,22 @@ def passes_tree(
     ps = [None] * L if passes is None else list(passes)
     if len(w) != L or len(cs) != L or len(ps) != L:
         raise ShapeError("need one weights, constraints and passes entry per level")
-    out = [fit_family_passes(strategies[0], measurements[0], None, cs[0], passes=ps[0],
-                             weights=w[0])]  # fmt: skip
+
+    def level_passes(lvl: int) -> list[Pass]:
+        return list(default_passes(strategies[lvl]) if ps[lvl] is None else ps[lvl] or [])
+
+    top = fit_family_passes(strategies[0], measurements[0], None, cs[0], passes=ps[0],
+                            weights=w[0])  # fmt: skip
+    if integer:
+        top.x = round_constrained(top.x, None, cs[0], passes=level_passes(0))
+    out = [top]
     for lvl in range(1, L):
         Yl = np.asarray(measurements[lvl], dtype=float)
         prev = out[-1]
         groups = _families(parents[lvl - 1], prev.x.shape[0], Yl.shape[0], lvl)
         n = prev.x.shape[1]
         c_lvl = cs[lvl]
-        X = np.zeros((Yl.shape[0], n))
+        X = np.zeros((Yl.shape[0], n), dtype=np.int64 if integer else float)
         answers: list[np.ndarray] | None = None
         reports: list[ConvergenceReport] = []
         for pi, ch in enumerate(groups):
@@ -246,7 +261,14 @@ def passes_tree(
                 strategies[lvl], Yl[ch], prev.x[pi], None if c_lvl is None else c_lvl.take(ch),
                 passes=ps[lvl], weights=w[lvl], parent_name=f"level {lvl - 1} unit {pi}",
             )  # fmt: skip
-            X[ch] = est.x
+            X[ch] = (
+                round_constrained(
+                    est.x, prev.x[pi], None if c_lvl is None else c_lvl.take(ch),
+                    passes=level_passes(lvl), parent_name=f"level {lvl - 1} unit {pi}",
+                )
+                if integer
+                else est.x
+            )  # fmt: skip
             if answers is None:
                 answers = [np.zeros((Yl.shape[0], a.shape[1])) for a in est.answers]
             for a, got in zip(answers, est.answers, strict=True):
