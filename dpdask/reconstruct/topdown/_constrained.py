@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from dpdask.errors import PlanError, ShapeError
 from dpdask.linalg import LinearQuery
@@ -152,14 +153,12 @@ def fit_constrained_children(
             ),
         )  # fmt: skip
     w = _weights(weights, m)
-    H = Ad.T @ (w[:, None] * Ad)
-    B = (Yb * w) @ Ad  # (K, n): A^T W y_c
     const = 0.5 * float(np.sum(w * Yb * Yb))
     lower, upper = _presolve(c, p)
     fixed = lower >= upper
     Xfix = np.where(fixed, lower, 0.0)
     x, iterations, residual = _solve(
-        H, B, p, c, (lower, upper, fixed, Xfix), tol, maxiter, parent_name
+        (Ad, w, Yb), p, c, (lower, upper, fixed, Xfix), tol, maxiter, parent_name
     )
     X = Xfix.copy()
     X[~fixed] = x
@@ -233,13 +232,14 @@ def _presolve(c: Constraints, p: np.ndarray | None) -> tuple[np.ndarray, np.ndar
 
 
 def _solve(
-    H: np.ndarray, B: np.ndarray, p: np.ndarray | None, c: Constraints,
+    data: tuple[np.ndarray, np.ndarray, np.ndarray], p: np.ndarray | None, c: Constraints,
     bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tol: float, maxiter: int,
     parent_name: str,
 ) -> tuple[np.ndarray, int, float]:  # fmt: skip
     """The free pairs' values (child by child, cell order), from the QP of the module
     notes, with the solver's iterations and residual."""
     lower, upper, fixed, Xfix = bounds
+    Ad, w, Yb = data
     K, n = lower.shape
     free = [np.flatnonzero(~fixed[k]) for k in range(K)]
     offsets = np.cumsum([0, *(f.size for f in free)])
@@ -247,55 +247,67 @@ def _solve(
     if Nx == 0:
         return np.zeros(0), 0, 0.0
     Q = c.queries
-    rows: list[np.ndarray] = []
+    # equality and slack rows as triplets (row, variable, value)
+    ri: list[np.ndarray] = []
+    vi: list[np.ndarray] = []
+    xi: list[np.ndarray] = []
     rhs: list[float] = []
-    slack_rows: list[tuple[int, np.ndarray, float, float]] = []  # (child, coefs, lo, hi)
+    slack_lo: list[float] = []
+    slack_hi: list[float] = []
+    n_rows = 0
+    if p is not None:
+        cells = np.concatenate(free)
+        used = np.flatnonzero(np.bincount(cells, minlength=n) > 0)
+        ri.append(np.searchsorted(used, cells))
+        vi.append(np.arange(Nx))
+        xi.append(np.ones(Nx))
+        rhs.extend((p - Xfix.sum(axis=0))[used])
+        n_rows = used.size
+    slack_of: list[int] = []  # the row of each slack variable
     for k in range(K):
         f = free[k]
         for r in range(Q.shape[0]):
             lo, hi = float(c.lo[k, r]), float(c.hi[k, r])
-            if not (np.isfinite(lo) or np.isfinite(hi)):
-                continue
             coef = Q[r, f]
+            if not (np.isfinite(lo) or np.isfinite(hi)) or not coef.any():
+                continue  # no bound, or fixed by the cells (checked by check_constraints)
             off = float(Q[r] @ Xfix[k])
-            if not coef.any():
-                continue  # fixed by the cells (checked by check_constraints)
+            nz = np.flatnonzero(coef)
+            ri.append(np.full(nz.size, n_rows))
+            vi.append(offsets[k] + nz)
+            xi.append(coef[nz])
             if lo == hi:
-                row = np.zeros(Nx)
-                row[offsets[k] : offsets[k + 1]] = coef
-                rows.append(row)
                 rhs.append(lo - off)
             else:
-                slack_rows.append((k, coef, lo - off, hi - off))
-    S = len(slack_rows)
+                rhs.append(0.0)
+                slack_of.append(n_rows)
+                slack_lo.append(lo - off)
+                slack_hi.append(hi - off)
+            n_rows += 1
+    S = len(slack_of)
     N = Nx + S
-    if p is not None:
-        cells = np.concatenate(free)
-        Mcell = np.zeros((n, N))
-        Mcell[cells, np.arange(Nx)] = 1.0
-        target = p - Xfix.sum(axis=0)
-        used = np.bincount(cells, minlength=n) > 0
-        rows_cell = Mcell[used]
-    else:
-        rows_cell, target, used = np.zeros((0, N)), np.zeros(0), np.zeros(0, dtype=bool)
-    M_eq = np.zeros((len(rows), N))
-    if rows:
-        M_eq[:, :Nx] = np.array(rows)
-    M_slack = np.zeros((S, N))
-    lo_s, hi_s = np.empty(S), np.empty(S)
-    for i, (k, coef, lo, hi) in enumerate(slack_rows):
-        M_slack[i, offsets[k] : offsets[k + 1]] = coef
-        M_slack[i, Nx + i] = -1.0
-        lo_s[i], hi_s[i] = lo, hi
-    M = np.vstack([rows_cell, M_eq, M_slack])
-    b = np.concatenate([target[used], np.array(rhs), np.zeros(S)])
-    P = np.zeros((N, N))
+    ri.append(np.asarray(slack_of, dtype=np.int64))
+    vi.append(Nx + np.arange(S))
+    xi.append(-np.ones(S))
+    M = sp.csr_array(
+        (np.concatenate(xi), (np.concatenate(ri), np.concatenate(vi))), shape=(n_rows, N)
+    )
+    b = np.asarray(rhs, dtype=float)
+    lo_s, hi_s = np.asarray(slack_lo), np.asarray(slack_hi)
+    # the Gram restricted to the cells some child is free in (never the whole domain's)
+    union = np.flatnonzero((~fixed).any(axis=0))
+    Au = Ad[:, union]
+    G = Au.T @ (w[:, None] * Au)
+    blocks = []
     q = np.zeros(N)
     for k in range(K):
         f = free[k]
-        sl = slice(offsets[k], offsets[k + 1])
-        P[sl, sl] = H[np.ix_(f, f)]
-        q[sl] = H[f] @ Xfix[k] - B[k, f]
+        loc = np.searchsorted(union, f)
+        blocks.append(G[np.ix_(loc, loc)])
+        q[offsets[k] : offsets[k + 1]] = Ad[:, f].T @ (w * (Ad @ Xfix[k] - Yb[k]))
+    if S:
+        blocks.append(sp.csr_array((S, S)))
+    P = sp.block_diag(blocks, format="csr")
     lo_v = np.concatenate([lower[~fixed], lo_s])
     hi_v = np.concatenate([upper[~fixed], hi_s])
     try:

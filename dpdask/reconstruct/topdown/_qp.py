@@ -38,10 +38,13 @@ support of a few hundred cells) and the oracle tests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg as sla
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
 
 from dpdask.errors import PlanError, ShapeError
 
@@ -49,6 +52,9 @@ __all__ = ["QPResult", "solve_qp"]
 
 _STEP = 0.995  # fraction of the way to the boundary
 _REG = 1e-11
+DENSE_KKT = 600
+"""KKT systems of at most this many rows are factored densely; larger ones by a sparse LU
+(a family's Hessian is block diagonal, one block per child)."""
 _CYCLE = 8  # the complementarity must halve every this many iterations, else ...
 _SAFE_SIGMA = 0.2  # ... plain Newton steps towards this fraction of it, no corrector
 _POLISH = (1e-9, 1e-7, 1e-5, 1e-3)  # relative distances to a bound taken as active
@@ -79,7 +85,9 @@ class QPResult:
     objective: float
 
 
-def _start(lower: np.ndarray, upper: np.ndarray, M: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _start(
+    lower: np.ndarray, upper: np.ndarray, M: np.ndarray | sp.csr_array, b: np.ndarray
+) -> np.ndarray:
     """A point strictly inside the bounds near the equalities: the middle of each finite
     interval (one unit inside a single bound, zero for a free variable) moved to the
     nearest point meeting ``M v = b``, then pushed back inside the bounds by a tenth of
@@ -91,7 +99,11 @@ def _start(lower: np.ndarray, upper: np.ndarray, M: np.ndarray, b: np.ndarray) -
     v[lo_f & ~both] = lower[lo_f & ~both] + 1.0
     v[hi_f & ~both] = upper[hi_f & ~both] - 1.0
     if M.shape[0]:
-        v = v + sla.lstsq(M, b - M @ v, check_finite=False)[0]
+        r = b - M @ v
+        if sp.issparse(M):
+            v = v + spla.lsqr(M, r, atol=1e-12, btol=1e-12)[0]
+        else:
+            v = v + sla.lstsq(M, r, check_finite=False)[0]
     push = np.maximum(1.0, 0.1 * np.abs(v))
     half = np.where(both, 0.5 * (upper - lower), np.inf)
     push = np.minimum(push, half)
@@ -112,7 +124,7 @@ def _max_step(x: np.ndarray, dx: np.ndarray) -> float:
 class _System:
     """One iteration's factored KKT system and the quantities its directions need."""
 
-    lu: tuple[np.ndarray, np.ndarray]
+    solve: Callable[[np.ndarray], np.ndarray]
     rd: np.ndarray
     rp: np.ndarray
     L: np.ndarray
@@ -132,7 +144,7 @@ class _System:
         rhs1 = -self.rd.copy()
         rhs1[L] += (rcl - zl * self.rl) / sl
         rhs1[U] -= (rcu - zu * self.ru) / su
-        sol = sla.lu_solve(self.lu, np.concatenate([rhs1, -self.rp]), check_finite=False)
+        sol = self.solve(np.concatenate([rhs1, -self.rp]))
         dv, dy = sol[:N], -sol[N:]
         dsl = dv[L] + self.rl
         dsu = self.ru - dv[U]
@@ -147,9 +159,9 @@ class _System:
 
 
 def solve_qp(
-    P: np.ndarray,
+    P: np.ndarray | sp.sparray,
     c: np.ndarray,
-    M: np.ndarray,
+    M: np.ndarray | sp.sparray,
     b: np.ndarray,
     lower: np.ndarray,
     upper: np.ndarray,
@@ -161,12 +173,13 @@ def solve_qp(
 
     Parameters
     ----------
-    P : ndarray
+    P : ndarray or sparse array
         ``(N, N)`` symmetric positive semi-definite.
     c : ndarray
         ``(N,)``.
-    M : ndarray
-        ``(E, N)`` equality rows (``E`` may be 0).
+    M : ndarray or sparse array
+        ``(E, N)`` equality rows (``E`` may be 0). Dense or sparse either way: systems of
+        more than :data:`DENSE_KKT` rows are factored sparse.
     b : ndarray
         ``(E,)``.
     lower, upper : ndarray
@@ -198,10 +211,16 @@ def solve_qp(
         raise ShapeError("solve_qp: P, c, M and b do not fit together")
     if (lower >= upper).any():
         raise ShapeError("solve_qp: every variable needs lower < upper (remove fixed ones)")
-    scale = float(np.max(np.abs(np.diag(P)), initial=0.0))
+    E = M.shape[0]
+    sparse = N + E > DENSE_KKT
+    if sparse:
+        P, M = sp.csr_array(P), sp.csr_array(M)
+    else:
+        P = _dense(P)
+        M = _dense(M)
+    scale = float(np.max(np.abs(P.diagonal()), initial=0.0))
     scale = scale if scale > 0 else 1.0
     Ps, cs = P / scale, c / scale
-    E = M.shape[0]
     L = np.flatnonzero(np.isfinite(lower))
     U = np.flatnonzero(np.isfinite(upper))
     v = _start(lower, upper, M, b)
@@ -243,22 +262,16 @@ def solve_qp(
         D = np.zeros(N)
         D[L] += zl / sl
         D[U] += zu / su
-        K = np.zeros((N + E, N + E))
-        K[:N, :N] = Ps
-        K[np.arange(N), np.arange(N)] += D
-        delta = _REG  # (P is scaled to a largest diagonal entry of one)
-        K[np.arange(N), np.arange(N)] += delta
-        K[:N, N:] = M.T
-        K[N:, :N] = M
-        K[np.arange(N, N + E), np.arange(N, N + E)] = -delta
         try:
-            lu = sla.lu_factor(K, check_finite=False)
-        except (ValueError, np.linalg.LinAlgError) as e:  # pragma: no cover - defensive
+            solve = _factor(Ps, D, M, _REG)
+        except (ValueError, RuntimeError, np.linalg.LinAlgError) as e:  # pragma: no cover
             raise PlanError(f"the constrained fit's KKT system is singular ({e})") from e
 
         # the slacks' own residuals (kept as variables: recomputed from v near a bound
         # they round to zero): d sl = dv + rl, d su = -dv + ru
-        sys = _System(lu, rd, rp, L, U, sl, su, zl, zu, v[L] - lower[L] - sl, upper[U] - v[U] - su)
+        sys = _System(
+            solve, rd, rp, L, U, sl, su, zl, zu, v[L] - lower[L] - sl, upper[U] - v[U] - su
+        )
         d = sys.direction(-sl * zl, -su * zu)
         a = sys.step(d)
         mu_aff = (
@@ -295,16 +308,47 @@ def solve_qp(
                 f"the constrained fit did not converge (residual {res:.3g} after {it} iterations)"
             )
     v = np.clip(v, lower, upper)
-    objective = float(0.5 * v @ P @ v + c @ v)
+    objective = float(0.5 * v @ (P @ v) + c @ v)
     polished = _polish(P, c, M, b, lower, upper, v, objective, nb)
     if polished is not None:
         v, objective = polished
     return QPResult(v, y, it, float(res), objective)
 
 
+def _dense(A: np.ndarray | sp.sparray) -> np.ndarray:
+    """``A`` as a dense float64 array."""
+    if isinstance(A, np.ndarray):
+        return np.asarray(A, dtype=float)
+    out: np.ndarray = sp.csr_array(A).toarray()
+    return out
+
+
+def _factor(
+    P: np.ndarray | sp.csr_array, D: np.ndarray, M: np.ndarray | sp.csr_array, delta: float
+) -> Callable[[np.ndarray], np.ndarray]:
+    """A solver of the regularised KKT system ``[[P + D + delta I, M^T], [M, -delta I]]``."""
+    N, E = P.shape[0], M.shape[0]
+    if not sp.issparse(P):
+        K = np.zeros((N + E, N + E))
+        K[:N, :N] = P
+        K[np.arange(N), np.arange(N)] += D + delta
+        K[:N, N:] = M.T
+        K[N:, :N] = M
+        K[np.arange(N, N + E), np.arange(N, N + E)] = -delta
+        lu = sla.lu_factor(K, check_finite=False)
+        return lambda rhs: sla.lu_solve(lu, rhs, check_finite=False)
+    top = sp.csr_array(P) + sp.diags_array(D + delta)
+    if E:
+        Ks = sp.block_array([[top, M.T], [M, sp.diags_array(np.full(E, -delta))]], format="csc")
+    else:
+        Ks = sp.csc_array(top)
+    slu = spla.splu(Ks, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.01)
+    return lambda rhs: np.asarray(slu.solve(rhs))
+
+
 def _polish(
-    P: np.ndarray, c: np.ndarray, M: np.ndarray, b: np.ndarray, lower: np.ndarray,
-    upper: np.ndarray, v: np.ndarray, objective: float, nb: float,
+    P: np.ndarray | sp.csr_array, c: np.ndarray, M: np.ndarray | sp.csr_array, b: np.ndarray,
+    lower: np.ndarray, upper: np.ndarray, v: np.ndarray, objective: float, nb: float,
 ) -> tuple[np.ndarray, float] | None:  # fmt: skip
     """The interior point's guess of the active bounds, solved exactly (module notes):
     for thresholds from tight to loose, the variables within the threshold of a bound
@@ -318,13 +362,9 @@ def _polish(
             continue
         x = np.where(at_lo, lower, np.where(at_hi, upper, 0.0))
         F = np.flatnonzero(~fix)
-        E = M.shape[0]
-        K = np.zeros((F.size + E, F.size + E))
-        K[: F.size, : F.size] = P[np.ix_(F, F)]
-        K[: F.size, F.size :] = M[:, F].T
-        K[F.size :, : F.size] = M[:, F]
-        rhs = np.concatenate([-(c[F] + P[F] @ x), b - M @ x])
-        sol = sla.lstsq(K, rhs, check_finite=False)[0]
+        sol = _equality_solve(P, M, F, -(c[F] + (P @ x)[F]), b - M @ x)
+        if sol is None:
+            continue
         cand = x.copy()
         cand[F] = sol[: F.size]
         slack = 1e-12 * (1.0 + np.abs(cand))
@@ -333,7 +373,42 @@ def _polish(
         if float(np.max(np.abs(M @ cand - b), initial=0.0)) > 1e-11 * nb:
             continue
         cand = np.clip(cand, lower, upper)
-        obj = float(0.5 * cand @ P @ cand + c @ cand)
+        obj = float(0.5 * cand @ (P @ cand) + c @ cand)
         if obj <= objective + 1e-12 * (1.0 + abs(objective)):
             return cand, obj
     return None
+
+
+def _equality_solve(
+    P: np.ndarray | sp.csr_array, M: np.ndarray | sp.csr_array, F: np.ndarray,
+    r1: np.ndarray, r2: np.ndarray,
+) -> np.ndarray | None:  # fmt: skip
+    """The free variables ``F`` of ``[[P_FF, M_F^T], [M_F, 0]] [x; y] = [r1; r2]``: dense,
+    by least squares (singular systems included); sparse, by the regularised system
+    refined against the exact one (None if that fails)."""
+    E = M.shape[0]
+    rhs = np.concatenate([r1, r2])
+    if not sp.issparse(P):
+        K = np.zeros((F.size + E, F.size + E))
+        K[: F.size, : F.size] = P[np.ix_(F, F)]
+        K[: F.size, F.size :] = M[:, F].T
+        K[F.size :, : F.size] = M[:, F]
+        out: np.ndarray = sla.lstsq(K, rhs, check_finite=False)[0][: F.size]
+        return out
+    if F.size == 0:
+        return np.zeros(0)
+    PF = sp.csr_array(P)[F][:, F]
+    MF = sp.csc_array(M)[:, F]
+    K0 = sp.block_array([[PF, MF.T], [MF, None]], format="csc") if E else sp.csc_array(PF)
+    try:
+        solve = _factor(
+            PF, np.zeros(F.size), MF, _REG * max(1.0, float(np.abs(PF.data).max(initial=0.0)))
+        )
+    except RuntimeError:
+        return None
+    sol = solve(rhs)
+    for _ in range(3):  # iterative refinement against the exact system
+        sol = sol + solve(rhs - K0 @ sol)
+    if not np.isfinite(sol).all():
+        return None
+    return sol[: F.size]
