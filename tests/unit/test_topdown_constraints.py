@@ -224,3 +224,32 @@ def test_bad_attributes_are_data_errors():
         pl94_full_constraints(np.array([1]), np.ones((1, 8), int))
     with pytest.raises(DataError, match="non-negative"):
         pl94_constraints(np.array([-1]), np.zeros((1, 8), int))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sparse_kkt_path_matches_a_generic_qp(seed, monkeypatch):
+    from dpdask.reconstruct.topdown import _qp
+
+    monkeypatch.setattr(_qp, "DENSE_KKT", 0)  # every system through the sparse LU
+    A, Y, w, parent, c, _ = _random_family(300 + seed)
+    est = fit_constrained_children(A, Y, parent, c, weights=w)
+    want, _ = _oracle(A, Y, w, parent, c)
+    assert abs(est.report.details["objective"] - want) <= 1e-6 * max(1.0, abs(want))
+    assert c.satisfied(est.x, atol=1e-8).all()
+
+
+def test_a_large_family_matches_a_generic_qp():
+    rng = np.random.default_rng(11)
+    K, n = 6, 120  # 720 variables: the sparse KKT path
+    truth = rng.poisson(rng.gamma(0.5, 2.0, (K, n))).astype(float)
+    c = pl94_constraints(np.array([0, 1, 2, 1, 3, 1]), np.zeros((K, 8), int))
+    c = Constraints(c.lower[:, :n], c.upper[:, :n], c.queries[:, :n], c.lo, c.hi, c.units,
+                    c.labels)  # fmt: skip
+    truth[0] = 0.0
+    A = np.vstack([np.ones(n), np.eye(n)])
+    w = np.concatenate([[1.0], np.full(n, 0.25)])
+    Y = truth @ A.T + rng.normal(size=(K, n + 1)) / np.sqrt(w)
+    est = fit_constrained_children(A, Y, truth.sum(axis=0), c, weights=w)
+    want, _ = _oracle(A, Y, w, truth.sum(axis=0), c)
+    assert abs(est.report.details["objective"] - want) <= 1e-6 * max(1.0, abs(want))
+    assert (est.x[0] == 0).all()

