@@ -253,3 +253,27 @@ def test_a_large_family_matches_a_generic_qp():
     want, _ = _oracle(A, Y, w, truth.sum(axis=0), c)
     assert abs(est.report.details["objective"] - want) <= 1e-6 * max(1.0, abs(want))
     assert (est.x[0] == 0).all()
+
+
+def test_check_hierarchy_before_any_charge():
+    from dpdask.datasets import synthetic_pl94_blocks
+    from dpdask.reconstruct.topdown import check_hierarchy
+
+    b = synthetic_pl94_blocks(12, 300, seed=5)
+    blocks = pl94_full_constraints(b.housing_units, b.facilities, totals=b.population)
+    par = np.repeat(np.arange(3), 4)
+    tracts = blocks.aggregate(par, ["t0", "t1", "t2"])
+    state = tracts.aggregate(np.zeros(3, dtype=np.int64), ["state"])
+    check_hierarchy([state, tracts, blocks], [np.zeros(3, dtype=np.int64), par])
+    wrong = state.with_queries(np.zeros((0, 2016)), np.zeros((1, 0)), np.zeros((1, 0)), [])
+    wrong.lo[0, 0] = wrong.hi[0, 0] = b.population.sum() + 1  # a state total off by one
+    with pytest.raises(DataError, match="state: invariant total is 301 but its children's "
+                       "invariants sum to 300"):  # fmt: skip
+        check_hierarchy([wrong, tracts, blocks], [np.zeros(3, dtype=np.int64), par])
+    # a state total no block can hold: only empty blocks below
+    empty = pl94_constraints(np.zeros(2, int), np.zeros((2, 8), int), units=["e0", "e1"])
+    top = Constraints.none(1, 252, ["state"]).with_queries(np.ones(252), [[5.0]], [[5.0]],
+                                                           ["total"])  # fmt: skip
+    with pytest.raises(DataError, match=r"state: invariant total is 5 but its children's "
+                       r"bounds allow \[0, 0\]"):  # fmt: skip
+        check_hierarchy([top, empty], [np.zeros(2, dtype=np.int64)])

@@ -69,6 +69,7 @@ from dpdask.reconstruct.topdown._constraints import (
     Constraints,
     check_constraints,
     check_family,
+    check_hierarchy,
 )
 from dpdask.reconstruct.topdown._families import (
     KEEP_TOTALS_CELLS,
@@ -97,6 +98,7 @@ __all__ = [
     "SupportEstimate",
     "check_constraints",
     "check_family",
+    "check_hierarchy",
     "children_fitter",
     "default_passes",
     "fit_children",

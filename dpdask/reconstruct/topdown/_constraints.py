@@ -29,7 +29,7 @@ import numpy as np
 
 from dpdask.errors import DataError, ShapeError
 
-__all__ = ["Constraints", "check_constraints", "check_family"]
+__all__ = ["Constraints", "check_constraints", "check_family", "check_hierarchy"]
 
 _TOL = 1e-9  # relative slack of the checks (counts are integers; bounds from public data)
 
@@ -355,3 +355,73 @@ def check_family(
             f"but its children's bounds need [{_fmt(children.lo[:, r].sum())}, "
             f"{_fmt(children.hi[:, r].sum())}]"
         )
+
+
+def check_hierarchy(levels: Sequence[Constraints], parents: Sequence[np.ndarray]) -> None:
+    """Check every level's constraints and each parent's invariants against its children's,
+    from public input alone: what a release calls before any charge.
+
+    Parameters
+    ----------
+    levels : sequence of Constraints
+        Per level (coarsest first), its units' constraints, with the same query rows.
+    parents : sequence of ndarray
+        For each level but the coarsest, each unit's parent index in the level above.
+
+    Raises
+    ------
+    DataError
+        As :func:`check_constraints` for any level, or naming a parent whose invariant is
+        not the sum of its children's (where every child has it), or outside what its
+        children's query bounds allow, or a parent cell bound its children's cannot meet
+        (a parent's lower bound above the sum of its children's upper bounds).
+    """
+    if len(parents) != len(levels) - 1:
+        raise ShapeError("need one parent index array per level but the coarsest")
+    for c in levels:
+        check_constraints(c)
+    for lvl in range(1, len(levels)):
+        par, kids = levels[lvl - 1], levels[lvl]
+        idx = np.asarray(parents[lvl - 1])
+        if idx.shape != (kids.k,) or not np.issubdtype(idx.dtype, np.integer):
+            raise ShapeError(f"level {lvl}: need an integer parent index per unit ({kids.k})")
+        if kids.k and (idx.min() < 0 or idx.max() >= par.k):
+            raise ShapeError(f"level {lvl}: parent indices must be in [0, {par.k})")
+        if not np.array_equal(par.queries, kids.queries):
+            raise ShapeError(f"level {lvl}: every level needs the same query rows")
+        agg = kids.aggregate(idx.astype(np.int64), par.units[: int(idx.max()) + 1])
+        g = agg.k
+        inv = kids.invariants().astype(np.int64)
+        all_inv = np.zeros((g, kids.queries.shape[0]), dtype=np.int64)
+        np.add.at(all_inv, idx, inv)
+        counts = np.bincount(idx, minlength=g)[:, None]
+        p_inv = par.invariants()[:g]
+        p_val = np.where(p_inv, par.lo[:g], 0.0)
+        tol = _TOL * np.maximum(1.0, np.abs(p_val))
+        exact = p_inv & (all_inv == counts) & (np.abs(agg.lo - p_val) > tol)
+        # each child's answers within its query bounds and its cells' reach, summed
+        least, most = _reach(kids.queries, kids.lower, kids.upper)
+        eff_lo = np.zeros((g, least.shape[1]))
+        eff_hi = np.zeros((g, least.shape[1]))
+        np.add.at(eff_lo, idx, np.maximum(kids.lo, least))
+        np.add.at(eff_hi, idx, np.minimum(kids.hi, most))
+        outside = p_inv & ((p_val < eff_lo - tol) | (p_val > eff_hi + tol))
+        for bad, what in ((exact, "its children's invariants sum to"), (outside, "")):
+            hit = np.argwhere(bad)
+            if hit.size:
+                u, r = hit[0]
+                tail = (
+                    f"{what} {_fmt(agg.lo[u, r])}"
+                    if what
+                    else f"its children's bounds allow [{_fmt(eff_lo[u, r])}, {_fmt(eff_hi[u, r])}]"
+                )
+                raise DataError(
+                    f"{par.units[u]}: invariant {kids.labels[r]} is {_fmt(p_val[u, r])} but " + tail
+                )
+        low = np.argwhere(par.lower[:g] > agg.upper * (1 + _TOL) + _TOL)
+        if low.size:
+            u, j = low[0]
+            raise DataError(
+                f"{par.units[u]}: cell {j} must be at least {_fmt(par.lower[u, j])} but its "
+                f"children's cell bounds allow at most {_fmt(agg.upper[u, j])}"
+            )
