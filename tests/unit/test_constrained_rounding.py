@@ -211,3 +211,21 @@ def test_bad_inputs():
     c = Constraints(c.lower, np.zeros((2, 2)), c.queries, c.lo, c.hi, c.units, c.labels)
     with pytest.raises(PlanError, match="outside its cell bounds"):
         round_constrained(X, np.array([1, 1]), c)
+
+
+def test_pl94_full_family_keeps_total_then_group_quarters():
+    """The Bureau's order on the 2,016-cell domain: the blocks' totals, then their
+    group-quarters populations (laminar inside the total), then the cells."""
+    from dpdask.datasets import synthetic_pl94_blocks
+    from dpdask.reconstruct.topdown import pl94_full_constraints
+
+    b = synthetic_pl94_blocks(10, 400, seed=2)
+    truth = b.counts.reshape(10, -1).astype(float)
+    c = pl94_full_constraints(b.housing_units, b.facilities)
+    rng = np.random.default_rng(0)
+    parent = truth.sum(axis=0)
+    X = fit_constrained_children(np.eye(2016), truth + rng.normal(0, 1.5, truth.shape), parent, c).x
+    passes = [c.queries[:1], c.queries[1:]]
+    Xi = round_constrained(X, parent.astype(np.int64), c, passes=passes)
+    _guarantees(Xi, X, parent.astype(np.int64), c, passes)
+    assert (Xi[c.upper == 0] == 0).all()
