@@ -183,3 +183,12 @@ def test_integer_tree_keeps_invariants_zeros_and_totals(invariants):
             sums = np.zeros_like(out[lvl - 1].x)
             np.add.at(sums, par, est.x)
             np.testing.assert_array_equal(sums, out[lvl - 1].x)
+
+
+@pytest.mark.parametrize("integer", [False, True])
+def test_noise_off_returns_the_truth_at_every_level(integer):
+    A, w, _, parents, cons, levels = _tree(11)
+    Ys = [x @ A.dense().T for x in levels]
+    out = passes_tree([A] * 3, Ys, parents, weights=[w] * 3, constraints=cons, integer=integer)
+    for est, x in zip(out, levels, strict=True):
+        np.testing.assert_allclose(est.x, x, atol=1e-6)
