@@ -13,7 +13,8 @@ ones, ``floor(a) <= Q_k x_c <= ceil(a)``.
 pass's answers' distance to the fractional ones, ``sum_{c, r} |Q_k x_c - a_{k,cr}|``, and
 fixes the integer answers it found for the later stages; the last stage minimises the
 cells' distance ``sum_{c, j} |x_cj - X_cj|`` (the objective of
-:func:`~dpdask.reconstruct.topdown.round_children`). With every answer between its floor
+:func:`~dpdask.reconstruct.topdown.round_children`; a pass of the cells themselves is
+that stage). With every answer between its floor
 and ceiling, ``|Q x - a| = frac(a) + (Q x - floor(a)) (1 - 2 frac(a))`` is linear, so each
 stage is a linear program in ``u``. When the query rows of each child form a laminar
 family (the total, disjoint groups inside it such as the group-quarters types, single
@@ -67,6 +68,10 @@ def _integer_parent(parent: np.ndarray, n: int) -> np.ndarray:
     return pf.astype(np.int64)
 
 
+def _is_identity(Q: np.ndarray) -> bool:
+    return Q.shape[0] == Q.shape[1] and bool((Q == np.eye(Q.shape[0])).all())
+
+
 class _Program:
     """The rounding's linear constraints in the variables ``u`` (module notes)."""
 
@@ -80,13 +85,9 @@ class _Program:
     def query_matrix(self, Q: np.ndarray) -> sp.csr_array:
         """``(K q, E)``: row ``(c, r)`` is ``Q[r]`` on child ``c``'s variables."""
         q = Q.shape[0]
-        vals = Q[:, self.cols]  # (q, E)
-        r_idx = (self.rows[None, :] * q + np.arange(q)[:, None]).ravel()
-        e_idx = np.broadcast_to(np.arange(self.E), (q, self.E)).ravel()
-        keep = vals.ravel() != 0
-        return sp.csr_array(
-            (vals.ravel()[keep], (r_idx[keep], e_idx[keep])), shape=(self.K * q, self.E)
-        )
+        sub = sp.coo_array(sp.csc_array(Q)[:, self.cols])  # (q, E), only its non-zeros
+        r_idx = self.rows[sub.coords[1]] * q + sub.coords[0]
+        return sp.csr_array((sub.data, (r_idx, sub.coords[1])), shape=(self.K * q, self.E))
 
     def add(self, A: sp.csr_array, lo: np.ndarray, hi: np.ndarray) -> None:
         self.blocks.append(A)
@@ -192,7 +193,8 @@ def round_constrained(
         err = np.abs(X.sum(axis=0) - p)
         if (err > _SUM_TOLERANCE * np.maximum(p, 1)).any():
             raise ShapeError("the children's columns do not sum to the parent")
-    Qs = _as_queries(passes, n)
+    # a pass of the cells themselves is the last stage's (its band holds by construction)
+    Qs = [Q for Q in _as_queries(passes, n) if not _is_identity(Q)]
     R = np.rint(X)
     snap = np.abs(X - R) <= _SNAP * np.maximum(1.0, np.abs(X))
     Xs = np.where(snap, R, X)
