@@ -298,13 +298,16 @@ def _solve(
     union = np.flatnonzero((~fixed).any(axis=0))
     Au = Ad[:, union]
     G = Au.T @ (w[:, None] * Au)
+    # the linear terms A^T W (A x_fixed - y) of every child at once
+    R = -Yb if not Xfix.any() else Xfix @ Ad.T - Yb
+    Z = (R * w) @ Ad
     blocks = []
     q = np.zeros(N)
     for k in range(K):
         f = free[k]
         loc = np.searchsorted(union, f)
         blocks.append(G[np.ix_(loc, loc)])
-        q[offsets[k] : offsets[k + 1]] = Ad[:, f].T @ (w * (Ad @ Xfix[k] - Yb[k]))
+        q[offsets[k] : offsets[k + 1]] = Z[k, f]
     if S:
         blocks.append(sp.csr_array((S, S)))
     P = sp.block_diag(blocks, format="csr")

@@ -151,34 +151,62 @@ def fit_family_passes(
     >>> np.round(est.answers[0], 6).tolist(), np.round(est.x.sum(axis=1), 6).tolist()
     ([[4.0], [2.0]], [4.0, 2.0])
     """
+    return _fit_prepared(_prepare(A, weights, passes), Y, parent, constraints, parent_name)
+
+
+@dataclass(frozen=True, eq=False)
+class _Prepared:
+    """A level's passes with their strategy rows and weights sliced once (shared by the
+    level's families)."""
+
+    n: int
+    m: int
+    passes: list[tuple[Pass, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    # (pass, its queries, its rows, the strategy's rows, their weights)
+
+
+def _prepare(
+    A: LinearQuery | np.ndarray, weights: np.ndarray | float | None, passes: Sequence[Pass] | None
+) -> _Prepared:
     Ad = dense_strategy(A)
     m, n = Ad.shape
-    Yb = np.asarray(Y, dtype=float)
-    if Yb.ndim != 2 or Yb.shape[1] != m:
-        raise ShapeError(f"measurements have shape {Yb.shape}; expected (K, {m})")
-    K = Yb.shape[0]
     w = _weights(weights, m)
     todo = list(default_passes(Ad) if passes is None else passes)
     if not todo:
         raise ArgumentError("need at least one pass")
-    cons = Constraints.none(K, n, None) if constraints is None else constraints
-    out = PassesEstimate(np.zeros((K, n)))
-    for i, ps in enumerate(todo):
+    out = []
+    for ps in todo:
         Qk = np.atleast_2d(np.asarray(ps.queries, dtype=float))
         if Qk.shape[1] != n:
             raise ShapeError(f"pass {ps.name!r}: queries must have {n} columns")
         rows = np.arange(m) if ps.rows is None else np.asarray(ps.rows, dtype=np.int64)
         if rows.size == 0 or rows.min() < 0 or rows.max() >= m:
             raise ShapeError(f"pass {ps.name!r}: rows must be indices of the strategy's rows")
+        sliced = Ad if ps.rows is None else Ad[rows]
+        out.append((ps, Qk, rows, sliced, w[rows]))
+    return _Prepared(n, m, out)
+
+
+def _fit_prepared(
+    prep: _Prepared, Y: np.ndarray, parent: np.ndarray | None,
+    constraints: Constraints | None, parent_name: str,
+) -> PassesEstimate:  # fmt: skip
+    Yb = np.asarray(Y, dtype=float)
+    if Yb.ndim != 2 or Yb.shape[1] != prep.m:
+        raise ShapeError(f"measurements have shape {Yb.shape}; expected (K, {prep.m})")
+    K = Yb.shape[0]
+    cons = Constraints.none(K, prep.n, None) if constraints is None else constraints
+    out = PassesEstimate(np.zeros((K, prep.n)))
+    for i, (ps, Qk, rows, Ak, wk) in enumerate(prep.passes):
         est = fit_constrained_children(
-            Ad[rows], Yb[:, rows], parent, cons, weights=w[rows], check=i == 0,
-            parent_name=parent_name,
+            Ak, Yb if ps.rows is None else Yb[:, rows], parent, cons, weights=wk,
+            check=i == 0, parent_name=parent_name,
         )  # fmt: skip
         ans = est.x @ Qk.T
         out.answers.append(ans)
         out.reports.append(est.report)
         out.x = est.x
-        if i + 1 < len(todo):
+        if i + 1 < len(prep.passes):
             labels = [f"{ps.name} answer {r}" for r in range(Qk.shape[0])]
             cons = cons.with_queries(Qk, ans - ps.slack, ans + ps.slack, labels)
     return out
@@ -237,11 +265,12 @@ def passes_tree(
     if len(w) != L or len(cs) != L or len(ps) != L:
         raise ShapeError("need one weights, constraints and passes entry per level")
 
-    def level_passes(lvl: int) -> list[Pass]:
-        return list(default_passes(strategies[lvl]) if ps[lvl] is None else ps[lvl] or [])
+    preps = [_prepare(strategies[lvl], w[lvl], ps[lvl]) for lvl in range(L)]
 
-    top = fit_family_passes(strategies[0], measurements[0], None, cs[0], passes=ps[0],
-                            weights=w[0])  # fmt: skip
+    def level_passes(lvl: int) -> list[Pass]:
+        return [p[0] for p in preps[lvl].passes]
+
+    top = _fit_prepared(preps[0], measurements[0], None, cs[0], "the top level")
     if integer:
         top.x = round_constrained(top.x, None, cs[0], passes=level_passes(0))
     out = [top]
@@ -257,9 +286,9 @@ def passes_tree(
         for pi, ch in enumerate(groups):
             if ch.size == 0:
                 continue
-            est = fit_family_passes(
-                strategies[lvl], Yl[ch], prev.x[pi], None if c_lvl is None else c_lvl.take(ch),
-                passes=ps[lvl], weights=w[lvl], parent_name=f"level {lvl - 1} unit {pi}",
+            est = _fit_prepared(
+                preps[lvl], Yl[ch], prev.x[pi], None if c_lvl is None else c_lvl.take(ch),
+                f"level {lvl - 1} unit {pi}",
             )  # fmt: skip
             X[ch] = (
                 round_constrained(

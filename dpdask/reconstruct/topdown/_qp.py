@@ -398,7 +398,8 @@ def _equality_solve(
         K[: F.size, : F.size] = P[np.ix_(F, F)]
         K[: F.size, F.size :] = M[:, F].T
         K[F.size :, : F.size] = M[:, F]
-        out: np.ndarray = sla.lstsq(K, rhs, check_finite=False)[0][: F.size]
+        sol = sla.lstsq(K, rhs, check_finite=False, lapack_driver="gelsy")[0]
+        out: np.ndarray = sol[: F.size]
         return out
     if F.size == 0:
         return np.zeros(0)
@@ -411,9 +412,10 @@ def _equality_solve(
         )
     except RuntimeError:
         return None
-    sol = solve(rhs)
+    sol = np.asarray(solve(rhs), dtype=float)
     for _ in range(3):  # iterative refinement against the exact system
         sol = sol + solve(rhs - K0 @ sol)
     if not np.isfinite(sol).all():
         return None
-    return sol[: F.size]
+    free: np.ndarray = sol[: F.size]
+    return free
