@@ -57,8 +57,32 @@ optimum ``X*``.
 
 The returned children are exactly feasible: after the last step each cell's sum is made
 exact by setting its largest child to ``p_j`` minus the others.
+
+**Constraints, passes and constrained rounding** (Census-grade P.L. 94). A
+:class:`Constraints` holds per-unit cell bounds (structural zeros), query bounds and
+invariants (:func:`pl94_full_constraints`, :func:`pl94_constraints` build them from block
+housing units and facilities; :func:`check_constraints`, :func:`check_family` and
+:func:`check_hierarchy` name conflicts from public input, before any charge).
+:func:`fit_constrained_children` is the family fit under them (a small interior-point QP,
+:mod:`dpdask.reconstruct.topdown._qp`); :func:`fit_family_passes` fits a family pass by
+pass (:class:`Pass`; default the total, then the rest), each pass's answers kept by the
+next; :func:`round_constrained` rounds a family to integers keeping the parent, the
+constraints and each pass's answers; :func:`passes_tree` runs all of it over a small
+in-memory hierarchy.
 """
 
+from dpdask.reconstruct.topdown._census_constraints import (
+    pl94_constraints,
+    pl94_full_constraints,
+)
+from dpdask.reconstruct.topdown._constrained import fit_constrained_children
+from dpdask.reconstruct.topdown._constrained_rounding import round_constrained
+from dpdask.reconstruct.topdown._constraints import (
+    Constraints,
+    check_constraints,
+    check_family,
+    check_hierarchy,
+)
 from dpdask.reconstruct.topdown._families import (
     KEEP_TOTALS_CELLS,
     ChildrenFitter,
@@ -69,14 +93,34 @@ from dpdask.reconstruct.topdown._families import (
     round_top,
     topdown_tree,
 )
+from dpdask.reconstruct.topdown._passes import (
+    Pass,
+    PassesEstimate,
+    default_passes,
+    fit_family_passes,
+    passes_tree,
+)
 
 __all__ = [
     "KEEP_TOTALS_CELLS",
     "ChildrenFitter",
+    "Constraints",
+    "Pass",
+    "PassesEstimate",
     "SupportEstimate",
+    "check_constraints",
+    "check_family",
+    "check_hierarchy",
     "children_fitter",
+    "default_passes",
     "fit_children",
+    "fit_constrained_children",
+    "fit_family_passes",
+    "passes_tree",
+    "pl94_constraints",
+    "pl94_full_constraints",
     "round_children",
+    "round_constrained",
     "round_top",
     "topdown_tree",
 ]
