@@ -19,7 +19,11 @@ query group:
 each the **largest** variance among the group's queries (``tda-2020``'s are equal
 within a group). ``budget_ratio`` is the certified least budget of the fitness plan
 meeting every ``tda-2020`` variance, over the Bureau's budget for the level (below 1:
-as accurate as the Bureau on every query with less budget). Plans only: no data.
+as accurate as the Bureau on every query with less budget). ``budget_ratio_bound`` is
+the least ratio any data-independent Gaussian mechanism with least-squares answers can
+reach (:func:`dpdask.strategy.tda2020_bound.budget_ratio_bound`, a certified lower
+bound); ``budget_ratio`` equal to it means the fitness plan is optimal. Plans only: no
+data.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dpdask.privacy import zCDP
 from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, convert
 from dpdask.strategy import select
 from dpdask.strategy.tda2020 import LEVELS, PERSONS_RHO_CHANGE_ONE, level_budget
+from dpdask.strategy.tda2020_bound import budget_ratio_bound
 from dpdask.workloads.pl94_full import PL94_FULL_GROUPS, pl94_full
 
 __all__ = ["add_arguments", "run"]
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                      persons=persons)  # fmt: skip
         t3 = time.perf_counter()
         ratio = float(fit.info["budget_ratio"])
+        bound = budget_ratio_bound(lv, persons)  # type: ignore[arg-type]
         # the fitness plan at the Bureau's budget: every variance scales by 1 / budget
         scale = float(fit.zcdp().rho) / float(budget.rho)  # type: ignore[attr-defined]
         v_tda = _group_max(tda.query_variances(), offsets)
@@ -87,6 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             {
                 "level": lv,
                 "budget_ratio": ratio,
+                "budget_ratio_bound": bound,
                 "rho_tda": float(budget.rho),  # type: ignore[attr-defined]
                 "rho_fitness": float(fit.zcdp().rho),
                 "hdmm_template": hdmm.template,

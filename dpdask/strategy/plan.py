@@ -52,7 +52,7 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from dpdask.domain import Domain
-from dpdask.errors import PlanError
+from dpdask.errors import DPDaskError, PlanError
 from dpdask.linalg import Kron, LinearQuery, from_dict, gram_root, to_dict
 from dpdask.privacy import Budget, Calibration, calibrate, mechanism_for
 from dpdask.strategy._plan_summary import format_summary, neighbour_budgets
@@ -91,6 +91,22 @@ def _compact(A: LinearQuery, mechanism: str) -> LinearQuery:
     if A.shape[1] <= _MAX_ROOT_CELLS:
         return gram_root(A)
     return A
+
+
+def _drawn_scale(plan: Plan, A: LinearQuery, cal: Calibration) -> float:
+    """The noise scale :func:`dpdask.measure.lattice` would draw for ``A`` on integer
+    counts (the same Gram, hence the same least-squares error, for a Gram root): a
+    dense root's floating-point evaluation error can force a coarser lattice, and so
+    more noise, than the strategy it replaces."""
+    from dpdask.measure import lattice
+
+    candidate = copy.copy(plan)
+    candidate.strategy, candidate.calibration = A, cal
+    candidate.sensitivity, candidate.noise_scale = cal.sensitivity, cal.scale
+    try:
+        return float(lattice(candidate, np.int64).noise_scale)
+    except DPDaskError:  # no lattice fits: never preferred
+        return math.inf
 
 
 class Plan:
@@ -218,9 +234,12 @@ class Plan:
         its calibration at this plan's budget (on the operator: a plan's strategy is one)."""
         with threadpool_limits(limits=1, user_api="blas"):  # small matrices: 1 thread
             A = _compact(self.strategy, self.mechanism)
-        if A is self.strategy:
-            return None, self.calibration
-        return A, calibrate(self.privacy, A)
+            if A is self.strategy:
+                return None, self.calibration
+            cal = calibrate(self.privacy, A)
+            if _drawn_scale(self, self.strategy, self.calibration) < _drawn_scale(self, A, cal):
+                return None, self.calibration  # the root's lattice would add noise
+        return A, cal
 
     def shared(self, name: str, compute: Callable[[], _T]) -> _T:
         """A value derived from the measured strategy alone (a structured

@@ -265,7 +265,8 @@ def test_level_plans_measure_a_gram_root_and_describe_the_noise_drawn() -> None:
     """``Plan.at`` measures a root of the Gram (same least squares, fewer rows), shared by
     the levels of one base plan; ``realise`` makes every figure that of the noise drawn.
     Oracle: dense ``W (A^T A)^+ W^T`` times the noise variance."""
-    W, A = Prefix(6), VStack([Identity(6), Prefix(6), Total(6)])  # 13 rows > 6 columns
+    # 13 rows > 6 columns, non-integer entries (measured on a lattice either way)
+    W, A = Prefix(6), VStack([Identity(6), Prefix(6), Total(6)], weights=[1.0, 0.7, 0.3])
     plan = Plan(W, A, zCDP(1))
     a, b = plan.at(zCDP("1/4")), plan.at(zCDP("3/4"))
     assert a.strategy.shape[0] <= 6 and a.strategy is b.strategy  # formed once
@@ -287,6 +288,43 @@ def test_level_plans_measure_a_gram_root_and_describe_the_noise_drawn() -> None:
     assert drawn.noise_scale == a.noise_scale  # the measurement starts from the calibration
     np.testing.assert_allclose(drawn.query_variances(), Drawn.variance * unit, rtol=1e-9)
     assert plan.privacy == zCDP(1) and plan.strategy is A and plan.drawn is None
+
+
+def test_level_plans_keep_a_strategy_a_root_would_measure_noisier() -> None:
+    """An integer strategy is measured exactly on integer counts; its Gram root would
+    need a lattice (more noise), so ``Plan.at`` keeps it. Oracle: the lattice of each."""
+    from dpdask.linalg import gram_root
+    from dpdask.measure import lattice
+
+    W, A = Prefix(6), VStack([Identity(6), Prefix(6), Total(6)])  # integer entries
+    level = Plan(W, A, zCDP(1)).at(zCDP("1/2"))
+    assert level.strategy is A
+    exact = lattice(level, np.int64)
+    assert exact.exact and exact.k == 0
+    root = Plan(W, gram_root(A), zCDP(1)).at(zCDP("1/2"))
+    assert lattice(root, np.int64).noise_scale > exact.noise_scale
+
+
+def test_tda2020_level_plan_draws_close_to_the_bureaus_noise() -> None:
+    """The Bureau's strategy (2,603 rows on 2,016 cells) is measured as it is, not as a
+    dense root whose evaluation error forces a coarse lattice: the drawn variance of
+    the county total is within 6% of the closed form 1 / (2 rho l q)."""
+    from dpdask import census
+    from dpdask.measure import lattice
+    from dpdask.strategy.tda2020 import (
+        PERSONS_RHO_ADD_REMOVE,
+        level_budget,
+        tda2020_plan,
+        tda2020_variances,
+    )
+    from dpdask.workloads.pl94_full import pl94_full
+
+    budget = level_budget(zCDP(PERSONS_RHO_ADD_REMOVE), "county")
+    plan = tda2020_plan(pl94_full(), budget, level="county", domain=census.pl94_full_domain())
+    level = plan.at(budget)
+    drawn = level.realise(lattice(level, np.int64)).query_variances()[0]
+    closed = tda2020_variances(zCDP(PERSONS_RHO_ADD_REMOVE), "county")["total"]
+    assert closed <= drawn <= 1.06 * closed
 
 
 def test_a_non_budget_is_a_type_error_and_a_dpdask_error() -> None:
