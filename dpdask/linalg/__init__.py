@@ -16,6 +16,7 @@ from dpdask.linalg._base import (
 )
 from dpdask.linalg._explicit import Dense, Sparse
 from dpdask.linalg._geo import apply_per_geography, apply_rows
+from dpdask.linalg._integral import has_integer_entries
 from dpdask.linalg._kron import Kron
 from dpdask.linalg._norms import NormTerms, kron_vector
 from dpdask.linalg._primitives import (
@@ -63,6 +64,7 @@ __all__ = [
     "from_dict",
     "gamma",
     "gram_root",
+    "has_integer_entries",
     "interval_tree",
     "kron_vector",
     "register_operator",

@@ -66,16 +66,20 @@ from dpdask.measure._checks import (
     check_plan,
     has_integer_entries,
 )
-from dpdask.noise import MAX_TABLE_SCALE, draw_variance
+from dpdask.noise import (
+    DEFAULT_MAX_TOTAL,
+    MAX_TABLE_SCALE,
+    SENSITIVITY_PAD,
+    draw_variance,
+    grid_rule,
+    grid_step,
+    round_up,
+)
 from dpdask.privacy import MECHANISM_NORM, ApproxDP, Budget, check_calibration
 
 __all__ = ["DEFAULT_MAX_TOTAL", "Lattice", "lattice", "noise_mechanism"]
 
 _DISCRETE = {"laplace": "discrete_laplace", "gaussian": "discrete_gaussian"}
-_LATTICE_SLACK = 1024  # target: the lattice adds at most D / 1024 to the sensitivity
-_SENSITIVITY_PAD = Fraction(1) + Fraction(1, 2**24)  # float column norms, relative error
-DEFAULT_MAX_TOTAL = 2**33  # public bound on one geography's total (module notes)
-_MAX_GRID_SCALE = 2**29  # largest noise scale on the grid
 
 
 def noise_mechanism(
@@ -181,18 +185,13 @@ class Lattice:
         """The variance of one measurement's noise in data units: the grid step squared
         times the integer sampler's variance at ``grid_scale``
         (:func:`dpdask.noise.draw_variance`), what published variances are made of."""
-        return float(_step(self.k)) ** 2 * draw_variance(self.mechanism, self.grid_scale)
-
-
-def _step(k: int) -> Fraction:
-    """The grid step ``2**-k`` as an exact fraction (``k`` may be negative)."""
-    return Fraction(1, 2**k) if k >= 0 else Fraction(2 ** (-k))
+        return float(grid_step(self.k)) ** 2 * draw_variance(self.mechanism, self.grid_scale)
 
 
 def _exact_integral_sensitivity(sens: float, p: int) -> float:
     """The least double at or above the exact norm of an integer column (``D``, ``p``)."""
     if p == 1 or sens > 2**24:
-        return sens if p == 1 else _up(Fraction(sens) * _SENSITIVITY_PAD)
+        return sens if p == 1 else round_up(Fraction(sens) * SENSITIVITY_PAD)
     square = round(sens * sens)
     root = math.sqrt(square)
     return root if Fraction(root) ** 2 >= square else math.nextafter(root, math.inf)
@@ -204,12 +203,6 @@ def _check_max_total(max_total: object) -> int:
     if not 1 <= int(max_total) <= 2**52:
         raise PlanError(f"max_total must be between 1 and 2**52, got {max_total}")
     return int(max_total)
-
-
-def _up(value: Fraction) -> float:
-    """The least double at or above ``value``."""
-    f = float(value)
-    return f if Fraction(f) >= value else math.nextafter(f, math.inf)
 
 
 def _fits(mech: str, sens: float, scale: float, privacy: Budget) -> bool:
@@ -245,21 +238,11 @@ def lattice(plan: MeasurePlan, dtype: npt.DTypeLike, max_total: int = DEFAULT_MA
     disc = _DISCRETE.get(mech, mech)
     p = MECHANISM_NORM[mech]
     sens = cached_sensitivity(A, p)
-    padded = Fraction(sens) * _SENSITIVITY_PAD
     if integral:  # integer entries: D (L1) or D**2 (L2) is an integer, exact in float
         k, sens_eff = 0, _exact_integral_sensitivity(sens, p)
-    else:
-        m = A.shape[0]
-        c = 2.0 * m if p == 1 else 2.0 * math.sqrt(m)
-        k = max(0, math.ceil(math.log2(c * _LATTICE_SLACK / sens)))
-        k = min(k, math.floor(math.log2(_MAX_GRID_SCALE / scale)))
-        err = evaluation_error(A) * max_total  # largest evaluation error of an answer
-        if err > 0:
-            k = min(k, math.floor(-math.log2(2.0 * err)))
-        while _step(k) < 2 * Fraction(err):  # log2 rounding
-            k -= 1  # pragma: no cover
-        sens_eff = _up(padded + Fraction(math.ceil(c * 2**20), 2**20) * _step(k))
-    s_eff = _up(Fraction(scale) * Fraction(sens_eff) / Fraction(sens))
+    else:  # the largest evaluation error of an answer: e * max_total
+        k, sens_eff = grid_rule(A.shape[0], p, sens, scale, evaluation_error(A) * max_total)
+    s_eff = round_up(Fraction(scale) * Fraction(sens_eff) / Fraction(sens))
     if not _fits(disc, sens_eff, s_eff, privacy):
         if not isinstance(privacy, ApproxDP):  # same ratio D'/s': cannot happen but rounding
             s_eff = math.nextafter(s_eff, math.inf)
@@ -274,7 +257,7 @@ def lattice(plan: MeasurePlan, dtype: npt.DTypeLike, max_total: int = DEFAULT_MA
                 break
             lo, hi = (lo, mid) if _fits(disc, sens_eff, mid, privacy) else (mid, hi)
         s_eff = hi
-    grid = Fraction(s_eff) / _step(k)
+    grid = Fraction(s_eff) / grid_step(k)
     if grid > MAX_TABLE_SCALE:
         raise PlanError(f"noise scale {s_eff:g} is too large for the lattice sampler")
     return Lattice(disc, integral, k, sens_eff, s_eff, grid)

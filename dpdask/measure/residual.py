@@ -211,37 +211,21 @@ def residual_lattice(plan: Any, max_total: int = DEFAULT_MAX_TOTAL) -> Lattice:
     The rule of :mod:`dpdask.measure._lattice` with the plan's closed-form sensitivity,
     its row count and :func:`residual_evaluation_error` in place of the operator's.
     """
-    from dpdask.measure._lattice import (
-        _LATTICE_SLACK,
-        _MAX_GRID_SCALE,
-        _SENSITIVITY_PAD,
-        _check_max_total,
-        _fits,
-        _step,
-        _up,
-    )
+    from dpdask.measure._lattice import _check_max_total, _fits
+    from dpdask.noise import grid_rule, grid_step, round_up
 
     max_total = _check_max_total(max_total)
     if plan.mechanism != "gaussian":
         raise PlanError(f"a residual plan adds Gaussian noise, not {plan.mechanism!r}")
     sens, scale = float(plan.sensitivity), float(plan.noise_scale)
-    m = strategy_rows(plan)
-    c = 2.0 * math.sqrt(m)
-    k = max(0, math.ceil(math.log2(c * _LATTICE_SLACK / sens)))
-    k = min(k, math.floor(math.log2(_MAX_GRID_SCALE / scale)))
     err = residual_evaluation_error(plan) * max_total
-    if err > 0:
-        k = min(k, math.floor(-math.log2(2.0 * err)))
-    while _step(k) < 2 * Fraction(err):
-        k -= 1  # pragma: no cover
-    padded = Fraction(sens) * _SENSITIVITY_PAD
-    sens_eff = _up(padded + Fraction(math.ceil(c * 2**20), 2**20) * _step(k))
-    s_eff = _up(Fraction(scale) * Fraction(sens_eff) / Fraction(sens))
+    k, sens_eff = grid_rule(strategy_rows(plan), 2, sens, scale, err)
+    s_eff = round_up(Fraction(scale) * Fraction(sens_eff) / Fraction(sens))
     while not _fits("discrete_gaussian", sens_eff, s_eff, plan.privacy):
-        s_eff = _up(Fraction(s_eff) * Fraction(1025, 1024))
+        s_eff = round_up(Fraction(s_eff) * Fraction(1025, 1024))
         if s_eff > 2.0**60:
             raise PlanError(f"no discrete Gaussian scale fits {plan.privacy!r}")
-    grid = Fraction(s_eff) / _step(k)
+    grid = Fraction(s_eff) / grid_step(k)
     if grid > MAX_TABLE_SCALE:
         raise PlanError(f"noise scale {s_eff:g} is too large for the lattice sampler")
     return Lattice("discrete_gaussian", False, k, sens_eff, s_eff, grid)

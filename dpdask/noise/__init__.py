@@ -14,6 +14,15 @@ themselves (the reference the tables are checked and benchmarked against).
 """
 
 from dpdask.noise._exact import discrete_gaussian_cks, discrete_laplace_cks
+from dpdask.noise._grid import (
+    DEFAULT_MAX_TOTAL,
+    LATTICE_SLACK,
+    MAX_GRID_SCALE,
+    SENSITIVITY_PAD,
+    grid_rule,
+    grid_step,
+    round_up,
+)
 from dpdask.noise._keyfile import KeyFile
 from dpdask.noise._keys import (
     KEY_BYTES,
@@ -30,9 +39,13 @@ from dpdask.noise._table import MAX_TABLE_SCALE
 from dpdask.noise._variance import draw_variance
 
 __all__ = [
+    "DEFAULT_MAX_TOTAL",
     "KEY_BYTES",
+    "LATTICE_SLACK",
+    "MAX_GRID_SCALE",
     "MAX_TABLE_SCALE",
     "MECHANISMS",
+    "SENSITIVITY_PAD",
     "IdentityLike",
     "KeyFile",
     "KeyedRNG",
@@ -44,5 +57,8 @@ __all__ = [
     "discrete_laplace_cks",
     "draw_variance",
     "encode_identity",
+    "grid_rule",
+    "grid_step",
     "new_key",
+    "round_up",
 ]

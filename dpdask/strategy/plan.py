@@ -52,8 +52,17 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from dpdask.domain import Domain
-from dpdask.errors import DPDaskError, PlanError
-from dpdask.linalg import Kron, LinearQuery, from_dict, gram_root, to_dict
+from dpdask.errors import PlanError
+from dpdask.linalg import (
+    Kron,
+    LinearQuery,
+    evaluation_error,
+    from_dict,
+    gram_root,
+    has_integer_entries,
+    to_dict,
+)
+from dpdask.noise import DEFAULT_MAX_TOTAL, grid_rule
 from dpdask.privacy import Budget, Calibration, calibrate, mechanism_for
 from dpdask.strategy._plan_summary import format_summary, neighbour_budgets
 from dpdask.strategy.analysis import ErrorAnalysis, svd_bound
@@ -93,20 +102,15 @@ def _compact(A: LinearQuery, mechanism: str) -> LinearQuery:
     return A
 
 
-def _drawn_scale(plan: Plan, A: LinearQuery, cal: Calibration) -> float:
-    """The noise scale :func:`dpdask.measure.lattice` would draw for ``A`` on integer
-    counts (the same Gram, hence the same least-squares error, for a Gram root): a
-    dense root's floating-point evaluation error can force a coarser lattice, and so
-    more noise, than the strategy it replaces."""
-    from dpdask.measure import lattice
-
-    candidate = copy.copy(plan)
-    candidate.strategy, candidate.calibration = A, cal
-    candidate.sensitivity, candidate.noise_scale = cal.sensitivity, cal.scale
-    try:
-        return float(lattice(candidate, np.int64).noise_scale)
-    except DPDaskError:  # no lattice fits: never preferred
-        return math.inf
+def _grid_sensitivity(A: LinearQuery, cal: Calibration) -> float:
+    """The sensitivity the measure step calibrates ``A``'s noise to on integer counts:
+    exact for integer entries, else on the lattice its floating-point evaluation error
+    allows (:func:`dpdask.noise.grid_rule`, with the default bound on a total). Of two
+    strategies with one Gram (same least-squares error) the lower one draws less noise."""
+    if has_integer_entries(A):
+        return float(cal.sensitivity)
+    err = evaluation_error(A) * DEFAULT_MAX_TOTAL
+    return grid_rule(A.shape[0], cal.norm, cal.sensitivity, cal.scale, err)[1]
 
 
 class Plan:
@@ -237,7 +241,7 @@ class Plan:
             if A is self.strategy:
                 return None, self.calibration
             cal = calibrate(self.privacy, A)
-            if _drawn_scale(self, self.strategy, self.calibration) < _drawn_scale(self, A, cal):
+            if _grid_sensitivity(self.strategy, self.calibration) < _grid_sensitivity(A, cal):
                 return None, self.calibration  # the root's lattice would add noise
         return A, cal
 
