@@ -37,8 +37,11 @@ from dpdask.graph._output import level_outputs
 from dpdask.graph._output_sparse import sparse_level_outputs
 from dpdask.graph._progress import compute_items
 from dpdask.graph._run import charges
+from dpdask.graph._simulate import publish_simulated, simulate_topdown
 from dpdask.graph._state import RunState
-from dpdask.graph._topdown import sparse_entries
+from dpdask.graph._topdown import sparse_entries, unbiased_levels
+from dpdask.graph._unbiased import publish_unbiased
+from dpdask.graph._uncertainty import estimator_label, published_label
 from dpdask.store import aggregate_rows, level_key
 
 if TYPE_CHECKING:
@@ -68,6 +71,8 @@ def finish(
         sources, targets = sparse_level_outputs(
             root, levels, raw, [L.chunks for L in rel.released], entries, ids,
             rel.lc.parents, rel.domain,
+            {"what": estimator_label("topdown", rel.integer), "describes_published": False},
+            _topdown_extra(rel, run, raw, client, progress),
         )  # fmt: skip
     else:
         sources, targets = _dense_outputs(rel, root, work, raw, levels, ids)
@@ -75,6 +80,24 @@ def finish(
     compute_items([stored], client, progress, "publish")
     _write_attributes(rel, run, root, out)
     return out
+
+
+def _topdown_extra(
+    rel: Release, run: RunState, raw: Sequence[pathlib.Path], client: Any, progress: bool
+) -> Any:
+    """What a top-down level publishes beside its estimate: the simulated RMSE of its
+    answers (:mod:`~dpdask.graph._simulate`, computed here) and the unbiased
+    least-squares answers of its measurements (:mod:`~dpdask.graph._unbiased`)."""
+    sims = simulate_topdown(rel, run, raw, client, progress)
+    unbiased = unbiased_levels(rel, run.work)
+    what = published_label(rel.reconstruct, rel.integer)
+
+    def extra(i: int, lg: Any) -> list[tuple[Any, Any]]:
+        L = rel.released[i]
+        publish_simulated(lg, None if sims is None else sims[i], L.plan, what)
+        return publish_unbiased(lg, unbiased[i], L.plan, L.chunks, level_key(L.name))
+
+    return extra
 
 
 def _dense_outputs(
@@ -127,7 +150,7 @@ def _dense_outputs(
         final = nonneg_down(final, rel.lc, "nonnegative")
     return level_outputs(
         root, levels, final, fvar, ids, rel.lc.parents, domain=rel.domain,
-        sparse_estimates=rel.reconstruct in NONNEGATIVE,
+        sparse_estimates=rel.reconstruct in NONNEGATIVE, reconstruct=rel.reconstruct,
     )  # fmt: skip
 
 
@@ -157,6 +180,7 @@ def _write_attributes(rel: Release, run: RunState, root: zarr.Group, out: pathli
             "levels": list(rel.levels),
             "units": "persons",
             "margin_of_error": "moe90 = 1.645 * sqrt(variance), a 90% margin as ACS's",
+            "uncertainty_of": estimator_label(rel.reconstruct, rel.integer),
         }
     )
     with warnings.catch_warnings():  # "not part of the Zarr v3 specification" (yet)

@@ -77,6 +77,7 @@ from dpdask.graph._plans import (
     total_budget,
 )
 from dpdask.graph._state import Level, RunState
+from dpdask.graph._unbiased import UNBIASED_LIMIT
 from dpdask.measure import DEFAULT_MAX_TOTAL, level_charge
 from dpdask.noise import KeyFile, SecretKey
 from dpdask.privacy import Budget, Ledger, RunStateError, check_run_id
@@ -124,6 +125,11 @@ class Release:
         How the levels are chunked.
     neighbours : str
         The neighbour relation its budget was stated in (its budgets are add/remove).
+    simulate : int
+        Trials of the simulation of a top-down release's error (:mod:`._simulate`).
+    unbiased_limit : int
+        Units times queries up to which a top-down level publishes unbiased answers
+        (:mod:`._unbiased`).
     runs : list of RunState
         The runs :meth:`to_zarr` made of this release (the last one's reports are in
         :meth:`summary`).
@@ -146,6 +152,8 @@ class Release:
     lc: LevelChunks
     released: tuple[Level, ...]
     neighbours: str = ADD_REMOVE.name
+    simulate: int = 0
+    unbiased_limit: int = UNBIASED_LIMIT
     runs: list[RunState] = field(default_factory=list, repr=False)
 
     @property
@@ -169,6 +177,8 @@ class Release:
             "domain": self.domain.to_dict(),
             "reconstruct": self.reconstruct,
             "integer": self.integer,
+            "simulate": self.simulate,
+            "unbiased_limit": self.unbiased_limit,
             "max_total": self.max_total,
             "not_converged": [] if run is None else run.reports,
             "levels": levels,
@@ -354,6 +364,8 @@ def release(
     integer: bool = False,
     max_total: int = DEFAULT_MAX_TOTAL,
     neighbours: str = ADD_REMOVE.name,
+    simulate: int | None = None,
+    unbiased_limit: int = UNBIASED_LIMIT,
 ) -> Release:
     """Build a release of a data store: a lazy Dask graph, run by :meth:`Release.to_zarr`.
 
@@ -434,6 +446,10 @@ def release(
         raise ArgumentError(f"reconstruct={reconstruct!r} is not one of {ESTIMATORS}")
     if integer and reconstruct != "topdown":
         raise ArgumentError("integer=True goes with reconstruct='topdown'")
+    trials = _count("simulate", 1 if simulate is None else simulate)
+    if simulate is not None and trials and reconstruct != "topdown":
+        raise ArgumentError("simulate goes with reconstruct='topdown'")
+    limit = _count("unbiased_limit", unbiased_limit)
     as_neighbours(neighbours)  # a known relation (PlanError otherwise)
     level_plans_ = level_plans(plans, levels, budget_split)
     for lv, p in level_plans_.items():
@@ -458,4 +474,12 @@ def release(
     return Release(
         store, levels, level_plans_, release_id, run_id, total, reconstruct, ledger, dataset,
         key, noise, test_mode, integer, max_total, lc, released, str(neighbours),
+        trials if reconstruct == "topdown" else 0, limit,
     )  # fmt: skip
+
+
+def _count(name: str, value: object) -> int:
+    """A non-negative integer argument, or an ``ArgumentError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArgumentError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
