@@ -119,8 +119,8 @@ def unbiased_levels(rel: Release, work: pathlib.Path) -> list[Unbiased | None]:
         return [None] * len(rel.released)
     return [
         unbiased_queries(
-            L.plan.workload, rel.store.geography.n_units(L.name), rel.unbiased_limit,
-            rel.domain, str(work / "unbiased" / L.name), L.plan.strategy,
+            L.plan.workload, L.plan.strategy, rel.store.geography.n_units(L.name),
+            rel.unbiased_limit, rel.domain, str(work / "unbiased" / L.name),
         )
         for L in rel.released
     ]  # fmt: skip

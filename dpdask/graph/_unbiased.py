@@ -108,20 +108,22 @@ def _parts(W: LinearQuery) -> list[tuple[str, LinearQuery, float]]:
 
 def unbiased_queries(
     W: LinearQuery,
+    strategy: LinearQuery,
     n_units: int,
     limit: int = UNBIASED_LIMIT,
     domain: Any = None,
     folder: str = "",
-    strategy: LinearQuery | None = None,
 ) -> Unbiased:
     """The queries whose unbiased answers a level of ``n_units`` units publishes (module
     notes): whole workload groups in order while ``n_units`` times the queries kept stay
-    within ``limit``, and always the total.
+    within ``limit``, and always the total; for the measured ``strategy`` (which the
+    answers are computed for: :func:`unbiased_answers` must get the same).
 
     Examples
     --------
+    >>> from dpdask.linalg import Identity
     >>> from dpdask.workloads import ri2010
-    >>> u = unbiased_queries(ri2010(), 1000, limit=1000 * 11)
+    >>> u = unbiased_queries(ri2010(), Identity(16), 1000, limit=1000 * 11)
     >>> u.labels[:4], u.skipped
     (('total_001', 'votingage_001', 'votingage_002', 'raceeth_001'), ('identity',))
     """
@@ -170,6 +172,7 @@ def unbiased_matrix(strategy: LinearQuery, Q: LinearQuery) -> np.ndarray | None:
 
 
 def _matrix(strategy: LinearQuery, u: Unbiased) -> np.ndarray | None:
+    """``(Q A^+)^T``, once per worker process (``u.token`` names ``Q`` and ``A``)."""
     M = _MATRICES.get(u.token)
     if M is None:
         M = unbiased_matrix(strategy, u.queries)
