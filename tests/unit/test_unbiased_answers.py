@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from dpdask.graph import level_plans
-from dpdask.graph._uncertainty import estimator_label, published_label, uncertainty_attrs
 from dpdask.graph._unbiased import (
     unbiased_answers,
     unbiased_queries,
     unbiased_variances,
 )
+from dpdask.graph._uncertainty import estimator_label, published_label, uncertainty_attrs
 from dpdask.linalg import Dense, Identity, Kron, Prefix, Total, VStack
 from tests.helpers import DOMAIN, make_plan
 
