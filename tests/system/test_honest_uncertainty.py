@@ -213,3 +213,16 @@ def test_simulation_charges_nothing_through_the_cli(tmp_path, capsys):
         assert main(["ledger", "verify", summary["ledger"]]) == 0
         capsys.readouterr()
     assert spent["two"] == spent["none"] == Fraction(1, 2)
+
+
+def test_report_shows_what_each_uncertainty_is_of(releases):
+    from dpdask.report import report_data
+
+    groups, _ = releases
+    data = report_data(groups[0].store.root)
+    block = data["uncertainty"]["block"]
+    assert block["describes_published"] is False
+    assert block["simulated_rmse"]["label"].startswith("RMSE by simulation around the published")
+    assert set(block["simulated_rmse"]["groups"]) == set(GROUPS)
+    assert block["unbiased"]["label"] == "unbiased (least squares, this level's measurements)"
+    assert block["unbiased"]["queries"] == 12
