@@ -207,6 +207,7 @@ def attributes(rel: Release, run: RunState) -> dict[str, Any]:
             "strategy": strategy_record([L.plan for L in rel.released], rel.levels),
             "test_mode": rel.test_mode,
             "noise": rel.noise,
+            "uncertainty_of": estimator_label(rel.reconstruct, rel.integer),
             "charges": [c.published() for c in charges(rel, run)],
         }
     )

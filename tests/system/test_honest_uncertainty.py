@@ -226,3 +226,13 @@ def test_report_shows_what_each_uncertainty_is_of(releases):
     assert set(block["simulated_rmse"]["groups"]) == set(GROUPS)
     assert block["unbiased"]["label"] == "unbiased (least squares, this level's measurements)"
     assert block["unbiased"]["queries"] == 12
+
+
+def test_report_page_has_the_uncertainty_section(releases, tmp_path):
+    from dpdask.report import write_report
+
+    groups, _ = releases
+    page = write_report(groups[0].store.root, tmp_path / "r.html").read_text()
+    assert "What the margins of error are of" in page
+    assert "RMSE by simulation around the published estimate, 1 trials" in page
+    assert "unbiased (least squares, this level&#x27;s measurements)" in page
