@@ -39,8 +39,8 @@ from dpdask.graph._progress import compute_items
 from dpdask.graph._run import charges
 from dpdask.graph._simulate import publish_simulated, simulate_topdown
 from dpdask.graph._state import RunState
-from dpdask.graph._topdown import sparse_entries, unbiased_levels
-from dpdask.graph._unbiased import publish_unbiased
+from dpdask.graph._topdown import sparse_entries
+from dpdask.graph._unbiased import publish_unbiased, unbiased_levels
 from dpdask.graph._uncertainty import estimator_label, published_label
 from dpdask.store import aggregate_rows, level_key
 
@@ -151,7 +151,25 @@ def _dense_outputs(
     return level_outputs(
         root, levels, final, fvar, ids, rel.lc.parents, domain=rel.domain,
         sparse_estimates=rel.reconstruct in NONNEGATIVE, reconstruct=rel.reconstruct,
+        extra=_unbiased_extra(rel, work) if rel.reconstruct in NONNEGATIVE else None,
     )  # fmt: skip
+
+
+def _unbiased_extra(rel: Release, work: pathlib.Path) -> Any:
+    """What a non-negative (NNLS, WNNLS, ADMM) level publishes beside its estimate: the
+    unbiased least-squares answers of its measurements (:mod:`~dpdask.graph._unbiased`);
+    its error is not simulated (only top-down's is), and the level says so."""
+    unbiased = unbiased_levels(rel, work)
+
+    def extra(i: int, lg: Any) -> list[tuple[Any, Any]]:
+        L = rel.released[i]
+        lg.group.attrs["simulated_rmse"] = (
+            f"not simulated: the simulated RMSE is published for reconstruct: topdown, "
+            f"not {rel.reconstruct}"
+        )
+        return publish_unbiased(lg, unbiased[i], L.plan, L.chunks, level_key(L.name))
+
+    return extra
 
 
 def _write_attributes(rel: Release, run: RunState, root: zarr.Group, out: pathlib.Path) -> None:

@@ -42,7 +42,7 @@ estimates (:func:`~dpdask.publish.published_tables`)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,6 +275,7 @@ def level_outputs(
     domain: Domain | None = None,
     sparse_estimates: bool = False,
     reconstruct: str = "ls",
+    extra: Callable[[int, LevelGroup], list[tuple[Any, Any]]] | None = None,
 ) -> tuple[list[da.Array], list[zarr.Array[Any]]]:
     """Create every level's group in ``root`` and pair its lazy arrays with their targets.
 
@@ -301,6 +302,10 @@ def level_outputs(
     reconstruct : str
         The estimator: labels what the variances are of
         (:mod:`dpdask.graph._uncertainty`).
+    extra : callable, optional
+        ``extra(i, level_group)`` adds further arrays to level ``i``'s group (a
+        non-linear estimator's unbiased answers) and returns their lazy (source,
+        target) pairs.
 
     Returns
     -------
@@ -356,6 +361,9 @@ def level_outputs(
             if pair is not None:
                 sources.append(pair[0])
                 targets.append(pair[1])
+        for source, target in extra(i, lg) if extra is not None else []:
+            sources.append(source)
+            targets.append(target)
     return sources, targets
 
 

@@ -48,7 +48,7 @@ from dpdask.graph._graph import level_data
 from dpdask.graph._run import level_charge
 from dpdask.graph._state import RunState
 from dpdask.graph._topdown_blocks import family_block, top_block
-from dpdask.graph._unbiased import Unbiased, unbiased_queries
+from dpdask.graph._unbiased import Unbiased, unbiased_levels
 from dpdask.publish import marker
 from dpdask.store import level_key
 
@@ -61,7 +61,6 @@ __all__ = [
     "sparse_entries",
     "topdown_counts",
     "topdown_graph",
-    "unbiased_levels",
 ]
 
 
@@ -110,20 +109,6 @@ def measure_topdown(rel: Release, run: RunState, client: Any, progress: bool) ->
         words = {level_key(L.name): L.name for L in rel.released}
         compute_items(items, client, progress, "measure-reconstruct", words)
     return folders
-
-
-def unbiased_levels(rel: Release, work: pathlib.Path) -> list[Unbiased | None]:
-    """Each level's unbiased queries (:mod:`dpdask.graph._unbiased`), checkpointed in
-    ``work / "unbiased" / <level>``; None without noise (nothing to estimate)."""
-    if not rel.noise:
-        return [None] * len(rel.released)
-    return [
-        unbiased_queries(
-            L.plan.workload, L.plan.strategy, rel.store.geography.n_units(L.name),
-            rel.unbiased_limit, rel.domain, str(work / "unbiased" / L.name),
-        )
-        for L in rel.released
-    ]  # fmt: skip
 
 
 def fit_task(

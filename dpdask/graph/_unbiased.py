@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from dask.base import tokenize
@@ -41,21 +41,28 @@ from dask.base import tokenize
 from dpdask.graph._blas import task_blas
 from dpdask.graph._checkpoint import read_chunks
 from dpdask.graph._output import LevelGroup, add_array
-from dpdask.graph._uncertainty import UNBIASED, uncertainty_attrs
+from dpdask.graph._uncertainty import LINEAR, UNBIASED, uncertainty_attrs
 from dpdask.linalg import LinearQuery, Ones, VStack, apply_rows
 from dpdask.publish import query_descriptions, query_labels
+
+if TYPE_CHECKING:
+    from dpdask.graph._release import Release
 
 __all__ = [
     "DENSE_PINV_ENTRIES",
     "QUERY",
     "UNBIASED_LIMIT",
     "Unbiased",
+    "first",
     "publish_unbiased",
     "unbiased_answers",
+    "unbiased_levels",
     "unbiased_matrix",
     "unbiased_queries",
     "unbiased_variances",
     "write_unbiased",
+    "write_unbiased_cells",
+    "write_unbiased_measured",
 ]
 
 UNBIASED_LIMIT = 2**23
@@ -181,6 +188,21 @@ def _matrix(strategy: LinearQuery, u: Unbiased) -> np.ndarray | None:
     return M
 
 
+def unbiased_levels(rel: Release, work: pathlib.Path) -> list[Unbiased | None]:
+    """Each level's unbiased queries, checkpointed in ``work / "unbiased" / <level>``:
+    for the estimators whose published estimate is not least squares (top-down, NNLS,
+    WNNLS, ADMM); None for least squares (its estimate is) and without noise."""
+    if not rel.noise or rel.reconstruct in LINEAR:
+        return [None] * len(rel.released)
+    return [
+        unbiased_queries(
+            L.plan.workload, L.plan.strategy, rel.store.geography.n_units(L.name),
+            rel.unbiased_limit, rel.domain, str(work / "unbiased" / L.name),
+        )
+        for L in rel.released
+    ]  # fmt: skip
+
+
 def unbiased_answers(strategy: LinearQuery, y: np.ndarray, u: Unbiased) -> np.ndarray | None:
     """``Q A^+ y`` for every unit (row) of measurements ``y`` ``(g, m)``: ``(g, q)``."""
     M = _matrix(strategy, u)
@@ -207,8 +229,32 @@ def write_unbiased(strategy: LinearQuery, y: np.ndarray, u: Unbiased | None, chu
     if u is None:
         return
     answers = unbiased_answers(strategy, y, u)
-    if answers is None:
-        return
+    if answers is not None:
+        _save(answers, u, chunk)
+
+
+def write_unbiased_cells(block: np.ndarray, u: Unbiased, chunk: int) -> int:
+    """Checkpoint the unbiased answers of one chunk of least-squares cell estimates
+    ``A^+ y`` (a least-squares release's fused ``x + A^+ z``): ``Q`` applied to them."""
+    with task_blas():
+        cells = np.asarray(block, dtype=np.float64).reshape(block.shape[0], -1)
+        _save(np.asarray(apply_rows(u.queries, cells), dtype=np.float64), u, chunk)
+    return chunk
+
+
+def write_unbiased_measured(strategy: LinearQuery, y: np.ndarray, u: Unbiased, chunk: int) -> int:
+    """:func:`write_unbiased` as a task of its own (returns ``chunk``)."""
+    write_unbiased(strategy, y, u, chunk)
+    return chunk
+
+
+def first(value: Any, *after: Any) -> Any:
+    """``value``, once the tasks ``after`` are done (orders a checkpoint's marker after
+    the unbiased answers of its chunk)."""
+    return value
+
+
+def _save(answers: np.ndarray, u: Unbiased, chunk: int) -> None:
     path = pathlib.Path(u.folder) / f"{chunk}.npy"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")

@@ -173,8 +173,35 @@ def test_least_squares_publishes_its_variance_labelled_least_squares(store, tmp_
         attrs = dict(g["tract"]["variance"].attrs)
         assert attrs["uncertainty_of"].startswith("least-squares estimate from all levels'")
         assert attrs["describes_published"] is published
-        assert "simulated_rmse" not in g["tract"] and "unbiased" not in g["tract"]
+        assert "simulated_rmse" not in g["tract"]
+        # least squares publishes no second answer; NNLS its unbiased one
+        assert ("unbiased" in g["tract"]) is not published
         assert g.attrs["uncertainty_of"] == attrs["uncertainty_of"]
+    assert g["tract"].attrs["simulated_rmse"].startswith("not simulated")
+
+
+@pytest.mark.parametrize("method", ["nnls", "admm-l1"])
+def test_non_negative_estimators_publish_unbiased_answers(tmp_path, method):
+    """NNLS (fused least squares first) and ADMM (measured, then fitted): each level's
+    unbiased answers have the variance they publish (z-scores against the truth, three
+    keys: about 3 x 325 units)."""
+    st, truth = _synthetic(tmp_path / "in.zarr")
+    W = make_plan().workload.dense()
+    Q = np.vstack([np.ones((1, DOMAIN.size)), W])
+    z2 = []
+    for seed in range(3):
+        rel = release(
+            make_plan(), st, reconstruct=method, release_id="nn", run_id=f"n{seed}",
+            key=SecretKey.for_testing(200 + seed), test_mode=True,
+        )  # fmt: skip
+        g = zarr.open_group(str(rel.to_zarr(tmp_path / f"{seed}.zarr")), mode="r")
+        for level in ("county", "tract", "block"):
+            u = g[level]["unbiased"]
+            err = u["estimate"][:] - truth[level] @ Q.T
+            z2.append(err**2 / u["variance"][:])
+            assert dict(g[level]["variance"].attrs)["describes_published"] is False
+    ms = float(np.mean(np.concatenate(z2)))
+    assert 0.8 <= ms <= 1.25, ms
 
 
 def _cli_spec(tmp_path: pathlib.Path, name: str, simulate: int) -> pathlib.Path:
