@@ -76,6 +76,8 @@ QUERY = "unbiased_query"
 """The dimension of a level's unbiased answers (not ``workload_query``: a subset of it)."""
 
 _MATRICES: dict[str, np.ndarray] = {}  # per worker process: (Q A^+)^T per level
+_KEEP = 2  # matrices kept per process (levels are measured mostly in order)
+_MAX_CONDITION = 1e10  # Gram matrices above this condition number go through the SVD
 
 
 @dataclass(frozen=True)
@@ -169,13 +171,29 @@ def unbiased_queries(
 
 def unbiased_matrix(strategy: LinearQuery, Q: LinearQuery) -> np.ndarray | None:
     """``(Q A^+)^T`` (measured rows by queries), or None when ``A`` is too large to form
-    its pseudo-inverse densely (:data:`DENSE_PINV_ENTRIES`)."""
+    densely (:data:`DENSE_PINV_ENTRIES`).
+
+    For ``A`` of full column rank and a well-conditioned Gram matrix, ``A^+ = (A^T
+    A)^{-1} A^T`` by a Cholesky factorisation (a tenth of the time of an SVD on the
+    2,016-cell domain); otherwise by NumPy's SVD pseudo-inverse.
+    """
+    from scipy import linalg
+
     m, n = strategy.shape
     if m * n > DENSE_PINV_ENTRIES:
         return None
     with task_blas():
-        P = np.linalg.pinv(np.asarray(strategy.dense(), dtype=np.float64))  # (n, m)
-        return np.ascontiguousarray(apply_rows(Q, np.ascontiguousarray(P.T)))  # (m, q)
+        A = np.asarray(strategy.dense(), dtype=np.float64)
+        Qt = np.ascontiguousarray(apply_rows(Q, np.eye(n)))  # (n, q): Q^T
+        try:
+            c, lower = linalg.cho_factor(A.T @ A, check_finite=False)
+            d = np.abs(np.diag(c))
+            if d.min() <= 0 or (d.max() / d.min()) ** 2 > _MAX_CONDITION:
+                raise np.linalg.LinAlgError("ill-conditioned Gram matrix")
+            return np.ascontiguousarray(A @ linalg.cho_solve((c, lower), Qt))
+        except np.linalg.LinAlgError:
+            P = np.linalg.pinv(A)  # (n, m)
+            return np.ascontiguousarray(P.T @ Qt)
 
 
 def _matrix(strategy: LinearQuery, u: Unbiased) -> np.ndarray | None:
@@ -184,6 +202,8 @@ def _matrix(strategy: LinearQuery, u: Unbiased) -> np.ndarray | None:
     if M is None:
         M = unbiased_matrix(strategy, u.queries)
         if M is not None:
+            while len(_MATRICES) >= _KEEP:
+                _MATRICES.pop(next(iter(_MATRICES)))
             _MATRICES[u.token] = M
     return M
 
