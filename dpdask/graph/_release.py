@@ -388,7 +388,9 @@ def release(
         estimates, the coarser levels being their sums (module notes). ``"topdown"``
         fits the top level non-negative and then each parent's children inside it
         (:mod:`dpdask.graph._topdown`); its published variances are each level's own
-        least-squares variances, not those of the (biased) non-negative estimates.
+        least-squares variances, not those of the (biased) non-negative estimates, and
+        say so: beside them it publishes the RMSE of its answers by simulation
+        (``simulate``) and the unbiased least-squares answers (``unbiased_limit``).
     release_id, run_id : str
         Identify the release in the ledger and the noise; the same run id resumes.
     ledger : Ledger or path

@@ -1,7 +1,8 @@
-"""Unbiased least-squares answers beside a top-down release's post-processed ones.
+"""Unbiased least-squares answers beside a non-linear estimator's post-processed ones.
 
-A top-down (or integer) estimate is not linear in the measurements: its error is not
-the least-squares variance. Beside it, every level publishes the least-squares answer
+A top-down (or integer), NNLS, WNNLS or ADMM estimate is not linear in the
+measurements: its error is not the least-squares variance. Beside it, every level
+publishes the least-squares answer
 from that level's measurements alone, ``Q A^+ y`` per unit (``A`` the level's measured
 strategy, ``y`` the unit's noisy measurements, ``Q`` some workload queries), which is
 unbiased (``Q A^+ A = Q`` for queries in the row space of ``A``; always so for a
@@ -9,9 +10,12 @@ strategy of full column rank), with its exact variance
 ``sigma^2 diag(Q A^+ A^+^T Q^T)`` at the noise actually drawn (``sigma^2`` the plan's
 :attr:`~dpdask.strategy.Plan.row_variance`, :func:`dpdask.noise.draw_variance`).
 
-The answers are computed in the task that measures the chunk
+Top-down: the answers are computed in the task that measures the chunk
 (``measure-reconstruct-<level>``, :mod:`dpdask.graph._topdown_blocks`), so the
-measurements still never leave it, and checkpointed beside its estimate. What is
+measurements still never leave it, and checkpointed beside its estimate. NNLS, WNNLS
+and ADMM (:mod:`dpdask.graph._graph`): a task per chunk (``unbiased-<level>``) from the
+measurements, or from the fused least-squares estimate ``x + A^+ z`` (which is
+``A^+ y``), checkpointed before the chunk's marker. What is
 published, per level (a group ``<level>/unbiased``)::
 
     estimate   float64 (geography, unbiased_query)   the unbiased answers (persons)
