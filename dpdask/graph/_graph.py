@@ -46,7 +46,7 @@ from dpdask.store import level_key
 if TYPE_CHECKING:
     from dpdask.graph._release import Release
 
-__all__ = ["estimates", "level_data", "measure_graph"]
+__all__ = ["estimates", "estimates_measured", "level_data", "measure_graph"]
 
 
 def level_data(rel: Release) -> list[da.Array]:
@@ -88,7 +88,7 @@ def measure_graph(rel: Release, run: RunState, client: Any, progress: bool) -> l
         todo = [k for k in range(len(L.chunks)) if not marker(markers, L.name, k).exists()]
         if not todo:
             continue
-        est, y = estimates(rel, run, L, x, str(reports))
+        est, y = estimates_measured(rel, run, L, x, str(reports))
         tok = tokenize(est.name)
         for k in todo:
             write = delayed(write_chunk, pure=False)
@@ -129,7 +129,12 @@ def _with_unbiased(
     return delayed(first)(est.blocks[k], wrote, dask_key_name=f"ordered-{word}-{tokenize(tok, k)}")
 
 
-def estimates(
+def estimates(rel: Release, run: RunState, L: Level, x: da.Array, reports: str) -> da.Array:
+    """The level's estimates, lazily (:func:`estimates_measured` without the measurements)."""
+    return estimates_measured(rel, run, L, x, reports)[0]
+
+
+def estimates_measured(
     rel: Release, run: RunState, L: Level, x: da.Array, reports: str
 ) -> tuple[da.Array, da.Array | None]:
     """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
