@@ -263,3 +263,23 @@ def test_report_page_has_the_uncertainty_section(releases, tmp_path):
     assert "What the margins of error are of" in page
     assert "RMSE by simulation around the published estimate, 1 trials" in page
     assert "unbiased (least squares, this level&#x27;s measurements)" in page
+
+
+def test_a_rerun_reproduces_the_simulation_and_the_unbiased_answers(store, tmp_path):
+    """The same run (same key, same run id) published twice: the simulation's noise and
+    the unbiased answers come from the key's streams, so they are the same bit for bit."""
+    st, _ = store
+    published = []
+    for name in ("a", "b"):
+        rel = release(
+            make_plan(), st, reconstruct="topdown", integer=True, release_id="again",
+            run_id="same", key=SecretKey.for_testing(4), test_mode=True, simulate=2,
+        )  # fmt: skip
+        published.append(zarr.open_group(str(rel.to_zarr(tmp_path / f"{name}.zarr")), mode="r"))
+    a, b = published
+    for lv in st.geography.levels:
+        np.testing.assert_array_equal(a[lv]["simulated_rmse"][:], b[lv]["simulated_rmse"][:])
+        np.testing.assert_array_equal(
+            a[lv]["unbiased"]["estimate"][:], b[lv]["unbiased"]["estimate"][:]
+        )
+        assert a[lv]["simulated_rmse"].attrs["trials"] == 2

@@ -77,3 +77,55 @@ def test_labels_say_what_the_uncertainty_is_of():
     assert attrs["noise"] == (
         f"gaussian, drawn scale {sigma:.6g} (data units), variance {sigma**2:.6g} per measured row"
     )
+
+
+def _drawn_plan():
+    from dpdask.graph._plans import realised
+
+    return realised(level_plans(make_plan(), ["county"])["county"], np.int64)
+
+
+def _ctx(test_mode=True):
+    from dpdask.graph._blocks import ChunkContext
+
+    return ChunkContext("rel", "county", "run", None, True, test_mode)
+
+
+def _sim_key(trial: int, chunk: int = 0):
+    from dpdask.measure import stream_key
+    from dpdask.noise import SecretKey
+
+    return stream_key(
+        SecretKey.for_testing(9), ("rel", "county", chunk, f"simulate-{trial}"), "run"
+    )
+
+
+def test_simulated_noise_has_the_variance_drawn_and_reproduces():
+    """Around a zero truth the simulated measurements are the noise: its variance is the
+    plan's row variance (``noise.draw_variance``), within 4 standard errors of a sample
+    variance of N draws (``sqrt(2 / N)``), and the same stream gives the same draws."""
+    from dpdask.graph._simulate import simulated_measurement
+
+    plan = _drawn_plan()
+    x = np.zeros((4000, DOMAIN.size))
+    info = {0: {"chunk-location": (0, 0)}}
+    y = simulated_measurement(x, plan, _sim_key(0), _ctx(), info, trial=0)
+    n = y.size
+    assert abs(y.var() / plan.row_variance - 1) < 4 * np.sqrt(2 / n)
+    again = simulated_measurement(x, plan, _sim_key(0), _ctx(), info, trial=0)
+    np.testing.assert_array_equal(y, again)
+    other = simulated_measurement(x, plan, _sim_key(1), _ctx(), info, trial=1)
+    assert not np.array_equal(y, other)  # each trial its own stream
+
+
+def test_simulation_refuses_another_streams_key_and_test_keys_in_production():
+    from dpdask.errors import NoiseKeyError
+    from dpdask.graph._simulate import simulated_measurement
+
+    plan, x, info = _drawn_plan(), np.zeros((2, DOMAIN.size)), {0: {"chunk-location": (0, 0)}}
+    with pytest.raises(NoiseKeyError, match="its own simulate stream"):
+        simulated_measurement(x, plan, _sim_key(0), _ctx(), info, trial=1)
+    with pytest.raises(NoiseKeyError, match="its own simulate stream"):
+        simulated_measurement(x, plan, _sim_key(0, chunk=1), _ctx(), info, trial=0)
+    with pytest.raises(NoiseKeyError, match="test-only key"):
+        simulated_measurement(x, plan, _sim_key(0), _ctx(test_mode=False), info, trial=0)
