@@ -21,23 +21,16 @@ import zarr
 from dask.base import tokenize
 
 from dpdask import __version__
-from dpdask.graph._blocks import (
-    FIT_AFTER_CONSISTENCY,
-    NONNEGATIVE,
-)
+from dpdask.errors import ShapeError
+from dpdask.graph._blocks import NONNEGATIVE
 from dpdask.graph._checkpoint import read_chunks
-from dpdask.graph._levels import (
-    bottom_up,
-    nonneg_down,
-    nonneg_fit_up,
-    partial_rows,
-    top_down,
-)
-from dpdask.graph._output import level_outputs
+from dpdask.graph._consistent import consistent_estimates
+from dpdask.graph._levels import partial_rows
+from dpdask.graph._output import LevelGroup, level_outputs
 from dpdask.graph._output_sparse import sparse_level_outputs
 from dpdask.graph._progress import compute_items
 from dpdask.graph._run import charges
-from dpdask.graph._simulate import publish_simulated, simulate_topdown
+from dpdask.graph._simulate import publish_simulated, simulate_dense, simulate_topdown
 from dpdask.graph._state import RunState
 from dpdask.graph._topdown import sparse_entries
 from dpdask.graph._unbiased import publish_unbiased, unbiased_levels
@@ -78,6 +71,15 @@ def finish(
         sources, targets = _dense_outputs(rel, root, work, raw, levels, ids)
     stored = da.store(sources, targets, lock=False, compute=False)  # type: ignore[arg-type]
     compute_items([stored], client, progress, "publish")
+    if rel.reconstruct in NONNEGATIVE:  # simulated around what was just written
+        sims = simulate_dense(rel, run, root, client, progress)
+        what = published_label(rel.reconstruct)
+        for i, L in enumerate(rel.released):
+            group = root[L.name]
+            if not isinstance(group, zarr.Group):  # pragma: no cover - written above
+                raise ShapeError(f"level {L.name!r} of the output is not a group")
+            lg = LevelGroup(group, (), [], L.plan.workload, None, None)
+            publish_simulated(lg, None if sims is None else sims[i], L.plan, what)
     _write_attributes(rel, run, root, out)
     return out
 
@@ -123,6 +125,7 @@ def _dense_outputs(
     variances = [
         np.full(rel.store.geography.n_units(L.name), L.unit_variance) for L in rel.released
     ]
+    sums = None
     if len(rel.released) > 1:
         last = len(rel.released) - 1
         partial = read_chunks(
@@ -134,20 +137,7 @@ def _dense_outputs(
             partial, partial_rows(rel.lc, last), rel.lc.chunks[last - 1],
             f"consistent-up-{word}",
         )  # fmt: skip
-        z, vz, cz, cv = bottom_up(estimates, variances, rel.lc, "consistent-up", sums)
-        final, fvar = top_down(z, vz, cz, cv, rel.lc, "consistent")
-    else:
-        final, fvar = estimates, variances
-    if rel.reconstruct in FIT_AFTER_CONSISTENCY:
-        L = rel.released[-1]
-        M, weights = (
-            (L.plan.strategy, 1.0 / L.plan.row_variance)
-            if rel.reconstruct == "nnls"
-            else (L.plan.workload, None)
-        )
-        final = nonneg_fit_up(final, rel.lc, M, weights, str(work / "reports"))
-    elif rel.reconstruct in NONNEGATIVE:
-        final = nonneg_down(final, rel.lc, "nonnegative")
+    final, fvar = consistent_estimates(rel, estimates, variances, str(work / "reports"), sums=sums)
     return level_outputs(
         root, levels, final, fvar, ids, rel.lc.parents, domain=rel.domain,
         sparse_estimates=rel.reconstruct in NONNEGATIVE, reconstruct=rel.reconstruct,
@@ -157,16 +147,12 @@ def _dense_outputs(
 
 def _unbiased_extra(rel: Release, work: pathlib.Path) -> Any:
     """What a non-negative (NNLS, WNNLS, ADMM) level publishes beside its estimate: the
-    unbiased least-squares answers of its measurements (:mod:`~dpdask.graph._unbiased`);
-    its error is not simulated (only top-down's is), and the level says so."""
+    unbiased least-squares answers of its measurements (:mod:`~dpdask.graph._unbiased`)
+    (the simulated RMSE is added once the estimates are written: :func:`finish`)."""
     unbiased = unbiased_levels(rel, work)
 
     def extra(i: int, lg: Any) -> list[tuple[Any, Any]]:
         L = rel.released[i]
-        lg.group.attrs["simulated_rmse"] = (
-            f"not simulated: the simulated RMSE is published for reconstruct: topdown, "
-            f"not {rel.reconstruct}"
-        )
         return publish_unbiased(lg, unbiased[i], L.plan, L.chunks, level_key(L.name))
 
     return extra

@@ -66,7 +66,7 @@ from dask.base import tokenize
 from dpdask.domain import Domain
 from dpdask.errors import ArgumentError, DomainError, ShapeError
 from dpdask.graph import _finish, _graph, _run, _topdown
-from dpdask.graph._blocks import ESTIMATORS
+from dpdask.graph._blocks import ESTIMATORS, NONNEGATIVE
 from dpdask.graph._levels import LevelChunks, level_chunks
 from dpdask.graph._plans import (
     LevelShares,
@@ -126,7 +126,7 @@ class Release:
     neighbours : str
         The neighbour relation its budget was stated in (its budgets are add/remove).
     simulate : int
-        Trials of the simulation of a top-down release's error (:mod:`._simulate`).
+        Trials of the simulation of a non-linear estimator's error (:mod:`._simulate`).
     unbiased_limit : int
         Units times queries up to which a top-down level publishes unbiased answers
         (:mod:`._unbiased`).
@@ -449,8 +449,9 @@ def release(
     if integer and reconstruct != "topdown":
         raise ArgumentError("integer=True goes with reconstruct='topdown'")
     trials = _count("simulate", 1 if simulate is None else simulate)
-    if simulate is not None and trials and reconstruct != "topdown":
-        raise ArgumentError("simulate goes with reconstruct='topdown'")
+    simulated = reconstruct == "topdown" or reconstruct in NONNEGATIVE
+    if simulate is not None and trials and not simulated:
+        raise ArgumentError(f"simulate goes with a non-linear estimator, not {reconstruct!r}")
     limit = _count("unbiased_limit", unbiased_limit)
     as_neighbours(neighbours)  # a known relation (PlanError otherwise)
     level_plans_ = level_plans(plans, levels, budget_split)
@@ -476,7 +477,7 @@ def release(
     return Release(
         store, levels, level_plans_, release_id, run_id, total, reconstruct, ledger, dataset,
         key, noise, test_mode, integer, max_total, lc, released, str(neighbours),
-        trials if reconstruct == "topdown" else 0, limit,
+        trials if simulated else 0, limit,
     )  # fmt: skip
 
 

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import dask.array as da
 import numpy as np
 import sparse
 from dask.base import tokenize
@@ -61,6 +62,7 @@ __all__ = [
     "SimulatedRMSE",
     "group_rows",
     "publish_simulated",
+    "simulate_dense",
     "simulate_topdown",
     "simulated_measurement",
 ]
@@ -98,6 +100,8 @@ def simulated_measurement(
     from dpdask.measure import stream_identity
     from dpdask.noise import KeyedRNG, StreamKey
 
+    if isinstance(key, np.ndarray):  # a dense release's one-element block of keys
+        key = key.reshape(-1)[0]
     chunk = int(block_info[0]["chunk-location"][0])
     stream = stream_identity((ctx.release, ctx.level, chunk, f"simulate-{trial}"), ctx.run_id)
     if not isinstance(key, StreamKey) or not key.is_for(stream):
@@ -167,15 +171,7 @@ def simulate_topdown(
 
     graph = HighLevelGraph.from_collections(final, dsk, dependencies=())
     (sums,) = compute_items([Delayed(final, graph)], client, progress, "simulate")  # type: ignore[no-untyped-call]
-    out = []
-    for L, sse in zip(rel.released, sums, strict=True):
-        units = rel.store.geography.n_units(L.name)
-        groups = group_rows(L.plan.workload)
-        rmse = np.array(
-            [math.sqrt(float(sse[rows].sum()) / (units * rows.size * K)) for _, rows in groups]
-        )
-        out.append(SimulatedRMSE(tuple(g for g, _ in groups), rmse, K))
-    return out
+    return _by_group(rel, sums, K)
 
 
 def _per_level(errors: list[list[np.ndarray]]) -> tuple[np.ndarray, ...]:
@@ -202,3 +198,97 @@ def publish_simulated(lg: LevelGroup, sim: SimulatedRMSE | None, plan: Any, what
     label = f"RMSE by simulation around the published estimate, {sim.trials} trials"
     attrs = uncertainty_attrs(what, plan, True, trials=sim.trials, method=label)
     add_array(lg, "simulated_rmse", sim.rmse, ("query_group",), "persons", label, attrs=attrs)
+
+
+def _stream_keys(rel: Release, run: RunState, L: Any, t: int, ndim: int) -> da.Array:
+    """Chunk ``k``'s stream key of trial ``t`` as block ``k`` (a one-element object
+    array), made on the client: tasks never see the release's key."""
+    from dpdask.measure import stream_key
+
+    n, key = len(L.chunks), run.key
+    if key is None:  # pragma: no cover - simulate_dense returns first
+        raise NoiseKeyError("a simulation needs the run's key")
+    name = f"simulate-streamkey-{level_key(L.name)}-{tokenize(rel.release_id, rel.run_id, t)}"
+    one = (1,) * (ndim - 1)
+    blocks: dict[Any, Any] = {}
+    for k in range(n):
+        block = np.empty((1, *one), dtype=object)
+        ident = (rel.release_id, L.name, k, f"simulate-{t}")
+        block.flat[0] = stream_key(key, ident, rel.run_id)
+        blocks[(name, k, *(0,) * len(one))] = block
+    graph = HighLevelGraph.from_collections(name, blocks)
+    return da.Array(graph, name, chunks=((1,) * n, *((1,) for _ in one)), dtype=object)  # type: ignore[no-untyped-call]
+
+
+def simulate_dense(
+    rel: Release, run: RunState, root: Any, client: Any, progress: bool
+) -> list[SimulatedRMSE] | None:
+    """The simulated RMSE of an NNLS, WNNLS or ADMM release's published answers (module
+    notes), from its published estimates and answers in ``root``: every level measured
+    around them, estimated, made consistent and fitted non-negative as the release was
+    (:func:`~dpdask.graph._consistent.consistent_estimates`). None when nothing is
+    simulated."""
+    from dpdask.graph import _plans
+    from dpdask.graph._blocks import LS_FIRST, answer_block, reconstruct_block
+    from dpdask.graph._consistent import consistent_estimates
+
+    K = rel.simulate
+    if K == 0 or not rel.noise or run.key is None:
+        return None
+    shape = tuple(rel.domain.shape)
+    method = "ls" if rel.reconstruct in LS_FIRST else rel.reconstruct
+    published, answers = [], []
+    for L in rel.released:
+        est: da.Array = da.from_zarr(root[L.name]["estimate"])  # type: ignore[no-untyped-call]
+        published.append(est.rechunk((L.chunks, *((s,) for s in shape))))  # type: ignore[no-untyped-call]
+        ans: da.Array = da.from_zarr(root[L.name]["answers"])  # type: ignore[no-untyped-call]
+        answers.append(ans.rechunk((L.chunks, -1)))  # type: ignore[no-untyped-call]
+    variances = [
+        np.full(rel.store.geography.n_units(L.name), L.unit_variance) for L in rel.released
+    ]
+    sse: list[Any] = [None] * len(rel.released)
+    for t in range(K):
+        ests = []
+        for L, x in zip(rel.released, published, strict=True):
+            word, m = level_key(L.name), L.plan.strategy.shape[0]
+            tok = tokenize(rel.release_id, rel.run_id, L.name, t, x.name)
+            ctx = ChunkContext(
+                rel.release_id, L.name, rel.run_id, None, True, rel.test_mode, rel.max_total
+            )
+            y = x.map_blocks(
+                simulated_measurement, L.plan, _stream_keys(rel, run, L, t, x.ndim), ctx,
+                trial=t, chunks=(x.chunks[0], (m,)), drop_axis=list(range(2, x.ndim)),
+                dtype=np.float64, name=f"simulate-measure-{word}-{tok}", meta=np.empty((0, 0)),
+            )  # fmt: skip
+            pinv = _plans.structured_inverse(L.plan)
+            ests.append(y.map_blocks(
+                reconstruct_block, L.plan.strategy, method, shape, pinv, None, L.name,
+                L.plan.drawn_scale, chunks=(x.chunks[0], *((s,) for s in shape)),
+                new_axis=list(range(2, 1 + len(shape))), dtype=np.float64,
+                name=f"simulate-reconstruct-{word}-{tok}", meta=np.empty((0,) * (1 + len(shape))),
+            ))  # fmt: skip
+        final, _ = consistent_estimates(rel, ests, variances, None, name="simulated")
+        for i, (L, fit) in enumerate(zip(rel.released, final, strict=True)):
+            W = L.plan.workload
+            got = fit.map_blocks(
+                answer_block, W, chunks=(fit.chunks[0], (W.shape[0],)),  # type: ignore[arg-type]
+                drop_axis=list(range(2, fit.ndim)), dtype=np.float64, meta=np.empty((0, 0)),
+                name=f"simulate-answer-{level_key(L.name)}-{tokenize(fit, W)}",
+            )  # fmt: skip
+            err = ((got - answers[i].rechunk({0: got.chunks[0]})) ** 2).sum(axis=0)
+            sse[i] = err if sse[i] is None else sse[i] + err
+    sums = compute_items(sse, client, progress, "simulate")
+    return _by_group(rel, sums, K)
+
+
+def _by_group(rel: Release, sums: Sequence[np.ndarray], K: int) -> list[SimulatedRMSE]:
+    """Each level's RMSE by query group from its squared errors per query (summed over
+    units and ``K`` trials)."""
+    out = []
+    for L, sse in zip(rel.released, sums, strict=True):
+        units = rel.store.geography.n_units(L.name)
+        groups = group_rows(L.plan.workload)
+        sq = np.asarray(sse, dtype=np.float64)
+        rmse = np.array([math.sqrt(float(sq[r].sum()) / (units * r.size * K)) for _, r in groups])
+        out.append(SimulatedRMSE(tuple(g for g, _ in groups), rmse, K))
+    return out

@@ -484,8 +484,8 @@ def _reconstruct(raw: Any) -> tuple[str, bool, int | None]:
         isinstance(simulate, bool) or not isinstance(simulate, int) or simulate < 0
     ):
         raise SpecError(f"reconstruct.simulate: a number of trials >= 0, got {simulate!r}")
-    if simulate is not None and method != "topdown":
-        raise SpecError("reconstruct.simulate: simulated errors need method: topdown")
+    if simulate is not None and method in ("ls", "wls"):
+        raise SpecError(f"reconstruct.simulate: least squares ({method}) publishes its exact error")
     if method not in RECONSTRUCTIONS:
         raise SpecError(f"reconstruct: {method!r} is not one of {RECONSTRUCTIONS}")
     if not isinstance(integer, bool):

@@ -129,3 +129,25 @@ def test_simulation_refuses_another_streams_key_and_test_keys_in_production():
         simulated_measurement(x, plan, _sim_key(0, chunk=1), _ctx(), info, trial=0)
     with pytest.raises(NoiseKeyError, match="test-only key"):
         simulated_measurement(x, plan, _sim_key(0), _ctx(test_mode=False), info, trial=0)
+
+
+def test_spec_reconstruct_simulate(tmp_path):
+    from dpdask.pipeline.spec import SpecError, parse_spec
+
+    base = {
+        "release": "r", "data": {"format": "synthetic", "geographies": 4, "states": 1},
+        "domain": "pl94", "workload": "pl94", "privacy": {"zcdp": 1},
+        "output": str(tmp_path / "o.zarr"),
+    }  # fmt: skip
+
+    def spec(**rec):
+        return parse_spec({**base, "reconstruct": rec}, tmp_path)
+
+    assert spec(method="topdown").simulate is None  # the release's default: 1
+    assert spec(method="topdown", simulate=0).simulate == 0
+    assert spec(method="nnls", simulate=3).simulate == 3
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(SpecError, match=r"reconstruct\.simulate: a number of trials"):
+            spec(method="topdown", simulate=bad)
+    with pytest.raises(SpecError, match=r"reconstruct\.simulate: least squares"):
+        spec(method="ls", simulate=1)
