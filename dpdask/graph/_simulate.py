@@ -1,18 +1,21 @@
-"""The error of a top-down release's published answers, measured by simulation.
+"""The error of a non-linear estimator's published answers, measured by simulation.
 
-A top-down estimate (non-negative fits, integer rounding) is not linear in the
-measurements: the least-squares variance does not describe it. Its error is measured
-instead, per level and workload query group, by simulation around the published
-estimate (:func:`simulate_topdown`):
+A top-down estimate (non-negative fits, integer rounding), like an NNLS, WNNLS or ADMM
+one, is not linear in the measurements: the least-squares variance does not describe
+it. Its error is measured instead, per level and workload query group, by simulation
+around the published estimate (:func:`simulate_topdown`, :func:`simulate_dense`):
 
 1. the published estimate of every level, ``x_pub``, is taken as a public truth;
 2. noise is drawn from the plan around it, as the measure step would around the data:
    ``y = A x_pub + z`` (on the lattice for float data or strategies, as measured), ``z``
    of the law, scale and lattice actually drawn (the plan's
-   :attr:`~dpdask.strategy.Plan.drawn`);
-3. the same estimator is re-run on ``y``: the same tasks
-   (:func:`~dpdask.graph._topdown.fit_task`: top-level NNLS, every family inside its
-   simulated parent, integer rounding included) with the same options;
+   :attr:`~dpdask.strategy.Plan.drawn`; :func:`simulated_measurement`);
+3. the same estimator is re-run on ``y`` with the same options: top-down through the
+   same tasks (:func:`~dpdask.graph._topdown.fit_task`: top-level NNLS, every family
+   inside its simulated parent, integer rounding included); NNLS, WNNLS and ADMM
+   through the same per-level estimate and
+   :func:`~dpdask.graph._consistent.consistent_estimates` (consistency, non-negative
+   fit), once the release's estimates are written;
 4. each level's answers are compared with the published ones: per workload query group,
    the RMSE over the level's units, the group's queries and the trials.
 
@@ -21,8 +24,10 @@ The noise comes from the release's key, on streams of their own (measurement
 ``simulate-<t>`` of chunk ``k`` of each level, never the measurement's ``strategy``
 stream), so a retried task reproduces it; a fixed seed only ever comes from a test key
 in test mode. ``K`` trials (``reconstruct: {method: topdown, simulate: K}``, default 1)
-run in one graph (tasks ``simulate-<level>`` and ``simulate-error-<level>``); ``K = 0``
-publishes no RMSE and says so.
+run in one graph (tasks ``simulate-<level>`` and ``simulate-error-<level>``; on the
+dense path ``simulate-measure-<level>``, ``simulate-reconstruct-<level>``,
+``simulated-<level>``, ``simulate-answer-<level>``); ``K = 0`` publishes no RMSE and
+says so.
 
 Published per level (:func:`publish_simulated`): ``simulated_rmse`` (``query_group``),
 labelled "RMSE by simulation around the published estimate, K trials".

@@ -14,10 +14,10 @@ versions to the current names, and adds each level's 90% margins of error,
 normal approximation of the noise). Each says what it is the margin of, as its
 variance does: ``uncertainty_of`` (the estimator), ``describes_published`` (false
 where the published estimate is not that estimator's: top-down, NNLS, ADMM, integer
-rounding) and ``noise`` (the noise drawn). A top-down level adds, labelled,
-``simulated_rmse`` by ``query_group`` ("RMSE by simulation around the published
-estimate, K trials") and a child ``unbiased`` with the unbiased least-squares answers
-of its own measurements and their exact variances and margins::
+rounding) and ``noise`` (the noise drawn). A level of such a non-linear estimator
+adds, labelled, ``simulated_rmse`` by ``query_group`` ("RMSE by simulation around the
+published estimate, K trials") and a child ``unbiased`` with the unbiased
+least-squares answers of its own measurements and their exact variances and margins::
 
     tree = dpdask.open_release("out/pl94-providence.zarr")
     tract = tree["tract"].dataset
@@ -115,8 +115,9 @@ def open_release(path: str | os.PathLike[str], *, chunks: ReleaseChunks = None) 
         ``moe90`` (``1.645 * sqrt(variance)``) and, for the PL94 workload,
         ``table_answers``, ``table_variance`` and ``table_moe90``, with the coordinates
         of the module notes. Every variance and margin says what it is of (attributes
-        ``uncertainty_of``, ``describes_published``, ``noise``). A top-down level also
-        has ``simulated_rmse`` by ``query_group`` and a child ``unbiased``: the unbiased
+        ``uncertainty_of``, ``describes_published``, ``noise``). A level of a non-linear
+        estimator (top-down, NNLS, WNNLS, ADMM) also has ``simulated_rmse`` by
+        ``query_group`` and a child ``unbiased``: the unbiased
         least-squares answers of its measurements (``estimate``, ``variance``,
         ``moe90`` by ``unbiased_query``).
 
