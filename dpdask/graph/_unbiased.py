@@ -101,6 +101,9 @@ class Unbiased:
         Identifies ``(Q A^+)^T`` in a worker's cache.
     folder : str
         The level's folder of checkpointed answers (``<k>.npy``).
+    dense : bool
+        Whether ``A`` is small enough to form ``A^+`` (:data:`DENSE_PINV_ENTRIES`);
+        nothing is computed otherwise.
     """
 
     queries: LinearQuery
@@ -110,6 +113,7 @@ class Unbiased:
     skipped: tuple[str, ...]
     token: str
     folder: str
+    dense: bool = True
 
 
 def _parts(W: LinearQuery) -> list[tuple[str, LinearQuery, float]]:
@@ -167,9 +171,10 @@ def unbiased_queries(
         rows += [(labels[i], name, descriptions[i]) for i in span]
     Q = VStack([p for p, _ in keep], weights=[w for _, w in keep])
     token = tokenize("unbiased", strategy, [r[0] for r in rows], Q)
+    dense = strategy.shape[0] * strategy.shape[1] <= DENSE_PINV_ENTRIES
     return Unbiased(
         Q, tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows),
-        tuple(skipped), token, folder,
+        tuple(skipped), token, folder, dense,
     )  # fmt: skip
 
 
@@ -260,6 +265,8 @@ def write_unbiased(strategy: LinearQuery, y: np.ndarray, u: Unbiased | None, chu
 def write_unbiased_cells(block: np.ndarray, u: Unbiased, chunk: int) -> int:
     """Checkpoint the unbiased answers of one chunk of least-squares cell estimates
     ``A^+ y`` (a least-squares release's fused ``x + A^+ z``): ``Q`` applied to them."""
+    if not u.dense:  # no exact variance to publish them with (publish_unbiased)
+        return chunk
     with task_blas():
         cells = np.asarray(block, dtype=np.float64).reshape(block.shape[0], -1)
         _save(np.asarray(apply_rows(u.queries, cells), dtype=np.float64), u, chunk)

@@ -290,3 +290,19 @@ def test_a_rerun_reproduces_the_simulation_and_the_unbiased_answers(store, tmp_p
             a[lv]["unbiased"]["estimate"][:], b[lv]["unbiased"]["estimate"][:]
         )
         assert a[lv]["simulated_rmse"].attrs["trials"] == 2
+
+
+@pytest.mark.parametrize("method", ["topdown", "nnls"])
+def test_a_strategy_too_large_for_a_dense_inverse_publishes_why(
+    store, tmp_path, monkeypatch, method
+):
+    from dpdask.graph import _unbiased
+
+    monkeypatch.setattr(_unbiased, "DENSE_PINV_ENTRIES", 0)
+    rel = release(
+        make_plan(), store[0], reconstruct=method, release_id="big", run_id="b",
+        key=SecretKey.for_testing(6), test_mode=True, simulate=0,
+    )  # fmt: skip
+    g = zarr.open_group(str(rel.to_zarr(tmp_path / "o.zarr")), mode="r")
+    u = g["tract"]["unbiased"]
+    assert "estimate" not in u and "no dense pseudo-inverse" in u.attrs["skipped"]
