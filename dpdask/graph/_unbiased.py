@@ -206,7 +206,11 @@ def unbiased_matrix(strategy: LinearQuery, Q: LinearQuery) -> np.ndarray | None:
 
 
 def _matrix(strategy: LinearQuery, u: Unbiased) -> np.ndarray | None:
-    """``(Q A^+)^T``, once per worker process (``u.token`` names ``Q`` and ``A``)."""
+    """``(Q A^+)^T``, once per worker process (``u.token`` names ``Q`` and ``A``); None
+    where ``A^+`` is not formed (``u.dense``: one decision for every task and the
+    publication)."""
+    if not u.dense:
+        return None
     M = _MATRICES.get(u.token)
     if M is None:
         M = unbiased_matrix(strategy, u.queries)
