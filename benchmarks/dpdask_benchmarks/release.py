@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", default="1,2", help="worker counts to compare, e.g. 1,2")
     parser.add_argument("--strategy", default="hdmm", help="strategy for dpdask.select")
     parser.add_argument(
+        "--simulate", type=int, default=0, help="trials of the simulated RMSE (default 0)"
+    )
+    parser.add_argument(
         "--template", default="kron", help="HDMM template (kron: a Kronecker strategy)"
     )
     parser.add_argument("--restarts", type=int, default=1, help="HDMM random restarts")
@@ -224,7 +227,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rel = release(
                     plan, store, levels=("state", "county"), budget_split=[1, 3],
                     release_id="bench", test_mode=True, key=SecretKey.for_testing(0),
-                    reconstruct=method,
+                    reconstruct=method, simulate=args.simulate,
                     chunk_bytes=args.chunk_mib * 2**20,
                 )  # fmt: skip
                 with _WorkerPeaks(pids) as peaks, get_task_stream(client) as stream:

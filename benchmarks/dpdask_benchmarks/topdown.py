@@ -91,6 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--geographies", type=int, default=600, help="units of the finest level")
     add("--domain", default="pl94", choices=sorted(_WORKLOADS), help="P.L. 94 or CPH persons")
     add("--levels", default="state,county,tract", help="level names, top first (comma list)")
+    add("--simulate", type=int, default=0,
+        help="trials of the simulated RMSE per release (default 0: the fit alone)")  # fmt: skip
     add(
         "--fanout", default=None,
         help="children per parent of each level below the top, top first (comma list; "
@@ -211,7 +213,7 @@ def _release(
             rel = release(
                 plans, store, budget_split=split, reconstruct=method, integer=integer,
                 release_id="bench", run_id=run_id, test_mode=True,
-                key=SecretKey.for_testing(args.seed),
+                key=SecretKey.for_testing(args.seed), simulate=args.simulate,
             )  # fmt: skip
             with _WorkerPeaks(pids) as peaks, get_task_stream(client) as stream:
                 t0 = time.perf_counter()

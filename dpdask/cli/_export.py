@@ -18,7 +18,9 @@ def cmd_export(argv: Sequence[str]) -> int:
         prog="dpdask export",
         description="Write one level of a published release as a long table: geography, "
         "parent, query, label (what the query counts), answer, variance and moe90 (the 90% "
-        "margin of error, 1.645 standard deviations, as ACS publishes them). Parquet keeps "
+        "margin of error, 1.645 standard deviations, as ACS publishes them) of the estimator "
+        "the provenance's uncertainty_of names (for top-down, NNLS or ADMM releases least "
+        "squares, not the published answer: see the release's simulated_rmse). Parquet keeps "
         "the provenance (release, run id, budget, dpdask version, ledger head) in its "
         "key-value metadata; CSV in OUT.csv-metadata.json beside it (CSV on the Web).",
     )

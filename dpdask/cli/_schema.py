@@ -140,7 +140,13 @@ def _counts() -> dict[str, Any]:
         "reconstruct": {
             "anyOf": [
                 reconstruct,
-                _closed({"method": reconstruct, "integer": {"type": "boolean"}}),
+                _closed(
+                    {
+                        "method": reconstruct,
+                        "integer": {"type": "boolean"},
+                        "simulate": {"type": "integer", "minimum": 0},
+                    }
+                ),
             ]
         },
         "output": _PATH,

@@ -21,24 +21,20 @@ import zarr
 from dask.base import tokenize
 
 from dpdask import __version__
-from dpdask.graph._blocks import (
-    FIT_AFTER_CONSISTENCY,
-    NONNEGATIVE,
-)
+from dpdask.errors import ShapeError
+from dpdask.graph._blocks import NONNEGATIVE
 from dpdask.graph._checkpoint import read_chunks
-from dpdask.graph._levels import (
-    bottom_up,
-    nonneg_down,
-    nonneg_fit_up,
-    partial_rows,
-    top_down,
-)
-from dpdask.graph._output import level_outputs
+from dpdask.graph._consistent import consistent_estimates
+from dpdask.graph._levels import partial_rows
+from dpdask.graph._output import LevelGroup, level_outputs
 from dpdask.graph._output_sparse import sparse_level_outputs
 from dpdask.graph._progress import compute_items
 from dpdask.graph._run import charges
+from dpdask.graph._simulate import publish_simulated, simulate_dense, simulate_topdown
 from dpdask.graph._state import RunState
 from dpdask.graph._topdown import sparse_entries
+from dpdask.graph._unbiased import publish_unbiased, unbiased_levels
+from dpdask.graph._uncertainty import estimator_label, published_label
 from dpdask.store import aggregate_rows, level_key
 
 if TYPE_CHECKING:
@@ -68,13 +64,42 @@ def finish(
         sources, targets = sparse_level_outputs(
             root, levels, raw, [L.chunks for L in rel.released], entries, ids,
             rel.lc.parents, rel.domain,
+            {"what": estimator_label("topdown", rel.integer), "describes_published": False},
+            _topdown_extra(rel, run, raw, client, progress),
         )  # fmt: skip
     else:
         sources, targets = _dense_outputs(rel, root, work, raw, levels, ids)
     stored = da.store(sources, targets, lock=False, compute=False)  # type: ignore[arg-type]
     compute_items([stored], client, progress, "publish")
+    if rel.reconstruct in NONNEGATIVE:  # simulated around what was just written
+        sims = simulate_dense(rel, run, root, client, progress)
+        what = published_label(rel.reconstruct)
+        for i, L in enumerate(rel.released):
+            group = root[L.name]
+            if not isinstance(group, zarr.Group):  # pragma: no cover - written above
+                raise ShapeError(f"level {L.name!r} of the output is not a group")
+            lg = LevelGroup(group, (), [], L.plan.workload, None, None)
+            publish_simulated(lg, None if sims is None else sims[i], L.plan, what)
     _write_attributes(rel, run, root, out)
     return out
+
+
+def _topdown_extra(
+    rel: Release, run: RunState, raw: Sequence[pathlib.Path], client: Any, progress: bool
+) -> Any:
+    """What a top-down level publishes beside its estimate: the simulated RMSE of its
+    answers (:mod:`~dpdask.graph._simulate`, computed here) and the unbiased
+    least-squares answers of its measurements (:mod:`~dpdask.graph._unbiased`)."""
+    sims = simulate_topdown(rel, run, raw, client, progress)
+    unbiased = unbiased_levels(rel, run.work)
+    what = published_label(rel.reconstruct, rel.integer)
+
+    def extra(i: int, lg: Any) -> list[tuple[Any, Any]]:
+        L = rel.released[i]
+        publish_simulated(lg, None if sims is None else sims[i], L.plan, what)
+        return publish_unbiased(lg, unbiased[i], L.plan, L.chunks, level_key(L.name))
+
+    return extra
 
 
 def _dense_outputs(
@@ -100,6 +125,7 @@ def _dense_outputs(
     variances = [
         np.full(rel.store.geography.n_units(L.name), L.unit_variance) for L in rel.released
     ]
+    sums = None
     if len(rel.released) > 1:
         last = len(rel.released) - 1
         partial = read_chunks(
@@ -111,24 +137,25 @@ def _dense_outputs(
             partial, partial_rows(rel.lc, last), rel.lc.chunks[last - 1],
             f"consistent-up-{word}",
         )  # fmt: skip
-        z, vz, cz, cv = bottom_up(estimates, variances, rel.lc, "consistent-up", sums)
-        final, fvar = top_down(z, vz, cz, cv, rel.lc, "consistent")
-    else:
-        final, fvar = estimates, variances
-    if rel.reconstruct in FIT_AFTER_CONSISTENCY:
-        L = rel.released[-1]
-        M, weights = (
-            (L.plan.strategy, 1.0 / L.plan.row_variance)
-            if rel.reconstruct == "nnls"
-            else (L.plan.workload, None)
-        )
-        final = nonneg_fit_up(final, rel.lc, M, weights, str(work / "reports"))
-    elif rel.reconstruct in NONNEGATIVE:
-        final = nonneg_down(final, rel.lc, "nonnegative")
+    final, fvar = consistent_estimates(rel, estimates, variances, str(work / "reports"), sums=sums)
     return level_outputs(
         root, levels, final, fvar, ids, rel.lc.parents, domain=rel.domain,
-        sparse_estimates=rel.reconstruct in NONNEGATIVE,
+        sparse_estimates=rel.reconstruct in NONNEGATIVE, reconstruct=rel.reconstruct,
+        extra=_unbiased_extra(rel, work) if rel.reconstruct in NONNEGATIVE else None,
     )  # fmt: skip
+
+
+def _unbiased_extra(rel: Release, work: pathlib.Path) -> Any:
+    """What a non-negative (NNLS, WNNLS, ADMM) level publishes beside its estimate: the
+    unbiased least-squares answers of its measurements (:mod:`~dpdask.graph._unbiased`)
+    (the simulated RMSE is added once the estimates are written: :func:`finish`)."""
+    unbiased = unbiased_levels(rel, work)
+
+    def extra(i: int, lg: Any) -> list[tuple[Any, Any]]:
+        L = rel.released[i]
+        return publish_unbiased(lg, unbiased[i], L.plan, L.chunks, level_key(L.name))
+
+    return extra
 
 
 def _write_attributes(rel: Release, run: RunState, root: zarr.Group, out: pathlib.Path) -> None:
@@ -157,6 +184,7 @@ def _write_attributes(rel: Release, run: RunState, root: zarr.Group, out: pathli
             "levels": list(rel.levels),
             "units": "persons",
             "margin_of_error": "moe90 = 1.645 * sqrt(variance), a 90% margin as ACS's",
+            "uncertainty_of": estimator_label(rel.reconstruct, rel.integer),
         }
     )
     with warnings.catch_warnings():  # "not part of the Zarr v3 specification" (yet)
@@ -183,6 +211,7 @@ def attributes(rel: Release, run: RunState) -> dict[str, Any]:
             "strategy": strategy_record([L.plan for L in rel.released], rel.levels),
             "test_mode": rel.test_mode,
             "noise": rel.noise,
+            "uncertainty_of": estimator_label(rel.reconstruct, rel.integer),
             "charges": [c.published() for c in charges(rel, run)],
         }
     )

@@ -33,13 +33,20 @@ from dpdask.graph._levels import (
 from dpdask.graph._progress import compute_items
 from dpdask.graph._run import level_charge
 from dpdask.graph._state import Level, RunState
+from dpdask.graph._unbiased import (
+    Unbiased,
+    first,
+    unbiased_levels,
+    write_unbiased_cells,
+    write_unbiased_measured,
+)
 from dpdask.publish import marker
 from dpdask.store import level_key
 
 if TYPE_CHECKING:
     from dpdask.graph._release import Release
 
-__all__ = ["estimates", "level_data", "measure_graph"]
+__all__ = ["estimates", "estimates_measured", "level_data", "measure_graph"]
 
 
 def level_data(rel: Release) -> list[da.Array]:
@@ -68,6 +75,8 @@ def measure_graph(rel: Release, run: RunState, client: Any, progress: bool) -> l
     folders, pending = [], []
     data = level_data(rel)
     last = len(rel.released) - 1
+    # non-linear estimators publish the unbiased least-squares answers beside theirs
+    unbiased = unbiased_levels(rel, work)
     for i, (L, x) in enumerate(zip(rel.released, data, strict=True)):
         folder = raw / L.name
         folder.mkdir(parents=True, exist_ok=True)
@@ -79,13 +88,13 @@ def measure_graph(rel: Release, run: RunState, client: Any, progress: bool) -> l
         todo = [k for k in range(len(L.chunks)) if not marker(markers, L.name, k).exists()]
         if not todo:
             continue
-        est = estimates(rel, run, L, x, str(reports))
+        est, y = estimates_measured(rel, run, L, x, str(reports))
         tok = tokenize(est.name)
         for k in todo:
             write = delayed(write_chunk, pure=False)
             pending.append(
                 write(
-                    est.blocks[k],
+                    _with_unbiased(est, y, unbiased[i], L, k, tok),
                     folder,
                     k,
                     marker(markers, L.name, k),
@@ -99,10 +108,38 @@ def measure_graph(rel: Release, run: RunState, client: Any, progress: bool) -> l
     return folders
 
 
+def _with_unbiased(
+    est: da.Array, y: da.Array | None, u: Unbiased | None, L: Level, k: int, tok: str
+) -> Any:
+    """Block ``k`` of ``est``, once the unbiased answers of its chunk are checkpointed
+    (from the measurements ``y``, or from least-squares ``est`` when they are fused), so
+    that the chunk's marker means both are there; ``est.blocks[k]`` without ``u``."""
+    if u is None:
+        return est.blocks[k]
+    word = level_key(L.name)
+    if y is None:
+        wrote = delayed(write_unbiased_cells, pure=False)(
+            est.blocks[k], u, k, dask_key_name=f"unbiased-{word}-{tokenize(tok, k)}"
+        )
+    else:
+        wrote = delayed(write_unbiased_measured, pure=False)(
+            L.plan.strategy, y.blocks[k], u, k,
+            dask_key_name=f"unbiased-{word}-{tokenize(tok, k)}",
+        )  # fmt: skip
+    return delayed(first)(est.blocks[k], wrote, dask_key_name=f"ordered-{word}-{tokenize(tok, k)}")
+
+
 def estimates(rel: Release, run: RunState, L: Level, x: da.Array, reports: str) -> da.Array:
+    """The level's estimates, lazily (:func:`estimates_measured` without the measurements)."""
+    return estimates_measured(rel, run, L, x, reports)[0]
+
+
+def estimates_measured(
+    rel: Release, run: RunState, L: Level, x: da.Array, reports: str
+) -> tuple[da.Array, da.Array | None]:
     """The level's estimates, lazily: fused ``measure-reconstruct-<level>`` tasks when
     the strategy allows (:func:`~dpdask.graph._plans.fused`), else ``measure-<level>`` then
-    ``reconstruct-<level>``.
+    ``reconstruct-<level>``; and the measurements (None when fused).
 
     Keys stay on the client: the run's key (the release's secret) never enters the graph.
     Block ``k`` of ``x`` is paired with block ``k`` of the ``streamkey-<level>``
@@ -154,7 +191,7 @@ def estimates(rel: Release, run: RunState, L: Level, x: da.Array, reports: str) 
             dtype=np.float64, name=f"measure-reconstruct-{word}-{tok}",
             meta=np.empty((0,) * x.ndim),
         )  # fmt: skip
-        return fused
+        return fused, None
     m = L.plan.strategy.shape[0]
     y = x.map_blocks(
         measure_block, L.plan, keys, ctx,  # type: ignore[arg-type]
@@ -170,4 +207,4 @@ def estimates(rel: Release, run: RunState, L: Level, x: da.Array, reports: str) 
         dtype=np.float64, name=f"reconstruct-{word}-{tok}",
         meta=np.empty((0,) * (1 + len(cell_shape))),
     )  # fmt: skip
-    return est
+    return est, y

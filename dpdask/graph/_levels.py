@@ -365,7 +365,7 @@ def nonneg_fit_up(
     lc: LevelChunks,
     M: LinearQuery,
     weights: float | None,
-    reports: str,
+    reports: str | None,
 ) -> list[da.Array]:
     """Non-negative estimates that stay consistent, fitted at the finest level and summed up.
 

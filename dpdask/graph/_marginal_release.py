@@ -149,8 +149,7 @@ def write_marginals(
     attrs = {**attrs, "levels_fitted_jointly": fit is not None}
     root = zarr.open_group(str(path), mode="w-", attributes=dict(attrs))
     tasks = []
-    layouts: list[tuple[str, str, list[str], tuple[int, ...], int, np.ndarray, tuple[str, ...]]]
-    layouts = []
+    layouts: list[tuple[Any, ...]] = []
     n_chunks: dict[str, int] = {}
     for lv, (L, charge) in enumerate(zip(levels, charges, strict=True)):
         plan = L.plan
@@ -168,7 +167,7 @@ def write_marginals(
             v = np.full(g, float(probe.variance(S)))
             if fit is not None:  # the joint fit's variances, in units of the level's noise
                 v = fit[1][fit[2][lv]] * float(probe.variance(S)) / lat.variance
-            layouts.append((L.name, name, dims, shape, chunk, v, L.ids))
+            layouts.append((L.name, name, dims, shape, chunk, v, L.ids, _label(lat, fit)))
         root.create_group(f"{L.name}/marginals")
         order = np.argsort(L.units, kind="stable")
         units, codes = L.units[order], L.codes[order]
@@ -256,26 +255,41 @@ def _fit_task(path: str, name: str, levels: list[str], M: np.ndarray, slices: li
 
 def _layout_batch(
     path: str,
-    layouts: list[tuple[str, str, list[str], tuple[int, ...], int, np.ndarray, tuple[str, ...]]],
+    layouts: list[tuple[Any, ...]],
 ) -> int:
     """Lay out several marginals' groups under their level's ``marginals`` group."""
     import zarr
 
     parents: dict[str, Any] = {}
-    for level, name, dims, shape, chunk, variance, ids in layouts:
+    for level, name, dims, shape, chunk, variance, ids, label in layouts:
         if level not in parents:
             parents[level] = zarr.open_group(f"{path}/{level}/marginals", mode="r+")
-        _layout(parents[level], name, dims, shape, chunk, variance, ids)
+        _layout(parents[level], name, dims, shape, chunk, variance, ids, label)
     return len(layouts)
+
+
+def _label(lat: Any, fit: Any) -> dict[str, Any]:
+    """What a marginal's variance is of: its (linear) published estimate."""
+    from dpdask.graph._uncertainty import DESCRIBES_PUBLISHED, NOISE, UNCERTAINTY_OF
+
+    what = (
+        "least-squares estimate from all levels' residual measurements, fitted jointly"
+        if fit is not None
+        else "least-squares estimate from this level's residual measurements"
+    )
+    law = str(getattr(lat, "mechanism", "discrete_gaussian")).replace("_", " ")
+    noise = f"{law}, variance {float(lat.variance):.6g} per measured residual row"
+    return {UNCERTAINTY_OF: what, DESCRIBES_PUBLISHED: True, NOISE: noise}
 
 
 def _layout(
     root: Any, group: str, dims: list[str], shape: tuple[int, ...], chunk: int,
-    variance: np.ndarray, ids: Sequence[str],
+    variance: np.ndarray, ids: Sequence[str], label: Mapping[str, Any],
 ) -> None:  # fmt: skip
     """One marginal's group: ``estimate`` (filled by the tasks), ``variance`` and
     ``moe90`` per unit (every cell of a unit's table has the same), and the coordinates,
-    with xarray's dimension names."""
+    with xarray's dimension names; ``label`` says what the uncertainty is of
+    (:mod:`dpdask.graph._uncertainty`)."""
     g = root.create_group(group, attributes={"attributes": dims[1:]})
     est = g.create_array(
         "estimate", shape=shape, chunks=(chunk, *shape[1:]), dtype="float64", fill_value=0.0,
@@ -284,7 +298,10 @@ def _layout(
     )  # fmt: skip
     del est
     for name, value in (("variance", variance), ("moe90", MOE90_Z * np.sqrt(variance))):
-        a = g.create_array(name, shape=(len(ids),), dtype="float64", dimension_names=["geography"])
+        a = g.create_array(
+            name, shape=(len(ids),), dtype="float64", dimension_names=["geography"],
+            attributes=dict(label),
+        )  # fmt: skip
         a[:] = value
     geo = g.create_array("geography", shape=(len(ids),), dtype=str, dimension_names=["geography"])
     geo[:] = np.asarray(ids, dtype=str)

@@ -42,7 +42,7 @@ estimates (:func:`~dpdask.publish.published_tables`)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,7 @@ from dask.base import tokenize
 
 from dpdask.domain import Domain
 from dpdask.graph._blocks import answer_block
+from dpdask.graph._uncertainty import LINEAR, estimator_label, uncertainty_attrs
 from dpdask.publish import (
     CODE_SUFFIX,
     FLAT_KEYS,
@@ -239,10 +240,11 @@ def add_array(
     dtype: str = "float64",
     compressed: bool = True,
     rows: int | None = None,
+    attrs: Mapping[str, Any] | None = None,
 ) -> tuple[Any, zarr.Array[Any]] | None:
-    """Create array ``name`` in the level's group; a NumPy ``arr`` is written at once
-    (returns None), a Dask one is rechunked to the array's regular chunks and returned
-    with its target for :func:`dask.array.store`."""
+    """Create array ``name`` in the level's group (further attributes ``attrs``); a
+    NumPy ``arr`` is written at once (returns None), a Dask one is rechunked to the
+    array's regular chunks and returned with its target for :func:`dask.array.store`."""
     g = lg.group
     if rows is None:
         rows = output_rows(arr.shape[0], np.dtype(dtype).itemsize * int(np.prod(arr.shape[1:])))
@@ -254,6 +256,7 @@ def add_array(
             "units": units, "long_name": long_name,
             # CF: the non-index coordinates xarray attaches to the variable
             "coordinates": " ".join(c for c in lg.coords if set(_dims(g, c)) <= set(dims)),
+            **(attrs or {}),
         },
     )  # fmt: skip
     if isinstance(arr, np.ndarray):
@@ -271,6 +274,8 @@ def level_outputs(
     parents: Sequence[np.ndarray],
     domain: Domain | None = None,
     sparse_estimates: bool = False,
+    reconstruct: str = "ls",
+    extra: Callable[[int, LevelGroup], list[tuple[Any, Any]]] | None = None,
 ) -> tuple[list[da.Array], list[zarr.Array[Any]]]:
     """Create every level's group in ``root`` and pair its lazy arrays with their targets.
 
@@ -294,6 +299,13 @@ def level_outputs(
         The estimates are mostly zeros (a non-negative estimator): compress them too.
         Noisy least-squares estimates do not compress, so by default they are stored
         raw; every other array is always compressed.
+    reconstruct : str
+        The estimator: labels what the variances are of
+        (:mod:`dpdask.graph._uncertainty`).
+    extra : callable, optional
+        ``extra(i, level_group)`` adds further arrays to level ``i``'s group (a
+        non-linear estimator's unbiased answers) and returns their lazy (source,
+        target) pairs.
 
     Returns
     -------
@@ -337,12 +349,21 @@ def level_outputs(
                 ("table_variance", t_variance, ("geography", "table_query"), "persons^2",
                  "variance of the table cell", True),
             ]  # fmt: skip
+        label = uncertainty_attrs(
+            estimator_label(reconstruct), plan, describes_published=reconstruct in LINEAR
+        )
         for array, arr, dims, units, long_name, compressed in outputs:
             # noisy float estimates do not compress; skip the codec's time
-            pair = add_array(lg, array, arr, dims, units, long_name, compressed=compressed)
+            pair = add_array(
+                lg, array, arr, dims, units, long_name, compressed=compressed,
+                attrs=label if array.endswith("variance") else None,
+            )  # fmt: skip
             if pair is not None:
                 sources.append(pair[0])
                 targets.append(pair[1])
+        for source, target in extra(i, lg) if extra is not None else []:
+            sources.append(source)
+            targets.append(target)
     return sources, targets
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dask.array as da
@@ -41,7 +41,8 @@ from dask.highlevelgraph import HighLevelGraph
 from dpdask.domain import Domain
 from dpdask.graph._blocks import tune_allocator
 from dpdask.graph._checkpoint import read_sparse
-from dpdask.graph._output import add_array, level_group
+from dpdask.graph._output import LevelGroup, add_array, level_group
+from dpdask.graph._uncertainty import uncertainty_attrs
 from dpdask.linalg import apply_rows
 from dpdask.publish import QUERY_DIM
 from dpdask.store import level_key
@@ -116,6 +117,8 @@ def sparse_level_outputs(
     ids: Sequence[np.ndarray],
     parents: Sequence[np.ndarray],
     domain: Domain,
+    label: Mapping[str, Any] | None = None,
+    extra: Callable[[int, LevelGroup], list[tuple[Any, Any]]] | None = None,
 ) -> tuple[list[da.Array], list[zarr.Array[Any]]]:
     """Create every level's group and pair its lazy arrays with their targets.
 
@@ -133,6 +136,13 @@ def sparse_level_outputs(
         Each level's unit ids, and each level's parent index below the top.
     domain : Domain
         The data domain.
+    label : mapping, optional
+        What the variances are of (:func:`~dpdask.graph._uncertainty.estimator_label`),
+        added to each level's by :func:`~dpdask.graph._uncertainty.uncertainty_attrs`.
+    extra : callable, optional
+        ``extra(i, level_group)`` adds further arrays to level ``i``'s group (the
+        unbiased answers, the simulated RMSE) and returns their lazy (source, target)
+        pairs.
 
     Returns
     -------
@@ -160,8 +170,14 @@ def sparse_level_outputs(
         )  # fmt: skip
         lazy.append(("answers", answers, ("geography", QUERY_DIM), "persons", "workload answer"))
         variance = np.asarray(plan.query_variances(), dtype=np.float64)
+        label_attrs = uncertainty_attrs(
+            str((label or {}).get("what", "")),
+            plan,
+            bool((label or {}).get("describes_published", False)),
+        )
         add_array(lg, "variance", variance, (QUERY_DIM,), "persons^2",
-                  "variance of the workload answer (every unit of the level)")  # fmt: skip
+                  "variance of the workload answer (every unit of the level)",
+                  attrs=label_attrs)  # fmt: skip
         if lg.tables is not None and lg.table_variances is not None:
             Q = lg.tables[2]
             t_answers = _from_blocks(
@@ -171,7 +187,8 @@ def sparse_level_outputs(
             lazy.append(("table_answers", t_answers, ("geography", "table_query"), "persons",
                          "P.L. 94-171 table cell, from the estimates"))  # fmt: skip
             add_array(lg, "table_variance", np.asarray(lg.table_variances, dtype=np.float64),
-                      ("table_query",), "persons^2", "variance of the table cell")  # fmt: skip
+                      ("table_query",), "persons^2", "variance of the table cell",
+                      attrs=label_attrs)  # fmt: skip
         n_units = int(sum(chunks[i]))
         if n_units * n <= DENSE_ESTIMATE_CELLS:
             est = _from_blocks(
@@ -212,6 +229,9 @@ def sparse_level_outputs(
             if pair is not None:
                 sources.append(pair[0])
                 targets.append(pair[1])
+        for pair in extra(i, lg) if extra is not None else []:
+            sources.append(pair[0])
+            targets.append(pair[1])
         lg.group.attrs["estimate_layout"] = (
             "dense" if n_units * n <= DENSE_ESTIMATE_CELLS else "entries"
         )

@@ -66,7 +66,7 @@ from dask.base import tokenize
 from dpdask.domain import Domain
 from dpdask.errors import ArgumentError, DomainError, ShapeError
 from dpdask.graph import _finish, _graph, _run, _topdown
-from dpdask.graph._blocks import ESTIMATORS
+from dpdask.graph._blocks import ESTIMATORS, NONNEGATIVE
 from dpdask.graph._levels import LevelChunks, level_chunks
 from dpdask.graph._plans import (
     LevelShares,
@@ -77,6 +77,7 @@ from dpdask.graph._plans import (
     total_budget,
 )
 from dpdask.graph._state import Level, RunState
+from dpdask.graph._unbiased import UNBIASED_LIMIT
 from dpdask.measure import DEFAULT_MAX_TOTAL, level_charge
 from dpdask.noise import KeyFile, SecretKey
 from dpdask.privacy import Budget, Ledger, RunStateError, check_run_id
@@ -124,6 +125,11 @@ class Release:
         How the levels are chunked.
     neighbours : str
         The neighbour relation its budget was stated in (its budgets are add/remove).
+    simulate : int
+        Trials of the simulation of a non-linear estimator's error (:mod:`._simulate`).
+    unbiased_limit : int
+        Units times queries up to which a top-down level publishes unbiased answers
+        (:mod:`._unbiased`).
     runs : list of RunState
         The runs :meth:`to_zarr` made of this release (the last one's reports are in
         :meth:`summary`).
@@ -146,6 +152,8 @@ class Release:
     lc: LevelChunks
     released: tuple[Level, ...]
     neighbours: str = ADD_REMOVE.name
+    simulate: int = 0
+    unbiased_limit: int = UNBIASED_LIMIT
     runs: list[RunState] = field(default_factory=list, repr=False)
 
     @property
@@ -169,6 +177,8 @@ class Release:
             "domain": self.domain.to_dict(),
             "reconstruct": self.reconstruct,
             "integer": self.integer,
+            "simulate": self.simulate,
+            "unbiased_limit": self.unbiased_limit,
             "max_total": self.max_total,
             "not_converged": [] if run is None else run.reports,
             "levels": levels,
@@ -354,6 +364,8 @@ def release(
     integer: bool = False,
     max_total: int = DEFAULT_MAX_TOTAL,
     neighbours: str = ADD_REMOVE.name,
+    simulate: int | None = None,
+    unbiased_limit: int = UNBIASED_LIMIT,
 ) -> Release:
     """Build a release of a data store: a lazy Dask graph, run by :meth:`Release.to_zarr`.
 
@@ -376,7 +388,9 @@ def release(
         estimates, the coarser levels being their sums (module notes). ``"topdown"``
         fits the top level non-negative and then each parent's children inside it
         (:mod:`dpdask.graph._topdown`); its published variances are each level's own
-        least-squares variances, not those of the (biased) non-negative estimates.
+        least-squares variances, not those of the (biased) non-negative estimates, and
+        say so: beside them it publishes the RMSE of its answers by simulation
+        (``simulate``) and the unbiased least-squares answers (``unbiased_limit``).
     release_id, run_id : str
         Identify the release in the ledger and the noise; the same run id resumes.
     ledger : Ledger or path
@@ -434,6 +448,11 @@ def release(
         raise ArgumentError(f"reconstruct={reconstruct!r} is not one of {ESTIMATORS}")
     if integer and reconstruct != "topdown":
         raise ArgumentError("integer=True goes with reconstruct='topdown'")
+    trials = _count("simulate", 1 if simulate is None else simulate)
+    simulated = reconstruct == "topdown" or reconstruct in NONNEGATIVE
+    if simulate is not None and trials and not simulated:
+        raise ArgumentError(f"simulate goes with a non-linear estimator, not {reconstruct!r}")
+    limit = _count("unbiased_limit", unbiased_limit)
     as_neighbours(neighbours)  # a known relation (PlanError otherwise)
     level_plans_ = level_plans(plans, levels, budget_split)
     for lv, p in level_plans_.items():
@@ -458,4 +477,12 @@ def release(
     return Release(
         store, levels, level_plans_, release_id, run_id, total, reconstruct, ledger, dataset,
         key, noise, test_mode, integer, max_total, lc, released, str(neighbours),
+        trials if simulated else 0, limit,
     )  # fmt: skip
+
+
+def _count(name: str, value: object) -> int:
+    """A non-negative integer argument, or an ``ArgumentError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArgumentError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)

@@ -48,13 +48,20 @@ from dpdask.graph._graph import level_data
 from dpdask.graph._run import level_charge
 from dpdask.graph._state import RunState
 from dpdask.graph._topdown_blocks import family_block, top_block
+from dpdask.graph._unbiased import Unbiased, unbiased_levels
 from dpdask.publish import marker
 from dpdask.store import level_key
 
 if TYPE_CHECKING:
     from dpdask.graph._release import Release
 
-__all__ = ["measure_topdown", "sparse_entries", "topdown_counts", "topdown_graph"]
+__all__ = [
+    "fit_task",
+    "measure_topdown",
+    "sparse_entries",
+    "topdown_counts",
+    "topdown_graph",
+]
 
 
 def sparse_entries(folder: pathlib.Path | str, k: int) -> int:
@@ -104,6 +111,38 @@ def measure_topdown(rel: Release, run: RunState, client: Any, progress: bool) ->
     return folders
 
 
+def fit_task(
+    rel: Release,
+    i: int,
+    L: Any,
+    bounds: np.ndarray,
+    block: Any,
+    sk: Any,
+    prev: tuple[str, np.ndarray] | None,
+    k: int,
+    ctx: ChunkContext,
+    fit_token: str,
+    reports: str | None,
+    unbiased: Unbiased | None = None,
+    measure: Any = None,
+) -> tuple[Any, ...]:
+    """The task that measures and fits chunk ``k`` of level ``i`` (``L``, its chunks'
+    ``bounds``): its counts ``block`` (a key), its stream key ``sk``, and ``prev``, the
+    level above's task name and chunk starts (None at the top)."""
+    if prev is None:
+        return (top_block, block, sk, L.plan, ctx, k, rel.integer, reports, unbiased, measure)
+    pname, pstarts = prev
+    p = rel.lc.parents[i - 1][bounds[k] : bounds[k + 1]]
+    js = range(
+        int(np.searchsorted(pstarts, p[0], side="right") - 1),
+        int(np.searchsorted(pstarts, p[-1], side="right")),
+    )
+    return (
+        family_block, block, sk, [(pname, j) for j in js], [int(pstarts[j]) for j in js],
+        p, L.plan, ctx, k, fit_token, rel.integer, reports, unbiased, measure,
+    )  # fmt: skip
+
+
 def topdown_graph(rel: Release, run: RunState) -> tuple[list[pathlib.Path], Any]:
     """The levels' folders, and the graph that fills them (a ``Delayed`` returning the
     number of entries written; None when every chunk is done)."""
@@ -119,6 +158,7 @@ def topdown_graph(rel: Release, run: RunState) -> tuple[list[pathlib.Path], Any]
     folders: list[pathlib.Path] = []
     prev: tuple[str, np.ndarray] | None = None  # the level above: its name, chunk starts
     tok = tokenize(rel.release_id, rel.run_id, rel.integer, [x.name for x in counts])
+    unbiased = unbiased_levels(rel, work)
     for i, (L, x) in enumerate(zip(rel.released, counts, strict=True)):
         folder = raw / L.name
         folder.mkdir(parents=True, exist_ok=True)
@@ -140,23 +180,20 @@ def topdown_graph(rel: Release, run: RunState) -> tuple[list[pathlib.Path], Any]
             sk = None
             if key is not None:
                 sk = stream_key(key, (rel.release_id, L.name, k, "strategy"), rel.run_id)
-            block = (x.name, k, *zeros)
-            if prev is None:
-                dsk[(name, k)] = (
-                    top_block, block, sk, L.plan, ctx, k, rel.integer, reports,
-                )  # fmt: skip
-            else:
-                pname, pstarts = prev
-                p = rel.lc.parents[i - 1][bounds[k] : bounds[k + 1]]
-                js = range(
-                    int(np.searchsorted(pstarts, p[0], side="right") - 1),
-                    int(np.searchsorted(pstarts, p[-1], side="right")),
-                )
-                dsk[(name, k)] = (
-                    family_block, block, sk, [(pname, j) for j in js],
-                    [int(pstarts[j]) for j in js], p, L.plan, ctx, k, fit_token,
-                    rel.integer, reports,
-                )  # fmt: skip
+            dsk[(name, k)] = fit_task(
+                rel,
+                i,
+                L,
+                bounds,
+                (x.name, k, *zeros),
+                sk,
+                prev,
+                k,
+                ctx,
+                fit_token,
+                reports,
+                unbiased[i],
+            )
             dsk[(ck, k)] = (write_sparse, (name, k), folder, k, done)
             outputs.append((ck, k))
         prev = (name, bounds[:-1])

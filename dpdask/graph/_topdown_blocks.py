@@ -19,6 +19,13 @@ estimate, a :class:`sparse.COO` block ``(g, n)`` (geographies by flat cells).
 A task's measurement is the one :func:`~dpdask.graph._blocks.measure_block` takes for
 its chunk (same identity, same stream), so a retried or resumed task reproduces it bit
 for bit. Fits that stop before converging are reported in ``report_dir``.
+
+With ``unbiased`` (:class:`~dpdask.graph._unbiased.Unbiased`) a task also checkpoints
+the least-squares answers of its measurements (:func:`~dpdask.graph._unbiased.write_unbiased`),
+so that they are computed where the measurements live. ``measure`` replaces
+:func:`~dpdask.graph._blocks.measure_block` (same arguments): the simulation of the
+estimator's error (:mod:`dpdask.graph._simulate`) runs the same fits on noise drawn
+around the published estimate.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from dpdask.errors import ShapeError
 from dpdask.graph import _plans
 from dpdask.graph._blas import task_blas
 from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
+from dpdask.graph._unbiased import Unbiased, write_unbiased
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct import nnls
 from dpdask.reconstruct.nnls import nonnegative_fitter
@@ -85,11 +93,15 @@ def top_block(
     chunk: int,
     integer: bool,
     report_dir: str | None,
+    unbiased: Unbiased | None = None,
+    measure: Any = None,
 ) -> sparse.COO:
-    """The top level's non-negative (integer with ``integer``) estimates of one chunk."""
+    """The top level's non-negative (integer with ``integer``) estimates of one chunk
+    (module notes for ``unbiased`` and ``measure``)."""
     tune_allocator()
     trim_heap()
-    y = measure_block(x, plan, key, ctx, _info(chunk))
+    y = (measure or measure_block)(x, plan, key, ctx, _info(chunk))
+    write_unbiased(plan.strategy, y, unbiased, chunk)
     g, n = y.shape[0], plan.strategy.shape[1]
     weight = 1.0 / plan.row_variance
     with task_blas():
@@ -151,6 +163,8 @@ def family_block(
     token: str,
     integer: bool,
     report_dir: str | None,
+    unbiased: Unbiased | None = None,
+    measure: Any = None,
 ) -> sparse.COO:
     """The children of every family of one chunk, measured and fitted inside their parents.
 
@@ -164,7 +178,8 @@ def family_block(
     parents = np.asarray(parents, dtype=np.int64)
     first, last = int(parents[0]), int(parents[-1])
     P = parent_rows(parent_blocks, parent_starts, first, last)
-    y = measure_block(x, plan, key, ctx, _info(chunk))
+    y = (measure or measure_block)(x, plan, key, ctx, _info(chunk))
+    write_unbiased(plan.strategy, y, unbiased, chunk)
     g, n = y.shape[0], plan.strategy.shape[1]
     fit = _fitter(plan.strategy, 1.0 / plan.row_variance, token)
     rows: list[np.ndarray] = []

@@ -432,7 +432,8 @@ def _run_checked(
     rel = release(
         plan, store, levels=levels,
         budget_split=_level_split(spec, levels),
-        reconstruct=spec.reconstruct, integer=spec.integer, release_id=spec.release,
+        reconstruct=spec.reconstruct, integer=spec.integer, simulate=spec.simulate,
+        release_id=spec.release,
         run_id=checked.run_id,
         ledger=ledger, dataset=checked.dataset, neighbours=spec.neighbours.name,
     )  # fmt: skip

@@ -190,6 +190,7 @@ class ReleaseSpec:
     ledger_create: bool = False
     period: str | None = None
     integer: bool = False  # reconstruct: {method: topdown, integer: true}
+    simulate: int | None = None  # reconstruct: {method: topdown, simulate: K} (default 1)
     # strategy: {levels: {level: strategy}}: each level's (name, options)
     strategy_levels: dict[str, tuple[str, dict[str, Any]]] | None = None
     neighbours: Neighbours = ADD_REMOVE
@@ -438,14 +439,15 @@ def parse_spec(
         )
 
     strategy, strategy_options, strategy_levels = strategies(raw.get("strategy", "hdmm"), levels)
-    rec, integer = _reconstruct(raw.get("reconstruct", "ls"))
+    rec, integer, simulate = _reconstruct(raw.get("reconstruct", "ls"))
     output = as_path(output_text, base, "output")
     ledger, ledger_create = _ledger(raw.get("ledger"), output, base)
     cluster = parse_cluster(raw.get("cluster"), base)
     return ReleaseSpec(
         release=release, data=data, domain=domain, levels=levels, workload=workload,
         privacy=privacy, split=split, strategy=strategy, strategy_options=strategy_options,
-        strategy_levels=strategy_levels, reconstruct=rec, integer=integer, output=output,
+        strategy_levels=strategy_levels, reconstruct=rec, integer=integer, simulate=simulate,
+        output=output,
         ledger=ledger, dataset_budget=dataset_budget, cluster=cluster, ledger_create=ledger_create,
         period=period, neighbours=neighbours,
         stated_privacy=None if neighbours == ADD_REMOVE else stated,
@@ -471,19 +473,28 @@ def load_spec(path: str | os.PathLike[str], period: str | None = None) -> Releas
     return ReleaseSpec(**{**spec.__dict__, "source": path.resolve()})
 
 
-def _reconstruct(raw: Any) -> tuple[str, bool]:
-    """``reconstruct: ls`` or ``reconstruct: {method: topdown, integer: true}``."""
+def _reconstruct(raw: Any) -> tuple[str, bool, int | None]:
+    """``reconstruct: ls`` or ``reconstruct: {method: topdown, integer: true, simulate: K}``."""
+    simulate = None
     if isinstance(raw, Mapping):
-        unknown = sorted(set(raw) - {"method", "integer"}, key=str)
+        unknown = sorted(set(raw) - {"method", "integer", "simulate"}, key=str)
         if unknown:
-            raise SpecError(f"reconstruct: unknown key(s) {unknown}; known: ['integer', 'method']")
+            known = "['integer', 'method', 'simulate']"
+            raise SpecError(f"reconstruct: unknown key(s) {unknown}; known: {known}")
         method, integer = raw.get("method", "ls"), raw.get("integer", False)
+        simulate = raw.get("simulate")
     else:
         method, integer = raw, False
+    if simulate is not None and (
+        isinstance(simulate, bool) or not isinstance(simulate, int) or simulate < 0
+    ):
+        raise SpecError(f"reconstruct.simulate: a number of trials >= 0, got {simulate!r}")
+    if simulate is not None and method in ("ls", "wls"):
+        raise SpecError(f"reconstruct.simulate: least squares ({method}) publishes its exact error")
     if method not in RECONSTRUCTIONS:
         raise SpecError(f"reconstruct: {method!r} is not one of {RECONSTRUCTIONS}")
     if not isinstance(integer, bool):
         raise SpecError(f"reconstruct.integer: must be true or false, got {integer!r}")
     if integer and method != "topdown":
         raise SpecError("reconstruct.integer: integer estimates need method: topdown")
-    return method, integer
+    return method, integer, simulate

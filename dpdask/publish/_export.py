@@ -79,8 +79,8 @@ _DESCRIPTIONS = {
     "query": "the query: a workload row ({part}_{row:03d}) or a P.L. 94-171 cell (P1_001)",
     "label": "what the query counts",
     "answer": "the published answer (persons)",
-    "variance": "the answer's variance (persons^2)",
-    "moe90": "the answer's 90% margin of error, 1.645 * sqrt(variance) (persons)",
+    "variance": "the published variance (persons^2) of the estimator uncertainty_of names",
+    "moe90": "its 90% margin of error, 1.645 * sqrt(variance) (persons)",
 }
 _ROWS_PER_BATCH = 1_000_000  # rows of the long table built in memory at once
 _OLD_QUERY = "query"  # the workload's label array in releases written before
@@ -123,7 +123,8 @@ def provenance(path: str | os.PathLike[str], level: str | None = None) -> dict[s
         ``workload`` (its name, if recognised), ``test_mode``, ``created``,
         ``dpdask_version`` (that wrote the release), ``export_dpdask_version``,
         ``exported``, ``ledger_head``, ``ledger_id``, ``level``, ``levels`` (coarsest
-        first) and ``source`` (the release's path).
+        first), ``source`` (the release's path) and ``uncertainty_of`` (what the
+        variances and margins are of: :mod:`dpdask.graph`'s label of the estimator).
     """
     from dpdask import __version__
     from dpdask.publish._safety import release_attributes
@@ -147,6 +148,7 @@ def provenance(path: str | os.PathLike[str], level: str | None = None) -> dict[s
         "level": level,
         "levels": [lv.get("level") for lv in meta.get("levels") or [] if isinstance(lv, dict)],
         "source": str(pathlib.Path(path).resolve()),
+        "uncertainty_of": meta.get("uncertainty_of"),
     }
 
 

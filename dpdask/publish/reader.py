@@ -11,7 +11,13 @@ the levels coarsest first (the order of the root attribute ``levels``; plain xar
 lists a zarr group's children alphabetically), brings releases written by older
 versions to the current names, and adds each level's 90% margins of error,
 ``moe90 = 1.645 * sqrt(variance)`` (as the American Community Survey publishes them;
-normal approximation of the noise)::
+normal approximation of the noise). Each says what it is the margin of, as its
+variance does: ``uncertainty_of`` (the estimator), ``describes_published`` (false
+where the published estimate is not that estimator's: top-down, NNLS, ADMM, integer
+rounding) and ``noise`` (the noise drawn). A level of such a non-linear estimator
+adds, labelled, ``simulated_rmse`` by ``query_group`` ("RMSE by simulation around the
+published estimate, K trials") and a child ``unbiased`` with the unbiased
+least-squares answers of its own measurements and their exact variances and margins::
 
     tree = dpdask.open_release("out/pl94-providence.zarr")
     tract = tree["tract"].dataset
@@ -108,7 +114,12 @@ def open_release(path: str | os.PathLike[str], *, chunks: ReleaseChunks = None) 
         record). Each level's dataset has ``estimate``, ``answers``, ``variance``,
         ``moe90`` (``1.645 * sqrt(variance)``) and, for the PL94 workload,
         ``table_answers``, ``table_variance`` and ``table_moe90``, with the coordinates
-        of the module notes.
+        of the module notes. Every variance and margin says what it is of (attributes
+        ``uncertainty_of``, ``describes_published``, ``noise``). A level of a non-linear
+        estimator (top-down, NNLS, WNNLS, ADMM) also has ``simulated_rmse`` by
+        ``query_group`` and a child ``unbiased``: the unbiased
+        least-squares answers of its measurements (``estimate``, ``variance``,
+        ``moe90`` by ``unbiased_query``).
 
     Raises
     ------
@@ -135,20 +146,32 @@ def open_release(path: str | os.PathLike[str], *, chunks: ReleaseChunks = None) 
         if "entry_offsets" in ds:
             ds = _with_sparse_estimate(path / lv, ds, _domain_order(tree.attrs))
         ds = _current_names(ds)
-        for prefix in ("", "table_"):
-            var = f"{prefix}variance"
-            if var in ds:
-                moe = cast("xr.DataArray", MOE90_Z * np.sqrt(ds[var]))  # a ufunc keeps the type
-                moe.attrs = {
-                    "units": "persons",
-                    "long_name": "90% margin of error (1.645 standard deviations)",
-                }
-                ds[f"{prefix}moe90"] = moe
-        nodes[f"/{lv}"] = ds
+        nodes[f"/{lv}"] = _with_margins(ds)
+        if "unbiased" in tree[lv].children:  # a top-down level: its unbiased answers
+            nodes[f"/{lv}/unbiased"] = _with_margins(tree[lv]["unbiased"].to_dataset())
         if "marginals" in tree[lv].children:  # a marginal release: one table per marginal
             for name, node in tree[lv]["marginals"].children.items():
                 nodes[f"/{lv}/marginals/{name}"] = node.to_dataset()
     return xr.DataTree.from_dict(nodes)
+
+
+_UNCERTAINTY_KEYS = ("uncertainty_of", "describes_published", "noise", "estimator")
+
+
+def _with_margins(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with ``moe90`` (and ``table_moe90``) beside each variance, saying what
+    they are the margins of as the variance does (``uncertainty_of``, ``noise``)."""
+    for prefix in ("", "table_"):
+        var = f"{prefix}variance"
+        if var in ds:
+            moe = cast("xr.DataArray", MOE90_Z * np.sqrt(ds[var]))  # a ufunc keeps the type
+            moe.attrs = {
+                "units": "persons",
+                "long_name": "90% margin of error (1.645 standard deviations)",
+                **{k: ds[var].attrs[k] for k in _UNCERTAINTY_KEYS if k in ds[var].attrs},
+            }
+            ds[f"{prefix}moe90"] = moe
+    return ds
 
 
 def level_order(attrs: Mapping[Any, Any], groups: Iterable[str]) -> list[str]:
@@ -271,7 +294,10 @@ def _with_sparse_estimate(path: pathlib.Path, ds: xr.Dataset, order: list[str]) 
     from dask.highlevelgraph import HighLevelGraph
 
     g = zarr.open_group(str(path), mode="r")
-    not_attrs = ("geography", _OLD_QUERY_DIM, QUERY_DIM, "table_query", "entry", "geography_bound")
+    not_attrs = (
+        "geography", _OLD_QUERY_DIM, QUERY_DIM, "table_query", "entry", "geography_bound",
+        "query_group",
+    )  # fmt: skip
     attrs = [d for d in ds.dims if d not in not_attrs]
     if set(order) == set(attrs):
         attrs = list(order)

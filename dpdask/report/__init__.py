@@ -93,8 +93,11 @@ def report_data(
         ``ledger``, ``levels``, ``tables`` (one row per level and table: ``rmse``,
         ``sd_min``, ``sd_max``, ``moe90``), ``realised`` (None without a truth; else
         ``truth`` and per level ``tables`` with ``predicted_rmse``, ``realised_rmse``,
-        ``max_abs_error``, ``within_moe90``, and ``cells_rmse``), ``not_converged``
-        and ``notes``.
+        ``max_abs_error``, ``within_moe90``, and ``cells_rmse``), ``not_converged``,
+        ``notes`` and ``uncertainty`` (per level: what its variances are of,
+        ``uncertainty_of``, ``describes_published`` and ``noise``; a top-down level's
+        ``simulated_rmse`` by query group and its ``unbiased`` answers, labelled
+        "unbiased (least squares, this level's measurements)").
 
     Raises
     ------

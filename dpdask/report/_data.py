@@ -457,4 +457,34 @@ def collect(
         },
         "not_converged": list(meta.get("not_converged") or []),
         "notes": list(dict.fromkeys(notes)),
+        "uncertainty": {lv: _uncertainty(groups[lv]) for lv in levels},
     }
+
+
+def _uncertainty(g: Any) -> dict[str, Any]:
+    """What a level's published variances are of, its simulated RMSE by query group and
+    its unbiased least-squares answers (top-down releases), as published."""
+    var = dict(g["variance"].attrs) if "variance" in g else {}
+    out: dict[str, Any] = {
+        "uncertainty_of": var.get("uncertainty_of"),
+        "describes_published": var.get("describes_published"),
+        "noise": var.get("noise"),
+        "simulated_rmse": None,
+        "unbiased": None,
+    }
+    if "simulated_rmse" in g:
+        rmse = g["simulated_rmse"]
+        out["simulated_rmse"] = {
+            "label": rmse.attrs.get("long_name"),
+            "groups": dict(zip(_strings(g, "query_group"), map(float, rmse[:]), strict=True)),
+        }
+    elif "simulated_rmse" in g.attrs:
+        out["simulated_rmse"] = {"label": str(g.attrs["simulated_rmse"]), "groups": {}}
+    if "unbiased" in g and "estimate" in g["unbiased"]:
+        u = g["unbiased"]
+        out["unbiased"] = {
+            "label": "unbiased (least squares, this level's measurements)",
+            "queries": int(u["unbiased_query"].shape[0]),
+            "skipped_groups": list(u.attrs.get("skipped_groups") or []),
+        }
+    return out

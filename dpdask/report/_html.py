@@ -329,6 +329,48 @@ def _realised(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _uncertainty(data: dict[str, Any]) -> str:
+    """What each level's variances are of; a top-down level's simulated RMSE by query
+    group and its unbiased least-squares answers, labelled as published."""
+    levels = data.get("uncertainty") or {}
+    if not levels:
+        return '<p class="note">The release says nothing about its variances.</p>'
+    rows = []
+    for lv, u in levels.items():
+        sim = u.get("simulated_rmse") or {}
+        unb = u.get("unbiased")
+        groups = ", ".join(
+            f"{escape(g)} {_num(v, 3)}" for g, v in (sim.get("groups") or {}).items()
+        )
+        rows.append([
+            escape(lv), _text(u.get("uncertainty_of")),
+            _yes(u.get("describes_published"), "yes", "no: see the next columns"),
+            (f"{_text(sim.get('label'))}: {groups}" if groups else _text(sim.get("label"))),
+            "–" if unb is None else (
+                f"{escape(unb['label'])}: {_num(unb['queries'])} queries"
+                + (f"; skipped {escape(', '.join(unb['skipped_groups']))}"
+                   if unb["skipped_groups"] else "")
+            ),
+        ])  # fmt: skip
+    return (
+        '<p class="note">What the published variances and margins of error are the '
+        "variances of (the release's labels). Where they do not describe the published "
+        "estimate (top-down, NNLS, ADMM, integer rounding), the predicted error above is "
+        "that of least squares; the simulated RMSE is the published answers' own.</p>"
+        + _table(
+            [
+                "level",
+                "variances are of",
+                "the published estimate's?",
+                "simulated RMSE",
+                "unbiased answers",
+            ],
+            rows,
+            cls="uncertainty",
+        )
+    )
+
+
 def _not_converged(data: dict[str, Any]) -> str:
     bad = data["not_converged"]
     if not bad:
@@ -367,6 +409,7 @@ def render(data: dict[str, Any]) -> str:
         ("plan", "Plan", _plan(data)),
         ("budget", "Budget and ledger", _ledger(data)),
         ("predicted", "Predicted error per table and level", _predicted(data)),
+        ("uncertainty", "What the margins of error are of", _uncertainty(data)),
         ("realised", "Realised versus predicted error", _realised(data)),
         ("convergence", "Chunks not converged", _not_converged(data)),
     ]
