@@ -23,6 +23,7 @@ from dpdask.pipeline._data import (
     generated_geography,
     load_data,
     source_print,
+    synthetic_geography,
 )
 from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
@@ -68,6 +69,7 @@ __all__ = [
     "plan_spec",
     "plan_spec_levels",
     "run_spec",
+    "synthetic_geography",
     "validate_spec",
 ]
 
