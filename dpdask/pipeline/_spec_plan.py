@@ -10,7 +10,9 @@ from typing import Any
 from dpdask.errors import SpecError
 from dpdask.pipeline._spec_fields import check_keys, keywords
 
-__all__ = ["STRATEGIES", "strategies", "workloads"]
+__all__ = ["RECONSTRUCTIONS", "STRATEGIES", "reconstruction", "strategies", "workloads"]
+
+RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown")
 
 STRATEGIES = (
     "hdmm", "identity", "workload", "hierarchical", "wavelet", "convex", "fitness", "tda-2020",
@@ -166,3 +168,21 @@ def _strategy(raw: Any) -> tuple[str, dict[str, Any]]:
     if options:
         check_keys(raw, ["name", *_strategy_keys(name)], "strategy")
     return name, options
+
+
+def reconstruction(raw: Any) -> tuple[str, bool]:
+    """``reconstruct: ls`` or ``reconstruct: {method: topdown, integer: true}``."""
+    if isinstance(raw, Mapping):
+        unknown = sorted(set(raw) - {"method", "integer"}, key=str)
+        if unknown:
+            raise SpecError(f"reconstruct: unknown key(s) {unknown}; known: ['integer', 'method']")
+        method, integer = raw.get("method", "ls"), raw.get("integer", False)
+    else:
+        method, integer = raw, False
+    if method not in RECONSTRUCTIONS:
+        raise SpecError(f"reconstruct: {method!r} is not one of {RECONSTRUCTIONS}")
+    if not isinstance(integer, bool):
+        raise SpecError(f"reconstruct.integer: must be true or false, got {integer!r}")
+    if integer and method != "topdown":
+        raise SpecError("reconstruct.integer: integer estimates need method: topdown")
+    return method, integer
