@@ -169,7 +169,7 @@ def _invariants() -> dict[str, Any]:
     cell = _closed(
         {
             "level": {"type": "string"},
-            "mask": {"type": "object", "additionalProperties": codes, "minProperties": 1},
+            "mask": {"type": "object", "additionalProperties": codes},
             "lower": count,
             "upper": count,
         },

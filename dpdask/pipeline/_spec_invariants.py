@@ -176,7 +176,7 @@ def _levels_check(level: Any, levels: tuple[str, ...] | None, where: str) -> str
 
 
 def _full(domain: Domain) -> bool:
-    return domain.get("hhgq") == len(census.HHGQ) and "votingage" in domain
+    return "hhgq" in domain and domain["hhgq"] == len(census.HHGQ) and "votingage" in domain
 
 
 def _needs_full(domain: Domain, where: str) -> None:
