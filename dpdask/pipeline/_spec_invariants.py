@@ -356,9 +356,19 @@ def check_data_attributes(
     for name in inv.attributes():
         if name not in have:
             where = next(
-                (f"invariants.{lv}" for lv, names in inv.levels if name in names), "constraints"
+                (f"invariants.{lv}" for lv, names in inv.levels if name in names),
+                _constraint_using(inv, name),
             )
             raise SpecError(
                 f"{where}: the data carries no unit attribute {name!r} "
                 f"(it carries: {', '.join(have) or 'none'}; data levels {list(data_levels)})"
             )
+
+
+def _constraint_using(inv: Invariants, name: str) -> str:
+    """The constraint field that reads attribute ``name``."""
+    if inv.empty_units and name in ("housing_units", inv.empty_units):
+        return "constraints.empty_units"
+    if name == inv.capacity:
+        return "constraints.gq_bounds.capacity"
+    return "constraints.gq_bounds"
