@@ -68,7 +68,14 @@ def check_estimator(spec: Any) -> None:
     SpecError
         Naming ``reconstruct`` and the methods that honour them.
     """
+    from dpdask.pipeline._marginal_run import is_marginal_spec
+
     inv: Invariants = spec.invariants
+    if inv and is_marginal_spec(spec):  # released by the residual path, no top-down fit
+        raise SpecError(
+            "invariants: a marginal (residual) release does not honour invariants or "
+            "constraints; remove invariants: and constraints:"
+        )
     if inv and spec.reconstruct not in HONOURED_BY:
         which = ", ".join(sorted(HONOURED_BY)) or "none yet"
         raise SpecError(

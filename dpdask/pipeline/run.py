@@ -356,6 +356,8 @@ def validate_spec(
         "unit_attributes": list(attributes),  # public per-unit attributes of the data
         "noise_scale": {lv["level"]: lv["noise_scale"] for lv in planned["levels"]},
     }
+    if spec.invariants:  # published without noise, and the constraints (checked above)
+        report["invariants"] = planned["invariants"]
     if checked.ledger is not None:
         try:
             report["budget_remaining"] = checked.ledger.remaining(spec.release).to_dict()

@@ -66,6 +66,7 @@ def test_the_shipped_spec_validates_once_an_estimator_honours_it(tmp_path, capsy
     assert main(["validate", str(spec), "--json"]) == 0
     report = _json(capsys)
     assert report["ok"] and report["units"]["block"] > 0
+    assert report["invariants"]["invariants"] == {"state": ["total"], "block": ["housing_units"]}
     assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "inv").exists()
 
 

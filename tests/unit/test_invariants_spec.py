@@ -339,6 +339,9 @@ def test_no_estimator_honours_them_yet() -> None:
     with pytest.raises(SpecError, match=r"^reconstruct: 'topdown' does not honour invariants"):
         check_estimator(spec)
     check_estimator(_spec(_raw(invariants=None, constraints=None)))  # nothing to honour
+    marginal = _spec(_raw(strategy="residual", workload={"marginals": {"k": 1}}))
+    with pytest.raises(SpecError, match=r"^invariants: a marginal \(residual\) release"):
+        check_estimator(marginal)
 
 
 def test_the_run_binding_records_them_only_when_stated() -> None:
