@@ -199,4 +199,15 @@ def _ledger_table(report: dict[str, Any]) -> str:
                 f"    run {run['run_id']}: {run['state']}, {run['charges']} charges, "
                 f"budget stated {(run['binding'] or {}).get('neighbours', 'add-remove')}{where}"
             )
+            lines.extend(_invariants_line((run["binding"] or {}).get("invariants")))
     return "\n".join(lines)
+
+
+def _invariants_line(st: dict[str, Any] | None) -> list[str]:
+    """A run's invariants (published without noise) and constraints, as its binding
+    records them; nothing for a run that stated none."""
+    if not st:
+        return []
+    exact = "; ".join(f"{lv}: {', '.join(n)}" for lv, n in st.get("invariants", {}).items())
+    constraints = ", ".join(st.get("constraints", {})) or "none"
+    return [f"      invariants {exact or 'none'}; constraints {constraints}"]

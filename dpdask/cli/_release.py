@@ -297,7 +297,7 @@ def _plan_workload(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 def _levels_table(report: dict[str, Any]) -> str:
     """Per level: the budget, the nominal noise scale of the plan's calibration and the
     scale the measure step will draw (``nominal`` when the data's dtype is unknown)."""
-    lines = [*_relations_lines(report)]
+    lines = [*_relations_lines(report), *_invariants_lines(report)]
     lines.append(
         f"{'level':<14}{'add-remove budget':>22}{'nominal':>12}{'drawn':>12}"
         f"{'rmse/query':>14}{'max sd':>10}"
@@ -316,6 +316,34 @@ def _levels_table(report: dict[str, Any]) -> str:
         "its lattice), and the errors are of that noise"
     )
     return "\n".join(lines)
+
+
+def _invariants_lines(report: dict[str, Any]) -> list[str]:
+    """The counts published without noise, and the constraints the estimates keep."""
+    st = report.get("invariants")
+    if not st:
+        return []
+    exact = "; ".join(f"{lv}: {', '.join(n)}" for lv, n in st["invariants"].items()) or "none"
+    shown = []
+    for name, value in st["constraints"].items():
+        if name == "cells":
+            shown += [
+                f"cells[{i}] {c['level']} "
+                + " ".join(f"{a}={codes}" for a, codes in c["mask"].items())
+                + f" in [{c.get('lower', 0)}, {c.get('upper', 'inf')}]"
+                for i, c in enumerate(value)
+            ]
+        else:
+            opts = (
+                ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else ""
+            )
+            shown.append(f"{name} ({opts})" if opts else name)
+    return [
+        f"published exactly (invariants, no noise, at their level and above): {exact}",
+        f"constraints: {'; '.join(shown) or 'none'}",
+        f"public unit attributes read: {', '.join(st['attributes']) or 'none'}",
+        "",
+    ]
 
 
 def _relations_lines(report: dict[str, Any]) -> list[str]:

@@ -157,10 +157,51 @@ def _counts() -> dict[str, Any]:
             ]
         },
         "cluster": {"anyOf": [_PATH, {"type": "object"}]},
+        **_invariants(),
     }
     if set(props) != set(s.SPEC_KEYS):
         raise RuntimeError("the schema must name every key of a count spec")
     return _closed(props, s.REQUIRED_KEYS)
+
+
+def _invariants() -> dict[str, Any]:
+    """``invariants:`` and ``constraints:`` (:mod:`dpdask.pipeline.invariants`)."""
+    from dpdask.pipeline import invariants as v
+
+    names = {"enum": list(v.INVARIANT_NAMES)}
+    count = {"type": "integer", "minimum": 0}
+    switch = {"type": "boolean"}
+    codes = {"anyOf": [count, {"type": "array", "items": count, "minItems": 1}]}
+    cell = _closed(
+        {
+            "level": {"type": "string"},
+            "mask": {"type": "object", "additionalProperties": codes},
+            "lower": count,
+            "upper": count,
+        },
+        ["level", "mask"],
+    )
+    constraints = {
+        "empty_units": {
+            "anyOf": [switch, _closed({"facilities": {"enum": list(v.FACILITY_SOURCES)}})]
+        },
+        "nursing_minors": switch,
+        "gq_bounds": {
+            "anyOf": [switch, _closed({"capacity": {"anyOf": [count, {"type": "string"}]}})]
+        },
+        "cells": {"type": "array", "items": cell, "minItems": 1},
+    }
+    if set(constraints) != set(v.CONSTRAINT_KEYS):
+        raise RuntimeError("the schema must name every constraint")
+    return {
+        "invariants": {
+            "type": "object",
+            "additionalProperties": {
+                "anyOf": [names, {"type": "array", "items": names, "minItems": 1}]
+            },
+        },
+        "constraints": _closed(constraints),
+    }
 
 
 def _local() -> dict[str, Any]:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from dpdask.errors import SpecError
+from dpdask.pipeline.invariants import check_estimator
 from dpdask.pipeline.spec import ReleaseSpec
 from dpdask.privacy import Ledger, check_lifetime_covers, ledger_exists
 from dpdask.publish import check_interpreter, check_unclaimed, claim_output, remove_work
@@ -47,10 +48,13 @@ def check_before_charging(spec: ReleaseSpec) -> None:
         Under ``python -O``.
     SpecError
         If ``privacy.dataset`` (the dataset's lifetime budget) is smaller than the
-        release's budget, or of another kind.
+        release's budget, or of another kind; naming ``reconstruct`` for invariants or
+        constraints its method does not honour
+        (:func:`dpdask.pipeline.invariants.check_estimator`).
     """
     check_interpreter()
     check_lifetime_covers(spec.release, spec.privacy, spec.dataset_budget)
+    check_estimator(spec)  # invariants only with an estimator that honours them
 
 
 def check_cluster(spec: ReleaseSpec, scheduler: str | None = None) -> None:

@@ -55,16 +55,20 @@ def spec_print(spec: ReleaseSpec) -> str:
     }
     if spec.neighbours != ADD_REMOVE:  # absent otherwise: earlier runs keep their hash
         fields["neighbours"] = spec.neighbours.name
+    if spec.invariants:  # likewise: a spec without them hashes as before
+        fields["invariants"] = spec.invariants.statement()
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def run_binding(spec: ReleaseSpec, output: pathlib.Path, source: SourcePrint) -> RunBinding:
     """What the ledger binds a run of ``spec`` to: the content hash of its input, the
-    spec's hash (:func:`spec_print`) and its resolved output path."""
+    spec's hash (:func:`spec_print`), its resolved output path, the relation its budget
+    is stated in and the invariants and constraints it states."""
     return RunBinding(
-        source.content, spec_print(spec), os.path.realpath(output), spec.neighbours.name
-    )
+        source.content, spec_print(spec), os.path.realpath(output), spec.neighbours.name,
+        spec.invariants.statement(),
+    )  # fmt: skip
 
 
 def check_same_run(run: Run, binding: RunBinding) -> None:

@@ -10,7 +10,9 @@ from typing import Any
 from dpdask.errors import SpecError
 from dpdask.pipeline._spec_fields import check_keys, keywords
 
-__all__ = ["STRATEGIES", "strategies", "workloads"]
+__all__ = ["RECONSTRUCTIONS", "STRATEGIES", "reconstruction", "strategies", "workloads"]
+
+RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown")
 
 STRATEGIES = (
     "hdmm", "identity", "workload", "hierarchical", "wavelet", "convex", "fitness", "tda-2020",
@@ -166,3 +168,30 @@ def _strategy(raw: Any) -> tuple[str, dict[str, Any]]:
     if options:
         check_keys(raw, ["name", *_strategy_keys(name)], "strategy")
     return name, options
+
+
+def reconstruction(raw: Any) -> tuple[str, bool, int | None]:
+    """``reconstruct: ls`` or ``reconstruct: {method: topdown, integer: true, simulate: K}``."""
+    simulate = None
+    if isinstance(raw, Mapping):
+        unknown = sorted(set(raw) - {"method", "integer", "simulate"}, key=str)
+        if unknown:
+            known = "['integer', 'method', 'simulate']"
+            raise SpecError(f"reconstruct: unknown key(s) {unknown}; known: {known}")
+        method, integer = raw.get("method", "ls"), raw.get("integer", False)
+        simulate = raw.get("simulate")
+    else:
+        method, integer = raw, False
+    if simulate is not None and (
+        isinstance(simulate, bool) or not isinstance(simulate, int) or simulate < 0
+    ):
+        raise SpecError(f"reconstruct.simulate: a number of trials >= 0, got {simulate!r}")
+    if simulate is not None and method in ("ls", "wls"):
+        raise SpecError(f"reconstruct.simulate: least squares ({method}) publishes its exact error")
+    if method not in RECONSTRUCTIONS:
+        raise SpecError(f"reconstruct: {method!r} is not one of {RECONSTRUCTIONS}")
+    if not isinstance(integer, bool):
+        raise SpecError(f"reconstruct.integer: must be true or false, got {integer!r}")
+    if integer and method != "topdown":
+        raise SpecError("reconstruct.integer: integer estimates need method: topdown")
+    return method, integer, simulate

@@ -27,6 +27,7 @@ from dpdask.pipeline._data import (
 )
 from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
+from dpdask.pipeline.invariants import checked_constraints
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.privacy import (
     BudgetExceededError,
@@ -146,6 +147,8 @@ def plan_spec_levels(
         "budgets": both_relations(spec.privacy),  # the same noise in each relation
         "levels": [],
     }
+    if spec.invariants:  # the counts published without noise, and the constraints
+        report["invariants"] = spec.invariants.statement()
     plans: dict[str, Any] = {}
     if spec.per_level:
         from concurrent.futures import ThreadPoolExecutor
@@ -312,15 +315,17 @@ def _check_data(spec: ReleaseSpec, checked: _Checked) -> tuple[dict[str, int], t
     with tempfile.TemporaryDirectory(prefix=".dpdask-validate-") as tmp:
         work = checked.work if spec.data.format == "store" else pathlib.Path(tmp) / "work"
         geo, attributes = data_geography(spec, work, checked.source)
-    levels = spec.levels or geo.levels
-    for lv in levels:
-        if lv not in geo.levels:
-            raise SpecError(f"levels: {lv!r} is not a level of the data ({list(geo.levels)})")
-    if levels[-1] != geo.levels[-1]:
-        raise SpecError(
-            f"levels: the finest released level must be the data's finest, {geo.levels[-1]!r}"
-        )
-    split_levels(spec.privacy, levels, spec.split)
+        levels = spec.levels or geo.levels
+        for lv in levels:
+            if lv not in geo.levels:
+                raise SpecError(f"levels: {lv!r} is not a level of the data ({list(geo.levels)})")
+        if levels[-1] != geo.levels[-1]:
+            raise SpecError(
+                f"levels: the finest released level must be the data's finest, {geo.levels[-1]!r}"
+            )
+        split_levels(spec.privacy, levels, spec.split)
+        if spec.invariants:  # feasible from public input, as run checks it before charging
+            checked_constraints(spec, load_data(spec, work, checked.source), levels)
     return {lv: geo.n_units(lv) for lv in levels}, attributes
 
 
@@ -353,6 +358,8 @@ def validate_spec(
         "unit_attributes": list(attributes),  # public per-unit attributes of the data
         "noise_scale": {lv["level"]: lv["noise_scale"] for lv in planned["levels"]},
     }
+    if spec.invariants:  # published without noise, and the constraints (checked above)
+        report["invariants"] = planned["invariants"]
     if checked.ledger is not None:
         try:
             report["budget_remaining"] = checked.ledger.remaining(spec.release).to_dict()
@@ -423,6 +430,9 @@ def _run_checked(
              spec.data.format, checked.work)  # fmt: skip
     store = load_data(spec, checked.work, checked.source)
     levels = _levels(spec, store)
+    constraints = checked_constraints(spec, store, levels)  # infeasible: refused, no charge
+    if constraints is not None:  # pragma: no cover - check_estimator refuses them until then
+        raise SpecError("reconstruct: no estimator honours invariants yet")  # the wiring's place
     if checked.ledger is None:  # every check passed: a new ledger may be born
         checked = _preflight(spec, checked.run_id, overwrite, create=True, hold=True)
     ledger = checked.ledger

@@ -76,6 +76,10 @@ The keys allowed in each mapping:
 ``ledger``    ``path`` and ``create`` (permission to create a missing ledger file), or
               ``url`` (``postgresql://...``: a ledger on a PostgreSQL server, created
               by its administrator with ``dpdask ledger init URL --operator-role ROLE``)
+``invariants`` level -> the counts published exactly (``total``, ``housing_units``,
+              ``gq_facilities``, ``gq_population``); ``constraints``: ``empty_units``,
+              ``nursing_minors``, ``gq_bounds``, ``cells``
+              (:mod:`dpdask.pipeline._spec_invariants`)
 ``cluster``   ``address``, ``insecure``, ``tls`` (``ca_file``, ``cert``, ``key``) for
               a remote scheduler (``insecure`` or ``tls`` alone apply to the address
               of ``--scheduler`` or ``DASK_SCHEDULER_ADDRESS``), or the LocalCluster
@@ -100,7 +104,8 @@ from dpdask.domain import Domain
 from dpdask.errors import SpecError
 from dpdask.pipeline._spec_cluster import parse_cluster
 from dpdask.pipeline._spec_fields import as_bool, as_mapping, as_path, check_keys, keywords, require
-from dpdask.pipeline._spec_plan import strategies, workloads
+from dpdask.pipeline._spec_invariants import NO_INVARIANTS, Invariants, parse_invariants
+from dpdask.pipeline._spec_plan import RECONSTRUCTIONS, reconstruction, strategies, workloads
 from dpdask.pipeline._spec_privacy import (
     PRIVACY_KEYS,
     charged_budget,
@@ -116,6 +121,7 @@ from dpdask.specs import read_spec
 
 __all__ = [
     "PRIVACY_KEYS",
+    "RECONSTRUCTIONS",
     "DataSpec",
     "ReleaseSpec",
     "SpecError",
@@ -126,7 +132,6 @@ __all__ = [
 
 
 DATA_FORMATS = ("pl94", "ri2010", "store", "records", "synthetic", "synthetic-blocks")
-RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown")
 _DATA_KEYS = ("format", "path", "id")
 _SYNTHETIC_KEYS = ("geographies", "states", "seed", "population", "layout")
 _CONVERTED_KEYS = ("layout",)  # pl94 and ri2010 files, converted into a store
@@ -135,7 +140,7 @@ _LEDGER_KEYS = ("path", "create", "url")
 #: the keys of a count spec, and those it must have
 SPEC_KEYS = (
     "release", "data", "domain", "levels", "workload", "privacy", "strategy", "reconstruct",
-    "output", "ledger", "cluster",
+    "output", "ledger", "cluster", "invariants", "constraints",
 )  # fmt: skip
 REQUIRED_KEYS = ("release", "data", "domain", "workload", "privacy", "output")
 
@@ -195,6 +200,7 @@ class ReleaseSpec:
     strategy_levels: dict[str, tuple[str, dict[str, Any]]] | None = None
     neighbours: Neighbours = ADD_REMOVE
     stated_privacy: Budget | None = None  # None: privacy, as given (add/remove)
+    invariants: Invariants = NO_INVARIANTS  # invariants: and constraints: (_spec_invariants)
 
     @property
     def stated(self) -> Budget:
@@ -439,7 +445,10 @@ def parse_spec(
         )
 
     strategy, strategy_options, strategy_levels = strategies(raw.get("strategy", "hdmm"), levels)
-    rec, integer, simulate = _reconstruct(raw.get("reconstruct", "ls"))
+    rec, integer, simulate = reconstruction(raw.get("reconstruct", "ls"))
+    inv = parse_invariants(
+        raw.get("invariants"), raw.get("constraints"), levels, domain, data.format
+    )
     output = as_path(output_text, base, "output")
     ledger, ledger_create = _ledger(raw.get("ledger"), output, base)
     cluster = parse_cluster(raw.get("cluster"), base)
@@ -450,7 +459,7 @@ def parse_spec(
         output=output,
         ledger=ledger, dataset_budget=dataset_budget, cluster=cluster, ledger_create=ledger_create,
         period=period, neighbours=neighbours,
-        stated_privacy=None if neighbours == ADD_REMOVE else stated,
+        stated_privacy=None if neighbours == ADD_REMOVE else stated, invariants=inv,
     )  # fmt: skip
 
 
@@ -471,30 +480,3 @@ def load_spec(path: str | os.PathLike[str], period: str | None = None) -> Releas
     raw = read_spec(path)  # strict YAML: no repeated keys, anchors or aliases; size-capped
     spec = parse_spec(raw, base=path.parent, period=period)
     return ReleaseSpec(**{**spec.__dict__, "source": path.resolve()})
-
-
-def _reconstruct(raw: Any) -> tuple[str, bool, int | None]:
-    """``reconstruct: ls`` or ``reconstruct: {method: topdown, integer: true, simulate: K}``."""
-    simulate = None
-    if isinstance(raw, Mapping):
-        unknown = sorted(set(raw) - {"method", "integer", "simulate"}, key=str)
-        if unknown:
-            known = "['integer', 'method', 'simulate']"
-            raise SpecError(f"reconstruct: unknown key(s) {unknown}; known: {known}")
-        method, integer = raw.get("method", "ls"), raw.get("integer", False)
-        simulate = raw.get("simulate")
-    else:
-        method, integer = raw, False
-    if simulate is not None and (
-        isinstance(simulate, bool) or not isinstance(simulate, int) or simulate < 0
-    ):
-        raise SpecError(f"reconstruct.simulate: a number of trials >= 0, got {simulate!r}")
-    if simulate is not None and method in ("ls", "wls"):
-        raise SpecError(f"reconstruct.simulate: least squares ({method}) publishes its exact error")
-    if method not in RECONSTRUCTIONS:
-        raise SpecError(f"reconstruct: {method!r} is not one of {RECONSTRUCTIONS}")
-    if not isinstance(integer, bool):
-        raise SpecError(f"reconstruct.integer: must be true or false, got {integer!r}")
-    if integer and method != "topdown":
-        raise SpecError("reconstruct.integer: integer estimates need method: topdown")
-    return method, integer, simulate

@@ -155,6 +155,9 @@ class Charge:
         return cls(**{**d, "privacy": Budget.from_dict(d["privacy"])})
 
 
+_STATEMENT_KEYS = {"invariants", "constraints", "attributes", "exact"}
+
+
 @dataclass(frozen=True)
 class RunBinding:
     """What a run measures and where it publishes, recorded with the run when it is
@@ -174,12 +177,18 @@ class RunBinding:
         (:mod:`dpdask.privacy.neighbours`); its charges are add/remove budgets either
         way. Recorded only when it is not ``"add-remove"``, so that entries written
         before relations were recorded read (and hash) as they were.
+    invariants : dict, optional
+        What the run publishes without noise and the constraints its estimates keep
+        (``{"invariants": {level: [names]}, "constraints": {...}, "attributes": [...]}``,
+        :meth:`dpdask.pipeline._spec_invariants.Invariants.statement`). Recorded only
+        when the spec states any, so that earlier entries read as they were.
     """
 
     source: str
     spec: str
     output: str
     neighbours: str = ADD_REMOVE.name
+    invariants: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("source", "spec", "output"):
@@ -188,16 +197,31 @@ class RunBinding:
             raise ArgumentError(
                 f"run binding neighbours {self.neighbours!r} is not one of {sorted(NEIGHBOURS)}"
             )
+        inv = self.invariants
+        if inv is not None and (
+            not isinstance(inv, dict)
+            or not inv
+            or set(inv) - _STATEMENT_KEYS
+            or not all(isinstance(inv.get(k, {}), dict) for k in ("invariants", "constraints"))
+        ):
+            raise ArgumentError(
+                f"run binding invariants {inv!r}: expected a mapping of {sorted(_STATEMENT_KEYS)}"
+            )
 
-    def to_dict(self) -> dict[str, str]:
-        d = {"source": self.source, "spec": self.spec, "output": self.output}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"source": self.source, "spec": self.spec, "output": self.output}
         if self.neighbours != ADD_REMOVE.name:
             d["neighbours"] = self.neighbours
+        if self.invariants is not None:
+            d["invariants"] = self.invariants
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunBinding:
-        return cls(d["source"], d["spec"], d["output"], d.get("neighbours", ADD_REMOVE.name))
+        return cls(
+            d["source"], d["spec"], d["output"], d.get("neighbours", ADD_REMOVE.name),
+            d.get("invariants"),
+        )  # fmt: skip
 
     @staticmethod
     def check(value: object) -> RunBinding:
