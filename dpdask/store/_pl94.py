@@ -101,13 +101,7 @@ def _check_sums(
         checks.append((line + first_race - 3, cols[sizes == k]))
     checks.append((first_race + 6, cols[sizes >= 2]))  # "two or more races"
     for line, parts in checks:
-        diff = table[:, parts].sum(axis=1) - table[:, line]
-        if diff.any():
-            i = int(np.flatnonzero(diff)[0])
-            raise DataError(
-                f"table {name} of block {ids[i]}: the race lines add up to "
-                f"{table[i, parts].sum()} but line {line} says {table[i, line]}"
-            )
+        _check_parts(table, line, parts, name, ids, what="the race lines")
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,13 +132,21 @@ class PL94File:
 
 
 def _check_parts(
-    table: npt.NDArray[np.int64], total: int, parts: list[int], name: str, ids: npt.NDArray[np.str_]
+    table: npt.NDArray[np.int64],
+    total: int,
+    parts: list[int] | npt.NDArray[np.int64],
+    name: str,
+    ids: npt.NDArray[np.str_],
+    what: str = "",
 ) -> None:
+    """Lines ``parts`` of every block add up to line ``total`` (else a DataError naming
+    the first block that fails)."""
     diff = table[:, parts].sum(axis=1) - table[:, total]
     if diff.any():
         i = int(np.flatnonzero(diff)[0])
+        what = what or f"lines {list(map(int, parts))}"
         raise DataError(
-            f"table {name} of block {ids[i]}: lines {parts} add up to "
+            f"table {name} of block {ids[i]}: {what} add up to "
             f"{table[i, parts].sum()} but line {total} says {table[i, total]}"
         )
 
