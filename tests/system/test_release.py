@@ -262,9 +262,11 @@ def test_iterative_estimators_stop_in_noise_units(store, tmp_path, monkeypatch) 
     monkeypatch.setattr(blocks, "nonnegative_fitter", spy_fitter)
     monkeypatch.setattr(blocks, "admm", spy_admm)
     st, _ = store
+    # non-integer weights: measured on a lattice, whose law differs from the nominal
+    A = VStack([Kron([Identity(2), Identity(3)]), Kron([Total(2), Prefix(3)])], weights=[1, 0.7])
     for method in ("nnls", "admm-l1"):
         rel = release(
-            make_plan(rho="1/10"), st, test_mode=True, reconstruct=method,
+            make_plan(rho="1/10", strategy=A), st, test_mode=True, reconstruct=method,
             key=SecretKey.for_testing(5), run_id=f"units-{method}",
             simulate=0,  # the simulation of the error would run the fits again
         )  # fmt: skip

@@ -79,7 +79,7 @@ def test_two_periods_publish_and_a_third_is_refused_before_reading(
     def no_read(*args, **kwargs):
         raise AssertionError("the data was read")
 
-    monkeypatch.setattr(run_module, "read_pl94", no_read)
+    monkeypatch.setattr(run_module, "data_geography", no_read)
     monkeypatch.setattr(run_module, "load_data", no_read)
     monkeypatch.setattr(run_module, "source_print", no_read)
     capsys.readouterr()
