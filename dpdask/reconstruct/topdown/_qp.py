@@ -38,7 +38,7 @@ support of a few hundred cells) and the oracle tests.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +47,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from dpdask.errors import PlanError, ShapeError
+from dpdask.reconstruct.topdown._qp_blocks import BlockKKT
 
 __all__ = ["QPResult", "solve_qp"]
 
@@ -168,6 +169,7 @@ def solve_qp(
     *,
     tol: float = 1e-10,
     maxiter: int = 200,
+    blocks: Sequence[np.ndarray] | None = None,
 ) -> QPResult:
     """Minimise ``1/2 v^T P v + c^T v`` subject to ``M v = b``, ``lower <= v <= upper``.
 
@@ -189,6 +191,10 @@ def solve_qp(
         The stopping rule's tolerance (module notes).
     maxiter : int
         Iterations before the problem is declared infeasible or too ill-conditioned.
+    blocks : sequence of ndarray, optional
+        The dense diagonal blocks of ``P`` when it is block diagonal (the variables after
+        the last block with a zero Hessian): large systems are then solved by a Schur
+        complement on the equalities (:class:`~._qp_blocks.BlockKKT`), not a sparse LU.
 
     Returns
     -------
@@ -213,6 +219,7 @@ def solve_qp(
         raise ShapeError("solve_qp: every variable needs lower < upper (remove fixed ones)")
     E = M.shape[0]
     sparse = N + E > DENSE_KKT
+    kkt = BlockKKT(blocks, sp.csr_array(M)) if sparse and blocks is not None else None
     if sparse:
         P, M = sp.csr_array(P), sp.csr_array(M)
     else:
@@ -263,7 +270,7 @@ def solve_qp(
         D[L] += zl / sl
         D[U] += zu / su
         try:
-            solve = _factor(Ps, D, M, _REG)
+            solve = _block_factor(kkt, scale, D) or _factor(Ps, D, M, _REG)
         except (ValueError, RuntimeError, np.linalg.LinAlgError) as e:  # pragma: no cover
             raise PlanError(f"the constrained fit's KKT system is singular ({e})") from e
 
@@ -313,6 +320,19 @@ def solve_qp(
     if polished is not None:
         v, objective = polished
     return QPResult(v, y, it, float(res), objective)
+
+
+def _block_factor(
+    kkt: BlockKKT | None, scale: float, D: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray] | None:
+    """The Schur-complement solver of a block-diagonal ``P`` (None: none, or its
+    factorisation failed and the sparse LU takes over)."""
+    if kkt is None:
+        return None
+    try:
+        return kkt.factor(scale, D, _REG)
+    except np.linalg.LinAlgError:
+        return None
 
 
 def _dense(A: np.ndarray | sp.sparray) -> np.ndarray:

@@ -1,0 +1,189 @@
+"""The interior point's KKT systems for a block-diagonal Hessian, by a Schur complement.
+
+A family's QP (:mod:`dpdask.reconstruct.topdown._constrained`) has one dense Hessian
+block per child (the strategy's Gram on the child's free cells) and a few slack
+variables with none; the children are coupled only through the equality rows (the
+parent's cells). :class:`BlockKKT` solves the regularised KKT system of
+:func:`~dpdask.reconstruct.topdown._qp.solve_qp`,
+
+    [[H, M^T], [M, -delta I]] [x; y] = [r1; r2],   H = P + D + delta_p I,
+
+by eliminating each block: ``x = H^-1 (r1 - M^T y)`` and
+``(M H^-1 M^T + delta I) y = M H^-1 r1 - r2``. Each child's block is factored by
+Cholesky (its cost the cube of the child's free cells, not of the family's) and the
+Schur complement ``S = sum_b M_b H_b^-1 M_b^T`` is a dense matrix in the equality rows
+(the parent's cells and the children's query rows), factored once per iteration.
+
+Children with a singular Gram block (a pass whose rows are the total alone) make ``H_b``
+ill-conditioned where the barrier is small, so the blocks are regularised by a larger
+``delta_p`` (relative ``1e-9``) and every solve is refined against the system with the
+solver's own ``delta`` (two steps of iterative refinement, products only): the
+directions are those of that system to the refinement's accuracy. A factorisation that
+fails (a block or ``S`` not numerically positive definite) raises
+:class:`numpy.linalg.LinAlgError`; the solver then falls back to the sparse LU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import scipy.linalg as sla
+import scipy.sparse as sp
+
+__all__ = ["BlockKKT"]
+
+_BLOCK_REG = 1e-9  # the blocks' primal regularisation, relative to the largest diagonal
+_REFINE = 2  # refinement steps of every solve against the solver's own system
+
+
+def _inverse(H: np.ndarray) -> np.ndarray:
+    """The inverse of a symmetric positive definite ``H`` (LAPACK ``potrf``, ``potri``).
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        If ``H`` is not numerically positive definite.
+    """
+    L, info = sla.lapack.dpotrf(H, lower=1, clean=0)
+    if info != 0:
+        raise np.linalg.LinAlgError("a block is not positive definite")
+    inv, info = sla.lapack.dpotri(L, lower=1)
+    if info != 0:
+        raise np.linalg.LinAlgError("a block is singular")
+    out: np.ndarray = np.tril(inv) + np.tril(inv, -1).T
+    return out
+
+
+_Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _split_rows(Mb: sp.csr_array) -> _Rows:
+    """A block's rows of ``M``: those with a single entry 1 in a column no other such row
+    uses (rows, their columns) and the others (rows, dense)."""
+    nnz = np.diff(Mb.indptr)
+    rows = np.flatnonzero(nnz)
+    single = rows[nnz[rows] == 1]
+    col = Mb.indices[Mb.indptr[single]]
+    one = Mb.data[Mb.indptr[single]] == 1.0
+    single, col = single[one], col[one]
+    _, first = np.unique(col, return_index=True)
+    keep = np.zeros(single.size, dtype=bool)
+    keep[first] = True
+    unit_rows, unit_cols = single[keep], col[keep]
+    others = np.setdiff1d(rows, unit_rows)
+    return unit_rows, unit_cols, others, Mb[others].toarray()
+
+
+class BlockKKT:
+    """The KKT systems of ``P = blockdiag(blocks, 0)`` and equality rows ``M`` (module
+    notes); the structure is read once, each iteration's barrier ``D`` factored by
+    :meth:`factor`. Blocks of one size are stacked and factored together.
+
+    Parameters
+    ----------
+    blocks : sequence of ndarray
+        The dense symmetric positive semi-definite diagonal blocks of ``P``, in variable
+        order; the variables after the last block have a zero Hessian (slacks).
+    M : sparse array
+        ``(E, N)`` the equality rows.
+    """
+
+    def __init__(self, blocks: Sequence[np.ndarray], M: sp.sparray) -> None:
+        sizes = np.array([B.shape[0] for B in blocks], dtype=np.int64)
+        offsets = np.cumsum([0, *sizes])
+        self.M = sp.csr_array(M)
+        Mc = sp.csc_array(M)
+        self.MT = sp.csr_array(Mc.T)
+        self.E, self.N = M.shape
+        self.n_blocks = int(offsets[-1])
+        diag = [float(np.max(np.diagonal(B), initial=0.0)) for B in blocks]
+        self.top = max(diag, default=1.0)
+        # per size: the blocks' variables (k, s), their stacked Hessians (k, s, s), and
+        # per block its rows of M: the unit rows (one entry 1, each in its own column:
+        # the parent's cells) as (rows, columns), and the others dense (rows x s)
+        self.groups: list[tuple[np.ndarray, np.ndarray, list[_Rows]]] = []
+        for size in np.unique(sizes[sizes > 0]):
+            which = [int(b) for b in np.flatnonzero(sizes == size)]
+            idx = offsets[which][:, None] + np.arange(size)[None, :]
+            stack = np.stack([np.asarray(blocks[b], dtype=np.float64) for b in which])
+            parts = [_split_rows(sp.csr_array(Mc[:, offsets[b] : offsets[b + 1]])) for b in which]
+            self.groups.append((idx, stack, parts))
+        self.tail = sp.csr_array(Mc[:, self.n_blocks :])  # the slacks' columns
+
+    def product(self, P_scale: float, D: np.ndarray, delta: float, x: np.ndarray) -> np.ndarray:
+        """``(P / P_scale + D + delta I) x`` (the KKT matrix's primal block)."""
+        out = (D + delta) * x
+        for idx, stack, _ in self.groups:
+            out[idx] += np.matmul(stack, x[idx][..., None])[..., 0] / P_scale
+        result: np.ndarray = out
+        return result
+
+    def factor(
+        self, P_scale: float, D: np.ndarray, delta: float
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """A solver of ``[[P / P_scale + D + delta I, M^T], [M, -delta I]]``.
+
+        Raises
+        ------
+        numpy.linalg.LinAlgError
+            If a block or the Schur complement is not numerically positive definite.
+        """
+        E, N, nb = self.E, self.N, self.n_blocks
+        reg = max(delta, _BLOCK_REG * self.top / P_scale)
+        S = np.zeros((E, E))
+        inverses = []
+        for idx, stack, parts in self.groups:
+            H = stack / P_scale
+            s = H.shape[1]
+            H[:, np.arange(s), np.arange(s)] += D[idx] + reg
+            Hi = np.empty_like(H)
+            for k in range(H.shape[0]):
+                Hi[k] = _inverse(H[k])
+            inverses.append(Hi)
+            for k, (ur, uc, orows, other) in enumerate(parts):
+                Hk = Hi[k]
+                if ur.size:
+                    S[np.ix_(ur, ur)] += Hk[np.ix_(uc, uc)]
+                if orows.size:
+                    HC = Hk @ other.T  # (s, q)
+                    S[np.ix_(orows, orows)] += other @ HC
+                    if ur.size:
+                        cross = HC[uc]
+                        S[np.ix_(ur, orows)] += cross
+                        S[np.ix_(orows, ur)] += cross.T
+        dt = 1.0 / (D[nb:] + reg)
+        if self.tail.shape[1]:
+            S += (self.tail * dt[None, :]) @ self.tail.T
+        S[np.diag_indices_from(S)] += delta
+        cS = sla.cho_factor(S, lower=True, check_finite=False) if E else None
+        groups = [(g[0], Hi) for g, Hi in zip(self.groups, inverses, strict=True)]
+
+        def h_solve(r: np.ndarray) -> np.ndarray:
+            out = np.empty_like(r)
+            for idx, Hi in groups:
+                out[idx] = np.matmul(Hi, r[idx][..., None])[..., 0]
+            out[nb:] = r[nb:] * dt
+            return out
+
+        def reg_solve(rhs: np.ndarray) -> np.ndarray:
+            r1, r2 = rhs[:N], rhs[N:]
+            u = h_solve(r1)
+            if cS is None:
+                return np.concatenate([u, np.zeros(0)])
+            y = sla.cho_solve(cS, self.M @ u - r2, check_finite=False)
+            x = h_solve(r1 - self.MT @ y)
+            return np.concatenate([x, y])
+
+        def apply(sol: np.ndarray) -> np.ndarray:
+            x, y = sol[:N], sol[N:]
+            top = self.product(P_scale, D, delta, x) + self.MT @ y
+            return np.concatenate([top, self.M @ x - delta * y])
+
+        def solve(rhs: np.ndarray) -> np.ndarray:
+            sol = reg_solve(rhs)
+            for _ in range(_REFINE):
+                sol = sol + reg_solve(rhs - apply(sol))
+            return sol
+
+        return solve
