@@ -100,3 +100,32 @@ def test_constrained_fit_takes_the_block_path(monkeypatch):
     assert calls
     assert c.satisfied(est.x, atol=1e-8).all()
     np.testing.assert_allclose(est.x.sum(axis=0), truth.sum(axis=0), atol=1e-7)
+
+
+def test_an_inaccurate_solve_is_redone_by_the_fallback(monkeypatch):
+    """A block regularisation too large for the refinement: the solve is checked against
+    the exact system and redone by the fallback (the dense solve here)."""
+    from dpdask.reconstruct.topdown import _qp_blocks
+
+    monkeypatch.setattr(_qp_blocks, "_BLOCK_REG", 1.0)
+    monkeypatch.setattr(_qp_blocks, "_REFINE", 0)
+    blocks, M, D = _problem(3, True)
+    E, N = M.shape
+    K = np.zeros((N + E, N + E))
+    off = 0
+    for B in blocks:
+        K[off : off + B.shape[0], off : off + B.shape[0]] = B
+        off += B.shape[0]
+    K[:N, :N] += np.diag(D)
+    K[:N, N:] = M.T
+    K[N:, :N] = M
+    used = []
+
+    def fallback():
+        used.append(1)
+        return lambda r: np.linalg.solve(K, r)
+
+    rhs = np.random.default_rng(5).normal(size=N + E)
+    got = BlockKKT(blocks, sp.csr_array(M)).factor(1.0, D, 0.0, fallback)(rhs)
+    assert used
+    np.testing.assert_allclose(K @ got, rhs, atol=1e-9)

@@ -314,7 +314,10 @@ def _solve(
     lo_v = np.concatenate([lower[~fixed], lo_s])
     hi_v = np.concatenate([upper[~fixed], hi_s])
     try:
-        res = solve_qp(P, q, M, b, lo_v, hi_v, tol=tol, maxiter=maxiter, blocks=blocks[:K])
+        try:
+            res = solve_qp(P, q, M, b, lo_v, hi_v, tol=tol, maxiter=maxiter, blocks=blocks[:K])
+        except PlanError:  # only the sparse LU's verdict is trusted
+            res = solve_qp(P, q, M, b, lo_v, hi_v, tol=tol, maxiter=maxiter)
     except PlanError as e:
         names = ", ".join(c.units[:5]) + (", ..." if K > 5 else "")
         raise PlanError(f"{parent_name}, the family of {names}: {e}") from e

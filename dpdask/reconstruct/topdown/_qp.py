@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import scipy.linalg as sla
@@ -270,7 +271,8 @@ def solve_qp(
         D[L] += zl / sl
         D[U] += zu / su
         try:
-            solve = _block_factor(kkt, scale, D) or _factor(Ps, D, M, _REG)
+            lu = partial(_factor, Ps, D, M, _REG)
+            solve = _block_factor(kkt, scale, D, lu) or lu()
         except (ValueError, RuntimeError, np.linalg.LinAlgError) as e:  # pragma: no cover
             raise PlanError(f"the constrained fit's KKT system is singular ({e})") from e
 
@@ -323,14 +325,16 @@ def solve_qp(
 
 
 def _block_factor(
-    kkt: BlockKKT | None, scale: float, D: np.ndarray
-) -> Callable[[np.ndarray], np.ndarray] | None:
+    kkt: BlockKKT | None, scale: float, D: np.ndarray,
+    fallback: Callable[[], Callable[[np.ndarray], np.ndarray]],
+) -> Callable[[np.ndarray], np.ndarray] | None:  # fmt: skip
     """The Schur-complement solver of a block-diagonal ``P`` (None: none, or its
-    factorisation failed and the sparse LU takes over)."""
+    factorisation failed and the sparse LU takes over; an inaccurate solve is redone by
+    ``fallback()``'s)."""
     if kkt is None:
         return None
     try:
-        return kkt.factor(scale, D, _REG)
+        return kkt.factor(scale, D, _REG, fallback)
     except np.linalg.LinAlgError:
         return None
 

@@ -9,18 +9,22 @@ parent's cells). :class:`BlockKKT` solves the regularised KKT system of
     [[H, M^T], [M, -delta I]] [x; y] = [r1; r2],   H = P + D + delta_p I,
 
 by eliminating each block: ``x = H^-1 (r1 - M^T y)`` and
-``(M H^-1 M^T + delta I) y = M H^-1 r1 - r2``. Each child's block is factored by
-Cholesky (its cost the cube of the child's free cells, not of the family's) and the
-Schur complement ``S = sum_b M_b H_b^-1 M_b^T`` is a dense matrix in the equality rows
-(the parent's cells and the children's query rows), factored once per iteration.
+``(M H^-1 M^T + delta I) y = M H^-1 r1 - r2``. Each child's block is inverted through
+its Cholesky factor (blocks of one size stacked; the cost the cube of the child's free
+cells, not of the family's) and the Schur complement ``S = sum_b M_b H_b^-1 M_b^T``, a
+dense matrix in the equality rows, factored once per iteration. A parent's cell is a
+row with one entry 1 per child, so a child's share of ``S`` in those rows is its
+``H_b^-1`` itself, scattered; only its query rows need products.
 
 Children with a singular Gram block (a pass whose rows are the total alone) make ``H_b``
 ill-conditioned where the barrier is small, so the blocks are regularised by a larger
 ``delta_p`` (relative ``1e-9``) and every solve is refined against the system with the
-solver's own ``delta`` (two steps of iterative refinement, products only): the
-directions are those of that system to the refinement's accuracy. A factorisation that
-fails (a block or ``S`` not numerically positive definite) raises
-:class:`numpy.linalg.LinAlgError`; the solver then falls back to the sparse LU.
+solver's own ``delta`` (two steps of iterative refinement, products only). A solve
+whose residual against that system stays above ``1e-8`` of its right-hand side is
+redone by the sparse LU, and a factorisation that fails (a block or ``S`` not
+numerically positive definite) raises :class:`numpy.linalg.LinAlgError`, on which the
+solver uses the sparse LU for the iteration: the directions are always those of the
+solver's own system.
 """
 
 from __future__ import annotations
@@ -56,6 +60,27 @@ def _inverse(H: np.ndarray) -> np.ndarray:
 
 
 _Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+_BATCH = 64  # blocks up to this size are inverted together (NumPy's stacked LAPACK)
+
+
+def _inverses(H: np.ndarray) -> np.ndarray:
+    """The inverses of the stacked symmetric positive definite ``H`` ``(k, s, s)``.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        If one is not numerically positive definite.
+    """
+    if H.shape[1] <= _BATCH:
+        Li = np.linalg.inv(np.linalg.cholesky(H))  # LinAlgError unless positive definite
+        small: np.ndarray = np.matmul(Li.transpose(0, 2, 1), Li)
+        return small
+    out = np.empty_like(H)
+    for k in range(H.shape[0]):
+        out[k] = _inverse(H[k])
+    return out
 
 
 def _split_rows(Mb: sp.csr_array) -> _Rows:
@@ -110,6 +135,18 @@ class BlockKKT:
             parts = [_split_rows(sp.csr_array(Mc[:, offsets[b] : offsets[b + 1]])) for b in which]
             self.groups.append((idx, stack, parts))
         self.tail = sp.csr_array(Mc[:, self.n_blocks :])  # the slacks' columns
+        # where every variable of a group is in a unit row: the flat indices in S of its
+        # blocks' inverses, (row of variable i, row of variable j)
+        self.flat: list[np.ndarray | None] = []
+        for idx, _, parts in self.groups:
+            s = idx.shape[1]
+            if all(uc.size == s for _, uc, _, _ in parts):
+                row = np.empty((len(parts), s), dtype=np.int64)
+                for k, (ur, uc, _, _) in enumerate(parts):
+                    row[k, uc] = ur
+                self.flat.append((row[:, :, None] * self.E + row[:, None, :]).ravel())
+            else:
+                self.flat.append(None)
 
     def product(self, P_scale: float, D: np.ndarray, delta: float, x: np.ndarray) -> np.ndarray:
         """``(P / P_scale + D + delta I) x`` (the KKT matrix's primal block)."""
@@ -120,9 +157,12 @@ class BlockKKT:
         return result
 
     def factor(
-        self, P_scale: float, D: np.ndarray, delta: float
-    ) -> Callable[[np.ndarray], np.ndarray]:
-        """A solver of ``[[P / P_scale + D + delta I, M^T], [M, -delta I]]``.
+        self, P_scale: float, D: np.ndarray, delta: float,
+        fallback: Callable[[], Callable[[np.ndarray], np.ndarray]] | None = None,
+    ) -> Callable[[np.ndarray], np.ndarray]:  # fmt: skip
+        """A solver of ``[[P / P_scale + D + delta I, M^T], [M, -delta I]]``; a solve
+        whose refined residual is not within ``1e-8`` of the right-hand side (or not
+        finite) is redone by ``fallback()``'s solver (built once, when first needed).
 
         Raises
         ------
@@ -133,17 +173,17 @@ class BlockKKT:
         reg = max(delta, _BLOCK_REG * self.top / P_scale)
         S = np.zeros((E, E))
         inverses = []
-        for idx, stack, parts in self.groups:
+        for (idx, stack, parts), flat in zip(self.groups, self.flat, strict=True):
             H = stack / P_scale
             s = H.shape[1]
             H[:, np.arange(s), np.arange(s)] += D[idx] + reg
-            Hi = np.empty_like(H)
-            for k in range(H.shape[0]):
-                Hi[k] = _inverse(H[k])
+            Hi = _inverses(H)
             inverses.append(Hi)
+            if flat is not None:  # every variable in one unit row: H^-1 scattered
+                S += np.bincount(flat, Hi.ravel(), minlength=E * E).reshape(E, E)
             for k, (ur, uc, orows, other) in enumerate(parts):
                 Hk = Hi[k]
-                if ur.size:
+                if ur.size and flat is None:
                     S[np.ix_(ur, ur)] += Hk[np.ix_(uc, uc)]
                 if orows.size:
                     HC = Hk @ other.T  # (s, q)
@@ -180,10 +220,18 @@ class BlockKKT:
             top = self.product(P_scale, D, delta, x) + self.MT @ y
             return np.concatenate([top, self.M @ x - delta * y])
 
+        backup: list[Callable[[np.ndarray], np.ndarray]] = []
+
         def solve(rhs: np.ndarray) -> np.ndarray:
             sol = reg_solve(rhs)
             for _ in range(_REFINE):
                 sol = sol + reg_solve(rhs - apply(sol))
-            return sol
+            size = 1.0 + float(np.max(np.abs(rhs), initial=0.0))
+            bad = float(np.max(np.abs(rhs - apply(sol)), initial=0.0))
+            if fallback is None or bad <= 1e-8 * size:  # (NaN is not <=)
+                return sol
+            if not backup:
+                backup.append(fallback())
+            return backup[0](rhs)
 
         return solve
