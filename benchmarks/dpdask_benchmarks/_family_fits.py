@@ -14,7 +14,9 @@ production budget):
 
 Each family's parent is the block group fitted on its own from its measurements
 (the Bureau's block-group noise) under its blocks' constraints summed, rounded for
-the integer case: so the parent's support is a fit's, not the truth's. Families have
+the integer case: so the parent's support is a fit's, not the truth's. The level's
+passes, strategy rows and Gram are prepared once (``level_setup_s``, not in the
+per-family times), as :func:`~dpdask.reconstruct.topdown.passes_tree` does. Families have
 ``--children`` blocks (a range ``lo,hi``, uniform). The whole set of families is fitted
 ``--repeats`` times (median reported), and with ``--baseline`` also by the earlier
 path (each interior-point system by one sparse LU) in the same run, whose estimates
@@ -106,13 +108,14 @@ def _cases(args: argparse.Namespace, domain: str) -> list[dict[str, Any]]:
     return out
 
 
-def _run(cases: list[dict[str, Any]], A: np.ndarray, integer: bool) -> list[np.ndarray]:
-    from dpdask.reconstruct.topdown import fit_family_passes, round_constrained
+def _run(cases: list[dict[str, Any]], prep: Any, integer: bool) -> list[np.ndarray]:
+    from dpdask.reconstruct.topdown import round_constrained
+    from dpdask.reconstruct.topdown._passes import _fit_prepared
 
     xs = []
     for f in cases:
         parent = f["int"] if integer else f["frac"]
-        est = fit_family_passes(A, f["Y"], parent, f["c"])
+        est = _fit_prepared(prep, f["Y"], parent, f["c"], "the block group")
         x = est.x
         if integer:
             x = round_constrained(x, parent.astype(np.int64), f["c"])
@@ -130,17 +133,21 @@ def _old_path() -> Any:
 def run_families(args: argparse.Namespace) -> dict[str, Any]:
     from threadpoolctl import threadpool_limits
 
+    from dpdask.reconstruct.topdown._passes import _prepare
+
     result: dict[str, Any] = {"families": args.families, "children": args.children,
                               "block_persons": args.block_persons, "repeats": args.repeats,
                               "cases": []}  # fmt: skip
     with threadpool_limits(1):  # one core per worker, as a release's tasks
         for domain in [d.strip() for d in str(args.family_domain).split(",") if d.strip()]:
             cases = _cases(args, domain)
-            A = _strategy(domain, "block")
+            t0 = time.perf_counter()
+            prep = _prepare(_strategy(domain, "block"), None, None)  # once per level
+            prep_s = time.perf_counter() - t0
             blocks = sum(f["K"] for f in cases)
             for integer in (False, True):
                 row: dict[str, Any] = {"domain": domain, "integer": integer, "blocks": blocks,
-                                       "persons": None}  # fmt: skip
+                                       "level_setup_s": prep_s}  # fmt: skip
                 paths = [("new", nullcontext())]
                 if args.baseline:
                     paths.append(("baseline", _old_path()))
@@ -150,7 +157,7 @@ def run_families(args: argparse.Namespace) -> dict[str, Any]:
                     for _ in range(max(1, args.repeats)):
                         t0 = time.perf_counter()
                         with ctx if name == "new" else _old_path():
-                            got[name] = _run(cases, A, integer)
+                            got[name] = _run(cases, prep, integer)
                         runs.append(time.perf_counter() - t0)
                     med = statistics.median(runs)
                     row[f"{name}_s"] = med
@@ -164,6 +171,5 @@ def run_families(args: argparse.Namespace) -> dict[str, Any]:
                         float(np.abs(a - b).max(initial=0.0))
                         for a, b in zip(got["new"], got["baseline"], strict=True)
                     )
-                del row["persons"]
                 result["cases"].append(row)
     return result

@@ -46,6 +46,17 @@ def dense_strategy(A: LinearQuery | np.ndarray) -> np.ndarray:
     return Ad
 
 
+def weighted_gram(Ad: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``A^T W A`` ``(n, n)`` (through a sparse product when ``A`` is mostly zeros, as
+    the marginals of a Census strategy are)."""
+    if np.count_nonzero(Ad) <= 0.1 * Ad.size:
+        As = sp.csr_array(Ad)
+        out: np.ndarray = (As.T @ (As * w[:, None])).toarray()
+        return out
+    dense: np.ndarray = Ad.T @ (w[:, None] * Ad)
+    return dense
+
+
 def _weights(w: np.ndarray | float | None, m: int) -> np.ndarray:
     if w is None:
         return np.ones(m)
@@ -66,6 +77,7 @@ def fit_constrained_children(
     maxiter: int = 200,
     check: bool = True,
     parent_name: str = "the parent",
+    gram: np.ndarray | None = None,
 ) -> Estimate:
     """The children of one parent fitted under their constraints (module notes).
 
@@ -89,6 +101,9 @@ def fit_constrained_children(
         (:func:`~dpdask.reconstruct.topdown.check_family`), for errors that name them.
     parent_name : str
         The parent's name in error messages.
+    gram : ndarray, optional
+        ``(n, n)`` the weighted Gram ``A^T W A`` when known (a level's families share
+        it); default computed from ``A`` on the cells some child is free in.
 
     Returns
     -------
@@ -126,6 +141,8 @@ def fit_constrained_children(
     c = Constraints.none(K, n) if constraints is None else constraints
     if (c.k, c.n) != (K, n):
         raise ShapeError(f"constraints are for {c.k} units of {c.n} cells; need {K} of {n}")
+    if gram is not None and np.shape(gram) != (n, n):
+        raise ShapeError(f"the Gram has shape {np.shape(gram)}; expected ({n}, {n})")
     p = None if parent is None else np.asarray(parent, dtype=float)
     if p is not None and (p.shape != (n,) or not np.isfinite(p).all()):
         raise ShapeError(f"the parent must be a finite ({n},) vector")
@@ -135,7 +152,7 @@ def fit_constrained_children(
         ests = [
             fit_constrained_children(
                 Ad, Yb[k : k + 1], None, c.take([k]), weights=weights, tol=tol,
-                maxiter=maxiter, check=False, parent_name=c.units[k],
+                maxiter=maxiter, check=False, parent_name=c.units[k], gram=gram,
             )
             for k in range(K)
         ]  # fmt: skip
@@ -158,7 +175,7 @@ def fit_constrained_children(
     fixed = lower >= upper
     Xfix = np.where(fixed, lower, 0.0)
     x, iterations, residual = _solve(
-        (Ad, w, Yb), p, c, (lower, upper, fixed, Xfix), tol, maxiter, parent_name
+        (Ad, w, Yb, gram), p, c, (lower, upper, fixed, Xfix), tol, maxiter, parent_name
     )
     X = Xfix.copy()
     X[~fixed] = x
@@ -232,14 +249,15 @@ def _presolve(c: Constraints, p: np.ndarray | None) -> tuple[np.ndarray, np.ndar
 
 
 def _solve(
-    data: tuple[np.ndarray, np.ndarray, np.ndarray], p: np.ndarray | None, c: Constraints,
+    data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None], p: np.ndarray | None,
+    c: Constraints,
     bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tol: float, maxiter: int,
     parent_name: str,
 ) -> tuple[np.ndarray, int, float]:  # fmt: skip
     """The free pairs' values (child by child, cell order), from the QP of the module
     notes, with the solver's iterations and residual."""
     lower, upper, fixed, Xfix = bounds
-    Ad, w, Yb = data
+    Ad, w, Yb, gram = data
     K, n = lower.shape
     free = [np.flatnonzero(~fixed[k]) for k in range(K)]
     offsets = np.cumsum([0, *(f.size for f in free)])
@@ -296,8 +314,11 @@ def _solve(
     lo_s, hi_s = np.asarray(slack_lo), np.asarray(slack_hi)
     # the Gram restricted to the cells some child is free in (never the whole domain's)
     union = np.flatnonzero((~fixed).any(axis=0))
-    Au = Ad[:, union]
-    G = Au.T @ (w[:, None] * Au)
+    if gram is None:
+        Au = Ad[:, union]
+        G = Au.T @ (w[:, None] * Au)
+    else:
+        G = gram[np.ix_(union, union)]
     # the linear terms A^T W (A x_fixed - y) of every child at once
     R = -Yb if not Xfix.any() else Xfix @ Ad.T - Yb
     Z = (R * w) @ Ad

@@ -194,8 +194,9 @@ def solve_qp(
         Iterations before the problem is declared infeasible or too ill-conditioned.
     blocks : sequence of ndarray, optional
         The dense diagonal blocks of ``P`` when it is block diagonal (the variables after
-        the last block with a zero Hessian): large systems are then solved by a Schur
-        complement on the equalities (:class:`~._qp_blocks.BlockKKT`), not a sparse LU.
+        the last block with a zero Hessian): the systems are then solved by a Schur
+        complement on the equalities (:class:`~._qp_blocks.BlockKKT`), the LU (dense or
+        sparse by size) only where that fails.
 
     Returns
     -------
@@ -220,7 +221,7 @@ def solve_qp(
         raise ShapeError("solve_qp: every variable needs lower < upper (remove fixed ones)")
     E = M.shape[0]
     sparse = N + E > DENSE_KKT
-    kkt = BlockKKT(blocks, sp.csr_array(M)) if sparse and blocks is not None else None
+    kkt = BlockKKT(blocks, sp.csr_array(M)) if blocks is not None else None
     if sparse:
         P, M = sp.csr_array(P), sp.csr_array(M)
     else:

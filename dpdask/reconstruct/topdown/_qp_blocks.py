@@ -162,7 +162,8 @@ class BlockKKT:
     ) -> Callable[[np.ndarray], np.ndarray]:  # fmt: skip
         """A solver of ``[[P / P_scale + D + delta I, M^T], [M, -delta I]]``; a solve
         whose refined residual is not within ``1e-8`` of the right-hand side (or not
-        finite) is redone by ``fallback()``'s solver (built once, when first needed).
+        finite) is redone by ``fallback()``'s solver (built once, when first needed), or
+        without one raises :class:`numpy.linalg.LinAlgError`.
 
         Raises
         ------
@@ -228,8 +229,10 @@ class BlockKKT:
                 sol = sol + reg_solve(rhs - apply(sol))
             size = 1.0 + float(np.max(np.abs(rhs), initial=0.0))
             bad = float(np.max(np.abs(rhs - apply(sol)), initial=0.0))
-            if fallback is None or bad <= 1e-8 * size:  # (NaN is not <=)
+            if bad <= 1e-8 * size:  # (NaN is not <=)
                 return sol
+            if fallback is None:
+                raise np.linalg.LinAlgError("the block solve is inaccurate")
             if not backup:
                 backup.append(fallback())
             return backup[0](rhs)
