@@ -83,21 +83,24 @@ def _inverses(H: np.ndarray) -> np.ndarray:
     return out
 
 
-def _split_rows(Mb: sp.csr_array) -> _Rows:
-    """A block's rows of ``M``: those with a single entry 1 in a column no other such row
-    uses (rows, their columns) and the others (rows, dense)."""
-    nnz = np.diff(Mb.indptr)
-    rows = np.flatnonzero(nnz)
-    single = rows[nnz[rows] == 1]
-    col = Mb.indices[Mb.indptr[single]]
-    one = Mb.data[Mb.indptr[single]] == 1.0
-    single, col = single[one], col[one]
-    _, first = np.unique(col, return_index=True)
-    keep = np.zeros(single.size, dtype=bool)
-    keep[first] = True
-    unit_rows, unit_cols = single[keep], col[keep]
+def _split_rows(Mc: sp.csc_array, lo: int, hi: int) -> _Rows:
+    """The rows of ``M`` in the columns ``lo .. hi - 1`` (one block): those with a
+    single entry 1 in a column no other such row uses (rows, their columns, local) and
+    the others (rows, dense ``rows x (hi - lo)``)."""
+    start, stop = int(Mc.indptr[lo]), int(Mc.indptr[hi])
+    r = np.asarray(Mc.indices[start:stop], dtype=np.int64)
+    v = np.asarray(Mc.data[start:stop], dtype=float)
+    j = np.repeat(np.arange(hi - lo), np.diff(Mc.indptr[lo : hi + 1]))
+    rows, inv, count = np.unique(r, return_inverse=True, return_counts=True)
+    single = (count[inv] == 1) & (v == 1.0)
+    cand_rows, cand_cols = r[single], j[single]
+    _, first = np.unique(cand_cols, return_index=True)  # one unit row per column
+    unit_rows, unit_cols = cand_rows[first], cand_cols[first]
     others = np.setdiff1d(rows, unit_rows)
-    return unit_rows, unit_cols, others, Mb[others].toarray()
+    dense = np.zeros((others.size, hi - lo))
+    at = np.isin(r, others)
+    dense[np.searchsorted(others, r[at]), j[at]] = v[at]
+    return unit_rows, unit_cols, others, dense
 
 
 class BlockKKT:
@@ -119,6 +122,7 @@ class BlockKKT:
         offsets = np.cumsum([0, *sizes])
         self.M = sp.csr_array(M)
         Mc = sp.csc_array(M)
+        Mc.sum_duplicates()
         self.MT = sp.csr_array(Mc.T)
         self.E, self.N = M.shape
         self.n_blocks = int(offsets[-1])
@@ -132,21 +136,34 @@ class BlockKKT:
             which = [int(b) for b in np.flatnonzero(sizes == size)]
             idx = offsets[which][:, None] + np.arange(size)[None, :]
             stack = np.stack([np.asarray(blocks[b], dtype=np.float64) for b in which])
-            parts = [_split_rows(sp.csr_array(Mc[:, offsets[b] : offsets[b + 1]])) for b in which]
+            parts = [_split_rows(Mc, int(offsets[b]), int(offsets[b + 1])) for b in which]
             self.groups.append((idx, stack, parts))
         self.tail = sp.csr_array(Mc[:, self.n_blocks :])  # the slacks' columns
-        # where every variable of a group is in a unit row: the flat indices in S of its
-        # blocks' inverses, (row of variable i, row of variable j)
-        self.flat: list[np.ndarray | None] = []
+        # where every variable of a group is in a unit row: its blocks' other rows
+        # stacked (k, q, s; zero rows as padding) and the flat indices in S of H^-1,
+        # O H^-1 O^T and the cross terms H^-1 O^T, (row of one, row of the other)
+        self.flat: list[tuple[np.ndarray, np.ndarray] | None] = []
         for idx, _, parts in self.groups:
-            s = idx.shape[1]
-            if all(uc.size == s for _, uc, _, _ in parts):
-                row = np.empty((len(parts), s), dtype=np.int64)
-                for k, (ur, uc, _, _) in enumerate(parts):
-                    row[k, uc] = ur
-                self.flat.append((row[:, :, None] * self.E + row[:, None, :]).ravel())
-            else:
+            k, s = idx.shape
+            if not all(uc.size == s for _, uc, _, _ in parts):
                 self.flat.append(None)
+                continue
+            q = max(o.size for _, _, o, _ in parts)
+            row = np.empty((k, s), dtype=np.int64)
+            orow = np.zeros((k, q), dtype=np.int64)
+            O = np.zeros((k, q, s))
+            for b, (ur, uc, orows, other) in enumerate(parts):
+                row[b, uc] = ur
+                orow[b, : orows.size] = orows
+                O[b, : orows.size] = other
+            E = self.E
+            at = [
+                row[:, :, None] * E + row[:, None, :],
+                orow[:, :, None] * E + orow[:, None, :],
+                row[:, :, None] * E + orow[:, None, :],
+                orow[:, None, :] * E + row[:, :, None],
+            ]
+            self.flat.append((np.concatenate([a.ravel() for a in at]), O))
 
     def product(self, P_scale: float, D: np.ndarray, delta: float, x: np.ndarray) -> np.ndarray:
         """``(P / P_scale + D + delta I) x`` (the KKT matrix's primal block)."""
@@ -181,10 +198,14 @@ class BlockKKT:
             Hi = _inverses(H)
             inverses.append(Hi)
             if flat is not None:  # every variable in one unit row: H^-1 scattered
-                S += np.bincount(flat, Hi.ravel(), minlength=E * E).reshape(E, E)
+                at, O = flat
+                HC = np.matmul(Hi, O.transpose(0, 2, 1))  # (k, s, q)
+                vals = [Hi.ravel(), np.matmul(O, HC).ravel(), HC.ravel(), HC.ravel()]
+                S += np.bincount(at, np.concatenate(vals), minlength=E * E).reshape(E, E)
+                continue
             for k, (ur, uc, orows, other) in enumerate(parts):
                 Hk = Hi[k]
-                if ur.size and flat is None:
+                if ur.size:
                     S[np.ix_(ur, ur)] += Hk[np.ix_(uc, uc)]
                 if orows.size:
                     HC = Hk @ other.T  # (s, q)
