@@ -30,7 +30,7 @@ import scipy.sparse as sp
 from dpdask.errors import PlanError, ShapeError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
-from dpdask.reconstruct.topdown._constraints import Constraints, check_family
+from dpdask.reconstruct.topdown._constraints import Constraints, _reach, check_family
 from dpdask.reconstruct.topdown._qp import solve_qp
 
 __all__ = ["dense_strategy", "fit_constrained_children"]
@@ -282,10 +282,18 @@ def _solve(
         rhs.extend((p - Xfix.sum(axis=0))[used])
         n_rows = used.size
     slack_of: list[int] = []  # the row of each slack variable
+    # a bound the cell bounds imply (e.g. a total of at least 0) is not a constraint
+    least, most = _reach(Q, lower, upper)
+    lo_k = np.where(c.lo <= least, -np.inf, c.lo)
+    hi_k = np.where(c.hi >= most, np.inf, c.hi)
     for k in range(K):
         f = free[k]
         for r in range(Q.shape[0]):
-            lo, hi = float(c.lo[k, r]), float(c.hi[k, r])
+            lo, hi = float(lo_k[k, r]), float(hi_k[k, r])
+            if lo == -np.inf and hi == np.inf:
+                continue
+            if c.lo[k, r] == c.hi[k, r]:
+                lo = hi = float(c.lo[k, r])  # an invariant stays an equality
             coef = Q[r, f]
             if not (np.isfinite(lo) or np.isfinite(hi)) or not coef.any():
                 continue  # no bound, or fixed by the cells (checked by check_constraints)
