@@ -65,14 +65,23 @@ _Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 _BATCH = 64  # blocks up to this size are inverted together (NumPy's stacked LAPACK)
 
 
-def _inverses(H: np.ndarray) -> np.ndarray:
-    """The inverses of the stacked symmetric positive definite ``H`` ``(k, s, s)``.
+def _inverses(H: np.ndarray, d: np.ndarray, ones: np.ndarray | None) -> np.ndarray:
+    """The inverses of the stacked symmetric positive definite ``H`` ``(k, s, s)``; where
+    ``H = diag(d) + c 1 1^T`` (``ones`` the ``c``, per block, ``d > 0``) by
+    Sherman-Morrison, ``diag(1/d) - c/(1 + c sum(1/d)) (1/d)(1/d)^T``, in ``s^2``.
 
     Raises
     ------
     numpy.linalg.LinAlgError
         If one is not numerically positive definite.
     """
+    if ones is not None:
+        inv_d = 1.0 / d  # (k, s)
+        coef = ones / (1.0 + ones * inv_d.sum(axis=1))
+        out_sm: np.ndarray = -coef[:, None, None] * inv_d[:, :, None] * inv_d[:, None, :]
+        s = H.shape[1]
+        out_sm[:, np.arange(s), np.arange(s)] += inv_d
+        return out_sm
     if H.shape[1] <= _BATCH:
         Li = np.linalg.inv(np.linalg.cholesky(H))  # LinAlgError unless positive definite
         small: np.ndarray = np.matmul(Li.transpose(0, 2, 1), Li)
@@ -139,6 +148,12 @@ class BlockKKT:
             parts = [_split_rows(Mc, int(offsets[b]), int(offsets[b + 1])) for b in which]
             self.groups.append((idx, stack, parts))
         self.tail = sp.csr_array(Mc[:, self.n_blocks :])  # the slacks' columns
+        # groups whose blocks are each a multiple of the all-ones matrix (a pass of the
+        # total alone): the multiples, for Sherman-Morrison inverses
+        self.ones: list[np.ndarray | None] = []
+        for _, stack, _ in self.groups:
+            corner = stack[:, :1, :1]
+            self.ones.append(corner[:, 0, 0].copy() if (stack == corner).all() else None)
         # where every variable of a group is in a unit row: its blocks' other rows
         # stacked (k, q, s; zero rows as padding) and the flat indices in S of H^-1,
         # O H^-1 O^T and the cross terms H^-1 O^T, (row of one, row of the other)
@@ -191,11 +206,12 @@ class BlockKKT:
         reg = max(delta, _BLOCK_REG * self.top / P_scale)
         S = np.zeros((E, E))
         inverses = []
-        for (idx, stack, parts), flat in zip(self.groups, self.flat, strict=True):
+        for (idx, stack, parts), flat, ones in zip(self.groups, self.flat, self.ones, strict=True):
+            ones_scale = None if ones is None else ones / P_scale
             H = stack / P_scale
             s = H.shape[1]
             H[:, np.arange(s), np.arange(s)] += D[idx] + reg
-            Hi = _inverses(H)
+            Hi = _inverses(H, D[idx] + reg, ones_scale)
             inverses.append(Hi)
             if flat is not None:  # every variable in one unit row: H^-1 scattered
                 at, O = flat
