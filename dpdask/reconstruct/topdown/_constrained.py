@@ -10,10 +10,13 @@ the ``K`` children of one parent solve
 
 Without a parent (the top level) it is a bounded least-squares fit of each unit. Pairs
 whose bounds are equal (structural zeros) and the cells where the parent is zero are
-fixed and not variables, so they hold exactly; each query bound with ``lo < hi`` becomes
-an equality with a bounded slack variable; the problem goes to the interior-point solver
-of :mod:`dpdask.reconstruct.topdown._qp` (dense: for small domains and supports, and
-the oracles; its cost grows with the cube of ``K`` times the free cells).
+fixed and not variables, so they hold exactly; a query bound the (tightened) cell
+bounds already imply is dropped (a total of at least 0), each other one with ``lo <
+hi`` becomes an equality with a bounded slack variable; the problem goes to the
+interior-point solver of :mod:`dpdask.reconstruct.topdown._qp`, whose Hessian is
+block diagonal (one block per child: the Gram on its free cells, from the level's Gram
+when given), so each iteration costs the cube of each child's free cells plus that of
+the equalities (:mod:`~dpdask.reconstruct.topdown._qp_blocks`), not of the family's.
 
 With noise off and the truth inside the constraints, the truth is a feasible point of
 zero objective, so the fit returns it (to the solver's tolerance) when the strategy has
