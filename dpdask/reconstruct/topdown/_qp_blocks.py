@@ -19,7 +19,7 @@ row with one entry 1 per child, so a child's share of ``S`` in those rows is its
 Children with a singular Gram block (a pass whose rows are the total alone) make ``H_b``
 ill-conditioned where the barrier is small, so the blocks are regularised by a larger
 ``delta_p`` (relative ``1e-9``) and every solve is refined against the system with the
-solver's own ``delta`` (two steps of iterative refinement, products only). A solve
+solver's own ``delta`` (up to two steps of iterative refinement, products only). A solve
 whose residual against that system stays above ``1e-8`` of its right-hand side is
 redone by the sparse LU, and a factorisation that fails (a block or ``S`` not
 numerically positive definite) raises :class:`numpy.linalg.LinAlgError`, on which the
@@ -38,7 +38,8 @@ import scipy.sparse as sp
 __all__ = ["BlockKKT"]
 
 _BLOCK_REG = 1e-9  # the blocks' primal regularisation, relative to the largest diagonal
-_REFINE = 2  # refinement steps of every solve against the solver's own system
+_REFINE = 2  # refinement steps of every solve against the solver's own system, at most
+_EXACT = 1e-13  # ... none once its residual is this small (relative)
 
 
 def _inverse(H: np.ndarray) -> np.ndarray:
@@ -55,7 +56,9 @@ def _inverse(H: np.ndarray) -> np.ndarray:
     inv, info = sla.lapack.dpotri(L, lower=1)
     if info != 0:
         raise np.linalg.LinAlgError("a block is singular")
-    out: np.ndarray = np.tril(inv) + np.tril(inv, -1).T
+    lower = np.tril_indices(inv.shape[0], -1)
+    inv[lower[1], lower[0]] = inv[lower]  # potri fills the lower triangle only
+    out: np.ndarray = inv
     return out
 
 
@@ -261,11 +264,15 @@ class BlockKKT:
         backup: list[Callable[[np.ndarray], np.ndarray]] = []
 
         def solve(rhs: np.ndarray) -> np.ndarray:
-            sol = reg_solve(rhs)
-            for _ in range(_REFINE):
-                sol = sol + reg_solve(rhs - apply(sol))
             size = 1.0 + float(np.max(np.abs(rhs), initial=0.0))
-            bad = float(np.max(np.abs(rhs - apply(sol)), initial=0.0))
+            sol = reg_solve(rhs)
+            res = rhs - apply(sol)
+            for _ in range(_REFINE):  # refined until the residual is at rounding level
+                if float(np.max(np.abs(res), initial=0.0)) <= _EXACT * size:
+                    break
+                sol = sol + reg_solve(res)
+                res = rhs - apply(sol)
+            bad = float(np.max(np.abs(res), initial=0.0))
             if bad <= 1e-8 * size:  # (NaN is not <=)
                 return sol
             if fallback is None:
