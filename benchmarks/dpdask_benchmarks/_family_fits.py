@@ -41,13 +41,21 @@ import numpy as np
 __all__ = ["add_family_arguments", "run_families"]
 
 
+def _domains(text: str) -> str:
+    names = [d.strip() for d in text.split(",") if d.strip()]
+    if not names or any(d not in ("pl94-full", "pl94") for d in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected pl94-full and/or pl94")
+    return ",".join(names)
+
+
 def add_family_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add(
         "--families", type=int, default=0,
         help="time N constrained block-group families instead of a release (module notes)",
     )  # fmt: skip
-    add("--family-domain", default="pl94-full,pl94", help="pl94-full and/or pl94 (comma list)")
+    add("--family-domain", type=_domains, default="pl94-full,pl94",
+        help="pl94-full and/or pl94 (comma list)")  # fmt: skip
     add("--children", default="10,40", help="blocks per family: lo,hi (uniform)")
     add("--block-persons", type=float, default=40.0, help="mean persons per block")
     add("--repeats", type=int, default=3, help="runs over all families (median reported)")
