@@ -199,11 +199,13 @@ def _fit_prepared(
     cons = Constraints.none(K, prep.n, None) if constraints is None else constraints
     out = PassesEstimate(np.zeros((K, prep.n)))
     for i, (ps, Qk, rows, Ak, wk, gram) in enumerate(prep.passes):
+        ident = Qk.shape[0] == Qk.shape[1] and np.count_nonzero(Qk) == Qk.shape[0]
+        ident = ident and bool((np.diagonal(Qk) == 1).all())  # the cells: answers are x
         est = fit_constrained_children(
             Ak, Yb if ps.rows is None else Yb[:, rows], parent, cons, weights=wk,
             check=i == 0, parent_name=parent_name, gram=gram,
         )  # fmt: skip
-        ans = est.x @ Qk.T
+        ans = est.x if ident else est.x @ Qk.T
         out.answers.append(ans)
         out.reports.append(est.report)
         out.x = est.x

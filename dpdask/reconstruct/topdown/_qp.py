@@ -389,12 +389,15 @@ def _polish(
     for thresholds from tight to loose, the variables within the threshold of a bound
     are fixed there and the equality-constrained problem on the others solved; the
     first feasible solution no worse in the objective is returned (None if none)."""
+    tried: tuple[np.ndarray, np.ndarray] | None = None
     for theta in _POLISH:
         at_lo = np.isfinite(lower) & (v - lower <= theta * (1.0 + np.abs(lower)))
         at_hi = ~at_lo & np.isfinite(upper) & (upper - v <= theta * (1.0 + np.abs(upper)))
         fix = at_lo | at_hi
-        if not fix.any():
-            continue
+        same = tried is not None and np.array_equal(at_lo, tried[0])
+        if not fix.any() or (same and tried is not None and np.array_equal(at_hi, tried[1])):
+            continue  # nothing fixed, or the same as a tighter threshold's, which failed
+        tried = (at_lo, at_hi)
         x = np.where(at_lo, lower, np.where(at_hi, upper, 0.0))
         F = np.flatnonzero(~fix)
         sol = _equality_solve(P, M, F, -(c[F] + (P @ x)[F]), b - M @ x)
