@@ -19,9 +19,9 @@ passes, strategy rows and Gram are prepared once (``level_setup_s``, not in the
 per-family times), as :func:`~dpdask.reconstruct.topdown.passes_tree` does. Families have
 ``--children`` blocks (a range ``lo,hi``, uniform). The whole set of families is fitted
 ``--repeats`` times (median reported), and with ``--baseline`` also by the earlier
-path in the same run (each interior-point system by one sparse LU, the cycling guard
-from the 9th iteration, each family's Gram its own; not undone: the implied query
-bounds dropped), whose estimates the new path's are compared with (``max_abs_diff``).
+path in the same run (each interior-point system by one sparse LU, each family's Gram
+its own; not undone: the implied query bounds dropped), whose estimates the new
+path's are compared with (``max_abs_diff``).
 Reported per case: seconds per family and per block, the ratio baseline over new,
 and ``extrapolated_700k_2_workers_s`` (seconds per block times 700,000 over 2
 workers: the block level alone, no data movement).
@@ -133,15 +133,14 @@ def _run(cases: list[dict[str, Any]], prep: Any, integer: bool) -> list[np.ndarr
 
 
 def _old_path() -> Any:
-    """The earlier path: every KKT system by one sparse LU, the cycling guard from the
-    9th iteration on, each family's Gram computed from the strategy."""
+    """The earlier path: every KKT system by one sparse LU, each family's Gram computed
+    from the strategy."""
     from contextlib import ExitStack
 
     from dpdask.reconstruct.topdown import _qp
 
     stack = ExitStack()
     stack.enter_context(mock.patch.object(_qp, "_block_factor", lambda *a: None))
-    stack.enter_context(mock.patch.object(_qp, "_NEAR", np.inf))
     return stack
 
 

@@ -12,11 +12,8 @@ Optimization*, 2006, ch. 16.6), primal iterates kept strictly inside the bounds,
 equalities reached along the way. Each iteration factors the KKT matrix
 ``[[P + D, M^T], [M, 0]]`` (``D`` the bounds' barrier terms ``z_l / (v - l) + z_u / (u -
 v)``) once (the predictor's and the corrector's directions); should the complementarity
-not halve in 8 iterations once the equalities are within ``1e-3`` (scaled; or in any 8
-after the 24th: Mehrotra's corrector can cycle), the iteration goes on without the
-corrector, centring by at least ``sigma = 0.2``. (While the equalities are far, a
-stalling complementarity is the start's distance, not cycling: a family's parent cells
-are often a fraction of the start's unit values.) The matrix is
+not halve in 8 iterations (Mehrotra's corrector can cycle), the iteration goes on
+without the corrector, centring by at least ``sigma = 0.2``. The matrix is
 regularised by ``delta = 1e-11`` on the primal block and ``-delta`` on the dual one
 (redundant equalities, such as a parent's invariant that the cells' sums imply, and
 flat directions of a singular ``P``); the regularisation changes the Newton steps only,
@@ -62,7 +59,6 @@ DENSE_KKT = 600
 (a family's Hessian is block diagonal, one block per child)."""
 _CYCLE = 8  # the complementarity must halve every this many iterations, else ...
 _SAFE_SIGMA = 0.2  # ... plain Newton steps towards this fraction of it, no corrector
-_NEAR = 1e-3  # ... once the equalities are this close (scaled), or after 3 x _CYCLE
 _POLISH = (1e-9, 1e-7, 1e-5, 1e-3)  # relative distances to a bound taken as active
 
 
@@ -264,8 +260,7 @@ def solve_qp(
         if it == maxiter:
             break
         mus.append(mu)
-        stalled = len(mus) > _CYCLE and mu > 0.5 * mus[-1 - _CYCLE]
-        if not safe and stalled and (primal < _NEAR or len(mus) > 3 * _CYCLE):
+        if not safe and len(mus) > _CYCLE and mu > 0.5 * mus[-1 - _CYCLE]:
             safe = True
         if primal < 0.5 * best_primal:
             best_primal, stall = primal, 0
