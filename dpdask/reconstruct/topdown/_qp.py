@@ -32,8 +32,11 @@ complementarity, all at most ``tol`` (``1e-10``). A problem whose primal residua
 falling while the barrier shrinks, or whose dual multipliers diverge, is infeasible:
 :class:`~dpdask.errors.PlanError`.
 
-Dense linear algebra: for the families of a small domain (P.L. 94's 252 cells, or a
-support of a few hundred cells) and the oracle tests.
+**Linear algebra.** With ``blocks`` (a family's block-diagonal Hessian, one block per
+child) each KKT system is solved by a Schur complement on the equalities
+(:class:`~dpdask.reconstruct.topdown._qp_blocks.BlockKKT`), every solve checked against
+the system itself; otherwise, and wherever that fails, by one LU: dense up to
+:data:`DENSE_KKT` rows, sparse above.
 """
 
 from __future__ import annotations
