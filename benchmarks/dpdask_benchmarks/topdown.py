@@ -29,6 +29,10 @@ per-level plans by each strategy's mean cell variance, which for now is formed d
 unless the strategy is a Kronecker product, so per-level CPH plans need ``--template
 kron`` for ``ls`` and ``nnls`` (top-down does not weigh levels).
 
+With ``--families N`` no release is run: N block-group families of constrained blocks
+are fitted and rounded, timed against the earlier linear algebra
+(:mod:`dpdask_benchmarks._family_fits`).
+
 Reported:
 
 * ``persons``, ``entries`` (the store's non-zero counts; ``entries_by_level``),
@@ -55,6 +59,7 @@ import tempfile
 import time
 from typing import Any
 
+from dpdask_benchmarks._family_fits import add_family_arguments, run_families
 from dpdask_benchmarks._topdown_data import (
     hierarchy,
     level_errors,
@@ -126,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--integer", action="store_true", help="integer top-down output")
     add("--workdir", default=None, help="where to put data (default: temp); a store is reused")
     add("--seed", type=int, default=0, help="data seed and test key")
+    add_family_arguments(parser)
 
 
 def _setup(args: argparse.Namespace) -> tuple[Any, Any, dict[str, dict], list[int]]:
@@ -237,6 +243,8 @@ def _release(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.families:  # constrained block families alone (_family_fits)
+        return run_families(args)
     from dpdask_benchmarks.release import _cluster
 
     domain, geo, specs, shares = _setup(args)

@@ -10,10 +10,13 @@ the ``K`` children of one parent solve
 
 Without a parent (the top level) it is a bounded least-squares fit of each unit. Pairs
 whose bounds are equal (structural zeros) and the cells where the parent is zero are
-fixed and not variables, so they hold exactly; each query bound with ``lo < hi`` becomes
-an equality with a bounded slack variable; the problem goes to the interior-point solver
-of :mod:`dpdask.reconstruct.topdown._qp` (dense: for small domains and supports, and
-the oracles; its cost grows with the cube of ``K`` times the free cells).
+fixed and not variables, so they hold exactly; a query bound the (tightened) cell
+bounds already imply is dropped (a total of at least 0), each other one with ``lo <
+hi`` becomes an equality with a bounded slack variable; the problem goes to the
+interior-point solver of :mod:`dpdask.reconstruct.topdown._qp`, whose Hessian is
+block diagonal (one block per child: the Gram on its free cells, from the level's Gram
+when given), so each iteration costs the cube of each child's free cells plus that of
+the equalities (:mod:`~dpdask.reconstruct.topdown._qp_blocks`), not of the family's.
 
 With noise off and the truth inside the constraints, the truth is a feasible point of
 zero objective, so the fit returns it (to the solver's tolerance) when the strategy has
@@ -30,7 +33,7 @@ import scipy.sparse as sp
 from dpdask.errors import PlanError, ShapeError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._report import ConvergenceReport, Estimate
-from dpdask.reconstruct.topdown._constraints import Constraints, check_family
+from dpdask.reconstruct.topdown._constraints import Constraints, _reach, check_family
 from dpdask.reconstruct.topdown._qp import solve_qp
 
 __all__ = ["dense_strategy", "fit_constrained_children"]
@@ -44,6 +47,17 @@ def dense_strategy(A: LinearQuery | np.ndarray) -> np.ndarray:
     if Ad.ndim != 2:
         raise ShapeError(f"the strategy must be a matrix, got shape {Ad.shape}")
     return Ad
+
+
+def weighted_gram(Ad: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``A^T W A`` ``(n, n)`` (through a sparse product when ``A`` is mostly zeros, as
+    the marginals of a Census strategy are)."""
+    if np.count_nonzero(Ad) <= 0.1 * Ad.size:
+        As = sp.csr_array(Ad)
+        out: np.ndarray = (As.T @ (As * w[:, None])).toarray()
+        return out
+    dense: np.ndarray = Ad.T @ (w[:, None] * Ad)
+    return dense
 
 
 def _weights(w: np.ndarray | float | None, m: int) -> np.ndarray:
@@ -66,6 +80,7 @@ def fit_constrained_children(
     maxiter: int = 200,
     check: bool = True,
     parent_name: str = "the parent",
+    gram: np.ndarray | None = None,
 ) -> Estimate:
     """The children of one parent fitted under their constraints (module notes).
 
@@ -89,6 +104,9 @@ def fit_constrained_children(
         (:func:`~dpdask.reconstruct.topdown.check_family`), for errors that name them.
     parent_name : str
         The parent's name in error messages.
+    gram : ndarray, optional
+        ``(n, n)`` the weighted Gram ``A^T W A`` when known (a level's families share
+        it); default computed from ``A`` on the cells some child is free in.
 
     Returns
     -------
@@ -126,6 +144,8 @@ def fit_constrained_children(
     c = Constraints.none(K, n) if constraints is None else constraints
     if (c.k, c.n) != (K, n):
         raise ShapeError(f"constraints are for {c.k} units of {c.n} cells; need {K} of {n}")
+    if gram is not None and np.shape(gram) != (n, n):
+        raise ShapeError(f"the Gram has shape {np.shape(gram)}; expected ({n}, {n})")
     p = None if parent is None else np.asarray(parent, dtype=float)
     if p is not None and (p.shape != (n,) or not np.isfinite(p).all()):
         raise ShapeError(f"the parent must be a finite ({n},) vector")
@@ -135,7 +155,7 @@ def fit_constrained_children(
         ests = [
             fit_constrained_children(
                 Ad, Yb[k : k + 1], None, c.take([k]), weights=weights, tol=tol,
-                maxiter=maxiter, check=False, parent_name=c.units[k],
+                maxiter=maxiter, check=False, parent_name=c.units[k], gram=gram,
             )
             for k in range(K)
         ]  # fmt: skip
@@ -158,7 +178,7 @@ def fit_constrained_children(
     fixed = lower >= upper
     Xfix = np.where(fixed, lower, 0.0)
     x, iterations, residual = _solve(
-        (Ad, w, Yb), p, c, (lower, upper, fixed, Xfix), tol, maxiter, parent_name
+        (Ad, w, Yb, gram), p, c, (lower, upper, fixed, Xfix), tol, maxiter, parent_name
     )
     X = Xfix.copy()
     X[~fixed] = x
@@ -232,14 +252,15 @@ def _presolve(c: Constraints, p: np.ndarray | None) -> tuple[np.ndarray, np.ndar
 
 
 def _solve(
-    data: tuple[np.ndarray, np.ndarray, np.ndarray], p: np.ndarray | None, c: Constraints,
+    data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None], p: np.ndarray | None,
+    c: Constraints,
     bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tol: float, maxiter: int,
     parent_name: str,
 ) -> tuple[np.ndarray, int, float]:  # fmt: skip
     """The free pairs' values (child by child, cell order), from the QP of the module
     notes, with the solver's iterations and residual."""
     lower, upper, fixed, Xfix = bounds
-    Ad, w, Yb = data
+    Ad, w, Yb, gram = data
     K, n = lower.shape
     free = [np.flatnonzero(~fixed[k]) for k in range(K)]
     offsets = np.cumsum([0, *(f.size for f in free)])
@@ -264,10 +285,18 @@ def _solve(
         rhs.extend((p - Xfix.sum(axis=0))[used])
         n_rows = used.size
     slack_of: list[int] = []  # the row of each slack variable
+    # a bound the cell bounds imply (e.g. a total of at least 0) is not a constraint
+    least, most = _reach(Q, lower, upper)
+    lo_k = np.where(c.lo <= least, -np.inf, c.lo)
+    hi_k = np.where(c.hi >= most, np.inf, c.hi)
     for k in range(K):
         f = free[k]
         for r in range(Q.shape[0]):
-            lo, hi = float(c.lo[k, r]), float(c.hi[k, r])
+            lo, hi = float(lo_k[k, r]), float(hi_k[k, r])
+            if lo == -np.inf and hi == np.inf:
+                continue
+            if c.lo[k, r] == c.hi[k, r]:
+                lo = hi = float(c.lo[k, r])  # an invariant stays an equality
             coef = Q[r, f]
             if not (np.isfinite(lo) or np.isfinite(hi)) or not coef.any():
                 continue  # no bound, or fixed by the cells (checked by check_constraints)
@@ -296,8 +325,11 @@ def _solve(
     lo_s, hi_s = np.asarray(slack_lo), np.asarray(slack_hi)
     # the Gram restricted to the cells some child is free in (never the whole domain's)
     union = np.flatnonzero((~fixed).any(axis=0))
-    Au = Ad[:, union]
-    G = Au.T @ (w[:, None] * Au)
+    if gram is None:
+        Au = Ad[:, union]
+        G = Au.T @ (w[:, None] * Au)
+    else:
+        G = gram[np.ix_(union, union)]
     # the linear terms A^T W (A x_fixed - y) of every child at once
     R = -Yb if not Xfix.any() else Xfix @ Ad.T - Yb
     Z = (R * w) @ Ad
@@ -314,7 +346,10 @@ def _solve(
     lo_v = np.concatenate([lower[~fixed], lo_s])
     hi_v = np.concatenate([upper[~fixed], hi_s])
     try:
-        res = solve_qp(P, q, M, b, lo_v, hi_v, tol=tol, maxiter=maxiter)
+        try:
+            res = solve_qp(P, q, M, b, lo_v, hi_v, tol=tol, maxiter=maxiter, blocks=blocks[:K])
+        except PlanError:  # only the sparse LU's verdict is trusted
+            res = solve_qp(P, q, M, b, lo_v, hi_v, tol=tol, maxiter=maxiter)
     except PlanError as e:
         names = ", ".join(c.units[:5]) + (", ..." if K > 5 else "")
         raise PlanError(f"{parent_name}, the family of {names}: {e}") from e

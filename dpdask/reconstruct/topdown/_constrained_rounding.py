@@ -69,7 +69,9 @@ def _integer_parent(parent: np.ndarray, n: int) -> np.ndarray:
 
 
 def _is_identity(Q: np.ndarray) -> bool:
-    return Q.shape[0] == Q.shape[1] and bool((Q == np.eye(Q.shape[0])).all())
+    if Q.shape[0] != Q.shape[1] or np.count_nonzero(Q) != Q.shape[0]:
+        return False
+    return bool((np.diagonal(Q) == 1).all())
 
 
 class _Program:

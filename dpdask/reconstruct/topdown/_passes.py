@@ -30,6 +30,7 @@ from dpdask.reconstruct.topdown._constrained import (
     _weights,
     dense_strategy,
     fit_constrained_children,
+    weighted_gram,
 )
 from dpdask.reconstruct.topdown._constrained_rounding import round_constrained
 from dpdask.reconstruct.topdown._constraints import Constraints
@@ -161,8 +162,8 @@ class _Prepared:
 
     n: int
     m: int
-    passes: list[tuple[Pass, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
-    # (pass, its queries, its rows, the strategy's rows, their weights)
+    passes: list[tuple[Pass, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    # (pass, its queries, its rows, the strategy's rows, their weights, their Gram)
 
 
 def _prepare(
@@ -183,7 +184,7 @@ def _prepare(
         if rows.size == 0 or rows.min() < 0 or rows.max() >= m:
             raise ShapeError(f"pass {ps.name!r}: rows must be indices of the strategy's rows")
         sliced = Ad if ps.rows is None else Ad[rows]
-        out.append((ps, Qk, rows, sliced, w[rows]))
+        out.append((ps, Qk, rows, sliced, w[rows], weighted_gram(sliced, w[rows])))
     return _Prepared(n, m, out)
 
 
@@ -197,12 +198,14 @@ def _fit_prepared(
     K = Yb.shape[0]
     cons = Constraints.none(K, prep.n, None) if constraints is None else constraints
     out = PassesEstimate(np.zeros((K, prep.n)))
-    for i, (ps, Qk, rows, Ak, wk) in enumerate(prep.passes):
+    for i, (ps, Qk, rows, Ak, wk, gram) in enumerate(prep.passes):
+        ident = Qk.shape[0] == Qk.shape[1] and np.count_nonzero(Qk) == Qk.shape[0]
+        ident = ident and bool((np.diagonal(Qk) == 1).all())  # the cells: answers are x
         est = fit_constrained_children(
             Ak, Yb if ps.rows is None else Yb[:, rows], parent, cons, weights=wk,
-            check=i == 0, parent_name=parent_name,
+            check=i == 0, parent_name=parent_name, gram=gram,
         )  # fmt: skip
-        ans = est.x @ Qk.T
+        ans = est.x if ident else est.x @ Qk.T
         out.answers.append(ans)
         out.reports.append(est.report)
         out.x = est.x

@@ -32,14 +32,18 @@ complementarity, all at most ``tol`` (``1e-10``). A problem whose primal residua
 falling while the barrier shrinks, or whose dual multipliers diverge, is infeasible:
 :class:`~dpdask.errors.PlanError`.
 
-Dense linear algebra: for the families of a small domain (P.L. 94's 252 cells, or a
-support of a few hundred cells) and the oracle tests.
+**Linear algebra.** With ``blocks`` (a family's block-diagonal Hessian, one block per
+child) each KKT system is solved by a Schur complement on the equalities
+(:class:`~dpdask.reconstruct.topdown._qp_blocks.BlockKKT`), every solve checked against
+the system itself; otherwise, and wherever that fails, by one LU: dense up to
+:data:`DENSE_KKT` rows, sparse above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import scipy.linalg as sla
@@ -47,6 +51,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from dpdask.errors import PlanError, ShapeError
+from dpdask.reconstruct.topdown._qp_blocks import BlockKKT
 
 __all__ = ["QPResult", "solve_qp"]
 
@@ -168,6 +173,7 @@ def solve_qp(
     *,
     tol: float = 1e-10,
     maxiter: int = 200,
+    blocks: Sequence[np.ndarray] | None = None,
 ) -> QPResult:
     """Minimise ``1/2 v^T P v + c^T v`` subject to ``M v = b``, ``lower <= v <= upper``.
 
@@ -189,6 +195,11 @@ def solve_qp(
         The stopping rule's tolerance (module notes).
     maxiter : int
         Iterations before the problem is declared infeasible or too ill-conditioned.
+    blocks : sequence of ndarray, optional
+        The dense diagonal blocks of ``P`` when it is block diagonal (the variables after
+        the last block with a zero Hessian): the systems are then solved by a Schur
+        complement on the equalities (:class:`~._qp_blocks.BlockKKT`), the LU (dense or
+        sparse by size) only where that fails.
 
     Returns
     -------
@@ -213,6 +224,7 @@ def solve_qp(
         raise ShapeError("solve_qp: every variable needs lower < upper (remove fixed ones)")
     E = M.shape[0]
     sparse = N + E > DENSE_KKT
+    kkt = BlockKKT(blocks, sp.csr_array(M)) if blocks is not None else None
     if sparse:
         P, M = sp.csr_array(P), sp.csr_array(M)
     else:
@@ -263,7 +275,8 @@ def solve_qp(
         D[L] += zl / sl
         D[U] += zu / su
         try:
-            solve = _factor(Ps, D, M, _REG)
+            lu = partial(_factor, Ps, D, M, _REG)
+            solve = _block_factor(kkt, scale, D, lu) or lu()
         except (ValueError, RuntimeError, np.linalg.LinAlgError) as e:  # pragma: no cover
             raise PlanError(f"the constrained fit's KKT system is singular ({e})") from e
 
@@ -315,6 +328,21 @@ def solve_qp(
     return QPResult(v, y, it, float(res), objective)
 
 
+def _block_factor(
+    kkt: BlockKKT | None, scale: float, D: np.ndarray,
+    fallback: Callable[[], Callable[[np.ndarray], np.ndarray]],
+) -> Callable[[np.ndarray], np.ndarray] | None:  # fmt: skip
+    """The Schur-complement solver of a block-diagonal ``P`` (None: none, or its
+    factorisation failed and the sparse LU takes over; an inaccurate solve is redone by
+    ``fallback()``'s)."""
+    if kkt is None:
+        return None
+    try:
+        return kkt.factor(scale, D, _REG, fallback)
+    except np.linalg.LinAlgError:
+        return None
+
+
 def _dense(A: np.ndarray | sp.sparray) -> np.ndarray:
     """``A`` as a dense float64 array."""
     if isinstance(A, np.ndarray):
@@ -359,12 +387,15 @@ def _polish(
     for thresholds from tight to loose, the variables within the threshold of a bound
     are fixed there and the equality-constrained problem on the others solved; the
     first feasible solution no worse in the objective is returned (None if none)."""
+    tried: tuple[np.ndarray, np.ndarray] | None = None
     for theta in _POLISH:
         at_lo = np.isfinite(lower) & (v - lower <= theta * (1.0 + np.abs(lower)))
         at_hi = ~at_lo & np.isfinite(upper) & (upper - v <= theta * (1.0 + np.abs(upper)))
         fix = at_lo | at_hi
-        if not fix.any():
-            continue
+        same = tried is not None and np.array_equal(at_lo, tried[0])
+        if not fix.any() or (same and tried is not None and np.array_equal(at_hi, tried[1])):
+            continue  # nothing fixed, or the same as a tighter threshold's, which failed
+        tried = (at_lo, at_hi)
         x = np.where(at_lo, lower, np.where(at_hi, upper, 0.0))
         F = np.flatnonzero(~fix)
         sol = _equality_solve(P, M, F, -(c[F] + (P @ x)[F]), b - M @ x)
