@@ -34,6 +34,7 @@ from dpdask.reconstruct.topdown._constrained import (
 )
 from dpdask.reconstruct.topdown._constrained_rounding import round_constrained
 from dpdask.reconstruct.topdown._constraints import Constraints
+from dpdask.reconstruct.topdown._families import _group
 
 __all__ = ["Pass", "PassesEstimate", "default_passes", "fit_family_passes", "passes_tree"]
 
@@ -215,16 +216,6 @@ def _fit_prepared(
     return out
 
 
-def _families(parent: np.ndarray, n_parents: int, n_children: int, lvl: int) -> list[np.ndarray]:
-    idx = np.asarray(parent)
-    if idx.shape != (n_children,) or not np.issubdtype(idx.dtype, np.integer):
-        raise ArgumentError(f"level {lvl}: need an integer parent index per unit ({n_children})")
-    if n_children and (idx.min() < 0 or idx.max() >= n_parents):
-        raise ShapeError(f"level {lvl}: parent indices must be in [0, {n_parents})")
-    order = np.argsort(idx, kind="stable")
-    return np.split(order, np.cumsum(np.bincount(idx, minlength=n_parents))[:-1])
-
-
 def passes_tree(
     strategies: Sequence[LinearQuery | np.ndarray],
     measurements: Sequence[np.ndarray],
@@ -280,7 +271,7 @@ def passes_tree(
     for lvl in range(1, L):
         Yl = np.asarray(measurements[lvl], dtype=float)
         prev = out[-1]
-        groups = _families(parents[lvl - 1], prev.x.shape[0], Yl.shape[0], lvl)
+        groups = _group(parents[lvl - 1], prev.x.shape[0], Yl.shape[0], lvl)
         n = prev.x.shape[1]
         c_lvl = cs[lvl]
         X = np.zeros((Yl.shape[0], n), dtype=np.int64 if integer else float)
