@@ -40,6 +40,7 @@ cell from the remaining rows.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,14 +80,62 @@ MULTIPASS_LABEL = "multi-pass top-down with constraints"
 PassesOption = str | Sequence[str | Sequence[str]] | Mapping[str, Sequence[Pass]] | None
 """What ``release(passes=...)`` takes (module notes; a mapping gives each level's passes)."""
 
-_DENSE: dict[str, np.ndarray] = {}  # per worker process: each level's dense strategy
+_OBJECTIVES: dict[str, _Objective] = {}  # per worker process: each level's, built once
 
 
-def _dense(A: Any, token: str) -> np.ndarray:
-    Ad = _DENSE.get(token)
-    if Ad is None:
-        Ad = _DENSE[token] = np.asarray(A.dense() if hasattr(A, "dense") else A, dtype=float)
-    return Ad
+@dataclass(frozen=True, eq=False)
+class _Objective:
+    """A level's fit by passes on its measurements and, for every pass but the last,
+    the least-squares estimates of the pass's queries from all of them (module notes):
+    the strategy ``A`` with those queries' rows below it, the rows' weights, the passes
+    on those rows and ``P``, ``(m, r)``: ``y @ P`` are the estimates from ``y``."""
+
+    A: np.ndarray
+    weights: np.ndarray
+    passes: tuple[Pass, ...]
+    P: np.ndarray
+
+    def measurements(self, y: np.ndarray) -> np.ndarray:
+        """The rows the passes fit: ``y`` and the estimates of the passes' queries."""
+        out: np.ndarray = np.hstack([y, y @ self.P])
+        return out
+
+
+def _build(A: np.ndarray, weight: float, passes: Sequence[Pass]) -> _Objective:
+    m = A.shape[0]
+    G = weight * (A.T @ A)
+    Gp = np.linalg.pinv(G, hermitian=True)
+    rows: list[np.ndarray] = []
+    blocks: list[np.ndarray] = []
+    variances: list[np.ndarray] = []
+    out: list[Pass] = []
+    start = m
+    for k, ps in enumerate(passes):
+        Q = np.atleast_2d(np.asarray(ps.queries, dtype=float))
+        last = k == len(passes) - 1
+        estimable = np.allclose(Q @ Gp @ G, Q, rtol=0, atol=1e-8 * max(1.0, np.abs(Q).max()))
+        if last or not estimable:  # the pass's own rows (the last: every measurement)
+            keep = np.arange(m) if last else ps.rows
+            out.append(Pass(ps.queries, keep, ps.slack, ps.name))
+            continue
+        B = Q @ Gp  # (q, n): estimates Q G^+ A^T W y, variances diag(Q G^+ Q^T)
+        blocks.append(weight * (A @ B.T))
+        variances.append(np.maximum(np.einsum("ij,ij->i", B, Q), 1e-300))
+        rows.append(Q)
+        out.append(Pass(ps.queries, np.arange(start, start + Q.shape[0]), ps.slack, ps.name))
+        start += Q.shape[0]
+    if not rows:
+        return _Objective(A, np.full(m, weight), tuple(out), np.zeros((m, 0)))
+    w = np.concatenate([np.full(m, weight), 1.0 / np.concatenate(variances)])
+    return _Objective(np.vstack([A, *rows]), w, tuple(out), np.hstack(blocks))
+
+
+def _objective(plan: Any, passes: Sequence[Pass], token: str) -> _Objective:
+    obj = _OBJECTIVES.get(token)
+    if obj is None:
+        A = np.asarray(plan.strategy.dense(), dtype=float)
+        obj = _OBJECTIVES[token] = _build(A, 1.0 / float(plan.row_variance), passes)
+    return obj
 
 
 def _in_row_space(A: np.ndarray, Q: np.ndarray) -> np.ndarray:
@@ -295,12 +344,11 @@ def multipass_top_block(
     trim_heap()
     y = (measure or measure_block)(x, plan, key, ctx, {0: {"chunk-location": (chunk, 0)}})
     write_unbiased(plan.strategy, y, unbiased, chunk)
-    A = _dense(plan.strategy, token)
-    weight = 1.0 / plan.row_variance
     with task_blas():
+        obj = _objective(plan, passes, token)
         est = fit_family_passes(
-            A, np.asarray(y, dtype=float), None, cons, passes=passes, weights=weight,
-            parent_name="the top level",
+            obj.A, obj.measurements(np.asarray(y, dtype=float)), None, cons,
+            passes=obj.passes, weights=obj.weights, parent_name="the top level",
         )  # fmt: skip
         X = np.maximum(est.x, 0.0)
         if integer:
@@ -341,13 +389,13 @@ def multipass_family_block(
         dtype=float,
     )
     write_unbiased(plan.strategy, y, unbiased, chunk)
-    A = _dense(plan.strategy, token)
-    weight = 1.0 / plan.row_variance
-    g, n = y.shape[0], A.shape[1]
+    g, n = y.shape[0], plan.strategy.shape[1]
     X = np.zeros((g, n))
     failed: list[dict[str, Any]] = []
     starts = np.flatnonzero(np.r_[True, parents[1:] != parents[:-1]])
     with task_blas():
+        obj = _objective(plan, passes, token)
+        Y = obj.measurements(y)
         for a, b in zip(starts, [*starts[1:], g], strict=True):
             p = P[[int(parents[a]) - first]].toarray().reshape(-1)
             if integer:
@@ -355,8 +403,9 @@ def multipass_family_block(
             kids = cons.take(np.arange(a, b))
             name = f"{ctx.level} parent {int(parents[a])}"
             est = fit_family_passes(
-                A, y[a:b], p, kids, passes=passes, weights=weight, parent_name=name
-            )
+                obj.A, Y[a:b], p, kids, passes=obj.passes, weights=obj.weights,
+                parent_name=name,
+            )  # fmt: skip
             Xf = est.x
             if integer:
                 Xf = round_constrained(
