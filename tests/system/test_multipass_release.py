@@ -277,3 +277,46 @@ def test_multipass_total_mae_no_worse_than_todays_topdown(mae, level, record_pro
 def test_multipass_block_total_mae_no_worse_than_todays_topdown(mae):
     mp, td, se = mae["block"]
     assert mp - td <= 3 * se, f"block: multi-pass {mp:.3f}, top-down {td:.3f}, SE {se:.3f}"
+
+
+# -- refused before anything is charged ------------------------------------------------
+
+
+def test_bad_passes_and_constraints_are_refused_before_any_charge(small):
+    """Refused when the release is built: :meth:`Release.to_zarr` charges, later."""
+    from dpdask.errors import ArgumentError, DataError, ShapeError
+
+    store, geo, plans = small["store"], small["geo"], small["plans"]
+    n = store.domain.size
+
+    def build(**kw):
+        return release(plans, store, reconstruct="topdown", test_mode=True, **kw)
+
+    with pytest.raises(ArgumentError, match="query group"):
+        build(passes=["no such group"])
+    with pytest.raises(ShapeError, match="constraints\\['block'\\]"):
+        build(constraints={"block": Constraints.none(3, n)})
+    with pytest.raises(ArgumentError, match="not released levels"):
+        build(constraints={"nation": Constraints.none(1, n)})
+    with pytest.raises(ArgumentError, match="reconstruct='topdown'"):
+        release(plans, store, reconstruct="ls", passes="default", test_mode=True)
+    # a public state total the blocks' public totals contradict, named
+    totals = small["truth"]["block"].sum(axis=1)
+    hu = np.ones(geo.n_units(), dtype=int)
+    blocks = pl94_constraints(hu, np.zeros((geo.n_units(), 8), int), totals=totals)
+    with pytest.raises(DataError, match="^state: total"):
+        build(constraints={"state": _state_total(totals.sum() + 1, n), "block": blocks})
+
+
+def test_query_group_passes_name_the_workload_groups(small):
+    rel = release(
+        small["plans"], small["store"], reconstruct="topdown", test_mode=True,
+        passes=[small["plans"]["block"].workload.names[0]], slack=0.5,
+    )  # fmt: skip
+    assert rel.passes is not None
+    for lv, ps in rel.passes.items():
+        W = rel.plans[lv].workload
+        assert [p.name for p in ps] == [W.names[0], "detail"]
+        assert ps[0].slack == 0.5 and ps[-1].slack == 0.0
+        np.testing.assert_array_equal(ps[0].queries, W.parts[0].dense())  # its queries
+    assert release(small["plans"], small["store"], reconstruct="topdown").passes is None
