@@ -259,7 +259,8 @@ def _truth_totals(store: Any) -> dict[str, Any]:
     import numpy as np
 
     geo = store.geography
-    x = store.to_sparse((geo.n_units(),)).sum(axis=tuple(range(1, len(store.domain.shape) + 1)))
+    x = store.to_sparse((geo.n_units(),))
+    x = x.sum(axis=tuple(range(1, x.ndim)))
     tot = {geo.levels[-1]: np.asarray(x.compute().todense(), dtype=float).reshape(-1)}
     for depth in range(len(geo.levels) - 1, 0, -1):
         up = np.zeros(geo.n_units(geo.levels[depth - 1]))

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sparse
+from dask.base import tokenize
 
 from dpdask.errors import ArgumentError, ArgumentTypeError, ShapeError
 from dpdask.graph._blas import task_blas
@@ -329,7 +330,7 @@ def multipass_top_block(
     key: Any,
     plan: Any,
     passes: Sequence[Pass],
-    cons: Constraints,
+    cons: Constraints | None,
     ctx: ChunkContext,
     chunk: int,
     token: str,
@@ -367,7 +368,7 @@ def multipass_family_block(
     parents: np.ndarray,
     plan: Any,
     passes: Sequence[Pass],
-    cons: Constraints,
+    cons: Constraints | None,
     ctx: ChunkContext,
     chunk: int,
     token: str,
@@ -400,7 +401,7 @@ def multipass_family_block(
             p = P[[int(parents[a]) - first]].toarray().reshape(-1)
             if integer:
                 p = np.rint(p)
-            kids = cons.take(np.arange(a, b))
+            kids = None if cons is None else cons.take(np.arange(a, b))
             name = f"{ctx.level} parent {int(parents[a])}"
             est = fit_family_passes(
                 obj.A, Y[a:b], p, kids, passes=obj.passes, weights=obj.weights,
@@ -441,12 +442,16 @@ def multipass_task(
         raise ShapeError("a multi-pass task needs the release's passes")
     passes = rel.passes[L.name]
     rows = np.arange(int(bounds[k]), int(bounds[k + 1]))
-    g = rows.size
-    n = L.plan.strategy.shape[1]
-    cons = Constraints.none(g, n) if rel.constraints is None else rel.constraints[L.name].take(rows)
+    # what a worker's cached objective depends on: the strategy, its noise and the passes
+    token = tokenize(
+        fit_token, [(p.name, p.slack, p.rows, np.shape(p.queries), float(np.sum(p.queries)))
+                    for p in passes],
+    )  # fmt: skip
+    # the chunk's rows of its level's constraints (None: non-negativity alone)
+    cons = None if rel.constraints is None else rel.constraints[L.name].take(rows)
     if prev is None:
         return (
-            multipass_top_block, block, sk, L.plan, passes, cons, ctx, k, fit_token,
+            multipass_top_block, block, sk, L.plan, passes, cons, ctx, k, token,
             rel.integer, reports, unbiased, measure,
         )  # fmt: skip
     pname, pstarts = prev
@@ -457,7 +462,7 @@ def multipass_task(
     )
     return (
         multipass_family_block, block, sk, [(pname, j) for j in js], [int(pstarts[j]) for j in js],
-        p, L.plan, passes, cons, ctx, k, fit_token, rel.integer, reports, unbiased, measure,
+        p, L.plan, passes, cons, ctx, k, token, rel.integer, reports, unbiased, measure,
     )  # fmt: skip
 
 
