@@ -14,6 +14,13 @@ families, measurements never leaving it), with every fit a multi-pass constraine
   earlier pass's answers within its slack. Level by level, every level's measurements of
   each pass's queries are used, as :func:`~dpdask.reconstruct.topdown.passes_tree` does
   on a small in-memory hierarchy;
+* what a pass before the last fits (:class:`_Objective`): the least-squares estimates
+  of its queries from *all* the unit's measurements, ``Q G^+ A^T W y`` with their
+  variances ``diag(Q G^+ Q^T)`` as weights (``G = A^T W A``), rather than the strategy's
+  rows that are the queries themselves: the Bureau's strategy gives a block's total row
+  5/4,087 of the block budget, while its detailed cells, summed, hold far more of the
+  total's information (a pass whose queries are not estimable falls back to its rows).
+  The last pass fits every measurement;
 * with ``integer`` every fit is rounded by
   :func:`~dpdask.reconstruct.topdown.round_constrained`, keeping its parent, its
   constraints and its passes' answers (within 1).

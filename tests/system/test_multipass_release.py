@@ -304,7 +304,7 @@ def test_bad_passes_and_constraints_are_refused_before_any_charge(small):
     totals = small["truth"]["block"].sum(axis=1)
     hu = np.ones(geo.n_units(), dtype=int)
     blocks = pl94_constraints(hu, np.zeros((geo.n_units(), 8), int), totals=totals)
-    with pytest.raises(DataError, match="^state: total"):
+    with pytest.raises(DataError, match=r"^state: total"):
         build(constraints={"state": _state_total(totals.sum() + 1, n), "block": blocks})
 
 
