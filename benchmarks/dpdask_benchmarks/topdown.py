@@ -6,8 +6,10 @@ averages; by default one state, ten tracts per county), its synthetic Census-lik
 counts written straight into a data store (:func:`dpdask.store.synthetic_store`,
 sparse by default: memory and disk grow with the persons, not cells x units), one
 budget (zCDP, rho = 1) and one fixed test key; the release is run with least squares
-(``ls``), bottom-up NNLS (``nnls``) and top-down (``topdown``, with ``--integer`` the
-integer variant) on a local cluster of ``--workers`` single-threaded workers. Every
+(``ls``), bottom-up NNLS (``nnls``), top-down (``topdown``, with ``--integer`` the
+integer variant) and the multi-pass top-down (``multipass``: ``--passes``, ``--slack``,
+with ``--total-invariant`` the top level's total published exactly) on a local cluster
+of ``--workers`` single-threaded workers. Every
 estimator gets the same noise (one run id); a store made in ``--workdir`` is reused by
 a later run with the same data options.
 
@@ -42,6 +44,8 @@ Reported:
 * ``runs``: per estimator the wall time, peak worker memory and seconds of
   computation by task prefix of the release, and ``truth_s`` (the error pass);
 * ``ratio_topdown_over_ls`` (and ``ratio_nnls_over_ls``): wall time, same run;
+* ``total_mae``: per estimator and level, the mean absolute error of the units' total
+  population (the published estimates' row sums against the truth's);
 * ``accuracy``: per level, the realised root-mean-square error of the published
   workload ``answers`` against the truth's (``rmse_topdown``, ``rmse_bottomup_nnls``,
   ``rmse_ls``) and ``topdown_over_nnls``. The truth is computed after each release
@@ -71,7 +75,9 @@ from dpdask_benchmarks._topdown_data import (
 __all__ = ["add_arguments", "run"]
 
 _WORKLOADS = {"pl94": "pl94", "cph": "sf1-persons"}
-_NAMES = (("topdown", "topdown"), ("nnls", "bottomup_nnls"), ("ls", "ls"))
+_NAMES = (
+    ("topdown", "topdown"), ("multipass", "multipass"), ("nnls", "bottomup_nnls"), ("ls", "ls"),
+)  # fmt: skip
 
 
 def _level_workload(text: str) -> tuple[str, dict[str, Any]]:
@@ -129,6 +135,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--memory-limit", default="4GiB", help="per-worker memory limit")
     add("--methods", default="ls,nnls,topdown", help="estimators to run (comma list)")
     add("--integer", action="store_true", help="integer top-down output")
+    add(
+        "--passes",
+        default="default",
+        help="multipass: 'default' (total, then the rest) or workload query groups (comma list)",
+    )
+    add("--slack", type=float, default=0.0, help="multipass: slack of earlier passes' answers")
+    add("--total-invariant", action="store_true",
+        help="multipass: the top level's total published exactly (an invariant)")  # fmt: skip
     add("--workdir", default=None, help="where to put data (default: temp); a store is reused")
     add("--seed", type=int, default=0, help="data seed and test key")
     add_family_arguments(parser)
@@ -213,13 +227,15 @@ def _release(
     work = work_dir(out, run_id)
     shutil.rmtree(out, ignore_errors=True)
     remove_work(work)  # never resume a stale run
-    integer = bool(args.integer) and method == "topdown"
+    integer = bool(args.integer) and method in ("topdown", "multipass")
+    extra = _multipass_options(args, store) if method == "multipass" else {}
     try:
         with _cluster(args.workers, args.memory_limit) as (client, pids):
             rel = release(
-                plans, store, budget_split=split, reconstruct=method, integer=integer,
-                release_id="bench", run_id=run_id, test_mode=True,
-                key=SecretKey.for_testing(args.seed), simulate=args.simulate,
+                plans, store, budget_split=split, integer=integer, release_id="bench",
+                run_id=run_id, test_mode=True, key=SecretKey.for_testing(args.seed),
+                simulate=args.simulate,
+                reconstruct="topdown" if method == "multipass" else method, **extra,
             )  # fmt: skip
             with _WorkerPeaks(pids) as peaks, get_task_stream(client) as stream:
                 t0 = time.perf_counter()
@@ -227,6 +243,7 @@ def _release(
                 wall = time.perf_counter() - t0
             t0 = time.perf_counter()
             errors = level_errors(store, workloads, {method: out})
+            mae = _total_mae(store, out)
             t_truth = time.perf_counter() - t0
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -238,8 +255,62 @@ def _release(
         "peak_worker_rss_gib": max(peaks.peaks.values()) / 2**30,
         "task_seconds": task_seconds(stream.data),
         "truth_s": t_truth,
+        "total_mae": mae,
     }
     return row, errors
+
+
+def _truth_totals(store: Any) -> dict[str, Any]:
+    """Every level's units' true total population."""
+    import numpy as np
+
+    geo = store.geography
+    x = store.to_sparse((geo.n_units(),))
+    x = x.sum(axis=tuple(range(1, x.ndim)))
+    tot = {geo.levels[-1]: np.asarray(x.compute().todense(), dtype=float).reshape(-1)}
+    for depth in range(len(geo.levels) - 1, 0, -1):
+        up = np.zeros(geo.n_units(geo.levels[depth - 1]))
+        np.add.at(up, geo.parents[depth - 1], tot[geo.levels[depth]])
+        tot[geo.levels[depth - 1]] = up
+    return tot
+
+
+def _total_mae(store: Any, out: pathlib.Path) -> dict[str, float]:
+    """Per level, the mean absolute error of the published units' totals."""
+    import numpy as np
+    import zarr
+
+    root = zarr.open_group(str(out), mode="r")
+    truth = _truth_totals(store)
+    mae = {}
+    for lv, t in truth.items():
+        g = root[lv]
+        if "entry_offsets" in g:
+            est = np.bincount(g["entry_geography"][:], g["estimate"][:], minlength=t.size)
+        else:
+            est = np.asarray(g["estimate"][:], dtype=float).reshape(t.size, -1).sum(axis=1)
+        mae[lv] = float(np.abs(est - t).mean())
+    return mae
+
+
+def _multipass_options(args: argparse.Namespace, store: Any) -> dict[str, Any]:
+    """The multi-pass release's passes, slack and (``--total-invariant``) the top
+    level's total as an invariant (from the truth: a public count in a benchmark)."""
+    import numpy as np
+
+    from dpdask.reconstruct.topdown import Constraints
+
+    text = str(args.passes)
+    passes: Any = text if text == "default" else [g.strip() for g in text.split(",") if g]
+    out: dict[str, Any] = {"passes": passes, "slack": float(args.slack)}
+    if args.total_invariant:
+        top = store.geography.levels[0]
+        t = _truth_totals(store)[top][:, None]
+        n = store.domain.size
+        out["constraints"] = {
+            top: Constraints.none(t.shape[0], n).with_queries(np.ones((1, n)), t, t, ["total"])
+        }
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -261,9 +332,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workloads = {lv: p.workload for lv, p in by_level.items()}
         t_select = time.perf_counter() - t0
         runs, rmse, entries = [], {}, {}
+        total_mae: dict[str, dict[str, float]] = {}
         for method in methods:
             row, errors = _release(method, args, store, plans, split, workloads)
             runs.append(row)
+            total_mae[method] = row["total_mae"]
             rmse[method] = {
                 lv: (e["sse"][method] / max(1, e["values"])) ** 0.5 for lv, e in errors.items()
             }
@@ -287,6 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "data_reused": t_data is None,
             "select_s": t_select,
             "runs": runs,
+            "total_mae": total_mae,
         }
         wall = {r["reconstruct"]: r["wall_s"] for r in runs}
         for method in ("topdown", "nnls"):

@@ -64,7 +64,10 @@ def finish(
         sources, targets = sparse_level_outputs(
             root, levels, raw, [L.chunks for L in rel.released], entries, ids,
             rel.lc.parents, rel.domain,
-            {"what": estimator_label("topdown", rel.integer), "describes_published": False},
+            {
+                "what": estimator_label("topdown", rel.integer, rel.multipass),
+                "describes_published": False,
+            },
             _topdown_extra(rel, run, raw, client, progress),
         )  # fmt: skip
     else:
@@ -92,7 +95,7 @@ def _topdown_extra(
     least-squares answers of its measurements (:mod:`~dpdask.graph._unbiased`)."""
     sims = simulate_topdown(rel, run, raw, client, progress)
     unbiased = unbiased_levels(rel, run.work)
-    what = published_label(rel.reconstruct, rel.integer)
+    what = published_label(rel.reconstruct, rel.integer, rel.multipass)
 
     def extra(i: int, lg: Any) -> list[tuple[Any, Any]]:
         L = rel.released[i]
@@ -184,7 +187,7 @@ def _write_attributes(rel: Release, run: RunState, root: zarr.Group, out: pathli
             "levels": list(rel.levels),
             "units": "persons",
             "margin_of_error": "moe90 = 1.645 * sqrt(variance), a 90% margin as ACS's",
-            "uncertainty_of": estimator_label(rel.reconstruct, rel.integer),
+            "uncertainty_of": estimator_label(rel.reconstruct, rel.integer, rel.multipass),
         }
     )
     with warnings.catch_warnings():  # "not part of the Zarr v3 specification" (yet)
@@ -211,7 +214,7 @@ def attributes(rel: Release, run: RunState) -> dict[str, Any]:
             "strategy": strategy_record([L.plan for L in rel.released], rel.levels),
             "test_mode": rel.test_mode,
             "noise": rel.noise,
-            "uncertainty_of": estimator_label(rel.reconstruct, rel.integer),
+            "uncertainty_of": estimator_label(rel.reconstruct, rel.integer, rel.multipass),
             "charges": [c.published() for c in charges(rel, run)],
         }
     )

@@ -61,24 +61,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dask.base import tokenize
-
 from dpdask.domain import Domain
 from dpdask.errors import ArgumentError, DomainError, ShapeError
 from dpdask.graph import _finish, _graph, _run, _topdown
 from dpdask.graph._blocks import ESTIMATORS, NONNEGATIVE
-from dpdask.graph._levels import LevelChunks, level_chunks
+from dpdask.graph._configure import configure
+from dpdask.graph._levels import LevelChunks
+from dpdask.graph._multipass import (
+    PassesOption,
+    level_constraints,
+    multipass_summary,
+    resolve_passes,
+)
 from dpdask.graph._plans import (
     LevelShares,
     PlanLike,
     level_plans,
-    mean_cell_variance,
     realised,
     total_budget,
 )
 from dpdask.graph._state import Level, RunState
 from dpdask.graph._unbiased import UNBIASED_LIMIT
-from dpdask.measure import DEFAULT_MAX_TOTAL, level_charge
+from dpdask.measure import DEFAULT_MAX_TOTAL
 from dpdask.noise import KeyFile, SecretKey
 from dpdask.privacy import Budget, Ledger, RunStateError, check_run_id
 from dpdask.privacy.neighbours import ADD_REMOVE, as_neighbours, both_relations
@@ -90,13 +94,11 @@ from dpdask.publish import (
     remove_work,
     work_dir,
 )
+from dpdask.reconstruct.topdown import Constraints, Pass
 from dpdask.store import DataStore, open_store, private_dir
 from dpdask.strategy import Plan
 
 __all__ = ["Release", "release"]
-
-_TOP_UNITS = 1024  # top-down: a top level of at most this many units gets a chunk per unit
-_TOPDOWN_SHARE = 4  # top-down chunks are chunk_bytes / this
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,6 +132,9 @@ class Release:
     unbiased_limit : int
         Units times queries up to which a top-down level publishes unbiased answers
         (:mod:`._unbiased`).
+    passes, constraints, slack
+        A multi-pass top-down release's passes and constraints per level
+        (:mod:`~dpdask.graph._multipass`; None otherwise), and its slack.
     runs : list of RunState
         The runs :meth:`to_zarr` made of this release (the last one's reports are in
         :meth:`summary`).
@@ -154,7 +159,15 @@ class Release:
     neighbours: str = ADD_REMOVE.name
     simulate: int = 0
     unbiased_limit: int = UNBIASED_LIMIT
+    passes: Mapping[str, tuple[Pass, ...]] | None = None
+    constraints: Mapping[str, Constraints] | None = None
+    slack: float = 0.0
     runs: list[RunState] = field(default_factory=list, repr=False)
+
+    @property
+    def multipass(self) -> bool:
+        """Whether this is a multi-pass top-down release (passes or constraints)."""
+        return self.passes is not None
 
     @property
     def domain(self) -> Domain:
@@ -178,6 +191,7 @@ class Release:
             "reconstruct": self.reconstruct,
             "integer": self.integer,
             "simulate": self.simulate,
+            **multipass_summary(self),
             "unbiased_limit": self.unbiased_limit,
             "max_total": self.max_total,
             "not_converged": [] if run is None else run.reports,
@@ -301,51 +315,6 @@ class Release:
         return path
 
 
-def _configure(
-    store: DataStore,
-    levels: tuple[str, ...],
-    plans: dict[str, Plan],
-    release_id: str,
-    run_id: str,
-    reconstruct: str,
-    chunk_bytes: int,
-) -> tuple[LevelChunks, tuple[Level, ...]]:
-    """How the levels are chunked, and each level's plan, charge, chunks and variance."""
-    n = store.domain.size
-    if reconstruct == "topdown":
-        # a chunk holds whole families; its size is its measurements' (and dense counts')
-        dense = getattr(store, "layout", "dense") != "sparse"
-        row_bytes = [
-            8 * max(plans[lv].strategy.shape[0], n if (i == 0 or dense) else 1)
-            for i, lv in enumerate(levels)
-        ]
-        if store.geography.n_units(levels[0]) <= _TOP_UNITS:
-            # a few top units, each a whole non-negative fit: a task each, in parallel
-            row_bytes[0] = max(row_bytes[0], chunk_bytes // _TOPDOWN_SHARE)
-        # smaller chunks than a least-squares release's: a chunk's fits take longer than
-        # its measurement, and a level waits for the level above (load balance)
-        lc = level_chunks(
-            store.geography, levels, n, max(1, chunk_bytes // _TOPDOWN_SHARE),
-            row_bytes=row_bytes, whole_families=True,
-        )  # fmt: skip
-    else:
-        lc = level_chunks(store.geography, levels, n, chunk_bytes)
-    # the tree model's unit variances weigh levels against each other in the bottom-up
-    # consistency step; top-down never combines levels' measurements
-    same = reconstruct == "topdown" or len({tokenize(p.strategy) for p in plans.values()}) == 1
-    released = tuple(
-        Level(
-            lv,
-            plans[lv],
-            level_charge(plans[lv], release_id, run_id, lv, "strategy")[0],
-            lc.of(lv),
-            plans[lv].row_variance * (1.0 if same else mean_cell_variance(plans[lv].strategy)),
-        )
-        for lv in levels
-    )
-    return lc, released
-
-
 def release(
     plans: PlanLike | Mapping[str, PlanLike],
     data: DataStore | str | os.PathLike[str],
@@ -366,6 +335,9 @@ def release(
     neighbours: str = ADD_REMOVE.name,
     simulate: int | None = None,
     unbiased_limit: int = UNBIASED_LIMIT,
+    passes: PassesOption = None,
+    slack: float = 0.0,
+    constraints: Mapping[str, Constraints] | None = None,
 ) -> Release:
     """Build a release of a data store: a lazy Dask graph, run by :meth:`Release.to_zarr`.
 
@@ -416,6 +388,12 @@ def release(
         release (:mod:`dpdask.privacy.neighbours`). It changes no noise: the plans'
         budgets are add/remove budgets, converted by the caller (a spec's
         ``privacy.neighbours`` is).
+    passes, slack, constraints : optional
+        With ``reconstruct="topdown"``, the multi-pass top-down with constraints
+        (:mod:`~dpdask.graph._multipass`): ``passes`` ``"default"`` (the total, then the
+        cells), a list of workload query groups or each level's ``Pass`` list (None:
+        today's top-down, or one constrained pass); ``slack`` (0: earlier answers kept
+        exactly); ``constraints`` per level, a row per unit (kept by fits and rounding).
     chunk_bytes : int
         Largest size of one chunk of estimates (a unit is never split). The default,
         32 MiB, keeps a chunk's arrays within glibc's heap (see
@@ -453,6 +431,8 @@ def release(
     if simulate is not None and trials and not simulated:
         raise ArgumentError(f"simulate goes with a non-linear estimator, not {reconstruct!r}")
     limit = _count("unbiased_limit", unbiased_limit)
+    if (passes is not None or constraints is not None) and reconstruct != "topdown":
+        raise ArgumentError("passes and constraints go with reconstruct='topdown'")
     as_neighbours(neighbours)  # a known relation (PlanError otherwise)
     level_plans_ = level_plans(plans, levels, budget_split)
     for lv, p in level_plans_.items():
@@ -471,13 +451,18 @@ def release(
     if isinstance(ledger, str | os.PathLike):
         ledger = Ledger(ledger)
     run_id = new_run_id() if run_id is None else check_run_id(run_id)
-    lc, released = _configure(
+    lc, released = configure(
         store, levels, level_plans_, release_id, run_id, reconstruct, chunk_bytes
     )
+    level_passes = resolve_passes(passes, slack, level_plans_, constraints is not None)
+    cons = level_constraints(
+        constraints, levels, [geo.ids[geo.level_index(lv)] for lv in levels], lc.parents,
+        store.domain.size,
+    )  # fmt: skip
     return Release(
         store, levels, level_plans_, release_id, run_id, total, reconstruct, ledger, dataset,
         key, noise, test_mode, integer, max_total, lc, released, str(neighbours),
-        trials if simulated else 0, limit,
+        trials if simulated else 0, limit, level_passes, cons, float(slack),
     )  # fmt: skip
 
 

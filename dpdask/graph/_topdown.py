@@ -45,6 +45,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dpdask.graph._blocks import ChunkContext
 from dpdask.graph._checkpoint import read_sparse, write_sparse
 from dpdask.graph._graph import level_data
+from dpdask.graph._multipass import multipass_task
 from dpdask.graph._run import level_charge
 from dpdask.graph._state import RunState
 from dpdask.graph._topdown_blocks import family_block, top_block
@@ -128,7 +129,12 @@ def fit_task(
 ) -> tuple[Any, ...]:
     """The task that measures and fits chunk ``k`` of level ``i`` (``L``, its chunks'
     ``bounds``): its counts ``block`` (a key), its stream key ``sk``, and ``prev``, the
-    level above's task name and chunk starts (None at the top)."""
+    level above's task name and chunk starts (None at the top). A multi-pass release's
+    tasks are :func:`~dpdask.graph._multipass.multipass_task`'s."""
+    if rel.passes is not None:
+        return multipass_task(
+            rel, i, L, bounds, block, sk, prev, k, ctx, fit_token, reports, unbiased, measure
+        )
     if prev is None:
         return (top_block, block, sk, L.plan, ctx, k, rel.integer, reports, unbiased, measure)
     pname, pstarts = prev
@@ -157,7 +163,9 @@ def topdown_graph(rel: Release, run: RunState) -> tuple[list[pathlib.Path], Any]
     outputs: list[Any] = []
     folders: list[pathlib.Path] = []
     prev: tuple[str, np.ndarray] | None = None  # the level above: its name, chunk starts
-    tok = tokenize(rel.release_id, rel.run_id, rel.integer, [x.name for x in counts])
+    tok = tokenize(
+        rel.release_id, rel.run_id, rel.integer, rel.passes is not None, [x.name for x in counts]
+    )
     unbiased = unbiased_levels(rel, work)
     for i, (L, x) in enumerate(zip(rel.released, counts, strict=True)):
         folder = raw / L.name

@@ -46,9 +46,15 @@ UNBIASED = "unbiased least-squares estimate from this level's measurements alone
 """What ``<level>/unbiased/`` publishes and its variance describes."""
 
 
-def estimator_label(reconstruct: str, integer: bool = False) -> str:
+def _topdown_name(integer: bool, multipass: bool) -> str:
+    name = "multi-pass top-down with constraints" if multipass else "top-down"
+    return f"integer {name}" if integer else name
+
+
+def estimator_label(reconstruct: str, integer: bool = False, multipass: bool = False) -> str:
     """What a release's ``variance`` arrays are the variance of, for estimator
-    ``reconstruct`` (module notes).
+    ``reconstruct`` (module notes; ``multipass``: the multi-pass top-down with
+    constraints, :mod:`dpdask.graph._multipass`).
 
     Examples
     --------
@@ -58,7 +64,7 @@ def estimator_label(reconstruct: str, integer: bool = False) -> str:
     if reconstruct in LINEAR:
         return "least-squares estimate from all levels' measurements, made consistent across levels"
     if reconstruct == "topdown":
-        what = "integer top-down" if integer else "top-down"
+        what = _topdown_name(integer, multipass)
         return (
             "least-squares estimate from this level's measurements alone, not the "
             f"published {what} estimate (its error: simulated_rmse; the unbiased answers "
@@ -71,7 +77,7 @@ def estimator_label(reconstruct: str, integer: bool = False) -> str:
     )
 
 
-def published_label(reconstruct: str, integer: bool = False) -> str:
+def published_label(reconstruct: str, integer: bool = False, multipass: bool = False) -> str:
     """The published estimate of a non-linear estimator, in words (what a simulated
     RMSE is of).
 
@@ -79,9 +85,12 @@ def published_label(reconstruct: str, integer: bool = False) -> str:
     --------
     >>> published_label("topdown", integer=True)
     'published integer top-down estimate (its workload answers)'
+    >>> published_label("topdown", multipass=True)
+    'published multi-pass top-down with constraints estimate (its workload answers)'
     """
-    name = "top-down" if reconstruct == "topdown" else reconstruct
-    return f"published {'integer ' if integer else ''}{name} estimate (its workload answers)"
+    if reconstruct == "topdown":
+        return f"published {_topdown_name(integer, multipass)} estimate (its workload answers)"
+    return f"published {'integer ' if integer else ''}{reconstruct} estimate (its workload answers)"
 
 
 def noise_label(plan: Any) -> str:

@@ -1,0 +1,493 @@
+"""Multi-pass top-down estimation with constraints in the release graph.
+
+``release(..., reconstruct="topdown", passes=..., constraints=...)`` (issue 33): the
+fused top-down path of :mod:`dpdask.graph._topdown` (one task per chunk of whole
+families, measurements never leaving it), with every fit a multi-pass constrained fit:
+
+* the top level's units (no parent) by
+  :func:`~dpdask.reconstruct.topdown.fit_family_passes` with ``parent=None``
+  (:func:`multipass_top_block`), so a top-level invariant such as the state's total is
+  an equality of the top fit;
+* every family, inside its parent's final estimate, by the same passes
+  (:func:`multipass_family_block`): pass ``k`` fits the level's measurements of the
+  pass's queries, subject to the parent's cells, the children's constraints and every
+  earlier pass's answers within its slack. Level by level, every level's measurements of
+  each pass's queries are used, as :func:`~dpdask.reconstruct.topdown.passes_tree` does
+  on a small in-memory hierarchy;
+* what a pass before the last fits (:class:`_Objective`): the least-squares estimates
+  of its queries from *all* the unit's measurements, ``Q G^+ A^T W y`` with their
+  variances ``diag(Q G^+ Q^T)`` as weights (``G = A^T W A``), rather than the strategy's
+  rows that are the queries themselves: the Bureau's strategy gives a block's total row
+  5/4,087 of the block budget, while its detailed cells, summed, hold far more of the
+  total's information (a pass whose queries are not estimable falls back to its rows).
+  The last pass fits every measurement;
+* with ``integer`` every fit is rounded by
+  :func:`~dpdask.reconstruct.topdown.round_constrained`, keeping its parent, its
+  constraints and its passes' answers (within 1).
+
+Constraints are public (from the agency's invariants and the units' public attributes):
+:func:`level_constraints` completes them up the hierarchy (a level's bounds meet the sum
+of its children's, :meth:`~dpdask.reconstruct.topdown.Constraints.aggregate`), so an
+invariant of a level holds at every level above, and checks them with
+:func:`~dpdask.reconstruct.topdown.check_hierarchy` before anything is charged. Each task
+gets its chunk's rows (:meth:`~dpdask.reconstruct.topdown.Constraints.take`); the
+simulation of the estimator's error (:mod:`dpdask.graph._simulate`) runs the same tasks,
+with the same constraints and passes.
+
+:func:`resolve_passes` turns the ``passes`` option into each level's
+:class:`~dpdask.reconstruct.topdown.Pass` list: ``"default"``
+(:func:`~dpdask.reconstruct.topdown.default_passes`: the total from the strategy's total
+rows, then every cell from the rest), or a list of query groups of the level's workload
+(names from :func:`~dpdask.graph._simulate.group_rows`, a group or a list of groups per
+pass), each pass fitted from the strategy rows that measure its queries (rows in the row
+space of the pass's queries not used by an earlier pass), then a last pass over every
+cell from the remaining rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import sparse
+from dask.base import tokenize
+
+from dpdask.errors import ArgumentError, ArgumentTypeError, ShapeError
+from dpdask.graph._blas import task_blas
+from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
+from dpdask.graph._topdown_blocks import _report, parent_rows
+from dpdask.graph._unbiased import Unbiased, write_unbiased
+from dpdask.reconstruct.topdown import (
+    Constraints,
+    Pass,
+    check_hierarchy,
+    default_passes,
+    fit_family_passes,
+    round_constrained,
+)
+
+if TYPE_CHECKING:
+    from dpdask.graph._release import Release
+    from dpdask.strategy import Plan
+
+__all__ = [
+    "MULTIPASS_LABEL",
+    "PassesOption",
+    "level_constraints",
+    "multipass_family_block",
+    "multipass_task",
+    "multipass_top_block",
+    "resolve_passes",
+]
+
+MULTIPASS_LABEL = "multi-pass top-down with constraints"
+"""The estimator's name in labels (:mod:`dpdask.graph._uncertainty`)."""
+
+PassesOption = str | Sequence[str | Sequence[str]] | Mapping[str, Sequence[Pass]] | None
+"""What ``release(passes=...)`` takes (module notes; a mapping gives each level's passes)."""
+
+_OBJECTIVES: dict[str, _Objective] = {}  # per worker process: each level's, built once
+
+
+@dataclass(frozen=True, eq=False)
+class _Objective:
+    """A level's fit by passes on its measurements and, for every pass but the last,
+    the least-squares estimates of the pass's queries from all of them (module notes):
+    the strategy ``A`` with those queries' rows below it, the rows' weights, the passes
+    on those rows and ``P``, ``(m, r)``: ``y @ P`` are the estimates from ``y``."""
+
+    A: np.ndarray
+    weights: np.ndarray
+    passes: tuple[Pass, ...]
+    P: np.ndarray
+
+    def measurements(self, y: np.ndarray) -> np.ndarray:
+        """The rows the passes fit: ``y`` and the estimates of the passes' queries."""
+        out: np.ndarray = np.hstack([y, y @ self.P])
+        return out
+
+
+def _build(A: np.ndarray, weight: float, passes: Sequence[Pass]) -> _Objective:
+    m = A.shape[0]
+    G = weight * (A.T @ A)
+    Gp = np.linalg.pinv(G, hermitian=True)
+    rows: list[np.ndarray] = []
+    blocks: list[np.ndarray] = []
+    variances: list[np.ndarray] = []
+    out: list[Pass] = []
+    start = m
+    for k, ps in enumerate(passes):
+        Q = np.atleast_2d(np.asarray(ps.queries, dtype=float))
+        last = k == len(passes) - 1
+        estimable = np.allclose(Q @ Gp @ G, Q, rtol=0, atol=1e-8 * max(1.0, np.abs(Q).max()))
+        if last or not estimable:  # the pass's own rows (the last: every measurement)
+            keep = np.arange(m) if last else ps.rows
+            out.append(Pass(ps.queries, keep, ps.slack, ps.name))
+            continue
+        B = Q @ Gp  # (q, n): estimates Q G^+ A^T W y, variances diag(Q G^+ Q^T)
+        blocks.append(weight * (A @ B.T))
+        variances.append(np.maximum(np.einsum("ij,ij->i", B, Q), 1e-300))
+        rows.append(Q)
+        out.append(Pass(ps.queries, np.arange(start, start + Q.shape[0]), ps.slack, ps.name))
+        start += Q.shape[0]
+    if not rows:
+        return _Objective(A, np.full(m, weight), tuple(out), np.zeros((m, 0)))
+    w = np.concatenate([np.full(m, weight), 1.0 / np.concatenate(variances)])
+    return _Objective(np.vstack([A, *rows]), w, tuple(out), np.hstack(blocks))
+
+
+def _objective(plan: Any, passes: Sequence[Pass], token: str) -> _Objective:
+    obj = _OBJECTIVES.get(token)
+    if obj is None:
+        A = np.asarray(plan.strategy.dense(), dtype=float)
+        obj = _OBJECTIVES[token] = _build(A, 1.0 / float(plan.row_variance), passes)
+    return obj
+
+
+def _in_row_space(A: np.ndarray, Q: np.ndarray) -> np.ndarray:
+    """Which rows of ``A`` lie in the row space of ``Q`` (a measurement of its queries)."""
+    basis, _ = np.linalg.qr(Q.T)  # (n, r) orthonormal columns spanning Q's rows
+    rest = A - (A @ basis) @ basis.T
+    scale = np.maximum(np.abs(A).max(axis=1), 1.0)
+    out: np.ndarray = np.abs(rest).max(axis=1) <= 1e-9 * scale
+    return out
+
+
+def _group_passes(A: np.ndarray, W: Any, groups: Sequence[Any], slack: float) -> list[Pass]:
+    from dpdask.graph._simulate import group_rows
+
+    named = dict(group_rows(W))
+    m, n = A.shape
+    used = np.zeros(m, dtype=bool)
+    out: list[Pass] = []
+    for k, g in enumerate(groups):
+        names = [g] if isinstance(g, str) else list(g)
+        unknown = [x for x in names if x not in named]
+        if not names or unknown:
+            raise ArgumentError(
+                f"passes[{k}]: {unknown or names!r} is not a query group of the workload "
+                f"(its groups: {sorted(named)})"
+            )
+        rows = np.concatenate([named[x] for x in names])
+        Q = np.asarray(W.dense(), dtype=float)[rows] if hasattr(W, "dense") else W[rows]
+        mine = _in_row_space(A, Q) & ~used
+        used |= mine
+        out.append(Pass(Q, np.flatnonzero(mine) if mine.any() else None, slack, "+".join(names)))
+    rest = np.flatnonzero(~used)
+    out.append(Pass(np.eye(n), rest if rest.size and used.any() else None, 0.0, "detail"))
+    return out
+
+
+def resolve_passes(
+    passes: PassesOption, slack: float, plans: Mapping[str, Plan], multipass: bool
+) -> dict[str, tuple[Pass, ...]] | None:
+    """Each level's passes for the ``passes`` option (module notes); None when the
+    release is today's top-down (``passes`` None and no constraints). With constraints
+    and ``passes`` None: one pass, the constrained fit of every measurement."""
+    if not (isinstance(slack, int | float) and not isinstance(slack, bool)):
+        raise ArgumentTypeError(f"slack must be a number, got {slack!r}")
+    if not (np.isfinite(slack) and slack >= 0):
+        raise ArgumentError(f"slack must be finite and >= 0, got {slack!r}")
+    if passes is None:
+        if not multipass:
+            return None
+        return {
+            lv: (Pass(np.eye(p.strategy.shape[1]), None, 0.0, "cells"),) for lv, p in plans.items()
+        }
+    if isinstance(passes, Mapping):
+        missing = sorted(set(plans) - set(passes))
+        if missing:
+            raise ArgumentError(f"passes: no passes for levels {missing}")
+        out = {}
+        for lv in plans:
+            got = tuple(passes[lv])
+            if not got or not all(isinstance(p, Pass) for p in got):
+                raise ArgumentTypeError(f"passes[{lv!r}]: need a non-empty list of Pass")
+            out[lv] = got
+        return out
+    if isinstance(passes, str):
+        if passes != "default":
+            raise ArgumentError(f"passes={passes!r}: 'default' or a list of query groups")
+        return {
+            lv: tuple(default_passes(np.asarray(p.strategy.dense(), dtype=float), float(slack)))
+            for lv, p in plans.items()
+        }
+    groups = list(passes)
+    if not groups:
+        raise ArgumentError("passes: need at least one query group")
+    return {
+        lv: tuple(
+            _group_passes(np.asarray(p.strategy.dense(), dtype=float), p.workload, groups, slack)
+        )
+        for lv, p in plans.items()
+    }
+
+
+def _union_queries(cs: Sequence[Constraints]) -> tuple[np.ndarray, tuple[str, ...]]:
+    """The query rows of every level's constraints, each once (same row and label)."""
+    rows: list[np.ndarray] = []
+    labels: list[str] = []
+    for c in cs:
+        for q, lab in zip(c.queries, c.labels, strict=True):
+            if not any(
+                lab == x and np.array_equal(q, r) for r, x in zip(rows, labels, strict=True)
+            ):
+                rows.append(np.asarray(q, dtype=float))
+                labels.append(lab)
+    n = cs[0].n
+    return (np.stack(rows) if rows else np.zeros((0, n))), tuple(labels)
+
+
+def _expand(c: Constraints, Q: np.ndarray, labels: tuple[str, ...]) -> Constraints:
+    """``c`` on the query rows ``Q`` (unbounded on the rows it does not have)."""
+    lo = np.full((c.k, Q.shape[0]), -np.inf)
+    hi = np.full((c.k, Q.shape[0]), np.inf)
+    for j, (q, lab) in enumerate(zip(c.queries, c.labels, strict=True)):
+        r = next(
+            i for i, (row, x) in enumerate(zip(Q, labels, strict=True))
+            if x == lab and np.array_equal(row, q)
+        )  # fmt: skip
+        lo[:, r] = np.maximum(lo[:, r], c.lo[:, j])
+        hi[:, r] = np.minimum(hi[:, r], c.hi[:, j])
+    return Constraints(c.lower, c.upper, Q, lo, hi, c.units, labels)
+
+
+def _meet(a: Constraints, b: Constraints) -> Constraints:
+    """Both constraints at once (same units, same query rows)."""
+    return Constraints(
+        np.maximum(a.lower, b.lower), np.minimum(a.upper, b.upper), a.queries,
+        np.maximum(a.lo, b.lo), np.minimum(a.hi, b.hi), a.units, a.labels,
+    )  # fmt: skip
+
+
+def level_constraints(
+    given: Mapping[str, Constraints] | None,
+    levels: Sequence[str],
+    units: Sequence[Sequence[str]],
+    parents: Sequence[np.ndarray],
+    n: int,
+) -> dict[str, Constraints] | None:
+    """Every released level's constraints (module notes): the ones ``given`` (by level
+    name, a row per unit in the geography's order) met with the sum of the level
+    below's, on the same query rows at every level; checked from public input alone.
+
+    Parameters
+    ----------
+    given : mapping of str to Constraints, or None
+        The caller's, for some of the released levels.
+    levels : sequence of str
+        The released levels, coarsest first.
+    units : sequence of sequence of str
+        Each level's unit ids (for messages).
+    parents : sequence of ndarray
+        Each level's parent index in the level above (all but the coarsest).
+    n : int
+        The domain's cells.
+
+    Raises
+    ------
+    ArgumentError, ArgumentTypeError, ShapeError
+        For a level that is not released, something that is not a ``Constraints``, or
+        one of the wrong shape.
+    DataError
+        For conflicting constraints (:func:`~dpdask.reconstruct.topdown.check_hierarchy`),
+        naming the unit.
+    """
+    if given is None:
+        return None
+    if not isinstance(given, Mapping):
+        raise ArgumentTypeError("constraints must map level names to Constraints")
+    unknown = sorted(set(given) - set(levels))
+    if unknown:
+        raise ArgumentError(f"constraints: {unknown} are not released levels {list(levels)}")
+    for lv, c in given.items():
+        if not isinstance(c, Constraints):
+            raise ArgumentTypeError(f"constraints[{lv!r}] must be a Constraints")
+        k = len(units[list(levels).index(lv)])
+        if (c.k, c.n) != (k, n):
+            raise ShapeError(
+                f"constraints[{lv!r}] holds {c.k} units of {c.n} cells; the level has {k} units "
+                f"of {n} cells"
+            )
+    Q, labels = _union_queries(list(given.values()))
+    L = len(levels)
+    out: list[Constraints] = [Constraints.none(0, n)] * L
+    for i in range(L - 1, -1, -1):
+        ids = tuple(str(u) for u in units[i])
+        mine = given.get(levels[i])
+        here = _expand(Constraints.none(len(ids), n, ids) if mine is None else mine, Q, labels)
+        if i + 1 < L:
+            below = out[i + 1].aggregate(np.asarray(parents[i], dtype=np.int64), ids)
+            here = _meet(here, below)
+        out[i] = here
+    check_hierarchy(out, [np.asarray(p, dtype=np.int64) for p in parents])
+    return dict(zip(levels, out, strict=True))
+
+
+def _rounding_passes(passes: Sequence[Pass]) -> Sequence[Pass] | None:
+    """The passes the rounder keeps: a single pass over the cells keeps the total
+    (the rounder's default), as the default passes do."""
+    return None if len(passes) == 1 and passes[0].name == "cells" else passes
+
+
+def multipass_top_block(
+    x: Any,
+    key: Any,
+    plan: Any,
+    passes: Sequence[Pass],
+    cons: Constraints | None,
+    ctx: ChunkContext,
+    chunk: int,
+    token: str,
+    integer: bool,
+    report_dir: str | None,
+    unbiased: Unbiased | None = None,
+    measure: Any = None,
+) -> sparse.COO:
+    """The top level's units of one chunk, each fitted pass by pass within its
+    constraints (no parent); rounded with ``integer``."""
+    tune_allocator()
+    trim_heap()
+    y = (measure or measure_block)(x, plan, key, ctx, {0: {"chunk-location": (chunk, 0)}})
+    write_unbiased(plan.strategy, y, unbiased, chunk)
+    with task_blas():
+        obj = _objective(plan, passes, token)
+        est = fit_family_passes(
+            obj.A, obj.measurements(np.asarray(y, dtype=float)), None, cons,
+            passes=obj.passes, weights=obj.weights, parent_name="the top level",
+        )  # fmt: skip
+        X = np.maximum(est.x, 0.0)
+        if integer:
+            X = round_constrained(X, None, cons, passes=_rounding_passes(passes)).astype(float)
+    failed = [{"pass": p.name, **r.to_dict()} for p, r in zip(passes, est.reports, strict=True)
+              if not r.converged]  # fmt: skip
+    _report(report_dir, ctx.level, chunk, failed)
+    return sparse.COO.from_numpy(X)
+
+
+def multipass_family_block(
+    x: Any,
+    key: Any,
+    parent_blocks: list[Any],
+    parent_starts: list[int],
+    parents: np.ndarray,
+    plan: Any,
+    passes: Sequence[Pass],
+    cons: Constraints | None,
+    ctx: ChunkContext,
+    chunk: int,
+    token: str,
+    integer: bool,
+    report_dir: str | None,
+    unbiased: Unbiased | None = None,
+    measure: Any = None,
+) -> sparse.COO:
+    """The children of every family of one chunk, fitted pass by pass inside their
+    parent's final estimate and within their constraints (``cons``: the chunk's units'),
+    as :func:`~dpdask.graph._topdown_blocks.family_block` does without them."""
+    tune_allocator()
+    trim_heap()
+    parents = np.asarray(parents, dtype=np.int64)
+    first, last = int(parents[0]), int(parents[-1])
+    P = parent_rows(parent_blocks, parent_starts, first, last)
+    y = np.asarray(
+        (measure or measure_block)(x, plan, key, ctx, {0: {"chunk-location": (chunk, 0)}}),
+        dtype=float,
+    )
+    write_unbiased(plan.strategy, y, unbiased, chunk)
+    g, n = y.shape[0], plan.strategy.shape[1]
+    X = np.zeros((g, n))
+    failed: list[dict[str, Any]] = []
+    starts = np.flatnonzero(np.r_[True, parents[1:] != parents[:-1]])
+    with task_blas():
+        obj = _objective(plan, passes, token)
+        Y = obj.measurements(y)
+        for a, b in zip(starts, [*starts[1:], g], strict=True):
+            p = P[[int(parents[a]) - first]].toarray().reshape(-1)
+            if integer:
+                p = np.rint(p)
+            kids = None if cons is None else cons.take(np.arange(a, b))
+            name = f"{ctx.level} parent {int(parents[a])}"
+            est = fit_family_passes(
+                obj.A, Y[a:b], p, kids, passes=obj.passes, weights=obj.weights,
+                parent_name=name,
+            )  # fmt: skip
+            Xf = est.x
+            if integer:
+                Xf = round_constrained(
+                    Xf, p, kids, passes=_rounding_passes(passes), parent_name=name
+                ).astype(float)
+            X[a:b] = Xf
+            failed += [
+                {"parent": int(parents[a]), "pass": ps.name, **r.to_dict()}
+                for ps, r in zip(passes, est.reports, strict=True) if not r.converged
+            ]  # fmt: skip
+    _report(report_dir, ctx.level, chunk, failed)
+    return sparse.COO.from_numpy(X)
+
+
+def multipass_task(
+    rel: Release,
+    i: int,
+    L: Any,
+    bounds: np.ndarray,
+    block: Any,
+    sk: Any,
+    prev: tuple[str, np.ndarray] | None,
+    k: int,
+    ctx: ChunkContext,
+    fit_token: str,
+    reports: str | None,
+    unbiased: Unbiased | None = None,
+    measure: Any = None,
+) -> tuple[Any, ...]:
+    """The task that measures and fits chunk ``k`` of level ``i`` by passes, within the
+    chunk's constraints (arguments as :func:`~dpdask.graph._topdown.fit_task`)."""
+    if rel.passes is None:  # pragma: no cover - fit_task calls it only with passes
+        raise ShapeError("a multi-pass task needs the release's passes")
+    passes = rel.passes[L.name]
+    rows = np.arange(int(bounds[k]), int(bounds[k + 1]))
+    # what a worker's cached objective depends on: the strategy, its noise and the passes
+    token = tokenize(
+        fit_token, [(p.name, p.slack, p.rows, np.shape(p.queries), float(np.sum(p.queries)))
+                    for p in passes],
+    )  # fmt: skip
+    # the chunk's rows of its level's constraints (None: non-negativity alone)
+    cons = None if rel.constraints is None else rel.constraints[L.name].take(rows)
+    if prev is None:
+        return (
+            multipass_top_block, block, sk, L.plan, passes, cons, ctx, k, token,
+            rel.integer, reports, unbiased, measure,
+        )  # fmt: skip
+    pname, pstarts = prev
+    p = rel.lc.parents[i - 1][bounds[k] : bounds[k + 1]]
+    js = range(
+        int(np.searchsorted(pstarts, p[0], side="right") - 1),
+        int(np.searchsorted(pstarts, p[-1], side="right")),
+    )
+    return (
+        multipass_family_block, block, sk, [(pname, j) for j in js], [int(pstarts[j]) for j in js],
+        p, L.plan, passes, cons, ctx, k, token, rel.integer, reports, unbiased, measure,
+    )  # fmt: skip
+
+
+def multipass_summary(rel: Release) -> dict[str, Any]:
+    """What :meth:`Release.summary` says of a multi-pass release's passes and
+    constraints (nothing for another release)."""
+    if rel.passes is None:
+        return {}
+    cons = {} if rel.constraints is None else rel.constraints
+    return {
+        "passes": {lv: [p.name for p in ps] for lv, ps in rel.passes.items()},
+        "slack": rel.slack,
+        "constraints": {
+            lv: {
+                "queries": list(c.labels),
+                "invariants": int(c.invariants().sum()),
+                "structural_zeros": int((c.upper == 0).sum()),
+            }
+            for lv, c in cons.items()
+        },
+    }
