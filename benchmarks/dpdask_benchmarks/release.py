@@ -35,8 +35,8 @@ import psutil
 from dask.utils import key_split
 from distributed import get_task_stream
 
-from dpdask.pipeline.cluster import connect
 from dpdask.pipeline._data import synthetic_geography
+from dpdask.pipeline.cluster import connect
 from dpdask.store import open_store
 
 __all__ = ["add_arguments", "run"]

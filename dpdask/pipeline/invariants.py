@@ -53,9 +53,9 @@ __all__ = [
     "unit_totals",
 ]
 
-#: the ``reconstruct:`` methods whose estimates honour invariants and constraints
-#: (none yet: the top-down wiring adds its method here)
-HONOURED_BY: frozenset[str] = frozenset()
+#: the ``reconstruct:`` methods whose estimates honour invariants and constraints: the
+#: top-down fit, given them as one constrained pass per family (``dpdask.graph``)
+HONOURED_BY: frozenset[str] = frozenset({"topdown"})
 _CELLS_PER_CHECK = 1 << 22  # (units x cells) per block of constraints checked at once
 
 

@@ -430,9 +430,10 @@ def _run_checked(
              spec.data.format, checked.work)  # fmt: skip
     store = load_data(spec, checked.work, checked.source)
     levels = _levels(spec, store)
-    constraints = checked_constraints(spec, store, levels)  # infeasible: refused, no charge
-    if constraints is not None:  # pragma: no cover - check_estimator refuses them until then
-        raise SpecError("reconstruct: no estimator honours invariants yet")  # the wiring's place
+    checked_cons = checked_constraints(spec, store, levels)  # infeasible: refused, no charge
+    constraints = None  # per level, a row per unit: kept exactly by the top-down fit
+    if checked_cons is not None:
+        constraints = {lv: checked_cons.at(lv) for lv in levels}
     if checked.ledger is None:  # every check passed: a new ledger may be born
         checked = _preflight(spec, checked.run_id, overwrite, create=True, hold=True)
     ledger = checked.ledger
@@ -445,7 +446,7 @@ def _run_checked(
         plan, store, levels=levels,
         budget_split=_level_split(spec, levels),
         reconstruct=spec.reconstruct, integer=spec.integer, simulate=spec.simulate,
-        release_id=spec.release,
+        constraints=constraints, release_id=spec.release,
         run_id=checked.run_id,
         ledger=ledger, dataset=checked.dataset, neighbours=spec.neighbours.name,
     )  # fmt: skip

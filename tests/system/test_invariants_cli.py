@@ -3,12 +3,9 @@ path and a real ledger: the plan states which counts are published without noise
 spec no estimator can honour, or whose invariants the public input makes infeasible, is
 refused before anything is charged or written; a charged run's ledger entry states them.
 
-No estimator honours invariants yet (:data:`dpdask.pipeline.invariants.HONOURED_BY` is
-empty until the top-down wiring lands), so the tests that need one past that refusal
-add one to the registry here (``_honoured``); the charged run of
-:func:`test_ledger_show_states_the_invariants_of_a_charged_run` also skips the
-constraints' hand-over to the estimator (a test-only path: its estimates do not honour
-them), to check what the ledger records.
+Only ``reconstruct: topdown`` honours them (:data:`dpdask.pipeline.invariants.HONOURED_BY`):
+the charged run is the shipped Providence spec itself, its output checked against the
+file (the state total exact, the empty blocks empty).
 """
 
 from __future__ import annotations
@@ -51,15 +48,7 @@ def _ledger_bytes(tmp_path: pathlib.Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(tmp_path.glob("ledger.sqlite*"))}
 
 
-@pytest.fixture
-def _honoured(monkeypatch):
-    """Pretend the spec's estimators honour invariants (the wiring's registry)."""
-    from dpdask.pipeline import invariants
-
-    monkeypatch.setattr(invariants, "HONOURED_BY", frozenset({"ls", "topdown"}))
-
-
-def test_the_shipped_spec_validates_once_an_estimator_honours_it(tmp_path, capsys, _honoured):
+def test_the_shipped_spec_validates(tmp_path, capsys):
     """The Providence file's state total, block housing units and empty blocks agree."""
     shipped = yaml.safe_load(SPEC.read_text())
     spec = _spec(tmp_path, levels=shipped["levels"], privacy=shipped["privacy"])
@@ -89,17 +78,17 @@ def test_an_estimator_that_does_not_honour_them_is_refused(tmp_path, capsys, ver
     assert main(["ledger", "init", str(tmp_path / "ledger.sqlite")]) == 0
     capsys.readouterr()
     before = _ledger_bytes(tmp_path)
-    spec = _spec(tmp_path, create=False)
+    spec = _spec(tmp_path, create=False, reconstruct="nnls")
     args = [verb, str(spec), "--json"] + (["--no-progress"] if verb == "run" else [])
     assert main(args) == 2
     refusal = _json(capsys)
     assert refusal["kind"] == "invalid" and refusal["error"] == "SpecError"
-    assert refusal["message"].startswith("reconstruct: 'topdown' does not honour invariants")
+    assert refusal["message"].startswith("reconstruct: 'nnls' does not honour invariants")
     assert _ledger_bytes(tmp_path) == before
     assert not (tmp_path / "inv").exists()
 
 
-def test_infeasible_invariants_are_refused_before_any_charge(tmp_path, capsys, _honoured):
+def test_infeasible_invariants_are_refused_before_any_charge(tmp_path, capsys):
     """Nobody may be counted anywhere, yet the state's total is published exactly."""
     assert main(["ledger", "init", str(tmp_path / "ledger.sqlite")]) == 0
     capsys.readouterr()
@@ -118,7 +107,7 @@ def test_infeasible_invariants_are_refused_before_any_charge(tmp_path, capsys, _
     assert _json(capsys)["releases"] == {}
 
 
-def test_an_attribute_the_data_does_not_carry_is_refused(tmp_path, capsys, _honoured):
+def test_an_attribute_the_data_does_not_carry_is_refused(tmp_path, capsys):
     import numpy as np
 
     from dpdask.census import pl94_domain
@@ -145,15 +134,24 @@ def test_an_attribute_the_data_does_not_carry_is_refused(tmp_path, capsys, _hono
     assert not (tmp_path / "ledger.sqlite").exists()
 
 
-def test_ledger_show_states_the_invariants_of_a_charged_run(tmp_path, capsys, monkeypatch):
-    """Test-only path: ``ls`` is registered and the constraints are not handed over."""
-    from dpdask.pipeline import invariants, run
+def test_ledger_show_states_the_invariants_of_a_charged_run(tmp_path, capsys):
+    """The real path: key file, ledger, top-down fit under the constraints."""
+    import numpy as np
+    import zarr
 
-    monkeypatch.setattr(invariants, "HONOURED_BY", frozenset({"ls"}))
-    monkeypatch.setattr(run, "checked_constraints", lambda *a: None)
-    spec = _spec(tmp_path, reconstruct="ls")
+    from dpdask.store import read_pl94_file
+
+    spec = _spec(tmp_path)
     assert main(["run", str(spec), "--json", "--no-progress"]) == 0
     summary = _json(capsys)
+    truth = read_pl94_file(DATA)
+    g = zarr.open_group(summary["output"], mode="r")
+    assert float(np.asarray(g["state/estimate"][:]).sum()) == int(truth.counts.sum())
+    blocks = np.asarray(g["block/estimate"][:]).reshape(len(truth.counts), -1)
+    hu, gq = truth.unit_attributes["housing_units"], truth.unit_attributes["gq_population"]
+    empty = (hu == 0) & (gq[:, 1:].sum(axis=1) == 0)
+    assert empty.sum() > 100 and not blocks[empty].any()  # the file's 211 empty blocks
+    assert (blocks >= 0).all() and np.array_equal(blocks, np.round(blocks))
     assert main(["ledger", "show", summary["ledger"], "--json"]) == 0
     (release,) = _json(capsys)["releases"].values()
     (entry,) = release["runs"]

@@ -333,11 +333,12 @@ def test_the_data_must_carry_the_attributes(tmp_path) -> None:
         release_constraints(_spec(raw), store, ("state", "tract", "block"))
 
 
-def test_no_estimator_honours_them_yet() -> None:
-    spec = _spec(_raw())
-    assert "topdown" not in HONOURED_BY
-    with pytest.raises(SpecError, match=r"^reconstruct: 'topdown' does not honour invariants"):
-        check_estimator(spec)
+def test_only_the_top_down_fit_honours_them() -> None:
+    assert HONOURED_BY == frozenset({"topdown"})
+    check_estimator(_spec(_raw()))  # the shipped spec's reconstruct: topdown
+    for method in ("ls", "nnls"):
+        with pytest.raises(SpecError, match=rf"^reconstruct: '{method}' does not honour"):
+            check_estimator(_spec(_raw(reconstruct=method)))
     check_estimator(_spec(_raw(invariants=None, constraints=None)))  # nothing to honour
     marginal = _spec(_raw(strategy="residual", workload={"marginals": {"k": 1}}))
     with pytest.raises(SpecError, match=r"^invariants: a marginal \(residual\) release"):
