@@ -188,6 +188,8 @@ def _write_attributes(rel: Release, run: RunState, root: zarr.Group, out: pathli
             "units": "persons",
             "margin_of_error": "moe90 = 1.645 * sqrt(variance), a 90% margin as ACS's",
             "uncertainty_of": estimator_label(rel.reconstruct, rel.integer, rel.multipass),
+            # the counts published without noise, and the constraints, as the spec states
+            **({"invariants": info["invariants"]} if "invariants" in info else {}),
         }
     )
     with warnings.catch_warnings():  # "not part of the Zarr v3 specification" (yet)

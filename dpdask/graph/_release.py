@@ -135,6 +135,9 @@ class Release:
     passes, constraints, slack
         A multi-pass top-down release's passes and constraints per level
         (:mod:`~dpdask.graph._multipass`; None otherwise), and its slack.
+    invariants : mapping, optional
+        The spec's statement of the counts published without noise and the
+        constraints (:meth:`dpdask.pipeline.invariants.ReleaseConstraints.statement`).
     runs : list of RunState
         The runs :meth:`to_zarr` made of this release (the last one's reports are in
         :meth:`summary`).
@@ -162,6 +165,7 @@ class Release:
     passes: Mapping[str, tuple[Pass, ...]] | None = None
     constraints: Mapping[str, Constraints] | None = None
     slack: float = 0.0
+    invariants: Mapping[str, Any] | None = None
     runs: list[RunState] = field(default_factory=list, repr=False)
 
     @property
@@ -192,6 +196,7 @@ class Release:
             "integer": self.integer,
             "simulate": self.simulate,
             **multipass_summary(self),
+            **({"invariants": dict(self.invariants)} if self.invariants else {}),
             "unbiased_limit": self.unbiased_limit,
             "max_total": self.max_total,
             "not_converged": [] if run is None else run.reports,
@@ -338,6 +343,7 @@ def release(
     passes: PassesOption = None,
     slack: float = 0.0,
     constraints: Mapping[str, Constraints] | None = None,
+    invariants: Mapping[str, Any] | None = None,
 ) -> Release:
     """Build a release of a data store: a lazy Dask graph, run by :meth:`Release.to_zarr`.
 
@@ -394,6 +400,9 @@ def release(
         cells), a list of workload query groups or each level's ``Pass`` list (None:
         today's top-down, or one constrained pass); ``slack`` (0: earlier answers kept
         exactly); ``constraints`` per level, a row per unit (kept by fits and rounding).
+    invariants : mapping, optional
+        What the counts published without noise and the constraints are, as a spec
+        states them: recorded in the summary and the release's attributes.
     chunk_bytes : int
         Largest size of one chunk of estimates (a unit is never split). The default,
         32 MiB, keeps a chunk's arrays within glibc's heap (see
@@ -463,6 +472,7 @@ def release(
         store, levels, level_plans_, release_id, run_id, total, reconstruct, ledger, dataset,
         key, noise, test_mode, integer, max_total, lc, released, str(neighbours),
         trials if simulated else 0, limit, level_passes, cons, float(slack),
+        None if invariants is None else dict(invariants),
     )  # fmt: skip
 
 

@@ -447,6 +447,7 @@ def _run_checked(
         budget_split=_level_split(spec, levels),
         reconstruct=spec.reconstruct, integer=spec.integer, simulate=spec.simulate,
         constraints=constraints, release_id=spec.release,
+        invariants=None if checked_cons is None else checked_cons.statement(),
         run_id=checked.run_id,
         ledger=ledger, dataset=checked.dataset, neighbours=spec.neighbours.name,
     )  # fmt: skip

@@ -152,6 +152,9 @@ def test_ledger_show_states_the_invariants_of_a_charged_run(tmp_path, capsys):
     empty = (hu == 0) & (gq[:, 1:].sum(axis=1) == 0)
     assert empty.sum() > 100 and not blocks[empty].any()  # the file's 211 empty blocks
     assert (blocks >= 0).all() and np.array_equal(blocks, np.round(blocks))
+    stated = dict(g.attrs)["invariants"]  # the release says what was published exactly
+    assert stated["invariants"] == {"state": ["total"], "block": ["housing_units"]}
+    assert stated["constraints"] == {"empty_units": {"facilities": "gq_population"}}
     assert main(["ledger", "show", summary["ledger"], "--json"]) == 0
     (release,) = _json(capsys)["releases"].values()
     (entry,) = release["runs"]
