@@ -57,7 +57,7 @@ from dask.base import tokenize
 from dpdask.errors import ArgumentError, ArgumentTypeError, ShapeError
 from dpdask.graph._blas import task_blas
 from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
-from dpdask.graph._topdown_blocks import _report, parent_rows
+from dpdask.graph._topdown_blocks import _report, parent_chunks, parent_rows
 from dpdask.graph._unbiased import Unbiased, write_unbiased
 from dpdask.reconstruct.topdown import (
     Constraints,
@@ -461,14 +461,10 @@ def multipass_task(
             multipass_top_block, block, sk, L.plan, passes, cons, ctx, k, token,
             rel.integer, reports, unbiased, measure,
         )  # fmt: skip
-    pname, pstarts = prev
     p = rel.lc.parents[i - 1][bounds[k] : bounds[k + 1]]
-    js = range(
-        int(np.searchsorted(pstarts, p[0], side="right") - 1),
-        int(np.searchsorted(pstarts, p[-1], side="right")),
-    )
+    keys, starts = parent_chunks(p, *prev)
     return (
-        multipass_family_block, block, sk, [(pname, j) for j in js], [int(pstarts[j]) for j in js],
+        multipass_family_block, block, sk, keys, starts,
         p, L.plan, passes, cons, ctx, k, token, rel.integer, reports, unbiased, measure,
     )  # fmt: skip
 

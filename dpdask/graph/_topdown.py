@@ -48,7 +48,7 @@ from dpdask.graph._graph import level_data
 from dpdask.graph._multipass import multipass_task
 from dpdask.graph._run import level_charge
 from dpdask.graph._state import RunState
-from dpdask.graph._topdown_blocks import family_block, top_block
+from dpdask.graph._topdown_blocks import family_block, parent_chunks, top_block
 from dpdask.graph._unbiased import Unbiased, unbiased_levels
 from dpdask.publish import marker
 from dpdask.store import level_key
@@ -137,14 +137,10 @@ def fit_task(
         )
     if prev is None:
         return (top_block, block, sk, L.plan, ctx, k, rel.integer, reports, unbiased, measure)
-    pname, pstarts = prev
     p = rel.lc.parents[i - 1][bounds[k] : bounds[k + 1]]
-    js = range(
-        int(np.searchsorted(pstarts, p[0], side="right") - 1),
-        int(np.searchsorted(pstarts, p[-1], side="right")),
-    )
+    keys, starts = parent_chunks(p, *prev)
     return (
-        family_block, block, sk, [(pname, j) for j in js], [int(pstarts[j]) for j in js],
+        family_block, block, sk, keys, starts,
         p, L.plan, ctx, k, fit_token, rel.integer, reports, unbiased, measure,
     )  # fmt: skip
 

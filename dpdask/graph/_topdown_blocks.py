@@ -138,6 +138,19 @@ def parent_rows(blocks: list[Any], starts: list[int], first: int, last: int) -> 
     return sp.csr_array(out)
 
 
+def parent_chunks(
+    parents: np.ndarray, name: str, starts: np.ndarray
+) -> tuple[list[tuple[str, int]], list[int]]:
+    """The task keys ``(name, j)`` and first rows of the level above's chunks that hold
+    ``parents`` (non-decreasing global indices; ``starts``: each chunk's first row), the
+    arguments :func:`parent_rows` reads them back from."""
+    js = range(
+        int(np.searchsorted(starts, parents[0], side="right") - 1),
+        int(np.searchsorted(starts, parents[-1], side="right")),
+    )
+    return [(name, j) for j in js], [int(starts[j]) for j in js]
+
+
 def _fitter(A: LinearQuery, weight: float, token: str) -> Any:
     fit = _FITTERS.get(token)
     if fit is None:

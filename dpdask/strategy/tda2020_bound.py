@@ -46,7 +46,12 @@ from dpdask.strategy.tda2020 import (
     QUERY_SHARES,
     tda2020_groups,
 )
-from dpdask.workloads.pl94_full import PL94_FULL_GROUPS, hhinstlevels_recode, pl94_full_group
+from dpdask.workloads.pl94_full import (
+    PL94_FULL_GROUPS,
+    group_factor_kinds,
+    hhinstlevels_recode,
+    pl94_full_group,
+)
 
 __all__ = ["CostBound", "budget_ratio_bound", "cost_bound", "group_gram_blocks"]
 
@@ -81,24 +86,6 @@ def _hhgq_gram(kind: str) -> _Float:
     return np.ones((8, 8))
 
 
-def _kinds(group: str) -> tuple[str, ...]:
-    """Per attribute ``"I"``, ``"R"`` or ``"T"`` (total), read off the group's factors."""
-    part = pl94_full_group(group)
-    factors = part.factors  # type: ignore[attr-defined]
-    out = []
-    for f, n in zip(factors, census.pl94_full_domain().shape, strict=True):
-        d = np.asarray(f.dense(), dtype=float)
-        if d.shape == (n, n) and np.array_equal(d, np.eye(n)):
-            out.append("I")
-        elif d.shape == (1, n) and (d == 1).all():
-            out.append("T")
-        elif d.shape == (3, 8):
-            out.append("R")
-        else:
-            raise ArgumentError(f"group {group!r}: a factor that is not I, T or the recode")
-    return tuple(out)
-
-
 def group_gram_blocks(
     groups: tuple[str, ...] = PL94_FULL_GROUPS,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
@@ -118,7 +105,7 @@ def group_gram_blocks(
                      for cl in classes], dtype=float)  # fmt: skip
     out = np.zeros((len(groups), len(classes), 8, 8))
     for i, g in enumerate(groups):
-        kinds = _kinds(g)
+        kinds = group_factor_kinds(g)
         for j, cl in enumerate(classes):
             w = 1.0
             for kind, c, m in zip(kinds[1:], cl, sizes, strict=True):

@@ -35,7 +35,13 @@ from dpdask.errors import ArgumentError, DomainError
 from dpdask.linalg import Identity, LinearQuery, Sparse, VStack
 from dpdask.workloads.products import indicator, product
 
-__all__ = ["PL94_FULL_GROUPS", "hhinstlevels_recode", "pl94_full", "pl94_full_group"]
+__all__ = [
+    "PL94_FULL_GROUPS",
+    "group_factor_kinds",
+    "hhinstlevels_recode",
+    "pl94_full",
+    "pl94_full_group",
+]
 
 PL94_FULL_GROUPS: tuple[str, ...] = (
     "total",
@@ -85,6 +91,20 @@ def _check(domain: Domain) -> None:
     expected = census.pl94_full_domain()
     if tuple(domain.items()) != tuple(expected.items()):
         raise DomainError(f"the pl94-full workload needs the domain {expected!r}, got {domain!r}")
+
+
+def group_factor_kinds(name: str) -> tuple[str, ...]:
+    """Each attribute's factor of group ``name`` (in the domain's order): ``"I"``
+    (identity), ``"R"`` (the hhinstlevels recode) or ``"T"`` (total).
+
+    Examples
+    --------
+    >>> group_factor_kinds("votingage*cenrace")
+    ('T', 'I', 'T', 'I')
+    """
+    if name not in _FACTORS:
+        raise ArgumentError(f"unknown query group {name!r}; groups are {PL94_FULL_GROUPS}")
+    return tuple(_FACTORS[name].get(a, "T") for a in census.pl94_full_domain().attrs)
 
 
 def pl94_full_group(name: str, domain: Domain | None = None) -> LinearQuery:
