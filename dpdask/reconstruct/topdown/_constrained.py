@@ -8,6 +8,11 @@ the ``K`` children of one parent solve
                 lower_c <= x_c <= upper_c         (cell bounds; zeros are upper = 0),
                 lo_c <= Q x_c <= hi_c             (query bounds; invariants lo = hi).
 
+A child may also carry its own extra rows (``extra``: estimates ``v_c`` of queries
+``E x_c`` with per-child weights ``u_c``, such as the sum of the levels below's
+estimates of its total), adding ``1/2 sum_c ||U_c^1/2 (E x_c - v_c)||^2`` to the
+objective: a rank-``r`` term in the child's Hessian block.
+
 Without a parent (the top level) it is a bounded least-squares fit of each unit. Pairs
 whose bounds are equal (structural zeros) and the cells where the parent is zero are
 fixed and not variables, so they hold exactly; a query bound the (tightened) cell
@@ -36,7 +41,31 @@ from dpdask.reconstruct._report import ConvergenceReport, Estimate
 from dpdask.reconstruct.topdown._constraints import Constraints, _reach, check_family
 from dpdask.reconstruct.topdown._qp import solve_qp
 
-__all__ = ["dense_strategy", "fit_constrained_children"]
+__all__ = ["Extra", "dense_strategy", "fit_constrained_children"]
+
+Extra = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Per-child extra rows: queries ``E`` ``(r, n)``, estimates ``(K, r)``, weights ``(K, r)``."""
+
+
+def check_extra(extra: Extra | None, K: int, n: int) -> Extra | None:
+    """``extra`` as float arrays of consistent shapes, finite, weights non-negative."""
+    if extra is None:
+        return None
+    E, v, u = (np.asarray(a, dtype=float) for a in extra)
+    E = np.atleast_2d(E)
+    r = E.shape[0]
+    if E.shape != (r, n) or np.shape(v) != (K, r) or np.shape(u) != (K, r):
+        raise ShapeError(f"extra rows: need queries (r, {n}), estimates and weights ({K}, r)")
+    if not (np.isfinite(E).all() and np.isfinite(v).all() and np.isfinite(u).all()):
+        raise ShapeError("extra rows must be finite")
+    if (u < 0).any():
+        raise ShapeError("extra rows' weights must be non-negative")
+    return E, v, u
+
+
+def take_extra(extra: Extra | None, rows: Any) -> Extra | None:
+    """The children ``rows`` of ``extra``."""
+    return None if extra is None else (extra[0], extra[1][rows], extra[2][rows])
 
 
 def dense_strategy(A: LinearQuery | np.ndarray) -> np.ndarray:
@@ -81,6 +110,7 @@ def fit_constrained_children(
     check: bool = True,
     parent_name: str = "the parent",
     gram: np.ndarray | None = None,
+    extra: Extra | None = None,
 ) -> Estimate:
     """The children of one parent fitted under their constraints (module notes).
 
@@ -107,6 +137,9 @@ def fit_constrained_children(
     gram : ndarray, optional
         ``(n, n)`` the weighted Gram ``A^T W A`` when known (a level's families share
         it); default computed from ``A`` on the cells some child is free in.
+    extra : tuple of ndarray, optional
+        Per-child extra rows (module notes): queries ``(r, n)``, their estimates and
+        weights ``(K, r)``.
 
     Returns
     -------
@@ -114,7 +147,8 @@ def fit_constrained_children(
         ``x`` ``(K, n)``: within the cell bounds exactly (fixed pairs exactly at their
         bound), the cells' sums and query bounds to the solver's tolerance; the report
         (``method`` ``"topdown-constrained"``; ``details``: ``variables``,
-        ``equalities``, ``objective`` ``1/2 sum_c ||W^1/2 (A x_c - y_c)||^2``).
+        ``equalities``, ``objective`` ``1/2 sum_c ||W^1/2 (A x_c - y_c)||^2``, with the
+        extra rows' terms).
 
     Raises
     ------
@@ -149,6 +183,7 @@ def fit_constrained_children(
     p = None if parent is None else np.asarray(parent, dtype=float)
     if p is not None and (p.shape != (n,) or not np.isfinite(p).all()):
         raise ShapeError(f"the parent must be a finite ({n},) vector")
+    extra = check_extra(extra, K, n)
     if check:
         check_family(p, c, parent_name=parent_name)
     if p is None and K > 1:  # units without a parent are separate problems
@@ -156,6 +191,7 @@ def fit_constrained_children(
             fit_constrained_children(
                 Ad, Yb[k : k + 1], None, c.take([k]), weights=weights, tol=tol,
                 maxiter=maxiter, check=False, parent_name=c.units[k], gram=gram,
+                extra=take_extra(extra, [k]),
             )
             for k in range(K)
         ]  # fmt: skip
@@ -174,11 +210,14 @@ def fit_constrained_children(
         )  # fmt: skip
     w = _weights(weights, m)
     const = 0.5 * float(np.sum(w * Yb * Yb))
+    if extra is not None:
+        const += 0.5 * float(np.sum(extra[2] * extra[1] ** 2))
     lower, upper = _presolve(c, p)
     fixed = lower >= upper
     Xfix = np.where(fixed, lower, 0.0)
     x, iterations, residual = _solve(
-        (Ad, w, Yb, gram), p, c, (lower, upper, fixed, Xfix), tol, maxiter, parent_name
+        (Ad, w, Yb, gram), p, c, (lower, upper, fixed, Xfix), tol, maxiter, parent_name,
+        extra,
     )
     X = Xfix.copy()
     X[~fixed] = x
@@ -186,6 +225,9 @@ def fit_constrained_children(
     _verify(X, p, c, parent_name)
     R = X @ Ad.T - Yb
     objective = 0.5 * float(np.sum(w * R * R))
+    if extra is not None:
+        Re = X @ extra[0].T - extra[1]
+        objective += 0.5 * float(np.sum(extra[2] * Re * Re))
     details: dict[str, Any] = {"variables": int((~fixed).sum()), "objective": objective}
     details["constant"] = const
     report = ConvergenceReport("topdown-constrained", True, iterations, residual, tol, details)
@@ -255,7 +297,7 @@ def _solve(
     data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None], p: np.ndarray | None,
     c: Constraints,
     bounds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tol: float, maxiter: int,
-    parent_name: str,
+    parent_name: str, extra: Extra | None = None,
 ) -> tuple[np.ndarray, int, float]:  # fmt: skip
     """The free pairs' values (child by child, cell order), from the QP of the module
     notes, with the solver's iterations and residual."""
@@ -340,6 +382,14 @@ def _solve(
         loc = np.searchsorted(union, f)
         blocks.append(G[np.ix_(loc, loc)])
         q[offsets[k] : offsets[k + 1]] = Z[k, f]
+    if extra is not None:  # each child's own rows: a rank-r term in its block
+        E, v, u = extra
+        Re = Xfix @ E.T - v
+        for k in range(K):
+            f = free[k]
+            Ef = E[:, f]
+            blocks[k] = blocks[k] + (Ef.T * u[k]) @ Ef
+            q[offsets[k] : offsets[k + 1]] += Ef.T @ (u[k] * Re[k])
     if S:
         blocks.append(sp.csr_array((S, S)))
     P = sp.block_diag(blocks, format="csr")

@@ -27,14 +27,22 @@ from dpdask.errors import ArgumentError, ShapeError
 from dpdask.linalg import LinearQuery
 from dpdask.reconstruct._report import ConvergenceReport
 from dpdask.reconstruct.topdown._constrained import (
+    Extra,
     _weights,
     dense_strategy,
     fit_constrained_children,
+    take_extra,
     weighted_gram,
 )
 from dpdask.reconstruct.topdown._constrained_rounding import round_constrained
 from dpdask.reconstruct.topdown._constraints import Constraints
 from dpdask.reconstruct.topdown._families import _group
+from dpdask.reconstruct.topdown._subtree import (
+    known_totals,
+    subtree_row,
+    subtree_sums,
+    total_estimator,
+)
 
 __all__ = ["Pass", "PassesEstimate", "default_passes", "fit_family_passes", "passes_tree"]
 
@@ -53,12 +61,17 @@ class Pass:
         Later passes keep each answer within this distance (0: equality).
     name : str
         For labels and messages.
+    below : bool
+        The objective also holds each child's extra rows (``extra`` of
+        :func:`fit_family_passes`: the levels below's estimate of its total,
+        :mod:`~dpdask.reconstruct.topdown._subtree`).
     """
 
     queries: np.ndarray
     rows: np.ndarray | None = None
     slack: float = 0.0
     name: str = "pass"
+    below: bool = False
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.slack) and self.slack >= 0):
@@ -125,6 +138,7 @@ def fit_family_passes(
     passes: Sequence[Pass] | None = None,
     weights: np.ndarray | float | None = None,
     parent_name: str = "the parent",
+    extra: Extra | None = None,
 ) -> PassesEstimate:
     """One family fitted pass by pass (module notes).
 
@@ -134,6 +148,9 @@ def fit_family_passes(
         As for :func:`~dpdask.reconstruct.topdown.fit_constrained_children`.
     passes : sequence of Pass, optional
         Default :func:`default_passes` of ``A``.
+    extra : tuple of ndarray, optional
+        The children's extra rows, in the objective of the passes with ``below``
+        (:func:`~dpdask.reconstruct.topdown.fit_constrained_children`).
 
     Returns
     -------
@@ -153,7 +170,9 @@ def fit_family_passes(
     >>> np.round(est.answers[0], 6).tolist(), np.round(est.x.sum(axis=1), 6).tolist()
     ([[4.0], [2.0]], [4.0, 2.0])
     """
-    return _fit_prepared(_prepare(A, weights, passes), Y, parent, constraints, parent_name)
+    return _fit_prepared(
+        _prepare(A, weights, passes), Y, parent, constraints, parent_name, extra
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,7 +210,7 @@ def _prepare(
 
 def _fit_prepared(
     prep: _Prepared, Y: np.ndarray, parent: np.ndarray | None,
-    constraints: Constraints | None, parent_name: str,
+    constraints: Constraints | None, parent_name: str, extra: Extra | None = None,
 ) -> PassesEstimate:  # fmt: skip
     Yb = np.asarray(Y, dtype=float)
     if Yb.ndim != 2 or Yb.shape[1] != prep.m:
@@ -205,6 +224,7 @@ def _fit_prepared(
         est = fit_constrained_children(
             Ak, Yb if ps.rows is None else Yb[:, rows], parent, cons, weights=wk,
             check=i == 0, parent_name=parent_name, gram=gram,
+            extra=extra if ps.below else None,
         )  # fmt: skip
         ans = est.x if ident else est.x @ Qk.T
         out.answers.append(ans)
@@ -264,7 +284,8 @@ def passes_tree(
     def level_passes(lvl: int) -> list[Pass]:
         return [p[0] for p in preps[lvl].passes]
 
-    top = _fit_prepared(preps[0], measurements[0], None, cs[0], "the top level")
+    extras = _subtree_rows(strategies, measurements, parents, w, cs, preps)
+    top = _fit_prepared(preps[0], measurements[0], None, cs[0], "the top level", extras[0])
     if integer:
         top.x = round_constrained(top.x, None, cs[0], passes=level_passes(0))
     out = [top]
@@ -282,7 +303,7 @@ def passes_tree(
                 continue
             est = _fit_prepared(
                 preps[lvl], Yl[ch], prev.x[pi], None if c_lvl is None else c_lvl.take(ch),
-                f"level {lvl - 1} unit {pi}",
+                f"level {lvl - 1} unit {pi}", take_extra(extras[lvl], ch),
             )  # fmt: skip
             X[ch] = (
                 round_constrained(
@@ -298,4 +319,37 @@ def passes_tree(
                 a[ch] = got
             reports.extend(est.reports)
         out.append(PassesEstimate(X, answers or [], reports))
+    return out
+
+
+def _subtree_rows(
+    strategies: Sequence[LinearQuery | np.ndarray], measurements: Sequence[np.ndarray],
+    parents: Sequence[np.ndarray], weights: Sequence[np.ndarray | float | None],
+    constraints: Sequence[Constraints | None], preps: Sequence[_Prepared],
+) -> list[Extra | None]:  # fmt: skip
+    """Each level's extra rows, the levels below's estimates of its units' totals
+    (:mod:`~dpdask.reconstruct.topdown._subtree`), where a pass of the level wants them."""
+    L = len(strategies)
+    wants = [any(p[0].below for p in prep.passes) for prep in preps]
+    out: list[Extra | None] = [None] * L
+    if L < 2 or not any(wants[:-1]):
+        return out
+    own = []
+    for lvl in range(1, L):
+        Ad = dense_strategy(strategies[lvl])
+        Y = np.asarray(measurements[lvl], dtype=float)
+        est = total_estimator(Ad, _weights(weights[lvl], Ad.shape[0]))
+        u, s = (Y @ est[0], np.full(Y.shape[0], est[1])) if est else (
+            np.zeros(Y.shape[0]), np.full(Y.shape[0], np.inf))  # fmt: skip
+        c = constraints[lvl]
+        if c is not None:
+            known, value = known_totals(c)
+            u, s = np.where(known, value, u), np.where(known, 0.0, s)
+        own.append((u, s))
+    sizes = [np.asarray(m).shape[0] for m in measurements]
+    sums = subtree_sums(own, parents, sizes)
+    n = preps[0].n
+    for lvl in range(L - 1):
+        if wants[lvl]:
+            out[lvl] = subtree_row(*sums[lvl], n)
     return out
