@@ -14,13 +14,16 @@ families, measurements never leaving it), with every fit a multi-pass constraine
   earlier pass's answers within its slack. Level by level, every level's measurements of
   each pass's queries are used, as :func:`~dpdask.reconstruct.topdown.passes_tree` does
   on a small in-memory hierarchy;
-* what a pass before the last fits (:class:`_Objective`): the least-squares estimates
-  of its queries from *all* the unit's measurements, ``Q G^+ A^T W y`` with their
-  variances ``diag(Q G^+ Q^T)`` as weights (``G = A^T W A``), rather than the strategy's
-  rows that are the queries themselves: the Bureau's strategy gives a block's total row
-  5/4,087 of the block budget, while its detailed cells, summed, hold far more of the
-  total's information (a pass whose queries are not estimable falls back to its rows).
-  The last pass fits every measurement;
+* what a pass with ``below`` fits (the default total pass of every level but the finest,
+  :mod:`dpdask.graph._pass_options`): every one of the unit's measurements, and one
+  extra row per unit, the levels below's estimate of its total
+  (:mod:`dpdask.graph._subtree`, a sweep before the fits), so a tract's total uses its
+  blocks' measurements as bottom-up least squares does, and its non-negative fit too;
+* what another pass before the last fits (:class:`_Objective`): the least-squares
+  estimates of its queries from *all* the unit's measurements, ``Q G^+ A^T W y`` with
+  their variances ``diag(Q G^+ Q^T)`` as weights (``G = A^T W A``), rather than the
+  strategy's rows that are the queries themselves (a pass whose queries are not
+  estimable falls back to its rows). The last pass fits every measurement;
 * with ``integer`` every fit is rounded by
   :func:`~dpdask.reconstruct.topdown.round_constrained`, keeping its parent, its
   constraints and its passes' answers (within 1).
@@ -34,14 +37,8 @@ gets its chunk's rows (:meth:`~dpdask.reconstruct.topdown.Constraints.take`); th
 simulation of the estimator's error (:mod:`dpdask.graph._simulate`) runs the same tasks,
 with the same constraints and passes.
 
-:func:`resolve_passes` turns the ``passes`` option into each level's
-:class:`~dpdask.reconstruct.topdown.Pass` list: ``"default"``
-(:func:`~dpdask.reconstruct.topdown.default_passes`: the total from the strategy's total
-rows, then every cell from the rest), or a list of query groups of the level's workload
-(names from :func:`~dpdask.graph._simulate.group_rows`, a group or a list of groups per
-pass), each pass fitted from the strategy rows that measure its queries (rows in the row
-space of the pass's queries not used by an earlier pass), then a last pass over every
-cell from the remaining rows.
+The ``passes`` option is resolved to each level's passes by
+:func:`~dpdask.graph._pass_options.resolve_passes`.
 """
 
 from __future__ import annotations
@@ -57,36 +54,39 @@ from dask.base import tokenize
 from dpdask.errors import ArgumentError, ArgumentTypeError, ShapeError
 from dpdask.graph._blas import task_blas
 from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
-from dpdask.graph._topdown_blocks import _report, parent_chunks, parent_rows
+from dpdask.graph._subtree import below_rows
+from dpdask.graph._topdown_blocks import (
+    _fitter,
+    _on_support,
+    _report,
+    parent_chunks,
+    parent_rows,
+)
 from dpdask.graph._unbiased import Unbiased, write_unbiased
 from dpdask.reconstruct.topdown import (
     Constraints,
     Pass,
     check_hierarchy,
-    default_passes,
     fit_family_passes,
     round_constrained,
 )
+from dpdask.reconstruct.topdown._constrained import take_extra
+from dpdask.reconstruct.topdown._subtree import subtree_row
 
 if TYPE_CHECKING:
     from dpdask.graph._release import Release
-    from dpdask.strategy import Plan
 
 __all__ = [
     "MULTIPASS_LABEL",
-    "PassesOption",
     "level_constraints",
     "multipass_family_block",
     "multipass_task",
     "multipass_top_block",
-    "resolve_passes",
 ]
 
 MULTIPASS_LABEL = "multi-pass top-down with constraints"
 """The estimator's name in labels (:mod:`dpdask.graph._uncertainty`)."""
 
-PassesOption = str | Sequence[str | Sequence[str]] | Mapping[str, Sequence[Pass]] | None
-"""What ``release(passes=...)`` takes (module notes; a mapping gives each level's passes)."""
 
 _OBJECTIVES: dict[str, _Objective] = {}  # per worker process: each level's, built once
 
@@ -122,9 +122,9 @@ def _build(A: np.ndarray, weight: float, passes: Sequence[Pass]) -> _Objective:
         Q = np.atleast_2d(np.asarray(ps.queries, dtype=float))
         last = k == len(passes) - 1
         estimable = np.allclose(Q @ Gp @ G, Q, rtol=0, atol=1e-8 * max(1.0, np.abs(Q).max()))
-        if last or not estimable:  # the pass's own rows (the last: every measurement)
-            keep = np.arange(m) if last else ps.rows
-            out.append(Pass(ps.queries, keep, ps.slack, ps.name))
+        if last or ps.below or not estimable:  # its own rows (the last: every one)
+            keep = np.arange(m) if last or ps.rows is None else ps.rows
+            out.append(Pass(ps.queries, keep, ps.slack, ps.name, ps.below))
             continue
         B = Q @ Gp  # (q, n): estimates Q G^+ A^T W y, variances diag(Q G^+ Q^T)
         blocks.append(weight * (A @ B.T))
@@ -144,85 +144,6 @@ def _objective(plan: Any, passes: Sequence[Pass], token: str) -> _Objective:
         A = np.asarray(plan.strategy.dense(), dtype=float)
         obj = _OBJECTIVES[token] = _build(A, 1.0 / float(plan.row_variance), passes)
     return obj
-
-
-def _in_row_space(A: np.ndarray, Q: np.ndarray) -> np.ndarray:
-    """Which rows of ``A`` lie in the row space of ``Q`` (a measurement of its queries)."""
-    basis, _ = np.linalg.qr(Q.T)  # (n, r) orthonormal columns spanning Q's rows
-    rest = A - (A @ basis) @ basis.T
-    scale = np.maximum(np.abs(A).max(axis=1), 1.0)
-    out: np.ndarray = np.abs(rest).max(axis=1) <= 1e-9 * scale
-    return out
-
-
-def _group_passes(A: np.ndarray, W: Any, groups: Sequence[Any], slack: float) -> list[Pass]:
-    from dpdask.graph._simulate import group_rows
-
-    named = dict(group_rows(W))
-    m, n = A.shape
-    used = np.zeros(m, dtype=bool)
-    out: list[Pass] = []
-    for k, g in enumerate(groups):
-        names = [g] if isinstance(g, str) else list(g)
-        unknown = [x for x in names if x not in named]
-        if not names or unknown:
-            raise ArgumentError(
-                f"passes[{k}]: {unknown or names!r} is not a query group of the workload "
-                f"(its groups: {sorted(named)})"
-            )
-        rows = np.concatenate([named[x] for x in names])
-        Q = np.asarray(W.dense(), dtype=float)[rows] if hasattr(W, "dense") else W[rows]
-        mine = _in_row_space(A, Q) & ~used
-        used |= mine
-        out.append(Pass(Q, np.flatnonzero(mine) if mine.any() else None, slack, "+".join(names)))
-    rest = np.flatnonzero(~used)
-    out.append(Pass(np.eye(n), rest if rest.size and used.any() else None, 0.0, "detail"))
-    return out
-
-
-def resolve_passes(
-    passes: PassesOption, slack: float, plans: Mapping[str, Plan], multipass: bool
-) -> dict[str, tuple[Pass, ...]] | None:
-    """Each level's passes for the ``passes`` option (module notes); None when the
-    release is today's top-down (``passes`` None and no constraints). With constraints
-    and ``passes`` None: one pass, the constrained fit of every measurement."""
-    if not (isinstance(slack, int | float) and not isinstance(slack, bool)):
-        raise ArgumentTypeError(f"slack must be a number, got {slack!r}")
-    if not (np.isfinite(slack) and slack >= 0):
-        raise ArgumentError(f"slack must be finite and >= 0, got {slack!r}")
-    if passes is None:
-        if not multipass:
-            return None
-        return {
-            lv: (Pass(np.eye(p.strategy.shape[1]), None, 0.0, "cells"),) for lv, p in plans.items()
-        }
-    if isinstance(passes, Mapping):
-        missing = sorted(set(plans) - set(passes))
-        if missing:
-            raise ArgumentError(f"passes: no passes for levels {missing}")
-        out = {}
-        for lv in plans:
-            got = tuple(passes[lv])
-            if not got or not all(isinstance(p, Pass) for p in got):
-                raise ArgumentTypeError(f"passes[{lv!r}]: need a non-empty list of Pass")
-            out[lv] = got
-        return out
-    if isinstance(passes, str):
-        if passes != "default":
-            raise ArgumentError(f"passes={passes!r}: 'default' or a list of query groups")
-        return {
-            lv: tuple(default_passes(np.asarray(p.strategy.dense(), dtype=float), float(slack)))
-            for lv, p in plans.items()
-        }
-    groups = list(passes)
-    if not groups:
-        raise ArgumentError("passes: need at least one query group")
-    return {
-        lv: tuple(
-            _group_passes(np.asarray(p.strategy.dense(), dtype=float), p.workload, groups, slack)
-        )
-        for lv, p in plans.items()
-    }
 
 
 def _union_queries(cs: Sequence[Constraints]) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -326,6 +247,18 @@ def level_constraints(
     return dict(zip(levels, out, strict=True))
 
 
+def _unconstrained(c: Constraints | None) -> bool:
+    """Whether ``c`` asks for non-negativity alone (then a family is fitted as today's
+    top-down fits it, :func:`~dpdask.graph._topdown_blocks.family_block`)."""
+    if c is None:
+        return True
+    pos = np.asarray((c.queries >= 0).all(axis=1), dtype=bool)
+    return bool(
+        (c.lower == 0).all() and np.isinf(c.upper).all() and np.isinf(c.hi).all()
+        and (pos[None, :] & (c.lo <= 0) | np.isneginf(c.lo)).all()
+    )  # fmt: skip
+
+
 def _rounding_passes(passes: Sequence[Pass]) -> Sequence[Pass] | None:
     """The passes the rounder keeps: a single pass over the cells keeps the total
     (the rounder's default), as the default passes do."""
@@ -345,18 +278,22 @@ def multipass_top_block(
     report_dir: str | None,
     unbiased: Unbiased | None = None,
     measure: Any = None,
+    below: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> sparse.COO:
     """The top level's units of one chunk, each fitted pass by pass within its
-    constraints (no parent); rounded with ``integer``."""
+    constraints (no parent); rounded with ``integer``. ``below``: the units' subtree
+    sums and variances (:mod:`~dpdask.graph._subtree`)."""
     tune_allocator()
     trim_heap()
     y = (measure or measure_block)(x, plan, key, ctx, {0: {"chunk-location": (chunk, 0)}})
     write_unbiased(plan.strategy, y, unbiased, chunk)
     with task_blas():
         obj = _objective(plan, passes, token)
+        n = plan.strategy.shape[1]
         est = fit_family_passes(
             obj.A, obj.measurements(np.asarray(y, dtype=float)), None, cons,
             passes=obj.passes, weights=obj.weights, parent_name="the top level",
+            extra=None if below is None else subtree_row(*below, n),
         )  # fmt: skip
         X = np.maximum(est.x, 0.0)
         if integer:
@@ -383,10 +320,12 @@ def multipass_family_block(
     report_dir: str | None,
     unbiased: Unbiased | None = None,
     measure: Any = None,
+    below: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> sparse.COO:
     """The children of every family of one chunk, fitted pass by pass inside their
     parent's final estimate and within their constraints (``cons``: the chunk's units'),
-    as :func:`~dpdask.graph._topdown_blocks.family_block` does without them."""
+    as :func:`~dpdask.graph._topdown_blocks.family_block` does without them; ``below``
+    as for :func:`multipass_top_block`."""
     tune_allocator()
     trim_heap()
     parents = np.asarray(parents, dtype=np.int64)
@@ -404,15 +343,28 @@ def multipass_family_block(
     with task_blas():
         obj = _objective(plan, passes, token)
         Y = obj.measurements(y)
+        extra = None if below is None else subtree_row(*below, n)
+        plain = extra is None and len(passes) == 1 and passes[0].name == "cells"
         for a, b in zip(starts, [*starts[1:], g], strict=True):
             p = P[[int(parents[a]) - first]].toarray().reshape(-1)
             if integer:
                 p = np.rint(p)
             kids = None if cons is None else cons.take(np.arange(a, b))
             name = f"{ctx.level} parent {int(parents[a])}"
+            if plain and _unconstrained(kids):  # today's top-down fit, exactly
+                idx, Xs, rep = _on_support(_fitter(plan.strategy, 1 / plan.row_variance, token),
+                                           p, y[a:b])  # fmt: skip
+                Xf = np.zeros((b - a, n))
+                Xf[:, idx] = Xs
+                if integer:
+                    Xf = round_constrained(Xf, p, kids, parent_name=name).astype(float)
+                X[a:b] = Xf
+                if not rep.converged:
+                    failed.append({"parent": int(parents[a]), "pass": "cells", **rep.to_dict()})
+                continue
             est = fit_family_passes(
                 obj.A, Y[a:b], p, kids, passes=obj.passes, weights=obj.weights,
-                parent_name=name,
+                parent_name=name, extra=take_extra(extra, slice(a, b)),
             )  # fmt: skip
             Xf = est.x
             if integer:
@@ -442,6 +394,7 @@ def multipass_task(
     reports: str | None,
     unbiased: Unbiased | None = None,
     measure: Any = None,
+    below: str | None = None,
 ) -> tuple[Any, ...]:
     """The task that measures and fits chunk ``k`` of level ``i`` by passes, within the
     chunk's constraints (arguments as :func:`~dpdask.graph._topdown.fit_task`)."""
@@ -456,16 +409,19 @@ def multipass_task(
     )  # fmt: skip
     # the chunk's rows of its level's constraints (None: non-negativity alone)
     cons = None if rel.constraints is None else rel.constraints[L.name].take(rows)
+    sums = None  # the chunk's subtree sums, sliced from the sweep's task
+    if below is not None and any(p.below for p in passes) and i + 1 < len(rel.released):
+        sums = (below_rows, below, i, int(bounds[k]), int(bounds[k + 1]))
     if prev is None:
         return (
             multipass_top_block, block, sk, L.plan, passes, cons, ctx, k, token,
-            rel.integer, reports, unbiased, measure,
+            rel.integer, reports, unbiased, measure, sums,
         )  # fmt: skip
     p = rel.lc.parents[i - 1][bounds[k] : bounds[k + 1]]
     keys, starts = parent_chunks(p, *prev)
     return (
         multipass_family_block, block, sk, keys, starts,
-        p, L.plan, passes, cons, ctx, k, token, rel.integer, reports, unbiased, measure,
+        p, L.plan, passes, cons, ctx, k, token, rel.integer, reports, unbiased, measure, sums,
     )  # fmt: skip
 
 

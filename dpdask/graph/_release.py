@@ -67,12 +67,8 @@ from dpdask.graph import _finish, _graph, _run, _topdown
 from dpdask.graph._blocks import ESTIMATORS, NONNEGATIVE
 from dpdask.graph._configure import configure
 from dpdask.graph._levels import LevelChunks
-from dpdask.graph._multipass import (
-    PassesOption,
-    level_constraints,
-    multipass_summary,
-    resolve_passes,
-)
+from dpdask.graph._multipass import level_constraints, multipass_summary
+from dpdask.graph._pass_options import PassesOption, resolve_passes
 from dpdask.graph._plans import (
     LevelShares,
     PlanLike,

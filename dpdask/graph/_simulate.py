@@ -55,6 +55,7 @@ from dpdask.graph._checkpoint import read_sparse
 from dpdask.graph._output import LevelGroup, add_array
 from dpdask.graph._progress import compute_items
 from dpdask.graph._state import RunState
+from dpdask.graph._subtree import subtree_tasks, wants_below
 from dpdask.graph._topdown import fit_task
 from dpdask.graph._uncertainty import uncertainty_attrs
 from dpdask.linalg import LinearQuery, VStack, apply_rows
@@ -141,6 +142,7 @@ def simulate_topdown(
         return None
     from dpdask.measure import stream_key
 
+    secret = run.key
     dsk: dict[Any, Any] = {}
     pub_names = []
     for L, folder in zip(rel.released, raw, strict=True):
@@ -152,20 +154,34 @@ def simulate_topdown(
     for t in range(K):
         measure = functools.partial(simulated_measurement, trial=t)
         prev: tuple[str, np.ndarray] | None = None
+
+        def context(i: int) -> ChunkContext:
+            lv = rel.released[i].name
+            return ChunkContext(
+                rel.release_id, lv, rel.run_id, None, True, rel.test_mode, rel.max_total
+            )
+
+        def stream(i: int, k: int, t: int = t) -> Any:
+            lv = rel.released[i].name
+            return stream_key(secret, (rel.release_id, lv, k, f"simulate-{t}"), rel.run_id)
+
+        below = None
+        if wants_below(rel):  # the levels below's totals, from the simulated measurements
+            below = subtree_tasks(
+                rel, dsk, lambda i, k: (pub_names[i], k, 0), stream, context,
+                tokenize(rel.release_id, rel.run_id, pub_names, t), measure,
+            )  # fmt: skip
         for i, L in enumerate(rel.released):
             word = level_key(L.name)
             tok = tokenize(rel.release_id, rel.run_id, rel.integer, pub_names[i], t)
             name, err = f"simulate-{word}-{tok}", f"simulate-error-{word}-{tok}"
-            ctx = ChunkContext(
-                rel.release_id, L.name, rel.run_id, None, True, rel.test_mode, rel.max_total
-            )
+            ctx = context(i)
             bounds = np.cumsum((0, *L.chunks))
             fit_token = tokenize(L.plan.strategy, L.plan.row_variance)
             for k in range(len(L.chunks)):
-                sk = stream_key(run.key, (rel.release_id, L.name, k, f"simulate-{t}"), rel.run_id)
                 dsk[(name, k)] = fit_task(
-                    rel, i, L, bounds, (pub_names[i], k, 0), sk, prev, k, ctx, fit_token,
-                    None, None, measure,
+                    rel, i, L, bounds, (pub_names[i], k, 0), stream(i, k), prev, k, ctx,
+                    fit_token, None, None, measure, below,
                 )  # fmt: skip
                 dsk[(err, k)] = (_squared_errors, (name, k), (pub_names[i], k, 0), L.plan.workload)
                 errors[i].append((err, k))

@@ -48,6 +48,7 @@ from dpdask.graph._graph import level_data
 from dpdask.graph._multipass import multipass_task
 from dpdask.graph._run import level_charge
 from dpdask.graph._state import RunState
+from dpdask.graph._subtree import subtree_tasks, wants_below
 from dpdask.graph._topdown_blocks import family_block, parent_chunks, top_block
 from dpdask.graph._unbiased import Unbiased, unbiased_levels
 from dpdask.publish import marker
@@ -126,15 +127,18 @@ def fit_task(
     reports: str | None,
     unbiased: Unbiased | None = None,
     measure: Any = None,
+    below: str | None = None,
 ) -> tuple[Any, ...]:
     """The task that measures and fits chunk ``k`` of level ``i`` (``L``, its chunks'
     ``bounds``): its counts ``block`` (a key), its stream key ``sk``, and ``prev``, the
     level above's task name and chunk starts (None at the top). A multi-pass release's
-    tasks are :func:`~dpdask.graph._multipass.multipass_task`'s."""
+    tasks are :func:`~dpdask.graph._multipass.multipass_task`'s (``below``: the key of
+    the levels below's subtree sums, :mod:`~dpdask.graph._subtree`)."""
     if rel.passes is not None:
         return multipass_task(
-            rel, i, L, bounds, block, sk, prev, k, ctx, fit_token, reports, unbiased, measure
-        )
+            rel, i, L, bounds, block, sk, prev, k, ctx, fit_token, reports, unbiased, measure,
+            below,
+        )  # fmt: skip
     if prev is None:
         return (top_block, block, sk, L.plan, ctx, k, rel.integer, reports, unbiased, measure)
     p = rel.lc.parents[i - 1][bounds[k] : bounds[k + 1]]
@@ -163,41 +167,48 @@ def topdown_graph(rel: Release, run: RunState) -> tuple[list[pathlib.Path], Any]
         rel.release_id, rel.run_id, rel.integer, rel.passes is not None, [x.name for x in counts]
     )
     unbiased = unbiased_levels(rel, work)
-    for i, (L, x) in enumerate(zip(rel.released, counts, strict=True)):
+
+    def context(i: int) -> ChunkContext:
+        L = rel.released[i]
+        return ChunkContext(
+            rel.release_id, L.name, rel.run_id, level_charge(run, L), rel.noise, rel.test_mode,
+            rel.max_total,
+        )  # fmt: skip
+
+    def stream(i: int, k: int) -> Any:
+        lv = rel.released[i].name
+        return (
+            None
+            if key is None
+            else stream_key(key, (rel.release_id, lv, k, "strategy"), rel.run_id)
+        )
+
+    def block(i: int, k: int) -> Any:
+        return (counts[i].name, k, *(0,) * (counts[i].ndim - 1))
+
+    below = None
+    if wants_below(rel) and not all(
+        marker(markers, L.name, k).exists() for L in rel.released for k in range(len(L.chunks))
+    ):
+        below = subtree_tasks(rel, dsk, block, stream, context, tok)
+    for i, L in enumerate(rel.released):
         folder = raw / L.name
         folder.mkdir(parents=True, exist_ok=True)
         folders.append(folder)
         word = level_key(L.name)
         name, ck = f"measure-reconstruct-{word}-{tok}", f"checkpoint-{word}-{tok}"
-        ctx = ChunkContext(
-            rel.release_id, L.name, rel.run_id, level_charge(run, L), rel.noise, rel.test_mode,
-            rel.max_total,
-        )  # fmt: skip
+        ctx = context(i)
         bounds = np.cumsum((0, *L.chunks))
-        zeros = (0,) * (x.ndim - 1)
         fit_token = tokenize(L.plan.strategy, L.plan.row_variance)
         for k in range(len(L.chunks)):
             done = marker(markers, L.name, k)
             if done.exists():
                 dsk[(name, k)] = (read_sparse, str(folder), k)
                 continue
-            sk = None
-            if key is not None:
-                sk = stream_key(key, (rel.release_id, L.name, k, "strategy"), rel.run_id)
             dsk[(name, k)] = fit_task(
-                rel,
-                i,
-                L,
-                bounds,
-                (x.name, k, *zeros),
-                sk,
-                prev,
-                k,
-                ctx,
-                fit_token,
-                reports,
-                unbiased[i],
-            )
+                rel, i, L, bounds, block(i, k), stream(i, k), prev, k, ctx, fit_token, reports,
+                unbiased[i], below=below,
+            )  # fmt: skip
             dsk[(ck, k)] = (write_sparse, (name, k), folder, k, done)
             outputs.append((ck, k))
         prev = (name, bounds[:-1])

@@ -216,7 +216,13 @@ def fit_constrained_children(
     fixed = lower >= upper
     Xfix = np.where(fixed, lower, 0.0)
     x, iterations, residual = _solve(
-        (Ad, w, Yb, gram), p, c, (lower, upper, fixed, Xfix), tol, maxiter, parent_name,
+        (Ad, w, Yb, gram),
+        p,
+        c,
+        (lower, upper, fixed, Xfix),
+        tol,
+        maxiter,
+        parent_name,
         extra,
     )
     X = Xfix.copy()

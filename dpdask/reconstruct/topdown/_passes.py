@@ -170,9 +170,7 @@ def fit_family_passes(
     >>> np.round(est.answers[0], 6).tolist(), np.round(est.x.sum(axis=1), 6).tolist()
     ([[4.0], [2.0]], [4.0, 2.0])
     """
-    return _fit_prepared(
-        _prepare(A, weights, passes), Y, parent, constraints, parent_name, extra
-    )
+    return _fit_prepared(_prepare(A, weights, passes), Y, parent, constraints, parent_name, extra)
 
 
 @dataclass(frozen=True, eq=False)
