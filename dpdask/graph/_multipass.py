@@ -69,9 +69,9 @@ from dpdask.reconstruct.topdown import (
     check_hierarchy,
     fit_family_passes,
     round_constrained,
+    subtree_row,
+    take_extra,
 )
-from dpdask.reconstruct.topdown._constrained import take_extra
-from dpdask.reconstruct.topdown._subtree import subtree_row
 
 if TYPE_CHECKING:
     from dpdask.graph._release import Release

@@ -27,8 +27,7 @@ from dask.base import tokenize
 
 from dpdask.graph._blas import task_blas
 from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
-from dpdask.reconstruct.topdown import Constraints
-from dpdask.reconstruct.topdown._subtree import known_totals, subtree_sums, total_estimator
+from dpdask.reconstruct.topdown import Constraints, known_totals, subtree_sums, total_estimator
 from dpdask.store import level_key
 
 if TYPE_CHECKING:

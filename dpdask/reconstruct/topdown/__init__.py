@@ -68,14 +68,15 @@ housing units and facilities; :func:`check_constraints`, :func:`check_family` an
 pass (:class:`Pass`; default the total, then the rest), each pass's answers kept by the
 next; :func:`round_constrained` rounds a family to integers keeping the parent, the
 constraints and each pass's answers; :func:`passes_tree` runs all of it over a small
-in-memory hierarchy.
+in-memory hierarchy. A pass with ``below`` also fits the levels below's estimate of each
+unit's total (:func:`subtree_sums`, :func:`total_estimator`, :func:`known_totals`).
 """
 
 from dpdask.reconstruct.topdown._census_constraints import (
     pl94_constraints,
     pl94_full_constraints,
 )
-from dpdask.reconstruct.topdown._constrained import fit_constrained_children
+from dpdask.reconstruct.topdown._constrained import Extra, fit_constrained_children, take_extra
 from dpdask.reconstruct.topdown._constrained_rounding import round_constrained
 from dpdask.reconstruct.topdown._constraints import (
     Constraints,
@@ -100,11 +101,18 @@ from dpdask.reconstruct.topdown._passes import (
     fit_family_passes,
     passes_tree,
 )
+from dpdask.reconstruct.topdown._subtree import (
+    known_totals,
+    subtree_row,
+    subtree_sums,
+    total_estimator,
+)
 
 __all__ = [
     "KEEP_TOTALS_CELLS",
     "ChildrenFitter",
     "Constraints",
+    "Extra",
     "Pass",
     "PassesEstimate",
     "SupportEstimate",
@@ -116,11 +124,16 @@ __all__ = [
     "fit_children",
     "fit_constrained_children",
     "fit_family_passes",
+    "known_totals",
     "passes_tree",
     "pl94_constraints",
     "pl94_full_constraints",
     "round_children",
     "round_constrained",
     "round_top",
+    "subtree_row",
+    "subtree_sums",
+    "take_extra",
     "topdown_tree",
+    "total_estimator",
 ]
