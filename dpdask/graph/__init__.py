@@ -16,10 +16,12 @@ from dpdask.graph._marginal_release import (
     marginal_name,
     write_marginals,
 )
+from dpdask.graph._multipass import resolve_passes
 from dpdask.graph._output import table_variances
 from dpdask.graph._plans import fused, level_plans, structured_inverse
 from dpdask.graph._progress import Progress
 from dpdask.graph._release import Release, release
+from dpdask.graph._simulate import group_rows
 
 __all__ = [
     "MarginalLevel",
@@ -27,10 +29,12 @@ __all__ = [
     "Release",
     "charge_marginals",
     "fused",
+    "group_rows",
     "level_plans",
     "levels_of",
     "marginal_name",
     "release",
+    "resolve_passes",
     "structured_inverse",
     "table_variances",
     "write_marginals",

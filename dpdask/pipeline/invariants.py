@@ -71,6 +71,11 @@ def check_estimator(spec: Any) -> None:
     from dpdask.pipeline._marginal_run import is_marginal_spec
 
     inv: Invariants = spec.invariants
+    if spec.passes is not None and is_marginal_spec(spec):
+        raise SpecError(
+            "reconstruct.passes: a marginal (residual) release has no top-down fit to run "
+            "by passes; remove reconstruct.passes"
+        )
     if inv and is_marginal_spec(spec):  # released by the residual path, no top-down fit
         raise SpecError(
             "invariants: a marginal (residual) release does not honour invariants or "

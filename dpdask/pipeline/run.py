@@ -27,6 +27,7 @@ from dpdask.pipeline._data import (
 )
 from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
+from dpdask.pipeline._spec_plan import check_pass_groups, passes_option, passes_statement
 from dpdask.pipeline.invariants import checked_constraints
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.privacy import (
@@ -149,6 +150,7 @@ def plan_spec_levels(
     }
     if spec.invariants:  # the counts published without noise, and the constraints
         report["invariants"] = spec.invariants.statement()
+    stated = passes_statement(spec)
     plans: dict[str, Any] = {}
     if spec.per_level:
         from concurrent.futures import ThreadPoolExecutor
@@ -175,6 +177,8 @@ def plan_spec_levels(
         if levels
         else {}
     )
+    if stated is not None:  # the multi-pass top-down: each level's passes, in order
+        report["passes"] = {**stated, "levels": _level_passes(spec, lps)}
     for lv, lp in lps.items():
         qv = lp.query_variances()
         row = {
@@ -196,6 +200,18 @@ def plan_spec_levels(
     return (plans if spec.per_level else plan), report, lps
 
 
+def _level_passes(spec: ReleaseSpec, lps: dict[str, Any]) -> dict[str, list[str]]:
+    """Each level's passes by name, as the run fits them (:func:`dpdask.graph.resolve_passes`);
+    a group a level's workload lacks is refused (:func:`check_pass_groups`)."""
+    from dpdask.graph import group_rows, resolve_passes
+
+    for lv, lp in lps.items():
+        names = [g for g, _rows in group_rows(lp.workload)]
+        check_pass_groups(spec.passes, names, f"the workload of level {lv!r}")
+    resolved = resolve_passes(passes_option(spec.passes), spec.slack, lps, bool(spec.invariants))
+    return {lv: [p.name for p in ps] for lv, ps in (resolved or {}).items()}
+
+
 def plan_geography(spec: ReleaseSpec) -> Geography | None:
     """The spec's geography when it is known without reading data: synthetic data's
     (from the spec's options) or a store's (its metadata); ``None`` otherwise."""
@@ -210,12 +226,17 @@ def plan_geography(spec: ReleaseSpec) -> Geography | None:
 
 
 def _check_workloads(spec: ReleaseSpec) -> int:
-    """Build every workload the spec names; the largest number of queries."""
+    """Build every workload the spec names, and check the query groups its passes name;
+    the largest number of queries."""
+    from dpdask.graph import group_rows
+
     queries = 0
     for w in spec.workloads():
         W = build_workload(w, spec.domain)
         if W.shape[1] != spec.domain.size:
             raise SpecError(f"workload: has {W.shape[1]} columns for {spec.domain.size} cells")
+        names = [g for g, _rows in group_rows(W)]
+        check_pass_groups(spec.passes, names, f"workload {w.get('name')!r}")
         queries = max(queries, int(W.shape[0]))
     return queries
 
@@ -446,6 +467,7 @@ def _run_checked(
         plan, store, levels=levels,
         budget_split=_level_split(spec, levels),
         reconstruct=spec.reconstruct, integer=spec.integer, simulate=spec.simulate,
+        passes=passes_option(spec.passes), slack=spec.slack,
         constraints=constraints, release_id=spec.release,
         invariants=None if checked_cons is None else checked_cons.statement(),
         run_id=checked.run_id,
