@@ -9,6 +9,7 @@ squares with consistency (``_graph``, ``_finish``), and publishes it
 of units (:func:`write_marginals`). :class:`Progress` reports steps on standard error.
 """
 
+from dpdask.graph._chunked import ChunkedConstraints
 from dpdask.graph._marginal_release import (
     MarginalLevel,
     charge_marginals,
@@ -24,6 +25,7 @@ from dpdask.graph._release import Release, release
 from dpdask.graph._simulate import group_rows
 
 __all__ = [
+    "ChunkedConstraints",
     "MarginalLevel",
     "Progress",
     "Release",

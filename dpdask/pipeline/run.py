@@ -452,9 +452,8 @@ def _run_checked(
     store = load_data(spec, checked.work, checked.source)
     levels = _levels(spec, store)
     checked_cons = checked_constraints(spec, store, levels)  # infeasible: refused, no charge
-    constraints = None  # per level, a row per unit: kept exactly by the top-down fit
-    if checked_cons is not None:
-        constraints = {lv: checked_cons.at(lv) for lv in levels}
+    # per level, built a chunk of units at a time in the tasks: kept by the top-down fit
+    constraints = None if checked_cons is None else checked_cons.lazy()
     if checked.ledger is None:  # every check passed: a new ledger may be born
         checked = _preflight(spec, checked.run_id, overwrite, create=True, hold=True)
     ledger = checked.ledger
