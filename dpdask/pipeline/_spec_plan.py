@@ -1,5 +1,7 @@
-"""The workload and strategy fields of a release spec (:mod:`dpdask.pipeline.spec`):
-one for every level, or one per released level (``{levels: {level: ...}}``)."""
+"""The workload, strategy and reconstruction fields of a release spec
+(:mod:`dpdask.pipeline.spec`): a workload and strategy for every level, or one per
+released level (``{levels: {level: ...}}``); the reconstruction, with the multi-pass
+top-down's passes (:func:`reconstruction_passes`, :func:`level_passes`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ __all__ = [
     "STRATEGIES",
     "PassGroups",
     "check_pass_groups",
+    "level_passes",
     "passes_option",
     "passes_statement",
     "reconstruction",
@@ -302,3 +305,16 @@ def passes_statement(spec: Any) -> dict[str, Any] | None:
     if spec.passes is None:
         return None
     return {"passes": passes_option(spec.passes), "slack": spec.slack}
+
+
+def level_passes(spec: Any, plans: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Each level's passes by name, as a run fits them with ``plans`` (each level's:
+    :func:`dpdask.graph.resolve_passes`); a group a level's workload lacks is refused
+    (:func:`check_pass_groups`)."""
+    from dpdask.graph import group_rows, resolve_passes
+
+    for lv, p in plans.items():
+        names = [g for g, _rows in group_rows(p.workload)]
+        check_pass_groups(spec.passes, names, f"the workload of level {lv!r}")
+    resolved = resolve_passes(passes_option(spec.passes), spec.slack, plans, bool(spec.invariants))
+    return {lv: [p.name for p in ps] for lv, ps in (resolved or {}).items()}

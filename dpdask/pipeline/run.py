@@ -27,7 +27,12 @@ from dpdask.pipeline._data import (
 )
 from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
-from dpdask.pipeline._spec_plan import check_pass_groups, passes_option, passes_statement
+from dpdask.pipeline._spec_plan import (
+    check_pass_groups,
+    level_passes,
+    passes_option,
+    passes_statement,
+)
 from dpdask.pipeline.invariants import checked_constraints
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.privacy import (
@@ -178,7 +183,7 @@ def plan_spec_levels(
         else {}
     )
     if stated is not None:  # the multi-pass top-down: each level's passes, in order
-        report["passes"] = {**stated, "levels": _level_passes(spec, lps)}
+        report["passes"] = {**stated, "levels": level_passes(spec, lps)}
     for lv, lp in lps.items():
         qv = lp.query_variances()
         row = {
@@ -198,18 +203,6 @@ def plan_spec_levels(
             row["strategy"] = spec.level_strategy(lv)[0]
         report["levels"].append(row)
     return (plans if spec.per_level else plan), report, lps
-
-
-def _level_passes(spec: ReleaseSpec, lps: dict[str, Any]) -> dict[str, list[str]]:
-    """Each level's passes by name, as the run fits them (:func:`dpdask.graph.resolve_passes`);
-    a group a level's workload lacks is refused (:func:`check_pass_groups`)."""
-    from dpdask.graph import group_rows, resolve_passes
-
-    for lv, lp in lps.items():
-        names = [g for g, _rows in group_rows(lp.workload)]
-        check_pass_groups(spec.passes, names, f"the workload of level {lv!r}")
-    resolved = resolve_passes(passes_option(spec.passes), spec.slack, lps, bool(spec.invariants))
-    return {lv: [p.name for p in ps] for lv, ps in (resolved or {}).items()}
 
 
 def plan_geography(spec: ReleaseSpec) -> Geography | None:
@@ -381,6 +374,8 @@ def validate_spec(
     }
     if spec.invariants:  # published without noise, and the constraints (checked above)
         report["invariants"] = planned["invariants"]
+    if "passes" in planned:  # the multi-pass top-down's, each level's
+        report["passes"] = planned["passes"]
     if checked.ledger is not None:
         try:
             report["budget_remaining"] = checked.ledger.remaining(spec.release).to_dict()

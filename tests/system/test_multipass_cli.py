@@ -63,6 +63,9 @@ def test_plan_states_each_levels_passes(tmp_path, capsys):
     assert "passes (multi-pass top-down, slack 0.5): votingage then hisp+race-single" in text
     assert "  block: votingage -> hisp+race-single -> detail" in text
     assert not (tmp_path / "ledger.sqlite").exists()
+    assert main(["validate", str(spec), "--json"]) == 0
+    assert _json(capsys)["passes"]["levels"]["tract"] == want
+    assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "mp").exists()
 
 
 @pytest.mark.parametrize("verb", ["validate", "run"])
