@@ -200,6 +200,7 @@ def _ledger_table(report: dict[str, Any]) -> str:
                 f"budget stated {(run['binding'] or {}).get('neighbours', 'add-remove')}{where}"
             )
             lines.extend(_invariants_line((run["binding"] or {}).get("invariants")))
+            lines.extend(_passes_line((run["binding"] or {}).get("passes")))
     return "\n".join(lines)
 
 
@@ -211,3 +212,13 @@ def _invariants_line(st: dict[str, Any] | None) -> list[str]:
     exact = "; ".join(f"{lv}: {', '.join(n)}" for lv, n in st.get("invariants", {}).items())
     constraints = ", ".join(st.get("constraints", {})) or "none"
     return [f"      invariants {exact or 'none'}; constraints {constraints}"]
+
+
+def _passes_line(st: dict[str, Any] | None) -> list[str]:
+    """A run's passes (multi-pass top-down) as its binding records them; nothing for a
+    run that stated none."""
+    if not st:
+        return []
+    given = st["passes"]
+    shown = given if isinstance(given, str) else " then ".join("+".join(p) for p in given)
+    return [f"      passes {shown}; slack {st['slack']:g}"]

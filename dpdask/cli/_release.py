@@ -297,7 +297,7 @@ def _plan_workload(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 def _levels_table(report: dict[str, Any]) -> str:
     """Per level: the budget, the nominal noise scale of the plan's calibration and the
     scale the measure step will draw (``nominal`` when the data's dtype is unknown)."""
-    lines = [*_relations_lines(report), *_invariants_lines(report)]
+    lines = [*_relations_lines(report), *_invariants_lines(report), *_passes_lines(report)]
     lines.append(
         f"{'level':<14}{'add-remove budget':>22}{'nominal':>12}{'drawn':>12}"
         f"{'rmse/query':>14}{'max sd':>10}"
@@ -342,6 +342,20 @@ def _invariants_lines(report: dict[str, Any]) -> list[str]:
         f"published exactly (invariants, no noise, at their level and above): {exact}",
         f"constraints: {'; '.join(shown) or 'none'}",
         f"public unit attributes read: {', '.join(st['attributes']) or 'none'}",
+        "",
+    ]
+
+
+def _passes_lines(report: dict[str, Any]) -> list[str]:
+    """The multi-pass top-down's passes: as the spec states them, and each level's."""
+    st = report.get("passes")
+    if not st:
+        return []
+    given = st["passes"]
+    shown = given if isinstance(given, str) else " then ".join("+".join(p) for p in given)
+    return [
+        f"passes (multi-pass top-down, slack {st['slack']:g}): {shown}",
+        *(f"  {lv}: {' -> '.join(names)}" for lv, names in st["levels"].items()),
         "",
     ]
 

@@ -145,6 +145,17 @@ def _counts() -> dict[str, Any]:
                         "method": reconstruct,
                         "integer": {"type": "boolean"},
                         "simulate": {"type": "integer", "minimum": 0},
+                        "passes": {
+                            "anyOf": [
+                                {"const": "default"},
+                                {
+                                    "type": "array",
+                                    "minItems": 1,
+                                    "items": {"anyOf": [{"type": "string"}, _SET]},
+                                },
+                            ]
+                        },
+                        "slack": {"type": "number", "minimum": 0},
                     }
                 ),
             ]

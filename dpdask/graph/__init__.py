@@ -9,6 +9,7 @@ squares with consistency (``_graph``, ``_finish``), and publishes it
 of units (:func:`write_marginals`). :class:`Progress` reports steps on standard error.
 """
 
+from dpdask.graph._chunked import ChunkedConstraints
 from dpdask.graph._marginal_release import (
     MarginalLevel,
     charge_marginals,
@@ -17,20 +18,25 @@ from dpdask.graph._marginal_release import (
     write_marginals,
 )
 from dpdask.graph._output import table_variances
+from dpdask.graph._pass_options import resolve_passes
 from dpdask.graph._plans import fused, level_plans, structured_inverse
 from dpdask.graph._progress import Progress
 from dpdask.graph._release import Release, release
+from dpdask.graph._simulate import group_rows
 
 __all__ = [
+    "ChunkedConstraints",
     "MarginalLevel",
     "Progress",
     "Release",
     "charge_marginals",
     "fused",
+    "group_rows",
     "level_plans",
     "levels_of",
     "marginal_name",
     "release",
+    "resolve_passes",
     "structured_inverse",
     "table_variances",
     "write_marginals",

@@ -54,6 +54,12 @@ from dask.base import tokenize
 from dpdask.errors import ArgumentError, ArgumentTypeError, ShapeError
 from dpdask.graph._blas import task_blas
 from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
+from dpdask.graph._chunked import (
+    ChunkedConstraints,
+    chunk_constraints,
+    chunked_levels,
+    constraint_counts,
+)
 from dpdask.graph._subtree import below_rows
 from dpdask.graph._topdown_blocks import (
     _fitter,
@@ -184,15 +190,18 @@ def _meet(a: Constraints, b: Constraints) -> Constraints:
 
 
 def level_constraints(
-    given: Mapping[str, Constraints] | None,
+    given: Mapping[str, Constraints | ChunkedConstraints] | None,
     levels: Sequence[str],
     units: Sequence[Sequence[str]],
     parents: Sequence[np.ndarray],
     n: int,
-) -> dict[str, Constraints] | None:
+) -> Mapping[str, Constraints | ChunkedConstraints] | None:
     """Every released level's constraints (module notes): the ones ``given`` (by level
     name, a row per unit in the geography's order) met with the sum of the level
     below's, on the same query rows at every level; checked from public input alone.
+    Chunked constraints (:class:`~dpdask.graph._chunked.ChunkedConstraints`, one per
+    level, complete up the hierarchy) are checked and kept as they are
+    (:func:`~dpdask.graph._chunked.chunked_levels`): nothing is built densely.
 
     Parameters
     ----------
@@ -223,21 +232,22 @@ def level_constraints(
     unknown = sorted(set(given) - set(levels))
     if unknown:
         raise ArgumentError(f"constraints: {unknown} are not released levels {list(levels)}")
-    for lv, c in given.items():
-        if not isinstance(c, Constraints):
-            raise ArgumentTypeError(f"constraints[{lv!r}] must be a Constraints")
+    if any(not isinstance(c, Constraints) for c in given.values()):
+        return chunked_levels(given, levels, units, n)
+    dense = {lv: c for lv, c in given.items() if isinstance(c, Constraints)}  # all of them
+    for lv, c in dense.items():
         k = len(units[list(levels).index(lv)])
         if (c.k, c.n) != (k, n):
             raise ShapeError(
                 f"constraints[{lv!r}] holds {c.k} units of {c.n} cells; the level has {k} units "
                 f"of {n} cells"
             )
-    Q, labels = _union_queries(list(given.values()))
+    Q, labels = _union_queries(list(dense.values()))
     L = len(levels)
     out: list[Constraints] = [Constraints.none(0, n)] * L
     for i in range(L - 1, -1, -1):
         ids = tuple(str(u) for u in units[i])
-        mine = given.get(levels[i])
+        mine = dense.get(levels[i])
         here = _expand(Constraints.none(len(ids), n, ids) if mine is None else mine, Q, labels)
         if i + 1 < L:
             below = out[i + 1].aggregate(np.asarray(parents[i], dtype=np.int64), ids)
@@ -404,11 +414,11 @@ def multipass_task(
     rows = np.arange(int(bounds[k]), int(bounds[k + 1]))
     # what a worker's cached objective depends on: the strategy, its noise and the passes
     token = tokenize(
-        fit_token, [(p.name, p.slack, p.rows, np.shape(p.queries), float(np.sum(p.queries)))
-                    for p in passes],
+        fit_token, [(p.name, p.slack, p.rows, np.shape(p.queries), float(np.sum(p.queries)),
+                     p.below) for p in passes],
     )  # fmt: skip
     # the chunk's rows of its level's constraints (None: non-negativity alone)
-    cons = None if rel.constraints is None else rel.constraints[L.name].take(rows)
+    cons = None if rel.constraints is None else chunk_constraints(rel.constraints[L.name], rows)
     sums = None  # the chunk's subtree sums, sliced from the sweep's task
     if below is not None and any(p.below for p in passes) and i + 1 < len(rel.released):
         sums = (below_rows, below, i, int(bounds[k]), int(bounds[k + 1]))
@@ -437,8 +447,7 @@ def multipass_summary(rel: Release) -> dict[str, Any]:
         "constraints": {
             lv: {
                 "queries": list(c.labels),
-                "invariants": int(c.invariants().sum()),
-                "structural_zeros": int((c.upper == 0).sum()),
+                **constraint_counts(c),
             }
             for lv, c in cons.items()
         },

@@ -65,6 +65,7 @@ from dpdask.domain import Domain
 from dpdask.errors import ArgumentError, DomainError, ShapeError
 from dpdask.graph import _finish, _graph, _run, _topdown
 from dpdask.graph._blocks import ESTIMATORS, NONNEGATIVE
+from dpdask.graph._chunked import ChunkedConstraints
 from dpdask.graph._configure import configure
 from dpdask.graph._levels import LevelChunks
 from dpdask.graph._multipass import level_constraints, multipass_summary
@@ -159,7 +160,7 @@ class Release:
     simulate: int = 0
     unbiased_limit: int = UNBIASED_LIMIT
     passes: Mapping[str, tuple[Pass, ...]] | None = None
-    constraints: Mapping[str, Constraints] | None = None
+    constraints: Mapping[str, Constraints | ChunkedConstraints] | None = None
     slack: float = 0.0
     invariants: Mapping[str, Any] | None = None
     runs: list[RunState] = field(default_factory=list, repr=False)
@@ -338,7 +339,7 @@ def release(
     unbiased_limit: int = UNBIASED_LIMIT,
     passes: PassesOption = None,
     slack: float = 0.0,
-    constraints: Mapping[str, Constraints] | None = None,
+    constraints: Mapping[str, Constraints | ChunkedConstraints] | None = None,
     invariants: Mapping[str, Any] | None = None,
 ) -> Release:
     """Build a release of a data store: a lazy Dask graph, run by :meth:`Release.to_zarr`.
@@ -395,7 +396,8 @@ def release(
         (:mod:`~dpdask.graph._multipass`): ``passes`` ``"default"`` (the total, then the
         cells), a list of workload query groups or each level's ``Pass`` list (None:
         today's top-down, or one constrained pass); ``slack`` (0: earlier answers kept
-        exactly); ``constraints`` per level, a row per unit (kept by fits and rounding).
+        exactly); ``constraints`` per level, a row per unit (kept by fits and rounding),
+        or every level's :class:`~dpdask.graph.ChunkedConstraints` (built per chunk).
     invariants : mapping, optional
         What the counts published without noise and the constraints are, as a spec
         states them: recorded in the summary and the release's attributes.

@@ -27,6 +27,7 @@ from dask.base import tokenize
 
 from dpdask.graph._blas import task_blas
 from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
+from dpdask.graph._chunked import chunk_constraints
 from dpdask.reconstruct.topdown import Constraints, known_totals, subtree_sums, total_estimator
 from dpdask.store import level_key
 
@@ -106,7 +107,11 @@ def subtree_tasks(
         keys = []
         for k in range(len(L.chunks)):
             rows = np.arange(int(bounds[k]), int(bounds[k + 1]))
-            cons = None if rel.constraints is None else rel.constraints[L.name].take(rows)
+            cons = (
+                None
+                if rel.constraints is None
+                else chunk_constraints(rel.constraints[L.name], rows)
+            )
             dsk[(name, k)] = (
                 subtree_block,
                 block(i, k),

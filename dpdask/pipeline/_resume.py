@@ -9,6 +9,7 @@ import os
 import pathlib
 
 from dpdask.noise import KeyFile
+from dpdask.pipeline._spec_plan import passes_statement
 from dpdask.pipeline.spec import ReleaseSpec
 from dpdask.privacy import Run, RunBinding, RunStateError, check_binding
 from dpdask.privacy.neighbours import ADD_REMOVE
@@ -57,6 +58,8 @@ def spec_print(spec: ReleaseSpec) -> str:
         fields["neighbours"] = spec.neighbours.name
     if spec.invariants:  # likewise: a spec without them hashes as before
         fields["invariants"] = spec.invariants.statement()
+    if spec.passes is not None:  # likewise
+        fields["passes"] = passes_statement(spec)
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -64,10 +67,10 @@ def spec_print(spec: ReleaseSpec) -> str:
 def run_binding(spec: ReleaseSpec, output: pathlib.Path, source: SourcePrint) -> RunBinding:
     """What the ledger binds a run of ``spec`` to: the content hash of its input, the
     spec's hash (:func:`spec_print`), its resolved output path, the relation its budget
-    is stated in and the invariants and constraints it states."""
+    is stated in, the invariants and constraints and the passes it states."""
     return RunBinding(
         source.content, spec_print(spec), os.path.realpath(output), spec.neighbours.name,
-        spec.invariants.statement(),
+        spec.invariants.statement(), passes_statement(spec),
     )  # fmt: skip
 
 

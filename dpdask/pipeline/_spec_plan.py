@@ -1,16 +1,31 @@
-"""The workload and strategy fields of a release spec (:mod:`dpdask.pipeline.spec`):
-one for every level, or one per released level (``{levels: {level: ...}}``)."""
+"""The workload, strategy and reconstruction fields of a release spec
+(:mod:`dpdask.pipeline.spec`): a workload and strategy for every level, or one per
+released level (``{levels: {level: ...}}``); the reconstruction, with the multi-pass
+top-down's passes (:func:`reconstruction_passes`, :func:`level_passes`)."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dpdask.errors import SpecError
 from dpdask.pipeline._spec_fields import check_keys, keywords
 
-__all__ = ["RECONSTRUCTIONS", "STRATEGIES", "reconstruction", "strategies", "workloads"]
+__all__ = [
+    "RECONSTRUCTIONS",
+    "STRATEGIES",
+    "PassGroups",
+    "check_pass_groups",
+    "level_passes",
+    "passes_option",
+    "passes_statement",
+    "reconstruction",
+    "reconstruction_passes",
+    "strategies",
+    "workloads",
+]
 
 RECONSTRUCTIONS = ("ls", "wls", "nnls", "wnnls", "admm-l1", "admm-enet", "topdown")
 
@@ -170,13 +185,19 @@ def _strategy(raw: Any) -> tuple[str, dict[str, Any]]:
     return name, options
 
 
+_RECONSTRUCT_KEYS = ("method", "integer", "simulate", "passes", "slack")
+#: ``reconstruct.passes``: ``"default"`` or, per pass, the workload query groups it fits
+PassGroups = str | tuple[tuple[str, ...], ...]
+
+
 def reconstruction(raw: Any) -> tuple[str, bool, int | None]:
-    """``reconstruct: ls`` or ``reconstruct: {method: topdown, integer: true, simulate: K}``."""
+    """``reconstruct: ls`` or ``reconstruct: {method: topdown, integer: true, simulate: K}``
+    (and ``passes``, ``slack``: :func:`reconstruction_passes`)."""
     simulate = None
     if isinstance(raw, Mapping):
-        unknown = sorted(set(raw) - {"method", "integer", "simulate"}, key=str)
+        unknown = sorted(set(raw) - set(_RECONSTRUCT_KEYS), key=str)
         if unknown:
-            known = "['integer', 'method', 'simulate']"
+            known = sorted(_RECONSTRUCT_KEYS)
             raise SpecError(f"reconstruct: unknown key(s) {unknown}; known: {known}")
         method, integer = raw.get("method", "ls"), raw.get("integer", False)
         simulate = raw.get("simulate")
@@ -195,3 +216,105 @@ def reconstruction(raw: Any) -> tuple[str, bool, int | None]:
     if integer and method != "topdown":
         raise SpecError("reconstruct.integer: integer estimates need method: topdown")
     return method, integer, simulate
+
+
+def reconstruction_passes(raw: Any) -> tuple[PassGroups | None, float]:
+    """``reconstruct: {method: topdown, passes: ..., slack: s}``: the multi-pass top-down
+    (:func:`dpdask.graph.release`'s ``passes`` and ``slack``). ``passes`` is ``default``
+    (the total, then every cell) or a list of passes, each a query group of the workload
+    or a list of them (the group names are checked against the workload once it is
+    built); ``slack`` (default 0) how far a later pass may move an earlier pass's
+    answers. ``(None, 0.0)`` for a spec without passes.
+
+    Raises
+    ------
+    SpecError
+        Naming ``reconstruct.passes`` or ``reconstruct.slack``; for passes with a method
+        other than ``topdown``, or a slack without passes.
+    """
+    if not isinstance(raw, Mapping) or ("passes" not in raw and "slack" not in raw):
+        return None, 0.0
+    if "passes" not in raw:
+        raise SpecError("reconstruct.slack: a slack goes with passes (reconstruct.passes)")
+    method = raw.get("method", "ls")
+    if method != "topdown":
+        raise SpecError(f"reconstruct.passes: only method: topdown fits by passes, not {method!r}")
+    slack = raw.get("slack", 0)
+    if (
+        isinstance(slack, bool)
+        or not isinstance(slack, int | float)
+        or not (math.isfinite(slack) and slack >= 0)
+    ):
+        raise SpecError(f"reconstruct.slack: a number >= 0, got {slack!r}")
+    given = raw["passes"]
+    if isinstance(given, str):
+        if given != "default":
+            raise SpecError(
+                f"reconstruct.passes: 'default' or a list of query groups, got {given!r}"
+            )
+        return "default", float(slack)
+    if not isinstance(given, list) or not given:
+        raise SpecError(
+            f"reconstruct.passes: 'default' or a non-empty list of query groups, got {given!r}"
+        )
+    out: list[tuple[str, ...]] = []
+    for k, g in enumerate(given):
+        names = [g] if isinstance(g, str) else g
+        if (
+            not isinstance(names, list)
+            or not names
+            or not all(isinstance(x, str) and x for x in names)
+        ):
+            raise SpecError(
+                f"reconstruct.passes[{k}]: a query group's name or a list of them, got {g!r}"
+            )
+        if len(set(names)) != len(names):
+            raise SpecError(f"reconstruct.passes[{k}]: a group named twice in {names}")
+        out.append(tuple(names))
+    seen = [x for p in out for x in p]
+    twice = sorted({x for x in seen if seen.count(x) > 1})
+    if twice:
+        raise SpecError(f"reconstruct.passes: groups {twice} are in more than one pass")
+    return tuple(out), float(slack)
+
+
+def check_pass_groups(passes: PassGroups | None, groups: Sequence[str], where: str) -> None:
+    """Refuse a pass naming a query group the workload (``where``, e.g. ``workload pl94``)
+    does not have: a :class:`SpecError` naming ``reconstruct.passes[k]``."""
+    if passes is None or isinstance(passes, str):
+        return
+    for k, names in enumerate(passes):
+        unknown = [x for x in names if x not in groups]
+        if unknown:
+            raise SpecError(
+                f"reconstruct.passes[{k}]: {unknown} is not a query group of {where} "
+                f"(its groups: {list(groups)})"
+            )
+
+
+def passes_option(passes: PassGroups | None) -> str | list[list[str]] | None:
+    """``reconstruct.passes`` as :func:`dpdask.graph.release` takes it (None: none)."""
+    if passes is None or isinstance(passes, str):
+        return passes
+    return [list(p) for p in passes]
+
+
+def passes_statement(spec: Any) -> dict[str, Any] | None:
+    """A spec's passes and slack, JSON-safe, as the plan, the ledger's run binding and
+    the release attributes state them; None for a spec without passes."""
+    if spec.passes is None:
+        return None
+    return {"passes": passes_option(spec.passes), "slack": spec.slack}
+
+
+def level_passes(spec: Any, plans: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Each level's passes by name, as a run fits them with ``plans`` (each level's:
+    :func:`dpdask.graph.resolve_passes`); a group a level's workload lacks is refused
+    (:func:`check_pass_groups`)."""
+    from dpdask.graph import group_rows, resolve_passes
+
+    for lv, p in plans.items():
+        names = [g for g, _rows in group_rows(p.workload)]
+        check_pass_groups(spec.passes, names, f"the workload of level {lv!r}")
+    resolved = resolve_passes(passes_option(spec.passes), spec.slack, plans, bool(spec.invariants))
+    return {lv: [p.name for p in ps] for lv, ps in (resolved or {}).items()}

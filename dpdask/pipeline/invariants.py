@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dpdask import census
-from dpdask.errors import DataError, SpecError
+from dpdask.errors import ArgumentError, DataError, SpecError
 from dpdask.pipeline._spec_invariants import (
     ATTRIBUTE_INVARIANTS,
     CONSTRAINT_KEYS,
@@ -46,6 +46,7 @@ __all__ = [
     "HONOURED_BY",
     "INVARIANT_NAMES",
     "Invariants",
+    "LevelConstraints",
     "ReleaseConstraints",
     "check_estimator",
     "checked_constraints",
@@ -71,6 +72,11 @@ def check_estimator(spec: Any) -> None:
     from dpdask.pipeline._marginal_run import is_marginal_spec
 
     inv: Invariants = spec.invariants
+    if spec.passes is not None and is_marginal_spec(spec):
+        raise SpecError(
+            "reconstruct.passes: a marginal (residual) release has no top-down fit to run "
+            "by passes; remove reconstruct.passes"
+        )
     if inv and is_marginal_spec(spec):  # released by the residual path, no top-down fit
         raise SpecError(
             "invariants: a marginal (residual) release does not honour invariants or "
@@ -100,6 +106,169 @@ def _sum_to(values: np.ndarray, ancestor: np.ndarray, k: int) -> np.ndarray:
     out = np.zeros((k, *values.shape[1:]), dtype=np.int64)
     np.add.at(out, ancestor, values)
     return out
+
+
+@dataclass(frozen=True, eq=False)
+class LevelConstraints:
+    """One released level's constraints (or some of its units'), built a chunk of units
+    at a time from the units' attributes: what a release holds per level and each of its
+    tasks builds its chunk's :class:`~dpdask.reconstruct.topdown.Constraints` from
+    (:meth:`take`, :meth:`part`), never the level's ``(units, cells)`` bounds at once.
+
+    Attributes
+    ----------
+    invariants : Invariants
+    level : str
+    units : tuple of str
+        The units' ids.
+    queries, labels
+        As :class:`ReleaseConstraints`'.
+    values, attrs, below
+        The units' invariants' values, public attributes (summed to the level) and
+        number of units of each ``constraints.cells`` level below them.
+    source : ReleaseConstraints or None
+        The release's, which checks every level (:meth:`check`); None for a part.
+    """
+
+    invariants: Invariants
+    level: str
+    units: tuple[str, ...]
+    queries: np.ndarray
+    labels: tuple[str, ...]
+    values: dict[str, np.ndarray]
+    shape: tuple[int, ...]
+    axes: dict[str, int]
+    attrs: dict[str, np.ndarray] = field(repr=False)
+    below: np.ndarray = field(repr=False)
+    source: ReleaseConstraints | None = field(default=None, repr=False)
+    _counts: dict[str, int] = field(default_factory=dict, repr=False)  # memo of counts()
+
+    @property
+    def k(self) -> int:
+        """Number of units."""
+        return len(self.units)
+
+    @property
+    def n(self) -> int:
+        """Number of cells."""
+        return int(np.prod(self.shape))
+
+    def part(self, rows: slice | Sequence[int] | np.ndarray) -> LevelConstraints:
+        """The units ``rows`` alone: small to send to a task (their attributes only)."""
+        r = np.arange(self.k)[rows]
+        return LevelConstraints(
+            self.invariants, self.level, tuple(self.units[i] for i in r), self.queries,
+            self.labels, {a: v[r] for a, v in self.values.items()}, self.shape, self.axes,
+            {a: v[r] for a, v in self.attrs.items()}, self.below[r],
+        )  # fmt: skip
+
+    def check(self) -> None:
+        """Check every level's constraints against each other, once
+        (:meth:`ReleaseConstraints.check`); what a release calls before any charge.
+
+        Raises
+        ------
+        DataError
+            Naming the unit and the constraints that conflict.
+        ArgumentError
+            For a part (it cannot check the levels).
+        """
+        if self.source is None:
+            raise ArgumentError(f"constraints of {self.level!r}: a part cannot check the levels")
+        self.source.check_once()
+
+    def counts(self) -> dict[str, int]:
+        """How many query answers are invariants (``lo == hi``) and how many cells are
+        bounded to 0 (structural zeros), over the level's units: a block at a time, once."""
+        if not self._counts:
+            per = max(1, _CELLS_PER_CHECK // max(1, self.n))
+            inv = zeros = 0
+            for a in range(0, self.k, per):
+                c = self.take(slice(a, a + per))
+                inv += int(c.invariants().sum())
+                zeros += int((c.upper == 0).sum())
+            self._counts.update(invariants=inv, structural_zeros=zeros)
+        return dict(self._counts)
+
+    def take(self, rows: slice | Sequence[int] | np.ndarray | None = None) -> Constraints:
+        """The constraints of the units ``rows`` (all by default).
+
+        Returns
+        -------
+        Constraints
+            Cell bounds ``(k, n)`` (dense: ask for a slice of a large level), the query
+            rows of :attr:`queries` and their bounds.
+        """
+        ids = np.arange(len(self.units))
+        r = ids if rows is None else ids[rows]
+        k, n = r.size, self.n
+        attrs = {name: v[r] for name, v in self.attrs.items()}
+        upper = np.full((k, *self.shape), np.inf)
+        inv = self.invariants
+        full = "hhgq" in self.axes
+        if inv.empty_units:
+            hu, fac = attrs["housing_units"], attrs[inv.empty_units]
+            if full:
+                self._zero(upper, hu == 0, hhgq=0)
+                for t in range(1, len(census.HHGQ)):
+                    self._zero(upper, fac[:, t] == 0, hhgq=t)
+            else:
+                upper[(hu == 0) & (fac[:, 1:].sum(axis=1) == 0)] = 0.0
+        if inv.nursing_minors:
+            self._zero(
+                upper, np.ones(k, dtype=bool), hhgq=census.HHGQ.index("nursing"), votingage=0
+            )
+        q = self.queries.shape[0]
+        lo, hi = np.full((k, q), -np.inf), np.full((k, q), np.inf)
+        lo[:, 0] = 0.0
+        types = len(census.HHGQ) - 1 if full else 0
+        if full:
+            lo[:, 1 : 1 + types] = 0.0
+        if inv.gq_bounds:
+            fac = attrs["gq_facilities"]
+            lo[:, 1 : 1 + types] = fac[:, 1:]
+            if isinstance(inv.capacity, str):
+                hi[:, 1 : 1 + types] = attrs[inv.capacity][:, 1:]
+            elif inv.capacity is not None:
+                hi[:, 1 : 1 + types] = fac[:, 1:] * inv.capacity
+        values = {name: v[r] for name, v in self.values.items()}
+        if "gq_population" in values:
+            gq = values["gq_population"]
+            lo[:, 1 : 1 + types] = np.maximum(lo[:, 1 : 1 + types], gq[:, 1:])
+            hi[:, 1 : 1 + types] = np.minimum(hi[:, 1 : 1 + types], gq[:, 1:])
+            lo[:, 0] = hi[:, 0] = gq.sum(axis=1)
+        if "total" in values:
+            self._check_totals(r, values)
+            lo[:, 0] = hi[:, 0] = values["total"]
+        for i, c in enumerate(inv.cells):
+            col = 1 + types + i
+            count = self.below[r, i]  # the units of c.level under each unit
+            lo[:, col] = c.lower * count
+            if c.upper is not None:  # none where c.level is coarser than this level
+                hi[:, col] = np.where(count > 0, c.upper * count, np.inf)
+                if c.upper == 0:  # a structural zero of every masked cell
+                    upper.reshape(k, n)[np.ix_(count > 0, self.queries[col] > 0)] = 0.0
+        return Constraints(
+            np.zeros((k, n)), upper.reshape(k, n), self.queries, lo, hi,
+            tuple(f"{self.level} {self.units[i]}" for i in r), self.labels,
+        )  # fmt: skip
+
+    def _zero(self, upper: np.ndarray, where: np.ndarray, **codes: int) -> None:
+        index: list[Any] = [np.flatnonzero(where)] + [slice(None)] * len(self.shape)
+        for attr, code in codes.items():
+            index[1 + self.axes[attr]] = code
+        upper[tuple(index)] = 0.0
+
+    def _check_totals(self, r: np.ndarray, values: dict[str, np.ndarray]) -> None:
+        if "gq_population" not in values:
+            return
+        bad = np.flatnonzero(values["gq_population"].sum(axis=1) != values["total"])
+        if bad.size:
+            u = self.units[r[bad[0]]]
+            raise DataError(
+                f"{self.level} {u}: invariant total is {values['total'][bad[0]]} but its invariant "
+                f"gq_population sums to {values['gq_population'][bad[0]].sum()}"
+            )
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,6 +307,7 @@ class ReleaseConstraints:
     _axes: dict[str, int]
     _attrs: dict[str, dict[str, np.ndarray]] = field(repr=False)  # per level, summed
     _below: dict[str, np.ndarray] = field(repr=False)  # per level: units of each cell level
+    _checked: list[bool] = field(default_factory=list, repr=False)  # check() passed
 
     def statement(self) -> dict[str, Any]:
         """The JSON-safe statement of the plan, ledger and release attributes, with what
@@ -146,85 +316,28 @@ class ReleaseConstraints:
         return {**out, "exact": {lv: list(v) for lv, v in self.exact.items() if v}}
 
     def at(self, level: str, rows: slice | Sequence[int] | np.ndarray | None = None) -> Constraints:
-        """The constraints of ``level``'s units ``rows`` (all by default).
+        """The constraints of ``level``'s units ``rows`` (all by default): cell bounds
+        ``(k, n)`` (dense: ask for a slice of a large level), the query rows of
+        :attr:`queries` and their bounds (:meth:`LevelConstraints.take`)."""
+        return self.level(level).take(rows)
 
-        Returns
-        -------
-        Constraints
-            Cell bounds ``(k, n)`` (dense: ask for a slice of a large level), the query
-            rows of :attr:`queries` and their bounds.
-        """
-        ids = np.arange(len(self.units[level]))
-        r = ids if rows is None else ids[rows]
-        k, n = r.size, int(np.prod(self._shape))
-        attrs = {name: v[r] for name, v in self._attrs[level].items()}
-        upper = np.full((k, *self._shape), np.inf)
-        inv = self.invariants
-        full = "hhgq" in self._axes
-        if inv.empty_units:
-            hu, fac = attrs["housing_units"], attrs[inv.empty_units]
-            if full:
-                self._zero(upper, hu == 0, hhgq=0)
-                for t in range(1, len(census.HHGQ)):
-                    self._zero(upper, fac[:, t] == 0, hhgq=t)
-            else:
-                upper[(hu == 0) & (fac[:, 1:].sum(axis=1) == 0)] = 0.0
-        if inv.nursing_minors:
-            self._zero(
-                upper, np.ones(k, dtype=bool), hhgq=census.HHGQ.index("nursing"), votingage=0
-            )
-        q = self.queries.shape[0]
-        lo, hi = np.full((k, q), -np.inf), np.full((k, q), np.inf)
-        lo[:, 0] = 0.0
-        types = len(census.HHGQ) - 1 if full else 0
-        if full:
-            lo[:, 1 : 1 + types] = 0.0
-        if inv.gq_bounds:
-            fac = attrs["gq_facilities"]
-            lo[:, 1 : 1 + types] = fac[:, 1:]
-            if isinstance(inv.capacity, str):
-                hi[:, 1 : 1 + types] = attrs[inv.capacity][:, 1:]
-            elif inv.capacity is not None:
-                hi[:, 1 : 1 + types] = fac[:, 1:] * inv.capacity
-        values = {name: v[r] for name, v in self.values[level].items()}
-        if "gq_population" in values:
-            gq = values["gq_population"]
-            lo[:, 1 : 1 + types] = np.maximum(lo[:, 1 : 1 + types], gq[:, 1:])
-            hi[:, 1 : 1 + types] = np.minimum(hi[:, 1 : 1 + types], gq[:, 1:])
-            lo[:, 0] = hi[:, 0] = gq.sum(axis=1)
-        if "total" in values:
-            self._check_totals(level, r, values)
-            lo[:, 0] = hi[:, 0] = values["total"]
-        for i, c in enumerate(inv.cells):
-            col = 1 + types + i
-            count = self._below[level][r, i]  # the units of c.level under each unit
-            lo[:, col] = c.lower * count
-            if c.upper is not None:  # none where c.level is coarser than this level
-                hi[:, col] = np.where(count > 0, c.upper * count, np.inf)
-                if c.upper == 0:  # a structural zero of every masked cell
-                    upper.reshape(k, n)[np.ix_(count > 0, self.queries[col] > 0)] = 0.0
-        names = tuple(self.units[level][i] for i in r)
-        return Constraints(
-            np.zeros((k, n)), upper.reshape(k, n), self.queries, lo, hi,
-            tuple(f"{level} {u}" for u in names), self.labels,
+    def level(self, level: str) -> LevelConstraints:
+        """``level``'s constraints, built a chunk of units at a time (no copy)."""
+        return LevelConstraints(
+            self.invariants, level, self.units[level], self.queries, self.labels,
+            self.values[level], self._shape, self._axes, self._attrs[level], self._below[level],
+            self,
         )  # fmt: skip
 
-    def _zero(self, upper: np.ndarray, where: np.ndarray, **codes: int) -> None:
-        index: list[Any] = [np.flatnonzero(where)] + [slice(None)] * len(self._shape)
-        for attr, code in codes.items():
-            index[1 + self._axes[attr]] = code
-        upper[tuple(index)] = 0.0
+    def lazy(self) -> dict[str, LevelConstraints]:
+        """Every released level's :class:`LevelConstraints`, what a release takes as its
+        ``constraints`` (:func:`dpdask.graph.release`: each task builds its chunk's)."""
+        return {lv: self.level(lv) for lv in self.levels}
 
-    def _check_totals(self, level: str, r: np.ndarray, values: dict[str, np.ndarray]) -> None:
-        if "gq_population" not in values:
-            return
-        bad = np.flatnonzero(values["gq_population"].sum(axis=1) != values["total"])
-        if bad.size:
-            u = self.units[level][r[bad[0]]]
-            raise DataError(
-                f"{level} {u}: invariant total is {values['total'][bad[0]]} but its invariant "
-                f"gq_population sums to {values['gq_population'][bad[0]].sum()}"
-            )
+    def check_once(self) -> None:
+        """:meth:`check`, unless it has passed already."""
+        if not self._checked:
+            self.check()
 
     def check(self, cells_per_block: int = _CELLS_PER_CHECK) -> None:
         """Check every level's constraints and each family's against its parent's
@@ -242,6 +355,7 @@ class ReleaseConstraints:
             lv = self.levels[0]
             for a in range(0, len(self.units[lv]), per):
                 check_hierarchy([self.at(lv, slice(a, a + per))], [])
+            self._checked.append(True)
             return
         for i in range(1, len(self.levels)):
             top, kids = self.levels[i - 1], self.levels[i]
@@ -258,6 +372,7 @@ class ReleaseConstraints:
                     [self.at(top, slice(a, b)), self.at(kids, children)], [parent[children] - a]
                 )
                 a = b
+        self._checked.append(True)
 
 
 def release_constraints(spec: Any, store: Any, levels: Sequence[str]) -> ReleaseConstraints:

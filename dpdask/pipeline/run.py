@@ -27,6 +27,12 @@ from dpdask.pipeline._data import (
 )
 from dpdask.pipeline._outcome import check_before_charging, claimed, failure_reported, validating
 from dpdask.pipeline._resume import check_run_key, check_same_run, run_binding
+from dpdask.pipeline._spec_plan import (
+    check_pass_groups,
+    level_passes,
+    passes_option,
+    passes_statement,
+)
 from dpdask.pipeline.invariants import checked_constraints
 from dpdask.pipeline.spec import ReleaseSpec, SpecError
 from dpdask.privacy import (
@@ -149,6 +155,7 @@ def plan_spec_levels(
     }
     if spec.invariants:  # the counts published without noise, and the constraints
         report["invariants"] = spec.invariants.statement()
+    stated = passes_statement(spec)
     plans: dict[str, Any] = {}
     if spec.per_level:
         from concurrent.futures import ThreadPoolExecutor
@@ -175,6 +182,8 @@ def plan_spec_levels(
         if levels
         else {}
     )
+    if stated is not None:  # the multi-pass top-down: each level's passes, in order
+        report["passes"] = {**stated, "levels": level_passes(spec, lps)}
     for lv, lp in lps.items():
         qv = lp.query_variances()
         row = {
@@ -210,12 +219,17 @@ def plan_geography(spec: ReleaseSpec) -> Geography | None:
 
 
 def _check_workloads(spec: ReleaseSpec) -> int:
-    """Build every workload the spec names; the largest number of queries."""
+    """Build every workload the spec names, and check the query groups its passes name;
+    the largest number of queries."""
+    from dpdask.graph import group_rows
+
     queries = 0
     for w in spec.workloads():
         W = build_workload(w, spec.domain)
         if W.shape[1] != spec.domain.size:
             raise SpecError(f"workload: has {W.shape[1]} columns for {spec.domain.size} cells")
+        names = [g for g, _rows in group_rows(W)]
+        check_pass_groups(spec.passes, names, f"workload {w.get('name')!r}")
         queries = max(queries, int(W.shape[0]))
     return queries
 
@@ -360,6 +374,8 @@ def validate_spec(
     }
     if spec.invariants:  # published without noise, and the constraints (checked above)
         report["invariants"] = planned["invariants"]
+    if "passes" in planned:  # the multi-pass top-down's, each level's
+        report["passes"] = planned["passes"]
     if checked.ledger is not None:
         try:
             report["budget_remaining"] = checked.ledger.remaining(spec.release).to_dict()
@@ -431,9 +447,8 @@ def _run_checked(
     store = load_data(spec, checked.work, checked.source)
     levels = _levels(spec, store)
     checked_cons = checked_constraints(spec, store, levels)  # infeasible: refused, no charge
-    constraints = None  # per level, a row per unit: kept exactly by the top-down fit
-    if checked_cons is not None:
-        constraints = {lv: checked_cons.at(lv) for lv in levels}
+    # per level, built a chunk of units at a time in the tasks: kept by the top-down fit
+    constraints = None if checked_cons is None else checked_cons.lazy()
     if checked.ledger is None:  # every check passed: a new ledger may be born
         checked = _preflight(spec, checked.run_id, overwrite, create=True, hold=True)
     ledger = checked.ledger
@@ -446,6 +461,7 @@ def _run_checked(
         plan, store, levels=levels,
         budget_split=_level_split(spec, levels),
         reconstruct=spec.reconstruct, integer=spec.integer, simulate=spec.simulate,
+        passes=passes_option(spec.passes), slack=spec.slack,
         constraints=constraints, release_id=spec.release,
         invariants=None if checked_cons is None else checked_cons.statement(),
         run_id=checked.run_id,

@@ -25,7 +25,7 @@ Example (``pipelines/pl94-providence.yaml``)::
       # neighbours: change-one     # optional: the relation the budgets are stated in
     strategy: hdmm                 # or {name: hdmm, restarts: 5}
     #   or per level: {levels: {state: {name: hdmm, restarts: 5}, county: hdmm, ...}}
-    reconstruct: ls
+    reconstruct: ls                # or {method: topdown, passes: default, slack: 0}
     output: ../out/pl94-providence.zarr
     ledger: {path: ../out/ledger.sqlite, create: true}   # or just the path
     # or a shared ledger on a server: postgresql://operator@db.example/ledger?sslmode=verify-full
@@ -105,7 +105,14 @@ from dpdask.errors import SpecError
 from dpdask.pipeline._spec_cluster import parse_cluster
 from dpdask.pipeline._spec_fields import as_bool, as_mapping, as_path, check_keys, keywords, require
 from dpdask.pipeline._spec_invariants import NO_INVARIANTS, Invariants, parse_invariants
-from dpdask.pipeline._spec_plan import RECONSTRUCTIONS, reconstruction, strategies, workloads
+from dpdask.pipeline._spec_plan import (
+    RECONSTRUCTIONS,
+    PassGroups,
+    reconstruction,
+    reconstruction_passes,
+    strategies,
+    workloads,
+)
 from dpdask.pipeline._spec_privacy import (
     PRIVACY_KEYS,
     charged_budget,
@@ -201,6 +208,9 @@ class ReleaseSpec:
     neighbours: Neighbours = ADD_REMOVE
     stated_privacy: Budget | None = None  # None: privacy, as given (add/remove)
     invariants: Invariants = NO_INVARIANTS  # invariants: and constraints: (_spec_invariants)
+    # reconstruct: {method: topdown, passes: ..., slack: s} (_spec_plan.reconstruction_passes)
+    passes: PassGroups | None = None
+    slack: float = 0.0
 
     @property
     def stated(self) -> Budget:
@@ -446,6 +456,7 @@ def parse_spec(
 
     strategy, strategy_options, strategy_levels = strategies(raw.get("strategy", "hdmm"), levels)
     rec, integer, simulate = reconstruction(raw.get("reconstruct", "ls"))
+    passes, slack = reconstruction_passes(raw.get("reconstruct", "ls"))
     inv = parse_invariants(
         raw.get("invariants"), raw.get("constraints"), levels, domain, data.format
     )
@@ -460,6 +471,7 @@ def parse_spec(
         ledger=ledger, dataset_budget=dataset_budget, cluster=cluster, ledger_create=ledger_create,
         period=period, neighbours=neighbours,
         stated_privacy=None if neighbours == ADD_REMOVE else stated, invariants=inv,
+        passes=passes, slack=slack,
     )  # fmt: skip
 
 

@@ -182,6 +182,10 @@ class RunBinding:
         (``{"invariants": {level: [names]}, "constraints": {...}, "attributes": [...]}``,
         :meth:`dpdask.pipeline._spec_invariants.Invariants.statement`). Recorded only
         when the spec states any, so that earlier entries read as they were.
+    passes : dict, optional
+        The multi-pass top-down's passes and slack as the spec states them
+        (``{"passes": "default" or [[group, ...], ...], "slack": s}``). Recorded only
+        when the spec states them, likewise.
     """
 
     source: str
@@ -189,6 +193,7 @@ class RunBinding:
     output: str
     neighbours: str = ADD_REMOVE.name
     invariants: dict[str, Any] | None = None
+    passes: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("source", "spec", "output"):
@@ -207,6 +212,9 @@ class RunBinding:
             raise ArgumentError(
                 f"run binding invariants {inv!r}: expected a mapping of {sorted(_STATEMENT_KEYS)}"
             )
+        ps = self.passes
+        if ps is not None and (not isinstance(ps, dict) or set(ps) != {"passes", "slack"}):
+            raise ArgumentError(f"run binding passes {ps!r}: expected a mapping of passes, slack")
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"source": self.source, "spec": self.spec, "output": self.output}
@@ -214,13 +222,15 @@ class RunBinding:
             d["neighbours"] = self.neighbours
         if self.invariants is not None:
             d["invariants"] = self.invariants
+        if self.passes is not None:
+            d["passes"] = self.passes
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunBinding:
         return cls(
             d["source"], d["spec"], d["output"], d.get("neighbours", ADD_REMOVE.name),
-            d.get("invariants"),
+            d.get("invariants"), d.get("passes"),
         )  # fmt: skip
 
     @staticmethod
