@@ -145,6 +145,7 @@ def _counts() -> dict[str, Any]:
                         "method": reconstruct,
                         "integer": {"type": "boolean"},
                         "simulate": {"type": "integer", "minimum": 0},
+                        "spine": {"type": "boolean"},
                     }
                 ),
             ]

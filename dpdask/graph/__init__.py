@@ -20,17 +20,21 @@ from dpdask.graph._output import table_variances
 from dpdask.graph._plans import fused, level_plans, structured_inverse
 from dpdask.graph._progress import Progress
 from dpdask.graph._release import Release, release
+from dpdask.graph._spine import Spine, annotate_spine, spine_levels
 
 __all__ = [
     "MarginalLevel",
     "Progress",
     "Release",
+    "Spine",
+    "annotate_spine",
     "charge_marginals",
     "fused",
     "level_plans",
     "levels_of",
     "marginal_name",
     "release",
+    "spine_levels",
     "structured_inverse",
     "table_variances",
     "write_marginals",

@@ -80,7 +80,7 @@ from dpdask.graph._plans import (
     realised,
     total_budget,
 )
-from dpdask.graph._spine import Spine, annotate, spine_option
+from dpdask.graph._spine import Spine, annotate_spine, spine_option
 from dpdask.graph._state import Level, RunState
 from dpdask.graph._unbiased import UNBIASED_LIMIT
 from dpdask.measure import DEFAULT_MAX_TOTAL
@@ -224,7 +224,7 @@ class Release:
                     "max_query_variance": float(qv.max()),
                 }
             )
-        annotate(self.spine, levels, self.plans)  # units reusing their parent, moves
+        annotate_spine(self.spine, levels, self.plans)  # units reusing their parent, moves
         return out
 
     # -- running ---------------------------------------------------------------------------

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Spine",
     "SpineLevel",
-    "annotate",
+    "annotate_spine",
     "charged_levels",
     "discarded",
     "spine_block",
@@ -249,7 +249,9 @@ def spine_unbiased(rel: Release, i: int, group: Any) -> None:
         )
 
 
-def annotate(spine: Spine | None, rows: list[dict[str, Any]], plans: Mapping[str, Any]) -> None:
+def annotate_spine(
+    spine: Spine | None, rows: list[dict[str, Any]], plans: Mapping[str, Any]
+) -> None:
     """Add each level's spine statement (:meth:`Spine.summary`) to its row of a plan or
     summary (``rows``, with ``level`` and ``budget``): a spine level's budget is none, it
     moved (its plan, in ``plans``, is its receiver's)."""
