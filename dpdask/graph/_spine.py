@@ -118,9 +118,22 @@ class Spine:
 
 
 def spine_levels(geo: Geography, levels: Sequence[str]) -> Spine:
-    """The spine units of every released level, from the public geography: a unit whose
-    parent in the released level above has one child; a level all of whose units are
-    such is not measured and its budget moves to the nearest measured level above."""
+    """The spine units of every released level, from the public geography.
+
+    Parameters
+    ----------
+    geo : Geography
+        The data's geography (public).
+    levels : sequence of str
+        The released levels, coarsest first.
+
+    Returns
+    -------
+    Spine
+        Per level, the units whose parent in the released level above has one child; a
+        level all of whose units are such is not measured and its budget moves to the
+        nearest measured level above (:attr:`Spine.moves`).
+    """
     parents = _released_parents(geo, levels)
     masks: list[np.ndarray | None] = [None]
     for i, p in enumerate(parents):
@@ -252,9 +265,18 @@ def spine_unbiased(rel: Release, i: int, group: Any) -> None:
 def annotate_spine(
     spine: Spine | None, rows: list[dict[str, Any]], plans: Mapping[str, Any]
 ) -> None:
-    """Add each level's spine statement (:meth:`Spine.summary`) to its row of a plan or
-    summary (``rows``, with ``level`` and ``budget``): a spine level's budget is none, it
-    moved (its plan, in ``plans``, is its receiver's)."""
+    """Add each level's spine statement (:meth:`Spine.summary`) to its row.
+
+    Parameters
+    ----------
+    spine : Spine or None
+        The release's spine (nothing is added without one).
+    rows : list of dict
+        A plan's or a summary's rows, each with ``level`` and ``budget``: a spine
+        level's ``budget`` becomes none (it moved).
+    plans : mapping of str to Plan
+        Each level's plan (a spine level's is its receiver's).
+    """
     if spine is None:
         return
     for row in rows:
