@@ -12,7 +12,8 @@ a single child to equal its parent anyway, and the child's measurement buys noth
   whose plan is calibrated once for the sum (:func:`~dpdask.graph._plans.level_plans`
   ``moves``, :meth:`dpdask.strategy.Plan.at`): that level's charge in the ledger is the
   larger one, and the total charged is the spec's. A spine level's plan is its
-  receiver's (its estimates, their variances and unbiased answers are that level's);
+  receiver's (its published variances are that level's; it publishes no unbiased
+  answers, its attribute ``unbiased`` says they are the receiver's);
 * **a partial level** keeps its budget and is measured; the measurements of its spine
   units are discarded inside the task that draws them, right after the draw and before
   any use (:func:`discarded`: the rows become NaN), and their estimate is their parent's
