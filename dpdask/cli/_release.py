@@ -315,7 +315,25 @@ def _levels_table(report: dict[str, Any]) -> str:
         "noise: the scale per measured row; 'drawn' is what the measure step samples (on "
         "its lattice), and the errors are of that noise"
     )
-    return "\n".join(lines)
+    return "\n".join([*lines, *_spine_lines(report)])
+
+
+def _spine_lines(report: dict[str, Any]) -> list[str]:
+    """Per level, the units reusing their parent's estimate and where a budget moved."""
+    lines = [f"spine: {report['spine']}"] if isinstance(report.get("spine"), str) else []
+    for lv in report["levels"]:
+        s = lv.get("spine")
+        if s is None:
+            continue
+        moved = [f"budget moved to {s['budget_moved_to']}"] if not s["measured"] else []
+        if s["budget_received_from"]:
+            moved.append(f"budget of {', '.join(s['budget_received_from'])} received")
+        parts = ["measured" if s["measured"] else "not measured", *moved]
+        lines.append(
+            f"spine: {lv['level']}: {s['units_reusing_parent']} units reuse their parent's "
+            f"estimate ({s['share_reusing_parent']:.0%}); {'; '.join(parts)}"
+        )
+    return lines
 
 
 def _invariants_lines(report: dict[str, Any]) -> list[str]:

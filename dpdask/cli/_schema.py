@@ -156,6 +156,7 @@ def _counts() -> dict[str, Any]:
                             ]
                         },
                         "slack": {"type": "number", "minimum": 0},
+                        "spine": {"type": "boolean"},
                     }
                 ),
             ]

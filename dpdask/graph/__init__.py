@@ -23,12 +23,15 @@ from dpdask.graph._plans import fused, level_plans, structured_inverse
 from dpdask.graph._progress import Progress
 from dpdask.graph._release import Release, release
 from dpdask.graph._simulate import group_rows
+from dpdask.graph._spine import Spine, annotate_spine, spine_levels
 
 __all__ = [
     "ChunkedConstraints",
     "MarginalLevel",
     "Progress",
     "Release",
+    "Spine",
+    "annotate_spine",
     "charge_marginals",
     "fused",
     "group_rows",
@@ -37,6 +40,7 @@ __all__ = [
     "marginal_name",
     "release",
     "resolve_passes",
+    "spine_levels",
     "structured_inverse",
     "table_variances",
     "write_marginals",

@@ -31,6 +31,7 @@ from dpdask.graph._output_sparse import sparse_level_outputs
 from dpdask.graph._progress import compute_items
 from dpdask.graph._run import charges
 from dpdask.graph._simulate import publish_simulated, simulate_dense, simulate_topdown
+from dpdask.graph._spine import spine_unbiased
 from dpdask.graph._state import RunState
 from dpdask.graph._topdown import sparse_entries
 from dpdask.graph._unbiased import publish_unbiased, unbiased_levels
@@ -100,7 +101,9 @@ def _topdown_extra(
     def extra(i: int, lg: Any) -> list[tuple[Any, Any]]:
         L = rel.released[i]
         publish_simulated(lg, None if sims is None else sims[i], L.plan, what)
-        return publish_unbiased(lg, unbiased[i], L.plan, L.chunks, level_key(L.name))
+        pairs = publish_unbiased(lg, unbiased[i], L.plan, L.chunks, level_key(L.name))
+        spine_unbiased(rel, i, lg.group)  # why a spine unit's answers are not its own
+        return pairs
 
     return extra
 

@@ -68,6 +68,7 @@ def level_plans(
     *,
     dtype: npt.DTypeLike | None = None,
     max_total: int = DEFAULT_MAX_TOTAL,
+    moves: Mapping[str, str] | None = None,
 ) -> dict[str, Plan]:
     """Each released level's plan, in the order of ``levels``.
 
@@ -85,6 +86,11 @@ def level_plans(
         as the measure step draws it (:func:`realised`); nominal otherwise.
     max_total : int
         The public bound on one geography's total the lattice is sized for.
+    moves : mapping of level to level, optional
+        Levels that are not measured (a top-down release's spine levels,
+        :mod:`~dpdask.graph._spine`) and the measured level each one's budget moves to:
+        that level's plan is calibrated once for its budget plus theirs, and theirs is
+        that plan (their estimates are its level's).
 
     Returns
     -------
@@ -114,8 +120,25 @@ def level_plans(
         except ValueError as exc:
             raise ArgumentError(f"budget_split: {exc}") from None
         out = {lv: base.at(b, operator=True) for lv, b in budgets.items()}
+    if moves:
+        out = _move_budgets(out, moves)
     if dtype is not None:
         out = {lv: realised(p, dtype, max_total) for lv, p in out.items()}
+    return out
+
+
+def _move_budgets(plans: dict[str, Plan], moves: Mapping[str, str]) -> dict[str, Plan]:
+    """``plans`` with the budget of every level in ``moves`` added to the level it moves
+    to, whose plan is recalibrated once for the sum (:meth:`Plan.at`); a moved level's
+    plan is then its receiver's. The levels' budgets still sum to the same total."""
+    out = dict(plans)
+    for to in dict.fromkeys(moves.values()):
+        if to in moves or to not in plans:
+            raise ArgumentError(f"level {to!r} receives a moved budget but is not measured")
+        given = [plans[lv].privacy for lv, t in moves.items() if t == to]
+        out[to] = plans[to].at(sum(given, start=plans[to].privacy), operator=True)
+    for lv, to in moves.items():
+        out[lv] = out[to]
     return out
 
 

@@ -77,6 +77,7 @@ from dpdask.graph._plans import (
     realised,
     total_budget,
 )
+from dpdask.graph._spine import Spine, annotate_spine, spine_option
 from dpdask.graph._state import Level, RunState
 from dpdask.graph._unbiased import UNBIASED_LIMIT
 from dpdask.measure import DEFAULT_MAX_TOTAL
@@ -135,6 +136,8 @@ class Release:
     invariants : mapping, optional
         The spec's statement of the counts published without noise and the
         constraints (:meth:`dpdask.pipeline.invariants.ReleaseConstraints.statement`).
+    spine : Spine, optional
+        With ``spine=True``, the units reusing their parent's estimate (:mod:`._spine`).
     runs : list of RunState
         The runs :meth:`to_zarr` made of this release (the last one's reports are in
         :meth:`summary`).
@@ -163,6 +166,7 @@ class Release:
     constraints: Mapping[str, Constraints | ChunkedConstraints] | None = None
     slack: float = 0.0
     invariants: Mapping[str, Any] | None = None
+    spine: Spine | None = None
     runs: list[RunState] = field(default_factory=list, repr=False)
 
     @property
@@ -191,6 +195,7 @@ class Release:
             "domain": self.domain.to_dict(),
             "reconstruct": self.reconstruct,
             "integer": self.integer,
+            "spine": self.spine is not None,
             "simulate": self.simulate,
             **multipass_summary(self),
             **({"invariants": dict(self.invariants)} if self.invariants else {}),
@@ -216,6 +221,7 @@ class Release:
                     "max_query_variance": float(qv.max()),
                 }
             )
+        annotate_spine(self.spine, levels, self.plans)  # units reusing their parent, moves
         return out
 
     # -- running ---------------------------------------------------------------------------
@@ -341,6 +347,7 @@ def release(
     slack: float = 0.0,
     constraints: Mapping[str, Constraints | ChunkedConstraints] | None = None,
     invariants: Mapping[str, Any] | None = None,
+    spine: bool = False,
 ) -> Release:
     """Build a release of a data store: a lazy Dask graph, run by :meth:`Release.to_zarr`.
 
@@ -401,6 +408,9 @@ def release(
     invariants : mapping, optional
         What the counts published without noise and the constraints are, as a spec
         states them: recorded in the summary and the release's attributes.
+    spine : bool
+        With ``reconstruct="topdown"``: a parent's only child reuses its estimate, a level
+        of only children is not measured and its budget moves up (:mod:`._spine`).
     chunk_bytes : int
         Largest size of one chunk of estimates (a unit is never split). The default,
         32 MiB, keeps a chunk's arrays within glibc's heap (see
@@ -441,7 +451,9 @@ def release(
     if (passes is not None or constraints is not None) and reconstruct != "topdown":
         raise ArgumentError("passes and constraints go with reconstruct='topdown'")
     as_neighbours(neighbours)  # a known relation (PlanError otherwise)
-    level_plans_ = level_plans(plans, levels, budget_split)
+    multi, per_level = passes is not None or constraints is not None, isinstance(plans, Mapping)
+    sp = spine_option(spine, reconstruct, multi, per_level, geo, levels)
+    level_plans_ = level_plans(plans, levels, budget_split, moves=None if sp is None else sp.moves)
     for lv, p in level_plans_.items():
         if p.strategy.shape[1] != store.domain.size:
             raise ShapeError(
@@ -470,7 +482,7 @@ def release(
         store, levels, level_plans_, release_id, run_id, total, reconstruct, ledger, dataset,
         key, noise, test_mode, integer, max_total, lc, released, str(neighbours),
         trials if simulated else 0, limit, level_passes, cons, float(slack),
-        None if invariants is None else dict(invariants),
+        None if invariants is None else dict(invariants), sp,
     )  # fmt: skip
 
 

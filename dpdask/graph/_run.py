@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpdask.errors import ArgumentError, DataError, LedgerMissingError, NoiseKeyError
+from dpdask.graph._spine import charged_levels
 from dpdask.graph._state import Level, RunState
 from dpdask.noise import KeyFile, SecretKey, new_key
 from dpdask.privacy import Charge, Run, RunStateError
@@ -145,7 +146,7 @@ def _charge(rel: Release, run: RunState, key: SecretKey) -> None:
     if rel.ledger is None:  # pragma: no cover - charge() checked it
         raise ArgumentError("a ledger is required: every measurement is charged before noise")
     fp = key.fingerprint()
-    run.charges = [dataclasses.replace(L.charge, key_fingerprint=fp) for L in rel.released]
+    run.charges = [dataclasses.replace(L.charge, key_fingerprint=fp) for L in charged_levels(rel)]
     rel.ledger.open_release(rel.release_id, rel.total, rel.dataset)
     rel.ledger.charge(run.charges)  # all levels fit, or nothing is written
     run.head = rel.ledger.head()
@@ -155,7 +156,7 @@ def charges(rel: Release, run: RunState | None = None) -> list[Charge]:
     """Every level's charge (with the key's fingerprint once ``run`` bound it)."""
     if run is not None and run.charges:
         return list(run.charges)
-    return [L.charge for L in rel.released]
+    return [L.charge for L in charged_levels(rel)]
 
 
 def level_charge(run: RunState, level: Level) -> Charge:

@@ -47,6 +47,7 @@ from dpdask.graph._checkpoint import read_sparse, write_sparse
 from dpdask.graph._graph import level_data
 from dpdask.graph._multipass import multipass_task
 from dpdask.graph._run import level_charge
+from dpdask.graph._spine import spine_task
 from dpdask.graph._state import RunState
 from dpdask.graph._subtree import subtree_tasks, wants_below
 from dpdask.graph._topdown_blocks import family_block, parent_chunks, top_block
@@ -134,6 +135,9 @@ def fit_task(
     level above's task name and chunk starts (None at the top). A multi-pass release's
     tasks are :func:`~dpdask.graph._multipass.multipass_task`'s (``below``: the key of
     the levels below's subtree sums, :mod:`~dpdask.graph._subtree`)."""
+    spine, measure = spine_task(rel, i, bounds, prev, k, measure)  # :mod:`._spine`
+    if spine is not None:
+        return spine
     if rel.passes is not None:
         return multipass_task(
             rel, i, L, bounds, block, sk, prev, k, ctx, fit_token, reports, unbiased, measure,

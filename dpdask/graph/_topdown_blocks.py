@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -164,6 +165,19 @@ def _on_support(fit: Any, parent: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray
     return np.asarray(est.idx), np.asarray(est.x, dtype=np.float64), est.report
 
 
+@dataclass(frozen=True)
+class _Copied:
+    """The report of a child copied from its parent (:mod:`~dpdask.graph._spine`)."""
+
+    converged: bool = True
+
+
+def _copy(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
+    """An only child's estimate on the parent's support: the parent's, exactly."""
+    idx = np.flatnonzero(parent)
+    return idx, parent[idx][None, :].astype(np.float64), _Copied()
+
+
 def family_block(
     x: Any,
     key: Any,
@@ -203,8 +217,10 @@ def family_block(
     with task_blas():
         for a, b in zip(starts, [*starts[1:], g], strict=True):
             p = P[[int(parents[a]) - first]].toarray().reshape(-1)
-            idx, X, report = _on_support(fit, p, y[a:b])
-            if integer:
+            # a spine unit (its parent's only child, measurement discarded): the parent
+            spine = b - a == 1 and bool(np.isnan(y[a]).all())
+            idx, X, report = _copy(p) if spine else _on_support(fit, p, y[a:b])
+            if integer and not spine:
                 X = round_children(X, np.rint(p[idx]), keep_totals=n >= KEEP_TOTALS_CELLS)
                 X = X.astype(np.float64)
             r, c = np.nonzero(X)

@@ -227,12 +227,15 @@ def unbiased_levels(rel: Release, work: pathlib.Path) -> list[Unbiased | None]:
     WNNLS, ADMM); None for least squares (its estimate is) and without noise."""
     if not rel.noise or rel.reconstruct in LINEAR:
         return [None] * len(rel.released)
+    spine = rel.spine  # a spine level is not measured (:mod:`._spine`): none
     return [
         unbiased_queries(
             L.plan.workload, L.plan.strategy, rel.store.geography.n_units(L.name),
             rel.unbiased_limit, rel.domain, str(work / "unbiased" / L.name),
         )
-        for L in rel.released
+        if spine is None or spine.levels[i].measured
+        else None
+        for i, L in enumerate(rel.released)
     ]  # fmt: skip
 
 

@@ -56,6 +56,8 @@ def spec_print(spec: ReleaseSpec) -> str:
     }
     if spec.neighbours != ADD_REMOVE:  # absent otherwise: earlier runs keep their hash
         fields["neighbours"] = spec.neighbours.name
+    if spec.spine:  # likewise (a spine level's budget moves: other charges)
+        fields["spine"] = "on"
     if spec.invariants:  # likewise: a spec without them hashes as before
         fields["invariants"] = spec.invariants.statement()
     if spec.passes is not None:  # likewise

@@ -185,22 +185,23 @@ def _strategy(raw: Any) -> tuple[str, dict[str, Any]]:
     return name, options
 
 
-_RECONSTRUCT_KEYS = ("method", "integer", "simulate", "passes", "slack")
+_RECONSTRUCT_KEYS = ("method", "integer", "simulate", "spine", "passes", "slack")
 #: ``reconstruct.passes``: ``"default"`` or, per pass, the workload query groups it fits
 PassGroups = str | tuple[tuple[str, ...], ...]
 
 
-def reconstruction(raw: Any) -> tuple[str, bool, int | None]:
-    """``reconstruct: ls`` or ``reconstruct: {method: topdown, integer: true, simulate: K}``
-    (and ``passes``, ``slack``: :func:`reconstruction_passes`)."""
-    simulate = None
+def reconstruction(raw: Any) -> tuple[str, bool, int | None, bool]:
+    """``reconstruct: ls`` or ``reconstruct: {method: topdown, integer: true, simulate: K,
+    spine: true}``: the method, ``integer``, ``simulate`` and ``spine``
+    (:mod:`dpdask.graph._spine`; and ``passes``, ``slack``: :func:`reconstruction_passes`)."""
+    simulate, spine = None, False
     if isinstance(raw, Mapping):
         unknown = sorted(set(raw) - set(_RECONSTRUCT_KEYS), key=str)
         if unknown:
             known = sorted(_RECONSTRUCT_KEYS)
             raise SpecError(f"reconstruct: unknown key(s) {unknown}; known: {known}")
         method, integer = raw.get("method", "ls"), raw.get("integer", False)
-        simulate = raw.get("simulate")
+        simulate, spine = raw.get("simulate"), raw.get("spine", False)
     else:
         method, integer = raw, False
     if simulate is not None and (
@@ -215,7 +216,11 @@ def reconstruction(raw: Any) -> tuple[str, bool, int | None]:
         raise SpecError(f"reconstruct.integer: must be true or false, got {integer!r}")
     if integer and method != "topdown":
         raise SpecError("reconstruct.integer: integer estimates need method: topdown")
-    return method, integer, simulate
+    if not isinstance(spine, bool):
+        raise SpecError(f"reconstruct.spine: must be true or false, got {spine!r}")
+    if spine and method != "topdown":
+        raise SpecError("reconstruct.spine: reusing a parent's estimate needs method: topdown")
+    return method, integer, simulate, spine
 
 
 def reconstruction_passes(raw: Any) -> tuple[PassGroups | None, float]:

@@ -129,7 +129,7 @@ def plan_spec_levels(
     """:func:`plan_spec`, and every released level's plan as the run makes it
     (:func:`dpdask.graph.level_plans`, its noise as drawn for the input's dtype; none
     for a marginal spec or a spec without levels)."""
-    from dpdask.graph import level_plans
+    from dpdask.graph import annotate_spine, level_plans, spine_levels
     from dpdask.strategy import select
 
     if marginal.is_marginal_spec(spec):
@@ -177,8 +177,16 @@ def plan_spec_levels(
         check_same_noise(p.strategy, spec.neighbours)
     # the levels' plans as the run makes them (release() calls level_plans with the
     # same split), their noise as drawn for the input's dtype
+    spine, geo = None, plan_geography(spec) if spec.spine and levels else None
+    if geo is not None:  # units reusing their parent's estimate; budgets moved up
+        spine = spine_levels(geo, levels)
+    elif spec.spine:
+        report["spine"] = "units reusing their parent are known once the data is read"
+    moves = None if spine is None else spine.moves
     lps = (
-        level_plans(chosen, levels, _level_split(spec, levels), dtype=_counts_dtype(spec))
+        level_plans(
+            chosen, levels, _level_split(spec, levels), dtype=_counts_dtype(spec), moves=moves
+        )
         if levels
         else {}
     )
@@ -202,6 +210,7 @@ def plan_spec_levels(
             row["workload"] = spec.level_workload(lv)["name"]
             row["strategy"] = spec.level_strategy(lv)[0]
         report["levels"].append(row)
+    annotate_spine(spine, report["levels"], lps)
     return (plans if spec.per_level else plan), report, lps
 
 
@@ -462,6 +471,7 @@ def _run_checked(
         budget_split=_level_split(spec, levels),
         reconstruct=spec.reconstruct, integer=spec.integer, simulate=spec.simulate,
         passes=passes_option(spec.passes), slack=spec.slack,
+        spine=spec.spine,
         constraints=constraints, release_id=spec.release,
         invariants=None if checked_cons is None else checked_cons.statement(),
         run_id=checked.run_id,

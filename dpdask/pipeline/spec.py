@@ -203,6 +203,7 @@ class ReleaseSpec:
     period: str | None = None
     integer: bool = False  # reconstruct: {method: topdown, integer: true}
     simulate: int | None = None  # reconstruct: {method: topdown, simulate: K} (default 1)
+    spine: bool = False  # reconstruct: {method: topdown, spine: true} (graph._spine)
     # strategy: {levels: {level: strategy}}: each level's (name, options)
     strategy_levels: dict[str, tuple[str, dict[str, Any]]] | None = None
     neighbours: Neighbours = ADD_REMOVE
@@ -455,11 +456,20 @@ def parse_spec(
         )
 
     strategy, strategy_options, strategy_levels = strategies(raw.get("strategy", "hdmm"), levels)
-    rec, integer, simulate = reconstruction(raw.get("reconstruct", "ls"))
+    rec, integer, simulate, spine = reconstruction(raw.get("reconstruct", "ls"))
     passes, slack = reconstruction_passes(raw.get("reconstruct", "ls"))
+    if spine and passes is not None:
+        raise SpecError(
+            "reconstruct.spine: the multi-pass top-down (reconstruct.passes) has no spine"
+        )
     inv = parse_invariants(
         raw.get("invariants"), raw.get("constraints"), levels, domain, data.format
     )
+    if spine and (inv or strategy_levels is not None or "levels" in workload):
+        raise SpecError(
+            "reconstruct.spine: not with invariants or constraints (the multi-pass top-down) "
+            "nor with a workload or strategy per level"
+        )
     output = as_path(output_text, base, "output")
     ledger, ledger_create = _ledger(raw.get("ledger"), output, base)
     cluster = parse_cluster(raw.get("cluster"), base)
@@ -467,7 +477,7 @@ def parse_spec(
         release=release, data=data, domain=domain, levels=levels, workload=workload,
         privacy=privacy, split=split, strategy=strategy, strategy_options=strategy_options,
         strategy_levels=strategy_levels, reconstruct=rec, integer=integer, simulate=simulate,
-        output=output,
+        spine=spine, output=output,
         ledger=ledger, dataset_budget=dataset_budget, cluster=cluster, ledger_create=ledger_create,
         period=period, neighbours=neighbours,
         stated_privacy=None if neighbours == ADD_REMOVE else stated, invariants=inv,
