@@ -458,17 +458,13 @@ def parse_spec(
     strategy, strategy_options, strategy_levels = strategies(raw.get("strategy", "hdmm"), levels)
     rec, integer, simulate, spine = reconstruction(raw.get("reconstruct", "ls"))
     passes, slack = reconstruction_passes(raw.get("reconstruct", "ls"))
-    if spine and passes is not None:
-        raise SpecError(
-            "reconstruct.spine: the multi-pass top-down (reconstruct.passes) has no spine"
-        )
     inv = parse_invariants(
         raw.get("invariants"), raw.get("constraints"), levels, domain, data.format
     )
-    if spine and (inv or strategy_levels is not None or "levels" in workload):
+    if spine and (inv or passes or strategy_levels is not None or "levels" in workload):
         raise SpecError(
-            "reconstruct.spine: not with invariants or constraints (the multi-pass top-down) "
-            "nor with a workload or strategy per level"
+            "reconstruct.spine: not with invariants, constraints or passes (the multi-pass "
+            "top-down) nor with a workload or strategy per level"
         )
     output = as_path(output_text, base, "output")
     ledger, ledger_create = _ledger(raw.get("ledger"), output, base)

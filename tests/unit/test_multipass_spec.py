@@ -17,7 +17,7 @@ from dpdask.privacy import RunBinding
 
 def test_default_and_group_passes_parse():
     raw = {"method": "topdown", "passes": "default"}
-    assert reconstruction(raw) == ("topdown", False, None)
+    assert reconstruction(raw) == ("topdown", False, None, False)
     assert reconstruction_passes(raw) == ("default", 0.0)
     got, slack = reconstruction_passes(
         {"method": "topdown", "passes": ["votingage", ["hisp", "race-single"]], "slack": 2}
