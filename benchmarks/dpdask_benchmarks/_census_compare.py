@@ -35,8 +35,11 @@ Reported: ``runs``, one row per plan, method and key: wall time of the release
 (``to_zarr``), the state total's error, the persons the release puts in blocks with no
 housing unit and no facility (``empty_block_persons``; ``empty_blocks_filled`` of them
 with a non-zero total), for ``multipass-int`` the largest ``|integer block total -
-fractional block total|`` against ``multipass`` with the same key, and per level the
-total-population MAE. ``accuracy``, one row per plan and level: the median over keys of
+fractional block total|`` against ``multipass`` with the same key (``block_vs_fractional``:
+the two fit the same measurements, but each family inside its own parent, so the gap
+may exceed 1 where the parents differ), per level the total-population MAE and RMSE,
+and ``large_graph``, the size of the graph sent to the scheduler when Dask warned it was
+large. ``accuracy``, one row per plan and level: the median over keys of
 each method's total-population MAE and RMSE against the truth, the standard deviation of
 the level's total as the Bureau measures it (``sd_total_tda``, part 1) and as the plan
 answers it (``sd_total_plan``), and the verdict ``multipass_ok``: each multi-pass MAE at
