@@ -125,7 +125,9 @@ def _spec(args: argparse.Namespace, root: pathlib.Path) -> Any:
     return parse_spec(raw, base=root)
 
 
-def _plans(names: list[str], levels: list[str], persons: Any) -> tuple[dict, dict, dict]:
+def _plans(
+    names: list[str], levels: list[str], persons: Any
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]], dict[str, float]]:
     """Per plan name, each level's plan at the Bureau's level budget; the level total's
     standard deviation (the Bureau's measurement, the plan's answer); selection times."""
     from dpdask import census
@@ -170,8 +172,8 @@ def _graph_size(caught: list[warnings.WarningMessage]) -> str | None:
 
 
 def _release(
-    method: str, plans: dict, store: Any, levels: list[str], key: int, cons: Any, out: Any,
-    client: Any,
+    method: str, plans: dict[str, Any], store: Any, levels: list[str], key: int, cons: Any,
+    out: Any, client: Any,
 ) -> tuple[float, str | None, dict[str, np.ndarray]]:  # fmt: skip
     """One release (published to ``out``, then removed): its wall time, the size of its
     graph if Dask warned it was large, and each level's published unit totals."""
@@ -209,7 +211,13 @@ def _release(
 
 
 def _run_row(
-    plan: str, method: str, key: int, wall: float, est: dict, truth: dict, empty: np.ndarray
+    plan: str,
+    method: str,
+    key: int,
+    wall: float,
+    est: dict[str, Any],
+    truth: dict[str, Any],
+    empty: np.ndarray,
 ) -> dict[str, Any]:
     top, *_, finest = truth
     blocks = est[finest]
@@ -229,7 +237,11 @@ def _run_row(
 
 
 def _accuracy(
-    runs: list[dict], plans: list[str], methods: list[str], levels: list[str], sd: dict
+    runs: list[dict[str, Any]],
+    plans: list[str],
+    methods: list[str],
+    levels: list[str],
+    sd: dict[str, dict[str, float]],
 ) -> list[dict[str, Any]]:
     """Per plan and level: each method's median MAE and RMSE over keys, the noise, the
     verdict."""
@@ -250,7 +262,9 @@ def _accuracy(
     return out
 
 
-def _summary(runs: list[dict], plans: list[str], methods: list[str]) -> list[dict[str, Any]]:
+def _summary(
+    runs: list[dict[str, Any]], plans: list[str], methods: list[str]
+) -> list[dict[str, Any]]:
     out = []
     for plan in plans:
         for m in methods:
