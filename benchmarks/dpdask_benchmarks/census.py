@@ -24,6 +24,10 @@ the least ratio any data-independent Gaussian mechanism with least-squares answe
 reach (:func:`dpdask.strategy.tda2020_bound.budget_ratio_bound`, a certified lower
 bound); ``budget_ratio`` equal to it means the fitness plan is optimal. Plans only: no
 data.
+
+``--part compare`` (issue 33) releases a synthetic state with these plans and compares
+the estimators: bottom-up least squares, today's top-down and the multi-pass top-down
+with the Bureau's invariants and constraints (:mod:`dpdask_benchmarks._census_compare`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from dpdask.strategy import select
 from dpdask.strategy.tda2020 import LEVELS, PERSONS_RHO_CHANGE_ONE, level_budget
 from dpdask.strategy.tda2020_bound import budget_ratio_bound
 from dpdask.workloads.pl94_full import PL94_FULL_GROUPS, pl94_full
+from dpdask_benchmarks._census_compare import add_compare_arguments, run_compare
 
 __all__ = ["add_arguments", "run"]
 
@@ -58,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--weights", default="pl94", help="HDMM group-weight preset")
     parser.add_argument("--restarts", type=int, default=1, help="HDMM random starts")
+    parser.add_argument(
+        "--part", default="plans", choices=("plans", "compare"),
+        help="plans: the budget ratios (no data); compare: the estimators on a synthetic state",
+    )  # fmt: skip
+    add_compare_arguments(parser)
 
 
 def _group_max(v: np.ndarray, offsets: np.ndarray) -> list[float]:
@@ -65,7 +75,10 @@ def _group_max(v: np.ndarray, offsets: np.ndarray) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Plan every level three ways; per group the largest variance, per level the ratio."""
+    """Plan every level three ways; per group the largest variance, per level the ratio
+    (``--part compare``: :func:`~dpdask_benchmarks._census_compare.run_compare`)."""
+    if args.part == "compare":
+        return run_compare(args)
     W = pl94_full()
     domain = census.pl94_full_domain()
     persons = convert(zCDP(args.rho_change_one), CHANGE_ONE, ADD_REMOVE)

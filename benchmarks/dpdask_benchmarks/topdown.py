@@ -275,22 +275,30 @@ def _truth_totals(store: Any) -> dict[str, Any]:
     return tot
 
 
-def _total_mae(store: Any, out: pathlib.Path) -> dict[str, float]:
-    """Per level, the mean absolute error of the published units' totals."""
+def _published_totals(out: str | pathlib.Path, sizes: dict[str, int]) -> dict[str, Any]:
+    """Per level (``sizes``: its units), the published units' total population: the row
+    sums of a release's estimates, dense levels or entries."""
     import numpy as np
     import zarr
 
     root = zarr.open_group(str(out), mode="r")
-    truth = _truth_totals(store)
-    mae = {}
-    for lv, t in truth.items():
+    est = {}
+    for lv, n in sizes.items():
         g = root[lv]
         if "entry_offsets" in g:
-            est = np.bincount(g["entry_geography"][:], g["estimate"][:], minlength=t.size)
+            est[lv] = np.bincount(g["entry_geography"][:], g["estimate"][:], minlength=n)
         else:
-            est = np.asarray(g["estimate"][:], dtype=float).reshape(t.size, -1).sum(axis=1)
-        mae[lv] = float(np.abs(est - t).mean())
-    return mae
+            est[lv] = np.asarray(g["estimate"][:], dtype=float).reshape(n, -1).sum(axis=1)
+    return est
+
+
+def _total_mae(store: Any, out: pathlib.Path) -> dict[str, float]:
+    """Per level, the mean absolute error of the published units' totals."""
+    import numpy as np
+
+    truth = _truth_totals(store)
+    est = _published_totals(out, {lv: t.size for lv, t in truth.items()})
+    return {lv: float(np.abs(est[lv] - t).mean()) for lv, t in truth.items()}
 
 
 def _multipass_options(args: argparse.Namespace, store: Any) -> dict[str, Any]:
