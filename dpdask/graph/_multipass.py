@@ -63,7 +63,6 @@ from dpdask.graph._chunked import (
 from dpdask.graph._subtree import below_rows
 from dpdask.graph._topdown_blocks import (
     _fitter,
-    _on_support,
     _report,
     parent_chunks,
     parent_rows,
@@ -72,6 +71,7 @@ from dpdask.graph._unbiased import Unbiased, write_unbiased
 from dpdask.reconstruct.topdown import (
     Constraints,
     Pass,
+    check_family,
     check_hierarchy,
     fit_family_passes,
     round_constrained,
@@ -118,7 +118,8 @@ class _Objective:
 def _build(A: np.ndarray, weight: float, passes: Sequence[Pass]) -> _Objective:
     m = A.shape[0]
     G = weight * (A.T @ A)
-    Gp = np.linalg.pinv(G, hermitian=True)
+    need = any(not ps.below for ps in passes[:-1])  # a pass fitted from estimates
+    Gp = np.linalg.pinv(G, hermitian=True) if need else G
     rows: list[np.ndarray] = []
     blocks: list[np.ndarray] = []
     variances: list[np.ndarray] = []
@@ -127,8 +128,11 @@ def _build(A: np.ndarray, weight: float, passes: Sequence[Pass]) -> _Objective:
     for k, ps in enumerate(passes):
         Q = np.atleast_2d(np.asarray(ps.queries, dtype=float))
         last = k == len(passes) - 1
-        estimable = np.allclose(Q @ Gp @ G, Q, rtol=0, atol=1e-8 * max(1.0, np.abs(Q).max()))
-        if last or ps.below or not estimable:  # its own rows (the last: every one)
+        if (
+            last
+            or ps.below
+            or not np.allclose(Q @ Gp @ G, Q, rtol=0, atol=1e-8 * max(1.0, np.abs(Q).max()))
+        ):  # its own rows (the last: every one), or when Q is not estimable
             keep = np.arange(m) if last or ps.rows is None else ps.rows
             out.append(Pass(ps.queries, keep, ps.slack, ps.name, ps.below))
             continue
@@ -257,16 +261,37 @@ def level_constraints(
     return dict(zip(levels, out, strict=True))
 
 
-def _unconstrained(c: Constraints | None) -> bool:
-    """Whether ``c`` asks for non-negativity alone (then a family is fitted as today's
-    top-down fits it, :func:`~dpdask.graph._topdown_blocks.family_block`)."""
-    if c is None:
-        return True
-    pos = np.asarray((c.queries >= 0).all(axis=1), dtype=bool)
+def _one_fit(passes: Sequence[Pass], n: int) -> bool:
+    """Whether the passes are one fit: a single pass over every cell, or the default
+    total (with the levels below, slack 0) then detail: the total pass's fit already
+    minimises the detail pass's objective among the fits with its totals (the extra
+    rows are constant there), so the second pass returns it."""
+    if len(passes) == 1:
+        return passes[0].rows is None and passes[0].name == "cells"
+    if len(passes) != 2:
+        return False
+    tot, det = passes
     return bool(
-        (c.lower == 0).all() and np.isinf(c.upper).all() and np.isinf(c.hi).all()
+        tot.below and tot.slack == 0 and tot.rows is None and det.rows is None
+        and np.shape(tot.queries) == (1, n) and (np.asarray(tot.queries) == 1).all()
+        and np.shape(det.queries) == (n, n) and np.array_equal(det.queries, np.eye(n))
+    )  # fmt: skip
+
+
+def _zeros_only(c: Constraints | None) -> np.ndarray | None:
+    """The pairs ``c`` holds at zero, ``(k, n)`` bool, when it asks for nothing else than
+    non-negativity and structural zeros (then a family is fitted as today's top-down
+    fits it, :func:`~dpdask.graph._topdown_blocks.family_block`, with those pairs held
+    at zero); None when it asks for more."""
+    if c is None:
+        return np.zeros((0, 0), dtype=bool)
+    pos = np.asarray((c.queries >= 0).all(axis=1), dtype=bool)
+    zeros = c.upper == 0
+    simple = (
+        (c.lower == 0).all() and (zeros | np.isinf(c.upper)).all() and np.isinf(c.hi).all()
         and (pos[None, :] & (c.lo <= 0) | np.isneginf(c.lo)).all()
     )  # fmt: skip
+    return zeros if simple else None
 
 
 def _rounding_passes(passes: Sequence[Pass]) -> Sequence[Pass] | None:
@@ -300,15 +325,17 @@ def multipass_top_block(
     with task_blas():
         obj = _objective(plan, passes, token)
         n = plan.strategy.shape[1]
+        # the default passes are one fit (_one_fit): the total pass's is the detail pass's
+        todo = obj.passes[:1] if _one_fit(passes, n) else obj.passes
         est = fit_family_passes(
             obj.A, obj.measurements(np.asarray(y, dtype=float)), None, cons,
-            passes=obj.passes, weights=obj.weights, parent_name="the top level",
+            passes=todo, weights=obj.weights, parent_name="the top level",
             extra=None if below is None else subtree_row(*below, n),
         )  # fmt: skip
         X = np.maximum(est.x, 0.0)
         if integer:
             X = round_constrained(X, None, cons, passes=_rounding_passes(passes)).astype(float)
-    failed = [{"pass": p.name, **r.to_dict()} for p, r in zip(passes, est.reports, strict=True)
+    failed = [{"pass": p.name, **r.to_dict()} for p, r in zip(todo, est.reports, strict=True)
               if not r.converged]  # fmt: skip
     _report(report_dir, ctx.level, chunk, failed)
     return sparse.COO.from_numpy(X)
@@ -354,16 +381,23 @@ def multipass_family_block(
         obj = _objective(plan, passes, token)
         Y = obj.measurements(y)
         extra = None if below is None else subtree_row(*below, n)
-        plain = extra is None and len(passes) == 1 and passes[0].name == "cells"
+        plain = _one_fit(passes, n)
         for a, b in zip(starts, [*starts[1:], g], strict=True):
             p = P[[int(parents[a]) - first]].toarray().reshape(-1)
             if integer:
                 p = np.rint(p)
             kids = None if cons is None else cons.take(np.arange(a, b))
             name = f"{ctx.level} parent {int(parents[a])}"
-            if plain and _unconstrained(kids):  # today's top-down fit, exactly
-                idx, Xs, rep = _on_support(_fitter(plan.strategy, 1 / plan.row_variance, token),
-                                           p, y[a:b])  # fmt: skip
+            zeros = _zeros_only(kids) if plain else None
+            held = None if zeros is None or not zeros.any() else zeros
+            fit = None if zeros is None else _fitter(plan.strategy, 1 / plan.row_variance, token)
+            if fit is not None and ((held is None and extra is None) or fit.method == "fista"):
+                # today's top-down fit, exactly, with the structural zeros held
+                if kids is not None:
+                    check_family(p, kids, parent_name=name)
+                tot = None if extra is None else (extra[1][a:b, 0], extra[2][a:b, 0])
+                est0 = fit.on_support(p, Y=y[a:b], fixed=held, totals=tot)
+                idx, Xs, rep = np.asarray(est0.idx), np.asarray(est0.x), est0.report
                 Xf = np.zeros((b - a, n))
                 Xf[:, idx] = Xs
                 if integer:

@@ -24,6 +24,7 @@ __all__ = [
     "L_MARGIN",
     "fista",
     "lipschitz",
+    "masked",
     "project",
     "project_threshold",
 ]
@@ -76,6 +77,19 @@ def project(V: np.ndarray, t: np.ndarray) -> np.ndarray:
     return project_threshold(V, t)[0]
 
 
+def masked(fixed: np.ndarray) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The projection onto the cells' simplices with the pairs ``fixed`` ``(K, S)`` held
+    at zero (per-child structural zeros): each cell's other children projected onto its
+    simplex. A fixed pair enters the sort far below every other value, so it is never
+    above the threshold; every cell must keep a child that is not fixed."""
+
+    def proj(V: np.ndarray, t: np.ndarray) -> np.ndarray:
+        low = -2.0 * (float(np.abs(V).max(initial=0.0)) + float(np.max(t, initial=0.0)) + 1.0)
+        return project(np.where(fixed, low * V.shape[0], V), t)
+
+    return proj
+
+
 def lipschitz(rows: RowsOp, size: int) -> tuple[float, int]:
     """Power iteration for the largest eigenvalue of the PSD ``G~[S, S]`` (from ones:
     the Perron vector of a non-negative Gram), and the products it took."""
@@ -96,6 +110,7 @@ def lipschitz(rows: RowsOp, size: int) -> tuple[float, int]:
 def fista(
     rows: RowsOp, C: np.ndarray, t: np.ndarray, U0: np.ndarray, GU0: np.ndarray,
     L: float, tol: float, maxiter: int, fast: RowsOp | None = None,
+    proj: Callable[[np.ndarray, np.ndarray], np.ndarray] = project,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:  # fmt: skip
     """FISTA with adaptive restart on ``1/2 <U, U G~> - <C, U>`` over the product of
     simplices (module notes). Returns the last iterate, ``U G~`` there (from ``rows``),
@@ -105,11 +120,12 @@ def fista(
     ``max(tol, FAST_FLOOR)``; then ``U G~`` is recomputed by ``rows`` and the iteration
     goes on (momentum dropped) with ``rows``, so the stopping test is always exact. The
     residual, which costs a projection, is taken every :data:`KKT_EVERY` iterations
-    (the fit may stop up to ``KKT_EVERY - 1`` iterations after it first holds)."""
+    (the fit may stop up to ``KKT_EVERY - 1`` iterations after it first holds).
+    ``proj`` replaces :func:`project` (e.g. :func:`masked`)."""
     N = U0.size
 
     def kkt(U: np.ndarray, GU: np.ndarray) -> float:
-        return float(np.linalg.norm(U - project(U - (GU - C), t)) / np.sqrt(N))
+        return float(np.linalg.norm(U - proj(U - (GU - C), t)) / np.sqrt(N))
 
     exact = fast is None or fast is rows
     prod = rows if exact or fast is None else fast
@@ -130,7 +146,7 @@ def fista(
         W = GV - C  # the step V - (GV - C) / L, in place
         W *= -1.0 / L
         W += V
-        U_new = project(W, t)
+        U_new = proj(W, t)
         GU_new = prod(U_new)
         D = U_new - V
         dd = float(np.vdot(D, D))

@@ -184,20 +184,35 @@ class ChildrenFitter:
         return C, const, Zs, margins, full
 
     def _support_fit(
-        self, parent: np.ndarray, Y: np.ndarray | None, Z: np.ndarray | None, lean: bool
-    ) -> SupportEstimate:
+        self, parent: np.ndarray, Y: np.ndarray | None, Z: np.ndarray | None, lean: bool,
+        fixed: np.ndarray | None = None, totals: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> SupportEstimate:  # fmt: skip
         p = self._parent(parent)
         idx = np.flatnonzero(p > 0).astype(np.int64)
+        F = None if fixed is None else np.asarray(fixed, dtype=bool)[:, idx]
         # one BLAS thread: the products are small, and a second thread that is not
         # scheduled (a busy core) stalls each of them by milliseconds
         with _blas().limit(limits=1, user_api="blas"):
             C, const, Zs, margins, full = self._linear(Y, Z, idx, lean)
-            x, report = solve_support(self, C, const, p, idx, Zs, full, margins, stacklevel=6)
+            x, report = solve_support(
+                self,
+                C,
+                const,
+                p,
+                idx,
+                Zs,
+                full,
+                margins,
+                stacklevel=6,
+                fixed=F,
+                totals=totals,
+            )
         return SupportEstimate(idx, x, report)
 
     def on_support(
-        self, parent: np.ndarray, *, Y: np.ndarray | None = None, Z: np.ndarray | None = None
-    ) -> SupportEstimate:
+        self, parent: np.ndarray, *, Y: np.ndarray | None = None, Z: np.ndarray | None = None,
+        fixed: np.ndarray | None = None, totals: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> SupportEstimate:  # fmt: skip
         """The fit of one family on its parent's support, in memory ``O(K |S|)``.
 
         Parameters
@@ -208,6 +223,13 @@ class ChildrenFitter:
             ``(K, m)`` the children's measurements.
         Z : ndarray, optional
             ``(K, n)`` the children's (weighted) least-squares estimates instead.
+        fixed : ndarray, optional
+            ``(K, n)`` bool, pairs held at zero (per-child structural zeros); only with
+            the FISTA method (a dense Gram). Every cell of the support must keep a child
+            that is not fixed.
+        totals : tuple of ndarray, optional
+            ``(v, u)``, each ``(K,)``: an extra row ``1^T x_c = v_c`` of weight ``u_c``
+            per child in the objective (FISTA only).
 
         Returns
         -------
@@ -226,7 +248,7 @@ class ChildrenFitter:
         ValueError
             Unless exactly one of ``Y`` and ``Z`` is given, or as for ``__call__``.
         """
-        return self._support_fit(parent, Y, Z, lean=True)
+        return self._support_fit(parent, Y, Z, lean=True, fixed=fixed, totals=totals)
 
     def __call__(self, Y: np.ndarray, parent: np.ndarray) -> Estimate:
         est = self._support_fit(parent, Y, None, lean=False)

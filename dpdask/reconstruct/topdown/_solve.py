@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from dpdask.errors import ArgumentError
 from dpdask.reconstruct._report import ConvergenceReport, warn_at_limit
 from dpdask.reconstruct.topdown._active import active_fista
-from dpdask.reconstruct.topdown._fista import L_MARGIN, fista, lipschitz, project
+from dpdask.reconstruct.topdown._fista import L_MARGIN, fista, lipschitz, masked, project
 from dpdask.reconstruct.topdown._newton import simplex_newton
 from dpdask.reconstruct.topdown._working_gram import WorkingGram
 
@@ -51,6 +52,31 @@ def objective(U: np.ndarray, GU: np.ndarray, C: np.ndarray) -> float:
     return float(0.5 * np.vdot(U, GU) - np.vdot(C, U))
 
 
+class _Totals:
+    """A support's Gram with each child's extra total row: ``rows(U)`` is ``U H`` plus,
+    per child ``c``, ``u_c (s^T U_c) s`` (the row ``1^T x_c = s^T U_c`` in the scaled
+    variables, weight ``u_c``); ``extra`` bounds what it adds to the Lipschitz constant
+    (``max u_c ||s||^2``: the power iteration runs on one row, with no child's weight)."""
+
+    def __init__(self, gram: Any, s: np.ndarray, u: np.ndarray) -> None:
+        self.gram, self.s, self.u = gram, s, u
+        self.extra = float(u.max(initial=0.0)) * float(s @ s)
+
+    def _add(self, out: np.ndarray, U: np.ndarray) -> np.ndarray:
+        if U.shape[0] != self.u.shape[0]:  # the power iteration's single row
+            return out
+        added: np.ndarray = out + ((U @ self.s) * self.u)[:, None] * self.s[None, :]
+        return added
+
+    def rows(self, U: np.ndarray) -> np.ndarray:
+        out: np.ndarray = self.gram.rows(U)
+        return self._add(out, U)
+
+    def fast_rows(self, U: np.ndarray) -> np.ndarray:
+        out: np.ndarray = self.gram.fast_rows(U)
+        return self._add(out, U)
+
+
 def solve_support(
     fitter: Any,
     C: np.ndarray,
@@ -61,6 +87,8 @@ def solve_support(
     full_C: Callable[[], np.ndarray] | None = None,
     margins: np.ndarray | None = None,
     stacklevel: int = 5,
+    fixed: np.ndarray | None = None,
+    totals: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, ConvergenceReport]:
     """The children ``(K, |S|)`` on the support ``idx`` and the report.
 
@@ -87,37 +115,53 @@ def solve_support(
         proportion to their positive parts.
     stacklevel : int
         For the warning at the iteration limit.
+    fixed : ndarray, optional
+        ``(K, |S|)`` bool, pairs held at zero (structural zeros), FISTA only: every
+        projection keeps them at zero (:func:`~dpdask.reconstruct.topdown._fista.masked`).
+    totals : tuple of ndarray, optional
+        ``(v, u)``, each ``(K,)``: every child's extra row ``1^T x_c = v_c`` of weight
+        ``u_c`` in the objective (the levels below's estimate of its total), FISTA only:
+        a rank-one term per child in the products (:class:`_Totals`).
     """
     level, method, tol, maxiter = fitter.level, fitter.method, fitter.tol, fitter.maxiter
     K, n, S = C.shape[0], level.n, idx.size
     details: dict[str, Any] = {"children": K, "cells": n, "support": S, "variables": K * S}
     details["gram"] = level.kind
     name = f"topdown-{method}"
+    proj: Callable[[np.ndarray, np.ndarray], np.ndarray] = project
+    if fixed is not None:
+        proj = masked(np.asarray(fixed, dtype=bool))
+    if (fixed is not None or totals is not None) and method != "fista":
+        raise ArgumentError("structural zeros and extra totals need the FISTA fit (a dense Gram)")
     if K == 1 or S == 0:  # the parent itself (or nothing to split)
         details.update(gap=0.0, products=0)
         x = np.broadcast_to(p[idx], (K, S)).copy()
         return x, ConvergenceReport(name, True, 0, 0.0, tol, details)
     s = level.scale[idx]
     t = p[idx] / s
-    gram = level.support(idx)
+    gram: Any = level.support(idx)
+    if totals is not None:  # x_c = s u_c: the row is s^T u_c (module notes of _Totals)
+        gram = _Totals(gram, s, np.asarray(totals[1], dtype=float))
+        C = C + (totals[1] * totals[0])[:, None] * s[None, :]
+        const += 0.5 * float(np.sum(totals[1] * totals[0] ** 2))
     start = fitter.start
     if start == "auto":  # FISTA: the best of the simple starts and the estimates
         start = "admm" if Zs is None else ("estimates" if method == "newton" else "simple")
     use_admm = start == "admm" and method == "newton" and level.admm is not None
     start_products = 0
     if start == "estimates" and Zs is not None:  # the least-squares fit, projected
-        U0, GU0, details["start"] = project(Zs, t), None, "estimates"
+        U0, GU0, details["start"] = proj(Zs, t), None, "estimates"
     elif use_admm and full_C is not None:
         U0, details["admm_iterations"] = level.admm(full_C(), idx, t)
         details["start"] = "admm"
         GU0 = None
     else:  # the better (in f) of the even split, one Jacobi step and the estimates
-        starts = [np.broadcast_to(t / K, (K, S)).copy(), project(C, t)]
+        starts = [proj(np.broadcast_to(t / K, (K, S)).copy(), t), proj(C, t)]
         names = ["even", "jacobi"]
         if Zs is not None and (fitter.start == "auto" or use_admm):
-            starts.append(project(Zs, t))
+            starts.append(proj(Zs, t))
             names.append("estimates")
-        if margins is not None and fitter.start == "auto":
+        if margins is not None and fitter.start == "auto" and fixed is None:
             starts.append(proportional(margins, t))
             names.append("marginal")
         active = method == "active" and level.unions
@@ -152,12 +196,16 @@ def solve_support(
         if GU0 is None:
             GU0, start_products = gram.rows(U0), start_products + 1
         L, power = lipschitz(gram.fast_rows, S)
-        U, GU, info = fista(gram.rows, C, t, U0, GU0, L * L_MARGIN, tol, maxiter, gram.fast_rows)
+        L += gram.extra if totals is not None else 0.0
+        U, GU, info = fista(
+            gram.rows, C, t, U0, GU0, L * L_MARGIN, tol, maxiter, gram.fast_rows, proj
+        )
         details.update(products=info["iterations"] + start_products + power)
         details["power_iterations"] = power
         details.update({k: info[k] for k in ("lipschitz", "lipschitz_raised", "restarts")})
     grad = GU - C
-    gap = float(np.vdot(grad, U) - np.dot(t, grad.min(axis=0)))
+    free = grad if fixed is None else np.where(fixed, np.inf, grad)
+    gap = float(np.vdot(grad, U) - np.dot(t, free.min(axis=0)))
     details.update(objective=objective(U, GU, C) + const, gap=max(gap, 0.0))
     x = exact_sums(U * s, p[idx])
     converged = info["residual"] <= tol

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.linalg as sla
 
 from dpdask.reconstruct.topdown._constrained import Extra
 from dpdask.reconstruct.topdown._constraints import Constraints
@@ -64,8 +65,10 @@ def total_estimator(Ad: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float] |
     """
     n = Ad.shape[1]
     G = Ad.T @ (w[:, None] * Ad)
-    Gp = np.linalg.pinv(G, hermitian=True)
-    b = Gp @ np.ones(n)  # G^+ 1
+    try:  # G^+ 1: by Cholesky when G is positive definite (a full-rank strategy)
+        b = sla.cho_solve(sla.cho_factor(G), np.ones(n))
+    except np.linalg.LinAlgError:
+        b = np.linalg.pinv(G, hermitian=True) @ np.ones(n)
     if not np.allclose(G @ b, np.ones(n), rtol=0, atol=1e-8 * n):
         return None  # the total is not in the row space of the strategy
     p: np.ndarray = w * (Ad @ b)
