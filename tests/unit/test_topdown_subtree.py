@@ -150,3 +150,47 @@ def test_invariants_and_empty_units_hold_with_the_levels_below():
         np.testing.assert_allclose(est.x.sum(axis=1), x.sum(axis=1), atol=1e-7)
         assert c.satisfied(est.x, atol=1e-9).all()
         assert (est.x[c.upper == 0] == 0).all()
+
+
+# -- today's fitter with structural zeros and extra totals (the default passes' fast path)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("with_totals", [False, True])
+def test_fitter_with_zeros_and_totals_matches_the_interior_point_qp(seed, with_totals):
+    """The FISTA fit with pairs held at zero and per-child total rows against the
+    interior-point QP of the same problem (itself checked against cvxpy): the same
+    optimum, to the fitter's tolerance."""
+    from dpdask.reconstruct.topdown import children_fitter
+
+    rng = np.random.default_rng(seed)
+    K, n = int(rng.integers(2, 6)), int(rng.integers(4, 9))
+    truth = rng.poisson(rng.gamma(0.8, 4.0, (K, n))).astype(float)
+    zeros = rng.random((K, n)) < 0.3
+    zeros[0] = False  # every cell keeps a child that is free
+    truth[zeros] = 0.0
+    A = np.vstack([np.ones(n), np.eye(n)])
+    w = np.r_[0.5, np.full(n, 0.3)]
+    Y = truth @ A.T + rng.normal(size=(K, n + 1)) / np.sqrt(w)
+    parent = truth.sum(axis=0)
+    upper = np.where(zeros, 0.0, np.inf)
+    c = Constraints(np.zeros((K, n)), upper, np.zeros((0, n)), np.zeros((K, 0)),
+                    np.zeros((K, 0)), tuple(map(str, range(K))), ())  # fmt: skip
+    v = truth.sum(axis=1) + rng.normal(size=K)
+    u = rng.uniform(0.1, 2.0, K)
+    extra = (np.ones((1, n)), v[:, None], u[:, None]) if with_totals else None
+    ref = fit_constrained_children(A, Y, parent, c, weights=w, extra=extra)
+    fit = children_fitter(VStack([Total(n), Identity(n)]), w,
+                          tol=1e-9, maxiter=200000)  # fmt: skip
+    est = fit.on_support(parent, Y=Y, fixed=zeros, totals=(v, u) if with_totals else None)
+    X = np.zeros((K, n))
+    X[:, est.idx] = est.x
+    assert (X[zeros] == 0).all() and (X >= 0).all()
+    np.testing.assert_allclose(X.sum(axis=0), parent, atol=1e-9 * max(1.0, parent.max()))
+
+    def objective(Z):
+        f = 0.5 * float(np.sum(w * (Z @ A.T - Y) ** 2))
+        return f + (0.5 * float(np.sum(u * (Z.sum(axis=1) - v) ** 2)) if with_totals else 0.0)
+
+    assert objective(X) <= objective(ref.x) + 1e-6 * max(1.0, objective(ref.x))
+    np.testing.assert_allclose(X, ref.x, atol=1e-3 * max(1.0, parent.max()))
