@@ -35,9 +35,9 @@ Reported: ``runs``, one row per plan, method and key: wall time of the release
 (``to_zarr``), the state total's error, the persons the release puts in blocks with no
 housing unit and no facility (``empty_block_persons``; ``empty_blocks_filled`` of them
 with a non-zero total), for ``multipass-int`` the largest ``|integer block total -
-fractional block total|`` against ``multipass`` with the same key (``block_vs_fractional``:
-the two fit the same measurements, but each family inside its own parent, so the gap
-may exceed 1 where the parents differ), per level the total-population MAE and RMSE,
+fractional block total|`` of the release's own fits (``block_vs_fractional``: each
+family's integer blocks against the fractional fit they were rounded from, in the same
+task, the release summary's ``rounding_gap``), per level the total-population MAE and RMSE,
 and ``large_graph``, the size of the graph sent to the scheduler when Dask warned it was
 large. ``accuracy``, one row per plan and level: the median over keys of
 each method's total-population MAE and RMSE against the truth, the standard deviation of
@@ -174,9 +174,10 @@ def _graph_size(caught: list[warnings.WarningMessage]) -> str | None:
 def _release(
     method: str, plans: dict[str, Any], store: Any, levels: list[str], key: int, cons: Any,
     out: Any, client: Any,
-) -> tuple[float, str | None, dict[str, np.ndarray]]:  # fmt: skip
+) -> tuple[float, str | None, dict[str, np.ndarray], float | None]:  # fmt: skip
     """One release (published to ``out``, then removed): its wall time, the size of its
-    graph if Dask warned it was large, and each level's published unit totals."""
+    graph if Dask warned it was large, each level's published unit totals and (integer
+    multi-pass) the finest level's rounding gap from the release's summary."""
     from dpdask.graph import release
     from dpdask.noise import SecretKey
     from dpdask.publish import remove_work, work_dir
@@ -204,7 +205,9 @@ def _release(
             wall = time.perf_counter() - t0
         graph = _graph_size(caught)
         geo = store.geography
-        return wall, graph, _published_totals(out, {lv: geo.n_units(lv) for lv in levels})
+        gap = rel.summary().get("rounding_gap", {}).get(levels[-1])  # the rounder's, per fit
+        totals = _published_totals(out, {lv: geo.n_units(lv) for lv in levels})
+        return wall, graph, totals, gap
     finally:
         shutil.rmtree(out, ignore_errors=True)
         remove_work(work)
@@ -322,17 +325,13 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             out = root / "out.zarr"
             for plan in plans_:
                 for key in range(args.keys):
-                    frac = None
                     for m in methods:
-                        wall, graph, est = _release(
+                        wall, graph, est, gap = _release(
                             m, plans[plan], store, levels, key, cons, out, client
                         )
                         row = _run_row(plan, m, key, wall, est, truth, empty)
                         row["large_graph"] = graph
-                        if m == "multipass":
-                            frac = est[levels[-1]]
-                        if m == "multipass-int" and frac is not None:
-                            gap = np.abs(est[levels[-1]] - frac).max(initial=0.0)
+                        if gap is not None:
                             row["block_vs_fractional"] = float(gap)
                         runs.append(row)
         accuracy = _accuracy(runs, plans_, methods, levels, sd)

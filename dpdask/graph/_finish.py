@@ -170,6 +170,9 @@ def _write_attributes(rel: Release, run: RunState, root: zarr.Group, out: pathli
         (json.loads(p.read_text()) for p in (run.work / "reports").glob("*.json")),
         key=lambda r: (r["level"], r["chunk"]),
     )
+    for p in sorted((run.work / "rounding").glob("*.json")):  # integer multi-pass fits
+        r = json.loads(p.read_text())
+        run.rounding[r["level"]] = max(run.rounding.get(r["level"], 0.0), float(r["gap"]))
     import warnings
 
     info = attributes(rel, run)

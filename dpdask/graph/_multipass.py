@@ -60,12 +60,14 @@ from dpdask.graph._chunked import (
     chunked_levels,
     constraint_counts,
 )
+from dpdask.graph._pass_options import one_fit, zeros_only
 from dpdask.graph._subtree import below_rows
 from dpdask.graph._topdown_blocks import (
     _fitter,
     _report,
     parent_chunks,
     parent_rows,
+    record_rounding,
 )
 from dpdask.graph._unbiased import Unbiased, write_unbiased
 from dpdask.reconstruct.topdown import (
@@ -261,39 +263,6 @@ def level_constraints(
     return dict(zip(levels, out, strict=True))
 
 
-def _one_fit(passes: Sequence[Pass], n: int) -> bool:
-    """Whether the passes are one fit: a single pass over every cell, or the default
-    total (with the levels below, slack 0) then detail: the total pass's fit already
-    minimises the detail pass's objective among the fits with its totals (the extra
-    rows are constant there), so the second pass returns it."""
-    if len(passes) == 1:
-        return passes[0].rows is None and passes[0].name == "cells"
-    if len(passes) != 2:
-        return False
-    tot, det = passes
-    return bool(
-        tot.below and tot.slack == 0 and tot.rows is None and det.rows is None
-        and np.shape(tot.queries) == (1, n) and (np.asarray(tot.queries) == 1).all()
-        and np.shape(det.queries) == (n, n) and np.array_equal(det.queries, np.eye(n))
-    )  # fmt: skip
-
-
-def _zeros_only(c: Constraints | None) -> np.ndarray | None:
-    """The pairs ``c`` holds at zero, ``(k, n)`` bool, when it asks for nothing else than
-    non-negativity and structural zeros (then a family is fitted as today's top-down
-    fits it, :func:`~dpdask.graph._topdown_blocks.family_block`, with those pairs held
-    at zero); None when it asks for more."""
-    if c is None:
-        return np.zeros((0, 0), dtype=bool)
-    pos = np.asarray((c.queries >= 0).all(axis=1), dtype=bool)
-    zeros = c.upper == 0
-    simple = (
-        (c.lower == 0).all() and (zeros | np.isinf(c.upper)).all() and np.isinf(c.hi).all()
-        and (pos[None, :] & (c.lo <= 0) | np.isneginf(c.lo)).all()
-    )  # fmt: skip
-    return zeros if simple else None
-
-
 def _rounding_passes(passes: Sequence[Pass]) -> Sequence[Pass] | None:
     """The passes the rounder keeps: a single pass over the cells keeps the total
     (the rounder's default), as the default passes do."""
@@ -326,7 +295,7 @@ def multipass_top_block(
         obj = _objective(plan, passes, token)
         n = plan.strategy.shape[1]
         # the default passes are one fit (_one_fit): the total pass's is the detail pass's
-        todo = obj.passes[:1] if _one_fit(passes, n) else obj.passes
+        todo = obj.passes[:1] if one_fit(passes, n) else obj.passes
         est = fit_family_passes(
             obj.A, obj.measurements(np.asarray(y, dtype=float)), None, cons,
             passes=todo, weights=obj.weights, parent_name="the top level",
@@ -334,7 +303,10 @@ def multipass_top_block(
         )  # fmt: skip
         X = np.maximum(est.x, 0.0)
         if integer:
-            X = round_constrained(X, None, cons, passes=_rounding_passes(passes)).astype(float)
+            Xr = round_constrained(X, None, cons, passes=_rounding_passes(passes)).astype(float)
+            gap = float(np.abs(Xr.sum(axis=1) - X.sum(axis=1)).max(initial=0.0))
+            record_rounding(report_dir, ctx.level, chunk, gap)
+            X = Xr
     failed = [{"pass": p.name, **r.to_dict()} for p, r in zip(todo, est.reports, strict=True)
               if not r.converged]  # fmt: skip
     _report(report_dir, ctx.level, chunk, failed)
@@ -376,19 +348,20 @@ def multipass_family_block(
     g, n = y.shape[0], plan.strategy.shape[1]
     X = np.zeros((g, n))
     failed: list[dict[str, Any]] = []
+    gap = 0.0  # the largest |integer - fractional| unit total (with ``integer``)
     starts = np.flatnonzero(np.r_[True, parents[1:] != parents[:-1]])
     with task_blas():
         obj = _objective(plan, passes, token)
         Y = obj.measurements(y)
         extra = None if below is None else subtree_row(*below, n)
-        plain = _one_fit(passes, n)
+        plain = one_fit(passes, n)
         for a, b in zip(starts, [*starts[1:], g], strict=True):
             p = P[[int(parents[a]) - first]].toarray().reshape(-1)
             if integer:
                 p = np.rint(p)
             kids = None if cons is None else cons.take(np.arange(a, b))
             name = f"{ctx.level} parent {int(parents[a])}"
-            zeros = _zeros_only(kids) if plain else None
+            zeros = zeros_only(kids) if plain else None
             held = None if zeros is None or not zeros.any() else zeros
             fit = None if zeros is None else _fitter(plan.strategy, 1 / plan.row_variance, token)
             if fit is not None and ((held is None and extra is None) or fit.method == "fista"):
@@ -397,29 +370,26 @@ def multipass_family_block(
                     check_family(p, kids, parent_name=name)
                 tot = None if extra is None else (extra[1][a:b, 0], extra[2][a:b, 0])
                 est0 = fit.on_support(p, Y=y[a:b], fixed=held, totals=tot)
-                idx, Xs, rep = np.asarray(est0.idx), np.asarray(est0.x), est0.report
                 Xf = np.zeros((b - a, n))
-                Xf[:, idx] = Xs
-                if integer:
-                    Xf = round_constrained(Xf, p, kids, parent_name=name).astype(float)
-                X[a:b] = Xf
-                if not rep.converged:
-                    failed.append({"parent": int(parents[a]), "pass": "cells", **rep.to_dict()})
-                continue
-            est = fit_family_passes(
-                obj.A, Y[a:b], p, kids, passes=obj.passes, weights=obj.weights,
-                parent_name=name, extra=take_extra(extra, slice(a, b)),
-            )  # fmt: skip
-            Xf = est.x
-            if integer:
-                Xf = round_constrained(
-                    Xf, p, kids, passes=_rounding_passes(passes), parent_name=name
-                ).astype(float)
+                Xf[:, np.asarray(est0.idx)] = est0.x
+                reports = [("cells", est0.report)]
+            else:
+                est = fit_family_passes(
+                    obj.A, Y[a:b], p, kids, passes=obj.passes, weights=obj.weights,
+                    parent_name=name, extra=take_extra(extra, slice(a, b)),
+                )  # fmt: skip
+                Xf = est.x
+                reports = [(ps.name, r) for ps, r in zip(passes, est.reports, strict=True)]
             X[a:b] = Xf
-            failed += [
-                {"parent": int(parents[a]), "pass": ps.name, **r.to_dict()}
-                for ps, r in zip(passes, est.reports, strict=True) if not r.converged
-            ]  # fmt: skip
+            if integer:
+                X[a:b] = round_constrained(
+                    Xf, p, kids, passes=_rounding_passes(passes), parent_name=name
+                )
+                gap = max(gap, float(np.abs(X[a:b].sum(axis=1) - Xf.sum(axis=1)).max()))
+            failed += [{"parent": int(parents[a]), "pass": nm, **r.to_dict()}
+                       for nm, r in reports if not r.converged]  # fmt: skip
+    if integer:
+        record_rounding(report_dir, ctx.level, chunk, gap)
     _report(report_dir, ctx.level, chunk, failed)
     return sparse.COO.from_numpy(X)
 

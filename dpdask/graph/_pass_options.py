@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpdask.errors import ArgumentError, ArgumentTypeError
-from dpdask.reconstruct.topdown import Pass
+from dpdask.reconstruct.topdown import Constraints, Pass
 
 if TYPE_CHECKING:
     from dpdask.strategy import Plan
 
-__all__ = ["PassesOption", "resolve_passes"]
+__all__ = ["PassesOption", "one_fit", "resolve_passes", "zeros_only"]
 
 PassesOption = str | Sequence[str | Sequence[str]] | Mapping[str, Sequence[Pass]] | None
 """What ``release(passes=...)`` takes (module notes; a mapping gives each level's passes)."""
@@ -121,3 +121,36 @@ def resolve_passes(
         )
         for lv, p in plans.items()
     }
+
+
+def one_fit(passes: Sequence[Pass], n: int) -> bool:
+    """Whether the passes are one fit: a single pass over every cell, or the default
+    total (with the levels below, slack 0) then detail: the total pass's fit already
+    minimises the detail pass's objective among the fits with its totals (the extra
+    rows are constant there), so the second pass returns it."""
+    if len(passes) == 1:
+        return passes[0].rows is None and passes[0].name == "cells"
+    if len(passes) != 2:
+        return False
+    tot, det = passes
+    return bool(
+        tot.below and tot.slack == 0 and tot.rows is None and det.rows is None
+        and np.shape(tot.queries) == (1, n) and (np.asarray(tot.queries) == 1).all()
+        and np.shape(det.queries) == (n, n) and np.array_equal(det.queries, np.eye(n))
+    )  # fmt: skip
+
+
+def zeros_only(c: Constraints | None) -> np.ndarray | None:
+    """The pairs ``c`` holds at zero, ``(k, n)`` bool, when it asks for nothing else than
+    non-negativity and structural zeros (then a family is fitted as today's top-down
+    fits it, :func:`~dpdask.graph._topdown_blocks.family_block`, with those pairs held
+    at zero); None when it asks for more."""
+    if c is None:
+        return np.zeros((0, 0), dtype=bool)
+    pos = np.asarray((c.queries >= 0).all(axis=1), dtype=bool)
+    zeros = c.upper == 0
+    simple = (
+        (c.lower == 0).all() and (zeros | np.isinf(c.upper)).all() and np.isinf(c.hi).all()
+        and (pos[None, :] & (c.lo <= 0) | np.isneginf(c.lo)).all()
+    )  # fmt: skip
+    return zeros if simple else None

@@ -202,6 +202,7 @@ class Release:
             "unbiased_limit": self.unbiased_limit,
             "max_total": self.max_total,
             "not_converged": [] if run is None else run.reports,
+            **({"rounding_gap": dict(run.rounding)} if run is not None and run.rounding else {}),
             "levels": levels,
         }
         for L in self.released:

@@ -34,11 +34,12 @@ class Level:
 @dataclass
 class RunState:
     """One run of a release: its work folder, its key, every level's charge bound to
-    the key, the ledger's head after the charges, and the reports of chunks whose
-    estimator did not converge."""
+    the key, the ledger's head after the charges, the reports of chunks whose
+    estimator did not converge, and (integer multi-pass) each level's rounding gap."""
 
     work: pathlib.Path
     key: SecretKey | None = None
     charges: list[Charge] = field(default_factory=list)
     head: Any = None
     reports: list[dict[str, Any]] = field(default_factory=list)
+    rounding: dict[str, float] = field(default_factory=dict)

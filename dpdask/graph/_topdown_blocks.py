@@ -54,7 +54,7 @@ from dpdask.reconstruct.topdown import (
     round_top,
 )
 
-__all__ = ["family_block", "parent_rows", "top_block"]
+__all__ = ["family_block", "parent_rows", "record_rounding", "top_block"]
 
 _FITTERS: dict[str, Any] = {}  # per worker process: what a level's fits share
 
@@ -70,6 +70,18 @@ def _report(report_dir: str | None, level: str, chunk: int, failed: list[dict[st
     info = {"level": level, "chunk": chunk, **failed[0], "units": len(failed)}
     path = pathlib.Path(report_dir) / f"{level}-{chunk}.json"
     path.write_text(json.dumps(info, default=str))
+
+
+def record_rounding(report_dir: str | None, level: str, chunk: int, gap: float) -> None:
+    """Keep a chunk's rounding gap, the largest ``|integer - fractional|`` unit total of
+    its fits, beside the reports (``<work>/rounding``; the release's summary gives each
+    level's largest, ``rounding_gap``)."""
+    if report_dir is None:
+        return
+    folder = pathlib.Path(report_dir).parent / "rounding"
+    folder.mkdir(exist_ok=True)
+    info = {"level": level, "chunk": chunk, "gap": gap}
+    (folder / f"{level}-{chunk}.json").write_text(json.dumps(info))
 
 
 def _coo(
