@@ -38,8 +38,9 @@ with a non-zero total), for ``multipass-int`` the largest ``|integer block total
 fractional block total|`` of the release's own fits (``block_vs_fractional``: each
 family's integer blocks against the fractional fit they were rounded from, in the same
 task, the release summary's ``rounding_gap``), per level the total-population MAE and RMSE,
-and ``large_graph``, the size of the graph sent to the scheduler when Dask warned it was
-large. ``accuracy``, one row per plan and level: the median over keys of
+``large_graph``, the size of the graph sent to the scheduler when Dask warned it was
+large, and ``peak_worker_rss_gib``, the largest worker's peak resident memory during
+the release (sampled). ``accuracy``, one row per plan and level: the median over keys of
 each method's total-population MAE and RMSE against the truth, the standard deviation of
 the level's total as the Bureau measures it (``sd_total_tda``, part 1) and as the plan
 answers it (``sd_total_plan``), and the verdict ``multipass_ok``: each multi-pass MAE at
@@ -281,6 +282,9 @@ def _summary(
                     "state_total_error_max": max(abs(r["state_total_error"]) for r in mine),
                     "empty_block_persons_max": max(abs(r["empty_block_persons"]) for r in mine),
                     "block_vs_fractional_max": max(gaps) if gaps else None,
+                    "peak_worker_rss_gib_max": max(
+                        (r.get("peak_worker_rss_gib", 0.0) for r in mine), default=0.0
+                    ),
                 }
             )
     return out
@@ -293,7 +297,7 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
     from dpdask.pipeline.run import load_data
     from dpdask.privacy import zCDP
     from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, convert
-    from dpdask_benchmarks.release import _cluster
+    from dpdask_benchmarks.release import _cluster, _WorkerPeaks
     from dpdask_benchmarks.topdown import _truth_totals
 
     plans_ = _names(args.plans, PLANS, "--plans")
@@ -310,7 +314,7 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     try:
         spec = _spec(args, root)
-        with _cluster(args.workers, args.memory_limit) as (client, _pids):
+        with _cluster(args.workers, args.memory_limit) as (client, pids):
             t0 = time.perf_counter()
             store = load_data(spec, root / "work")
             t_data = time.perf_counter() - t0
@@ -326,11 +330,13 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             for plan in plans_:
                 for key in range(args.keys):
                     for m in methods:
-                        wall, graph, est, gap = _release(
-                            m, plans[plan], store, levels, key, cons, out, client
-                        )
+                        with _WorkerPeaks(pids) as peaks:
+                            wall, graph, est, gap = _release(
+                                m, plans[plan], store, levels, key, cons, out, client
+                            )
                         row = _run_row(plan, m, key, wall, est, truth, empty)
                         row["large_graph"] = graph
+                        row["peak_worker_rss_gib"] = max(peaks.peaks.values()) / 2**30
                         if gap is not None:
                             row["block_vs_fractional"] = float(gap)
                         runs.append(row)
