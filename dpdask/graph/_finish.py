@@ -23,6 +23,7 @@ from dask.base import tokenize
 from dpdask import __version__
 from dpdask.errors import ShapeError
 from dpdask.graph._blocks import NONNEGATIVE
+from dpdask.graph._caches import forget
 from dpdask.graph._checkpoint import read_chunks
 from dpdask.graph._consistent import consistent_estimates
 from dpdask.graph._levels import partial_rows
@@ -85,6 +86,7 @@ def finish(
             lg = LevelGroup(group, (), [], L.plan.workload, None, None)
             publish_simulated(lg, None if sims is None else sims[i], L.plan, what)
     _write_attributes(rel, run, root, out)
+    forget(client)  # the per-level caches of the workers (:mod:`._caches`)
     return out
 
 

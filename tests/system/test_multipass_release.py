@@ -309,3 +309,15 @@ def test_query_group_passes_name_the_workload_groups(small):
         assert ps[0].slack == 0.5 and ps[-1].slack == 0.0
         np.testing.assert_array_equal(ps[0].queries, W.parts[0].dense())  # its queries
     assert release(small["plans"], small["store"], reconstruct="topdown").passes is None
+
+
+def test_a_release_forgets_its_workers_caches(small):
+    """The per-level caches (fitter, objective, total estimator, unbiased matrix) are
+    built during the release and dropped once it is published."""
+    from dpdask.graph import _multipass, _subtree, _topdown_blocks
+
+    levels = small["geo"].levels
+    _small_run(small, "forget", levels, "rforget", passes="default",
+               key=SecretKey.for_testing(5))  # fmt: skip
+    assert not _multipass._OBJECTIVES and not _subtree._ESTIMATORS
+    assert not _topdown_blocks._FITTERS
