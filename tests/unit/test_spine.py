@@ -163,5 +163,8 @@ def test_the_spec_reads_spine_and_names_the_field(tmp_path):
     per_level = {"levels": {"state": {"name": "marginals", "k": 1}, "county": "identity"}}
     with pytest.raises(SpecError, match=r"reconstruct\.spine: not with .* per level"):
         parse_spec({**GOOD, "workload": per_level}, tmp_path)
-    with pytest.raises(SpecError, match=r"reconstruct\.spine: not with invariants or constraints"):
+    passes = {"method": "topdown", "spine": True, "passes": "default"}
+    with pytest.raises(SpecError, match=r"reconstruct\.spine: not with .*passes"):
+        parse_spec({**GOOD, "reconstruct": passes}, tmp_path)
+    with pytest.raises(SpecError, match=r"reconstruct\.spine: not with invariants, constraints"):
         parse_spec({**GOOD, "invariants": {"state": ["total"]}}, tmp_path)
