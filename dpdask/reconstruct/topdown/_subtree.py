@@ -61,7 +61,7 @@ def total_estimator(Ad: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float] |
     --------
     >>> p, s = total_estimator(np.vstack([np.ones(2), np.eye(2)]), np.ones(3))
     >>> np.round(p, 6).tolist(), round(s, 6)
-    ([0.333333, 0.333333, 0.333333], 0.666667)
+    ([0.666667, 0.333333, 0.333333], 0.666667)
     """
     n = Ad.shape[1]
     G = Ad.T @ (w[:, None] * Ad)
