@@ -64,6 +64,7 @@ from dpdask.graph._pass_options import one_fit, zeros_only
 from dpdask.graph._subtree import below_rows
 from dpdask.graph._topdown_blocks import (
     _fitter,
+    _info,
     _report,
     parent_chunks,
     parent_rows,
@@ -289,7 +290,7 @@ def multipass_top_block(
     sums and variances (:mod:`~dpdask.graph._subtree`)."""
     tune_allocator()
     trim_heap()
-    y = (measure or measure_block)(x, plan, key, ctx, {0: {"chunk-location": (chunk, 0)}})
+    y = (measure or measure_block)(x, plan, key, ctx, _info(chunk))
     write_unbiased(plan.strategy, y, unbiased, chunk)
     with task_blas():
         obj = _objective(plan, passes, token)
@@ -341,7 +342,7 @@ def multipass_family_block(
     first, last = int(parents[0]), int(parents[-1])
     P = parent_rows(parent_blocks, parent_starts, first, last)
     y = np.asarray(
-        (measure or measure_block)(x, plan, key, ctx, {0: {"chunk-location": (chunk, 0)}}),
+        (measure or measure_block)(x, plan, key, ctx, _info(chunk)),
         dtype=float,
     )
     write_unbiased(plan.strategy, y, unbiased, chunk)

@@ -28,6 +28,7 @@ from dask.base import tokenize
 from dpdask.graph._blas import task_blas
 from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 from dpdask.graph._chunked import chunk_constraints
+from dpdask.graph._topdown_blocks import _info
 from dpdask.reconstruct.topdown import Constraints, known_totals, subtree_sums, total_estimator
 from dpdask.store import level_key
 
@@ -61,7 +62,7 @@ def subtree_block(
     total the constraints fix; ``inf`` when the strategy cannot estimate it)."""
     tune_allocator()
     trim_heap()
-    y = (measure or measure_block)(x, plan, key, ctx, {0: {"chunk-location": (chunk, 0)}})
+    y = (measure or measure_block)(x, plan, key, ctx, _info(chunk))
     g = np.shape(y)[0]
     with task_blas():
         est = _estimator(plan, token)
@@ -78,7 +79,7 @@ def subtree_block(
 def _sums(
     parts: list[list[np.ndarray]], parents: list[np.ndarray], sizes: list[int]
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    own = [(np.concatenate(p)[:, 0], np.concatenate(p)[:, 1]) for p in parts]
+    own = [(both[:, 0], both[:, 1]) for both in (np.concatenate(p) for p in parts)]
     return subtree_sums(own, parents, sizes)
 
 
