@@ -84,6 +84,7 @@ from dpdask.reconstruct.topdown import (
 
 if TYPE_CHECKING:
     from dpdask.graph._release import Release
+    from dpdask.graph._topdown import LevelShared
 
 __all__ = [
     "MULTIPASS_LABEL",
@@ -91,6 +92,7 @@ __all__ = [
     "multipass_family_block",
     "multipass_task",
     "multipass_top_block",
+    "passes_token",
 ]
 
 MULTIPASS_LABEL = "multi-pass top-down with constraints"
@@ -395,6 +397,15 @@ def multipass_family_block(
     return sparse.COO.from_numpy(X)
 
 
+def passes_token(fit_token: str, passes: Sequence[Pass]) -> str:
+    """What a worker's cached objective of a level depends on: its strategy and noise
+    (``fit_token``) and its passes."""
+    return tokenize(
+        fit_token, [(p.name, p.slack, p.rows, np.shape(p.queries), float(np.sum(p.queries)),
+                     p.below) for p in passes],
+    )  # fmt: skip
+
+
 def multipass_task(
     rel: Release,
     i: int,
@@ -405,38 +416,32 @@ def multipass_task(
     prev: tuple[str, np.ndarray] | None,
     k: int,
     ctx: ChunkContext,
-    fit_token: str,
+    shared: LevelShared,
     reports: str | None,
-    unbiased: Unbiased | None = None,
     measure: Any = None,
     below: str | None = None,
 ) -> tuple[Any, ...]:
     """The task that measures and fits chunk ``k`` of level ``i`` by passes, within the
     chunk's constraints (arguments as :func:`~dpdask.graph._topdown.fit_task`)."""
-    if rel.passes is None:  # pragma: no cover - fit_task calls it only with passes
+    passes, token, unbiased = shared.passes, shared.token, shared.unbiased
+    if rel.passes is None or passes is None:  # pragma: no cover - fit_task's guard
         raise ShapeError("a multi-pass task needs the release's passes")
-    passes = rel.passes[L.name]
     rows = np.arange(int(bounds[k]), int(bounds[k + 1]))
-    # what a worker's cached objective depends on: the strategy, its noise and the passes
-    token = tokenize(
-        fit_token, [(p.name, p.slack, p.rows, np.shape(p.queries), float(np.sum(p.queries)),
-                     p.below) for p in passes],
-    )  # fmt: skip
     # the chunk's rows of its level's constraints (None: non-negativity alone)
     cons = None if rel.constraints is None else chunk_constraints(rel.constraints[L.name], rows)
     sums = None  # the chunk's subtree sums, sliced from the sweep's task
-    if below is not None and any(p.below for p in passes) and i + 1 < len(rel.released):
+    if below is not None and any(p.below for p in rel.passes[L.name]) and i + 1 < len(rel.released):
         sums = (below_rows, below, i, int(bounds[k]), int(bounds[k + 1]))
     if prev is None:
         return (
-            multipass_top_block, block, sk, L.plan, passes, cons, ctx, k, token,
+            multipass_top_block, block, sk, shared.plan, passes, cons, ctx, k, token,
             rel.integer, reports, unbiased, measure, sums,
         )  # fmt: skip
     p = rel.lc.parents[i - 1][bounds[k] : bounds[k + 1]]
     keys, starts = parent_chunks(p, *prev)
     return (
         multipass_family_block, block, sk, keys, starts,
-        p, L.plan, passes, cons, ctx, k, token, rel.integer, reports, unbiased, measure, sums,
+        p, shared.plan, passes, cons, ctx, k, token, rel.integer, reports, unbiased, measure, sums,
     )  # fmt: skip
 
 

@@ -56,7 +56,7 @@ from dpdask.graph._output import LevelGroup, add_array
 from dpdask.graph._progress import compute_items
 from dpdask.graph._state import RunState
 from dpdask.graph._subtree import subtree_tasks, wants_below
-from dpdask.graph._topdown import fit_task
+from dpdask.graph._topdown import fit_task, level_shared
 from dpdask.graph._uncertainty import uncertainty_attrs
 from dpdask.linalg import LinearQuery, VStack, apply_rows
 from dpdask.store import level_key
@@ -165,23 +165,23 @@ def simulate_topdown(
             lv = rel.released[i].name
             return stream_key(secret, (rel.release_id, lv, k, f"simulate-{t}"), rel.run_id)
 
+        tok = tokenize(rel.release_id, rel.run_id, rel.integer, pub_names, t)
+        shared = [level_shared(dsk, rel, i, None, tok) for i in range(len(rel.released))]
         below = None
         if wants_below(rel):  # the levels below's totals, from the simulated measurements
             below = subtree_tasks(
-                rel, dsk, lambda i, k: (pub_names[i], k, 0), stream, context,
-                tokenize(rel.release_id, rel.run_id, pub_names, t), measure,
+                rel, dsk, lambda i, k: (pub_names[i], k, 0), stream, context, tok,
+                [s.plan for s in shared], measure,
             )  # fmt: skip
         for i, L in enumerate(rel.released):
             word = level_key(L.name)
-            tok = tokenize(rel.release_id, rel.run_id, rel.integer, pub_names[i], t)
             name, err = f"simulate-{word}-{tok}", f"simulate-error-{word}-{tok}"
             ctx = context(i)
             bounds = np.cumsum((0, *L.chunks))
-            fit_token = tokenize(L.plan.strategy, L.plan.row_variance)
             for k in range(len(L.chunks)):
                 dsk[(name, k)] = fit_task(
                     rel, i, L, bounds, (pub_names[i], k, 0), stream(i, k), prev, k, ctx,
-                    fit_token, None, None, measure, below,
+                    shared[i], None, measure, below,
                 )  # fmt: skip
                 dsk[(err, k)] = (_squared_errors, (name, k), (pub_names[i], k, 0), L.plan.workload)
                 errors[i].append((err, k))

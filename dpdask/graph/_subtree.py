@@ -90,12 +90,14 @@ def subtree_tasks(
     stream: Callable[[int, int], Any],
     context: Callable[[int], ChunkContext],
     tok: str,
+    plans: Sequence[Any],
     measure: Any = None,
 ) -> str:
     """Add the sweep's tasks (module notes) to ``dsk``; return the sums task's key.
 
     ``block(i, k)``, ``stream(i, k)`` and ``context(i)`` give what level ``i``'s chunk
-    ``k`` is measured from, as its fit task has them; ``measure`` replaces
+    ``k`` is measured from, as its fit task has them, ``plans[i]`` the key of its plan
+    in ``dsk`` (:func:`~dpdask.graph._topdown.level_shared`); ``measure`` replaces
     :func:`~dpdask.graph._blocks.measure_block` (a simulation's).
     """
     parts: list[list[Any]] = []
@@ -117,7 +119,7 @@ def subtree_tasks(
                 subtree_block,
                 block(i, k),
                 stream(i, k),
-                L.plan,
+                plans[i],
                 cons,
                 ctx,
                 k,

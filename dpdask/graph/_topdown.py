@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import pathlib
 import zipfile
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,7 +46,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dpdask.graph._blocks import ChunkContext
 from dpdask.graph._checkpoint import read_sparse, write_sparse
 from dpdask.graph._graph import level_data
-from dpdask.graph._multipass import multipass_task
+from dpdask.graph._multipass import multipass_task, passes_token
 from dpdask.graph._run import level_charge
 from dpdask.graph._spine import spine_task
 from dpdask.graph._state import RunState
@@ -59,7 +60,9 @@ if TYPE_CHECKING:
     from dpdask.graph._release import Release
 
 __all__ = [
+    "LevelShared",
     "fit_task",
+    "level_shared",
     "measure_topdown",
     "sparse_entries",
     "topdown_counts",
@@ -114,6 +117,52 @@ def measure_topdown(rel: Release, run: RunState, client: Any, progress: bool) ->
     return folders
 
 
+@dataclass(frozen=True)
+class LevelShared:
+    """What every fit task of a level shares, in the graph once rather than in each
+    task (a level's passes hold dense query rows: tens of MB a task on ``pl94-full``,
+    which a worker holds for every task queued on it).
+
+    Attributes
+    ----------
+    token : str
+        Identifies the level's fit in a worker's caches (strategy, noise, passes).
+    plan : str
+        The key of the level's plan (whose caches can be large).
+    unbiased : str or None
+        The key of the level's :class:`~dpdask.graph._unbiased.Unbiased`, or None.
+    passes : str or None
+        The key of the level's passes (a multi-pass release), or None.
+    """
+
+    token: str
+    plan: str
+    unbiased: str | None = None
+    passes: str | None = None
+
+
+def level_shared(
+    dsk: dict[Any, Any], rel: Release, i: int, unbiased: Unbiased | None, tok: str
+) -> LevelShared:
+    """Put level ``i``'s shared values in ``dsk`` once (keys ``plan-<level>``,
+    ``unbiased-queries-<level>`` and ``passes-<level>`` with ``tok``) and say how its
+    fit tasks refer to them."""
+    L = rel.released[i]
+    word = level_key(L.name)
+    token = tokenize(L.plan.strategy, L.plan.row_variance)
+    plan = f"plan-{word}-{tok}"
+    dsk[plan] = L.plan
+    ukey = pkey = None
+    if unbiased is not None:
+        ukey = f"unbiased-queries-{word}-{tok}"
+        dsk[ukey] = unbiased
+    if rel.passes is not None:
+        token = passes_token(token, rel.passes[L.name])
+        pkey = f"passes-{word}-{tok}"
+        dsk[pkey] = tuple(rel.passes[L.name])
+    return LevelShared(token, plan, ukey, pkey)
+
+
 def fit_task(
     rel: Release,
     i: int,
@@ -124,32 +173,32 @@ def fit_task(
     prev: tuple[str, np.ndarray] | None,
     k: int,
     ctx: ChunkContext,
-    fit_token: str,
+    shared: LevelShared,
     reports: str | None,
-    unbiased: Unbiased | None = None,
     measure: Any = None,
     below: str | None = None,
 ) -> tuple[Any, ...]:
     """The task that measures and fits chunk ``k`` of level ``i`` (``L``, its chunks'
     ``bounds``): its counts ``block`` (a key), its stream key ``sk``, and ``prev``, the
-    level above's task name and chunk starts (None at the top). A multi-pass release's
-    tasks are :func:`~dpdask.graph._multipass.multipass_task`'s (``below``: the key of
-    the levels below's subtree sums, :mod:`~dpdask.graph._subtree`)."""
+    level above's task name and chunk starts (None at the top); ``shared``: the level's
+    values in the graph (:func:`level_shared`). A multi-pass release's tasks are
+    :func:`~dpdask.graph._multipass.multipass_task`'s (``below``: the key of the levels
+    below's subtree sums, :mod:`~dpdask.graph._subtree`)."""
     spine, measure = spine_task(rel, i, bounds, prev, k, measure)  # :mod:`._spine`
     if spine is not None:
         return spine
+    ub = shared.unbiased
     if rel.passes is not None:
         return multipass_task(
-            rel, i, L, bounds, block, sk, prev, k, ctx, fit_token, reports, unbiased, measure,
-            below,
+            rel, i, L, bounds, block, sk, prev, k, ctx, shared, reports, measure, below,
         )  # fmt: skip
     if prev is None:
-        return (top_block, block, sk, L.plan, ctx, k, rel.integer, reports, unbiased, measure)
+        return (top_block, block, sk, shared.plan, ctx, k, rel.integer, reports, ub, measure)
     p = rel.lc.parents[i - 1][bounds[k] : bounds[k + 1]]
     keys, starts = parent_chunks(p, *prev)
     return (
         family_block, block, sk, keys, starts,
-        p, L.plan, ctx, k, fit_token, rel.integer, reports, unbiased, measure,
+        p, shared.plan, ctx, k, shared.token, rel.integer, reports, ub, measure,
     )  # fmt: skip
 
 
@@ -190,11 +239,12 @@ def topdown_graph(rel: Release, run: RunState) -> tuple[list[pathlib.Path], Any]
     def block(i: int, k: int) -> Any:
         return (counts[i].name, k, *(0,) * (counts[i].ndim - 1))
 
+    shared = [level_shared(dsk, rel, i, unbiased[i], tok) for i in range(len(rel.released))]
     below = None
     if wants_below(rel) and not all(
         marker(markers, L.name, k).exists() for L in rel.released for k in range(len(L.chunks))
     ):
-        below = subtree_tasks(rel, dsk, block, stream, context, tok)
+        below = subtree_tasks(rel, dsk, block, stream, context, tok, [s.plan for s in shared])
     for i, L in enumerate(rel.released):
         folder = raw / L.name
         folder.mkdir(parents=True, exist_ok=True)
@@ -203,15 +253,14 @@ def topdown_graph(rel: Release, run: RunState) -> tuple[list[pathlib.Path], Any]
         name, ck = f"measure-reconstruct-{word}-{tok}", f"checkpoint-{word}-{tok}"
         ctx = context(i)
         bounds = np.cumsum((0, *L.chunks))
-        fit_token = tokenize(L.plan.strategy, L.plan.row_variance)
         for k in range(len(L.chunks)):
             done = marker(markers, L.name, k)
             if done.exists():
                 dsk[(name, k)] = (read_sparse, str(folder), k)
                 continue
             dsk[(name, k)] = fit_task(
-                rel, i, L, bounds, block(i, k), stream(i, k), prev, k, ctx, fit_token, reports,
-                unbiased[i], below=below,
+                rel, i, L, bounds, block(i, k), stream(i, k), prev, k, ctx, shared[i],
+                reports, below=below,
             )  # fmt: skip
             dsk[(ck, k)] = (write_sparse, (name, k), folder, k, done)
             outputs.append((ck, k))

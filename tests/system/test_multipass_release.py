@@ -321,3 +321,46 @@ def test_a_release_forgets_its_workers_caches(small):
                key=SecretKey.for_testing(5))  # fmt: skip
     assert not _multipass._OBJECTIVES and not _subtree._ESTIMATORS
     assert not _topdown_blocks._FITTERS
+
+
+def test_fit_tasks_refer_to_their_levels_passes_once(small, monkeypatch):
+    """A level's plan (with its caches), passes (dense query rows) and unbiased queries
+    are in the graph once, under their own keys, not copied into every chunk's task: a
+    worker holds every task queued on it, and with copies its memory grew with the
+    number of blocks."""
+    import pickle
+
+    from dpdask.graph import _progress
+    from dpdask.reconstruct.topdown import Pass
+    from dpdask.strategy import Plan
+
+    graphs = []
+    real = _progress.compute_items
+
+    def capture(items, *args, **kwargs):
+        graphs.append(dict(items[0].dask))
+        return real(items, *args, **kwargs)
+
+    monkeypatch.setattr(_progress, "compute_items", capture)
+    levels = small["geo"].levels
+    _small_run(small, "shared", levels, "rshared", passes="default",
+               key=SecretKey.for_testing(6))  # fmt: skip
+    g = next(x for x in graphs if any(str(k).startswith("passes-") for k in x))
+
+    def holds_pass(v):
+        if isinstance(v, Pass | Plan):
+            return True
+        return isinstance(v, tuple | list) and any(holds_pass(x) for x in v)
+
+    passes = {k: v for k, v in g.items() if isinstance(k, str) and k.startswith("passes-")}
+    assert len(passes) == len(levels)
+    chunks = {k: v for k, v in g.items() if isinstance(k, tuple)
+              and k[0].startswith(("measure-reconstruct-", "subtree-total-"))}  # fmt: skip
+    fits = [k for k in chunks if k[0].startswith("measure-reconstruct-")]
+    assert len(fits) >= len(levels) and len(chunks) > len(fits)
+    smallest = min(len(pickle.dumps(v)) for v in passes.values())
+    for key, task in chunks.items():
+        assert not holds_pass(task), key
+        assert len(pickle.dumps(task)) < smallest / 2, key
+    for key in fits:
+        assert any(isinstance(a, str) and a in passes for a in chunks[key]), key  # by key
