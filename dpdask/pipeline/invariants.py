@@ -31,6 +31,7 @@ import numpy as np
 
 from dpdask import census
 from dpdask.errors import ArgumentError, DataError, SpecError
+from dpdask.pipeline._packed import pack_binary, unpack
 from dpdask.pipeline._spec_invariants import (
     ATTRIBUTE_INVARIANTS,
     CONSTRAINT_KEYS,
@@ -152,6 +153,14 @@ class LevelConstraints:
     def n(self) -> int:
         """Number of cells."""
         return int(np.prod(self.shape))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a part travels inside each of its chunk's tasks: its 0/1 query rows as bits
+        # (the same rows in every part, 16 KB a row of the 2,016-cell domain otherwise)
+        return {**self.__dict__, "queries": pack_binary(self.queries)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({**state, "queries": unpack(state["queries"])})
 
     def part(self, rows: slice | Sequence[int] | np.ndarray) -> LevelConstraints:
         """The units ``rows`` alone: small to send to a task (their attributes only)."""
