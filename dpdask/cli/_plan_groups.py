@@ -150,7 +150,11 @@ def add_groups(
     if not levels:
         return
     fanouts, source = _fanouts(spec, levels, fanout)
-    ours = group_errors(plans, fanouts)
+    # a spine level is not measured (its units reuse their parent's estimate)
+    unmeasured = {
+        r["level"] for r in report["levels"] if r.get("spine", {}).get("measured") is False
+    }
+    ours = group_errors(plans, fanouts, unmeasured)
     theirs: list[LevelErrors] | None = None
     about: dict[str, Any] = {
         "statistic": _STATISTIC,

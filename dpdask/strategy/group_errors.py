@@ -46,7 +46,7 @@ budget, to compare with (:mod:`dpdask.strategy.tda2020`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -92,7 +92,7 @@ class GroupError:
         The group's number of queries.
     sd_measured : float or None
         ``sqrt`` of the mean variance of the measured answers (``None``: too many
-        queries to list).
+        queries to list, or the level is not measured).
     sd_reconstructed : float or None
         ``sqrt`` of the mean variance of the GLS answers (``None``: see
         :attr:`LevelErrors.note`).
@@ -300,7 +300,9 @@ def _sd(v: float | None) -> float | None:
 
 
 def group_errors(
-    plans: Mapping[str, Plan], fanouts: Mapping[str, float] | None = None
+    plans: Mapping[str, Plan],
+    fanouts: Mapping[str, float] | None = None,
+    unmeasured: Collection[str] = (),
 ) -> list[LevelErrors]:
     """Per level and query group: the sd of the measured and of the reconstructed answer.
 
@@ -314,6 +316,10 @@ def group_errors(
         Mean units per unit of the level above, for every level but the first. Without
         it (or with a level missing) the reconstructed figures of a release of several
         levels are ``None`` and each level's ``note`` says why.
+    unmeasured : collection of str, optional
+        Levels that are not measured (a spine level, whose units reuse their parent's
+        estimate: :mod:`dpdask.graph._spine`): no information in the GLS and no
+        measured figures, whatever their plan.
 
     Returns
     -------
@@ -343,7 +349,9 @@ def group_errors(
     f += [None if fanouts is None else fanouts.get(lv) for lv in levels[1:]]
     recon: list[dict[str, tuple[int, float]] | None] = [None] * len(levels)
     if note is None and levels:
-        infos = [information_matrix(plans[lv]) for lv in levels]
+        infos = [
+            np.zeros((n, n)) if lv in unmeasured else information_matrix(plans[lv]) for lv in levels
+        ]
         for i, T in enumerate(tree_information(infos, f)):
             C = _inverse_psd(T)
             recon[i] = covariance_group_variances(plans[levels[i]].analysis.terms, C)
@@ -352,7 +360,9 @@ def group_errors(
         measured = measured_group_variances(plans[lv])
         rec = recon[i]
         groups = tuple(
-            GroupError(g, q, _sd(v), None if rec is None else _sd(rec[g][1]))
+            GroupError(
+                g, q, None if lv in unmeasured else _sd(v), None if rec is None else _sd(rec[g][1])
+            )
             for g, (q, v) in measured.items()
         )
         out.append(LevelErrors(lv, f[i], groups, note))

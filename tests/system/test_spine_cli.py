@@ -15,6 +15,7 @@ import pathlib
 from fractions import Fraction
 
 import numpy as np
+import pytest
 import yaml
 import zarr
 
@@ -61,6 +62,11 @@ def test_plan_states_the_spine(tmp_path, capsys):
     assert rows["county"]["budget"]["rho"] == "0"
     assert rows["state"]["budget"]["rho"] == "2/5"  # (1 + 1) / 5 of the budget
     assert rows["block"]["spine"]["units_reusing_parent"] == 1
+    # the GLS column: the county measures nothing and, an only child, is its state
+    county, state = rows["county"]["groups"], rows["state"]["groups"]
+    assert all(g["sd_measured"] is None for g in county)
+    for c, s in zip(county, state, strict=True):
+        assert c["sd_reconstructed"] == pytest.approx(s["sd_reconstructed"], rel=1e-6)
     assert main(["plan", str(spec)]) == 0
     text = capsys.readouterr().out
     assert "spine: county: 1 units reuse their parent's estimate (100%); not measured; " in text

@@ -181,6 +181,34 @@ def test_two_level_group_sd_equals_the_stacked_dense_gls() -> None:
     assert levels[1].fanout == 3.0
 
 
+@pytest.mark.parametrize("fanout", [1, 2])
+def test_an_unmeasured_level_adds_no_information(fanout) -> None:
+    """A spine level (``unmeasured``): its plan is its receiver's, but it measures
+    nothing. The oracle is the stacked dense GLS of the tree whose child has no rows:
+    the parent's reconstructed sd is then its own measured sd, and with one child the
+    child's is the parent's (the same estimate)."""
+    rng = np.random.default_rng(17)
+    W = _small_workload()
+    A = np.vstack([rng.normal(size=(4, 6)), np.eye(6)])
+    plan = Plan(W, Dense(A), zCDP(Fraction(1, 2)))
+    v = float(np.linalg.norm(A, axis=0).max() ** 2 / 1.0)  # sigma^2 at rho = 1/2
+    covs = _stacked_covariances([A, np.zeros((0, 6))], [v, 1.0], (1, fanout))
+    top, child = group_errors({"p": plan, "c": plan}, {"c": float(fanout)}, unmeasured={"c"})
+    Wd = W.dense()
+    own = _dense_group_sd(Wd, v * np.linalg.inv(A.T @ A), _ROWS)
+    for g, m in zip(top.groups, own, strict=True):
+        assert g.sd_measured == pytest.approx(m, rel=1e-9)
+        assert g.sd_reconstructed == pytest.approx(m, rel=1e-7)
+    assert all(g.sd_measured is None for g in child.groups)
+    if fanout == 1:  # the child's estimate is determined: the parent's
+        recon = _dense_group_sd(Wd, covs[1], _ROWS)
+        for g, r, m in zip(child.groups, recon, own, strict=True):
+            assert g.sd_reconstructed == pytest.approx(r, rel=1e-7)
+            assert g.sd_reconstructed == pytest.approx(m, rel=1e-7)
+    measured_twice = group_errors({"p": plan, "c": plan}, {"c": float(fanout)})
+    assert measured_twice[0].groups[0].sd_reconstructed < top.groups[0].sd_reconstructed
+
+
 def test_reconstructed_is_missing_with_a_reason() -> None:
     W = _small_workload()
     plans = {"p": Plan(W, Identity(6), zCDP(1)), "c": Plan(W, Identity(6), zCDP(1))}
