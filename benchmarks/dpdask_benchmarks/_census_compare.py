@@ -39,19 +39,21 @@ fractional block total|`` of the release's own fits (``block_vs_fractional``: ea
 family's integer blocks against the fractional fit they were rounded from, in the same
 task, the release summary's ``rounding_gap``), per level the total-population MAE and RMSE,
 ``large_graph``, the size of the graph sent to the scheduler when Dask warned it was
-large, and ``peak_worker_rss_gib``, the largest worker's peak resident memory during
-the release (sampled). ``accuracy``, one row per plan and level: the median over keys of
-each method's total-population MAE and RMSE against the truth, the standard deviation of
-the level's total as the Bureau measures it (``sd_total_tda``, part 1) and as the plan
-answers it (``sd_total_plan``), and the verdict ``multipass_ok``: each multi-pass MAE at
-most the smaller of ``ls``'s and ``topdown``'s. ``methods``, one row per plan and method:
-the median wall time, the largest state-total error, empty-block persons and rounding
-gap over keys.
+large, ``peak_worker_rss_gib``, the largest worker's peak resident memory during the
+release, and ``peak_client_rss_gib``, this process's (the client and the embedded
+cluster's scheduler; both sampled). ``accuracy``, one row per plan and level: the median
+over keys of each method's total-population MAE and RMSE against the truth, the standard
+deviation of the level's total as the Bureau measures it (``sd_total_tda``, part 1) and
+as the plan answers it (``sd_total_plan``), and the verdict ``multipass_ok``: each
+multi-pass MAE at most the smaller of ``ls``'s and ``topdown``'s. ``methods``, one row
+per plan and method: the median wall time, the largest state-total error, empty-block
+persons and rounding gap over keys.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import re
 import shutil
@@ -285,6 +287,9 @@ def _summary(
                     "peak_worker_rss_gib_max": max(
                         (r.get("peak_worker_rss_gib", 0.0) for r in mine), default=0.0
                     ),
+                    "peak_client_rss_gib_max": max(
+                        (r.get("peak_client_rss_gib", 0.0) for r in mine), default=0.0
+                    ),
                 }
             )
     return out
@@ -330,13 +335,14 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             for plan in plans_:
                 for key in range(args.keys):
                     for m in methods:
-                        with _WorkerPeaks(pids) as peaks:
+                        with _WorkerPeaks([*pids, os.getpid()]) as peaks:
                             wall, graph, est, gap = _release(
                                 m, plans[plan], store, levels, key, cons, out, client
                             )
                         row = _run_row(plan, m, key, wall, est, truth, empty)
                         row["large_graph"] = graph
-                        row["peak_worker_rss_gib"] = max(peaks.peaks.values()) / 2**30
+                        row["peak_worker_rss_gib"] = max(peaks.peaks[p] for p in pids) / 2**30
+                        row["peak_client_rss_gib"] = peaks.peaks[os.getpid()] / 2**30
                         if gap is not None:
                             row["block_vs_fractional"] = float(gap)
                         runs.append(row)

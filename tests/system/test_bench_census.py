@@ -91,6 +91,8 @@ def test_compare_json_structure_and_invariants(compare, capsys) -> None:
         ("tda-2020", m) for m in METHODS
     ]
     assert np.isfinite([s["wall_s_median"] for s in result["methods"]]).all()
+    for r in runs:  # sampled resident memory: a worker's and this process's, both non-zero
+        assert 0 < r["peak_worker_rss_gib"] < 64 and 0 < r["peak_client_rss_gib"] < 64
     # the state is kept in --workdir for the next run, the releases are not
     assert not (work / "out.zarr").exists()
     assert any((work / "work").iterdir())
