@@ -165,10 +165,12 @@ class LevelConstraints:
     def part(self, rows: slice | Sequence[int] | np.ndarray) -> LevelConstraints:
         """The units ``rows`` alone: small to send to a task (their attributes only)."""
         r = np.arange(self.k)[rows]
+        attrs = {a: v[r] for a, v in self.attrs.items()}
+        sliced = {id(self.attrs[a]): v for a, v in attrs.items()}  # an invariant's values
+        values = {a: sliced[id(v)] if id(v) in sliced else v[r] for a, v in self.values.items()}
         return LevelConstraints(
             self.invariants, self.level, tuple(self.units[i] for i in r), self.queries,
-            self.labels, {a: v[r] for a, v in self.values.items()}, self.shape, self.axes,
-            {a: v[r] for a, v in self.attrs.items()}, self.below[r],
+            self.labels, values, self.shape, self.axes, attrs, self.below[r],
         )  # fmt: skip
 
     def check(self) -> None:
@@ -425,8 +427,8 @@ def release_constraints(spec: Any, store: Any, levels: Sequence[str]) -> Release
     full = "hhgq" in axes and domain["hhgq"] == len(census.HHGQ)
     finest = {name: store.unit_attribute(name) for name in inv.attributes()}
     declared = dict(inv.levels)
-    if any("total" in names for names in declared.values()):
-        finest["total"] = unit_totals(store)
+    # the units' totals are private: kept only where an invariant publishes them
+    totals = unit_totals(store) if any("total" in v for v in declared.values()) else None
     units, attrs, values, exact, below = {}, {}, {}, {}, {}
     for j, lv in enumerate(levels):
         anc = geo.ancestor_index(lv)
@@ -437,9 +439,13 @@ def release_constraints(spec: Any, store: Any, levels: Sequence[str]) -> Release
         if "gq_population" in here:
             here.add("total")
         exact[lv] = tuple(n for n in ("total", *ATTRIBUTE_INVARIANTS) if n in here)
-        values[lv] = {n: attrs[lv][n] for n in exact[lv] if n != "total" or "total" in finest}
-        if "total" in exact[lv] and "total" not in values[lv]:  # from gq_population
-            values[lv]["total"] = attrs[lv]["gq_population"].sum(axis=1)
+        if "total" in exact[lv]:  # the data's, or the sum of the invariant gq_population
+            total = (
+                attrs[lv]["gq_population"].sum(axis=1)
+                if totals is None
+                else _sum_to(totals, anc, k)
+            )
+        values[lv] = {n: total if n == "total" else attrs[lv][n] for n in exact[lv]}
         below[lv] = np.zeros((k, len(inv.cells)), dtype=np.int64)
         for i, c in enumerate(inv.cells):
             if levels.index(c.level) >= j:  # declared here or finer: count its units

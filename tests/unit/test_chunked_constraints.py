@@ -121,6 +121,16 @@ def test_a_part_holds_attributes_not_bounds(rc):
         part.check()
 
 
+def test_the_units_private_totals_travel_only_where_published(rc):
+    """The state's total is an invariant (published); no other level's units' totals
+    (the data's, private) are in its constraints, which every chunk's task carries."""
+    for lv, c in rc.lazy().items():
+        assert "total" not in c.attrs, lv
+        assert ("total" in c.values) is (lv == "state"), lv
+        part = c.part(np.arange(min(3, c.k)))
+        assert "total" not in part.attrs and part.values.keys() == c.values.keys()
+
+
 @pytest.mark.parametrize("level", ["block", "tract"])
 def test_a_pickled_part_builds_the_same_constraints(rc, level):
     """A part travels pickled inside its chunk's tasks, its 0/1 query rows a bit each:
