@@ -31,7 +31,6 @@ import numpy as np
 
 from dpdask import census
 from dpdask.errors import ArgumentError, DataError, SpecError
-from dpdask.pipeline._packed import pack_binary, unpack
 from dpdask.pipeline._spec_invariants import (
     ATTRIBUTE_INVARIANTS,
     CONSTRAINT_KEYS,
@@ -40,6 +39,7 @@ from dpdask.pipeline._spec_invariants import (
     Invariants,
 )
 from dpdask.reconstruct.topdown import Constraints, check_hierarchy
+from dpdask.reconstruct.topdown._packed import pack_binary, unpack
 
 __all__ = [
     "CONSTRAINT_KEYS",

@@ -192,3 +192,22 @@ def test_noise_off_returns_the_truth_at_every_level(integer):
     out = passes_tree([A] * 3, Ys, parents, weights=[w] * 3, constraints=cons, integer=integer)
     for est, x in zip(out, levels, strict=True):
         np.testing.assert_allclose(est.x, x, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "queries", [np.eye(400), np.ones((1, 400)), np.arange(800.0).reshape(2, 400) / 7]
+)
+def test_a_pass_pickles_its_counting_rows_as_bits(queries):
+    """A pass travels to every worker of a release: 0/1 rows a bit each, other rows as
+    they are, and back exactly."""
+    import pickle
+
+    p = Pass(queries, np.array([0, 2]), 0.5, "p", True)
+    sent = pickle.dumps(p)
+    got = pickle.loads(sent)
+    np.testing.assert_array_equal(got.queries, queries)
+    assert got.queries.dtype == queries.dtype
+    assert (got.name, got.slack, got.below) == ("p", 0.5, True)
+    np.testing.assert_array_equal(got.rows, [0, 2])
+    binary = bool(np.isin(queries, (0, 1)).all())
+    assert (len(sent) < queries.nbytes / 4) is binary
