@@ -39,6 +39,7 @@ from dpdask.pipeline._spec_invariants import (
     Invariants,
 )
 from dpdask.reconstruct.topdown import Constraints, check_hierarchy
+from dpdask.reconstruct.topdown._constraints import unit_positions
 from dpdask.reconstruct.topdown._packed import pack_binary, unpack
 
 __all__ = [
@@ -164,7 +165,7 @@ class LevelConstraints:
 
     def part(self, rows: slice | Sequence[int] | np.ndarray) -> LevelConstraints:
         """The units ``rows`` alone: small to send to a task (their attributes only)."""
-        r = np.arange(self.k)[rows]
+        r = unit_positions(rows, self.k)
         attrs = {a: v[r] for a, v in self.attrs.items()}
         sliced = {id(self.attrs[a]): v for a, v in attrs.items()}  # an invariant's values
         values = {a: sliced[id(v)] if id(v) in sliced else v[r] for a, v in self.values.items()}
@@ -210,8 +211,7 @@ class LevelConstraints:
             Cell bounds ``(k, n)`` (dense: ask for a slice of a large level), the query
             rows of :attr:`queries` and their bounds.
         """
-        ids = np.arange(len(self.units))
-        r = ids if rows is None else ids[rows]
+        r = unit_positions(rows, len(self.units))
         k, n = r.size, self.n
         attrs = {name: v[r] for name, v in self.attrs.items()}
         upper = np.full((k, *self.shape), np.inf)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -174,6 +175,30 @@ def _names(units: Sequence[str] | None, k: int) -> tuple[str, ...]:
 
 def _fmt(v: float) -> str:
     return f"{v:g}"
+
+
+def unit_positions(rows: Any, k: int) -> np.ndarray:
+    """``np.arange(k)[rows]`` (all for None) without forming all ``k`` positions for a
+    slice or indices: a chunk's rows of a level of millions of units.
+
+    Examples
+    --------
+    >>> unit_positions(slice(2, 5), 10).tolist(), unit_positions([-1, 0], 10).tolist()
+    ([2, 3, 4], [9, 0])
+    """
+    if rows is None:
+        return np.arange(k)
+    if isinstance(rows, slice):
+        return np.arange(*rows.indices(k))
+    r = np.asarray(rows)
+    if r.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if r.dtype == bool:
+        out: np.ndarray = np.arange(k)[r]
+        return out
+    if not np.issubdtype(r.dtype, np.integer) or r.min() < -k or r.max() >= k:
+        raise IndexError(f"unit positions {rows!r} are not integers in [-{k}, {k})")
+    return np.where(r < 0, r + k, r).astype(np.int64)
 
 
 def sum_rows(idx: np.ndarray, V: np.ndarray, g: int) -> np.ndarray:
