@@ -38,9 +38,8 @@ from dpdask.pipeline._spec_invariants import (
     INVARIANT_NAMES,
     Invariants,
 )
-from dpdask.reconstruct.topdown import Constraints, check_hierarchy
-from dpdask.reconstruct.topdown._constraints import unit_positions
-from dpdask.reconstruct.topdown._packed import pack_binary, unpack
+from dpdask.reconstruct.topdown import Constraints, check_hierarchy, unit_positions, unpack
+from dpdask.reconstruct.topdown import pack_binary as pack
 
 __all__ = [
     "CONSTRAINT_KEYS",
@@ -158,7 +157,7 @@ class LevelConstraints:
     def __getstate__(self) -> dict[str, Any]:
         # a part travels inside each of its chunk's tasks: its 0/1 query rows as bits
         # (the same rows in every part, 16 KB a row of the 2,016-cell domain otherwise)
-        return {**self.__dict__, "queries": pack_binary(self.queries)}
+        return {**self.__dict__, "queries": pack(self.queries)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({**state, "queries": unpack(state["queries"])})

@@ -83,6 +83,7 @@ from dpdask.reconstruct.topdown._constraints import (
     check_constraints,
     check_family,
     check_hierarchy,
+    unit_positions,
 )
 from dpdask.reconstruct.topdown._families import (
     KEEP_TOTALS_CELLS,
@@ -94,6 +95,7 @@ from dpdask.reconstruct.topdown._families import (
     round_top,
     topdown_tree,
 )
+from dpdask.reconstruct.topdown._packed import pack_binary, unpack
 from dpdask.reconstruct.topdown._passes import (
     Pass,
     PassesEstimate,
@@ -125,6 +127,7 @@ __all__ = [
     "fit_constrained_children",
     "fit_family_passes",
     "known_totals",
+    "pack_binary",
     "passes_tree",
     "pl94_constraints",
     "pl94_full_constraints",
@@ -136,4 +139,6 @@ __all__ = [
     "take_extra",
     "topdown_tree",
     "total_estimator",
+    "unit_positions",
+    "unpack",
 ]
