@@ -151,6 +151,9 @@ def simulate_topdown(
             dsk[(name, k, 0)] = (read_sparse, str(folder), k)
         pub_names.append(name)
     errors: list[list[Any]] = [[] for _ in rel.released]
+    # each level's plan and passes, in the graph once for every trial
+    stok = tokenize(rel.release_id, rel.run_id, rel.integer, pub_names)
+    shared = [level_shared(dsk, rel, i, None, stok) for i in range(len(rel.released))]
     for t in range(K):
         measure = functools.partial(simulated_measurement, trial=t)
         prev: tuple[str, np.ndarray] | None = None
@@ -166,7 +169,6 @@ def simulate_topdown(
             return stream_key(secret, (rel.release_id, lv, k, f"simulate-{t}"), rel.run_id)
 
         tok = tokenize(rel.release_id, rel.run_id, rel.integer, pub_names, t)
-        shared = [level_shared(dsk, rel, i, None, tok) for i in range(len(rel.released))]
         below = None
         if wants_below(rel):  # the levels below's totals, from the simulated measurements
             below = subtree_tasks(
