@@ -129,11 +129,14 @@ def _spec(args: argparse.Namespace, root: pathlib.Path) -> Any:
 
 
 def _plans(
-    names: list[str], levels: list[str], persons: Any
+    names: list[str], levels: list[str], persons: Any, dtype: Any, bound: int
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]], dict[str, float]]:
     """Per plan name, each level's plan at the Bureau's level budget; the level total's
-    standard deviation (the Bureau's measurement, the plan's answer); selection times."""
+    standard deviation (the Bureau's measurement, the plan's answer with its noise as
+    drawn for data of ``dtype`` under the public bound ``bound`` on a total); selection
+    times."""
     from dpdask import census
+    from dpdask.graph import level_plans
     from dpdask.strategy import select
     from dpdask.strategy.tda2020 import level_budget
     from dpdask.workloads.pl94_full import PL94_FULL_GROUPS, pl94_full
@@ -155,7 +158,10 @@ def _plans(
                 plan = select(W, budget, "fitness", domain=domain, targets="tda-2020", level=lv)
             seconds[name] += time.perf_counter() - t0
             plans[name][lv] = plan
-            sd[name][lv] = float(np.sqrt(plan.query_variances()[total]))
+    for name in names:  # as the releases draw them (a float strategy: on the lattice)
+        drawn = level_plans(plans[name], levels, dtype=dtype, max_total=bound)
+        for lv in levels:
+            sd[name][lv] = float(np.sqrt(drawn[lv].query_variances()[total]))
     return plans, sd, seconds
 
 
@@ -176,7 +182,7 @@ def _graph_size(caught: list[warnings.WarningMessage]) -> str | None:
 
 def _release(
     method: str, plans: dict[str, Any], store: Any, levels: list[str], key: int, cons: Any,
-    out: Any, client: Any,
+    out: Any, client: Any, bound: int,
 ) -> tuple[float, str | None, dict[str, np.ndarray], float | None]:  # fmt: skip
     """One release (published to ``out``, then removed): its wall time, the size of its
     graph if Dask warned it was large, each level's published unit totals and (integer
@@ -199,7 +205,7 @@ def _release(
         rel = release(
             plans, store, levels=levels, reconstruct="ls" if base == "ls" else "topdown",
             integer=method.endswith("-int"), release_id="bench-census", run_id=run_id,
-            test_mode=True, key=SecretKey.for_testing(key), simulate=0, **extra,
+            test_mode=True, key=SecretKey.for_testing(key), simulate=0, max_total=bound, **extra,
         )  # fmt: skip
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -329,7 +335,8 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             truth = {lv: every[lv] for lv in levels}  # coarsest first
             hu, fac = store.unit_attribute("housing_units"), store.unit_attribute("gq_facilities")
             empty = (hu == 0) & (fac.sum(axis=1) == 0)
-            plans, sd, t_select = _plans(plans_, levels, persons)
+            bound = int(truth[levels[0]].max())  # public: the state's total is an invariant
+            plans, sd, t_select = _plans(plans_, levels, persons, store.dtype, bound)
             runs: list[dict[str, Any]] = []
             out = root / "out.zarr"
             for plan in plans_:
@@ -337,7 +344,7 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
                     for m in methods:
                         with _WorkerPeaks([*pids, os.getpid()]) as peaks:
                             wall, graph, est, gap = _release(
-                                m, plans[plan], store, levels, key, cons, out, client
+                                m, plans[plan], store, levels, key, cons, out, client, bound
                             )
                         row = _run_row(plan, m, key, wall, est, truth, empty)
                         row["large_graph"] = graph

@@ -356,10 +356,18 @@ def _invariants_lines(report: dict[str, Any]) -> list[str]:
                 ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else ""
             )
             shown.append(f"{name} ({opts})" if opts else name)
+    levels = report.get("levels") or [{}]
+    top, lattice = levels[0].get("level"), any(lv.get("noise") == "drawn" for lv in levels)
+    bound = (
+        [f"lattice: the run sizes it for the published {top} total (max_total, not the "
+         "default bound), so the noise it draws is at most the 'drawn' figures below"]
+        if lattice and "total" in st["invariants"].get(top, ()) else []
+    )  # fmt: skip
     return [
         f"published exactly (invariants, no noise, at their level and above): {exact}",
         f"constraints: {'; '.join(shown) or 'none'}",
         f"public unit attributes read: {', '.join(st['attributes']) or 'none'}",
+        *bound,
         "",
     ]
 

@@ -65,6 +65,7 @@ from dpdask.domain import Domain
 from dpdask.errors import ArgumentError, DomainError, ShapeError
 from dpdask.graph import _finish, _graph, _run, _topdown
 from dpdask.graph._blocks import ESTIMATORS, NONNEGATIVE
+from dpdask.graph._bound import release_bound
 from dpdask.graph._chunked import ChunkedConstraints
 from dpdask.graph._configure import configure
 from dpdask.graph._levels import LevelChunks
@@ -80,7 +81,6 @@ from dpdask.graph._plans import (
 from dpdask.graph._spine import Spine, annotate_spine, spine_option
 from dpdask.graph._state import Level, RunState
 from dpdask.graph._unbiased import UNBIASED_LIMIT
-from dpdask.measure import DEFAULT_MAX_TOTAL
 from dpdask.noise import KeyFile, SecretKey
 from dpdask.privacy import Budget, Ledger, RunStateError, check_run_id
 from dpdask.privacy.neighbours import ADD_REMOVE, as_neighbours, both_relations
@@ -340,7 +340,7 @@ def release(
     test_mode: bool = False,
     chunk_bytes: int = 32 * 2**20,
     integer: bool = False,
-    max_total: int = DEFAULT_MAX_TOTAL,
+    max_total: int | None = None,
     neighbours: str = ADD_REMOVE.name,
     simulate: int | None = None,
     unbiased_limit: int = UNBIASED_LIMIT,
@@ -389,11 +389,13 @@ def release(
     integer : bool
         With ``reconstruct="topdown"``: integer estimates that add up exactly at every
         level (controlled rounding, :func:`dpdask.reconstruct.topdown.round_children`).
-    max_total : int
+    max_total : int, optional
         The public bound on one geography's total (at any level) for which float data
         or a non-integer strategy is measured on the lattice
         (:func:`dpdask.measure.lattice`): a smaller bound gives a finer grid and less
-        added noise; a geography above it is refused before anything is charged.
+        added noise; a geography above it is refused before anything is charged. By
+        default the largest top-level total the constraints publish, if they publish
+        every one, else ``DEFAULT_MAX_TOTAL`` (:func:`~dpdask.graph._bound.release_bound`).
     neighbours : {"add-remove", "change-one"}
         The neighbour relation the caller stated the budget in, published with the
         release (:mod:`dpdask.privacy.neighbours`). It changes no noise: the plans'
@@ -465,6 +467,7 @@ def release(
             raise DomainError(
                 f"level {lv!r}: the plan is for {p.domain}, the data is {store.domain}"
             )
+    max_total = release_bound(max_total, constraints, levels[0])
     if noise:  # published variances are those of the noise the measure step draws
         level_plans_ = {lv: realised(p, store.dtype, max_total) for lv, p in level_plans_.items()}
     total = total_budget(level_plans_) if isinstance(plans, Mapping) else plans.privacy

@@ -70,6 +70,7 @@ def test_plan_lists_the_invariants(tmp_path, capsys):
     assert "published exactly (invariants, no noise" in text
     assert "state: total; block: housing_units" in text
     assert "constraints: empty_units (facilities gq_population)" in text
+    assert "lattice: the run sizes it for the published state total" in text
     assert not (tmp_path / "ledger.sqlite").exists()
 
 
@@ -142,9 +143,17 @@ def test_ledger_show_states_the_invariants_of_a_charged_run(tmp_path, capsys):
     from dpdask.store import read_pl94_file
 
     spec = _spec(tmp_path)
+    assert main(["plan", str(spec), "--json"]) == 0
+    planned = _json(capsys)["levels"]
     assert main(["run", str(spec), "--json", "--no-progress"]) == 0
     summary = _json(capsys)
     truth = read_pl94_file(DATA)
+    # the lattice is sized for the published state total, so no level draws more noise
+    # than the plan (sized for the default bound) said
+    assert summary["max_total"] == int(truth.counts.sum())
+    for ran, plan in zip(summary["levels"], planned, strict=True):
+        assert ran["nominal_noise_scale"] == plan["nominal_noise_scale"]
+        assert plan["nominal_noise_scale"] <= ran["noise_scale"] <= plan["noise_scale"]
     g = zarr.open_group(summary["output"], mode="r")
     assert float(np.asarray(g["state/estimate"][:]).sum()) == int(truth.counts.sum())
     blocks = np.asarray(g["block/estimate"][:]).reshape(len(truth.counts), -1)
