@@ -88,9 +88,8 @@ def test_an_exact_state_total_bounds_the_lattice(dense_release):
     assert at_total <= plan.noise_scale * 1.002
     assert at_default > at_total * 1.005  # the default's coarser grid adds noise here
     # a bound the caller states wins over the invariant's
-    assert _release(case, {"state": _state(total, n=case["n"])}, max_total=10**7, **kw).summary()[
-        "max_total"
-    ] == 10**7
+    stated = _release(case, {"state": _state(total, n=case["n"])}, max_total=10**7, **kw)
+    assert stated.summary()["max_total"] == 10**7
 
 
 def test_a_state_total_below_the_data_is_refused_before_any_charge(dense_release, tmp_path):
