@@ -68,7 +68,7 @@ def release_bound(max_total: int | None, constraints: Mapping[str, Any] | None, 
     if max_total is not None:  # checked where the lattice is sized for it
         return max_total
     given = constraints.get(top) if isinstance(constraints, Mapping) else None
-    if not isinstance(given, Constraints) and not hasattr(given, "take"):
+    if given is None or not (isinstance(given, Constraints) or hasattr(given, "take")):
         return DEFAULT_MAX_TOTAL  # none, or not constraints (refused with the release's checks)
     units = given.lower.shape[0] if isinstance(given, Constraints) else int(given.k)
     if not 0 < units <= MAX_TOP_UNITS:
