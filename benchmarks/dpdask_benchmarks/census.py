@@ -28,6 +28,9 @@ data.
 ``--part compare`` (issue 33) releases a synthetic state with these plans and compares
 the estimators: bottom-up least squares, today's top-down and the multi-pass top-down
 with the Bureau's invariants and constraints (:mod:`dpdask_benchmarks._census_compare`).
+``--part linear`` gives the expected errors of least squares and the multi-pass total
+pass on the same state's tree from their linear models, where a few keys cannot rank
+them (:mod:`dpdask_benchmarks._census_linear`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from dpdask.strategy.tda2020 import LEVELS, PERSONS_RHO_CHANGE_ONE, level_budget
 from dpdask.strategy.tda2020_bound import budget_ratio_bound
 from dpdask.workloads.pl94_full import PL94_FULL_GROUPS, pl94_full
 from dpdask_benchmarks._census_compare import add_compare_arguments, run_compare
+from dpdask_benchmarks._census_linear import run_linear
 
 __all__ = ["add_arguments", "run"]
 
@@ -64,10 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", default="pl94", help="HDMM group-weight preset")
     parser.add_argument("--restarts", type=int, default=1, help="HDMM random starts")
     parser.add_argument(
-        "--part", default="plans", choices=("plans", "compare"),
-        help="plans: the budget ratios (no data); compare: the estimators on a synthetic state",
+        "--part", default="plans", choices=("plans", "compare", "linear"),
+        help="plans: the budget ratios (no data); compare: the estimators on a synthetic "
+        "state; linear: their expected errors on its tree by their linear models",
     )  # fmt: skip
     add_compare_arguments(parser)
+    parser.add_argument(
+        "--trials", type=int, default=2000, help="linear: draws of the units' total errors"
+    )
 
 
 def _group_max(v: np.ndarray, offsets: np.ndarray) -> list[float]:
@@ -79,6 +87,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (``--part compare``: :func:`~dpdask_benchmarks._census_compare.run_compare`)."""
     if args.part == "compare":
         return run_compare(args)
+    if args.part == "linear":
+        return run_linear(args)
     W = pl94_full()
     domain = census.pl94_full_domain()
     persons = convert(zCDP(args.rho_change_one), CHANGE_ONE, ADD_REMOVE)

@@ -206,5 +206,9 @@ def mean_cell_variance(A: LinearQuery) -> float:
     per unit of noise variance (factor by factor for Kronecker strategies)."""
     if isinstance(A, Kron):
         return float(np.prod([mean_cell_variance(f) for f in A.factors]))
-    G = A.gram().dense()
-    return float(np.trace(np.linalg.pinv(G, hermitian=True)) / A.shape[1])
+    # the pseudo-inverse's trace from the eigenvalues alone (numpy's pinv cut-off), not
+    # from the pseudo-inverse itself: no eigenvectors, no products of n x n matrices
+    lam = np.linalg.eigvalsh(A.gram().dense())
+    cut = max(lam.size, 1) * np.finfo(float).eps * np.abs(lam).max(initial=0.0)
+    kept = lam[np.abs(lam) > cut]
+    return float(np.sum(1.0 / kept) / A.shape[1])

@@ -81,7 +81,9 @@ def test_compare_json_structure_and_invariants(compare, capsys) -> None:
         lv = a["level"]
         var = 1 / (2 * float(rho * LEVEL_SHARES[lv] * QUERY_SHARES[lv]["total"]))
         assert a["sd_total_tda"] == pytest.approx(math.sqrt(var), rel=1e-9)
-        assert a["sd_total_plan"] == a["sd_total_tda"]
+        # the plan's noise as the release draws it: the discrete Gaussian of a scale
+        # rounded up to the sampler's grid, within 0.5% of the closed form
+        assert a["sd_total_plan"] == pytest.approx(a["sd_total_tda"], rel=5e-3)
         for m in METHODS:
             assert a[f"mae_{m}"] == by[m][f"mae_{lv}"]
         best = min(a["mae_ls"], a["mae_topdown"])
@@ -104,3 +106,34 @@ def test_compare_refuses_unknown_methods_before_any_work(tmp_path, capsys) -> No
     assert main(argv) != 0
     assert "--methods: ['nope'] not among" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_linear_part_models_the_same_state(compare, capsys) -> None:
+    """``--part linear`` on the compare's state (its data reused or drawn again): the
+    tree and empty blocks of the data, the Bureau's closed-form noise, the invariant's
+    exact top level (the models themselves: ``tests/unit/test_census_linear.py``)."""
+    _argv, work = compare
+    argv = [
+        "bench", "census", "--json", "--part", "linear", "--blocks", str(BLOCKS),
+        "--persons", str(PERSONS), "--plans", "tda-2020", "--trials", "200",
+        "--workdir", str(work), "--levels", *LEVELS,
+    ]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    geo = block_geography(BLOCKS)
+    blocks = synthetic_pl94_blocks(BLOCKS, PERSONS, seed=0)
+    empty = (blocks.housing_units == 0) & (blocks.facilities.sum(axis=1) == 0)
+    assert result["units"] == {lv: geo.n_units(lv) for lv in LEVELS}
+    assert result["empty_blocks"] == int(empty.sum()) and result["max_total"] == PERSONS
+    rows = result["accuracy"]
+    assert [r["level"] for r in rows] == LEVELS
+    rho = PERSONS_RHO_ADD_REMOVE
+    for r in rows:
+        var = 1 / (2 * float(rho * LEVEL_SHARES[r["level"]] * QUERY_SHARES[r["level"]]["total"]))
+        assert r["sd_total_plan"] == pytest.approx(math.sqrt(var), rel=5e-3)  # as drawn
+        assert r["sd_total_rows"] == pytest.approx(r["sd_total_plan"], rel=1e-9)
+        assert r["sd_total_ls"] <= r["sd_total_rows"] * (1 + 1e-9)  # all rows, at most
+        for m in ("ls", "multipass"):
+            assert 0 <= r[f"mae_{m}"] <= r[f"rmse_{m}"] + 1e-12
+        assert r["model_holds"] is (r["level"] != LEVELS[-1])
+    assert rows[0]["mae_multipass"] == 0 and rows[0]["mae_ls"] > 0  # the state invariant
