@@ -7,8 +7,8 @@ floating-point error of computing the answers grows with a geography's total, an
 grid can be no finer than that error at the largest total the release admits,
 ``max_total``. The default bound (:data:`~dpdask.measure.DEFAULT_MAX_TOTAL`) is more
 people than live on Earth; on the 2,016-cell ``pl94-full`` domain with a dense strategy
-(a fitness plan) it leaves the grid so coarse that the noise drawn is about 1.7 times the
-plan's.
+(a fitness plan) it leaves the grid so coarse that the noise drawn is well above the
+plan's (BENCHMARKS.md, session 19).
 
 A release that publishes every top-level unit's total exactly (an invariant, public by the
 agency's declaration: :mod:`dpdask.pipeline.invariants`) has a public bound already: no
