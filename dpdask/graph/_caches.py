@@ -7,14 +7,15 @@ The fits of a level share what depends only on its plan: the top-down fitter
 (:mod:`dpdask.graph._unbiased`), each built once per worker process and level. They are
 tens of megabytes per level on the 2,016-cell domain, so a long-lived cluster that runs
 release after release would keep every one of them: :func:`forget` clears them in this
-process and on every worker when a release has been published.
+process and on every worker when a release has been published. A worker also keeps the
+spec of every task it ran unless told not to: :func:`forget_specs`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["clear_caches", "forget"]
+__all__ = ["clear_caches", "forget", "forget_specs"]
 
 
 def clear_caches() -> int:
@@ -38,3 +39,13 @@ def forget(client: Any) -> None:
     clear_caches()
     if client is not None and hasattr(client, "run"):
         client.run(clear_caches)
+
+
+def forget_specs(client: Any) -> None:
+    """Have every worker of a distributed ``client`` (and every one joining later) drop a
+    task's spec once the task is done (:mod:`dpdask.graph._worker_specs`); nothing
+    without one."""
+    if client is not None and hasattr(client, "register_plugin"):
+        from dpdask.graph._worker_specs import ForgetSpecs
+
+        client.register_plugin(ForgetSpecs())

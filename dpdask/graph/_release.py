@@ -66,18 +66,13 @@ from dpdask.errors import ArgumentError, DomainError, ShapeError
 from dpdask.graph import _finish, _graph, _run, _topdown
 from dpdask.graph._blocks import ESTIMATORS, NONNEGATIVE
 from dpdask.graph._bound import release_bound
+from dpdask.graph._caches import forget_specs
 from dpdask.graph._chunked import ChunkedConstraints
 from dpdask.graph._configure import configure
 from dpdask.graph._levels import LevelChunks
 from dpdask.graph._multipass import level_constraints, multipass_summary
 from dpdask.graph._pass_options import PassesOption, resolve_passes
-from dpdask.graph._plans import (
-    LevelShares,
-    PlanLike,
-    level_plans,
-    realised,
-    total_budget,
-)
+from dpdask.graph._plans import LevelShares, PlanLike, level_plans, realised, total_budget
 from dpdask.graph._spine import Spine, annotate_spine, spine_option
 from dpdask.graph._state import Level, RunState
 from dpdask.graph._unbiased import UNBIASED_LIMIT
@@ -305,6 +300,7 @@ class Release:
             guard += [("ledger", self.ledger.path), ("ledger head file", self.ledger.head_file)]
         path = check_output(path, overwrite, guard)
         _run.check_totals(self, client)
+        forget_specs(client)  # no worker keeps the spec of every task it ran
         state = RunState(work)
         self.runs.append(state)
         _run.charge(self, state, run)
