@@ -18,8 +18,11 @@ tree alone, without data or releases:
     level's total exact (the invariant); up the tree, each unit's least-squares total
     combined with its children's sums (:mod:`dpdask.reconstruct.topdown._subtree`,
     the finest level's empty blocks exact at 0); down the tree, each family fitted to
-    its parent's total from each child's own total rows (variance ``t_l``) and its
-    children's sum, the difference shared in proportion to the children's variances.
+    its parent's total from each child's least-squares total (the total pass fits all of
+    a unit's measurements, or their least-squares answers) and its children's sum, the
+    difference shared in proportion to the children's variances. (:func:`level_errors`
+    can also take a pass that fits the total rows alone, variance ``t_l``, reported as
+    ``sd_total_rows``.)
 
 Per level and estimator the figure is the mean absolute error over the level's units
 and ``--trials`` draws of the units' independent Gaussian total errors (a Monte Carlo
@@ -89,9 +92,10 @@ def level_errors(
     sizes : sequence of int
         Units per level, coarsest first.
     s, t, u : sequence of float
-        Per level: the variance of a unit's least-squares total, of its total from the
-        total rows alone (at least ``s``), and the scalar unit variance least squares
-        weighs the level with.
+        Per level: the variance of a unit's least-squares total; of the total the
+        multi-pass down pass fits for a unit (the release's total pass: that same
+        total, ``t = s``; the total rows alone: more); and the scalar unit variance least
+        squares weighs the level with.
     known : ndarray of bool
         The finest level's units whose total the constraints fix (at their truth).
     trials : int
@@ -215,7 +219,7 @@ def run_linear(args: argparse.Namespace) -> dict[str, Any]:
         for name in plans_:
             drawn = level_plans(plans[name], levels, dtype=store.dtype, max_total=bound)
             s, t, u = _level_variances(drawn, levels)
-            err = level_errors(parents, sizes, s, t, u, known, args.trials, args.seed)
+            err = level_errors(parents, sizes, s, s, u, known, args.trials, args.seed)
             for i, lv in enumerate(levels):
                 row = {
                     "plan": name, "level": lv, "units": sizes[i], "sd_total_plan": sd[name][lv],
