@@ -53,6 +53,7 @@ persons and rounding gap over keys.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import re
@@ -61,6 +62,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -102,6 +104,25 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     add("--workdir", default=None, help="compare: data folder (default temp); data reused")
 
 
+@contextlib.contextmanager
+def workdir(args: argparse.Namespace) -> Iterator[pathlib.Path]:
+    """``--workdir`` (made if missing, kept), or a temporary folder removed afterwards."""
+    root = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="dpdask-census-"))
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        yield root
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def empty_blocks(store: Any) -> np.ndarray:
+    """The finest units with no housing unit and no facility (the empty-block
+    constraint puts nobody there)."""
+    hu, fac = store.unit_attribute("housing_units"), store.unit_attribute("gq_facilities")
+    return np.asarray((hu == 0) & (fac.sum(axis=1) == 0))
+
+
 def _spec(args: argparse.Namespace, root: pathlib.Path) -> Any:
     """The spec whose data, invariants and constraints the comparison releases."""
     from dpdask.pipeline.spec import parse_spec
@@ -130,11 +151,12 @@ def _spec(args: argparse.Namespace, root: pathlib.Path) -> Any:
 
 def _plans(
     names: list[str], levels: list[str], persons: Any, dtype: Any, bound: int
-) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float]], dict[str, float]]:
-    """Per plan name, each level's plan at the Bureau's level budget; the level total's
-    standard deviation (the Bureau's measurement, the plan's answer with its noise as
-    drawn for data of ``dtype`` under the public bound ``bound`` on a total); selection
-    times."""
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], dict[str, dict[str, float]],
+           dict[str, float]]:  # fmt: skip
+    """Per plan name, each level's plan at the Bureau's level budget, and the same with
+    its noise as drawn for data of ``dtype`` under the public bound ``bound`` on a total;
+    the level total's standard deviation (the Bureau's measurement, the plan's drawn
+    answer); selection times."""
     from dpdask import census
     from dpdask.graph import level_plans
     from dpdask.strategy import select
@@ -158,11 +180,13 @@ def _plans(
                 plan = select(W, budget, "fitness", domain=domain, targets="tda-2020", level=lv)
             seconds[name] += time.perf_counter() - t0
             plans[name][lv] = plan
-    for name in names:  # as the releases draw them (a float strategy: on the lattice)
-        drawn = level_plans(plans[name], levels, dtype=dtype, max_total=bound)
+    drawn = {  # as the releases draw them (a float strategy: on the lattice)
+        name: level_plans(plans[name], levels, dtype=dtype, max_total=bound) for name in names
+    }
+    for name in names:
         for lv in levels:
-            sd[name][lv] = float(np.sqrt(drawn[lv].query_variances()[total]))
-    return plans, sd, seconds
+            sd[name][lv] = float(np.sqrt(drawn[name][lv].query_variances()[total]))
+    return plans, drawn, sd, seconds
 
 
 def _graph_size(caught: list[warnings.WarningMessage]) -> str | None:
@@ -320,10 +344,7 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
         raise ArgumentError("--levels: a synthetic state has no 'us' level")
     levels = list(args.levels)
     persons = convert(zCDP(args.rho_change_one), CHANGE_ONE, ADD_REMOVE)
-    own = args.workdir is None
-    root = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="dpdask-census-"))
-    root.mkdir(parents=True, exist_ok=True)
-    try:
+    with workdir(args) as root:
         spec = _spec(args, root)
         with _cluster(args.workers, args.memory_limit) as (client, pids):
             t0 = time.perf_counter()
@@ -333,10 +354,9 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             cons = checked_constraints(spec, store, levels)
             every = _truth_totals(store)
             truth = {lv: every[lv] for lv in levels}  # coarsest first
-            hu, fac = store.unit_attribute("housing_units"), store.unit_attribute("gq_facilities")
-            empty = (hu == 0) & (fac.sum(axis=1) == 0)
+            empty = empty_blocks(store)
             bound = int(truth[levels[0]].max())  # public: the state's total is an invariant
-            plans, sd, t_select = _plans(plans_, levels, persons, store.dtype, bound)
+            plans, _, sd, t_select = _plans(plans_, levels, persons, store.dtype, bound)
             runs: list[dict[str, Any]] = []
             out = root / "out.zarr"
             for plan in plans_:
@@ -374,6 +394,3 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             "methods": _summary(runs, plans_, methods),
             "runs": runs,
         }
-    finally:
-        if own:
-            shutil.rmtree(root, ignore_errors=True)

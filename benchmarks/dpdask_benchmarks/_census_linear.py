@@ -35,9 +35,6 @@ the releases draw it (``sd_total_plan``).
 from __future__ import annotations
 
 import argparse
-import pathlib
-import shutil
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,7 +56,9 @@ def _share(var: np.ndarray, parents: np.ndarray, k: int) -> np.ndarray:
     return np.where(fam > 0, var / np.where(fam > 0, fam, 1.0), 0.0)
 
 
-def _combine(a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray):  # type: ignore[no-untyped-def]
+def _combine(
+    a: np.ndarray, va: np.ndarray, b: np.ndarray, vb: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Inverse-variance combination of two independent estimates (a variance 0 wins;
     ``inf``: no estimate)."""
     wa = np.where(va == 0, np.inf, 1.0 / np.where(va == 0, 1.0, va))
@@ -193,32 +192,32 @@ def _level_variances(plans: dict[str, Any], levels: list[str]) -> tuple[list[flo
 
 def run_linear(args: argparse.Namespace) -> dict[str, Any]:
     """The model's expected MAE per plan, level and estimator, on the compare's tree."""
-    from dpdask.graph import level_plans
     from dpdask.pipeline.run import load_data
     from dpdask.privacy import zCDP
     from dpdask.privacy.neighbours import ADD_REMOVE, CHANGE_ONE, convert
-    from dpdask_benchmarks._census_compare import PLANS, _names, _plans, _spec
+    from dpdask_benchmarks._census_compare import (
+        PLANS,
+        _names,
+        _plans,
+        _spec,
+        empty_blocks,
+        workdir,
+    )  # fmt: skip
 
     plans_ = _names(args.plans, PLANS, "--plans")
     levels = list(args.levels)
     persons = convert(zCDP(args.rho_change_one), CHANGE_ONE, ADD_REMOVE)
-    own = args.workdir is None
-    root = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="dpdask-census-"))
-    root.mkdir(parents=True, exist_ok=True)
-    try:
-        spec = _spec(args, root)
-        store = load_data(spec, root / "work")
+    with workdir(args) as root:
+        store = load_data(_spec(args, root), root / "work")
         geo = store.geography
-        hu, fac = store.unit_attribute("housing_units"), store.unit_attribute("gq_facilities")
-        known = (hu == 0) & (fac.sum(axis=1) == 0)  # the empty-block constraint: exact 0
+        known = empty_blocks(store)  # the empty-block constraint: exactly 0
         parents = [geo.ancestor_index(levels[i], of=levels[i + 1]) for i in range(len(levels) - 1)]
         sizes = [geo.n_units(lv) for lv in levels]
         bound = int(args.persons)  # the state's total, published (an invariant)
-        plans, sd, _ = _plans(plans_, levels, persons, store.dtype, bound)
+        _, drawn, sd, _ = _plans(plans_, levels, persons, store.dtype, bound)
         rows = []
         for name in plans_:
-            drawn = level_plans(plans[name], levels, dtype=store.dtype, max_total=bound)
-            s, t, u = _level_variances(drawn, levels)
+            s, t, u = _level_variances(drawn[name], levels)
             err = level_errors(parents, sizes, s, s, u, known, args.trials, args.seed)
             for i, lv in enumerate(levels):
                 row = {
@@ -242,6 +241,3 @@ def run_linear(args: argparse.Namespace) -> dict[str, Any]:
             "max_total": bound,
             "accuracy": rows,
         }
-    finally:
-        if own:
-            shutil.rmtree(root, ignore_errors=True)
