@@ -43,14 +43,13 @@ from typing import Any
 
 from dpdask import config
 from dpdask.errors import ArgumentError, ArgumentTypeError, ClusterUnreachableError
+from dpdask.pipeline._clusters import DEFAULT_DASHBOARD, local_client, outcome_kept, slurm_client
 
 __all__ = ["ClusterChoice", "ClusterUnreachableError", "choose_cluster", "connect", "security_from"]
 
 log = logging.getLogger("dpdask")
 
 DEFAULT_LOCAL = {"n_workers": 2, "threads_per_worker": 1, "processes": True}
-#: where the dashboard of a cluster dpdask starts listens, unless told otherwise
-DEFAULT_DASHBOARD = "127.0.0.1:0"
 ENV_VAR = "DASK_SCHEDULER_ADDRESS"
 CONFIG_KEY = "scheduler-address"
 
@@ -388,8 +387,7 @@ def connect(
     ClusterUnreachableError
         If the scheduler does not answer within ``dpdask.cluster.connect-timeout``.
     """
-    import dask.config
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     choice = choose_cluster(cluster, scheduler=scheduler, insecure=insecure, security=security)
     log.info("cluster: %s", choice.describe())
@@ -410,11 +408,12 @@ def connect(
                 f"cannot reach the scheduler at {address}{where} within {timeout} "
                 f"({type(exc).__name__}); check the address and that it is running"
             ) from None
-        with client:
+        with outcome_kept(client, f"the client of {address}"):
             yield client
         return
     if choice.kind == "slurm":
-        with _slurm(choice.options, choice.insecure, dashboard_address) as client:
+        slurm = slurm_client(choice.options, choice.insecure, dashboard_address)
+        with outcome_kept(slurm, "the SLURM cluster") as client:
             yield client
         return
     options = {**DEFAULT_LOCAL, **choice.options}
@@ -427,72 +426,5 @@ def connect(
     host = _split_address(str(options["dashboard_address"]))[1]
     if host and _is_loopback(host):  # the link names where the dashboard listens
         settings["distributed.dashboard.link"] = f"{{scheme}}://{host}:{{port}}/status"
-    with (
-        dask.config.set(settings),
-        LocalCluster(**options) as lc,  # type: ignore[no-untyped-call]
-        Client(lc) as client,  # type: ignore[no-untyped-call]
-    ):
+    with outcome_kept(local_client(options, settings), "the local cluster") as client:
         yield client
-
-
-@contextmanager
-def _slurm(
-    options: Mapping[str, Any], insecure: bool, dashboard_address: str | None = None
-) -> Iterator[Any]:
-    """A client of a ``dask_jobqueue.SLURMCluster``: the scheduler runs in this process,
-    its workers in SLURM jobs that connect back to it over the cluster's network.
-
-    Unless ``insecure``, that network carries TLS: a temporary self-signed certificate
-    (``Security.temporary()``) that dask-jobqueue hands to its jobs through
-    ``shared_temp_directory`` (a folder the compute nodes see; the working directory
-    by default). Its dashboard listens on ``127.0.0.1`` unless ``dashboard_address``
-    or ``scheduler_options.dashboard_address`` says otherwise.
-    """
-    try:
-        from dask_jobqueue import SLURMCluster
-    except ImportError:
-        raise ArgumentError(
-            "cluster.slurm needs dask-jobqueue, which is not installed "
-            "(pip install dask-jobqueue); or start `dask scheduler` and `dask worker` "
-            "with srun and give the address (deploy/slurm-dpdask.sh)"
-        ) from None
-    from distributed import Client, Security
-
-    opts = dict(options)
-    for k in ("security", "protocol"):
-        if k in opts:
-            raise ArgumentError(
-                f"cluster.slurm.{k}: dpdask sets it (TLS unless cluster.insecure: true)"
-            )
-    import dask.config
-
-    # dask-jobqueue reads its configuration's scheduler options only when none are given
-    given = opts.get("scheduler_options")
-    if given is None:
-        given = dask.config.get("jobqueue.slurm.scheduler-options", None) or {}
-    scheduler_options = dict(given)
-    if dashboard_address is not None:
-        scheduler_options["dashboard_address"] = dashboard_address
-    scheduler_options.setdefault("dashboard_address", DEFAULT_DASHBOARD)
-    opts["scheduler_options"] = scheduler_options
-    jobs = opts.pop("jobs", None)
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise ArgumentError(f"cluster.slurm.jobs: expected a positive integer, got {jobs!r}")
-    if jobs is None and not opts.get("n_workers"):
-        jobs = 1
-    if not insecure:
-        try:
-            security = Security.temporary()  # type: ignore[no-untyped-call]
-        except ImportError:
-            raise ArgumentError(
-                "cluster.slurm: the TLS between the scheduler and its SLURM jobs uses a "
-                "temporary certificate, which needs the cryptography package (pip install "
-                "cryptography); on a network you trust, set cluster.insecure: true"
-            ) from None
-        opts["protocol"] = "tls://"
-        opts["security"] = security
-    with SLURMCluster(**opts) as cluster:
-        if jobs is not None:
-            cluster.scale(jobs=jobs)
-        with Client(cluster) as client:  # type: ignore[no-untyped-call]
-            yield client

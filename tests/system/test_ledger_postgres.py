@@ -243,7 +243,7 @@ def test_jobs_racing_through_the_cli_lose_before_reading(people, pg_ledger):
     lost = [i for i, (rc, _, _) in enumerate(done) if rc != 0]
     assert len(won) == 2 and len(lost) == 2, [e[-500:] for _, _, e in done]
     for i in lost:
-        assert "dataset 'cef'" in done[i][2].strip().splitlines()[-1]
+        assert "dataset 'cef'" in done[i][2].strip().splitlines()[-1], done[i][2][-2000:]
         # refused before reading: no work folder was made, no release opened
         assert not list((people / "out").glob(f".job{i}.zarr*"))
         assert not (people / "out" / f"job{i}.zarr").exists()
