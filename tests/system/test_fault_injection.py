@@ -29,6 +29,8 @@ from dpdask.testing.fault_injection import (
     place_key,
     trial_spec,
 )
+from dpdask.testing.fault_injection._trial import _clean_up_published
+from dpdask.testing.fault_injection._watch import KillPlan, watched_run
 
 pytest.importorskip("distributed")
 pytest.importorskip("psutil")
@@ -124,6 +126,25 @@ def test_compare_releases_sees_one_flipped_bit(tmp_path) -> None:
 def test_faults_command_refuses_no_trials(tmp_path, capsys) -> None:
     assert main(["faults", str(_tiny_spec(tmp_path)), "--trials", "0"]) == 2
     assert "trials must be a positive integer" in capsys.readouterr().err
+
+
+def test_a_run_stopped_before_its_clean_up_is_cleaned_by_its_retry(tmp_path) -> None:
+    """A client stopped between the ledger's record of publication and the removal of the
+    work folder leaves the folder: the trial retries the run id, as a user would, which
+    removes it and is refused as published. A key still there is a problem it reports."""
+    folder = tmp_path / "trial"
+    spec = trial_spec(_tiny_spec(tmp_path), folder)
+    out = load_spec(spec).output
+    work = work_dir(out, "R")
+    first = watched_run(spec, "R", work, tmp_path / "run.log", KillPlan())
+    assert first.returncode == 0 and out.is_dir() and not work.exists()
+    place_key(out, "R", b"k" * 32)  # as if the stop had come before the key's deletion too
+    record: dict = {}
+    problems: list[str] = []
+    _clean_up_published(spec, "R", work, folder, record, problems)
+    assert record["published_retry"] == {"exit": 4, "work_left": False}
+    assert problems == ["the run's key is still in its work folder after publication"]
+    assert not work.exists() and out.is_dir()
 
 
 # -- the trials ------------------------------------------------------------------------------

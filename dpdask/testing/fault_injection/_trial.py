@@ -68,6 +68,26 @@ def last_line(log: pathlib.Path) -> str:
     return lines[-1][-300:] if lines else ""
 
 
+def _clean_up_published(
+    spec_file: pathlib.Path, run_id: str, work: pathlib.Path, folder: pathlib.Path,
+    record: dict[str, Any], problems: list[str],
+) -> None:  # fmt: skip
+    """A run stopped after the ledger recorded its publication, before it removed its work
+    folder (the key already deleted): the next command on the run id, as a user would
+    retry it, must remove the folder and be refused as published (exit 4)."""
+    from dpdask.cli import EXIT_CODES
+
+    if (work / "key").exists():
+        problems.append("the run's key is still in its work folder after publication")
+    again = watched_run(spec_file, run_id, work, folder / "run-again.log", KillPlan())
+    record["published_retry"] = {"exit": again.returncode, "work_left": work.exists()}
+    if again.returncode != EXIT_CODES["published"][0]:
+        problems.append(
+            f"the published run's retry exited {again.returncode}, not as published: "
+            f"{last_line(folder / 'run-again.log')}"
+        )
+
+
 # -- the trial -------------------------------------------------------------------------------
 def run_trial(
     trial: int,
@@ -136,6 +156,8 @@ def run_trial(
     while last.returncode != 0 and len(resumes) < _RESUMES:
         state = ledger_state(spec.ledger, spec.release, run_id)
         if state["run"] is not None and state["run"].state == "published":
+            if work.exists():  # stopped between the ledger's record and the clean-up
+                _clean_up_published(spec_file, run_id, work, folder, record, problems)
             break
         i = len(resumes) + 1
         plan = KillPlan(worker=fault.get("resume_worker") if i == 1 else None)
