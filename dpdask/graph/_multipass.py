@@ -364,6 +364,12 @@ def multipass_family_block(
                 p = np.rint(p)
             kids = None if cons is None else cons.take(np.arange(a, b))
             name = f"{ctx.level} parent {int(parents[a])}"
+            if b - a == 1 and bool(np.isnan(y[a]).all()):
+                # a spine unit (its parent's only child, measurement discarded): the parent
+                if kids is not None:
+                    check_family(p, kids, parent_name=name)
+                X[a] = p
+                continue
             zeros = zeros_only(kids) if plain else None
             held = None if zeros is None or not zeros.any() else zeros
             fit = None if zeros is None else _fitter(plan.strategy, 1 / plan.row_variance, token)

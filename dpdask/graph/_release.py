@@ -450,8 +450,8 @@ def release(
     if (passes is not None or constraints is not None) and reconstruct != "topdown":
         raise ArgumentError("passes and constraints go with reconstruct='topdown'")
     as_neighbours(neighbours)  # a known relation (PlanError otherwise)
-    multi, per_level = passes is not None or constraints is not None, isinstance(plans, Mapping)
-    sp = spine_option(spine, reconstruct, multi, per_level, geo, levels)
+    per_level = isinstance(plans, Mapping)
+    sp = spine_option(spine, reconstruct, per_level, geo, levels)
     level_plans_ = level_plans(plans, levels, budget_split, moves=None if sp is None else sp.moves)
     for lv, p in level_plans_.items():
         if p.strategy.shape[1] != store.domain.size:

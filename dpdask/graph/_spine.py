@@ -22,11 +22,17 @@ a single child to equal its parent anyway, and the child's measurement buys noth
   unbiased answer is the parent's (a level publishes one variance per query, and the
   parent's differs).
 
+A multi-pass release (``passes`` / ``constraints``, :mod:`~dpdask.graph._multipass`)
+does the same: a spine unit's family of one is not fitted but copied from its parent,
+whose constraints include its only child's (checked in the task, naming the unit); its
+sweep of the levels' totals (:mod:`~dpdask.graph._subtree`) measures through
+:func:`spine_measure`, so a spine level's noise is never drawn there either, and a spine
+unit's own total counts as unknown (its subtree below still counts).
+
 The plan (``dpdask plan``), the summary and the release's attributes state per level how
 many units reuse their parent's estimate, whether the level is measured and where a
 moved budget went (:meth:`Spine.summary`). The geography is public: nothing here reads
-data. Multi-pass releases (``passes`` / ``constraints``) and per-level plans whose budget
-would move are refused before anything is charged.
+data. Per-level plans whose budget would move are refused before anything is charged.
 """
 
 from __future__ import annotations
@@ -42,8 +48,10 @@ import sparse
 from dpdask.domain import Geography
 from dpdask.errors import ArgumentError
 from dpdask.graph._blocks import measure_block
+from dpdask.graph._chunked import chunk_constraints
 from dpdask.graph._levels import _released_parents
 from dpdask.graph._topdown_blocks import parent_chunks, parent_rows
+from dpdask.reconstruct.topdown import Constraints, check_family
 
 if TYPE_CHECKING:
     from dpdask.graph._release import Release
@@ -56,6 +64,7 @@ __all__ = [
     "discarded",
     "spine_block",
     "spine_levels",
+    "spine_measure",
     "spine_option",
     "spine_task",
     "spine_unbiased",
@@ -158,7 +167,6 @@ def spine_levels(geo: Geography, levels: Sequence[str]) -> Spine:
 def spine_option(
     spine: bool,
     reconstruct: str,
-    multipass: bool,
     per_level: bool,
     geo: Geography,
     levels: Sequence[str],
@@ -171,10 +179,6 @@ def spine_option(
         return None
     if reconstruct != "topdown":
         raise ArgumentError(f"spine=True goes with reconstruct='topdown', not {reconstruct!r}")
-    if multipass:
-        raise ArgumentError(
-            "spine=True does not go with passes or constraints (the multi-pass top-down)"
-        )
     out = spine_levels(geo, levels)
     if out.moves and per_level:
         raise ArgumentError(
@@ -207,12 +211,22 @@ def discarded(
 
 
 def spine_block(
-    parent_blocks: list[Any], parent_starts: list[int], parents: np.ndarray, n: int
-) -> sparse.COO:
-    """A spine level's chunk: each unit's row is its parent's estimate (no measurement)."""
+    parent_blocks: list[Any], parent_starts: list[int], parents: np.ndarray, n: int,
+    cons: Constraints | None = None, level: str = "",
+) -> sparse.COO:  # fmt: skip
+    """A spine level's chunk: each unit's row is its parent's estimate (no measurement).
+
+    ``cons``: the chunk's units' constraints (a multi-pass release's), which their
+    parents' estimates meet (a parent's constraints include its only child's); checked,
+    so that a copy outside them is an error naming the unit, never a published row."""
     parents = np.asarray(parents, dtype=np.int64)
     first, last = int(parents[0]), int(parents[-1])
     P = parent_rows(parent_blocks, parent_starts, first, last)[parents - first]
+    if cons is not None:
+        rows = P.toarray()
+        for u in range(parents.size):
+            check_family(rows[u], cons.take(np.array([u])),
+                         parent_name=f"{level} parent {int(parents[u])}")  # fmt: skip
     P.eliminate_zeros()
     coo = P.tocoo()
     order = np.lexsort((coo.col, coo.row))
@@ -227,19 +241,38 @@ def spine_task(
 ) -> tuple[tuple[Any, ...] | None, Any]:  # fmt: skip
     """For chunk ``k`` of level ``i``: the task copying its parents when the level is a
     spine level (else None), and the measurement to use (its spine rows discarded)."""
-    spine = _spine(rel)
-    if spine is None or prev is None:
+    if prev is None:
         return None, measure
     lo, hi = int(bounds[k]), int(bounds[k + 1])
+    measured, measure = spine_measure(rel, i, lo, hi, measure)
+    if measured:
+        return None, measure
+    p = rel.lc.parents[i - 1][lo:hi]
+    keys, starts = parent_chunks(p, *prev)
+    name = rel.released[i].name
+    cons = (
+        None
+        if rel.constraints is None
+        else chunk_constraints(rel.constraints[name], np.arange(lo, hi))
+    )
+    return (spine_block, keys, starts, p, rel.domain.size, cons, name), measure
+
+
+def spine_measure(rel: Release, i: int, lo: int, hi: int, measure: Any) -> tuple[bool, Any]:
+    """Whether units ``lo:hi`` of level ``i`` are measured at all (False: a spine level,
+    never measured, its noise never drawn), and the measurement that draws them, its
+    spine units' rows discarded (:func:`discarded`). The fits and the multi-pass sweep
+    (:mod:`~dpdask.graph._subtree`) both measure through it."""
+    spine = _spine(rel)
+    if spine is None or i == 0:
+        return True, measure
     if not spine.levels[i].measured:
-        p = rel.lc.parents[i - 1][lo:hi]
-        keys, starts = parent_chunks(p, *prev)
-        return (spine_block, keys, starts, p, rel.domain.size), measure
+        return False, measure
     mask = spine.masks[i]
     rows = np.flatnonzero(mask[lo:hi]) if mask is not None else np.zeros(0, dtype=np.int64)
     if rows.size == 0:
-        return None, measure
-    return None, functools.partial(discarded, measure=measure, rows=rows)
+        return True, measure
+    return True, functools.partial(discarded, measure=measure, rows=rows)
 
 
 def spine_unbiased(rel: Release, i: int, group: Any) -> None:

@@ -28,6 +28,7 @@ from dask.base import tokenize
 from dpdask.graph._blas import task_blas
 from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 from dpdask.graph._chunked import chunk_constraints
+from dpdask.graph._spine import spine_measure
 from dpdask.graph._topdown_blocks import _info
 from dpdask.reconstruct.topdown import Constraints, known_totals, subtree_sums, total_estimator
 from dpdask.store import level_key
@@ -59,7 +60,8 @@ def subtree_block(
     token: str, measure: Any = None,
 ) -> np.ndarray:  # fmt: skip
     """``(g, 2)``: each unit of one chunk's own unbiased total and its variance (0 for a
-    total the constraints fix; ``inf`` when the strategy cannot estimate it)."""
+    total the constraints fix; ``inf`` when the strategy cannot estimate it, or for a
+    spine unit, whose rows ``measure`` discards)."""
     tune_allocator()
     trim_heap()
     y = (measure or measure_block)(x, plan, key, ctx, _info(chunk))
@@ -70,6 +72,18 @@ def subtree_block(
             u, s = np.zeros(g), np.full(g, np.inf)
         else:
             u, s = np.asarray(y, dtype=float) @ est[0], np.full(g, est[1])
+    unknown = ~np.isfinite(u)  # a spine unit's rows, discarded (:mod:`._spine`)
+    u, s = np.where(unknown, 0.0, u), np.where(unknown, np.inf, s)
+    return _known(u, s, cons)
+
+
+def unmeasured_block(g: int, cons: Constraints | None) -> np.ndarray:
+    """:func:`subtree_block` of a chunk of ``g`` units of a spine level: not measured
+    (no noise drawn), so no own totals but those the constraints fix."""
+    return _known(np.zeros(g), np.full(g, np.inf), cons)
+
+
+def _known(u: np.ndarray, s: np.ndarray, cons: Constraints | None) -> np.ndarray:
     if cons is not None:
         known, value = known_totals(cons)
         u, s = np.where(known, value, u), np.where(known, 0.0, s)
@@ -109,22 +123,17 @@ def subtree_tasks(
         ctx = context(i)
         keys = []
         for k in range(len(L.chunks)):
-            rows = np.arange(int(bounds[k]), int(bounds[k + 1]))
+            lo, hi = int(bounds[k]), int(bounds[k + 1])
             cons = (
                 None
                 if rel.constraints is None
-                else chunk_constraints(rel.constraints[L.name], rows)
+                else chunk_constraints(rel.constraints[L.name], np.arange(lo, hi))
             )
+            measured, how = spine_measure(rel, i, lo, hi, measure)
             dsk[(name, k)] = (
-                subtree_block,
-                block(i, k),
-                stream(i, k),
-                plans[i],
-                cons,
-                ctx,
-                k,
-                token,
-                measure,
+                (subtree_block, block(i, k), stream(i, k), plans[i], cons, ctx, k, token, how)
+                if measured
+                else (unmeasured_block, hi - lo, cons)
             )
             keys.append((name, k))
         parts.append(keys)

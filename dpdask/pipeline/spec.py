@@ -461,10 +461,10 @@ def parse_spec(
     inv = parse_invariants(
         raw.get("invariants"), raw.get("constraints"), levels, domain, data.format
     )
-    if spine and (inv or passes or strategy_levels is not None or "levels" in workload):
+    if spine and (strategy_levels is not None or "levels" in workload):
         raise SpecError(
-            "reconstruct.spine: not with invariants, constraints or passes (the multi-pass "
-            "top-down) nor with a workload or strategy per level"
+            "reconstruct.spine: not with a workload or strategy per level (a spine level's "
+            "budget moves to the level above, which needs one plan the levels split)"
         )
     output = as_path(output_text, base, "output")
     ledger, ledger_create = _ledger(raw.get("ledger"), output, base)

@@ -4,8 +4,8 @@ key-file path and a real ledger (issue 33).
 A store of a one-county state whose tracts hold 1, 2 and 3 blocks: ``dpdask plan``
 states that the county is not measured and its budget moved to the state; ``dpdask run``
 charges three levels whose budgets add up to the spec's, publishes the county equal to
-the state and the lone block equal to its tract, exactly; a spine spec with invariants
-is refused before anything is charged or written.
+the state and the lone block equal to its tract, exactly; with the state's total as an
+invariant (the multi-pass top-down) it does the same and publishes the total exactly.
 """
 
 from __future__ import annotations
@@ -97,12 +97,22 @@ def test_run_charges_the_moved_budget_where_it_is_spent(tmp_path, capsys):
     capsys.readouterr()
 
 
-def test_spine_with_invariants_is_refused_before_any_charge(tmp_path, capsys):
+def test_spine_with_invariants_runs_the_multi_pass_top_down(tmp_path, capsys):
+    """The state's total published exactly, by the multi-pass top-down with the spine:
+    the same three charges, the county the state and the lone block its tract."""
     spec = _spec(tmp_path, invariants={"state": ["total"]})
-    for verb in ("validate", "run"):
-        args = [verb, str(spec), "--json"] + (["--no-progress"] if verb == "run" else [])
-        assert main(args) == 2
-        refusal = _json(capsys)
-        assert refusal["error"] == "SpecError"
-        assert refusal["message"].startswith("reconstruct.spine: not with invariants")
-    assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "out").exists()
+    assert main(["plan", str(spec), "--json"]) == 0
+    rows = {row["level"]: row for row in _json(capsys)["levels"]}
+    assert rows["county"]["spine"]["budget_moved_to"] == "state"
+    assert main(["run", str(spec), "--json", "--no-progress"]) == 0
+    summary = _json(capsys)
+    g = zarr.open_group(summary["output"], mode="r")
+    est = {lv: np.asarray(g[lv]["estimate"][:]).reshape(-1, 6) for lv in GEO.levels}
+    truth = np.asarray(zarr.open_group(str(tmp_path / "store"), mode="r")["counts"][:])
+    for lv in GEO.levels:
+        assert est[lv].sum() == truth.sum()  # the invariant, at every level
+    np.testing.assert_array_equal(est["county"], est["state"])
+    np.testing.assert_array_equal(est["block"][0], est["tract"][0])
+    charges = {c.level for c in Ledger(summary["ledger"]).charges("spine")}
+    assert charges == {"state", "tract", "block"}
+    assert main(["ledger", "verify", summary["ledger"]]) == 0

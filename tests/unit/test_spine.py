@@ -16,13 +16,14 @@ import pytest
 import sparse
 
 from dpdask import Geography
-from dpdask.errors import ArgumentError
+from dpdask.errors import ArgumentError, DataError
 from dpdask.graph import level_plans, spine_levels
 from dpdask.graph._spine import discarded, spine_block, spine_option
 from dpdask.linalg import Identity, Kron, Prefix, Total, VStack
 from dpdask.noise import draw_variance
 from dpdask.pipeline.spec import SpecError, parse_spec
 from dpdask.privacy import PureDP, zCDP
+from dpdask.reconstruct.topdown import Constraints
 from dpdask.strategy import Plan
 from tests.helpers import DOMAIN
 
@@ -110,6 +111,17 @@ def test_a_spine_level_copies_its_parents_rows():
     got = spine_block(blocks, [0, 2], np.array([1, 2]), 6)
     np.testing.assert_array_equal(got.todense(), parent[1:])
     assert got.nnz == 3  # the parent's entries only
+    # with constraints (a multi-pass release's): met, the copy; broken, an error naming
+    # the unit, never a published row
+    ok = Constraints.none(2, 6, ["c1", "c2"])
+    copied = spine_block(blocks, [0, 2], np.array([1, 2]), 6, ok, "county")
+    np.testing.assert_array_equal(copied.todense(), parent[1:])
+    upper = np.full((2, 6), np.inf)
+    upper[1, 2] = 3.0  # the second unit's parent holds 4 there
+    capped = Constraints(np.zeros((2, 6)), upper, np.zeros((0, 6)), np.zeros((2, 0)),
+                         np.zeros((2, 0)), ("c1", "c2"), ())  # fmt: skip
+    with pytest.raises(DataError, match="county parent 2"):
+        spine_block(blocks, [0, 2], np.array([1, 2]), 6, capped, "county")
 
 
 def test_discarded_rows_are_nan_before_any_use():
@@ -126,16 +138,14 @@ def test_discarded_rows_are_nan_before_any_use():
 
 def test_what_the_spine_does_not_go_with_is_refused():
     with pytest.raises(ArgumentError, match="reconstruct='topdown'"):
-        spine_option(True, "ls", False, False, GEO, LEVELS)
-    with pytest.raises(ArgumentError, match="passes or constraints"):
-        spine_option(True, "topdown", True, False, GEO, LEVELS)
+        spine_option(True, "ls", False, GEO, LEVELS)
     with pytest.raises(ArgumentError, match=r"\['county'\].*a plan per level"):
-        spine_option(True, "topdown", False, True, GEO, LEVELS)
+        spine_option(True, "topdown", True, GEO, LEVELS)
     with pytest.raises(ArgumentError, match="true or false"):
-        spine_option("yes", "topdown", False, False, GEO, LEVELS)  # type: ignore[arg-type]
-    assert spine_option(False, "ls", True, True, GEO, LEVELS) is None
+        spine_option("yes", "topdown", False, GEO, LEVELS)  # type: ignore[arg-type]
+    assert spine_option(False, "ls", True, GEO, LEVELS) is None
     # a plan per level is fine where no budget moves
-    assert spine_option(True, "topdown", False, True, GEO, ("state", "tract")) is not None
+    assert spine_option(True, "topdown", True, GEO, ("state", "tract")) is not None
 
 
 GOOD = {
@@ -163,8 +173,7 @@ def test_the_spec_reads_spine_and_names_the_field(tmp_path):
     per_level = {"levels": {"state": {"name": "marginals", "k": 1}, "county": "identity"}}
     with pytest.raises(SpecError, match=r"reconstruct\.spine: not with .* per level"):
         parse_spec({**GOOD, "workload": per_level}, tmp_path)
+    # the multi-pass top-down (passes, invariants) keeps the spine
     passes = {"method": "topdown", "spine": True, "passes": "default"}
-    with pytest.raises(SpecError, match=r"reconstruct\.spine: not with .*passes"):
-        parse_spec({**GOOD, "reconstruct": passes}, tmp_path)
-    with pytest.raises(SpecError, match=r"reconstruct\.spine: not with invariants, constraints"):
-        parse_spec({**GOOD, "invariants": {"state": ["total"]}}, tmp_path)
+    assert parse_spec({**GOOD, "reconstruct": passes}, tmp_path).spine is True
+    assert parse_spec({**GOOD, "invariants": {"state": ["total"]}}, tmp_path).spine is True
