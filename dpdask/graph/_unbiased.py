@@ -252,12 +252,46 @@ def unbiased_answers(strategy: LinearQuery, y: np.ndarray, u: Unbiased) -> np.nd
 def unbiased_variances(
     strategy: LinearQuery, u: Unbiased, row_variance: float
 ) -> np.ndarray | None:
-    """The exact variance of every unbiased answer: ``sigma^2 diag(Q A^+ A^+^T Q^T)``."""
-    M = _matrix(strategy, u)
+    """The exact variance of every unbiased answer: ``sigma^2 diag(Q A^+ A^+^T Q^T)``.
+
+    From ``(Q A^+)^T`` where this process holds it (its tasks ran here); otherwise
+    without forming it: for ``A`` of full column rank and a well-conditioned Gram
+    matrix ``G = A^T A = L L^T``, ``A^+ A^+^T = G^{-1}``, so the variances are the
+    squared column norms of ``L^{-1} Q^T``: one triangular solve, where forming the
+    matrix takes two and a product with ``A`` (a fifth of the time on the 2,016-cell
+    domain, in the client that publishes them).
+    """
+    if not u.dense:
+        return None
+    M = _MATRICES.get(u.token)
     if M is None:
+        M = _gram_factor_solve(strategy, u.queries)
+    if M is None:
+        M = _matrix(strategy, u)
+    if M is None:  # pragma: no cover - u.dense: A is formed
         return None
     out: np.ndarray = float(row_variance) * np.einsum("ij,ij->j", M, M)
     return out
+
+
+def _gram_factor_solve(strategy: LinearQuery, Q: LinearQuery) -> np.ndarray | None:
+    """``L^{-1} Q^T`` for ``A^T A = L L^T``, or None when ``A`` is rank-deficient or its
+    Gram matrix ill-conditioned (then only the pseudo-inverse will do)."""
+    from scipy import linalg
+
+    n = strategy.shape[1]
+    with task_blas():
+        A = np.asarray(strategy.dense(), dtype=np.float64)
+        try:
+            L = linalg.cholesky(A.T @ A, lower=True, check_finite=False)
+        except np.linalg.LinAlgError:
+            return None
+        d = np.abs(np.diag(L))
+        if d.min() <= 0 or (d.max() / d.min()) ** 2 > _MAX_CONDITION:
+            return None
+        Qt = np.ascontiguousarray(apply_rows(Q, np.eye(n)))  # (n, q): Q^T
+        out: np.ndarray = linalg.solve_triangular(L, Qt, lower=True, check_finite=False)
+        return out
 
 
 def write_unbiased(strategy: LinearQuery, y: np.ndarray, u: Unbiased | None, chunk: int) -> None:
