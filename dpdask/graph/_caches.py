@@ -25,7 +25,7 @@ def clear_caches() -> int:
 
     caches: list[dict[str, Any]] = [
         _multipass._OBJECTIVES, _subtree._ESTIMATORS, _topdown_blocks._FITTERS,
-        _unbiased._MATRICES,
+        _unbiased._MATRICES, _unbiased._FACTORS,
     ]  # fmt: skip
     dropped = sum(len(c) for c in caches)
     for c in caches:

@@ -80,6 +80,8 @@ QUERY = "unbiased_query"
 """The dimension of a level's unbiased answers (not ``workload_query``: a subset of it)."""
 
 _MATRICES: dict[str, np.ndarray] = {}  # per worker process: (Q A^+)^T per level
+# per worker process: (A, chol(A^T A)) per level of few units (None: not full rank)
+_FACTORS: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
 _KEEP = 2  # matrices kept per process (levels are measured mostly in order)
 _MAX_CONDITION = 1e10  # Gram matrices above this condition number go through the SVD
 
@@ -104,6 +106,10 @@ class Unbiased:
     dense : bool
         Whether ``A`` is small enough to form ``A^+`` (:data:`DENSE_PINV_ENTRIES`);
         nothing is computed otherwise.
+    formed : bool
+        Whether the level's units are many enough that forming ``(Q A^+)^T`` once costs
+        less than answering each unit from the Cholesky factor of ``A^T A``
+        (:func:`unbiased_answers`); one decision for every task of the level.
     """
 
     queries: LinearQuery
@@ -114,6 +120,7 @@ class Unbiased:
     token: str
     folder: str
     dense: bool = True
+    formed: bool = True
 
 
 def _parts(W: LinearQuery) -> list[tuple[str, LinearQuery, float]]:
@@ -171,10 +178,14 @@ def unbiased_queries(
         rows += [(labels[i], name, descriptions[i]) for i in span]
     Q = VStack([p for p, _ in keep], weights=[w for _, w in keep])
     token = tokenize("unbiased", strategy, [r[0] for r in rows], Q)
-    dense = strategy.shape[0] * strategy.shape[1] <= DENSE_PINV_ENTRIES
+    m, q = strategy.shape[0], Q.shape[0]
+    dense = m * n <= DENSE_PINV_ENTRIES
+    # flops: forming (Q A^+)^T (two triangular solves and a product with A) once, against
+    # A^T y, two triangular solves and Q per unit
+    formed = n_units * (m * n + 2 * n * n + n * q) >= 2 * n * n * q + m * n * q
     return Unbiased(
         Q, tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows),
-        tuple(skipped), token, folder, dense,
+        tuple(skipped), token, folder, dense, formed,
     )  # fmt: skip
 
 
@@ -240,7 +251,21 @@ def unbiased_levels(rel: Release, work: pathlib.Path) -> list[Unbiased | None]:
 
 
 def unbiased_answers(strategy: LinearQuery, y: np.ndarray, u: Unbiased) -> np.ndarray | None:
-    """``Q A^+ y`` for every unit (row) of measurements ``y`` ``(g, m)``: ``(g, q)``."""
+    """``Q A^+ y`` for every unit (row) of measurements ``y`` ``(g, m)``: ``(g, q)``.
+
+    A level of few units (``u.formed`` false) is answered as ``Q G^{-1} A^T y`` from the
+    Cholesky factor of ``G = A^T A`` (kept per worker process); a level of many, and a
+    rank-deficient or ill-conditioned ``A``, through ``(Q A^+)^T``, formed once."""
+    if u.dense and not u.formed:
+        factor = _factor(strategy, u)
+        if factor is not None:
+            from scipy import linalg
+
+            A, L = factor
+            with task_blas():
+                Aty = np.asarray(y, dtype=np.float64).reshape(y.shape[0], -1) @ A  # (g, n)
+                x = linalg.cho_solve((L, True), Aty.T, check_finite=False)  # (n, g)
+                return apply_rows(u.queries, np.ascontiguousarray(x.T))
     M = _matrix(strategy, u)
     if M is None:
         return None
@@ -279,7 +304,21 @@ def _gram_factor_solve(strategy: LinearQuery, Q: LinearQuery) -> np.ndarray | No
     Gram matrix ill-conditioned (then only the pseudo-inverse will do)."""
     from scipy import linalg
 
+    factor = _gram_cholesky(strategy)
+    if factor is None:
+        return None
     n = strategy.shape[1]
+    with task_blas():
+        Qt = np.ascontiguousarray(apply_rows(Q, np.eye(n)))  # (n, q): Q^T
+        out: np.ndarray = linalg.solve_triangular(factor[1], Qt, lower=True, check_finite=False)
+        return out
+
+
+def _gram_cholesky(strategy: LinearQuery) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(A, L)``: the dense strategy and the lower Cholesky factor of ``A^T A``; None
+    when ``A`` is rank-deficient or its Gram matrix ill-conditioned."""
+    from scipy import linalg
+
     with task_blas():
         A = np.asarray(strategy.dense(), dtype=np.float64)
         try:
@@ -289,9 +328,16 @@ def _gram_factor_solve(strategy: LinearQuery, Q: LinearQuery) -> np.ndarray | No
         d = np.abs(np.diag(L))
         if d.min() <= 0 or (d.max() / d.min()) ** 2 > _MAX_CONDITION:
             return None
-        Qt = np.ascontiguousarray(apply_rows(Q, np.eye(n)))  # (n, q): Q^T
-        out: np.ndarray = linalg.solve_triangular(L, Qt, lower=True, check_finite=False)
-        return out
+        return A, L
+
+
+def _factor(strategy: LinearQuery, u: Unbiased) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_gram_cholesky`, once per worker process and level (``u.token``)."""
+    if u.token not in _FACTORS:
+        while len(_FACTORS) >= _KEEP:
+            _FACTORS.pop(next(iter(_FACTORS)))
+        _FACTORS[u.token] = _gram_cholesky(strategy)
+    return _FACTORS[u.token]
 
 
 def write_unbiased(strategy: LinearQuery, y: np.ndarray, u: Unbiased | None, chunk: int) -> None:

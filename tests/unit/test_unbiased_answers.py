@@ -5,6 +5,8 @@ written out; and the labels of what every uncertainty is of."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -31,9 +33,15 @@ def _dense_oracle(A: np.ndarray, Q: np.ndarray, y: np.ndarray) -> np.ndarray:
         Dense(np.random.default_rng(3).normal(size=(4, 6))),  # rank-deficient
     ],
 )
-def test_unbiased_answers_are_the_dense_pseudo_inverse(A):
+@pytest.mark.parametrize("formed", [False, True], ids=["factor", "formed"])
+def test_unbiased_answers_are_the_dense_pseudo_inverse(A, formed):
+    """Both ways (a level of few units from the Gram matrix's factor, of many through the
+    formed matrix; a rank-deficient ``A`` always the latter) give the oracle's answers."""
     W = make_plan().workload
     u = unbiased_queries(W, A, n_units=5, limit=10**6)
+    assert u.formed is False  # five units: the factor
+    u = dataclasses.replace(u, formed=formed)
+    clear_caches()
     y = np.random.default_rng(1).normal(size=(5, A.shape[0])) * 10
     Q = np.vstack([np.ones((1, DOMAIN.size)), W.dense()])  # the total first
     got = unbiased_answers(A, y, u)
@@ -43,6 +51,14 @@ def test_unbiased_answers_are_the_dense_pseudo_inverse(A):
     np.testing.assert_allclose(unbiased_variances(A, u, 2.5), want, rtol=1e-9, atol=1e-12)
     clear_caches()  # as in the client that publishes them: without the answers' matrix
     np.testing.assert_allclose(unbiased_variances(A, u, 2.5), want, rtol=1e-9, atol=1e-12)
+
+
+def test_a_level_of_many_units_forms_the_matrix():
+    """The flop counts: forming ``(Q A^+)^T`` pays once the units are many."""
+    A, W = make_plan().strategy, make_plan().workload
+    few = unbiased_queries(W, A, n_units=1, limit=10**9)
+    many = unbiased_queries(W, A, n_units=10**6, limit=10**9)
+    assert not few.formed and many.formed
 
 
 def test_unbiased_answers_of_exact_measurements_are_the_truth():
