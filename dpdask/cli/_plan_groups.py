@@ -2,7 +2,7 @@
 
 The figures are :func:`dpdask.strategy.group_errors.group_errors`'s; this module reads
 the options, takes the levels' mean fan-outs from the spec's geography where it is known
-without reading data (:func:`dpdask.pipeline.run.plan_geography`) and formats the tables.
+without reading counts (:func:`dpdask.pipeline.run.plan_geography`) and formats the tables.
 """
 
 from __future__ import annotations

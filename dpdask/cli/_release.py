@@ -110,7 +110,8 @@ def cmd_plan(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--fanout", metavar="N|LEVEL=N,...",
         help="mean units per unit of the level above, for the reconstructed figures (default: "
-        "the spec's geography where known without reading data: synthetic data or a store)",
+        "the spec's geography where known without reading counts: synthetic data, a store, or "
+        "a P.L. 94-171 file's geographic header)",
     )  # fmt: skip
     named = parser.add_argument_group("a named workload instead of a spec")
     named.add_argument(

@@ -38,6 +38,7 @@ __all__ = [
     "dataset_id",
     "generated_geography",
     "load_data",
+    "plan_geography",
     "source_print",
     "synthetic_geography",
 ]
@@ -96,6 +97,27 @@ def generated_geography(spec: ReleaseSpec) -> Geography | None:
     if fmt == "synthetic-blocks":
         check_input(spec)
         return block_geography(synthetic_blocks_options(spec.data.options)["blocks"])
+    return None
+
+
+def plan_geography(spec: ReleaseSpec) -> Geography | None:
+    """The spec's geography when it is known without reading counts: synthetic data's
+    (from the spec's options), a store's (its metadata) or a P.L. 94-171 file's (its
+    geographic header, public); ``None`` otherwise, or when the input is not there."""
+    generated = generated_geography(spec)
+    if generated is not None:
+        return generated
+    path = spec.data.path
+    if path is None or not path.exists():
+        return None
+    if spec.data.format == "store":
+        from dpdask.store import open_store
+
+        return open_store(path).geography
+    if spec.data.format == "pl94":
+        from dpdask.store import pl94_geography
+
+        return pl94_geography(path)
     return None
 
 

@@ -14,14 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dpdask.domain import Geography
 from dpdask.pipeline import _marginal_run as marginal
 from dpdask.pipeline._data import (
     check_input,
     data_geography,
     dataset_id,
-    generated_geography,
     load_data,
+    plan_geography,
     source_print,
     synthetic_geography,
 )
@@ -212,19 +211,6 @@ def plan_spec_levels(
         report["levels"].append(row)
     annotate_spine(spine, report["levels"], lps)
     return (plans if spec.per_level else plan), report, lps
-
-
-def plan_geography(spec: ReleaseSpec) -> Geography | None:
-    """The spec's geography when it is known without reading data: synthetic data's
-    (from the spec's options) or a store's (its metadata); ``None`` otherwise."""
-    generated = generated_geography(spec)
-    if generated is not None:
-        return generated
-    if spec.data.format == "store" and spec.data.path is not None and spec.data.path.exists():
-        from dpdask.store import open_store
-
-        return open_store(spec.data.path).geography
-    return None
 
 
 def _check_workloads(spec: ReleaseSpec) -> int:

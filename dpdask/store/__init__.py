@@ -30,6 +30,7 @@ from dpdask.store._pl94 import (
     P5_HHGQ_LINES,
     PL94_LEVELS,
     PL94File,
+    pl94_geography,
     read_pl94,
     read_pl94_file,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "ingest_records",
     "level_key",
     "open_store",
+    "pl94_geography",
     "prefer_dense",
     "private_dir",
     "read_codes",

@@ -56,6 +56,7 @@ __all__ = [
     "P5_HHGQ_LINES",
     "PL94_LEVELS",
     "PL94File",
+    "pl94_geography",
     "read_pl94",
     "read_pl94_file",
 ]
@@ -248,6 +249,29 @@ def read_pl94_file(folder: str | os.PathLike[str]) -> PL94File:
     order = pd.Index(geocode).get_indexer(list(geography.ids[-1]))
     ordered = {name: values[order] for name, values in attributes.items()}
     return PL94File(cells[order], pl94_domain(), geography, ordered, files.vintage)
+
+
+def pl94_geography(folder: str | os.PathLike[str]) -> Geography:
+    """The blocks' geography of a P.L. 94-171 summary file from its geographic header
+    alone (public: the Census geography, no counts read), as :func:`read_pl94_file`
+    builds it.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``folder`` does not exist.
+    dpdask.errors.DataError
+        If the header is missing or malformed, or block GEOIDs repeat.
+    """
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no P.L. 94-171 folder at {folder}")
+    files = open_folder(folder)
+    _, geocode = files.blocks()
+    geography = Geography.from_geoids(geocode, PL94_LEVELS)
+    if geography.n_units() != len(geocode):
+        raise DataError(f"{files.geo.name}: block GEOIDs repeat")
+    return geography
 
 
 def read_pl94(folder: str | os.PathLike[str]) -> tuple[npt.NDArray[np.int64], Domain, Geography]:

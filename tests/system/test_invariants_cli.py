@@ -59,6 +59,25 @@ def test_the_shipped_spec_validates(tmp_path, capsys):
     assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "inv").exists()
 
 
+def test_plan_moves_the_one_countys_budget_from_the_files_header(tmp_path, capsys):
+    """The shipped spec's spine: ``dpdask plan`` reads the file's geographic header
+    (public) and states the budgets the run charges, the county's moved to the state."""
+    from dpdask.store import read_pl94_file
+
+    shipped = yaml.safe_load(SPEC.read_text())
+    assert shipped["reconstruct"]["spine"] is True
+    spec = _spec(tmp_path, levels=shipped["levels"], privacy=shipped["privacy"])
+    assert main(["plan", str(spec), "--json"]) == 0
+    report = _json(capsys)
+    rows = {row["level"]: row for row in report["levels"]}
+    assert read_pl94_file(DATA).geography.n_units("county") == 1  # the oracle: one county
+    assert rows["county"]["spine"]["budget_moved_to"] == "state"
+    assert rows["county"]["budget"]["rho"] == "0"
+    assert rows["state"]["budget"]["rho"] == "1/3"  # its 1/6 and the county's
+    assert rows["block"]["budget"]["rho"] == "1/3" and "spine" not in report
+    assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "inv").exists()
+
+
 def test_plan_lists_the_invariants(tmp_path, capsys):
     spec = _spec(tmp_path)
     assert main(["plan", str(spec), "--json"]) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import math
 import pathlib
@@ -115,24 +116,41 @@ def test_compare_refuses_a_spec_that_is_not_pl94_full(tmp_path, capsys) -> None:
     assert len(err) == 1 and "pl94-full" in err[0]
 
 
-def test_fanout_unknown_then_given(capsys) -> None:
-    """P.L. 94 files give their geography only when read: without ``--fanout`` the
-    reconstructed figures are n/a, saying why; with it they are never above the measured."""
-    spec = str(ROOT / "pipelines" / "pl94-providence.yaml")
-    assert main(["plan", spec, "--json"]) == 0
+def test_fanout_from_the_files_header_unknown_or_given(tmp_path, capsys) -> None:
+    """A P.L. 94 file's geographic header gives the mean fan-outs (the full reader's
+    geography is the oracle); without the file they are unknown and the reconstructed
+    figures n/a, saying why; ``--fanout`` gives them. Reconstructed never exceeds measured."""
+    from dpdask.store import read_pl94_file
+
+    shipped = ROOT / "pipelines" / "pl94-providence.yaml"
+    geo = read_pl94_file(ROOT / "examples" / "data" / "pl94_providence").geography
+    units = [geo.n_units(lv) for lv in geo.levels]
+    assert main(["plan", str(shipped), "--json"]) == 0
     report = _json(capsys)
+    assert [lv["fanout"] for lv in report["levels"]] == [
+        None, *(b / a for a, b in itertools.pairwise(units))
+    ]  # fmt: skip
     for lv in report["levels"]:
+        assert lv["reconstructed_note"] is None
+        for g in lv["groups"]:
+            assert 0 < g["sd_reconstructed"] <= g["sd_measured"] * (1 + 1e-9)
+    raw = yaml.safe_load(shipped.read_text())
+    raw["data"]["path"] = str(tmp_path / "not-here")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    assert main(["plan", str(spec), "--json"]) == 0
+    for lv in _json(capsys)["levels"]:
         assert "--fanout" in lv["reconstructed_note"]
         assert all(g["sd_reconstructed"] is None and g["sd_measured"] > 0 for g in lv["groups"])
     fanout = "county=5,tract=50,block_group=3,block=25"
-    assert main(["plan", spec, "--json", "--fanout", fanout]) == 0
+    assert main(["plan", str(spec), "--json", "--fanout", fanout]) == 0
     report = _json(capsys)
     assert [lv["fanout"] for lv in report["levels"]] == [None, 5.0, 50.0, 3.0, 25.0]
     for lv in report["levels"]:
         assert lv["reconstructed_note"] is None
         for g in lv["groups"]:
             assert 0 < g["sd_reconstructed"] <= g["sd_measured"] * (1 + 1e-9)
-    assert main(["plan", spec, "--fanout", "tract=0.5"]) == 2
+    assert main(["plan", str(spec), "--fanout", "tract=0.5"]) == 2
     assert "--fanout" in capsys.readouterr().err
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from dpdask.census import HHGQ
 from dpdask.errors import DataError
-from dpdask.store import read_pl94, read_pl94_file
+from dpdask.store import pl94_geography, read_pl94, read_pl94_file
 from tests import ROOT
 
 EXAMPLE = ROOT / "examples" / "data" / "pl94_providence"
@@ -119,6 +119,15 @@ def test_2010_layout_reads_the_same_blocks(pl2020, folder2010):
     counts, domain, geography = read_pl94(folder2010)  # the old API reads 2010 files too
     np.testing.assert_array_equal(counts, pl2020.counts)
     assert (domain, geography) == (pl2020.domain, pl2020.geography)
+
+
+def test_the_geography_alone_is_the_readers(pl2020, folder2010, tmp_path):
+    """The header alone (what ``dpdask plan`` reads) gives the full reader's geography,
+    in both layouts."""
+    assert pl94_geography(EXAMPLE) == pl2020.geography
+    assert pl94_geography(folder2010) == pl2020.geography
+    with pytest.raises(FileNotFoundError, match=r"no P\.L\. 94-171 folder"):
+        pl94_geography(tmp_path / "nowhere")
 
 
 def test_2010_block_ids_come_from_the_fixed_columns(folder2010):
