@@ -23,7 +23,13 @@ import numpy as np
 from dpdask.errors import ArgumentError, ArgumentTypeError, ShapeError
 from dpdask.reconstruct.topdown import Constraints
 
-__all__ = ["ChunkedConstraints", "chunk_constraints", "chunked_levels", "constraint_counts"]
+__all__ = [
+    "ChunkedConstraints",
+    "chunk_constraints",
+    "chunked_levels",
+    "constraint_counts",
+    "level_chunk_constraints",
+]
 
 
 @runtime_checkable
@@ -115,6 +121,17 @@ def chunk_constraints(cons: Constraints | ChunkedConstraints, rows: np.ndarray) 
     if isinstance(cons, Constraints):
         return cons.take(rows)
     return (_build, cons.part(rows))
+
+
+def level_chunk_constraints(
+    constraints: Mapping[str, Constraints | ChunkedConstraints] | None, level: str,
+    lo: int, hi: int,
+) -> Any:  # fmt: skip
+    """:func:`chunk_constraints` of units ``lo:hi`` of ``level`` in a release's
+    ``constraints`` (None without: non-negativity alone)."""
+    if constraints is None:
+        return None
+    return chunk_constraints(constraints[level], np.arange(lo, hi))
 
 
 def constraint_counts(c: Constraints | ChunkedConstraints) -> dict[str, int]:

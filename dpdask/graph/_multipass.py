@@ -56,9 +56,9 @@ from dpdask.graph._blas import task_blas
 from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
 from dpdask.graph._chunked import (
     ChunkedConstraints,
-    chunk_constraints,
     chunked_levels,
     constraint_counts,
+    level_chunk_constraints,
 )
 from dpdask.graph._pass_options import one_fit, zeros_only
 from dpdask.graph._subtree import below_rows
@@ -69,6 +69,7 @@ from dpdask.graph._topdown_blocks import (
     parent_chunks,
     parent_rows,
     record_rounding,
+    spine_family,
 )
 from dpdask.graph._unbiased import Unbiased, write_unbiased
 from dpdask.reconstruct.topdown import (
@@ -364,8 +365,7 @@ def multipass_family_block(
                 p = np.rint(p)
             kids = None if cons is None else cons.take(np.arange(a, b))
             name = f"{ctx.level} parent {int(parents[a])}"
-            if b - a == 1 and bool(np.isnan(y[a]).all()):
-                # a spine unit (its parent's only child, measurement discarded): the parent
+            if spine_family(y, a, b):  # its estimate: the parent's, within its constraints
                 if kids is not None:
                     check_family(p, kids, parent_name=name)
                 X[a] = p
@@ -432,9 +432,8 @@ def multipass_task(
     passes, token, unbiased = shared.passes, shared.token, shared.unbiased
     if rel.passes is None or passes is None:  # pragma: no cover - fit_task's guard
         raise ShapeError("a multi-pass task needs the release's passes")
-    rows = np.arange(int(bounds[k]), int(bounds[k + 1]))
     # the chunk's rows of its level's constraints (None: non-negativity alone)
-    cons = None if rel.constraints is None else chunk_constraints(rel.constraints[L.name], rows)
+    cons = level_chunk_constraints(rel.constraints, L.name, int(bounds[k]), int(bounds[k + 1]))
     sums = None  # the chunk's subtree sums, sliced from the sweep's task
     if below is not None and any(p.below for p in rel.passes[L.name]) and i + 1 < len(rel.released):
         sums = (below_rows, below, i, int(bounds[k]), int(bounds[k + 1]))

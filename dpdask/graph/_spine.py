@@ -48,7 +48,7 @@ import sparse
 from dpdask.domain import Geography
 from dpdask.errors import ArgumentError
 from dpdask.graph._blocks import measure_block
-from dpdask.graph._chunked import chunk_constraints
+from dpdask.graph._chunked import level_chunk_constraints
 from dpdask.graph._levels import _released_parents
 from dpdask.graph._topdown_blocks import parent_chunks, parent_rows
 from dpdask.reconstruct.topdown import Constraints, check_family
@@ -250,11 +250,7 @@ def spine_task(
     p = rel.lc.parents[i - 1][lo:hi]
     keys, starts = parent_chunks(p, *prev)
     name = rel.released[i].name
-    cons = (
-        None
-        if rel.constraints is None
-        else chunk_constraints(rel.constraints[name], np.arange(lo, hi))
-    )
+    cons = level_chunk_constraints(rel.constraints, name, lo, hi)
     return (spine_block, keys, starts, p, rel.domain.size, cons, name), measure
 
 

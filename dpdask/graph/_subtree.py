@@ -27,7 +27,7 @@ from dask.base import tokenize
 
 from dpdask.graph._blas import task_blas
 from dpdask.graph._blocks import ChunkContext, measure_block, trim_heap, tune_allocator
-from dpdask.graph._chunked import chunk_constraints
+from dpdask.graph._chunked import level_chunk_constraints
 from dpdask.graph._spine import spine_measure
 from dpdask.graph._topdown_blocks import _info
 from dpdask.reconstruct.topdown import Constraints, known_totals, subtree_sums, total_estimator
@@ -124,11 +124,7 @@ def subtree_tasks(
         keys = []
         for k in range(len(L.chunks)):
             lo, hi = int(bounds[k]), int(bounds[k + 1])
-            cons = (
-                None
-                if rel.constraints is None
-                else chunk_constraints(rel.constraints[L.name], np.arange(lo, hi))
-            )
+            cons = level_chunk_constraints(rel.constraints, L.name, lo, hi)
             measured, how = spine_measure(rel, i, lo, hi, measure)
             dsk[(name, k)] = (
                 (subtree_block, block(i, k), stream(i, k), plans[i], cons, ctx, k, token, how)

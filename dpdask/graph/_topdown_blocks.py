@@ -54,7 +54,7 @@ from dpdask.reconstruct.topdown import (
     round_top,
 )
 
-__all__ = ["family_block", "parent_rows", "record_rounding", "top_block"]
+__all__ = ["family_block", "parent_rows", "record_rounding", "spine_family", "top_block"]
 
 _FITTERS: dict[str, Any] = {}  # per worker process: what a level's fits share
 
@@ -70,6 +70,13 @@ def _report(report_dir: str | None, level: str, chunk: int, failed: list[dict[st
     info = {"level": level, "chunk": chunk, **failed[0], "units": len(failed)}
     path = pathlib.Path(report_dir) / f"{level}-{chunk}.json"
     path.write_text(json.dumps(info, default=str))
+
+
+def spine_family(y: np.ndarray, a: int | np.integer[Any], b: int | np.integer[Any]) -> bool:
+    """Whether the family of units ``a:b`` of a chunk's measurements ``y`` is a spine
+    unit: its parent's only child, whose measurement the spine option discarded (NaN,
+    :func:`~dpdask.graph._spine.discarded`); its estimate is its parent's."""
+    return b - a == 1 and bool(np.isnan(y[a]).all())
 
 
 def record_rounding(report_dir: str | None, level: str, chunk: int, gap: float) -> None:
@@ -229,8 +236,7 @@ def family_block(
     with task_blas():
         for a, b in zip(starts, [*starts[1:], g], strict=True):
             p = P[[int(parents[a]) - first]].toarray().reshape(-1)
-            # a spine unit (its parent's only child, measurement discarded): the parent
-            spine = b - a == 1 and bool(np.isnan(y[a]).all())
+            spine = spine_family(y, a, b)  # its estimate: the parent's
             idx, X, report = _copy(p) if spine else _on_support(fit, p, y[a:b])
             if integer and not spine:
                 X = round_children(X, np.rint(p[idx]), keep_totals=n >= KEEP_TOTALS_CELLS)

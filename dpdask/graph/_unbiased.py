@@ -202,18 +202,19 @@ def unbiased_matrix(strategy: LinearQuery, Q: LinearQuery) -> np.ndarray | None:
     m, n = strategy.shape
     if m * n > DENSE_PINV_ENTRIES:
         return None
+    factor = _gram_cholesky(strategy)
     with task_blas():
-        A = np.asarray(strategy.dense(), dtype=np.float64)
-        Qt = np.ascontiguousarray(apply_rows(Q, np.eye(n)))  # (n, q): Q^T
-        try:
-            c, lower = linalg.cho_factor(A.T @ A, check_finite=False)
-            d = np.abs(np.diag(c))
-            if d.min() <= 0 or (d.max() / d.min()) ** 2 > _MAX_CONDITION:
-                raise np.linalg.LinAlgError("ill-conditioned Gram matrix")
-            return np.ascontiguousarray(A @ linalg.cho_solve((c, lower), Qt))
-        except np.linalg.LinAlgError:
-            P = np.linalg.pinv(A)  # (n, m)
-            return np.ascontiguousarray(P.T @ Qt)
+        Qt = _transposed(Q, n)
+        if factor is not None:
+            A, L = factor
+            return np.ascontiguousarray(A @ linalg.cho_solve((L, True), Qt, check_finite=False))
+        P = np.linalg.pinv(np.asarray(strategy.dense(), dtype=np.float64))  # (n, m)
+        return np.ascontiguousarray(P.T @ Qt)
+
+
+def _transposed(Q: LinearQuery, n: int) -> np.ndarray:
+    """``Q^T`` ``(n, q)``, dense."""
+    return np.ascontiguousarray(apply_rows(Q, np.eye(n)))
 
 
 def _matrix(strategy: LinearQuery, u: Unbiased) -> np.ndarray | None:
@@ -286,12 +287,19 @@ def unbiased_variances(
     matrix takes two and a product with ``A`` (a fifth of the time on the 2,016-cell
     domain, in the client that publishes them).
     """
+    from scipy import linalg
+
     if not u.dense:
         return None
     M = _MATRICES.get(u.token)
-    if M is None:
-        M = _gram_factor_solve(strategy, u.queries)
-    if M is None:
+    factor = _factor(strategy, u) if M is None else None
+    if factor is not None:
+        with task_blas():
+            M = linalg.solve_triangular(
+                factor[1], _transposed(u.queries, strategy.shape[1]), lower=True,
+                check_finite=False,
+            )  # fmt: skip
+    elif M is None:  # rank-deficient or ill-conditioned: the pseudo-inverse
         M = _matrix(strategy, u)
     if M is None:  # pragma: no cover - u.dense: A is formed
         return None
@@ -299,24 +307,10 @@ def unbiased_variances(
     return out
 
 
-def _gram_factor_solve(strategy: LinearQuery, Q: LinearQuery) -> np.ndarray | None:
-    """``L^{-1} Q^T`` for ``A^T A = L L^T``, or None when ``A`` is rank-deficient or its
-    Gram matrix ill-conditioned (then only the pseudo-inverse will do)."""
-    from scipy import linalg
-
-    factor = _gram_cholesky(strategy)
-    if factor is None:
-        return None
-    n = strategy.shape[1]
-    with task_blas():
-        Qt = np.ascontiguousarray(apply_rows(Q, np.eye(n)))  # (n, q): Q^T
-        out: np.ndarray = linalg.solve_triangular(factor[1], Qt, lower=True, check_finite=False)
-        return out
-
-
 def _gram_cholesky(strategy: LinearQuery) -> tuple[np.ndarray, np.ndarray] | None:
     """``(A, L)``: the dense strategy and the lower Cholesky factor of ``A^T A``; None
-    when ``A`` is rank-deficient or its Gram matrix ill-conditioned."""
+    when ``A`` is rank-deficient or its Gram matrix ill-conditioned (condition number
+    above :data:`_MAX_CONDITION`: the pseudo-inverse's SVD then)."""
     from scipy import linalg
 
     with task_blas():
@@ -332,7 +326,8 @@ def _gram_cholesky(strategy: LinearQuery) -> tuple[np.ndarray, np.ndarray] | Non
 
 
 def _factor(strategy: LinearQuery, u: Unbiased) -> tuple[np.ndarray, np.ndarray] | None:
-    """:func:`_gram_cholesky`, once per worker process and level (``u.token``)."""
+    """:func:`_gram_cholesky`, once per process and level (``u.token``): the answers of a
+    level of few units and the published variances share it."""
     if u.token not in _FACTORS:
         while len(_FACTORS) >= _KEEP:
             _FACTORS.pop(next(iter(_FACTORS)))

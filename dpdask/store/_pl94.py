@@ -243,9 +243,7 @@ def read_pl94_file(folder: str | os.PathLike[str]) -> PL94File:
             f"block {geocode[b]}: derived count {cells[b, v, h, r]} < 0 for votingage={v}, "
             f"hisp={h}, race={r} (P1..P4 lines {race[r]} / {race[r] + 2} disagree)"
         )
-    geography = Geography.from_geoids(geocode, PL94_LEVELS)
-    if geography.n_units() != len(geocode):
-        raise DataError(f"{files.geo.name}: block GEOIDs repeat")
+    geography = _blocks_geography(geocode, files.geo.name)
     order = pd.Index(geocode).get_indexer(list(geography.ids[-1]))
     ordered = {name: values[order] for name, values in attributes.items()}
     return PL94File(cells[order], pl94_domain(), geography, ordered, files.vintage)
@@ -268,9 +266,14 @@ def pl94_geography(folder: str | os.PathLike[str]) -> Geography:
         raise FileNotFoundError(f"no P.L. 94-171 folder at {folder}")
     files = open_folder(folder)
     _, geocode = files.blocks()
+    return _blocks_geography(geocode, files.geo.name)
+
+
+def _blocks_geography(geocode: npt.NDArray[np.str_], header: str) -> Geography:
+    """The geography of the blocks ``geocode`` (GEOIDs), refusing repeated ones."""
     geography = Geography.from_geoids(geocode, PL94_LEVELS)
     if geography.n_units() != len(geocode):
-        raise DataError(f"{files.geo.name}: block GEOIDs repeat")
+        raise DataError(f"{header}: block GEOIDs repeat")
     return geography
 
 
